@@ -1,0 +1,1 @@
+"""data: QA benchmark preparation and the synthetic search world."""

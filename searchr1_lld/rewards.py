@@ -1,0 +1,87 @@
+"""Answer extraction and QA metrics (SQuAD normalisation).
+
+normalize(s) = squeeze_spaces(remove_articles(remove_punctuation(lower(s))))
+EM(pred, golds)     = 1 if normalize(pred) == normalize(g) for some gold g
+sub-EM(pred, golds) = 1 if normalize(g) is a substring of normalize(pred) for some gold g
+F1(pred, golds)     = max over golds of the token-level F1 between normalised token bags
+
+Only generated text is ever scored: callers pass the *response* (generated tokens, never the prompt), and the
+answer is the content of the last ``<answer> .. </answer>`` in it.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = set(string.punctuation)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def normalize_answer(text: str) -> str:
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in _PUNCT)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def extract_answer(response: str) -> str | None:
+    """Content of the last closed ``<answer>..</answer>`` in the generated response, or None."""
+    matches = _ANSWER.findall(response)
+    if not matches:
+        return None
+    return matches[-1].strip()
+
+
+def _as_list(golds: str | list[str]) -> list[str]:
+    return [golds] if isinstance(golds, str) else list(golds)
+
+
+def exact_match(prediction: str | None, golds: str | list[str]) -> float:
+    if prediction is None:
+        return 0.0
+    p = normalize_answer(prediction)
+    return float(any(p == normalize_answer(g) for g in _as_list(golds)))
+
+
+def sub_exact_match(prediction: str | None, golds: str | list[str]) -> float:
+    if prediction is None:
+        return 0.0
+    p = normalize_answer(prediction)
+    return float(any(normalize_answer(g) in p for g in _as_list(golds) if normalize_answer(g)))
+
+
+def token_f1(prediction: str | None, golds: str | list[str]) -> float:
+    if prediction is None:
+        return 0.0
+    pred_tokens = normalize_answer(prediction).split()
+    best = 0.0
+    for g in _as_list(golds):
+        gold_tokens = normalize_answer(g).split()
+        common = Counter(pred_tokens) & Counter(gold_tokens)
+        overlap = sum(common.values())
+        if overlap == 0:
+            continue
+        precision = overlap / len(pred_tokens)
+        recall = overlap / len(gold_tokens)
+        best = max(best, 2 * precision * recall / (precision + recall))
+    return best
+
+
+def em_reward(response: str, golds: str | list[str]) -> float:
+    """The training reward: EM of the last answer in the generated response (0 when there is none)."""
+    return exact_match(extract_answer(response), golds)
+
+
+def format_reward(response: str) -> float:
+    """Optional, documented format score in [0, 1] (off by default; the paper trains on EM alone).
+
+    1.0 when the response ends with exactly one closed answer and every ``<search>`` is closed; 0.5 when it has a
+    closed answer but unbalanced search tags; 0 without a closed answer.
+    """
+    if extract_answer(response) is None:
+        return 0.0
+    balanced = response.count("<search>") == response.count("</search>")
+    return 1.0 if balanced and response.count("<answer>") == 1 else 0.5
