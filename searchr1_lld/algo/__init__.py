@@ -1,5 +1,14 @@
-"""The algorithm core: pure tensor functions (GRPO advantages, policy losses, KL, aggregation, LLDS, spans, log-probs)."""
+"""The algorithm core: pure tensor functions (GRPO advantages, policy losses, KL, aggregation, LLDS, spans, log-probs).
 
+Every formula lives in exactly one function whose docstring states it with shapes; the trainer composes them.
+"""
+
+from searchr1_lld.algo.advantages import broadcast_to_tokens, grpo_outcome_advantages
+from searchr1_lld.algo.aggregation import AGG_MODES, aggregate, masked_mean
+from searchr1_lld.algo.kl import KL_KINDS, kl_penalty
+from searchr1_lld.algo.llds import GATES, adaptive_lam_answer, llds_gate, llds_loss, per_response_advantage
+from searchr1_lld.algo.logprobs import chunked_logprobs_entropy, naive_logprobs_entropy
+from searchr1_lld.algo.policy_loss import gspo_loss, ppo_clip_loss
 from searchr1_lld.algo.spans import (
     action_span_list,
     action_spans,
@@ -9,9 +18,25 @@ from searchr1_lld.algo.spans import (
 )
 
 __all__ = [
+    "AGG_MODES",
+    "GATES",
+    "KL_KINDS",
     "action_span_list",
     "action_spans",
+    "adaptive_lam_answer",
+    "aggregate",
     "answer_span_list",
     "answer_span_mask",
     "answer_span_mask_list",
+    "broadcast_to_tokens",
+    "chunked_logprobs_entropy",
+    "grpo_outcome_advantages",
+    "gspo_loss",
+    "kl_penalty",
+    "llds_gate",
+    "llds_loss",
+    "masked_mean",
+    "naive_logprobs_entropy",
+    "per_response_advantage",
+    "ppo_clip_loss",
 ]

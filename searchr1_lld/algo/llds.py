@@ -1,0 +1,167 @@
+"""LLDS: Lazy-Likelihood-Displacement Shaping (DESIGN.md, section "The science in one page").
+
+For response i and token t (all tensors ``[B, T]``):
+
+    m[i,t] = response_mask                       1 on generated tokens (not prompt, not <information>, not padding)
+    d[i,t] = logp_old[i,t] - logp_new[i,t]       > 0 where the update lowered the token's likelihood
+    P      = { i : A_i >= 0 }                    preserving set (correct / not-worse-than-average responses)
+    p[i,t] = max(0, d[i,t])                      token penalty
+    g[i,t] (no gradient):
+        none     : 1[i in P]
+        response : 1[i in P and sum_t m d > tau]                       (R-gate)
+        action   : 1[i in P and sum_{t' in span(t)} d[i,t'] > tau]     (A-gate; span = maximal run of m == 1)
+    c[i,t] = lam, or min(lam_answer, lam) where answer_mask == 1 (LLDS-MA; only when both are given)
+    L_LLDS = sum_{i,t} m g c p / sum_{i,t} m     (0 when the mask is empty)
+
+The gradient flows only through ``logp_new`` (``logp_old``, the advantages and the gate are constants). It is a no-op
+while logp_new == logp_old (the first mini-batch after a rollout): the trainer must report ``llds/active_token_frac``.
+Fully vectorised: no Python loop over responses or spans (the action gate uses one scatter-add per batch).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from searchr1_lld.algo.spans import action_spans
+
+GATES = ("none", "response", "action")
+
+
+def per_response_advantage(advantages: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """``[B]`` advantage per response.
+
+    ``[B]`` input is returned as is. ``[B, T]`` input (token broadcast) is read at the first masked token of each row
+    (rows without masked tokens get 0). Token-broadcast advantages are constant over the mask, so any masked token
+    gives the same value.
+    """
+    if advantages.dim() == 1:
+        if advantages.shape[0] != response_mask.shape[0]:
+            raise ValueError(f"advantages [B] has B={advantages.shape[0]} but response_mask has B={response_mask.shape[0]}")
+        return advantages.detach()
+    if advantages.shape != response_mask.shape:
+        raise ValueError(f"advantages must be [B] or [B, T] like response_mask {tuple(response_mask.shape)}; got {tuple(advantages.shape)}")
+    m = response_mask.detach() != 0
+    first = torch.argmax(m.to(torch.int8), dim=1)  # first masked position (0 for empty rows)
+    adv = advantages.detach().gather(1, first[:, None]).squeeze(1)
+    return torch.where(m.any(dim=1), adv, torch.zeros_like(adv))
+
+
+@torch.no_grad()
+def llds_gate(
+    displacement: torch.Tensor, response_mask: torch.Tensor, response_advantage: torch.Tensor, gate: str, tau: float
+) -> torch.Tensor:
+    """Gate g ``[B, T]`` (bool, no gradient) from d ``[B, T]``, m ``[B, T]`` and A ``[B]`` (formulas in module doc).
+
+    The gate is also False outside the response mask.
+    """
+    if gate not in GATES:
+        raise ValueError(f"unknown LLDS gate {gate!r}; expected one of {list(GATES)}")
+    m = response_mask != 0
+    in_p = (response_advantage >= 0)[:, None] & m  # [B, T]
+    if gate == "none":
+        return in_p
+    d = torch.where(m, displacement.detach(), torch.zeros_like(displacement))
+    if gate == "response":
+        return in_p & (d.sum(dim=1, keepdim=True) > tau)
+    # action: per-span sums with one scatter-add; a row has at most T spans, so index T is never exceeded.
+    span_ids = action_spans(m).clamp(min=0)  # tokens outside m add 0 (d is zeroed there)
+    span_sum = torch.zeros_like(d).scatter_add_(1, span_ids, d)  # [B, T]: span_sum[i, k] = sum of d over span k
+    return in_p & (span_sum.gather(1, span_ids) > tau)
+
+
+def llds_loss(
+    logp_new: torch.Tensor,
+    logp_old: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    gate: str = "action",
+    lam: float = 0.2,
+    tau: float = 0.0,
+    answer_mask: torch.Tensor | None = None,
+    lam_answer: float | None = None,
+    denominator: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """L_LLDS (module docstring) and its metrics.
+
+    Args:
+        logp_new: [B, T] log-probs of the current policy (carries the gradient).
+        logp_old: [B, T] log-probs of the rollout policy (constant).
+        advantages: [B] or [B, T] (token broadcast) GRPO advantages.
+        response_mask: [B, T] 1 on generated tokens.
+        gate: "none" | "response" | "action".
+        lam: LLDS coefficient lambda >= 0.  tau: gate threshold on summed displacement.
+        answer_mask: [B, T] 1 on the final answer span (LLDS-MA). lam_answer: its coefficient (>= 0); c = min(lam_answer,
+            lam) there. Both or neither (answer_mask alone is ignored; lam_answer alone is an error).
+        denominator: replaces sum m as the normaliser (micro-batch accumulation); default sum m.
+
+    Returns:
+        (loss scalar, metrics) with float metrics:
+        llds/active_token_frac  fraction of response tokens with g c p > 0
+        llds/gated_responses    responses with the gate on for at least one token
+        llds/preserved_responses responses in P (with at least one response token)
+        llds/gated_actions      action spans of P-responses whose gate is on
+        llds/total_actions      action spans in the batch
+        llds/mean_penalty       mean of p over response tokens of P-responses (displacement LLDS could act on)
+        llds/mean_displacement  mean of d over all response tokens
+        llds/loss               the loss value
+    """
+    if not (logp_new.shape == logp_old.shape == response_mask.shape) or logp_new.dim() != 2:
+        raise ValueError(
+            f"logp_new, logp_old, response_mask must all be [B, T]; got {tuple(logp_new.shape)}, "
+            f"{tuple(logp_old.shape)}, {tuple(response_mask.shape)}"
+        )
+    if lam < 0:
+        raise ValueError(f"LLDS lam must be >= 0, got {lam}")
+    if lam_answer is not None and lam_answer < 0:
+        raise ValueError(f"LLDS lam_answer must be >= 0, got {lam_answer}")
+    if lam_answer is not None and answer_mask is None:
+        raise ValueError("lam_answer given without answer_mask (LLDS-MA needs the answer span)")
+    if answer_mask is not None and answer_mask.shape != response_mask.shape:
+        raise ValueError(f"answer_mask must be [B, T] like response_mask; got {tuple(answer_mask.shape)}")
+
+    m_bool = response_mask.detach() != 0
+    m = m_bool.to(logp_new.dtype)
+    d = logp_old.detach() - logp_new  # [B, T], gradient through logp_new
+    penalty = torch.relu(d)
+    adv = per_response_advantage(advantages, response_mask)
+    g = llds_gate(d, m_bool, adv, gate, tau)  # [B, T] bool, no grad
+
+    if answer_mask is not None and lam_answer is not None:
+        coef = torch.where(answer_mask.detach() != 0, min(lam_answer, lam), lam).to(logp_new.dtype)
+    else:
+        coef = torch.full_like(m, float(lam))
+    weight = (g.to(logp_new.dtype) * coef * m).detach()  # m g c, constant
+    num = (weight * penalty).sum()
+    den = m.sum() if denominator is None else torch.tensor(float(denominator), dtype=m.dtype, device=m.device)
+    loss = torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), num * 0)
+
+    with torch.no_grad():
+        n_tok = m.sum().clamp(min=1)
+        has_tok = m_bool.any(dim=1)
+        in_p_row = (adv >= 0) & has_tok
+        active = (weight * penalty.detach()) > 0
+        span_start = m_bool.clone()
+        span_start[:, 1:] &= ~m_bool[:, :-1]  # first token of every action span
+        p_tok = m * in_p_row[:, None].to(m.dtype)
+        metrics = {
+            "llds/active_token_frac": float(active.sum() / n_tok),
+            "llds/gated_responses": float(g.any(dim=1).sum()),
+            "llds/preserved_responses": float(in_p_row.sum()),
+            "llds/gated_actions": float((span_start & g).sum()),
+            "llds/total_actions": float(span_start.sum()),
+            "llds/mean_penalty": float((penalty.detach() * p_tok).sum() / p_tok.sum().clamp(min=1)),
+            "llds/mean_displacement": float((d.detach() * m).sum() / n_tok),
+            "llds/loss": float(loss.detach()),
+        }
+    return loss, metrics
+
+
+def adaptive_lam_answer(lam_answer: float, mean_valid_searches: float) -> float:
+    """Adaptive LLDS-MA coefficient: lam_answer * max(mean_valid_searches - 1, 0).
+
+    With at most one valid search per response on average the answer span is masked completely (coefficient 0).
+    """
+    if lam_answer < 0:
+        raise ValueError(f"lam_answer must be >= 0, got {lam_answer}")
+    return float(lam_answer) * max(float(mean_valid_searches) - 1.0, 0.0)

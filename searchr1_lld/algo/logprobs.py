@@ -1,0 +1,126 @@
+"""Token log-probabilities and entropies from logits, without materialising the full fp32 log-softmax.
+
+For logits z ``[B, T, V]``, labels y ``[B, T]`` and temperature tau, with x = float32(z) / tau:
+
+    logp[b, t]    = x[b, t, y[b, t]] - logsumexp_v x[b, t, v]
+    entropy[b, t] = logsumexp_v x[b, t, v] - sum_v softmax(x)[b, t, v] * x[b, t, v]
+
+``chunked_logprobs_entropy`` flattens the B*T rows and processes ``chunk_size`` rows at a time in fp32, in the forward
+AND in the backward pass: a custom ``torch.autograd.Function`` keeps only the input logits (already alive in the
+caller's graph), the labels and the per-row logsumexp ``[B*T]``, and recomputes the softmax per chunk in backward:
+
+    d logp / d x      = onehot(y) - p
+    d entropy / d x   = -p * (log p + entropy)
+    d / d z           = (g_logp * (onehot(y) - p) + g_entropy * (-p * (log p + entropy))) / tau
+
+so peak extra memory is one chunk of fp32 work (a few ``chunk_size x V`` buffers) plus the gradient of the logits
+(same size and dtype as the logits, unavoidable when logits are an input). ``naive_logprobs_entropy`` is the plain
+reference (full ``[B, T, V]`` fp32 log-softmax). benchmarks/bench_logprob_memory.py measures both (and a
+``torch.utils.checkpoint`` per-chunk variant, which is worse: slicing's backward allocates full-size gradients).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _check(logits: torch.Tensor, labels: torch.Tensor, temperature: float, chunk_size: int) -> None:
+    if logits.dim() != 3 or labels.shape != logits.shape[:2]:
+        raise ValueError(f"expected logits [B, T, V] and labels [B, T]; got {tuple(logits.shape)} and {tuple(labels.shape)}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= logits.shape[-1]):
+        raise ValueError(f"labels must lie in [0, V={logits.shape[-1]}); got range [{int(labels.min())}, {int(labels.max())}]")
+
+
+def naive_logprobs_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, *, temperature: float = 1.0, compute_entropy: bool = True, chunk_size: int = 1
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Reference: full fp32 log-softmax over ``[B, T, V]`` (formulas in the module docstring). ``chunk_size`` unused."""
+    _check(logits, labels, temperature, max(chunk_size, 1))
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+    logp = logp_all.gather(-1, labels.long()[..., None]).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1) if compute_entropy else None
+    return logp, entropy
+
+
+def _fresh_fp32(chunk: torch.Tensor, temperature: float) -> torch.Tensor:
+    """float32(chunk) / temperature in a new buffer (safe to modify in place)."""
+    if chunk.dtype == torch.float32:
+        return chunk / temperature if temperature != 1.0 else chunk.clone()
+    x = chunk.float()
+    return x.div_(temperature) if temperature != 1.0 else x
+
+
+class _ChunkedLogprobEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits2d: torch.Tensor, labels1d: torch.Tensor, temperature: float, chunk_size: int, compute_entropy: bool):
+        n = logits2d.shape[0]
+        logp = torch.empty(n, dtype=torch.float32, device=logits2d.device)
+        lse = torch.empty(n, dtype=torch.float32, device=logits2d.device)
+        entropy = torch.empty(n, dtype=torch.float32, device=logits2d.device) if compute_entropy else None
+        for s in range(0, n, chunk_size):
+            e = min(s + chunk_size, n)
+            x = logits2d[s:e].float()  # may alias the input when it is fp32: never modified in place here
+            if temperature != 1.0:
+                x = x / temperature
+            chunk_lse = torch.logsumexp(x, dim=-1)
+            lse[s:e] = chunk_lse
+            logp[s:e] = x.gather(-1, labels1d[s:e, None]).squeeze(-1) - chunk_lse
+            if compute_entropy:
+                p = torch.exp(x - chunk_lse[:, None])
+                entropy[s:e] = chunk_lse - (p * x).sum(-1)
+                del p
+            del x
+        ctx.save_for_backward(logits2d, labels1d, lse, entropy if compute_entropy else lse)
+        ctx.temperature, ctx.chunk_size, ctx.compute_entropy = temperature, chunk_size, compute_entropy
+        if compute_entropy:
+            return logp, entropy
+        return logp, None
+
+    @staticmethod
+    def backward(ctx, grad_logp: torch.Tensor | None, grad_entropy: torch.Tensor | None):
+        logits2d, labels1d, lse, entropy = ctx.saved_tensors
+        tau, chunk_size = ctx.temperature, ctx.chunk_size
+        use_entropy = ctx.compute_entropy and grad_entropy is not None
+        grad_logits = torch.empty_like(logits2d)
+        n = logits2d.shape[0]
+        for s in range(0, n, chunk_size):
+            e = min(s + chunk_size, n)
+            logp_all = _fresh_fp32(logits2d[s:e], tau).sub_(lse[s:e, None])  # log p, a private buffer
+            p = torch.exp(logp_all)
+            # g = g_logp * (onehot - p) + g_ent * (-p * (log p + H))
+            if use_entropy:
+                coef = logp_all.add_(entropy[s:e, None]).mul_(-grad_entropy[s:e, None])  # -(log p + H) * g_ent
+                if grad_logp is not None:
+                    coef.sub_(grad_logp[s:e, None])
+                g = p.mul_(coef)  # p * (-(log p + H) g_ent - g_logp)
+            else:
+                g = p.mul_(-grad_logp[s:e, None]) if grad_logp is not None else p.zero_()
+            if grad_logp is not None:
+                g.scatter_add_(-1, labels1d[s:e, None], grad_logp[s:e, None].to(g.dtype))
+            if tau != 1.0:
+                g.div_(tau)
+            grad_logits[s:e] = g
+            del logp_all, p, g
+        return grad_logits, None, None, None, None
+
+
+def chunked_logprobs_entropy(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    chunk_size: int = 256,
+    temperature: float = 1.0,
+    compute_entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token log-prob ``[B, T]`` (fp32) and entropy ``[B, T]`` (fp32, or None), chunked over the B*T rows in forward
+    and backward (module docstring). Equal to :func:`naive_logprobs_entropy` up to float rounding, gradients too."""
+    _check(logits, labels, temperature, chunk_size)
+    b, t, v = logits.shape
+    logits2d = logits.reshape(b * t, v)
+    labels1d = labels.reshape(b * t).long()
+    logp, entropy = _ChunkedLogprobEntropy.apply(logits2d, labels1d, float(temperature), int(chunk_size), bool(compute_entropy))
+    return logp.view(b, t), (entropy.view(b, t) if entropy is not None else None)
