@@ -1,0 +1,236 @@
+"""Checkpoints: written atomically, kept last-k, resumed exactly.
+
+Layout of one checkpoint (``RUN/checkpoints/step_000010/``)::
+
+    policy/            HF ``save_pretrained`` of the policy (loadable by from_pretrained / eval.py)
+    optimizer.pt       optimiser state_dict            (not under DeepSpeed)
+    deepspeed/         engine.save_checkpoint: module + (partitioned) optimiser states   (DeepSpeed only)
+    scheduler.pt       LR scheduler state_dict
+    rng_rank{r}.pt     RNG states of rank r: python, numpy, torch CPU, torch CUDA
+    trainer_state.json step, data position, probe set, phase-detector history, anything else the trainer passes
+    COMPLETE           written last: a directory without it is ignored
+
+Atomicity: everything is written to ``.tmp-step_000010`` next to the final directory, then renamed; the
+``COMPLETE`` marker is written inside before the rename. A crash at any point leaves either no ``step_*`` directory or a
+complete one; stale ``.tmp-*`` directories are removed by the next save.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+COMPLETE = "COMPLETE"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def checkpoint_root(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# RNG
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def capture_rng_state() -> dict[str, Any]:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Listing
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first (directories without ``COMPLETE`` are ignored)."""
+    root = checkpoint_root(run_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        m = _STEP_DIR.match(p.name)
+        if m and p.is_dir() and (p / COMPLETE).is_file():
+            found.append((int(m.group(1)), p))
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    ckpts = list_checkpoints(run_dir)
+    return ckpts[-1] if ckpts else None
+
+
+def resolve_resume(resume: str, run_dir: str | Path) -> Path | None:
+    """``trainer.resume`` -> checkpoint dir or None: ``auto`` = last complete one in run_dir, ``never`` = None,
+    anything else = that path (must be a complete checkpoint)."""
+    if resume == "never":
+        return None
+    if resume == "auto":
+        return latest_checkpoint(run_dir)
+    path = Path(resume)
+    if not (path / COMPLETE).is_file():
+        raise FileNotFoundError(f"trainer.resume={resume!r} is not a complete checkpoint (no {COMPLETE} marker)")
+    return path
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Save / load
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _is_deepspeed(accelerator: Any) -> bool:
+    if accelerator is None:
+        return False
+    return str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type)).upper() == "DEEPSPEED"
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    *,
+    model: torch.nn.Module,
+    optimizer: Any,
+    scheduler: Any,
+    trainer_state: dict[str, Any],
+    accelerator: Any = None,
+    keep_last_k: int = 2,
+    save_policy: bool = True,
+) -> Path:
+    """Write checkpoint ``step`` atomically and prune to the last ``keep_last_k``; returns its final path.
+
+    With an ``accelerator`` every process must call this (DeepSpeed writes one shard per rank); only the main
+    process renames and prunes.
+    """
+    if keep_last_k < 1:
+        raise ValueError("keep_last_k must be >= 1")
+    root = checkpoint_root(run_dir)
+    final = root / f"step_{step:06d}"
+    tmp = root / f".tmp-step_{step:06d}"
+    is_main = accelerator is None or accelerator.is_main_process
+    rank = 0 if accelerator is None else accelerator.process_index
+    if is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(".tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier(accelerator)
+
+    if _is_deepspeed(accelerator):
+        model.save_checkpoint(str(tmp / "deepspeed"), tag="state", client_state={"step": step})
+        if save_policy:
+            state_dict = accelerator.get_state_dict(model)  # gathered to rank 0 under ZeRO-3
+            if is_main:
+                accelerator.unwrap_model(model).save_pretrained(tmp / "policy", state_dict=state_dict)
+    else:
+        unwrapped = accelerator.unwrap_model(model) if accelerator is not None else model
+        if is_main:
+            if save_policy:
+                unwrapped.save_pretrained(tmp / "policy")
+            else:
+                torch.save(unwrapped.state_dict(), tmp / "policy_state.pt")
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    if is_main:
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        with open(tmp / "trainer_state.json", "w") as f:
+            json.dump({"step": step, **trainer_state}, f, default=_json_default)
+    torch.save(capture_rng_state(), tmp / f"rng_rank{rank}.pt")
+    _barrier(accelerator)
+    if is_main:
+        (tmp / COMPLETE).write_text(f"step {step}\n")
+        if final.exists():  # re-saving the same step (e.g. after a resume): replace
+            shutil.rmtree(final)
+        tmp.rename(final)
+        for old in list_checkpoints(run_dir)[:-keep_last_k]:
+            shutil.rmtree(old, ignore_errors=True)
+    _barrier(accelerator)
+    return final
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return float(obj)
+    if isinstance(obj, torch.Tensor):
+        return obj.tolist()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def _barrier(accelerator: Any) -> None:
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
+
+
+def load_policy_weights(model: torch.nn.Module, policy_dir: str | Path) -> None:
+    """Load ``save_pretrained`` safetensors into an existing model (strict except for tied weights)."""
+    from safetensors.torch import load_file
+
+    policy_dir = Path(policy_dir)
+    files = sorted(policy_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {policy_dir}")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    result = model.load_state_dict(state, strict=False)
+    if result.unexpected_keys:
+        raise RuntimeError(f"checkpoint {policy_dir} has unexpected keys: {result.unexpected_keys[:5]}")
+    params = dict(model.named_parameters(remove_duplicate=False))
+    loaded_ptrs = {params[k].data_ptr() for k in state if k in params}
+    missing = [k for k in result.missing_keys if k not in params or params[k].data_ptr() not in loaded_ptrs]
+    missing = [k for k in missing if k in params]  # buffers (rotary caches) are rebuilt by the model
+    if missing:
+        raise RuntimeError(f"checkpoint {policy_dir} lacks weights: {missing[:5]}")
+
+
+def load_checkpoint(
+    path: str | Path,
+    *,
+    model: torch.nn.Module,
+    optimizer: Any,
+    scheduler: Any,
+    accelerator: Any = None,
+) -> dict[str, Any]:
+    """Restore policy, optimiser, scheduler and this rank's RNG states; returns the trainer state dict."""
+    path = Path(path)
+    if not (path / COMPLETE).is_file():
+        raise FileNotFoundError(f"{path} is not a complete checkpoint (no {COMPLETE} marker)")
+    rank = 0 if accelerator is None else accelerator.process_index
+    if _is_deepspeed(accelerator):
+        model.load_checkpoint(str(path / "deepspeed"), tag="state", load_optimizer_states=True,
+                              load_lr_scheduler_states=False)
+    else:
+        unwrapped = accelerator.unwrap_model(model) if accelerator is not None else model
+        if (path / "policy").is_dir():
+            load_policy_weights(unwrapped, path / "policy")
+        else:
+            unwrapped.load_state_dict(torch.load(path / "policy_state.pt", map_location="cpu"))
+        optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False))
+    scheduler.load_state_dict(torch.load(path / "scheduler.pt", map_location="cpu", weights_only=False))
+    rng_file = path / f"rng_rank{rank}.pt"
+    if rng_file.is_file():
+        restore_rng_state(torch.load(rng_file, map_location="cpu", weights_only=False))
+    with open(path / "trainer_state.json") as f:
+        return json.load(f)

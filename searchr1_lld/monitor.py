@@ -1,0 +1,390 @@
+"""The LLD monitor: measurements that make Lazy Likelihood Displacement and the death spiral visible.
+
+Three parts:
+
+1. Per-step measurements (pure functions over tensors / lists):
+   - :func:`likelihood_metrics` — mean log-likelihood of correct and incorrect responses under the policy that sampled
+     them (``old``) and after the step's updates (``new``), per token and per response, the displacement
+     ``Delta(y) = log pi_new(y) - log pi_old(y)`` and the *LLD rate* (share of correct responses with Delta <= 0);
+   - :func:`shared_first_action_fraction` — share of incorrect responses whose first action (the token ids of the
+     first generated span, e.g. ``<think>..</think><search> q </search>``) is identical to the first action of a correct
+     response in the same group: the paper's "shared prefix" cause, where penalising the wrong response drags the right
+     one down;
+   - :func:`rollout_metrics` — reward, valid searches, invalid-action rate, response length, turns;
+   - :func:`engine_learner_gap` — mean |engine log-prob - learner log-prob| on generated tokens when the engine reports
+     log-probs (a non-zero gap means rollout and training disagree about the sampled tokens).
+
+2. :class:`PhaseDetector` — reads the logged series and names the phase of the run
+   (``healthy`` / ``early_stagnation`` / ``steady_decay`` / ``accelerated_collapse``) with the numbers that support
+   it, plus an early warning when correct-response likelihood trends down while reward still rises.
+
+3. :class:`ProbeSet` — a fixed set of correct trajectories whose likelihood is re-measured every ``probe_every``
+   steps (the same responses every time, so the trend is not confounded by what the rollout happened to sample).
+
+Metric names say what they measure (``lld/correct_logp_old_per_token`` ...); :data:`PHASES` are ordered by severity.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+from searchr1_lld.algo.spans import action_span_list
+
+PHASES = ("healthy", "early_stagnation", "steady_decay", "accelerated_collapse")
+PHASE_ID = {name: i for i, name in enumerate(PHASES)}
+
+NAN = float("nan")
+
+
+def _nanmean(values: Sequence[float]) -> float:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(vals) / len(vals) if vals else NAN
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Per-step measurements
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def sequence_logp(token_logp: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Log-likelihood of each response: ``logp(y_i) = sum_t m[i,t] * logp[i,t]``.  [B, T], [B, T] -> [B]."""
+    if token_logp.shape != response_mask.shape:
+        raise ValueError(f"token_logp {tuple(token_logp.shape)} and response_mask {tuple(response_mask.shape)} differ")
+    return (token_logp.float() * response_mask.float()).sum(-1)
+
+
+def correct_mask_from_rewards(rewards: torch.Tensor) -> torch.Tensor:
+    """A response is *correct* when its EM reward is 1 (rewards are 0/1 EM; the test is ``r > 0.5``).  [B] -> [B] bool."""
+    return rewards.float() > 0.5
+
+
+def likelihood_metrics(
+    logp_old: torch.Tensor,
+    logp_new: torch.Tensor,
+    response_mask: torch.Tensor,
+    rewards: torch.Tensor,
+) -> dict[str, float]:
+    """Likelihood of correct / incorrect responses before and after the step's updates.
+
+    Args:
+        logp_old: [B, T] token log-probs under the policy that sampled the batch (before the step's updates).
+        logp_new: [B, T] token log-probs under the policy after the step's optimiser updates.
+        response_mask: [B, T] 1 on generated tokens.
+        rewards: [B] EM rewards (correct = reward > 0.5).
+
+    For S in {correct, incorrect}, V in {old, new}:
+        lld/{S}_logp_{V}_per_token    = sum_{i in S,t} m logp_V / sum_{i in S,t} m
+        lld/{S}_logp_{V}_per_response = mean_{i in S} sum_t m logp_V
+        lld/{S}_delta_per_token       = per_token(new) - per_token(old)
+        lld/{S}_delta_per_response    = mean_{i in S} Delta(y_i),  Delta(y) = sum_t m (logp_new - logp_old)
+    lld/rate = |{i correct : Delta(y_i) <= 0}| / |correct|  (Lazy Likelihood Displacement rate)
+    Values are NaN when the set is empty.
+    """
+    if not (logp_old.shape == logp_new.shape == response_mask.shape):
+        raise ValueError("logp_old, logp_new and response_mask must have the same [B, T] shape")
+    if rewards.shape != logp_old.shape[:1]:
+        raise ValueError(f"rewards must be [B]={logp_old.shape[0]}, got {tuple(rewards.shape)}")
+    mask = response_mask.float()
+    correct = correct_mask_from_rewards(rewards)
+    seq_old = sequence_logp(logp_old, mask)
+    seq_new = sequence_logp(logp_new, mask)
+    delta = seq_new - seq_old
+    tokens = mask.sum(-1)
+    out: dict[str, float] = {}
+    for name, sel in (("correct", correct), ("incorrect", ~correct)):
+        n = int(sel.sum())
+        ntok = float(tokens[sel].sum())
+        for tag, seq in (("old", seq_old), ("new", seq_new)):
+            out[f"lld/{name}_logp_{tag}_per_token"] = float(seq[sel].sum()) / ntok if ntok > 0 else NAN
+            out[f"lld/{name}_logp_{tag}_per_response"] = float(seq[sel].mean()) if n > 0 else NAN
+        out[f"lld/{name}_delta_per_token"] = float(delta[sel].sum()) / ntok if ntok > 0 else NAN
+        out[f"lld/{name}_delta_per_response"] = float(delta[sel].mean()) if n > 0 else NAN
+        out[f"lld/num_{name}"] = float(n)
+    n_correct = int(correct.sum())
+    out["lld/rate"] = float((delta[correct] <= 0).float().mean()) if n_correct > 0 else NAN
+    return out
+
+
+def first_action_ids(response_ids: Sequence[int], response_mask: Sequence[int]) -> tuple[int, ...]:
+    """Token ids of the first action span (first maximal run of generated tokens); ``()`` if none."""
+    spans = action_span_list(list(response_mask))
+    if not spans:
+        return ()
+    start, end = spans[0]
+    return tuple(int(x) for x in response_ids[start:end])
+
+
+def shared_first_action_fraction(
+    first_actions: Sequence[tuple[int, ...]],
+    rewards: Sequence[float],
+    group_ids: Sequence[int],
+) -> float:
+    """Share of incorrect responses whose first action equals a correct response's first action in the same group.
+
+    Denominator: incorrect responses in groups that contain at least one correct response (elsewhere there is nothing
+    to share with). NaN when the denominator is 0.
+    """
+    if not (len(first_actions) == len(rewards) == len(group_ids)):
+        raise ValueError("first_actions, rewards and group_ids must have the same length")
+    correct_firsts: dict[int, set[tuple[int, ...]]] = {}
+    for a, r, g in zip(first_actions, rewards, group_ids):
+        if r > 0.5:
+            correct_firsts.setdefault(int(g), set()).add(a)
+    shared = total = 0
+    for a, r, g in zip(first_actions, rewards, group_ids):
+        if r <= 0.5 and int(g) in correct_firsts:
+            total += 1
+            shared += int(a in correct_firsts[int(g)])
+    return shared / total if total else NAN
+
+
+def rollout_metrics(trajectories: Sequence[Any]) -> dict[str, float]:
+    """Reward and behaviour of a rollout batch (Trajectory objects; see docs/architecture.md).
+
+    reward/em_mean, rollout/valid_searches_mean, rollout/invalid_action_rate (invalid actions per turn),
+    rollout/response_length_mean (generated tokens), rollout/response_length_total_mean (generated + observation),
+    rollout/turns_mean, rollout/answered_frac (finish_reason == "answer").
+    """
+    if not trajectories:
+        raise ValueError("empty rollout batch")
+    n = len(trajectories)
+    turns = sum(int(t.num_turns) for t in trajectories)
+    invalid = sum(int(t.invalid_actions) for t in trajectories)
+    return {
+        "reward/em_mean": sum(float(t.reward) for t in trajectories) / n,
+        "rollout/valid_searches_mean": sum(int(t.valid_searches) for t in trajectories) / n,
+        "rollout/invalid_action_rate": invalid / turns if turns else 0.0,
+        "rollout/response_length_mean": sum(sum(t.response_mask) for t in trajectories) / n,
+        "rollout/response_length_total_mean": sum(len(t.response_ids) for t in trajectories) / n,
+        "rollout/turns_mean": turns / n,
+        "rollout/answered_frac": sum(t.finish_reason == "answer" for t in trajectories) / n,
+    }
+
+
+def engine_learner_gap(
+    engine_logp: torch.Tensor, learner_logp: torch.Tensor, response_mask: torch.Tensor, has_engine_logprobs: torch.Tensor
+) -> float:
+    """Mean |engine - learner| token log-prob over generated tokens of rows whose engine reported log-probs.
+
+    [B, T], [B, T], [B, T], [B] bool -> float (NaN when no row has engine log-probs).
+    """
+    rows = has_engine_logprobs.bool()
+    if not bool(rows.any()):
+        return NAN
+    m = response_mask[rows].float()
+    diff = (engine_logp[rows].float() - learner_logp[rows].float()).abs()
+    denom = float(m.sum())
+    return float((diff * m).sum()) / denom if denom > 0 else NAN
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Phase detector
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PhaseThresholds:
+    """Thresholds of the phase detector (units: the metric's own units per step for slopes)."""
+
+    window: int = 6  # steps used for trends
+    min_points: int = 3  # fewer finite points -> no trend claimed
+    flat_logp_slope: float = 0.01  # |slope| of correct log-likelihood per token (nats/step) below this = flat
+    rising_reward_slope: float = 0.002  # reward slope (EM/step) above this = rising
+    collapse_logp_drop: float = 1.0  # nats/token below the series' peak = "likelihood below threshold"
+    collapse_grad_ratio: float = 5.0  # grad norm over its early baseline (median of the first `window` steps)
+    collapse_entropy_ratio: float = 2.0  # entropy over its early baseline
+    collapse_reward_ratio: float = 0.3  # reward at or below this share of its peak = crashed
+    min_peak_reward: float = 0.05  # a peak below this is too small to crash from
+
+
+@dataclass
+class PhaseReport:
+    phase: str
+    evidence: dict[str, float] = field(default_factory=dict)
+    reasons: list[str] = field(default_factory=list)
+    warning: str | None = None
+
+    @property
+    def phase_id(self) -> int:
+        return PHASE_ID[self.phase]
+
+
+def linear_slope(values: Sequence[float]) -> float:
+    """Least-squares slope of ``values`` against 0..n-1 (finite values only, keeping their positions); NaN if < 2."""
+    pts = [(float(i), float(v)) for i, v in enumerate(values) if v is not None and math.isfinite(v)]
+    if len(pts) < 2:
+        return NAN
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    if sxx == 0:
+        return NAN
+    return sum((x - mx) * (y - my) for x, y in pts) / sxx
+
+
+def _finite(values: Iterable[Any]) -> list[float]:
+    return [float(v) for v in values if v is not None and isinstance(v, (int, float)) and math.isfinite(v)]
+
+
+def _median(values: list[float]) -> float:
+    if not values:
+        return NAN
+    s = sorted(values)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
+
+
+class PhaseDetector:
+    """Names the death-spiral phase from the logged series.
+
+    Series read (metric names): ``reward/em_mean``, ``lld/correct_logp_old_per_token`` (likelihood of the correct
+    responses under the policy that sampled them), ``actor/grad_norm``, ``actor/entropy``.
+
+    Rules, evaluated on the last ``window`` steps, most severe first:
+    - accelerated_collapse: correct likelihood at least ``collapse_logp_drop`` nats/token below its peak AND (grad norm
+      or entropy exploded vs their early baseline, or reward crashed to <= ``collapse_reward_ratio`` x its peak);
+      or explosion and reward crash together;
+    - steady_decay: correct likelihood slope < -flat while reward has not crashed;
+    - early_stagnation: correct likelihood flat (|slope| <= flat) while reward rises;
+    - healthy: otherwise (likelihood of correct responses rising, or too little data to claim a trend).
+    Early warning: correct likelihood slope < -flat while reward slope > rising (the steady-decay signature).
+    """
+
+    REWARD = "reward/em_mean"
+    CORRECT_LOGP = "lld/correct_logp_old_per_token"
+    GRAD_NORM = "actor/grad_norm"
+    ENTROPY = "actor/entropy"
+
+    def __init__(self, thresholds: PhaseThresholds | None = None):
+        self.t = thresholds or PhaseThresholds()
+        self.history: list[dict[str, Any]] = []
+
+    def update(self, metrics: dict[str, Any]) -> PhaseReport:
+        """Append one step's metrics and return the current report."""
+        self.history.append(dict(metrics))
+        return self.detect(self.history)
+
+    def detect(self, history: Sequence[dict[str, Any]]) -> PhaseReport:
+        t = self.t
+        series = {k: [h.get(k) for h in history] for k in (self.REWARD, self.CORRECT_LOGP, self.GRAD_NORM, self.ENTROPY)}
+        win = {k: v[-t.window:] for k, v in series.items()}
+        logp_all = _finite(series[self.CORRECT_LOGP])
+        reward_all = _finite(series[self.REWARD])
+        ev: dict[str, float] = {}
+        ev["logp_slope"] = linear_slope(win[self.CORRECT_LOGP]) if len(_finite(win[self.CORRECT_LOGP])) >= t.min_points else NAN
+        ev["reward_slope"] = linear_slope(win[self.REWARD]) if len(_finite(win[self.REWARD])) >= t.min_points else NAN
+        ev["logp_now"] = _nanmean(_finite(win[self.CORRECT_LOGP])[-2:])
+        ev["logp_peak"] = max(logp_all) if logp_all else NAN
+        ev["logp_drop_from_peak"] = ev["logp_peak"] - ev["logp_now"] if logp_all else NAN
+        ev["reward_now"] = _nanmean(_finite(win[self.REWARD])[-2:])
+        ev["reward_peak"] = max(reward_all) if reward_all else NAN
+        for key, name in ((self.GRAD_NORM, "grad_norm"), (self.ENTROPY, "entropy")):
+            base = _median(_finite(series[key][: t.window]))
+            now = _nanmean(_finite(win[key])[-2:])
+            ev[f"{name}_baseline"] = base
+            ev[f"{name}_now"] = now
+            ev[f"{name}_ratio"] = now / base if base and math.isfinite(base) and base > 0 and math.isfinite(now) else NAN
+
+        def ok(x: float) -> bool:
+            return x is not None and math.isfinite(x)
+
+        logp_low = ok(ev["logp_drop_from_peak"]) and ev["logp_drop_from_peak"] >= t.collapse_logp_drop
+        grad_blowup = ok(ev["grad_norm_ratio"]) and ev["grad_norm_ratio"] >= t.collapse_grad_ratio
+        entropy_blowup = ok(ev["entropy_ratio"]) and ev["entropy_ratio"] >= t.collapse_entropy_ratio
+        reward_crash = (
+            ok(ev["reward_peak"]) and ev["reward_peak"] >= t.min_peak_reward and ok(ev["reward_now"])
+            and ev["reward_now"] <= t.collapse_reward_ratio * ev["reward_peak"]
+        )
+        explosion = grad_blowup or entropy_blowup
+        logp_falling = ok(ev["logp_slope"]) and ev["logp_slope"] < -t.flat_logp_slope
+        logp_flat = ok(ev["logp_slope"]) and abs(ev["logp_slope"]) <= t.flat_logp_slope
+        reward_rising = ok(ev["reward_slope"]) and ev["reward_slope"] > t.rising_reward_slope
+
+        reasons: list[str] = []
+        if (logp_low and (explosion or reward_crash)) or (explosion and reward_crash):
+            phase = "accelerated_collapse"
+            if logp_low:
+                reasons.append(f"correct log-likelihood {ev['logp_drop_from_peak']:.3f} nats/token below its peak")
+            if grad_blowup:
+                reasons.append(f"grad norm x{ev['grad_norm_ratio']:.1f} its baseline")
+            if entropy_blowup:
+                reasons.append(f"entropy x{ev['entropy_ratio']:.1f} its baseline")
+            if reward_crash:
+                reasons.append(f"reward {ev['reward_now']:.3f} vs peak {ev['reward_peak']:.3f}")
+        elif logp_falling and not reward_crash:
+            phase = "steady_decay"
+            reasons.append(f"correct log-likelihood falling {ev['logp_slope']:.4f} nats/token/step")
+        elif logp_flat and reward_rising:
+            phase = "early_stagnation"
+            reasons.append(
+                f"reward rising {ev['reward_slope']:.4f}/step while correct log-likelihood is flat "
+                f"({ev['logp_slope']:.4f} nats/token/step)"
+            )
+        else:
+            phase = "healthy"
+            if not ok(ev["logp_slope"]):
+                reasons.append(f"fewer than {t.min_points} steps with correct responses: no trend claimed")
+            else:
+                reasons.append(f"correct log-likelihood slope {ev['logp_slope']:.4f} nats/token/step")
+        warning = None
+        if logp_falling and reward_rising:
+            warning = (
+                f"early warning: correct-response likelihood trends down ({ev['logp_slope']:.4f} nats/token/step) "
+                f"while reward still rises ({ev['reward_slope']:.4f}/step) - the LLD death spiral's precursor"
+            )
+        return PhaseReport(phase=phase, evidence=ev, reasons=reasons, warning=warning)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Probe set
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class ProbeSet:
+    """A fixed set of correct trajectories whose likelihood is re-measured every ``probe_every`` steps.
+
+    Filled once from the first rollout batches that contain correct responses (up to ``size``), then frozen.
+    ``measure(logp_fn)`` calls ``logp_fn(trajectories) -> (token_logp [B, T], response_mask [B, T])`` and returns
+    ``probe/logp_per_token`` and ``probe/logp_per_response`` (means over the probe set).
+    """
+
+    def __init__(self, size: int):
+        if size < 0:
+            raise ValueError("probe size must be >= 0")
+        self.size = size
+        self.trajectories: list[Any] = []
+
+    @property
+    def full(self) -> bool:
+        return len(self.trajectories) >= self.size
+
+    def offer(self, trajectories: Sequence[Any]) -> None:
+        """Add correct trajectories until the set is full (one per prompt first, for variety)."""
+        if self.full:
+            return
+        seen = {t.row.get("id") if isinstance(t.row, dict) else id(t.row) for t in self.trajectories}
+        for t in trajectories:
+            if self.full:
+                break
+            key = t.row.get("id") if isinstance(t.row, dict) else id(t.row)
+            if float(t.reward) > 0.5 and key not in seen:
+                self.trajectories.append(t)
+                seen.add(key)
+
+    def state(self) -> list[Any]:
+        return list(self.trajectories)
+
+    def measure(self, logp_fn: Callable[[list[Any]], tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+        if not self.trajectories:
+            return {}
+        token_logp, mask = logp_fn(self.trajectories)
+        seq = sequence_logp(token_logp, mask)
+        return {
+            "probe/logp_per_token": float(seq.sum()) / max(float(mask.float().sum()), 1.0),
+            "probe/logp_per_response": float(seq.mean()),
+            "probe/size": float(len(self.trajectories)),
+        }

@@ -1,0 +1,230 @@
+"""Metrics tracking: a local ``metrics.jsonl`` (always), wandb (when configured), a tqdm bar, and PNG plots.
+
+    tracker = Tracker(run_dir, cfg.logging, config_dict, total_steps=cfg.trainer.total_steps)
+    tracker.log(step, metrics)      # one JSON line per step; wandb.log; bar postfix; plots every plot_every steps
+    tracker.close()                 # final plots, wandb.finish
+
+Only the main process writes (pass ``enabled=False`` on the others). wandb is imported lazily and runs offline
+unless ``logging.wandb_mode=online`` and an API key is present; a failing wandb never stops training (it is reported
+once and disabled). Non-finite floats are written to JSON as ``null``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+from searchr1_lld.monitor import PHASES
+
+# Key figures shown on the progress bar (short label -> metric name).
+BAR_FIGURES = {
+    "em": "reward/em_mean",
+    "lld": "lld/rate",
+    "dC": "lld/correct_delta_per_token",
+    "H": "actor/entropy",
+    "gn": "actor/grad_norm",
+    "llds": "llds/active_token_frac",
+}
+
+# Plots: file name -> (title, [metric names]).
+PLOTS: dict[str, tuple[str, list[str]]] = {
+    "reward.png": ("reward (EM) and valid searches", ["reward/em_mean", "rollout/valid_searches_mean"]),
+    "likelihood.png": (
+        "mean log-likelihood per token of correct / incorrect responses",
+        ["lld/correct_logp_old_per_token", "lld/incorrect_logp_old_per_token", "probe/logp_per_token"],
+    ),
+    "delta.png": (
+        "likelihood displacement Delta = logp_new - logp_old (per token) and LLD rate",
+        ["lld/correct_delta_per_token", "lld/incorrect_delta_per_token", "lld/rate"],
+    ),
+    "entropy.png": ("policy entropy (generated tokens)", ["actor/entropy"]),
+    "grad_norm.png": ("gradient norm before clipping", ["actor/grad_norm"]),
+    "llds.png": (
+        "LLDS activity",
+        ["llds/active_token_frac", "llds/gated_responses_frac", "llds/gated_actions_frac", "llds/loss"],
+    ),
+}
+
+PHASE_COLORS = {"healthy": "#d9f2d9", "early_stagnation": "#fff3c4", "steady_decay": "#ffd8a8", "accelerated_collapse": "#ffb3b3"}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # tensors / numpy scalars
+        return _jsonable(value.item())
+    return value
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Read a ``metrics.jsonl`` back (``null`` -> NaN)."""
+    rows = []
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                row = json.loads(line)
+                rows.append({k: (float("nan") if v is None else v) for k, v in row.items()})
+    return rows
+
+
+def plot_metrics(records: Sequence[dict[str, Any]], out_dir: str | Path) -> list[Path]:
+    """Write the PNG plots of :data:`PLOTS` (phase bands in the background) to ``out_dir``; returns the paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    steps = [r.get("step") for r in records]
+    phases = [r.get("phase/name") for r in records]
+    written = []
+    for fname, (title, keys) in PLOTS.items():
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        # phase bands
+        for i, (s, ph) in enumerate(zip(steps, phases)):
+            if ph in PHASE_COLORS and s is not None:
+                ax.axvspan(s - 0.5, s + 0.5, color=PHASE_COLORS[ph], lw=0, zorder=0)
+        plotted = False
+        for key in keys:
+            xs, ys = [], []
+            for r in records:
+                v = r.get(key)
+                if isinstance(v, (int, float)) and math.isfinite(v) and r.get("step") is not None:
+                    xs.append(r["step"])
+                    ys.append(v)
+            if xs:
+                ax.plot(xs, ys, marker="o", ms=3, label=key, zorder=2)
+                plotted = True
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("step")
+        handles, labels = ax.get_legend_handles_labels()
+        present = [p for p in PHASES if p in phases]
+        handles += [Patch(color=PHASE_COLORS[p], label=p) for p in present]
+        if plotted or present:
+            ax.legend(handles=handles, fontsize=7, loc="best")
+        fig.tight_layout()
+        path = out_dir / fname
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+class Tracker:
+    """metrics.jsonl + optional wandb + tqdm bar + periodic plots for one run."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        logging_cfg: Any,
+        config: dict[str, Any] | None = None,
+        *,
+        total_steps: int = 0,
+        start_step: int = 0,
+        enabled: bool = True,
+        run_name: str | None = None,
+    ):
+        self.run_dir = Path(run_dir)
+        self.cfg = logging_cfg
+        self.enabled = enabled
+        self.records: list[dict[str, Any]] = []
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.plot_dir = self.run_dir / "plots"
+        self._wandb = None
+        self._bar = None
+        if not enabled:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.metrics_path.exists():  # resumed run: keep earlier steps, drop any beyond the resume point
+            kept = [r for r in read_metrics(self.metrics_path) if r.get("step", 0) <= start_step]
+            self.records = kept
+            with open(self.metrics_path, "w") as f:
+                for r in kept:
+                    f.write(json.dumps(_jsonable(r)) + "\n")
+        if getattr(logging_cfg, "wandb", False) and logging_cfg.wandb_mode != "disabled":
+            self._init_wandb(config or {}, run_name or self.run_dir.name)
+        if getattr(logging_cfg, "progress_bar", True) and total_steps:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total_steps, initial=start_step, desc="train", dynamic_ncols=True)
+
+    def _init_wandb(self, config: dict[str, Any], name: str) -> None:
+        mode = self.cfg.wandb_mode
+        if mode == "online" and not os.environ.get("WANDB_API_KEY"):
+            warnings.warn("logging.wandb_mode=online but WANDB_API_KEY is not set: logging to wandb offline")
+            mode = "offline"
+        try:
+            import wandb
+
+            self._wandb = wandb.init(
+                project=self.cfg.wandb_project, name=name, config=config, mode=mode, dir=str(self.run_dir),
+                reinit=True,
+            )
+        except Exception as e:  # tracking must never stop training
+            warnings.warn(f"wandb disabled: {type(e).__name__}: {e}")
+            self._wandb = None
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        row = {"step": step, **metrics}
+        self.records.append(row)
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(_jsonable(row)) + "\n")
+        if self._wandb is not None:
+            try:
+                self._wandb.log({k: v for k, v in _jsonable(metrics).items() if v is not None}, step=step)
+            except Exception as e:
+                warnings.warn(f"wandb.log failed, disabling wandb: {e}")
+                self._wandb = None
+        if self._bar is not None:
+            post = {}
+            for label, key in BAR_FIGURES.items():
+                v = metrics.get(key)
+                if isinstance(v, (int, float)) and math.isfinite(v):
+                    post[label] = f"{v:.3g}"
+            if "phase/name" in metrics:
+                post["phase"] = metrics["phase/name"]
+            self._bar.set_postfix(post, refresh=False)
+            self._bar.update(1)
+        every = getattr(self.cfg, "plot_every", 0)
+        if every and step % every == 0:
+            self.plot()
+
+    def write(self, message: str) -> None:
+        """Print a message without breaking the progress bar."""
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.write(message)
+        else:
+            print(message, flush=True)
+
+    def plot(self) -> list[Path]:
+        if not self.enabled or not self.records:
+            return []
+        return plot_metrics(self.records, self.plot_dir)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self.plot()
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self._wandb is not None:
+            try:
+                self._wandb.finish()
+            except Exception:
+                pass
+            self._wandb = None
