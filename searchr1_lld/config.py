@@ -175,11 +175,18 @@ class LoggingConfig:
 
 @dataclass
 class EvalConfig:
+    """Evaluation (eval.py, searchr1_lld/evaluation.py): greedy decoding through the training agent loop."""
+
+    # nq, triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle, synthetic (or ["all"] = the seven benchmarks)
     datasets: list[str] = field(default_factory=lambda: ["synthetic"])
-    limit: int = 0
-    batch_size: int = 64
-    max_turns: int = 4
-    topk: int = 3
+    limit: int = 0  # first N questions per dataset; 0 = all
+    batch_size: int = 64  # questions per agent-loop call
+    max_turns: int = 4  # the paper evaluates with at most 4 turns
+    topk: int = 3  # documents per search
+    backend: Literal["hf", "vllm"] = "hf"
+
+
+_EVAL_DATASETS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle", "synthetic", "all")
 
 
 @dataclass
@@ -242,6 +249,11 @@ class Config:
             (self.retriever.mode != "http" or self.retriever.url.startswith(("http://", "https://")), "retriever.url",
              "must start with http:// or https://"),
             (self.eval.limit >= 0, "eval.limit", "must be >= 0"),
+            (self.eval.batch_size >= 1, "eval.batch_size", "must be >= 1"),
+            (self.eval.max_turns >= 1, "eval.max_turns", "must be >= 1"),
+            (self.eval.topk >= 1, "eval.topk", "must be >= 1"),
+            (len(self.eval.datasets) > 0 and all(d in _EVAL_DATASETS for d in self.eval.datasets), "eval.datasets",
+             f"must be a non-empty list of {list(_EVAL_DATASETS)}"),
         ]
         for ok, key, msg in checks:
             if not ok:

@@ -1,0 +1,146 @@
+"""Evaluate Search-R1 checkpoints: greedy multi-turn rollouts -> EM per benchmark -> paper-style tables.
+
+Examples
+    # the synthetic world's test split (built on demand), its index, its tiny policy
+    python eval.py --datasets synthetic --out runs/eval-tiny
+    # a trained checkpoint on the seven FlashRAG benchmarks through the retriever service
+    python eval.py --model runs/x/checkpoint-final --datasets all --retriever-url http://127.0.0.1:8000 --out runs/x/eval
+    # four processes, then merge
+    for i in 0 1 2 3; do python eval.py ... --shard $i/4 & done; wait; python eval.py --merge --out DIR
+    # compare checkpoints (evaluated here, into OUT/NAME) or finished eval dirs; gain is relative to the first
+    python eval.py --compare grpo=PATH1 llds=PATH2 --datasets synthetic --out runs/cmp
+    python eval.py --compare-dirs runs/grpo/eval runs/llds/eval --out runs/cmp
+
+Outputs in --out: results.json, results.md, results.csv, trajectories.jsonl (resumable: finished rows are skipped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from searchr1_lld import evaluation as ev
+from searchr1_lld.config import ConfigError, load_config
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="checkpoint dir or hub id (default for synthetic: WORLD_DIR/model)")
+    p.add_argument("--tokenizer", help="tokenizer dir or hub id (default: the model's; synthetic: WORLD_DIR/tokenizer)")
+    p.add_argument("--datasets", help="comma list of nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,musique,bamboogle,"
+                                      "synthetic, or 'all' (default: eval.datasets of the config)")
+    p.add_argument("--split", help="dataset split (default: test, else dev)")
+    p.add_argument("--retriever-url", help="retriever HTTP service (Search-R1 /retrieve protocol)")
+    p.add_argument("--index", help="index dir for an in-process retriever (default for synthetic: WORLD_DIR/index)")
+    p.add_argument("--world-dir", default=None, help="synthetic world dir (default: data.world_dir, .cache/world)")
+    p.add_argument("--out", required=True, help="output dir")
+    p.add_argument("--name", default="", help="row label in the tables (default: the output dir's name)")
+    p.add_argument("--config", help="YAML config whose rollout/data/eval settings apply (default: built-in defaults)")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides, e.g. eval.topk=5")
+    p.add_argument("--limit", type=int, help="first N questions of each dataset (0 = all)")
+    p.add_argument("--batch-size", type=int, help="questions per agent-loop call")
+    p.add_argument("--max-turns", type=int, help="search turns allowed (default eval.max_turns = 4)")
+    p.add_argument("--topk", type=int, help="documents per search (default eval.topk = 3)")
+    p.add_argument("--template", choices=["base", "chat"], help="prompt template (default: data.prompt_template)")
+    p.add_argument("--backend", choices=["hf", "vllm"], help="generation backend (default: hf)")
+    p.add_argument("--shard", help="i/k: evaluate every k-th row starting at i into a shard file")
+    p.add_argument("--merge", action="store_true", help="merge the shard files in --out and write the tables")
+    p.add_argument("--compare", nargs="+", metavar="NAME=PATH", help="evaluate several checkpoints, one table")
+    p.add_argument("--compare-dirs", nargs="+", metavar="DIR", help="tabulate finished eval output dirs")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def _resolve(args: argparse.Namespace) -> dict[str, Any]:
+    """Config + flags -> the settings of this evaluation (flags win over the config's eval section)."""
+    cfg = load_config(args.config, args.set)
+    e = cfg.eval
+    datasets = ev.parse_datasets(args.datasets if args.datasets else e.datasets)
+    world_dir = Path(args.world_dir or cfg.data.world_dir)
+    return {
+        "cfg": cfg,
+        "datasets": datasets,
+        "world_dir": world_dir,
+        "limit": e.limit if args.limit is None else args.limit,
+        "batch_size": e.batch_size if args.batch_size is None else args.batch_size,
+        "rollout_cfg": ev.eval_rollout_config(cfg.rollout, max_turns=args.max_turns or e.max_turns,
+                                              topk=args.topk or e.topk),
+        "template": args.template or cfg.data.prompt_template,
+        "backend": args.backend or e.backend,
+        "progress": not args.no_progress,
+    }
+
+
+def _ensure_world(world_dir: Path, cfg: Any) -> None:
+    if not (world_dir / "qa" / "test.jsonl").is_file():
+        from data.build_world import ensure_world
+
+        print(f"building the synthetic world in {world_dir} ...", file=sys.stderr)
+        ensure_world(world_dir, cfg.data.world)
+
+
+def evaluate_checkpoint(model: str | None, out_dir: Path, name: str, s: dict[str, Any], args: argparse.Namespace,
+                        retriever: Any) -> dict[str, Any] | None:
+    synthetic = ev.SYNTHETIC in s["datasets"]
+    model_path = model or (str(s["world_dir"] / "model") if synthetic else None)
+    if not model_path:
+        raise ev.EvalError("--model is required for benchmark datasets")
+    tok_path = args.tokenizer
+    if tok_path is None:
+        has_tok = Path(model_path).is_dir() and any((Path(model_path) / f).exists()
+                                                    for f in ("tokenizer.json", "tokenizer_config.json"))
+        tok_path = model_path if (has_tok or not synthetic) else str(s["world_dir"] / "tokenizer")
+    tokenizer = ev.load_tokenizer(tok_path)
+    rows = ev.load_eval_rows(s["datasets"], world_dir=s["world_dir"], limit=s["limit"], split=args.split)
+    backend = ev.make_backend(s["backend"], model_path, tokenizer, rollout_cfg=s["rollout_cfg"],
+                              batch_size=s["batch_size"], dtype=s["cfg"].model.dtype)
+    return ev.evaluate(rows, backend=backend, tokenizer=tokenizer, retriever=retriever, rollout_cfg=s["rollout_cfg"],
+                       out_dir=out_dir, batch_size=s["batch_size"], template=s["template"],
+                       shard=ev.parse_shard(args.shard), name=name, progress=s["progress"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out = Path(args.out)
+    try:
+        if args.compare_dirs:
+            methods = [(ev.load_results(d).get("name") or Path(d).name, ev.load_results(d)) for d in args.compare_dirs]
+            print(ev.compare(methods, out))
+            return 0
+        s = _resolve(args)
+        if args.merge:
+            res = ev.merge_shards(out, order=s["datasets"], name=args.name)
+            print(ev.markdown_table([(res["name"], res)]))
+            return 0
+        if ev.SYNTHETIC in s["datasets"]:
+            _ensure_world(s["world_dir"], s["cfg"])
+        index = args.index or (str(s["world_dir"] / "index") if ev.SYNTHETIC in s["datasets"] else None)
+        retriever = ev.make_retriever(url=args.retriever_url, index_dir=None if args.retriever_url else index)
+        if args.compare:
+            methods = []
+            for item in args.compare:
+                name, sep, path = item.partition("=")
+                if not sep or not name or not path:
+                    raise ev.EvalError(f"--compare takes NAME=PATH items, got {item!r}")
+                res = evaluate_checkpoint(path, out / name, name, s, args, retriever)
+                if res is None:
+                    raise ev.EvalError("--compare cannot be combined with --shard")
+                methods.append((name, res))
+            print(ev.compare(methods, out))
+            return 0
+        res = evaluate_checkpoint(args.model, out, args.name, s, args, retriever)
+        if res is None:
+            print(f"shard {args.shard} done -> {ev.trajectories_path(out, ev.parse_shard(args.shard))}; "
+                  f"merge with: python eval.py --merge --out {out}")
+            return 0
+        print((out / ev.RESULTS_MD).read_text())
+        return 0
+    except (ev.EvalError, ConfigError) as e:
+        print(f"eval.py: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""Evaluator: metrics on hand-written cases, average / relative gain arithmetic, tables, resume, sharding, compare."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from searchr1_lld import evaluation as ev
+from searchr1_lld.config import RolloutConfig
+
+
+def _traj(row, prediction, *, turns=2, searches=1, invalid=0, truncated=False, queries=("q",), ids=(("d1", "d2"),)):
+    text = f"<search> q </search> ... <answer> {prediction} </answer>" if prediction is not None else "no answer"
+    return SimpleNamespace(row=row, prediction=prediction, num_turns=turns, valid_searches=searches,
+                           invalid_actions=invalid, truncated=truncated, queries=list(queries),
+                           retrieved_ids=[list(i) for i in ids], response_text=text,
+                           finish_reason="answer" if prediction is not None else "max_turns")
+
+
+def _row(i, golds, hops=None):
+    row = {"id": f"r{i}", "question": f"question {i}", "golden_answers": golds, "data_source": "t", "metadata": {}}
+    if hops is not None:
+        row["metadata"] = {"hops": hops}
+    return row
+
+
+def test_record_scores_em_subem_f1():
+    r = ev.record_from_trajectory(_traj(_row(0, ["Barack Obama", "Obama"]), "The Obama!"), "nq")
+    assert (r["em"], r["sub_em"]) == (1.0, 1.0)  # "the obama" -> "obama" equals a gold
+    r = ev.record_from_trajectory(_traj(_row(0, ["Paris"]), "paris france"), "nq")
+    assert r["em"] == 0.0 and r["sub_em"] == 1.0
+    assert r["f1"] == pytest.approx(2 * 0.5 * 1.0 / 1.5)  # precision 1/2, recall 1/1
+    r = ev.record_from_trajectory(_traj(_row(0, ["Paris"]), None), "nq")
+    assert (r["em"], r["sub_em"], r["f1"]) == (0.0, 0.0, 0.0)
+    assert r["queries"] == ["q"] and r["retrieved_ids"] == [["d1", "d2"]] and r["golden_answers"] == ["Paris"]
+
+
+def test_dataset_metrics_hand_computed():
+    recs = [
+        ev.record_from_trajectory(_traj(_row(0, ["a1"], hops=1), "a1", turns=2, searches=1), "synthetic"),
+        ev.record_from_trajectory(_traj(_row(1, ["b2"], hops=2), "wrong", turns=4, searches=2, invalid=1,
+                                        truncated=True), "synthetic"),
+        ev.record_from_trajectory(_traj(_row(2, ["c3"], hops=2), "c3", turns=3, searches=3, invalid=2), "synthetic"),
+        ev.record_from_trajectory(_traj(_row(3, ["d4"], hops=1), None, turns=1, searches=0), "synthetic"),
+    ]
+    m = ev.dataset_metrics(recs)
+    assert m["n"] == 4
+    assert m["em"] == pytest.approx(2 / 4)
+    assert m["mean_valid_searches"] == pytest.approx((1 + 2 + 3 + 0) / 4)
+    assert m["mean_turns"] == pytest.approx((2 + 4 + 3 + 1) / 4)
+    assert m["invalid_action_rate"] == pytest.approx(3 / 10)
+    assert m["truncation_rate"] == pytest.approx(1 / 4)
+    assert m["answer_rate"] == pytest.approx(3 / 4)
+    assert (m["n_single_hop"], m["em_single_hop"]) == (2, pytest.approx(0.5))
+    assert (m["n_multi_hop"], m["em_multi_hop"]) == (2, pytest.approx(0.5))
+    # benchmark rows carry no hops -> no hop sub-scores
+    plain = ev.dataset_metrics([ev.record_from_trajectory(_traj(_row(0, ["x"]), "x"), "nq")])
+    assert "em_single_hop" not in plain
+    with pytest.raises(ev.EvalError):
+        ev.dataset_metrics([])
+
+
+def test_average_is_unweighted_and_relative_gain():
+    recs = [{"dataset": "nq", "em": 1.0}] + [{"dataset": "hotpotqa", "em": 0.0}] * 3
+    recs = [dict(r, id=str(i), sub_em=r["em"], f1=r["em"], num_turns=1, valid_searches=1, invalid_actions=0,
+                 truncated=False, prediction="x") for i, r in enumerate(recs)]
+    res = ev.summarize(recs, order=["nq", "hotpotqa"])
+    assert list(res["datasets"]) == ["nq", "hotpotqa"]
+    assert res["average_em"] == pytest.approx(0.5)  # mean of 1.0 and 0.0, not the pooled 0.25
+    assert res["n"] == 4
+    assert ev.relative_gain(0.430, 0.312) == pytest.approx(0.37820512820512)  # the paper's +37.8%
+    assert ev.relative_gain(0.3, 0.0) is None
+
+
+def _res(name, ems):
+    ds = {d: {"em": v, "n": 10} for d, v in ems.items()}
+    return name, {"name": name, "datasets": ds, "average_em": sum(ems.values()) / len(ems)}
+
+
+def test_tables_paper_layout_and_gain():
+    methods = [_res("GRPO", {"hotpotqa": 0.2, "nq": 0.4}), _res("LLDS", {"nq": 0.5, "hotpotqa": 0.4}),
+               _res("zero", {"nq": 0.3})]
+    md = ev.markdown_table(methods)
+    lines = md.strip().splitlines()
+    assert lines[0] == "| Method | NQ | HotpotQA | Avg. | Gain |"  # paper column order, not insertion order
+    assert lines[2] == "| GRPO | 0.400 | 0.200 | 0.300 | base |"
+    assert lines[3] == "| LLDS | 0.500 | 0.400 | 0.450 | +50.0% |"
+    assert lines[4] == "| zero | 0.300 | - | 0.300 | +0.0% |"
+    rows = list(csv.reader(io.StringIO(ev.csv_table(methods))))
+    assert rows[0] == ["Method", "NQ", "HotpotQA", "Avg.", "Gain"] and rows[2][4] == "+50.0%"
+    single = ev.markdown_table(methods[:1])
+    assert "Gain" not in single
+
+
+def test_parse_datasets_and_shard():
+    assert ev.parse_datasets("nq, HotpotQA") == ["nq", "hotpotqa"]
+    assert ev.parse_datasets("all") == list(ev.BENCHMARKS)
+    for bad in ("nq,webq", "", "nq,nq"):
+        with pytest.raises(ev.EvalError):
+            ev.parse_datasets(bad)
+    assert ev.parse_shard("1/4") == (1, 4) and ev.parse_shard(None) is None
+    for bad in ("4/4", "x", "1/0", "-1/2"):
+        with pytest.raises(ev.EvalError):
+            ev.parse_shard(bad)
+    rows = [{"id": i} for i in range(10)]
+    parts = [ev.shard_rows(rows, (i, 3)) for i in range(3)]
+    assert sorted(r["id"] for p in parts for r in p) == list(range(10))
+    assert [r["id"] for r in parts[1]] == [1, 4, 7]
+
+
+class ScriptedRollout:
+    """Stands in for run_agent_loop: answers the gold for even ids, 'wrong' for odd ids; records every call."""
+
+    def __init__(self, fail_after: int | None = None):
+        self.seen: list[str] = []
+        self.fail_after = fail_after
+
+    def __call__(self, rows, *, backend, tokenizer, retriever, cfg, n, greedy, template, progress):
+        assert greedy and n == 1 and cfg.max_turns == 4 and cfg.topk == 3
+        if self.fail_after is not None and len(self.seen) >= self.fail_after:
+            raise RuntimeError("simulated crash")
+        self.seen += [r["id"] for r in rows]
+        return [_traj(r, r["golden_answers"][0] if int(r["id"][1:]) % 2 == 0 else "wrong") for r in rows]
+
+
+def _run(tmp_path, rollout, rows, **kw):
+    cfg = ev.eval_rollout_config(RolloutConfig(), max_turns=4, topk=3)
+    return ev.evaluate(rows, backend=None, tokenizer=None, retriever=None, rollout_cfg=cfg, out_dir=tmp_path,
+                       batch_size=3, progress=False, rollout_fn=rollout, **kw)
+
+
+def test_evaluate_outputs_and_resume_after_crash(tmp_path):
+    rows = {"nq": [_row(i, [f"g{i}"]) for i in range(7)], "bamboogle": [_row(i, [f"g{i}"]) for i in range(4)]}
+    crashing = ScriptedRollout(fail_after=6)  # two batches of nq land, the third crashes
+    with pytest.raises(RuntimeError):
+        _run(tmp_path, crashing, rows)
+    assert len(ev.read_records(tmp_path / ev.TRAJECTORIES)) == 6  # flushed per batch: nothing lost
+    # a crash mid-write leaves a partial line; it is dropped and the row redone
+    with open(tmp_path / ev.TRAJECTORIES, "a") as f:
+        f.write('{"dataset": "nq", "id": "r6", "em"')
+    resumed = ScriptedRollout()
+    res = _run(tmp_path, resumed, rows, name="tiny")
+    assert resumed.seen == ["r6", "r0", "r1", "r2", "r3"]  # only unfinished rows
+    recs = ev.read_records(tmp_path / ev.TRAJECTORIES)
+    assert len(recs) == 11 and len({(r["dataset"], r["id"]) for r in recs}) == 11
+    assert res["datasets"]["nq"]["em"] == pytest.approx(4 / 7)  # ids 0, 2, 4, 6 answered right
+    assert res["datasets"]["bamboogle"]["em"] == pytest.approx(2 / 4)
+    assert res["average_em"] == pytest.approx((4 / 7 + 2 / 4) / 2)
+    on_disk = json.loads((tmp_path / ev.RESULTS_JSON).read_text())
+    assert on_disk["datasets"]["nq"]["n"] == 7 and on_disk["name"] == "tiny"
+    assert "| tiny | 0.571 | 0.500 | 0.536 |" in (tmp_path / ev.RESULTS_MD).read_text()
+    assert (tmp_path / ev.RESULTS_CSV).read_text().startswith("Method,NQ,Bamboogle,Avg.")
+    # a full rerun does no work at all
+    again = ScriptedRollout()
+    assert _run(tmp_path, again, rows)["average_em"] == pytest.approx(res["average_em"])
+    assert again.seen == []
+
+
+def test_corrupt_middle_line_is_an_error(tmp_path):
+    p = tmp_path / ev.TRAJECTORIES
+    p.write_text('{"dataset": "nq", "id": "1"}\nnot json\n{"dataset": "nq", "id": "2"}\n')
+    with pytest.raises(ev.EvalError, match=":2: corrupt"):
+        ev.read_records(p)
+
+
+def test_shards_merge_to_the_unsharded_result(tmp_path):
+    rows = {"nq": [_row(i, [f"g{i}"]) for i in range(9)]}
+    full = _run(tmp_path / "full", ScriptedRollout(), rows)
+    for i in range(3):
+        assert _run(tmp_path / "sharded", ScriptedRollout(), rows, shard=(i, 3)) is None
+    assert not (tmp_path / "sharded" / ev.RESULTS_JSON).exists()
+    merged = ev.merge_shards(tmp_path / "sharded", order=["nq"])
+    assert merged["datasets"] == full["datasets"]
+    assert len(ev.read_records(tmp_path / "sharded" / ev.TRAJECTORIES)) == 9
+    (tmp_path / "sharded" / "trajectories.shard-0-of-2.jsonl").write_text("")
+    with pytest.raises(ev.EvalError, match="disagree"):
+        ev.merge_shards(tmp_path / "sharded")
+
+
+def test_compare_dirs_cli(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    for name, ems in (("grpo", {"nq": 0.25, "hotpotqa": 0.25}), ("llds", {"nq": 0.5, "hotpotqa": 0.25})):
+        d = tmp_path / name
+        d.mkdir()
+        ev.write_results(d, _res(name, ems)[1])
+    spec = importlib.util.spec_from_file_location("eval_cli", Path(__file__).resolve().parents[1] / "eval.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    assert cli.main(["--compare-dirs", str(tmp_path / "grpo"), str(tmp_path / "llds"), "--out",
+                     str(tmp_path / "cmp")]) == 0
+    md = (tmp_path / "cmp" / ev.RESULTS_MD).read_text()
+    assert "| llds | 0.500 | 0.250 | 0.375 | +50.0% |" in md
+    summary = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
+    assert summary["base"] == "grpo" and summary["methods"]["llds"]["relative_gain"] == pytest.approx(0.5)
+    assert cli.main(["--compare-dirs", str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2
