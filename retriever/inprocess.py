@@ -1,0 +1,65 @@
+"""In-process retriever: the same ``search(queries, topk)`` as the HTTP client, without a server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def validate_queries(queries: Any, topk: Any) -> None:
+    """Raise ValueError unless ``queries`` is a non-empty list of non-empty strings and ``topk`` an int >= 1."""
+    if not isinstance(queries, (list, tuple)) or len(queries) == 0:
+        raise ValueError("queries must be a non-empty list of strings")
+    for i, q in enumerate(queries):
+        if not isinstance(q, str):
+            raise ValueError(f"queries[{i}] must be a string (got {type(q).__name__})")
+        if not q.strip():
+            raise ValueError(f"queries[{i}] is empty")
+    if isinstance(topk, bool) or not isinstance(topk, (int, np.integer)) or topk < 1:
+        raise ValueError(f"topk must be an integer >= 1 (got {topk!r})")
+
+
+class InProcessRetriever:
+    """Load an index dir (e5 + FAISS or BM25) and answer ``search(queries, topk)``.
+
+    Each hit is ``{"id": str, "contents": str, "score": float}``, best first. ``encoder`` / ``corpus_path`` are
+    optional expectations checked against the manifest (a mismatch raises IndexMismatchError).
+    """
+
+    def __init__(self, index_dir: str | Path, *, device: str | None = None, encoder: str | None = None,
+                 corpus_path: str | Path | None = None, mmap: bool = True, use_gpu: bool = False,
+                 search_params: dict[str, Any] | None = None):
+        from retriever.index import open_index
+
+        self.backend, self.docstore, self._info = open_index(index_dir, device=device, encoder=encoder,
+                                                             corpus_path=corpus_path, mmap=mmap, use_gpu=use_gpu,
+                                                             search_params=search_params)
+
+    @classmethod
+    def from_parts(cls, backend: Any, docstore: Any, info: dict) -> "InProcessRetriever":
+        """Assemble from a backend (``.search(queries, k) -> (scores, rows)``) and a doc store (``.get(row)``)."""
+        self = cls.__new__(cls)
+        self.backend, self.docstore, self._info = backend, docstore, dict(info)
+        return self
+
+    def info(self) -> dict:
+        return dict(self._info)
+
+    def search(self, queries: list[str], topk: int) -> list[list[dict]]:
+        validate_queries(queries, topk)
+        k = min(int(topk), len(self.docstore))
+        scores, rows = self.backend.search(list(queries), k)
+        results = []
+        for q_scores, q_rows in zip(scores, rows):
+            hits = []
+            for score, row in zip(q_scores, q_rows):
+                if row < 0:  # FAISS pads with -1 when fewer than k vectors were reachable
+                    continue
+                doc = self.docstore.get(int(row))
+                hits.append({"id": doc["id"], "contents": doc["contents"], "score": float(score)})
+            results.append(hits)
+        if len(results) != len(queries):
+            raise RuntimeError(f"backend returned {len(results)} result lists for {len(queries)} queries")
+        return results
