@@ -1,1 +1,47 @@
-"""retriever: e5/BM25 + FAISS search service speaking the Search-R1 `/retrieve` protocol."""
+"""retriever: e5/BM25 + FAISS search service speaking the Search-R1 `/retrieve` protocol.
+
+    from retriever import make_retriever, RetrieverError
+    r = make_retriever(cfg.retriever, default_index_dir=world_dir / "index")
+    r.search(["who founded Xylo?"], topk=3)  # -> [[{"id", "contents", "score"}, ...]]
+
+Build and serve from the shell: ``python -m retriever build ...`` / ``python -m retriever serve ...``.
+Heavy modules (torch, faiss, transformers) load only when an in-process retriever or a build is created.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from retriever.client import RetrieverClient, RetrieverError
+
+__all__ = ["RetrieverClient", "RetrieverError", "make_retriever", "build_index", "InProcessRetriever"]
+
+
+def make_retriever(cfg: Any, default_index_dir: str | Path | None = None):
+    """A retriever from a ``RetrieverConfig``: ``RetrieverClient`` (mode=http) or ``InProcessRetriever``."""
+    if cfg.mode == "http":
+        return RetrieverClient(cfg.url, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries, backoff_s=cfg.backoff_s,
+                               token=cfg.token, batch_size=getattr(cfg, "batch_size", 256))
+    if cfg.mode != "inprocess":
+        raise ValueError(f"retriever.mode must be 'inprocess' or 'http' (got {cfg.mode!r})")
+    index_dir = cfg.index_dir or default_index_dir
+    if not index_dir:
+        raise ValueError("retriever.index_dir is empty and no default index dir was given")
+    from retriever.inprocess import InProcessRetriever
+
+    return InProcessRetriever(index_dir, device=getattr(cfg, "device", None),
+                              encoder=getattr(cfg, "expect_encoder", None),
+                              use_gpu=getattr(cfg, "use_gpu_index", False))
+
+
+def __getattr__(name: str):  # lazy: keep `import retriever` light
+    if name == "build_index":
+        from retriever.index import build_index
+
+        return build_index
+    if name == "InProcessRetriever":
+        from retriever.inprocess import InProcessRetriever
+
+        return InProcessRetriever
+    raise AttributeError(f"module 'retriever' has no attribute {name!r}")

@@ -97,6 +97,9 @@ class RolloutConfig:
     vllm_gpu_memory_utilization: float = 0.4
     vllm_enable_sleep_mode: bool = True
     vllm_tensor_parallel_size: int = 1
+    vllm_enable_prefix_caching: bool = True
+    vllm_enforce_eager: bool = False
+    vllm_logprobs_mode: str = "processed_logprobs"  # vLLM >= 0.10.2: log-probs after temperature; "" = engine default
 
 
 @dataclass
@@ -109,6 +112,10 @@ class RetrieverConfig:
     max_retries: int = 3
     backoff_s: float = 0.5
     token: Optional[str] = None  # bearer token for the service
+    batch_size: int = 256  # http: queries per request
+    device: Optional[str] = None  # inprocess: encoder device (None = cuda if available)
+    use_gpu_index: bool = False  # inprocess: clone the FAISS index onto all GPUs (needs faiss-gpu)
+    expect_encoder: Optional[str] = None  # inprocess: fail unless the index was built with this encoder
 
 
 @dataclass
@@ -222,9 +229,15 @@ class Config:
              f"must exceed data.max_prompt_length ({self.data.max_prompt_length})"),
             (self.rollout.topk >= 1, "rollout.topk", "must be >= 1"),
             (0 < self.rollout.vllm_gpu_memory_utilization <= 1, "rollout.vllm_gpu_memory_utilization", "must be in (0, 1]"),
+            (self.rollout.vllm_tensor_parallel_size >= 1, "rollout.vllm_tensor_parallel_size", "must be >= 1"),
+            (self.rollout.generation_batch_size >= 1, "rollout.generation_batch_size", "must be >= 1"),
+            (self.rollout.vllm_logprobs_mode in ("", "raw_logprobs", "processed_logprobs"), "rollout.vllm_logprobs_mode",
+             "must be '', 'raw_logprobs' or 'processed_logprobs'"),
             (self.retriever.topk >= 1, "retriever.topk", "must be >= 1"),
             (self.retriever.max_retries >= 0, "retriever.max_retries", "must be >= 0"),
             (self.retriever.timeout_s > 0, "retriever.timeout_s", "must be > 0"),
+            (self.retriever.batch_size >= 1, "retriever.batch_size", "must be >= 1"),
+            (self.retriever.backoff_s >= 0, "retriever.backoff_s", "must be >= 0"),
             (self.trainer.total_steps >= 1, "trainer.total_steps", "must be >= 1"),
             (self.trainer.train_batch_size >= 1, "trainer.train_batch_size", "must be >= 1"),
             (1 <= self.trainer.ppo_mini_batch_size <= self.trainer.train_batch_size, "trainer.ppo_mini_batch_size",

@@ -1,0 +1,112 @@
+"""HTTP client for the ``/retrieve`` service: batched requests, timeouts, bounded retries with backoff.
+
+Failure is loud: a service that stays down after the retries, or answers something that is not the contract,
+raises RetrieverError. The client never returns silently empty results.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+
+class RetrieverError(RuntimeError):
+    """The retriever could not answer (service down after retries, HTTP error, or a malformed response)."""
+
+
+class RetrieverClient:
+    """``search(queries, topk) -> list[list[{"id", "contents", "score"}]]`` against a running service.
+
+    Queries are sent ``batch_size`` at a time. Connection errors, timeouts and 5xx are retried up to
+    ``max_retries`` times, sleeping ``backoff_s * 2**attempt`` in between; 4xx and malformed answers are not
+    retried (they would fail the same way again).
+    """
+
+    def __init__(self, url: str, *, timeout_s: float = 30.0, max_retries: int = 3, backoff_s: float = 0.5,
+                 token: str | None = None, batch_size: int = 256):
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"retriever url must start with http:// or https:// (got {url!r})")
+        if max_retries < 0 or timeout_s <= 0 or batch_size < 1 or backoff_s < 0:
+            raise ValueError("need max_retries >= 0, timeout_s > 0, batch_size >= 1, backoff_s >= 0")
+        self.url = url.rstrip("/")
+        self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
+        self.batch_size = batch_size
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(timeout=timeout_s, headers=headers)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "RetrieverClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, json_body: dict | None = None) -> Any:
+        last_error = ""
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                response = self._http.request(method, self.url + path, json=json_body)
+            except (httpx.TransportError, httpx.TimeoutException) as e:  # refused, reset, timed out
+                last_error = f"{type(e).__name__}: {e}"
+                continue
+            if response.status_code >= 500:
+                last_error = f"HTTP {response.status_code}: {response.text[:300]}"
+                continue
+            if response.status_code != 200:
+                raise RetrieverError(f"retriever at {self.url}{path} rejected the request with HTTP "
+                                     f"{response.status_code}: {response.text[:500]}")
+            try:
+                return response.json()
+            except ValueError:
+                raise RetrieverError(f"retriever at {self.url}{path} answered non-JSON: {response.text[:200]!r}") from None
+        raise RetrieverError(f"retriever at {self.url}{path} unavailable after {self.max_retries + 1} attempt(s) "
+                             f"(last error: {last_error}); is `python -m retriever serve` running?")
+
+    def info(self) -> dict:
+        """The service's ``/health`` answer."""
+        return self._request("GET", "/health")
+
+    def search(self, queries: list[str], topk: int) -> list[list[dict]]:
+        from retriever.inprocess import validate_queries
+
+        try:
+            validate_queries(queries, topk)
+        except ValueError as e:
+            raise RetrieverError(str(e)) from None
+        results: list[list[dict]] = []
+        for start in range(0, len(queries), self.batch_size):
+            chunk = list(queries[start:start + self.batch_size])
+            payload = self._request("POST", "/retrieve", {"queries": chunk, "topk": int(topk), "return_scores": True})
+            results.extend(self._parse(payload, len(chunk)))
+        return results
+
+    def _parse(self, payload: Any, num_queries: int) -> list[list[dict]]:
+        """Contract body -> hits; anything else raises RetrieverError naming what was wrong."""
+        def bad(why: str) -> RetrieverError:
+            return RetrieverError(f"retriever at {self.url} answered a malformed /retrieve response: {why}")
+
+        if not isinstance(payload, dict) or not isinstance(payload.get("result"), list):
+            raise bad("no 'result' list")
+        result = payload["result"]
+        if len(result) != num_queries:
+            raise bad(f"{len(result)} result lists for {num_queries} queries")
+        out = []
+        for qi, hits in enumerate(result):
+            if not isinstance(hits, list) or not hits:
+                raise bad(f"result[{qi}] is {'empty' if isinstance(hits, list) else type(hits).__name__}")
+            parsed = []
+            for hi, hit in enumerate(hits):
+                doc = hit.get("document") if isinstance(hit, dict) else None
+                score = hit.get("score") if isinstance(hit, dict) else None
+                if (not isinstance(doc, dict) or not isinstance(doc.get("contents"), str) or "id" not in doc
+                        or isinstance(score, bool) or not isinstance(score, (int, float))):
+                    raise bad(f"result[{qi}][{hi}] is not {{'document': {{'id', 'contents'}}, 'score': float}}")
+                parsed.append({"id": str(doc["id"]), "contents": doc["contents"], "score": float(score)})
+            out.append(parsed)
+        return out

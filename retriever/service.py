@@ -1,0 +1,325 @@
+"""FastAPI search service speaking the Search-R1 ``/retrieve`` protocol.
+
+    POST /retrieve {"queries": [str], "topk": int, "return_scores": bool}
+      -> {"result": [[{"document": {"id", "contents"}, "score": float}, ...], ...]}   (return_scores: true)
+      -> {"result": [[{"id", "contents"}, ...], ...]}                                 (return_scores: false)
+    GET /health    status, retriever, index type, size, encoder
+    GET /metrics   request counts by status, queries, batches, latency percentiles
+
+Concurrent requests are batched: each request puts its queries on an asyncio queue; one worker takes everything
+queued (waiting up to ``batch_window_ms`` for more, at most ``max_batch_queries``), runs one encode + search for
+the union in a worker thread, and hands each request its slice. ``batching=False`` runs every request's search on
+its own in the thread pool (the way the reference Search-R1 server does) for comparison.
+
+Bad input gets a 4xx with ``{"error": message}`` and the server stays up. With ``token`` set, ``/retrieve`` and
+``/metrics`` need ``Authorization: Bearer <token>`` (401 otherwise); ``/health`` stays open for liveness probes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hmac
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+
+@dataclass
+class ServiceSettings:
+    max_topk: int = 50
+    default_topk: int = 3
+    max_queries: int = 512  # per request
+    max_body_bytes: int = 1 << 20
+    token: str | None = None
+    batching: bool = True
+    batch_window_ms: float = 2.0
+    max_batch_queries: int = 256
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def parse_retrieve_body(body: bytes, s: ServiceSettings) -> tuple[list[str], int, bool]:
+    """Validate a ``/retrieve`` body -> ``(queries, topk, return_scores)``; raise BadRequest with a clear message."""
+    try:
+        payload = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadRequest(400, f"body is not valid JSON: {e}") from None
+    if not isinstance(payload, dict):
+        raise BadRequest(422, "body must be a JSON object {\"queries\": [...], \"topk\": int, \"return_scores\": bool}")
+    unknown = sorted(set(payload) - {"queries", "topk", "return_scores"})
+    if unknown:
+        raise BadRequest(422, f"unknown field(s) {unknown}; allowed: queries, topk, return_scores")
+    queries = payload.get("queries")
+    if queries is None:
+        raise BadRequest(422, "missing field 'queries' (a non-empty list of strings)")
+    if not isinstance(queries, list) or not queries:
+        raise BadRequest(422, "'queries' must be a non-empty list of strings")
+    if len(queries) > s.max_queries:
+        raise BadRequest(422, f"too many queries: {len(queries)} > max {s.max_queries} per request")
+    for i, q in enumerate(queries):
+        if not isinstance(q, str):
+            raise BadRequest(422, f"queries[{i}] must be a string (got {type(q).__name__})")
+        if not q.strip():
+            raise BadRequest(422, f"queries[{i}] is an empty string")
+    topk = payload.get("topk", s.default_topk)
+    if topk is None:
+        topk = s.default_topk
+    if isinstance(topk, bool) or not isinstance(topk, int):
+        raise BadRequest(422, f"'topk' must be an integer (got {topk!r})")
+    if not 1 <= topk <= s.max_topk:
+        raise BadRequest(422, f"'topk' must be in [1, {s.max_topk}] (got {topk})")
+    return_scores = payload.get("return_scores", False)
+    if return_scores is None:
+        return_scores = False
+    if not isinstance(return_scores, bool):
+        raise BadRequest(422, f"'return_scores' must be true or false (got {return_scores!r})")
+    return queries, topk, return_scores
+
+
+def format_result(hits_per_query: list[list[dict]], return_scores: bool) -> dict:
+    """Hits ``{"id","contents","score"}`` -> the Search-R1 response body."""
+    if return_scores:
+        return {"result": [[{"document": {"id": h["id"], "contents": h["contents"]}, "score": h["score"]}
+                            for h in hits] for hits in hits_per_query]}
+    return {"result": [[{"id": h["id"], "contents": h["contents"]} for h in hits] for hits in hits_per_query]}
+
+
+class Metrics:
+    """Request counters and a ring buffer of recent latencies (ms)."""
+
+    def __init__(self, window: int = 10_000):
+        self.started = time.time()
+        self.requests_by_status: collections.Counter[int] = collections.Counter()
+        self.queries_total = 0
+        self.batches_total = 0
+        self.batched_queries_total = 0
+        self.max_batch_queries_seen = 0
+        self.latencies_ms: collections.deque[float] = collections.deque(maxlen=window)
+        self._lock = threading.Lock()
+
+    def record_request(self, status: int, latency_ms: float | None = None, num_queries: int = 0) -> None:
+        with self._lock:
+            self.requests_by_status[status] += 1
+            self.queries_total += num_queries
+            if latency_ms is not None:
+                self.latencies_ms.append(latency_ms)
+
+    def record_batch(self, num_queries: int) -> None:
+        with self._lock:
+            self.batches_total += 1
+            self.batched_queries_total += num_queries
+            self.max_batch_queries_seen = max(self.max_batch_queries_seen, num_queries)
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            lat = np.asarray(self.latencies_ms, dtype=np.float64)
+            pct = ({f"p{p}": round(float(np.percentile(lat, p)), 3) for p in (50, 90, 99)} | {
+                "mean": round(float(lat.mean()), 3), "max": round(float(lat.max()), 3)}) if lat.size else {}
+            total = sum(self.requests_by_status.values())
+            return {"uptime_s": round(time.time() - self.started, 1), "requests_total": total,
+                    "requests_ok": self.requests_by_status.get(200, 0),
+                    "requests_by_status": {str(k): v for k, v in sorted(self.requests_by_status.items())},
+                    "queries_total": self.queries_total, "batches_total": self.batches_total,
+                    "mean_queries_per_batch": round(self.batched_queries_total / self.batches_total, 2)
+                    if self.batches_total else 0.0,
+                    "max_queries_per_batch": self.max_batch_queries_seen,
+                    "latency_ms": pct, "latency_window": int(lat.size)}
+
+
+class QueryBatcher:
+    """Collect queries from concurrent requests, search their union in one call, hand back each request's slice."""
+
+    def __init__(self, search: Callable[[list[str], int], list[list[dict]]], *, window_ms: float,
+                 max_batch_queries: int, metrics: Metrics):
+        self.search, self.window_s, self.max_batch = search, window_ms / 1000.0, max_batch_queries
+        self.metrics = metrics
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retriever-search")
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._worker())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self.executor.shutdown(wait=False)
+
+    async def submit(self, queries: list[str], topk: int) -> list[list[dict]]:
+        future = asyncio.get_running_loop().create_future()
+        await self.queue.put((queries, topk, future))
+        return await future
+
+    async def _collect(self) -> list[tuple[list[str], int, asyncio.Future]]:
+        batch = [await self.queue.get()]
+        size = len(batch[0][0])
+        deadline = time.monotonic() + self.window_s
+        while size < self.max_batch:
+            try:
+                item = self.queue.get_nowait()
+            except asyncio.QueueEmpty:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    item = await asyncio.wait_for(self.queue.get(), remaining)
+                except asyncio.TimeoutError:
+                    break
+            batch.append(item)
+            size += len(item[0])
+        return batch
+
+    async def _worker(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._collect()
+            batch = [item for item in batch if not item[2].done()]  # client gone: skip its queries
+            if not batch:
+                continue
+            queries = [q for item in batch for q in item[0]]
+            topk = max(item[1] for item in batch)
+            self.metrics.record_batch(len(queries))
+            try:
+                hits = await loop.run_in_executor(self.executor, self.search, queries, topk)
+            except Exception as e:  # noqa: BLE001 - every waiting request gets the error, the worker lives on
+                for _, _, future in batch:
+                    if not future.done():
+                        future.set_exception(e)
+                continue
+            start = 0
+            for item_queries, item_topk, future in batch:
+                part = [h[:item_topk] for h in hits[start:start + len(item_queries)]]
+                start += len(item_queries)
+                if not future.done():
+                    future.set_result(part)
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def create_app(retriever: Any, settings: ServiceSettings | None = None) -> FastAPI:
+    """The FastAPI app around any object with ``search(queries, topk)`` and ``info()``."""
+    s = settings or ServiceSettings()
+    if s.max_topk < 1 or not 1 <= s.default_topk <= s.max_topk:
+        raise ValueError(f"need 1 <= default_topk ({s.default_topk}) <= max_topk ({s.max_topk})")
+    metrics = Metrics()
+    state: dict[str, Any] = {}
+
+    async def lifespan(app: FastAPI):
+        if s.batching:
+            state["batcher"] = QueryBatcher(retriever.search, window_ms=s.batch_window_ms,
+                                            max_batch_queries=s.max_batch_queries, metrics=metrics)
+            state["batcher"].start()
+        yield
+        if "batcher" in state:
+            await state["batcher"].stop()
+
+    app = FastAPI(title="searchr1-lld retriever", lifespan=lifespan)
+    info = retriever.info()
+
+    def authorized(request: Request) -> bool:
+        if not s.token:
+            return True
+        header = request.headers.get("authorization", "")
+        return hmac.compare_digest(header.encode(), f"Bearer {s.token}".encode())
+
+    async def read_body_limited(request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > s.max_body_bytes:
+            raise BadRequest(413, f"body of {declared} bytes exceeds the limit of {s.max_body_bytes} bytes")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > s.max_body_bytes:
+                raise BadRequest(413, f"body exceeds the limit of {s.max_body_bytes} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    @app.post("/retrieve")
+    async def retrieve(request: Request) -> Response:
+        t0 = time.perf_counter()
+        if not authorized(request):
+            metrics.record_request(401)
+            return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401,
+                                headers={"WWW-Authenticate": "Bearer"})
+        try:
+            queries, topk, return_scores = parse_retrieve_body(await read_body_limited(request), s)
+        except BadRequest as e:
+            metrics.record_request(e.status)
+            return _error(e.status, e.message)
+        try:
+            if s.batching:
+                hits = await state["batcher"].submit(queries, topk)
+            else:
+                hits = await asyncio.get_running_loop().run_in_executor(None, retriever.search, queries, topk)
+        except Exception as e:  # noqa: BLE001 - report, stay up
+            metrics.record_request(500)
+            return _error(500, f"search failed: {type(e).__name__}: {e}")
+        body = json.dumps(format_result(hits, return_scores), ensure_ascii=False).encode("utf-8")
+        metrics.record_request(200, (time.perf_counter() - t0) * 1000.0, len(queries))
+        return Response(body, media_type="application/json")
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "retriever": info.get("retriever"), "index_type": info.get("index_type"),
+                "num_docs": info.get("num_docs"), "encoder": info.get("encoder"), "dim": info.get("dim"),
+                "load_mode": info.get("load_mode"), "batching": s.batching, "max_topk": s.max_topk,
+                "max_queries": s.max_queries}
+
+    @app.get("/metrics")
+    async def get_metrics(request: Request) -> Response:
+        if not authorized(request):
+            return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401,
+                                headers={"WWW-Authenticate": "Bearer"})
+        return JSONResponse(metrics.snapshot())
+
+    return app
+
+
+def serve(retriever: Any, settings: ServiceSettings, *, host: str = "127.0.0.1", port: int = 8000,
+          log_level: str = "warning", ready_message: bool = True) -> None:
+    """Run the app with uvicorn on ``host:port`` (port 0 = a free port); print ``retriever ready on URL`` once up."""
+    import socket
+
+    import uvicorn
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    real_port = sock.getsockname()[1]
+    app = create_app(retriever, settings)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False, timeout_keep_alive=30,
+                                           backlog=2048))
+
+    async def main() -> None:
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started:
+            if task.done():
+                await task  # re-raise the start-up failure
+                return
+            await asyncio.sleep(0.02)
+        if ready_message:
+            shown = f"[{host}]" if family == socket.AF_INET6 else host
+            print(f"retriever ready on http://{shown}:{real_port}", flush=True)
+        await task
+
+    asyncio.run(main())
