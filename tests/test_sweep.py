@@ -1,0 +1,94 @@
+"""Sweep: grid parsing and expansion, validation before launch, launch commands, collecting finished runs."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from searchr1_lld import sweep
+from searchr1_lld.config import ConfigError, load_config
+
+ABLATION_BASE = Path(__file__).resolve().parents[1] / "configs" / "ablations" / "base.yaml"
+
+
+def test_parse_grid():
+    assert sweep.parse_grid("algorithm.llds.lam=0,0.1  algorithm.llds.gate=none,action") == [
+        ("algorithm.llds.lam", ["0", "0.1"]), ("algorithm.llds.gate", ["none", "action"])]
+    for bad in ("", "a.b", "a.b=", "a.b=1,,2", "a.b=1,1", "a=1 a=2"):
+        with pytest.raises(ConfigError):
+            sweep.parse_grid(bad)
+
+
+def test_expand_grid_is_the_cartesian_product_in_order():
+    runs = sweep.expand_grid(sweep.parse_grid("algorithm.llds.lam=0,0.1,0.5 algorithm.llds.gate=none,action"), "tiny")
+    assert len(runs) == 6
+    assert runs[0].overrides == ["algorithm.llds.lam=0", "algorithm.llds.gate=none"]
+    assert runs[1].overrides == ["algorithm.llds.lam=0", "algorithm.llds.gate=action"]  # last key fastest
+    assert runs[5].name == "tiny-lam=0.5_gate=action"
+    assert len({r.name for r in runs}) == 6
+    # same leaf under two sections -> full keys in the names keep them distinct
+    runs = sweep.expand_grid(sweep.parse_grid("rollout.topk=1,3 retriever.topk=1,3"), "x")
+    assert len({r.name for r in runs}) == 4 and "rollout.topk=1" in runs[0].name
+
+
+def test_plan_validates_every_run_and_handles_yaml_words():
+    runs = sweep.plan(ABLATION_BASE, "algorithm.llds.ma=off,fixed,adaptive algorithm.llds.lam=0,0.2")
+    assert len(runs) == 6
+    cfgs = [load_config(ABLATION_BASE, r.overrides) for r in runs]
+    assert [c.algorithm.llds.ma for c in cfgs[::2]] == ["off", "fixed", "adaptive"]  # 'off' stays a string
+    assert [c.algorithm.llds.lam for c in cfgs[:2]] == [0.0, 0.2]
+    assert runs[0].name == "ablation-qwen2.5-3b-base_nq-hotpotqa-ma=off_lam=0"
+    with pytest.raises(ConfigError, match="lam=-1.*algorithm.llds.lam"):
+        sweep.plan(ABLATION_BASE, "algorithm.llds.lam=0.1,-1")
+    with pytest.raises(ConfigError, match="gate"):
+        sweep.plan(ABLATION_BASE, "algorithm.llds.gate=action,sometimes")
+
+
+def test_print_launch(capsys):
+    assert sweep.main(["expand", "--base", str(ABLATION_BASE), "--grid", "algorithm.llds.gate=none,response",
+                       "--print-launch", "--accelerate-config", "configs/accelerate/zero3.yaml"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2
+    argv = shlex.split(lines[1])
+    assert argv[:6] == ["accelerate", "launch", "--config_file", "configs/accelerate/zero3.yaml", "train.py", "--config"]
+    assert argv[7:] == ["algorithm.llds.gate=response",
+                        "trainer.run_name=ablation-qwen2.5-3b-base_nq-hotpotqa-gate=response"]
+    assert sweep.main(["expand", "--base", str(ABLATION_BASE), "--grid", "algorithm.llds.nope=1"]) == 2
+
+
+def _fake_run(root: Path, name: str, ems: list[float], phases: list[str], final_em: float | None, lam: float):
+    run = root / name
+    (run / "eval").mkdir(parents=True)
+    with open(run / "metrics.jsonl", "w") as f:
+        for step, (em, ph) in enumerate(zip(ems, phases), start=1):
+            f.write(json.dumps({"step": step, "reward/em_mean": em, "phase/name": ph}) + "\n")
+    (run / "config.yaml").write_text(f"algorithm:\n  llds:\n    enabled: true\n    lam: {lam}\n    gate: action\n"
+                                     f"    ma: 'off'\n")
+    if final_em is not None:
+        (run / "eval" / "results.json").write_text(json.dumps({"datasets": {}, "average_em": final_em}))
+    return run
+
+
+def test_collect_table_and_figure(tmp_path):
+    grpo = _fake_run(tmp_path, "grpo", [0.1, 0.3, 0.4, 0.05], ["healthy", "early_stagnation", "steady_decay",
+                                                               "accelerated_collapse"], 0.02, 0.0)
+    llds = _fake_run(tmp_path, "llds", [0.1, 0.3, 0.45, 0.5], ["healthy"] * 4, 0.41, 0.2)
+    running = _fake_run(tmp_path, "running", [0.1, 0.2], ["healthy", "accelerated_collapse"], None, 0.1)
+    rows = sweep.collect([grpo, llds, running], tmp_path / "out")
+    by = {r["run"]: r for r in rows}
+    assert by["grpo"]["collapse_step"] == 4 and by["llds"]["collapse_step"] == "none"
+    assert by["running"]["collapse_step"] == 2
+    assert (by["grpo"]["final_em"], by["llds"]["final_em"], by["running"]["final_em"]) == (0.02, 0.41, None)
+    assert by["grpo"]["peak_train_em"] == 0.4 and by["grpo"]["final_train_em"] == 0.05
+    assert by["llds"]["lam"] == 0.2 and by["llds"]["steps"] == 4
+    md = (tmp_path / "out" / "sweep.md").read_text()
+    assert "| grpo | 0.000 | action | off | 4 | 0.020 | 0.050 | 0.400 | 4 |" in md
+    assert "| running | 0.100 | action | off | 2 | - |" in md
+    assert (tmp_path / "out" / "sweep.csv").read_text().splitlines()[0].startswith("run,lam,gate,ma,steps,final_em")
+    png = (tmp_path / "out" / "sweep.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    with pytest.raises(ConfigError, match="metrics.jsonl"):
+        sweep.collect([tmp_path / "out"], tmp_path / "out2")
