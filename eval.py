@@ -95,7 +95,7 @@ def evaluate_checkpoint(model: str | None, out_dir: Path, name: str, s: dict[str
     tokenizer = ev.load_tokenizer(tok_path)
     rows = ev.load_eval_rows(s["datasets"], world_dir=s["world_dir"], limit=s["limit"], split=args.split)
     backend = ev.make_backend(s["backend"], model_path, tokenizer, rollout_cfg=s["rollout_cfg"],
-                              batch_size=s["batch_size"], dtype=s["cfg"].model.dtype)
+                              batch_size=s["batch_size"], dtype=s["cfg"].model.dtype, tokenizer_path=tok_path)
     return ev.evaluate(rows, backend=backend, tokenizer=tokenizer, retriever=retriever, rollout_cfg=s["rollout_cfg"],
                        out_dir=out_dir, batch_size=s["batch_size"], template=s["template"],
                        shard=ev.parse_shard(args.shard), name=name, progress=s["progress"])

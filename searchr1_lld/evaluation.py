@@ -421,12 +421,12 @@ def load_tokenizer(path: str | Path) -> Any:
 
 
 def make_backend(kind: str, model_path: str | Path, tokenizer: Any, *, rollout_cfg: Any, batch_size: int,
-                 dtype: str = "auto", device: str = "auto") -> Any:
+                 dtype: str = "auto", device: str = "auto", tokenizer_path: str = "") -> Any:
     """``hf``: transformers model in eval mode (GPU if present); ``vllm``: a vLLM engine (GPU only)."""
     if kind == "vllm":
         from searchr1_lld.rollout.backends.vllm import VLLMBackend
 
-        return VLLMBackend(str(model_path), tokenizer, rollout_cfg)
+        return VLLMBackend(str(model_path), tokenizer, rollout_cfg, dtype=dtype, tokenizer_path=str(tokenizer_path))
     if kind != "hf":
         raise EvalError(f"unknown backend {kind!r}; expected 'hf' or 'vllm'")
     import torch

@@ -36,7 +36,7 @@ import yaml
 from searchr1_lld.config import ConfigError, load_config
 
 COLLAPSE_PHASE = "accelerated_collapse"
-DEFAULT_ACCELERATE_CONFIG = "configs/accelerate/zero2.yaml"
+DEFAULT_ACCELERATE_CONFIG = "configs/accelerate/zero2_8gpu.yaml"
 
 
 @dataclass
