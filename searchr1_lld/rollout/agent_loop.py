@@ -1,0 +1,335 @@
+"""The multi-turn Search-R1 agent loop with exact token bookkeeping.
+
+Each QA row is repeated ``n`` times (``group_id`` = row index). Every turn, the still-active trajectories (and only
+those) go to the engine in ONE ``backend.generate`` call; the engine samples until ``</search>``, ``</answer>``, eos
+or ``max_tokens_per_turn``. Then each trajectory's turn is classified on the decoded text of the turn's generated
+ids (Search-R1's rule: the first ``<(search|answer)> .. </\\1>`` in the turn):
+
+- closed ``<answer> .. </answer>``           -> the trajectory ends (finish_reason ``answer``);
+- closed ``<search> q </search>`` (q non-empty) -> q joins this turn's ONE batched ``retriever.search`` call; the
+  observation ``format_observation(hits)`` is tokenised once and appended with mask 0;
+- anything else (no closed tag, empty query, eos, per-turn length limit, empty turn) -> invalid action:
+  ``INVALID_ACTION_MESSAGE`` (tokenised once per run) is appended with mask 0; no search; the turn is consumed.
+
+Turn budget (the exact rule): turns ``0 .. max_turns - 1`` may search (each search or invalid action consumes one of
+them, so ``valid_searches <= max_turns``); turn ``max_turns`` is the final turn and may only answer. A final turn
+without a closed answer (a search, anything else) counts as an invalid action and ends the trajectory with
+finish_reason ``length`` if that turn hit ``max_tokens_per_turn``, else ``max_turns``; nothing is appended after it.
+
+Length budget: ``len(prompt_ids) + len(response_ids) <= max_total_length``. A turn's output is cut to the remaining
+budget; a trajectory that fills the budget (or whose next observation would fill it, leaving no token to generate)
+ends with ``truncated=True`` and finish_reason ``truncated`` unless that very turn closed an answer. An observation
+that does not fit is not appended (a partial observation before the end would train nothing).
+
+Observation truncation: the ``<information>`` body (documents) is cut so that the whole block is at most
+``max_obs_length`` tokens; the closing ``\\n</information>\\n\\n`` tokens are always kept intact.
+
+Token exactness: response ids are the engine's sampled ids (cut after the stop token); only observations are
+tokenised; model output is decoded for stop detection, query extraction, prediction and logging, never re-encoded.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from tqdm.auto import tqdm
+
+from searchr1_lld import prompts as P
+from searchr1_lld.algo.spans import action_span_list, answer_span_list
+from searchr1_lld.config import RolloutConfig
+from searchr1_lld.rewards import exact_match, extract_answer
+from searchr1_lld.rollout.backends.base import GenerationBackend, GenerationOutput, eos_token_ids
+from searchr1_lld.rollout.types import Trajectory
+
+_ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Pure helpers (no engine, no retriever)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def parse_action(turn_text: str) -> tuple[str, Optional[str]]:
+    """Classify one turn's generated text: ("answer", content) | ("search", query) | ("invalid", None).
+
+    The first closed ``<search>..</search>`` or ``<answer>..</answer>`` decides (Search-R1); an empty query is invalid.
+    """
+    m = _ACTION.search(turn_text)
+    if m is None:
+        return "invalid", None
+    kind, content = m.group(1), m.group(2).strip()
+    if kind == "search" and not content:
+        return "invalid", None
+    return kind, content
+
+
+def _decode(tokenizer: Any, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def tag_variants(tokenizer: Any, tag: str) -> list[list[int]]:
+    """Token-id spellings of ``tag`` as it can appear in generated text.
+
+    ``encode(tag)`` plus the spellings after a space / newline when BPE merges that character into the tag's first
+    token (Qwen: ``" <"``); a variant that merely prefixes the plain spelling with a separate token is left out so the
+    span starts on the tag itself.
+    """
+    base = tokenizer.encode(tag, add_special_tokens=False)
+    if not base:
+        raise ValueError(f"tokenizer encodes {tag!r} to no tokens")
+    variants = [base]
+    for prefix in (" ", "\n"):
+        v = tokenizer.encode(prefix + tag, add_special_tokens=False)
+        if v and v[-len(base) :] != base and v not in variants:
+            variants.append(v)
+    return variants
+
+
+@dataclass
+class ObservationTokenizer:
+    """Tokenises observation blocks once, truncating the documents so the block has <= max_obs_length tokens."""
+
+    tokenizer: Any
+    max_obs_length: int
+
+    def __post_init__(self) -> None:
+        self._tail_cache: dict[str, list[int]] = {}
+
+    def _tail_ids(self, tail: str) -> list[int]:
+        ids = self._tail_cache.get(tail)
+        if ids is None:
+            ids = self.tokenizer.encode(tail, add_special_tokens=False)
+            if len(ids) >= self.max_obs_length:
+                raise ValueError(
+                    f"rollout.max_obs_length={self.max_obs_length} leaves no room for documents: the closing "
+                    f"{tail!r} alone is {len(ids)} tokens"
+                )
+            self._tail_cache[tail] = ids
+        return ids
+
+    def __call__(self, hits: list[dict]) -> list[int]:
+        text = P.format_observation(hits)
+        cut = text.rfind("\n" + P.INFO_CLOSE)
+        if cut < 0:
+            raise ValueError("format_observation produced no closing tag")
+        body, tail = text[:cut], text[cut:]
+        tail_ids = self._tail_ids(tail)
+        body_ids = self.tokenizer.encode(body, add_special_tokens=False)
+        return body_ids[: self.max_obs_length - len(tail_ids)] + tail_ids
+
+
+def encode_prompt(tokenizer: Any, question: str, template: str) -> list[int]:
+    """Prompt ids: the rendered template, tokenised (a chat template already carries its special tokens)."""
+    text = P.render_prompt(question, template, tokenizer)
+    chat = template == "chat" and getattr(tokenizer, "chat_template", None)
+    return list(tokenizer.encode(text, add_special_tokens=not chat))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The loop
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class _State:
+    """Mutable per-trajectory state while the loop runs."""
+
+    def __init__(self, traj: Trajectory) -> None:
+        self.traj = traj
+        self.done = False
+        self.last_turn_ids: list[int] = []
+
+
+def _append(traj: Trajectory, ids: list[int], mask: int, logprobs: Optional[list[float]]) -> None:
+    traj.response_ids.extend(ids)
+    traj.response_mask.extend([mask] * len(ids))
+    if traj.engine_logprobs is not None:
+        if logprobs is None:
+            traj.engine_logprobs = None  # one turn without log-probs makes the whole trajectory's unknown
+        else:
+            traj.engine_logprobs.extend(logprobs)
+
+
+def _finish(state: _State, reason: str, truncated: bool = False) -> None:
+    state.done = True
+    state.traj.finish_reason = reason
+    state.traj.truncated = state.traj.truncated or truncated
+
+
+def run_agent_loop(
+    rows: list[dict],
+    *,
+    backend: GenerationBackend,
+    tokenizer: Any,
+    retriever: Any,
+    cfg: RolloutConfig,
+    n: int = 1,
+    greedy: bool = False,
+    template: str = "base",
+    progress: bool = False,
+    timings: Optional[dict[str, float]] = None,
+) -> list[Trajectory]:
+    """Roll out ``n`` trajectories per row (rules in the module docstring); fills prediction and EM reward.
+
+    ``timings`` (optional dict) receives ``generate_s``, ``retrieve_s``, ``total_s`` and ``generated_tokens`` of
+    this call (for benchmarks and logging).
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    greedy = greedy or cfg.temperature == 0
+    t_start = time.perf_counter()
+    t_generate = t_retrieve = 0.0
+    eos_ids = eos_token_ids(tokenizer)
+    invalid_ids = tokenizer.encode(P.INVALID_ACTION_MESSAGE, add_special_tokens=False)
+    observe = ObservationTokenizer(tokenizer, cfg.max_obs_length)
+    answer_open = tag_variants(tokenizer, P.ANSWER_OPEN)
+    answer_close = tag_variants(tokenizer, P.ANSWER_CLOSE)
+
+    states: list[_State] = []
+    for group_id, row in enumerate(rows):
+        prompt_ids = encode_prompt(tokenizer, row["question"], template)
+        for _ in range(n):
+            traj = Trajectory(row=row, group_id=group_id, prompt_ids=list(prompt_ids))
+            state = _State(traj)
+            if len(prompt_ids) >= cfg.max_total_length:  # no room to generate a single token
+                _finish(state, "truncated", truncated=True)
+            states.append(state)
+
+    bar = tqdm(total=cfg.max_turns + 1, desc="rollout turns", disable=not progress, leave=False)
+    for turn in range(cfg.max_turns + 1):
+        final_turn = turn == cfg.max_turns
+        active = [s for s in states if not s.done]
+        if not active:
+            break
+        contexts = [s.traj.prompt_ids + s.traj.response_ids for s in active]
+        budgets = [cfg.max_total_length - len(c) for c in contexts]  # all >= 1 by the invariant below
+        max_new = min(cfg.max_tokens_per_turn, max(budgets))
+        t0 = time.perf_counter()
+        outputs = backend.generate(
+            contexts, max_new_tokens=max_new, stop_strings=list(P.STOP_STRINGS), temperature=cfg.temperature,
+            top_p=cfg.top_p, greedy=greedy,
+        )
+        t_generate += time.perf_counter() - t0
+        if len(outputs) != len(active):
+            raise RuntimeError(f"backend returned {len(outputs)} outputs for {len(active)} prompts")
+
+        searches: list[tuple[_State, str]] = []
+        for state, out, budget in zip(active, outputs, budgets):
+            searches.extend(_apply_turn(state, out, budget, final_turn, cfg, tokenizer, eos_ids, invalid_ids))
+
+        if searches:
+            queries = [q for _, q in searches]
+            t0 = time.perf_counter()
+            try:
+                results = retriever.search(queries, topk=cfg.topk)
+            except Exception as err:  # propagate as a clear step failure, never an empty <information>
+                err.add_note(f"rollout turn {turn}: retriever.search failed for a batch of {len(queries)} queries "
+                             f"(first: {queries[0]!r})")
+                raise
+            t_retrieve += time.perf_counter() - t0
+            if len(results) != len(queries):
+                raise RuntimeError(f"retriever returned {len(results)} result lists for {len(queries)} queries")
+            for (state, query), hits in zip(searches, results):
+                traj = state.traj
+                traj.queries.append(query)
+                traj.retrieved_ids.append([str(h["id"]) for h in hits])
+                traj.valid_searches += 1
+                obs_ids = observe(hits)
+                if len(traj.prompt_ids) + len(traj.response_ids) + len(obs_ids) >= cfg.max_total_length:
+                    _finish(state, "truncated", truncated=True)
+                else:
+                    _append(traj, obs_ids, 0, [0.0] * len(obs_ids))
+        bar.update(1)
+        bar.set_postfix(active=sum(not s.done for s in states))
+    bar.close()
+
+    for state in states:
+        if not state.done:  # unreachable: the final turn always finishes; kept as a loud guard
+            raise RuntimeError("agent loop ended with an unfinished trajectory")
+        _finalize(state, tokenizer, answer_open, answer_close)
+
+    if timings is not None:
+        timings.update(
+            generate_s=t_generate,
+            retrieve_s=t_retrieve,
+            total_s=time.perf_counter() - t_start,
+            generated_tokens=float(sum(sum(s.traj.response_mask) for s in states)),
+        )
+    return [s.traj for s in states]
+
+
+def _apply_turn(
+    state: _State,
+    out: GenerationOutput,
+    budget: int,
+    final_turn: bool,
+    cfg: RolloutConfig,
+    tokenizer: Any,
+    eos_ids: set[int],
+    invalid_ids: list[int],
+) -> list[tuple[_State, str]]:
+    """Append one turn's generated tokens and decide what follows. Returns [(state, query)] for a valid search."""
+    traj = state.traj
+    ids = list(out.token_ids)
+    logprobs = None if out.logprobs is None else list(out.logprobs)
+    cut_by_budget = len(ids) > budget
+    if cut_by_budget:
+        ids = ids[:budget]
+        logprobs = None if logprobs is None else logprobs[:budget]
+    _append(traj, ids, 1, logprobs)
+    state.last_turn_ids = ids
+    traj.num_turns += 1
+    if not ids:
+        traj.empty_turns += 1
+    hit_turn_limit = out.finish_reason == "length" and not cut_by_budget
+    if hit_turn_limit:
+        traj.length_stops += 1
+
+    kind, query = parse_action(_decode(tokenizer, ids)) if ids else ("invalid", None)
+    if kind != "answer" and ids and ids[-1] in eos_ids:
+        traj.eos_stops += 1
+    if kind == "answer":
+        _finish(state, "answer")
+        return []
+    if len(traj.prompt_ids) + len(traj.response_ids) >= cfg.max_total_length:
+        _finish(state, "truncated", truncated=True)
+        return []
+    if final_turn:
+        traj.invalid_actions += 1
+        _finish(state, "length" if hit_turn_limit else "max_turns")
+        return []
+    if kind == "search":
+        return [(state, query)]  # type: ignore[list-item]
+    traj.invalid_actions += 1
+    if len(traj.prompt_ids) + len(traj.response_ids) + len(invalid_ids) >= cfg.max_total_length:
+        _finish(state, "truncated", truncated=True)
+    else:
+        _append(traj, invalid_ids, 0, [0.0] * len(invalid_ids))
+    return []
+
+
+_warned_span_fallback = False
+
+
+def _finalize(state: _State, tokenizer: Any, answer_open: list[list[int]], answer_close: list[list[int]]) -> None:
+    """Masks, spans, prediction (from the final answer span's generated ids) and the EM reward."""
+    global _warned_span_fallback
+    traj = state.traj
+    span = answer_span_list(traj.response_ids, traj.response_mask, answer_open, answer_close)
+    traj.answer_mask = [0] * len(traj.response_ids)
+    if span is not None:
+        traj.answer_mask[span[0] : span[1]] = [1] * (span[1] - span[0])
+        traj.prediction = extract_answer(_decode(tokenizer, traj.response_ids[span[0] : span[1]]))
+    elif traj.finish_reason == "answer":
+        # the turn text had a closed answer but its tags tokenised unusually: read the answer from that turn's text
+        traj.prediction = extract_answer(_decode(tokenizer, state.last_turn_ids))
+        if not _warned_span_fallback:
+            warnings.warn("answer tags not found as token ids in a generated answer; answer_mask is empty for it")
+            _warned_span_fallback = True
+    traj.action_spans = action_span_list(traj.response_mask)
+    traj.reward = exact_match(traj.prediction, traj.row.get("golden_answers", []))
+    traj.response_text = _decode(tokenizer, traj.response_ids)
+    traj.check()

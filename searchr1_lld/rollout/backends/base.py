@@ -1,0 +1,129 @@
+"""The generation backend contract (docs/architecture.md) and the stop-string detector the backends share.
+
+A backend turns token-id prompts into sampled continuations. It returns exactly the sampled ids, cut right after the
+token that completed a stop string (or after eos), with the sampling log-prob of each token:
+
+    logprob[t] = log_softmax(logits_t / temperature)[token_t]      (temperature := 1.0 when greedy)
+
+top-p only restricts *which* token is drawn; it does not renormalise the reported log-prob (the learner recomputes
+the same quantity from a forward pass, so the two stay comparable).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Protocol, Sequence, runtime_checkable
+
+import torch
+
+
+@dataclass
+class GenerationOutput:
+    token_ids: list[int]  # exactly what was sampled, cut right after the stop-string / eos token
+    logprobs: Optional[list[float]]  # sampling log-prob of each token (None if the backend cannot report them)
+    finish_reason: str  # "stop" (stop string or eos) | "length"
+
+    def __post_init__(self) -> None:
+        if self.finish_reason not in ("stop", "length"):
+            raise ValueError(f"finish_reason must be 'stop' or 'length', got {self.finish_reason!r}")
+        if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
+            raise ValueError(f"{len(self.logprobs)} logprobs for {len(self.token_ids)} tokens")
+
+
+@runtime_checkable
+class GenerationBackend(Protocol):
+    def generate(
+        self,
+        prompts: list[list[int]],
+        *,
+        max_new_tokens: int,
+        stop_strings: list[str],
+        temperature: float,
+        top_p: float,
+        greedy: bool,
+    ) -> list[GenerationOutput]: ...
+
+    def sync_weights(self, model: torch.nn.Module) -> None: ...  # learner -> engine after each update
+
+
+class BackendBase:
+    """Shared helpers; optional hooks for colocated engines (no-ops unless a backend overrides them)."""
+
+    def sleep(self) -> None:
+        """Release accelerator memory between rollout and update (vLLM sleep mode)."""
+
+    def wake_up(self) -> None:
+        """Take the memory back before the next rollout."""
+
+    @staticmethod
+    def check_generate_args(prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float, top_p: float,
+                            greedy: bool) -> None:
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if not greedy and temperature <= 0:
+            raise ValueError(f"temperature must be > 0 when sampling (got {temperature}); pass greedy=True instead")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"prompt {i} is empty")
+
+
+def eos_token_ids(tokenizer: Any, model_config: Any = None) -> set[int]:
+    """All ids that end generation: the tokenizer's eos plus the model's generation-config eos (may be a list)."""
+    ids: set[int] = set()
+    for value in (getattr(tokenizer, "eos_token_id", None), getattr(model_config, "eos_token_id", None)):
+        if value is None:
+            continue
+        ids.update([int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)])
+    return ids
+
+
+class StopDetector:
+    """Decides, token by token, whether a sequence just completed a stop string or emitted eos.
+
+    Stop strings are matched on decoded text (never on re-encoded ids). Cheap path: a stop string can only be
+    completed by a token whose own text contains the string's last character; only then the last few tokens are
+    decoded and searched. Since the check runs after every token, an occurrence found in the tail window must have
+    been completed by the newest token.
+    """
+
+    def __init__(self, tokenizer: Any, stop_strings: Iterable[str], eos_ids: Iterable[int] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.stop_strings = [s for s in stop_strings if s]
+        self.eos_ids = set(int(i) for i in eos_ids)
+        self._last_chars = {s[-1] for s in self.stop_strings}
+        # a tail of W tokens covers any stop string when every token decodes to >= 1 character; +4 for safety
+        self._window = max((len(s) for s in self.stop_strings), default=0) + 4
+        self._candidate: dict[int, bool] = {}
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def _is_candidate(self, token_id: int) -> bool:
+        hit = self._candidate.get(token_id)
+        if hit is None:
+            piece = self._decode([token_id])
+            # undecodable partial bytes show as U+FFFD: be conservative and check those too
+            hit = any(c in piece for c in self._last_chars) or "\ufffd" in piece
+            self._candidate[token_id] = hit
+        return hit
+
+    def is_stop(self, ids: Sequence[int]) -> bool:
+        """True if the last token of ``ids`` is eos or completes one of the stop strings."""
+        if not ids:
+            return False
+        last = int(ids[-1])
+        if last in self.eos_ids:
+            return True
+        if not self.stop_strings or not self._is_candidate(last):
+            return False
+        tail = self._decode(ids[-self._window :])
+        return any(s in tail for s in self.stop_strings)
+
+    def cut(self, ids: Sequence[int]) -> tuple[list[int], bool]:
+        """Cut ``ids`` right after the first stop (scan as a sampler would). Returns (ids, stopped)."""
+        for t in range(len(ids)):
+            if self.is_stop(ids[: t + 1]):
+                return list(ids[: t + 1]), True
+        return list(ids), False

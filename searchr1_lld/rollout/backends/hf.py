@@ -1,0 +1,189 @@
+"""Transformers generation backend: batched sampling with a KV cache, written over ``model(...)``.
+
+One engine call = the prompts split into batches of ``batch_size`` (longest first, so each batch pads little), each
+batch LEFT-padded and prefilled once, then decoded token by token with the cache. A sequence leaves the batch as soon
+as it emits eos or completes a stop string (its rows are dropped from the cache), so finished sequences cost nothing.
+
+Sampling (pure function :func:`sample_next_token`, the log-prob convention of backends/base.py):
+
+    logp_all = log_softmax(logits / temperature)               # [B, V]
+    token    ~ top-p(softmax(logits / temperature))            # or argmax when greedy
+    logprob  = logp_all[token]                                 # temperature := 1 when greedy
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from searchr1_lld.rollout.backends.base import BackendBase, GenerationOutput, StopDetector, eos_token_ids
+
+
+def top_p_mask(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Nucleus filter. probs: [B, V] (rows sum to 1) -> keep mask [B, V] (bool).
+
+    keep[b, v] = 1 iff the total probability of the tokens ranked strictly above v (ties broken by sort order) is
+    < top_p; the most likely token is always kept.
+    """
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    keep_sorted = mass_before < top_p
+    keep_sorted[:, 0] = True
+    keep = torch.zeros_like(keep_sorted)
+    return keep.scatter(-1, order, keep_sorted)
+
+
+def sample_next_token(
+    logits: torch.Tensor,
+    *,
+    temperature: float,
+    top_p: float,
+    greedy: bool,
+    generator: Optional[torch.Generator] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row. logits: [B, V] (any float dtype) -> (tokens [B] long, logprobs [B] float32)."""
+    logits = logits.float()
+    if greedy:
+        logp_all = torch.log_softmax(logits, dim=-1)
+        tokens = torch.argmax(logits, dim=-1)
+    else:
+        logp_all = torch.log_softmax(logits / temperature, dim=-1)
+        probs = logp_all.exp()
+        if top_p < 1.0:
+            probs = torch.where(top_p_mask(probs, top_p), probs, torch.zeros_like(probs))
+        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tokens, logp_all.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class HFBackend(BackendBase):
+    """Generation with a transformers causal LM (CPU or GPU), the learner's own module or a copy of it."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, batch_size: int = 64, seed: Optional[int] = None) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.seed = seed
+        self._generator: Optional[torch.Generator] = None
+        self.eos_ids = eos_token_ids(tokenizer, getattr(model, "generation_config", None))
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad_id = int(pad if pad is not None else (min(self.eos_ids) if self.eos_ids else 0))
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _rng(self) -> Optional[torch.Generator]:
+        if self.seed is None:
+            return None
+        if self._generator is None or self._generator.device != self.device:
+            self._generator = torch.Generator(device=self.device)
+            self._generator.manual_seed(self.seed)
+        return self._generator
+
+    # ------------------------------------------------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: list[list[int]],
+        *,
+        max_new_tokens: int,
+        stop_strings: list[str],
+        temperature: float,
+        top_p: float,
+        greedy: bool,
+    ) -> list[GenerationOutput]:
+        self.check_generate_args(prompts, max_new_tokens, temperature, top_p, greedy)
+        detector = StopDetector(self.tokenizer, stop_strings, self.eos_ids)
+        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+        outputs: list[Optional[GenerationOutput]] = [None] * len(prompts)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(order), self.batch_size):
+                chunk = order[start : start + self.batch_size]
+                batch_out = self._generate_batch(
+                    [prompts[i] for i in chunk], max_new_tokens, detector, temperature, top_p, greedy
+                )
+                for i, out in zip(chunk, batch_out):
+                    outputs[i] = out
+        finally:
+            self.model.train(was_training)
+        return outputs  # type: ignore[return-value]
+
+    @torch.no_grad()
+    def _generate_batch(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        detector: StopDetector,
+        temperature: float,
+        top_p: float,
+        greedy: bool,
+    ) -> list[GenerationOutput]:
+        from transformers import DynamicCache
+
+        device = self.device
+        B, L = len(prompts), max(len(p) for p in prompts)
+        input_ids = torch.full((B, L), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((B, L), dtype=torch.long)
+        for b, p in enumerate(prompts):
+            input_ids[b, L - len(p) :] = torch.tensor(p, dtype=torch.long)
+            attention_mask[b, L - len(p) :] = 1
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=getattr(self.model, "config", None))
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        next_pos = position_ids[:, -1] + 1  # [B]
+        tokens_out: list[list[int]] = [[] for _ in range(B)]
+        logps_out: list[list[float]] = [[] for _ in range(B)]
+        finish = ["length"] * B
+        alive = list(range(B))  # original row of each cache row
+        rng = self._rng()
+        for step in range(max_new_tokens):
+            tokens, logps = sample_next_token(
+                out.logits[:, -1, :], temperature=temperature, top_p=top_p, greedy=greedy, generator=rng
+            )
+            keep: list[int] = []
+            for j, (b, tok, lp) in enumerate(zip(alive, tokens.tolist(), logps.tolist())):
+                tokens_out[b].append(tok)
+                logps_out[b].append(lp)
+                if detector.is_stop(tokens_out[b]):
+                    finish[b] = "stop"
+                else:
+                    keep.append(j)
+            if not keep or step == max_new_tokens - 1:
+                break
+            if len(keep) < len(alive):
+                idx = torch.tensor(keep, dtype=torch.long, device=device)
+                cache.batch_select_indices(idx)
+                tokens, attention_mask, next_pos = tokens[idx], attention_mask[idx], next_pos[idx]
+                alive = [alive[j] for j in keep]
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(alive), 1))], dim=1)
+            out = self.model(
+                input_ids=tokens[:, None],
+                attention_mask=attention_mask,
+                position_ids=next_pos[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            )
+            next_pos = next_pos + 1
+        return [GenerationOutput(tokens_out[b], logps_out[b], finish[b]) for b in range(B)]
+
+    # ------------------------------------------------------------------------------------------------------------
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Learner -> engine. No-op when the engine holds the learner's own module; else load_state_dict."""
+        learner = getattr(model, "module", model)  # unwrap DDP / accelerate wrappers
+        if learner is self.model or model is self.model:
+            return
+        missing, unexpected = self.model.load_state_dict(learner.state_dict(), strict=False)
+        if missing or unexpected:
+            raise RuntimeError(f"sync_weights: state dicts differ (missing {missing[:5]}, unexpected {unexpected[:5]})")
