@@ -3,7 +3,7 @@
 For logits z ``[B, T, V]``, labels y ``[B, T]`` and temperature tau, with x = float32(z) / tau:
 
     logp[b, t]    = x[b, t, y[b, t]] - logsumexp_v x[b, t, v]
-    entropy[b, t] = logsumexp_v x[b, t, v] - sum_v softmax(x)[b, t, v] * x[b, t, v]
+    entropy[b, t] = -sum_v p[b, t, v] log p[b, t, v],   log p = x - logsumexp_v x
 
 ``chunked_logprobs_entropy`` flattens the B*T rows and processes ``chunk_size`` rows at a time in fp32, in the forward
 AND in the backward pass: a custom ``torch.autograd.Function`` keeps only the input logits (already alive in the
@@ -70,9 +70,9 @@ class _ChunkedLogprobEntropy(torch.autograd.Function):
             lse[s:e] = chunk_lse
             logp[s:e] = x.gather(-1, labels1d[s:e, None]).squeeze(-1) - chunk_lse
             if compute_entropy:
-                p = torch.exp(x - chunk_lse[:, None])
-                entropy[s:e] = chunk_lse - (p * x).sum(-1)
-                del p
+                logp_chunk = x - chunk_lse[:, None]  # shifted first: no cancellation between lse and sum p x
+                entropy[s:e] = -(torch.exp(logp_chunk) * logp_chunk).sum(-1)
+                del logp_chunk
             del x
         ctx.save_for_backward(logits2d, labels1d, lse, entropy if compute_entropy else lse)
         ctx.temperature, ctx.chunk_size, ctx.compute_entropy = temperature, chunk_size, compute_entropy
