@@ -14,7 +14,8 @@ key varies fastest). Each run is named ``<config name>-<leaf>=<value>_...`` (lea
 
 Collapse step of a run: the first logged step whose monitor phase (``phase/name`` in metrics.jsonl) is
 ``accelerated_collapse``; "none" when it never is. Final EM: ``average_em`` of the run's final evaluation
-(``results.json`` in the run dir or below it); the last training reward ``reward/em_mean`` is reported beside it.
+(``results.json`` from eval.py in the run dir or below it), else ``em_after`` of the trainer's own ``eval.json``; the
+last training reward ``reward/em_mean`` is reported beside it.
 """
 
 from __future__ import annotations
@@ -188,7 +189,10 @@ def collect_run(run_dir: str | Path) -> dict[str, Any]:
     sweep_meta = run_dir / "sweep_run.json"
     meta = json.loads(sweep_meta.read_text()) if sweep_meta.is_file() else {}
     results_path = _find_results(run_dir)
-    results = json.loads(results_path.read_text()) if results_path else None
+    final_em = json.loads(results_path.read_text())["average_em"] if results_path else None
+    trainer_eval = run_dir / "eval.json"  # the trainer's own end-of-run greedy EM on the test split
+    if final_em is None and trainer_eval.is_file():
+        final_em = json.loads(trainer_eval.read_text()).get("em_after")
     train_em = [r["reward/em_mean"] for r in metrics if isinstance(r.get("reward/em_mean"), (int, float))]
     step = collapse_step(metrics)
     return {
@@ -197,7 +201,7 @@ def collect_run(run_dir: str | Path) -> dict[str, Any]:
         "overrides": meta.get("overrides", []),
         **_run_setting(run_dir),
         "steps": int(metrics[-1]["step"]) if metrics else 0,
-        "final_em": results["average_em"] if results else None,
+        "final_em": final_em,
         "final_train_em": train_em[-1] if train_em else None,
         "peak_train_em": max(train_em) if train_em else None,
         "collapse_step": step if step is not None else "none",

@@ -77,8 +77,11 @@ def test_collect_table_and_figure(tmp_path):
                                                                "accelerated_collapse"], 0.02, 0.0)
     llds = _fake_run(tmp_path, "llds", [0.1, 0.3, 0.45, 0.5], ["healthy"] * 4, 0.41, 0.2)
     running = _fake_run(tmp_path, "running", [0.1, 0.2], ["healthy", "accelerated_collapse"], None, 0.1)
-    rows = sweep.collect([grpo, llds, running], tmp_path / "out")
+    trained = _fake_run(tmp_path, "trained", [0.1, 0.2], ["healthy", "healthy"], None, 0.1)
+    (trained / "eval.json").write_text(json.dumps({"em_before": 0.1, "em_after": 0.3, "n": 20}))
+    rows = sweep.collect([grpo, llds, running, trained], tmp_path / "out")
     by = {r["run"]: r for r in rows}
+    assert by["trained"]["final_em"] == 0.3  # the trainer's own eval.json when eval.py has not run
     assert by["grpo"]["collapse_step"] == 4 and by["llds"]["collapse_step"] == "none"
     assert by["running"]["collapse_step"] == 2
     assert (by["grpo"]["final_em"], by["llds"]["final_em"], by["running"]["final_em"]) == (0.02, 0.41, None)
