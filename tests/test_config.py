@@ -1,0 +1,122 @@
+"""The typed config: YAML + dotted overrides, _base_ inheritance, type checks, unknown keys, impossible values."""
+
+import pytest
+
+from searchr1_lld.config import Config, ConfigError, load_config, parse_override, save_config
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path
+
+
+def test_defaults_validate_and_match_design():
+    cfg = load_config()
+    assert isinstance(cfg, Config)
+    assert cfg.algorithm.llds.lam == 0.2 and cfg.algorithm.llds.gate == "action" and cfg.algorithm.llds.tau == 0.0
+    assert cfg.algorithm.kl_type == "low_var_kl" and cfg.algorithm.kl_coef == 0.001
+    assert cfg.algorithm.entropy_coef == 0.0
+    assert cfg.rollout.n == 5
+
+
+def test_yaml_and_overrides(tmp_path):
+    path = _write(
+        tmp_path / "exp.yaml",
+        "name: exp\nalgorithm:\n  llds:\n    lam: 0.1\n    gate: response\ntrainer:\n  total_steps: 7\n  lr: 1e-6\n",
+    )
+    cfg = load_config(path, ["algorithm.llds.lam=0.3", "trainer.ppo_epochs=2", "algorithm.kl_coef=0", "retriever.token=null"])
+    assert cfg.name == "exp"
+    assert cfg.algorithm.llds.lam == 0.3  # override beats the file
+    assert cfg.algorithm.llds.gate == "response"  # file beats the default
+    assert cfg.algorithm.llds.tau == 0.0  # untouched sibling keeps its default
+    assert cfg.trainer.total_steps == 7 and cfg.trainer.ppo_epochs == 2
+    assert cfg.trainer.lr == pytest.approx(1e-6)  # "1e-6" is a string to PyYAML; floats accept it
+    assert isinstance(cfg.algorithm.kl_coef, float) and cfg.algorithm.kl_coef == 0.0  # int accepted for float
+    assert cfg.retriever.token is None
+
+
+def test_override_float_without_dot():
+    assert load_config(None, ["trainer.lr=3e-5"]).trainer.lr == pytest.approx(3e-5)
+
+
+def test_base_inheritance(tmp_path):
+    _write(tmp_path / "base.yaml", "name: base\ntrainer:\n  total_steps: 11\n  lr: 0.001\nalgorithm:\n  llds:\n    lam: 0.05\n")
+    (tmp_path / "sub").mkdir()
+    _write(tmp_path / "sub" / "child.yaml", "_base_: ../base.yaml\nname: child\ntrainer:\n  total_steps: 3\n")
+    cfg = load_config(tmp_path / "sub" / "child.yaml")
+    assert cfg.name == "child"
+    assert cfg.trainer.total_steps == 3  # child overrides
+    assert cfg.trainer.lr == pytest.approx(0.001)  # deep merge keeps the base's sibling
+    assert cfg.algorithm.llds.lam == 0.05
+
+
+def test_base_cycle_and_missing_file(tmp_path):
+    _write(tmp_path / "a.yaml", "_base_: b.yaml\n")
+    _write(tmp_path / "b.yaml", "_base_: a.yaml\n")
+    with pytest.raises(ConfigError, match="cycle"):
+        load_config(tmp_path / "a.yaml")
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_unknown_keys_named(tmp_path):
+    with pytest.raises(ConfigError, match="algorithm.llds.lamda"):
+        load_config(None, ["algorithm.llds.lamda=0.1"])
+    with pytest.raises(ConfigError, match="trainer.totl_steps"):
+        load_config(_write(tmp_path / "x.yaml", "trainer:\n  totl_steps: 3\n"))
+    with pytest.raises(ConfigError, match="bogus"):
+        load_config(None, ["bogus=1"])
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("trainer.total_steps=2.5", "trainer.total_steps"),  # int rejects floats
+        ("trainer.total_steps=true", "trainer.total_steps"),  # ... and bools
+        ("algorithm.llds.lam=abc", "algorithm.llds.lam"),  # float rejects words
+        ("algorithm.llds.enabled=3", "algorithm.llds.enabled"),  # bool rejects numbers
+        ("algorithm.llds.gate=span", "algorithm.llds.gate"),  # Literal choices
+        ("algorithm.kl_type=k4", "algorithm.kl_type"),
+        ("trainer.adam_betas=0.9", "trainer.adam_betas"),  # list expected
+        ("algorithm=3", "algorithm"),  # section expected
+    ],
+)
+def test_wrong_types_rejected(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(None, [override])
+
+
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["trainer.train_batch_size=8", "trainer.ppo_mini_batch_size=16"], "trainer.ppo_mini_batch_size"),
+        (["trainer.train_batch_size=12", "trainer.ppo_mini_batch_size=5"], "trainer.ppo_mini_batch_size"),
+        (["algorithm.llds.lam=-0.1"], "algorithm.llds.lam"),
+        (["algorithm.llds.lam_answer=-1"], "algorithm.llds.lam_answer"),
+        (["algorithm.dual_clip=0.5"], "algorithm.dual_clip"),
+        (["algorithm.clip_eps=0"], "algorithm.clip_eps"),
+        (["rollout.top_p=1.5"], "rollout.top_p"),
+        (["rollout.n=0"], "rollout.n"),
+        (["trainer.warmup_ratio=1.0"], "trainer.warmup_ratio"),
+        (["data.source=files"], "data.train_files"),
+    ],
+)
+def test_impossible_values_rejected(overrides, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(None, overrides)
+
+
+def test_bad_override_syntax():
+    with pytest.raises(ConfigError):
+        parse_override("trainer.total_steps")
+    with pytest.raises(ConfigError):
+        parse_override("=3")
+    with pytest.raises(ConfigError, match="not a section"):
+        load_config(None, ["name=x", "name.sub=1"])
+
+
+def test_save_and_reload_round_trip(tmp_path):
+    cfg = load_config(None, ["algorithm.llds.gate=none", "trainer.lr=2e-6", "name=rt"])
+    save_config(cfg, tmp_path / "saved.yaml")
+    again = load_config(tmp_path / "saved.yaml")
+    assert again == cfg
