@@ -1,0 +1,810 @@
+"""The learner: GRPO + LLDS on accelerate (one CPU process, one GPU, multi-GPU DDP, DeepSpeed ZeRO-2/3).
+
+One training step (``Trainer.train_step``)::
+
+    sample train_batch_size prompts (this rank's share)                       PromptSampler
+    rollout: n responses per prompt, policy in eval mode, no grad             run_agent_loop  (reward = EM)
+    advantages A_i (GRPO, per group)                                          algo.advantages
+    logp_old under the current policy, logp_ref under the frozen initial one  algo.logprobs   (no grad)
+    for epoch in ppo_epochs, for mini-batch (ppo_mini_batch_size prompts' groups):
+        for micro-batch (token budget, sorted by length):
+            loss = pg + kl_coef * KL(ref) - entropy_coef * H + LLDS           algo.policy_loss / kl / llds
+            (each term normalised by the *mini-batch* token count -> accumulation == token-mean over mini-batch)
+            backward
+        grad norm (before clipping) -> non-finite: skip and count; else clip -> AdamW step
+    scheduler step (warmup ratio + constant / cosine; one step per training step, as verl)
+    logp_new of the step's batch after the updates (no grad) -> LLD monitor
+    weights -> rollout engine (ZeRO-3: gathered module by module)
+
+The trainer composes the pure functions of ``searchr1_lld.algo``; it holds no loss math of its own (the only arithmetic
+is the mini-batch normalisation of micro-batch losses and the LR schedule factor, both stated where they are).
+
+Determinism: every step re-seeds python / numpy / torch from (seed, step, rank), so a run resumed from a checkpoint
+reproduces the same next step as an uninterrupted run (RNG states are also saved in the checkpoint).
+
+Python API: :func:`train` ``(cfg) -> RunResult`` (run dir, final metrics, before/after EM).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import random
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from searchr1_lld import checkpoint as ckpt
+from searchr1_lld.algo import advantages as adv_fns
+from searchr1_lld.algo import aggregation, kl, llds, logprobs, policy_loss
+from searchr1_lld.config import Config, RolloutConfig, save_config
+from searchr1_lld.monitor import (
+    PHASE_ID,
+    PhaseDetector,
+    ProbeSet,
+    engine_learner_gap,
+    first_action_ids,
+    likelihood_metrics,
+    rollout_metrics,
+    shared_first_action_fraction,
+)
+from searchr1_lld.tracking import Tracker
+
+
+@dataclass
+class RunResult:
+    """What :func:`train` returns."""
+
+    run_dir: Path
+    steps: int
+    final_metrics: dict[str, Any]
+    em_before: float | None
+    em_after: float | None
+    skipped_steps: int = 0
+    eval_table: str = ""
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Small helpers (no math)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def step_seed(base_seed: int, step: int, rank: int, num_processes: int) -> int:
+    """Seed of one (step, rank): distinct per rank and per step, fixed by the run's seed."""
+    return base_seed * 1_000_003 + step * max(num_processes, 1) + rank
+
+
+def lr_factor(step: int, total_steps: int, warmup_ratio: float, schedule: str) -> float:
+    """LR multiplier at scheduler step ``step`` (0-based).
+
+    warmup_steps W = int(warmup_ratio * total_steps);  s < W: (s + 1) / W  (linear warm-up, never 0)
+    afterwards constant: 1;  cosine: 0.5 * (1 + cos(pi * (s - W) / max(1, total_steps - W)))
+    """
+    warm = int(warmup_ratio * total_steps)
+    if step < warm:
+        return (step + 1) / warm
+    if schedule == "constant":
+        return 1.0
+    if schedule == "cosine":
+        progress = min(1.0, (step - warm) / max(1, total_steps - warm))
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"unknown lr schedule {schedule!r}")
+
+
+def micro_batches_by_tokens(lengths: Sequence[int], indices: Sequence[int], token_budget: int) -> list[list[int]]:
+    """Split ``indices`` (rows of one mini-batch) into micro-batches whose padded size
+    ``len(micro) * max(length in micro)`` stays within ``token_budget`` (a single longer row gets its own micro-batch).
+    Rows are sorted by length first so that rows of similar length share a micro-batch (little padding)."""
+    order = sorted(indices, key=lambda i: lengths[i])
+    out: list[list[int]] = []
+    cur: list[int] = []
+    cur_max = 0
+    for i in order:
+        new_max = max(cur_max, lengths[i])
+        if cur and (len(cur) + 1) * new_max > token_budget:
+            out.append(cur)
+            cur, new_max = [], lengths[i]
+        cur.append(i)
+        cur_max = new_max
+    if cur:
+        out.append(cur)
+    return out
+
+
+class PromptSampler:
+    """Epoch-wise shuffled prompts; state = (epoch, cursor) so a resumed run draws the same next batch."""
+
+    def __init__(self, rows: list[dict], batch_size: int, seed: int, shuffle: bool = True):
+        if not rows:
+            raise ValueError("no training rows")
+        self.rows, self.batch_size, self.seed, self.shuffle = rows, batch_size, seed, shuffle
+        self.epoch, self.cursor = 0, 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        idx = list(range(len(self.rows)))
+        if self.shuffle:
+            np.random.default_rng(self.seed + 7919 * epoch).shuffle(idx)
+        return idx
+
+    def next_batch(self) -> list[dict]:
+        batch = []
+        while len(batch) < self.batch_size:
+            if self.cursor >= len(self._order):
+                self.epoch += 1
+                self.cursor = 0
+                self._order = self._permutation(self.epoch)
+            batch.append(self.rows[self._order[self.cursor]])
+            self.cursor += 1
+        return batch
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "cursor": self.cursor}
+
+    def load_state(self, state: dict[str, int]) -> None:
+        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
+        self._order = self._permutation(self.epoch)
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """QA rows from a JSONL or parquet file (project schema: id, question, golden_answers, data_source)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"training file not found: {path}")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(path).to_pylist()
+    else:
+        with open(path) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    for r in rows:
+        missing = [k for k in ("id", "question", "golden_answers") if k not in r]
+        if missing:
+            raise ValueError(f"{path}: row {r.get('id')!r} lacks {missing}")
+    return rows
+
+
+def select_rows(batch: Any, idx: Sequence[int]) -> dict[str, torch.Tensor]:
+    """Rows ``idx`` of a TrajectoryBatch, trimmed to their own longest prompt p and response t.
+
+    Returns input_ids/attention_mask/position_ids [b, p+t], responses/response_mask/answer_mask/engine_logprobs [b, t],
+    and "p" (the prompt width): logits predicting responses[:, j] sit at position p - 1 + j.
+    """
+    index = torch.as_tensor(list(idx), dtype=torch.long)
+    P = batch.prompt_length
+    am = batch.attention_mask[index]
+    p = max(1, int(am[:, :P].sum(1).max()))
+    t = max(1, int(am[:, P:].sum(1).max()))
+    cols = slice(P - p, P + t)
+    return {
+        "input_ids": batch.input_ids[index][:, cols],
+        "attention_mask": am[:, cols],
+        "position_ids": batch.position_ids[index][:, cols],
+        "responses": batch.responses[index][:, :t],
+        "response_mask": batch.response_mask[index][:, :t],
+        "answer_mask": batch.answer_mask[index][:, :t],
+        "engine_logprobs": batch.engine_logprobs[index][:, :t],
+        "p": p,
+    }
+
+
+def pad_cols(x: torch.Tensor, width: int, value: float = 0.0) -> torch.Tensor:
+    """Right-pad [b, t] to [b, width]."""
+    if x.shape[1] == width:
+        return x
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Accelerator / model set-up
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def is_deepspeed(accelerator: Any) -> bool:
+    return str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type)).upper() == "DEEPSPEED"
+
+
+def zero_stage(accelerator: Any) -> int:
+    if not is_deepspeed(accelerator):
+        return 0
+    plugin = accelerator.state.deepspeed_plugin
+    return int(plugin.deepspeed_config.get("zero_optimization", {}).get("stage", 0))
+
+
+def make_accelerator(cfg: Config):
+    from accelerate import Accelerator
+
+    use_cpu = cfg.trainer.device == "cpu" or (cfg.trainer.device == "auto" and not torch.cuda.is_available())
+    if cfg.trainer.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("trainer.device=cuda but CUDA is not available")
+    dtype = cfg.model.dtype
+    if dtype == "auto":
+        mixed = "no" if use_cpu else "bf16"
+    else:
+        mixed = {"float32": "no", "bfloat16": "bf16", "float16": "fp16"}[dtype]
+    if use_cpu:
+        mixed = "no"  # fp32 on CPU
+    return Accelerator(cpu=use_cpu, mixed_precision=mixed)
+
+
+def resolve_world(cfg: Config) -> Path | None:
+    """The synthetic world dir (built on demand) when the run needs it, else None."""
+    needs = cfg.data.source == "synthetic" or not cfg.model.path or (
+        cfg.retriever.mode == "inprocess" and not cfg.retriever.index_dir
+    )
+    if not needs:
+        return None
+    world_dir = Path(cfg.data.world_dir)
+    from data.build_world import ensure_world
+
+    return Path(ensure_world(world_dir, cfg.data.world, progress=True))
+
+
+def policy_path(cfg: Config, world_dir: Path | None) -> str:
+    return cfg.model.path or (str(world_dir / "model") if world_dir else "")
+
+
+def load_policy_and_tokenizer(cfg: Config, world_dir: Path | None):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_path = policy_path(cfg, world_dir)
+    tok_path = cfg.model.tokenizer_path or (cfg.model.path if cfg.model.path else (str(world_dir / "tokenizer") if world_dir else ""))
+    if not model_path:
+        raise ValueError("model.path is empty and there is no synthetic world to take the tiny policy from")
+    tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=cfg.model.trust_remote_code)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    kwargs: dict[str, Any] = {"trust_remote_code": cfg.model.trust_remote_code, "dtype": torch.float32}
+    if cfg.model.attn_implementation:
+        kwargs["attn_implementation"] = cfg.model.attn_implementation
+    model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs)  # fp32 master weights; bf16 via autocast
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    return model, tokenizer
+
+
+def load_train_rows(cfg: Config, world_dir: Path | None) -> list[dict]:
+    if cfg.data.source == "synthetic":
+        return read_rows(world_dir / "qa" / "train.jsonl")
+    if cfg.data.source == "files":
+        rows: list[dict] = []
+        for f in cfg.data.train_files:
+            rows += read_rows(f)
+        return rows
+    from data import flashrag  # FlashRAG preparation module (hub access required)
+
+    return flashrag.load_train_rows(cfg.data.train_mix)
+
+
+def load_test_rows(cfg: Config, world_dir: Path | None) -> list[dict]:
+    if world_dir is None:
+        return []
+    path = world_dir / "qa" / f"{cfg.data.test_split}.jsonl"
+    return read_rows(path) if path.is_file() else []
+
+
+def make_backend(cfg: Config, model: torch.nn.Module, tokenizer: Any, model_path: str = ""):
+    """The rollout engine: HF generation on the learner's own module (no copy), or vLLM (GPU) synced after updates."""
+    if cfg.rollout.backend == "vllm":
+        from searchr1_lld.rollout.backends.vllm import VLLMBackend
+
+        return VLLMBackend(model_path, tokenizer, cfg.rollout, seed=cfg.trainer.seed, dtype=cfg.model.dtype,
+                           tokenizer_path=cfg.model.tokenizer_path)
+    from searchr1_lld.rollout.backends.hf import HFBackend
+
+    return HFBackend(model, tokenizer, batch_size=cfg.rollout.generation_batch_size)
+
+
+def iter_gathered_named_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) of every parameter of a ZeRO-3 partitioned model, gathered one module at a time with
+    ``deepspeed.zero.GatheredParameters`` (never the whole model on one rank)."""
+    import deepspeed
+
+    for mod_name, module in model.named_modules():
+        params = list(module.named_parameters(recurse=False))
+        if not params:
+            continue
+        with deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=None):
+            for pname, p in params:
+                yield (f"{mod_name}.{pname}" if mod_name else pname), p.detach().clone()
+
+
+def sync_weights_to_engine(accelerator: Any, model: torch.nn.Module, backend: Any) -> None:
+    """Learner -> rollout engine after the step's updates."""
+    unwrapped = accelerator.unwrap_model(model)
+    if zero_stage(accelerator) == 3:
+        named = iter_gathered_named_parameters(unwrapped)
+        if hasattr(backend, "load_weights"):
+            backend.load_weights(named)
+        else:
+            target = dict(backend.model.named_parameters())
+            with torch.no_grad():
+                for name, tensor in named:
+                    target[name].copy_(tensor.to(target[name].device, target[name].dtype))
+        return
+    backend.sync_weights(unwrapped)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The trainer
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class Trainer:
+    """GRPO + LLDS learner. Build with a validated Config; ``run()`` trains ``trainer.total_steps`` steps."""
+
+    def __init__(self, cfg: Config, *, run_dir: str | Path | None = None, retriever: Any = None,
+                 world_dir: str | Path | None = None):
+        self.cfg = cfg
+        tc = cfg.trainer
+        self.accelerator = make_accelerator(cfg)
+        acc = self.accelerator
+        self.rank, self.world_size = acc.process_index, acc.num_processes
+        if tc.train_batch_size % self.world_size or tc.ppo_mini_batch_size % self.world_size:
+            raise ValueError(
+                f"trainer.train_batch_size ({tc.train_batch_size}) and trainer.ppo_mini_batch_size "
+                f"({tc.ppo_mini_batch_size}) must be divisible by the number of processes ({self.world_size})"
+            )
+        self.run_dir = Path(run_dir) if run_dir else self._default_run_dir()
+        self.world_dir = Path(world_dir) if world_dir else resolve_world(cfg)
+        seed_everything(tc.seed)
+        model, self.tokenizer = load_policy_and_tokenizer(cfg, self.world_dir)
+        self.ref_model = None
+        if cfg.algorithm.kl_coef > 0:
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False).to(acc.device)
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=tc.lr, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: lr_factor(s, tc.total_steps, tc.warmup_ratio, tc.lr_schedule)
+        )
+        if is_deepspeed(acc):
+            plugin = acc.state.deepspeed_plugin
+            plugin.deepspeed_config["gradient_clipping"] = tc.grad_clip
+            plugin.deepspeed_config["gradient_accumulation_steps"] = 1
+            plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = 1
+        self.model, self.optimizer = acc.prepare(model, optimizer)
+        self.scheduler = scheduler  # stepped by us once per training step (not prepared: no per-process rescaling)
+        self.retriever = retriever if retriever is not None else self._make_retriever()
+        self.backend = make_backend(cfg, acc.unwrap_model(self.model), self.tokenizer, policy_path(cfg, self.world_dir))
+        self.train_rows = load_train_rows(cfg, self.world_dir)
+        self.sampler = PromptSampler(self.train_rows, tc.train_batch_size, tc.seed, cfg.data.shuffle)
+        self.detector = PhaseDetector()
+        self.probe = ProbeSet(tc.probe_size)
+        self.step = 0
+        self.skipped_steps = 0
+        self.history: list[dict[str, Any]] = []
+        self._last_phase = "healthy"
+        self.llds_warning = self._llds_noop_warning()
+        if self.llds_warning and acc.is_main_process:
+            warnings.warn(self.llds_warning)
+
+    # ---------------------------------------------------------------- set-up helpers
+    def _default_run_dir(self) -> Path:
+        name = self.cfg.trainer.run_name or f"{self.cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        return Path(self.cfg.trainer.output_dir) / name
+
+    def _make_retriever(self):
+        from retriever import make_retriever
+
+        default = (self.world_dir / "index") if self.world_dir else None
+        return make_retriever(self.cfg.retriever, default_index_dir=default)
+
+    def _llds_noop_warning(self) -> str | None:
+        a, t = self.cfg.algorithm, self.cfg.trainer
+        if a.llds.enabled and a.llds.lam > 0 and t.ppo_epochs == 1 and t.ppo_mini_batch_size == t.train_batch_size:
+            return (
+                "LLDS is enabled but is a permanent no-op: ppo_epochs == 1 and one mini-batch per rollout batch means "
+                "logp_new == logp_old at every update. Use ppo_epochs > 1 or ppo_mini_batch_size < train_batch_size."
+            )
+        return None
+
+    # ---------------------------------------------------------------- log-probs
+    def _forward_logp(self, model: torch.nn.Module, rows: dict[str, Any], compute_entropy: bool):
+        """Token log-probs [b, t] (and entropy) of rows' responses: log_softmax(logits / temperature)."""
+        dev = self.accelerator.device
+        out = model(
+            input_ids=rows["input_ids"][:, :-1].to(dev),
+            attention_mask=rows["attention_mask"][:, :-1].to(dev),
+            position_ids=rows["position_ids"][:, :-1].to(dev),
+            use_cache=False,
+        )
+        p = rows["p"]
+        logits = out.logits[:, p - 1 :]
+        return logprobs.chunked_logprobs_entropy(
+            logits, rows["responses"].to(dev), chunk_size=self.cfg.trainer.logprob_chunk_size,
+            temperature=self.cfg.rollout.temperature if self.cfg.rollout.temperature > 0 else 1.0,
+            compute_entropy=compute_entropy,
+        )
+
+    @torch.no_grad()
+    def batch_logp(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        """[B, T] token log-probs of a whole TrajectoryBatch (micro-batched, no grad), on CPU."""
+        was_training = model.training
+        model.eval()
+        B, T = batch.responses.shape
+        out = torch.zeros(B, T)
+        lengths = batch.attention_mask.sum(1).tolist()
+        for mb in micro_batches_by_tokens(lengths, range(B), self.cfg.trainer.micro_batch_token_budget):
+            rows = select_rows(batch, mb)
+            lp, _ = self._forward_logp(model, rows, compute_entropy=False)
+            out[torch.as_tensor(mb)] = pad_cols(lp.float().cpu(), T)
+        model.train(was_training)
+        return out * batch.response_mask
+
+    def _probe_logp(self, trajectories: list[Any]):
+        from searchr1_lld.rollout.types import to_batch
+
+        batch = to_batch(trajectories, self.tokenizer.pad_token_id)
+        return self.batch_logp(self.model, batch), batch.response_mask
+
+    # ---------------------------------------------------------------- rollout
+    def rollout(self, rows: list[dict], *, greedy: bool = False, n: int | None = None,
+                rollout_cfg: RolloutConfig | None = None) -> list[Any]:
+        from searchr1_lld.rollout.agent_loop import run_agent_loop
+
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        was_training = unwrapped.training
+        unwrapped.eval()
+        with torch.no_grad():
+            trajs = run_agent_loop(
+                rows, backend=self.backend, tokenizer=self.tokenizer, retriever=self.retriever,
+                cfg=rollout_cfg or self.cfg.rollout, n=self.cfg.rollout.n if n is None else n, greedy=greedy,
+                template=self.cfg.data.prompt_template, progress=False,
+            )
+        unwrapped.train(was_training)
+        return trajs
+
+    # ---------------------------------------------------------------- one step
+    def train_step(self) -> dict[str, Any]:
+        """One GRPO(+LLDS) step: rollout, advantages, ppo_epochs x mini-batches of updates, monitor. Returns metrics."""
+        from searchr1_lld.rollout.types import to_batch
+
+        cfg, acc, tc, alg = self.cfg, self.accelerator, self.cfg.trainer, self.cfg.algorithm
+        seed_everything(step_seed(tc.seed, self.step, self.rank, self.world_size))
+        t0 = time.time()
+        prompts = self.sampler.next_batch()[self.rank :: self.world_size]
+        trajs = self.rollout(prompts)
+        t_rollout = time.time() - t0
+        batch = to_batch(trajs, self.tokenizer.pad_token_id)
+        B = len(trajs)
+        metrics: dict[str, Any] = {**rollout_metrics(trajs)}
+
+        # advantages, old / reference log-probs
+        advantages = adv_fns.grpo_outcome_advantages(
+            batch.rewards, batch.group_ids, eps=alg.adv_eps, norm_by_std=alg.norm_adv_by_std
+        )
+        logp_old = self.batch_logp(self.model, batch)
+        logp_ref = self.batch_logp(self.ref_model, batch) if self.ref_model is not None else None
+        if batch.has_engine_logprobs:
+            metrics["rollout/engine_learner_logp_gap"] = engine_learner_gap(
+                batch.engine_logprobs, logp_old, batch.response_mask, torch.ones(B, dtype=torch.bool)
+            )
+        lam_answer = None
+        if alg.llds.ma == "fixed":
+            lam_answer = alg.llds.lam_answer
+        elif alg.llds.ma == "adaptive":
+            mean_vs = float(acc.reduce(batch.valid_searches.float().mean().to(acc.device), "mean"))
+            lam_answer = llds.adaptive_lam_answer(alg.llds.lam_answer, mean_vs)
+        if alg.llds.enabled and lam_answer is not None:
+            metrics["llds/lam_answer_effective"] = min(lam_answer, alg.llds.lam)
+
+        # updates
+        sums: dict[str, float] = {}
+        tokens_seen = 0.0
+        grad_norms: list[float] = []
+        skipped = 0
+        lengths = batch.attention_mask.sum(1).tolist()
+        group_of = batch.group_ids.tolist()
+        groups = sorted(set(group_of))
+        mini_prompts = tc.ppo_mini_batch_size // self.world_size
+        gen = torch.Generator().manual_seed(step_seed(tc.seed, self.step, self.rank, self.world_size))
+        self.model.train()
+        for _epoch in range(tc.ppo_epochs):
+            perm = [groups[i] for i in torch.randperm(len(groups), generator=gen).tolist()]
+            for start in range(0, len(perm), mini_prompts):
+                chosen = set(perm[start : start + mini_prompts])
+                rows_idx = [i for i in range(B) if group_of[i] in chosen]
+                mini_tokens = float(batch.response_mask[rows_idx].sum())
+                mini_seqs = float((batch.response_mask[rows_idx].sum(1) > 0).sum())
+                micro = micro_batches_by_tokens(lengths, rows_idx, tc.micro_batch_token_budget)
+                for k, mb in enumerate(micro):
+                    last = k == len(micro) - 1
+                    m_metrics, n_tok = self._micro_step(batch, mb, advantages, logp_old, logp_ref, lam_answer,
+                                                        mini_tokens, mini_seqs, last)
+                    tokens_seen += n_tok
+                    for key, v in m_metrics.items():
+                        sums[key] = sums.get(key, 0.0) + v
+                gn, ok = self._optimizer_step()
+                grad_norms.append(gn)
+                skipped += int(not ok)
+        self.scheduler.step()
+        self.skipped_steps += skipped
+
+        # monitor: likelihoods after the step's updates
+        logp_new = self.batch_logp(self.model, batch)
+        metrics.update(likelihood_metrics(logp_old, logp_new, batch.response_mask, batch.rewards))
+        firsts = [first_action_ids(t.response_ids, t.response_mask) for t in trajs]
+        metrics["lld/shared_first_action_frac"] = shared_first_action_fraction(
+            firsts, [t.reward for t in trajs], [t.group_id for t in trajs]
+        )
+        tok = max(tokens_seen, 1.0)
+        for key in ("actor/entropy", "actor/pg_clip_frac", "actor/approx_kl", "actor/kl_ref", "actor/pg_loss",
+                    "llds/active_token_frac", "llds/mean_penalty"):
+            if key in sums:
+                metrics[key] = sums[key] / tok  # token-weighted mean over all micro-batches of the step
+        if "llds/loss_sum" in sums:
+            metrics["llds/loss"] = sums["llds/loss_sum"] / max(len(grad_norms), 1)  # mean LLDS loss per update
+        if "llds/gated_responses" in sums:
+            metrics["llds/gated_responses_frac"] = sums["llds/gated_responses"] / max(sums["llds/responses"], 1.0)
+            metrics["llds/gated_actions_frac"] = sums["llds/gated_actions"] / max(sums["llds/total_actions"], 1.0)
+        finite_norms = [g for g in grad_norms if math.isfinite(g)]
+        metrics["actor/grad_norm"] = max(finite_norms) if finite_norms else float("nan")
+        metrics["actor/grad_norm_mean"] = sum(finite_norms) / len(finite_norms) if finite_norms else float("nan")
+        metrics["actor/updates"] = float(len(grad_norms))
+        metrics["actor/skipped_updates"] = float(skipped)
+        metrics["actor/skipped_updates_total"] = float(self.skipped_steps)
+        metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
+        metrics["time/rollout_s"] = t_rollout
+        metrics["time/step_s"] = time.time() - t0
+
+        # probe set, phase
+        self.probe.offer(trajs)
+        if tc.probe_every and (self.step + 1) % tc.probe_every == 0:
+            metrics.update(self.probe.measure(self._probe_logp))
+        metrics = self._reduce_metrics(metrics)
+        report = self.detector.update(metrics)
+        metrics["phase/name"] = report.phase
+        metrics["phase/id"] = float(PHASE_ID[report.phase])
+        self._phase_report = report
+
+        sync_weights_to_engine(acc, self.model, self.backend)
+        self.step += 1
+        return metrics
+
+    def _micro_step(self, batch, mb, advantages, logp_old, logp_ref, lam_answer, mini_tokens, mini_seqs, last):
+        """Forward + backward of one micro-batch; every term normalised by the mini-batch totals."""
+        cfg, acc, alg = self.cfg, self.accelerator, self.cfg.algorithm
+        rows = select_rows(batch, mb)
+        t = rows["responses"].shape[1]
+        dev = acc.device
+        idx = torch.as_tensor(mb)
+        mask = rows["response_mask"].to(dev)
+        old = logp_old[idx][:, :t].to(dev)
+        adv = advantages[idx].to(dev)
+        with self._sync_context(last):
+            logp_new, entropy = self._forward_logp(self.model, rows, compute_entropy=True)
+            loss_fn = policy_loss.gspo_loss if alg.policy_loss == "gspo" else policy_loss.ppo_clip_loss
+            clip_low = alg.clip_low if alg.clip_low is not None else alg.clip_eps
+            clip_high = alg.clip_high if alg.clip_high is not None else alg.clip_eps
+            pg, pg_m = loss_fn(logp_new, old, adv, mask, clip_low=clip_low, clip_high=clip_high,
+                               dual_clip=alg.dual_clip, agg_mode=alg.loss_agg_mode)
+            n_tok = float(mask.sum())
+            # normalise the micro-batch aggregate by the mini-batch total (exact accumulation of the mini-batch mean)
+            if alg.loss_agg_mode == "token-mean":
+                share = n_tok / max(mini_tokens, 1.0)
+                denom = max(mini_tokens, 1.0)
+            else:
+                share = float((mask.sum(1) > 0).sum()) / max(mini_seqs, 1.0)
+                denom = max(mini_seqs, 1.0)
+            loss = pg * share
+            ent = aggregation.aggregate(entropy, mask, alg.loss_agg_mode, denominator=denom)
+            if alg.entropy_coef:
+                loss = loss - alg.entropy_coef * ent
+            kl_val = None
+            if logp_ref is not None:
+                ref = logp_ref[idx][:, :t].to(dev)
+                kl_val = aggregation.aggregate(kl.kl_penalty(logp_new, ref, alg.kl_type), mask, alg.loss_agg_mode,
+                                               denominator=denom)
+                loss = loss + alg.kl_coef * kl_val
+            llds_m: dict[str, float] = {}
+            if alg.llds.enabled and alg.llds.lam > 0:
+                l_llds, llds_m = llds.llds_loss(
+                    logp_new, old, adv, mask, gate=alg.llds.gate, lam=alg.llds.lam, tau=alg.llds.tau,
+                    answer_mask=rows["answer_mask"].to(dev) if lam_answer is not None else None,
+                    lam_answer=lam_answer, denominator=max(mini_tokens, 1.0),
+                )
+                loss = loss + l_llds
+            self._backward(loss, last)
+        out = {
+            "actor/pg_loss": pg_m["pg_loss"] * n_tok,
+            "actor/pg_clip_frac": pg_m["pg_clip_frac"] * n_tok,
+            "actor/approx_kl": pg_m["approx_kl"] * n_tok,
+            "actor/entropy": float(aggregation.masked_mean(entropy.detach(), mask)) * n_tok,
+        }
+        if kl_val is not None:
+            out["actor/kl_ref"] = float(aggregation.masked_mean(kl.kl_penalty(logp_new.detach(), ref, alg.kl_type), mask)) * n_tok
+        if llds_m:
+            out["llds/active_token_frac"] = llds_m["llds/active_token_frac"] * n_tok
+            out["llds/mean_penalty"] = llds_m["llds/mean_penalty"] * n_tok
+            out["llds/loss_sum"] = llds_m["llds/loss"]  # mini-batch normalised: sums to the mini-batch loss
+            out["llds/gated_responses"] = llds_m["llds/gated_responses"]
+            out["llds/gated_actions"] = llds_m["llds/gated_actions"]
+            out["llds/total_actions"] = llds_m["llds/total_actions"]
+            out["llds/responses"] = float(len(mb))
+        return out, n_tok
+
+    def _sync_context(self, last: bool):
+        """No gradient all-reduce on non-final micro-batches (DDP); DeepSpeed handles it via the boundary flag."""
+        import contextlib
+
+        if self.world_size > 1 and not last and not is_deepspeed(self.accelerator):
+            return self.accelerator.no_sync(self.model)
+        return contextlib.nullcontext()
+
+    def _backward(self, loss: torch.Tensor, last: bool) -> None:
+        acc = self.accelerator
+        if is_deepspeed(acc):
+            acc.gradient_state._set_sync_gradients(last)  # engine.step() only at the mini-batch boundary
+        acc.backward(loss)
+
+    def _optimizer_step(self) -> tuple[float, bool]:
+        """Grad norm before clipping; skip non-finite; else clip + step. Returns (norm, applied)."""
+        acc, tc = self.accelerator, self.cfg.trainer
+        if is_deepspeed(acc):
+            # the engine clipped and stepped at the boundary backward; it reports the pre-clip norm
+            gn = acc.clip_grad_norm_(self.model.parameters(), tc.grad_clip)
+            gn = float(gn) if gn is not None else float("nan")
+            self.optimizer.zero_grad()
+            return gn, math.isfinite(gn)
+        grad_norm = acc.clip_grad_norm_(self.model.parameters(), tc.grad_clip)  # total norm before clipping
+        gn = float(grad_norm)
+        if not math.isfinite(gn):
+            self.optimizer.zero_grad(set_to_none=True)
+            return gn, False
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return gn, True
+
+    def _reduce_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Mean of float metrics over processes (NaN-aware is not attempted: NaN on any rank stays NaN)."""
+        if self.world_size == 1:
+            return metrics
+        keys = sorted(k for k, v in metrics.items() if isinstance(v, float))
+        vals = torch.tensor([metrics[k] for k in keys], device=self.accelerator.device)
+        vals = self.accelerator.reduce(vals, "mean")
+        return {**metrics, **{k: float(v) for k, v in zip(keys, vals.tolist())}}
+
+    # ---------------------------------------------------------------- evaluation
+    def evaluate(self, rows: list[dict], desc: str = "eval") -> dict[str, float]:
+        """Greedy EM on ``rows`` through the agent loop (eval.max_turns, eval.topk); rows sharded over processes."""
+        if not rows:
+            return {}
+        rc = dataclasses.replace(self.cfg.rollout, max_turns=self.cfg.eval.max_turns, topk=self.cfg.eval.topk)
+        mine = rows[self.rank :: self.world_size]
+        rewards: list[float] = []
+        hops: list[int] = []
+        bs = self.cfg.eval.batch_size
+        for start in range(0, len(mine), bs):
+            trajs = self.rollout(mine[start : start + bs], greedy=True, n=1, rollout_cfg=rc)
+            rewards += [float(t.reward) for t in trajs]
+            hops += [int((t.row.get("metadata") or {}).get("hops", 0)) for t in trajs]
+        totals = torch.tensor([sum(rewards), float(len(rewards))], device=self.accelerator.device)
+        if self.world_size > 1:
+            totals = self.accelerator.reduce(totals, "sum")
+        return {"em": float(totals[0] / totals[1].clamp(min=1)), "n": float(totals[1])}
+
+    # ---------------------------------------------------------------- checkpoints
+    def save(self) -> Path:
+        state = {
+            "data": self.sampler.state(),
+            "skipped_steps": self.skipped_steps,
+            "history": self.detector.history,
+            "probe": [dataclasses.asdict(t) for t in self.probe.trajectories],
+        }
+        return ckpt.save_checkpoint(
+            self.run_dir, self.step, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+            trainer_state=state, accelerator=self.accelerator, keep_last_k=self.cfg.trainer.keep_last_k,
+        )
+
+    def maybe_resume(self) -> Path | None:
+        path = ckpt.resolve_resume(self.cfg.trainer.resume, self.run_dir)
+        if path is None:
+            return None
+        from searchr1_lld.rollout.types import Trajectory
+
+        state = ckpt.load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                                     accelerator=self.accelerator)
+        self.step = int(state["step"])
+        self.sampler.load_state(state["data"])
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        self.detector.history = list(state.get("history", []))
+        self.probe.trajectories = [Trajectory(**{**t, "action_spans": [tuple(s) for s in t["action_spans"]]})
+                                   for t in state.get("probe", [])]
+        sync_weights_to_engine(self.accelerator, self.model, self.backend)
+        return path
+
+    # ---------------------------------------------------------------- the loop
+    def run(self, *, evaluate: bool = True) -> RunResult:
+        cfg, acc, tc = self.cfg, self.accelerator, self.cfg.trainer
+        main = acc.is_main_process
+        if main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, self.run_dir / "config.yaml")
+        resumed = self.maybe_resume()
+        tracker = Tracker(self.run_dir, cfg.logging, cfg.to_dict(), total_steps=tc.total_steps,
+                          start_step=self.step, enabled=main)
+        if resumed is not None:
+            tracker.write(f"resumed from {resumed} at step {self.step}")
+        if self.llds_warning:
+            tracker.write(f"WARNING: {self.llds_warning}")
+        test_rows = load_test_rows(cfg, self.world_dir)
+        if tc.eval_limit:
+            test_rows = test_rows[: tc.eval_limit]
+        em_before = em_after = None
+        before_path = self.run_dir / "eval_before.json"
+        if evaluate and test_rows:
+            if before_path.is_file():
+                em_before = json.loads(before_path.read_text())["em"]
+            else:
+                em_before = self.evaluate(test_rows)["em"]
+                if main:
+                    before_path.write_text(json.dumps({"em": em_before, "n": len(test_rows)}))
+            tracker.write(f"test EM before training: {em_before:.4f} ({len(test_rows)} questions)")
+        last_metrics: dict[str, Any] = {}
+        while self.step < tc.total_steps:
+            metrics = self.train_step()
+            if tc.eval_every and evaluate and test_rows and self.step % tc.eval_every == 0 and self.step < tc.total_steps:
+                metrics["eval/em"] = self.evaluate(test_rows)["em"]
+            tracker.log(self.step, metrics)
+            self.history.append({"step": self.step, **metrics})
+            last_metrics = metrics
+            report = self._phase_report
+            if report.phase != self._last_phase:
+                tracker.write(f"step {self.step}: phase {self._last_phase} -> {report.phase}: {'; '.join(report.reasons)}")
+                self._last_phase = report.phase
+            if report.warning:
+                tracker.write(f"step {self.step}: {report.warning}")
+            if tc.save_every and self.step % tc.save_every == 0 and self.step < tc.total_steps:
+                self.save()
+        if tc.save_every or tc.resume != "never":
+            if not ckpt.latest_checkpoint(self.run_dir) or ckpt.latest_checkpoint(self.run_dir).name != f"step_{self.step:06d}":
+                self.save()
+        table = ""
+        if evaluate and test_rows:
+            em_after = self.evaluate(test_rows)["em"]
+            table = eval_table(em_before, em_after, len(test_rows))
+            if main:
+                (self.run_dir / "eval.md").write_text(table + "\n")
+                (self.run_dir / "eval.json").write_text(json.dumps({"em_before": em_before, "em_after": em_after,
+                                                                    "n": len(test_rows)}))
+            tracker.write(table)
+        if main and self.skipped_steps:
+            tracker.write(f"skipped {self.skipped_steps} updates with non-finite gradients")
+        tracker.close()
+        return RunResult(run_dir=self.run_dir, steps=self.step, final_metrics=last_metrics, em_before=em_before,
+                         em_after=em_after, skipped_steps=self.skipped_steps, eval_table=table, history=self.history)
+
+
+def eval_table(em_before: float | None, em_after: float | None, n: int) -> str:
+    """Markdown before/after EM table."""
+    fmt = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
+    delta = "-" if em_before is None or em_after is None else f"{em_after - em_before:+.4f}"
+    return "\n".join([
+        f"| test EM (n={n}) | before | after | change |",
+        "| --- | --- | --- | --- |",
+        f"| synthetic world | {fmt(em_before)} | {fmt(em_after)} | {delta} |",
+    ])
+
+
+def train(cfg: Config, *, run_dir: str | Path | None = None, retriever: Any = None, evaluate: bool = True) -> RunResult:
+    """Train with ``cfg`` (validated Config) and return a :class:`RunResult`. The lab and the demo call this."""
+    cfg.validate()
+    trainer = Trainer(cfg, run_dir=run_dir, retriever=retriever)
+    return trainer.run(evaluate=evaluate)

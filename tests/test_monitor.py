@@ -1,0 +1,132 @@
+"""LLD monitor: hand-computed likelihood metrics, shared first actions, and the phase detector on synthetic series."""
+
+import math
+
+import pytest
+import torch
+
+from searchr1_lld.monitor import (
+    PhaseDetector,
+    ProbeSet,
+    engine_learner_gap,
+    first_action_ids,
+    likelihood_metrics,
+    linear_slope,
+    shared_first_action_fraction,
+)
+
+
+def test_likelihood_metrics_hand_computed():
+    # 3 responses, T = 3; rows 0, 1 correct, row 2 incorrect; last token of row 1 is an observation (mask 0)
+    logp_old = torch.tensor([[-1.0, -1.0, -1.0], [-2.0, -2.0, -9.0], [-0.5, -0.5, -0.5]])
+    logp_new = torch.tensor([[-0.5, -1.0, -1.0], [-2.5, -2.0, -0.0], [-1.5, -0.5, -0.5]])
+    mask = torch.tensor([[1.0, 1, 1], [1, 1, 0], [1, 1, 1]])
+    rewards = torch.tensor([1.0, 1.0, 0.0])
+    m = likelihood_metrics(logp_old, logp_new, mask, rewards)
+    # correct: old sums -3, -4 over 5 tokens; new sums -2.5, -4.5
+    assert m["lld/correct_logp_old_per_token"] == pytest.approx(-7 / 5)
+    assert m["lld/correct_logp_new_per_token"] == pytest.approx(-7 / 5)
+    assert m["lld/correct_logp_old_per_response"] == pytest.approx(-3.5)
+    assert m["lld/correct_delta_per_response"] == pytest.approx((0.5 - 0.5) / 2)
+    assert m["lld/rate"] == pytest.approx(0.5)  # row 1 has Delta = -0.5 <= 0
+    assert m["lld/incorrect_delta_per_token"] == pytest.approx(-1.0 / 3)
+    assert m["lld/num_correct"] == 2 and m["lld/num_incorrect"] == 1
+
+
+def test_likelihood_metrics_no_correct_is_nan_and_shapes_checked():
+    z = torch.zeros(2, 3)
+    m = likelihood_metrics(z, z, torch.ones(2, 3), torch.zeros(2))
+    assert math.isnan(m["lld/rate"]) and math.isnan(m["lld/correct_logp_old_per_token"])
+    with pytest.raises(ValueError):
+        likelihood_metrics(z, torch.zeros(2, 4), torch.ones(2, 3), torch.zeros(2))
+
+
+def test_first_action_and_shared_fraction():
+    assert first_action_ids([5, 6, 7, 8, 9], [0, 1, 1, 0, 1]) == (6, 7)
+    assert first_action_ids([5], [0]) == ()
+    firsts = [(1, 2), (1, 2), (3,), (1, 2), (4,)]
+    rewards = [1.0, 0.0, 0.0, 0.0, 0.0]
+    groups = [0, 0, 0, 1, 1]  # group 1 has no correct response: not counted
+    assert shared_first_action_fraction(firsts, rewards, groups) == pytest.approx(0.5)
+    assert math.isnan(shared_first_action_fraction([(1,)], [0.0], [0]))
+
+
+def test_engine_learner_gap():
+    eng = torch.tensor([[-1.0, -2.0], [0.0, 0.0]])
+    lrn = torch.tensor([[-1.5, -2.0], [-3.0, -3.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 1.0]])
+    assert engine_learner_gap(eng, lrn, mask, torch.tensor([True, False])) == pytest.approx(0.25)
+    assert math.isnan(engine_learner_gap(eng, lrn, mask, torch.tensor([False, False])))
+
+
+def test_linear_slope():
+    assert linear_slope([1.0, 3.0, 5.0]) == pytest.approx(2.0)
+    assert linear_slope([1.0, float("nan"), 5.0]) == pytest.approx(2.0)
+    assert math.isnan(linear_slope([1.0]))
+
+
+def _series(n, reward, logp, grad, ent):
+    return [{"reward/em_mean": reward(i), "lld/correct_logp_old_per_token": logp(i), "actor/grad_norm": grad(i),
+             "actor/entropy": ent(i)} for i in range(n)]
+
+
+def _final(history):
+    det = PhaseDetector()
+    report = None
+    for h in history:
+        report = det.update(h)
+    return report
+
+
+def test_phase_healthy():
+    r = _final(_series(10, lambda i: 0.2 + 0.02 * i, lambda i: -1.0 + 0.05 * i, lambda i: 1.0, lambda i: 1.0))
+    assert r.phase == "healthy" and r.warning is None
+
+
+def test_phase_early_stagnation():
+    r = _final(_series(10, lambda i: 0.2 + 0.02 * i, lambda i: -1.0 + 0.001 * (i % 2), lambda i: 1.0, lambda i: 1.0))
+    assert r.phase == "early_stagnation"
+    assert r.evidence["reward_slope"] == pytest.approx(0.02)
+
+
+def test_phase_steady_decay_with_early_warning():
+    r = _final(_series(10, lambda i: 0.2 + 0.02 * i, lambda i: -1.0 - 0.05 * i, lambda i: 1.0, lambda i: 1.0))
+    assert r.phase == "steady_decay"
+    assert r.warning is not None and "early warning" in r.warning
+    assert r.evidence["logp_slope"] == pytest.approx(-0.05)
+
+
+def test_phase_accelerated_collapse():
+    def reward(i):
+        return 0.2 + 0.05 * i if i < 8 else 0.05
+
+    def logp(i):
+        return -1.0 - 0.05 * i if i < 8 else -3.0
+
+    def grad(i):
+        return 1.0 if i < 8 else 20.0
+
+    r = _final(_series(12, reward, logp, grad, lambda i: 1.0 if i < 8 else 4.0))
+    assert r.phase == "accelerated_collapse"
+    assert r.evidence["grad_norm_ratio"] >= 5.0
+    assert any("grad norm" in s for s in r.reasons)
+
+
+def test_phase_too_few_points_is_not_a_trend():
+    r = _final(_series(2, lambda i: 0.1 * i, lambda i: -float(i), lambda i: 1.0, lambda i: 1.0))
+    assert r.phase == "healthy" and "no trend" in r.reasons[0]
+
+
+class _T:
+    def __init__(self, rid, reward):
+        self.row, self.reward = {"id": rid}, reward
+
+
+def test_probe_set_keeps_first_correct_and_measures():
+    probe = ProbeSet(2)
+    probe.offer([_T("a", 0.0), _T("b", 1.0), _T("b", 1.0)])
+    probe.offer([_T("c", 1.0), _T("d", 1.0)])
+    assert [t.row["id"] for t in probe.trajectories] == ["b", "c"]
+    out = probe.measure(lambda trajs: (torch.tensor([[-1.0, -3.0], [-2.0, 0.0]]), torch.tensor([[1.0, 1.0], [1.0, 0.0]])))
+    assert out["probe/logp_per_token"] == pytest.approx(-6 / 3)
+    assert out["probe/logp_per_response"] == pytest.approx(-3.0)
