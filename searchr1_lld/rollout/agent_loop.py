@@ -39,7 +39,7 @@ from typing import Any, Optional
 from tqdm.auto import tqdm
 
 from searchr1_lld import prompts as P
-from searchr1_lld.algo.spans import action_span_list, answer_span_list
+from searchr1_lld.algo.spans import action_span_list, answer_span_mask_list
 from searchr1_lld.config import RolloutConfig
 from searchr1_lld.rewards import exact_match, extract_answer
 from searchr1_lld.rollout.backends.base import GenerationBackend, GenerationOutput, eos_token_ids
@@ -315,20 +315,28 @@ _warned_span_fallback = False
 
 
 def _finalize(state: _State, tokenizer: Any, answer_open: list[list[int]], answer_close: list[list[int]]) -> None:
-    """Masks, spans, prediction (from the final answer span's generated ids) and the EM reward."""
+    """Masks, spans, prediction (from the final answer span's generated ids) and the EM reward.
+
+    The answer span is searched in the final turn's generated ids only (the turn that closed the answer and ended
+    the trajectory), so an unclosed ``<answer>`` in an earlier turn cannot pair across an observation.
+    """
     global _warned_span_fallback
     traj = state.traj
-    span = answer_span_list(traj.response_ids, traj.response_mask, answer_open, answer_close)
     traj.answer_mask = [0] * len(traj.response_ids)
-    if span is not None:
-        traj.answer_mask[span[0] : span[1]] = [1] * (span[1] - span[0])
-        traj.prediction = extract_answer(_decode(tokenizer, traj.response_ids[span[0] : span[1]]))
-    elif traj.finish_reason == "answer":
-        # the turn text had a closed answer but its tags tokenised unusually: read the answer from that turn's text
-        traj.prediction = extract_answer(_decode(tokenizer, state.last_turn_ids))
-        if not _warned_span_fallback:
-            warnings.warn("answer tags not found as token ids in a generated answer; answer_mask is empty for it")
-            _warned_span_fallback = True
+    if traj.finish_reason == "answer":
+        last = state.last_turn_ids
+        offset = len(traj.response_ids) - len(last)  # nothing is appended after an answer
+        last_mask = answer_span_mask_list(last, [1] * len(last), answer_open, answer_close)
+        if any(last_mask):
+            traj.answer_mask[offset:] = last_mask
+            start, end = offset + last_mask.index(1), offset + len(last_mask) - last_mask[::-1].index(1)
+            traj.prediction = extract_answer(_decode(tokenizer, traj.response_ids[start:end]))
+        else:
+            # the turn text had a closed answer but its tags tokenised unusually: read it from the turn's text
+            traj.prediction = extract_answer(_decode(tokenizer, last))
+            if not _warned_span_fallback:
+                warnings.warn("answer tags not found as token ids in a generated answer; answer_mask is empty for it")
+                _warned_span_fallback = True
     traj.action_spans = action_span_list(traj.response_mask)
     traj.reward = exact_match(traj.prediction, traj.row.get("golden_answers", []))
     traj.response_text = _decode(tokenizer, traj.response_ids)
