@@ -74,9 +74,10 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _ensure_world(world_dir: Path, cfg: Any) -> None:
-    if not (world_dir / "qa" / "test.jsonl").is_file():
-        from data.build_world import ensure_world
+    """Build the synthetic world (data.world config) when WORLD_DIR has none; an existing world is used as it is."""
+    from data.build_world import ensure_world, read_card
 
+    if read_card(world_dir) is None:
         print(f"building the synthetic world in {world_dir} ...", file=sys.stderr)
         ensure_world(world_dir, cfg.data.world)
 
