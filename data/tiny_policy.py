@@ -1,0 +1,422 @@
+"""The tiny policy of the synthetic world: a BPE tokenizer and a warm-started Qwen2 causal LM of a few million params.
+
+Tokenizer
+    Byte-level BPE trained with ``tokenizers`` on the world's corpus and rendered prompts/observations, with *Qwen's
+    own* pre-tokenisation (regex split, byte-level without its own regex, NFC) so that ``AutoTokenizer`` -- which
+    rebuilds a ``Qwen2Tokenizer`` from vocab + merges with exactly that pipeline -- gives identical ids after reload.
+    The 8 tags of ``prompts.TAG_TOKENS`` are single *added, non-special* tokens (``skip_special_tokens`` keeps them);
+    ``<|endoftext|>`` is eos, ``<|pad|>`` is pad.
+
+Model
+    ``Qwen2ForCausalLM`` from ``Qwen2Config`` (sizes in ``WorldConfig``), warm-started by a short supervised phase on
+    sampled trajectories of mixed quality (correct searches + answers, searches for the wrong entity, answers without
+    searching, stopping after the first hop, malformed turns), rendered exactly as the rollout builds them:
+    ``render_prompt`` ids, then generated segments and ``format_observation`` / ``INVALID_ACTION_MESSAGE`` blocks
+    tokenised *separately* and concatenated. The loss covers only generated segments (never prompt or observations).
+    Like a real base model it then follows the protocol often but not always, and answers correctly only sometimes.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from searchr1_lld.config import WorldConfig
+from searchr1_lld.prompts import (
+    INVALID_ACTION_MESSAGE,
+    TAG_TOKENS,
+    format_observation,
+    render_prompt,
+)
+
+EOS_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<|pad|>"
+
+SearchFn = Callable[[list[str], int], list[list[dict]]]  # retriever.search(queries, topk)
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tokenizer
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def train_tokenizer(texts: list[str], vocab_size: int, out_dir: str | Path | None = None):
+    """Train the byte-level BPE tokenizer on ``texts``; return it as a ``Qwen2Tokenizer`` (saved to ``out_dir``).
+
+    Pre-tokenisation is Qwen2's (``PRETOKENIZE_REGEX`` split + ByteLevel(use_regex=False) + NFC): the class
+    ``AutoTokenizer`` picks for this directory rebuilds exactly this pipeline, so ids survive save/load.
+    """
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
+    from tokenizers.models import BPE
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
+
+    if vocab_size < 256 + 2 + len(TAG_TOKENS):
+        raise ValueError(f"tokenizer_vocab_size must be >= {256 + 2 + len(TAG_TOKENS)} (byte alphabet + specials)")
+    tok = Tokenizer(BPE(unk_token=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False,
+                        byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(TAG_TOKENS), special_tokens=[EOS_TOKEN, PAD_TOKEN],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
+    hf_tok = Qwen2Tokenizer(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, unk_token=None)
+    check_tokenizer(hf_tok)
+    if out_dir is not None:
+        hf_tok.save_pretrained(str(out_dir))
+    return hf_tok
+
+
+def check_tokenizer(tokenizer) -> None:
+    """Raise if a tag is not one non-special token or eos/pad are missing."""
+    if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
+        raise ValueError("tokenizer needs an eos and a pad token")
+    for tag in TAG_TOKENS:
+        ids = tokenizer.encode(tag, add_special_tokens=False)
+        if len(ids) != 1:
+            raise ValueError(f"tag {tag!r} is not a single token: {ids}")
+        if tag in tokenizer.all_special_tokens:
+            raise ValueError(f"tag {tag!r} must be a non-special added token (skip_special_tokens would drop it)")
+
+
+def tokenizer_training_texts(passages: list[dict], rows: list[dict]) -> list[str]:
+    """Corpus passages, rendered prompts and observation blocks: the text the tokenizer will see in rollouts."""
+    texts = [p["contents"] for p in passages]
+    texts += [render_prompt(r["question"]) for r in rows]
+    texts += [format_observation(passages[i:i + 3]) for i in range(0, len(passages), 3)]
+    texts.append(INVALID_ACTION_MESSAGE)
+    texts += [f"<think> I need to search for {r['metadata']['subject']}. </think>\n<search> "
+              f"{r['metadata']['subject']} </search>" for r in rows]
+    return texts
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    """How the rollout tokenises one piece of text (no special tokens added)."""
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Model
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def make_model(cfg: WorldConfig, tokenizer, max_positions: int = 4096, seed: int | None = None):
+    """A fresh ``Qwen2ForCausalLM`` sized by ``cfg`` for ``tokenizer`` (tied embeddings, fp32)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    if cfg.model_hidden_size % cfg.model_heads:
+        raise ValueError("model_hidden_size must be divisible by model_heads")
+    if cfg.model_heads % cfg.model_kv_heads:
+        raise ValueError("model_heads must be divisible by model_kv_heads")
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=cfg.model_hidden_size, intermediate_size=cfg.model_intermediate_size,
+        num_hidden_layers=cfg.model_layers, num_attention_heads=cfg.model_heads,
+        num_key_value_heads=cfg.model_kv_heads, max_position_embeddings=max_positions, tie_word_embeddings=True,
+        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        rope_theta=10000.0, use_cache=True,
+    )
+    torch.manual_seed(cfg.seed if seed is None else seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Warm-start trajectories
+# ----------------------------------------------------------------------------------------------------------------
+
+ANSWER_TYPE = {
+    "person_birth_year": "year", "company_year": "year", "founder_birth_year": "year",
+    "person_birth_city": "city", "company_hq": "city", "founder_birth_city": "city",
+    "person_occupation": "occupation", "founder_occupation": "occupation",
+    "company_founder": "person", "city_river": "river", "hq_river": "river", "birthplace_river": "river",
+}
+
+# kinds of warm-start trajectories; "correct" has probability cfg.warmstart_quality, the rest share the remainder
+FLAWED_KINDS = {"wrong_search": 0.3, "no_search": 0.25, "one_hop_only": 0.2, "malformed": 0.25}
+
+
+@dataclass
+class Segment:
+    """A piece of a trajectory: text and whether the policy generated it (True) or the environment did (False)."""
+
+    text: str
+    generated: bool
+
+
+@dataclass
+class TrajectoryPlan:
+    """What a sampled warm-start trajectory does; ``queries`` are resolved against the retriever before rendering."""
+
+    row: dict
+    kind: str
+    queries: list[str]
+    answer: str | None
+    malformed_turn: str | None = None
+
+
+def _answer_pools(rows: list[dict]) -> dict[str, list[str]]:
+    pools: dict[str, set[str]] = {}
+    for r in rows:
+        pools.setdefault(ANSWER_TYPE[r["metadata"]["family"]], set()).add(r["golden_answers"][0])
+    return {k: sorted(v) for k, v in pools.items()}
+
+
+def _wrong_answer(rng: random.Random, row: dict, pools: dict[str, list[str]]) -> str:
+    pool = [a for a in pools[ANSWER_TYPE[row["metadata"]["family"]]] if a not in row["golden_answers"]]
+    return rng.choice(pool) if pool else "unknown"
+
+
+def plan_trajectories(rows: list[dict], n: int, quality: float, seed: int) -> list[TrajectoryPlan]:
+    """Sample ``n`` trajectory plans over ``rows`` (share ``quality`` fully correct)."""
+    rng = random.Random(seed)
+    pools = _answer_pools(rows)
+    subjects = sorted({r["metadata"]["subject"] for r in rows})
+    kinds, weights = zip(*FLAWED_KINDS.items())
+    plans = []
+    for _ in range(n):
+        row = rng.choice(rows)
+        meta = row["metadata"]
+        gold = row["golden_answers"][0]
+        hop_queries = [meta["subject"]] + ([meta["bridge"]] if meta["hops"] == 2 else [])
+        kind = "correct" if rng.random() < quality else rng.choices(kinds, weights)[0]
+        if kind == "correct":
+            plans.append(TrajectoryPlan(row, kind, hop_queries, gold))
+        elif kind == "wrong_search":
+            wrong = rng.choice([s for s in subjects if s != meta["subject"]] or subjects)
+            plans.append(TrajectoryPlan(row, kind, [wrong], _wrong_answer(rng, row, pools)))
+        elif kind == "no_search":
+            plans.append(TrajectoryPlan(row, kind, [], _wrong_answer(rng, row, pools)))
+        elif kind == "one_hop_only":
+            answer = meta["bridge"] if meta["hops"] == 2 else _wrong_answer(rng, row, pools)
+            plans.append(TrajectoryPlan(row, kind, [meta["subject"]], answer))
+        else:  # malformed first turn, then the environment's correction, then a correct continuation
+            bad = rng.choice([
+                f"<think> I will look for {meta['subject']}. </think>\nsearch {meta['subject']}",
+                f"<think> I know this. </think>\nThe answer is {_wrong_answer(rng, row, pools)}.",
+                f"<answer> {_wrong_answer(rng, row, pools)}",
+            ])
+            plans.append(TrajectoryPlan(row, kind, hop_queries, gold, malformed_turn=bad))
+    return plans
+
+
+_THINK_FIRST = ["<think> I need to search for {s}. </think>\n", "<think> I should look up {s}. </think>\n"]
+_THINK_BRIDGE = "<think> Now I need to search for {b}. </think>\n"
+_THINK_ANSWER = ["<think> I found the answer. </think>\n", "<think> The documents give the answer. </think>\n"]
+_THINK_GUESS = "<think> I think I know the answer. </think>\n"
+
+
+def render_segments(plan: TrajectoryPlan, hits_of: dict[str, list[dict]], eos: str, rng: random.Random,
+                    template: str = "base", tokenizer: Any = None) -> list[Segment]:
+    """The text pieces of one trajectory, exactly as the rollout would build them."""
+    segs = [Segment(render_prompt(plan.row["question"], template, tokenizer), generated=False)]
+    if plan.malformed_turn is not None:
+        segs.append(Segment(plan.malformed_turn + eos, generated=True))
+        segs.append(Segment(INVALID_ACTION_MESSAGE, generated=False))
+    for hop, query in enumerate(plan.queries):
+        think = rng.choice(_THINK_FIRST).format(s=query) if hop == 0 else _THINK_BRIDGE.format(b=query)
+        segs.append(Segment(f"{think}<search> {query} </search>", generated=True))
+        segs.append(Segment(format_observation(hits_of[query]), generated=False))
+    think = rng.choice(_THINK_ANSWER) if plan.queries else _THINK_GUESS
+    segs.append(Segment(f"{think}<answer> {plan.answer} </answer>{eos}", generated=True))
+    return segs
+
+
+def tokenize_segments(segments: list[Segment], tokenizer) -> tuple[list[int], list[int]]:
+    """(input_ids, loss_mask): each segment tokenised on its own (as the rollout does); mask 1 on generated tokens."""
+    ids: list[int] = []
+    mask: list[int] = []
+    for seg in segments:
+        piece = encode(tokenizer, seg.text)
+        ids += piece
+        mask += [int(seg.generated)] * len(piece)
+    return ids, mask
+
+
+def build_warmstart_examples(rows: list[dict], search: SearchFn, tokenizer, cfg: WorldConfig, topk: int = 3,
+                             seed: int | None = None) -> list[tuple[list[int], list[int]]]:
+    """Sample ``cfg.warmstart_trajectories`` plans, retrieve their queries in one batch, render and tokenise them."""
+    seed = cfg.seed if seed is None else seed
+    plans = plan_trajectories(rows, cfg.warmstart_trajectories, cfg.warmstart_quality, seed)
+    queries = sorted({q for p in plans for q in p.queries})
+    results = search(queries, topk) if queries else []
+    hits_of = dict(zip(queries, results))
+    rng = random.Random(seed + 1)
+    return [tokenize_segments(render_segments(p, hits_of, tokenizer.eos_token, rng), tokenizer) for p in plans]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Supervised warm start
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def masked_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy averaged over target tokens with ``loss_mask == 1``.
+
+    logits [B, T, V], input_ids [B, T], loss_mask [B, T] (1 where token t is a generated token to learn).
+    loss = sum_{b, t>=1} mask[b,t] * -log softmax(logits[b,t-1])[ids[b,t]] / sum mask[b, 1:]
+    """
+    targets = input_ids[:, 1:]
+    mask = loss_mask[:, 1:].float()
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    nll = -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return (nll * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+def _batches(examples: list[tuple[list[int], list[int]]], batch_size: int, pad_id: int, rng: random.Random):
+    """Length-bucketed padded batches (input_ids, attention_mask, loss_mask) in a random order."""
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]))
+    chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    rng.shuffle(chunks)
+    for chunk in chunks:
+        width = max(len(examples[i][0]) for i in chunk)
+        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        attn = torch.zeros((len(chunk), width), dtype=torch.long)
+        lmask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, i in enumerate(chunk):
+            x, m = examples[i]
+            ids[row, : len(x)] = torch.tensor(x)
+            attn[row, : len(x)] = 1
+            lmask[row, : len(x)] = torch.tensor(m)
+        yield ids, attn, lmask
+
+
+def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldConfig, *, pad_id: int,
+               batch_size: int = 16, progress: bool = True) -> dict[str, float]:
+    """Supervised phase: AdamW with linear warmup + cosine decay over ``cfg.warmstart_epochs`` epochs.
+
+    Returns ``{"first_loss", "final_loss", "steps", "tokens"}`` (loss = masked LM loss on generated tokens).
+    """
+    from tqdm.auto import tqdm
+
+    if not examples:
+        raise ValueError("no warm-start examples")
+    rng = random.Random(cfg.seed + 2)
+    steps_per_epoch = math.ceil(len(examples) / batch_size)
+    total = steps_per_epoch * cfg.warmstart_epochs
+    warmup = max(1, total // 10)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.warmstart_lr, weight_decay=0.01, betas=(0.9, 0.98))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total))))
+    model.train()
+    losses: list[float] = []
+    tokens = 0
+    bar = tqdm(total=total, desc="warm start", disable=not progress, leave=False)
+    for _ in range(cfg.warmstart_epochs):
+        for ids, attn, lmask in _batches(examples, batch_size, pad_id, rng):
+            logits = model(input_ids=ids, attention_mask=attn).logits
+            loss = masked_lm_loss(logits, ids, lmask)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            losses.append(loss.item())
+            tokens += int(attn.sum())
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    bar.close()
+    model.eval()
+    tail = losses[-max(1, len(losses) // 10):]
+    return {"first_loss": losses[0], "final_loss": sum(tail) / len(tail), "steps": len(losses), "tokens": tokens}
+
+
+def build_tiny_policy(out_dir: str | Path, passages: list[dict], train_rows: list[dict], search: SearchFn,
+                      cfg: WorldConfig, *, progress: bool = True) -> dict[str, Any]:
+    """Train the tokenizer (``out_dir/tokenizer``) and the warm-started model (``out_dir/model``); return stats."""
+    from tqdm.auto import tqdm
+
+    out_dir = Path(out_dir)
+    tok_dir, model_dir = out_dir / "tokenizer", out_dir / "model"
+    tokenizer = train_tokenizer(tokenizer_training_texts(passages, train_rows), cfg.tokenizer_vocab_size, tok_dir)
+    model = make_model(cfg, tokenizer)
+    with tqdm(total=1, desc="warm-start data", disable=not progress, leave=False) as bar:
+        examples = build_warmstart_examples(train_rows, search, tokenizer, cfg)
+        bar.update(1)
+    stats = warm_start(model, examples, cfg, pad_id=tokenizer.pad_token_id, batch_size=cfg.warmstart_batch_size,
+                       progress=progress)
+    model.save_pretrained(str(model_dir))
+    tokenizer.save_pretrained(str(model_dir))  # the model dir is self-contained too
+    lengths = [len(x) for x, _ in examples]
+    return {
+        **stats,
+        "parameters": count_parameters(model),
+        "vocab_size": len(tokenizer),
+        "examples": len(examples),
+        "mean_example_tokens": sum(lengths) / len(lengths),
+        "max_example_tokens": max(lengths),
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Warm-start measurement (through the real rollout)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def is_format_valid(traj) -> bool:
+    """A trajectory follows the protocol: it ends with a closed answer and had no invalid action."""
+    return traj.finish_reason == "answer" and traj.invalid_actions == 0
+
+
+def summarize_trajectories(trajs: list) -> dict[str, float]:
+    """EM, format-valid rate, answer rate and mean valid searches of a list of trajectories."""
+    n = max(len(trajs), 1)
+    return {
+        "em": sum(t.reward for t in trajs) / n,
+        "format_valid_rate": sum(is_format_valid(t) for t in trajs) / n,
+        "answer_rate": sum(t.finish_reason == "answer" for t in trajs) / n,
+        "mean_valid_searches": sum(t.valid_searches for t in trajs) / n,
+        "num": len(trajs),
+    }
+
+
+def measure_warm_start(world_dir: str | Path, *, retriever: Any = None, limit: int = 0, sample_n: int = 1,
+                       seed: int = 0, progress: bool = False, rollout_cfg: Any = None) -> dict[str, Any]:
+    """Roll the world's warm-started policy out on its test split with the world's real retriever.
+
+    Returns ``{"greedy": summary, "sampled": summary, "by_hops": {1: em, 2: em}, ...}``: greedy decoding (how the
+    evaluator scores) and temperature-1 sampling (what GRPO sees). Summary fields: see ``summarize_trajectories``.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from data.world import read_jsonl
+    from retriever.inprocess import InProcessRetriever
+    from searchr1_lld.config import RolloutConfig
+    from searchr1_lld.rollout.agent_loop import run_agent_loop
+    from searchr1_lld.rollout.backends.hf import HFBackend
+
+    world_dir = Path(world_dir)
+    rows = read_jsonl(world_dir / "qa" / "test.jsonl")
+    if limit:
+        rows = rows[:limit]
+    tokenizer = AutoTokenizer.from_pretrained(str(world_dir / "tokenizer"))
+    model = AutoModelForCausalLM.from_pretrained(str(world_dir / "model"))
+    model.eval()
+    retriever = retriever or InProcessRetriever(world_dir / "index")
+    cfg = rollout_cfg or RolloutConfig(temperature=1.0, top_p=1.0, max_turns=4, topk=3, max_tokens_per_turn=128)
+    backend = HFBackend(model, tokenizer, batch_size=cfg.generation_batch_size, seed=seed)
+    greedy = run_agent_loop(rows, backend=backend, tokenizer=tokenizer, retriever=retriever, cfg=cfg, n=1,
+                            greedy=True, progress=progress)
+    sampled = run_agent_loop(rows, backend=backend, tokenizer=tokenizer, retriever=retriever, cfg=cfg, n=sample_n,
+                             greedy=False, progress=progress)
+    by_hops: dict[str, float] = {}
+    for hops in (1, 2):
+        sel = [t for t in greedy if t.row["metadata"]["hops"] == hops]
+        if sel:
+            by_hops[str(hops)] = sum(t.reward for t in sel) / len(sel)
+    return {"greedy": summarize_trajectories(greedy), "sampled": summarize_trajectories(sampled),
+            "greedy_em_by_hops": by_hops, "max_tokens_per_turn": cfg.max_tokens_per_turn,
+            "test_questions": len(rows)}

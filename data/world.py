@@ -1,0 +1,441 @@
+"""The synthetic search world: a small fictional encyclopedia that no model can answer from memory.
+
+A seeded generator (``generate_world(cfg)``) invents
+
+- entities: people, cities, companies and rivers with attributes (birth year, birth city, occupation, founder,
+  headquarters, founding year, the river a city lies on, ...), all names made of invented syllables;
+- a corpus of wiki-18 style passages ``{"id": str, "contents": "\\"Title\\"\\ntext"}``, one per entity, plus
+  distractor passages about *similarly named* entities (one syllable changed, or a sibling company name) so that a
+  careless search returns plausible wrong documents;
+- QA rows in the project schema ``{id, question, golden_answers, data_source, metadata}`` in two families:
+  single-hop (one search on the subject suffices) and multi-hop (the first passage names a bridge entity, whose own
+  passage states the answer: two chained searches), with ``metadata = {"hops", "family", "support_ids", "subject",
+  "bridge"}``.
+
+Train/test split without entity leakage: people, cities and companies are partitioned into a train part and a test
+part *closed under the relations that questions follow* (a test company's founder is a test person, born in a test
+city, ...), so no fact a test question needs is ever the target of a training question. Rivers (only a handful) are
+shared: they are answers, never subjects.
+
+Everything is a pure function of ``WorldConfig`` (same seed -> byte-identical files).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from searchr1_lld.config import WorldConfig
+from searchr1_lld.prompts import normalize_question
+from searchr1_lld.rewards import normalize_answer
+
+DATA_SOURCE = "synthetic"
+
+_ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "gr", "kr", "st", "th"]
+_VOWELS = ["a", "e", "i", "o", "u", "ae", "ou", "ei"]
+_CODAS = ["", "", "", "n", "r", "l", "s", "th", "m", "x", "nd"]
+
+OCCUPATIONS = ["painter", "engineer", "poet", "botanist", "architect", "sculptor", "astronomer", "composer",
+               "cartographer", "physician", "merchant", "historian"]
+INDUSTRIES = ["shipbuilding", "textile", "glassware", "railway", "publishing", "brewing", "mining", "clockmaking"]
+COMPANY_SUFFIXES = ["Industries", "Works", "Company", "Holdings", "Trading", "Foundry"]
+REGIONS_SYLLABLES = 2
+
+
+@dataclass
+class Person:
+    name: str
+    birth_year: int
+    birth_city: str
+    occupation: str
+    split: str  # "train" | "test" | "distractor"
+
+
+@dataclass
+class City:
+    name: str
+    founded_year: int
+    river: str
+    region: str
+    split: str
+
+
+@dataclass
+class Company:
+    name: str
+    founder: str
+    founded_year: int
+    hq_city: str
+    industry: str
+    split: str
+
+
+@dataclass
+class River:
+    name: str  # e.g. "Sel River"
+    length_km: int
+    cities: list[str] = field(default_factory=list)
+    split: str = "shared"
+
+
+@dataclass
+class World:
+    """The generated world: entities, the corpus and the QA splits."""
+
+    people: list[Person]
+    cities: list[City]
+    companies: list[Company]
+    rivers: list[River]
+    passages: list[dict[str, str]]  # {"id", "contents"}
+    doc_id_of: dict[str, str]  # entity name -> id of its passage
+    train_rows: list[dict[str, Any]]
+    test_rows: list[dict[str, Any]]
+
+    def passage(self, doc_id: str) -> dict[str, str]:
+        return self.passages[int(doc_id)]
+
+    def counts(self) -> dict[str, int]:
+        def real(xs):
+            return sum(1 for x in xs if x.split != "distractor")
+
+        return {
+            "people": real(self.people), "cities": real(self.cities), "companies": real(self.companies),
+            "rivers": len(self.rivers), "passages": len(self.passages),
+            "distractor_passages": sum(1 for xs in (self.people, self.cities, self.companies)
+                                       for x in xs if x.split == "distractor"),
+            "train_questions": len(self.train_rows), "test_questions": len(self.test_rows),
+            "train_multi_hop": sum(1 for r in self.train_rows if r["metadata"]["hops"] == 2),
+            "test_multi_hop": sum(1 for r in self.test_rows if r["metadata"]["hops"] == 2),
+        }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Names
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class _NameMaker:
+    """Invented, globally unique names (no two entities share a word-identical name)."""
+
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+        self.used: set[str] = set()
+
+    def _syllable(self) -> str:
+        return self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) + self.rng.choice(_CODAS)
+
+    def word(self, syllables: tuple[int, int] = (2, 3)) -> str:
+        for _ in range(1000):
+            n = self.rng.randint(*syllables)
+            w = "".join(self._syllable() for _ in range(n)).capitalize()
+            if 4 <= len(w) <= 11 and w not in self.used:
+                self.used.add(w)
+                return w
+        raise RuntimeError("name space exhausted; lower the entity counts")
+
+    def claim(self, name: str) -> bool:
+        """Reserve a full name; False if it is already taken."""
+        if name in self.used:
+            return False
+        self.used.add(name)
+        return True
+
+    def similar(self, word: str) -> str:
+        """A word one syllable away from ``word`` (for distractors)."""
+        for _ in range(1000):
+            cut = self.rng.randint(2, max(2, len(word) - 2))
+            w = (word[:cut] + self._syllable())[: max(4, len(word) + self.rng.randint(-1, 1))].capitalize()
+            if w != word and w not in self.used and len(w) >= 4:
+                self.used.add(w)
+                return w
+        raise RuntimeError(f"cannot make a name similar to {word!r}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Passages
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _passage_text(entity: Person | City | Company | River) -> tuple[str, str]:
+    """(title, text) of an entity's passage. Person passages never name a company, company passages never state the
+    founder's birth data: the multi-hop questions really need the second passage."""
+    if isinstance(entity, Person):
+        a = _article(entity.occupation)
+        return entity.name, (f"{entity.name} was {a} {entity.occupation} born in {entity.birth_year} in the city of "
+                             f"{entity.birth_city}. {entity.name.split()[0]} worked as {a} {entity.occupation} for "
+                             f"most of their life.")
+    if isinstance(entity, City):
+        return entity.name, (f"{entity.name} is a city in the {entity.region} region, founded in "
+                             f"{entity.founded_year}. {entity.name} lies on the {entity.river}.")
+    if isinstance(entity, Company):
+        return entity.name, (f"{entity.name} is {_article(entity.industry)} {entity.industry} company founded in {entity.founded_year} by "
+                             f"{entity.founder}. Its headquarters are in {entity.hq_city}.")
+    if isinstance(entity, River):
+        towns = ", ".join(entity.cities) if entity.cities else "no large city"
+        return entity.name, f"The {entity.name} is a river {entity.length_km} km long. It flows through {towns}."
+    raise TypeError(f"not an entity: {entity!r}")
+
+
+def _article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
+def _contents(title: str, text: str) -> str:
+    return f'"{title}"\n{text}'
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Questions
+# ----------------------------------------------------------------------------------------------------------------
+
+# family -> (hops, question templates). {s}: subject name.
+SINGLE_HOP = {
+    "person_birth_year": ["In which year was {s} born?", "When was {s} born?", "What is the birth year of {s}?"],
+    "person_birth_city": ["In which city was {s} born?", "Where was {s} born?"],
+    "person_occupation": ["What was the occupation of {s}?", "What did {s} work as?"],
+    "company_founder": ["Who founded {s}?", "Who was the founder of {s}?"],
+    "company_year": ["In which year was {s} founded?", "When was {s} founded?"],
+    "company_hq": ["In which city is {s} headquartered?", "Where are the headquarters of {s}?"],
+    "city_river": ["Which river flows through {s}?", "On which river does {s} lie?"],
+}
+MULTI_HOP = {
+    "founder_birth_year": ["In which year was the founder of {s} born?", "When was the founder of {s} born?"],
+    "founder_birth_city": ["In which city was the founder of {s} born?", "Where was the founder of {s} born?"],
+    "founder_occupation": ["What was the occupation of the founder of {s}?"],
+    "hq_river": ["Which river flows through the city where {s} is headquartered?"],
+    "birthplace_river": ["Which river flows through the birthplace of {s}?"],
+}
+
+
+def _river_golds(river: str) -> list[str]:
+    return [river, river.removesuffix(" River")]
+
+
+def _candidates(world_parts: dict[str, Any], split: str) -> tuple[list[dict], list[dict]]:
+    """All (single-hop, multi-hop) question candidates whose subject lives in ``split``."""
+    people = {p.name: p for p in world_parts["people"]}
+    cities = {c.name: c for c in world_parts["cities"]}
+    doc = world_parts["doc_id_of"]
+    single: list[dict] = []
+    multi: list[dict] = []
+
+    def add(pool, family, templates, subject, golds, support, bridge=""):
+        for k, tpl in enumerate(templates):
+            pool.append({"family": family, "template": k, "question": tpl.format(s=subject), "golds": golds,
+                         "support": support, "subject": subject, "bridge": bridge})
+
+    for p in world_parts["people"]:
+        if p.split != split:
+            continue
+        add(single, "person_birth_year", SINGLE_HOP["person_birth_year"], p.name, [str(p.birth_year)], [doc[p.name]])
+        add(single, "person_birth_city", SINGLE_HOP["person_birth_city"], p.name, [p.birth_city], [doc[p.name]])
+        add(single, "person_occupation", SINGLE_HOP["person_occupation"], p.name, [p.occupation], [doc[p.name]])
+        city = cities[p.birth_city]
+        add(multi, "birthplace_river", MULTI_HOP["birthplace_river"], p.name, _river_golds(city.river),
+            [doc[p.name], doc[city.name]], bridge=city.name)
+    for c in world_parts["companies"]:
+        if c.split != split:
+            continue
+        founder = people[c.founder]
+        add(single, "company_founder", SINGLE_HOP["company_founder"], c.name,
+            [c.founder, c.founder.split()[-1]], [doc[c.name]])
+        add(single, "company_year", SINGLE_HOP["company_year"], c.name, [str(c.founded_year)], [doc[c.name]])
+        add(single, "company_hq", SINGLE_HOP["company_hq"], c.name, [c.hq_city], [doc[c.name]])
+        add(multi, "founder_birth_year", MULTI_HOP["founder_birth_year"], c.name, [str(founder.birth_year)],
+            [doc[c.name], doc[founder.name]], bridge=founder.name)
+        add(multi, "founder_birth_city", MULTI_HOP["founder_birth_city"], c.name, [founder.birth_city],
+            [doc[c.name], doc[founder.name]], bridge=founder.name)
+        add(multi, "founder_occupation", MULTI_HOP["founder_occupation"], c.name, [founder.occupation],
+            [doc[c.name], doc[founder.name]], bridge=founder.name)
+        hq = cities[c.hq_city]
+        add(multi, "hq_river", MULTI_HOP["hq_river"], c.name, _river_golds(hq.river),
+            [doc[c.name], doc[hq.name]], bridge=hq.name)
+    for c in world_parts["cities"]:
+        if c.split != split:
+            continue
+        add(single, "city_river", SINGLE_HOP["city_river"], c.name, _river_golds(c.river), [doc[c.name]])
+    return single, multi
+
+
+def _answer_in(golds: list[str], contents: str) -> bool:
+    text = f" {normalize_answer(contents)} "
+    return any(f" {normalize_answer(g)} " in text for g in golds)
+
+
+def _sample_questions(rng: random.Random, single: list[dict], multi: list[dict], n: int, multi_frac: float,
+                      passages: list[dict], split: str) -> list[dict]:
+    # a multi-hop question must not be answerable from its first passage alone
+    multi = [q for q in multi if not _answer_in(q["golds"], passages[int(q["support"][0])]["contents"])]
+    n_multi = round(n * multi_frac)
+    n_single = n - n_multi
+    if n_multi > len(multi) or n_single > len(single):
+        raise ValueError(
+            f"{split}: asked for {n_single} single-hop and {n_multi} multi-hop questions but the world only has "
+            f"{len(single)} and {len(multi)} distinct ones; raise num_people/num_companies/num_cities or lower "
+            f"num_{split}_questions")
+    chosen = rng.sample(single, n_single) + rng.sample(multi, n_multi)
+    rng.shuffle(chosen)
+    rows = []
+    for i, q in enumerate(chosen):
+        rows.append({
+            "id": f"synthetic-{split}-{i:05d}",
+            "question": normalize_question(q["question"]),
+            "golden_answers": list(q["golds"]),
+            "data_source": DATA_SOURCE,
+            "metadata": {"hops": len(q["support"]), "family": q["family"], "support_ids": list(q["support"]),
+                         "subject": q["subject"], "bridge": q["bridge"]},
+        })
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The generator
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _test_share(cfg: WorldConfig) -> float:
+    total = cfg.num_train_questions + cfg.num_test_questions
+    return max(0.15, min(0.5, cfg.num_test_questions / max(total, 1)))
+
+
+def _split_labels(rng: random.Random, n: int, share: float) -> list[str]:
+    n_test = max(1, round(n * share)) if n > 1 else 0
+    labels = ["test"] * n_test + ["train"] * (n - n_test)
+    rng.shuffle(labels)
+    return labels
+
+
+def validate_world_config(cfg: WorldConfig) -> None:
+    """Clear errors for sizes the generator cannot honour."""
+    for key in ("num_people", "num_cities", "num_companies", "num_rivers"):
+        if getattr(cfg, key) < 2:
+            raise ValueError(f"world.{key} must be >= 2 (got {getattr(cfg, key)})")
+    if cfg.distractors_per_entity < 0:
+        raise ValueError(f"world.distractors_per_entity must be >= 0 (got {cfg.distractors_per_entity})")
+    if not 0 <= cfg.multi_hop_fraction <= 1:
+        raise ValueError(f"world.multi_hop_fraction must be in [0, 1] (got {cfg.multi_hop_fraction})")
+    if cfg.num_train_questions < 1 or cfg.num_test_questions < 1:
+        raise ValueError("world.num_train_questions and world.num_test_questions must be >= 1")
+
+
+def generate_world(cfg: WorldConfig) -> World:
+    """Deterministically build the whole world (entities, corpus, QA splits) from ``cfg``."""
+    validate_world_config(cfg)
+    rng = random.Random(cfg.seed)
+    names = _NameMaker(rng)
+    share = _test_share(cfg)
+
+    rivers = [River(name=f"{names.word((1, 2))} River", length_km=rng.randint(40, 900))
+              for _ in range(cfg.num_rivers)]
+    regions = [names.word((2, 2)) for _ in range(max(2, cfg.num_cities // 5))]
+
+    cities = [City(name=names.word(), founded_year=rng.randint(900, 1700), river=rng.choice(rivers).name,
+                   region=rng.choice(regions), split=lab)
+              for lab in _split_labels(rng, cfg.num_cities, share)]
+    city_by_split = {s: [c.name for c in cities if c.split == s] for s in ("train", "test")}
+
+    people: list[Person] = []
+    for lab in _split_labels(rng, cfg.num_people, share):
+        while True:
+            name = f"{names.word((1, 2))} {names.word()}"
+            if names.claim(name):
+                break
+        people.append(Person(name=name, birth_year=rng.randint(1780, 1960), birth_city=rng.choice(city_by_split[lab]),
+                             occupation=rng.choice(OCCUPATIONS), split=lab))
+    people_by_split = {s: [p for p in people if p.split == s] for s in ("train", "test")}
+
+    companies: list[Company] = []
+    for lab in _split_labels(rng, cfg.num_companies, share):
+        founder = rng.choice(people_by_split[lab])
+        name = f"{names.word()} {rng.choice(COMPANY_SUFFIXES)}"
+        names.claim(name)
+        companies.append(Company(name=name, founder=founder.name,
+                                 founded_year=founder.birth_year + rng.randint(22, 60),
+                                 hq_city=rng.choice(city_by_split[lab]), industry=rng.choice(INDUSTRIES), split=lab))
+
+    # distractors: similar names, random attributes, never subjects of questions
+    real_people, real_cities, real_companies = list(people), list(cities), list(companies)
+    for _ in range(cfg.distractors_per_entity):
+        for p in real_people:
+            first, last = p.name.split(" ", 1)
+            name = f"{first} {names.similar(last)}" if rng.random() < 0.5 else f"{names.similar(first)} {last}"
+            names.claim(name)
+            people.append(Person(name=name, birth_year=rng.randint(1780, 1960),
+                                 birth_city=rng.choice(real_cities).name, occupation=rng.choice(OCCUPATIONS),
+                                 split="distractor"))
+        for c in real_cities:
+            cities.append(City(name=names.similar(c.name), founded_year=rng.randint(900, 1700),
+                               river=rng.choice(rivers).name, region=rng.choice(regions), split="distractor"))
+        for c in real_companies:
+            stem, suffix = c.name.split(" ", 1)
+            if rng.random() < 0.5:
+                name = f"{stem} {rng.choice([s for s in COMPANY_SUFFIXES if s != suffix])}"
+                if not names.claim(name):
+                    name = f"{names.similar(stem)} {suffix}"
+            else:
+                name = f"{names.similar(stem)} {suffix}"
+            names.claim(name)
+            founder = f"{names.word((1, 2))} {names.word()}"
+            names.claim(founder)
+            companies.append(Company(name=name, founder=founder, founded_year=rng.randint(1800, 2000),
+                                     hq_city=rng.choice(real_cities).name, industry=rng.choice(INDUSTRIES),
+                                     split="distractor"))
+    for c in cities:
+        if c.split != "distractor":
+            next(r for r in rivers if r.name == c.river).cities.append(c.name)
+
+    # corpus: one passage per entity, in a seeded order
+    entities: list[Any] = [*people, *cities, *companies, *rivers]
+    order = list(range(len(entities)))
+    rng.shuffle(order)
+    passages: list[dict[str, str]] = []
+    doc_id_of: dict[str, str] = {}
+    for idx in order:
+        title, text = _passage_text(entities[idx])
+        doc_id = str(len(passages))
+        passages.append({"id": doc_id, "contents": _contents(title, text)})
+        doc_id_of[entities[idx].name] = doc_id
+
+    parts = {"people": people, "cities": cities, "doc_id_of": doc_id_of}
+    train_single, train_multi = _candidates({**parts, "companies": companies}, "train")
+    test_single, test_multi = _candidates({**parts, "companies": companies}, "test")
+    train_rows = _sample_questions(rng, train_single, train_multi, cfg.num_train_questions, cfg.multi_hop_fraction,
+                                   passages, "train")
+    test_rows = _sample_questions(rng, test_single, test_multi, cfg.num_test_questions, cfg.multi_hop_fraction,
+                                  passages, "test")
+    return World(people=people, cities=cities, companies=companies, rivers=rivers, passages=passages,
+                 doc_id_of=doc_id_of, train_rows=train_rows, test_rows=test_rows)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Files
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def write_jsonl(rows: list[dict[str, Any]], path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def write_world_files(world: World, out_dir: str | Path) -> dict[str, Path]:
+    """Write ``corpus.jsonl``, ``qa/train.jsonl``, ``qa/test.jsonl`` under ``out_dir``; return their paths."""
+    out_dir = Path(out_dir)
+    paths = {"corpus": out_dir / "corpus.jsonl", "train": out_dir / "qa" / "train.jsonl",
+             "test": out_dir / "qa" / "test.jsonl"}
+    write_jsonl(world.passages, paths["corpus"])
+    write_jsonl(world.train_rows, paths["train"])
+    write_jsonl(world.test_rows, paths["test"])
+    return paths

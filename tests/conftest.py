@@ -1,0 +1,88 @@
+"""Shared fixtures: a small synthetic world built once per config (cached under <repo>/.cache) and its policy."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from searchr1_lld.config import WorldConfig  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# The test world: small enough to build (index + tokenizer + warm start) in well under a minute on 2 cores.
+TEST_WORLD_CONFIG = WorldConfig(
+    seed=0,
+    num_people=24,
+    num_cities=8,
+    num_companies=10,
+    num_rivers=4,
+    distractors_per_entity=1,
+    multi_hop_fraction=0.4,
+    num_train_questions=60,
+    num_test_questions=24,
+    tokenizer_vocab_size=1024,
+    model_hidden_size=64,
+    model_layers=2,
+    model_heads=4,
+    model_kv_heads=2,
+    model_intermediate_size=128,
+    warmstart_trajectories=96,
+    warmstart_epochs=1,
+    warmstart_lr=3e-3,
+    warmstart_batch_size=16,
+    warmstart_measure=False,
+)
+
+
+def test_world_dir(cfg: WorldConfig = TEST_WORLD_CONFIG) -> Path:
+    """Where the test world for ``cfg`` is cached: ``<repo>/.cache/test-world-<confighash>``."""
+    from data.build_world import world_config_hash
+
+    return REPO_ROOT / ".cache" / f"test-world-{world_config_hash(cfg)}"
+
+
+test_world_dir.__test__ = False  # not a test, despite the name
+
+
+@pytest.fixture(scope="session")
+def tiny_world() -> Path:
+    """The test world's directory (corpus.jsonl, index/, qa/, tokenizer/, model/, world.json); built once, reused."""
+    from data.build_world import ensure_world
+
+    return ensure_world(test_world_dir(), TEST_WORLD_CONFIG, progress=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_world_config() -> WorldConfig:
+    return TEST_WORLD_CONFIG
+
+
+@pytest.fixture
+def tiny_tokenizer(tiny_world: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_world / "tokenizer"))
+
+
+@pytest.fixture
+def tiny_model(tiny_world: Path):
+    """A fresh load of the warm-started tiny Qwen2 (tests may train it freely)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(tiny_world / "model"))
+
+
+@pytest.fixture(scope="session")
+def world_rows(tiny_world: Path) -> list[dict]:
+    """The test world's test-split QA rows."""
+    from data.world import read_jsonl
+
+    return read_jsonl(tiny_world / "qa" / "test.jsonl")
