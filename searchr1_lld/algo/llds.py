@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import torch
 
-from searchr1_lld.algo.spans import action_spans
-
 GATES = ("none", "response", "action")
 
 
@@ -40,10 +38,33 @@ def per_response_advantage(advantages: torch.Tensor, response_mask: torch.Tensor
         return advantages.detach()
     if advantages.shape != response_mask.shape:
         raise ValueError(f"advantages must be [B] or [B, T] like response_mask {tuple(response_mask.shape)}; got {tuple(advantages.shape)}")
-    m = response_mask.detach() != 0
-    first = torch.argmax(m.to(torch.int8), dim=1)  # first masked position (0 for empty rows)
+    m = response_mask.detach()
+    m = m if m.dtype == torch.bool else m != 0
+    first = torch.argmax(m.to(torch.uint8), dim=1)  # first masked position (0 for empty rows)
     adv = advantages.detach().gather(1, first[:, None]).squeeze(1)
     return torch.where(m.any(dim=1), adv, torch.zeros_like(adv))
+
+
+def _span_starts(m: torch.Tensor) -> torch.Tensor:
+    """[B, T] bool: True on the first token of every action span (maximal run of m)."""
+    starts = m.clone()
+    starts[:, 1:] &= ~m[:, :-1]
+    return starts
+
+
+@torch.no_grad()
+def _gate(d_masked: torch.Tensor, m: torch.Tensor, starts: torch.Tensor, in_p: torch.Tensor, gate: str, tau: float) -> torch.Tensor:
+    """Gate ``[B, T]`` bool from the masked displacement d*m, the bool mask m, span starts and P membership ``[B]``."""
+    if gate == "none":
+        return m & in_p[:, None]
+    if gate == "response":
+        return m & (in_p & (d_masked.sum(dim=1) > tau))[:, None]
+    if gate == "action":
+        # per-span sums with one scatter-add; a row has at most T spans, so index T is never exceeded.
+        span_ids = (torch.cumsum(starts, dim=1) - 1).clamp_(min=0)  # tokens outside m add 0 (d_masked is 0 there)
+        span_sum = torch.zeros_like(d_masked).scatter_add_(1, span_ids, d_masked)  # [B, T]: sum of d over span k
+        return m & in_p[:, None] & (span_sum.gather(1, span_ids) > tau)
+    raise ValueError(f"unknown LLDS gate {gate!r}; expected one of {list(GATES)}")
 
 
 @torch.no_grad()
@@ -57,16 +78,8 @@ def llds_gate(
     if gate not in GATES:
         raise ValueError(f"unknown LLDS gate {gate!r}; expected one of {list(GATES)}")
     m = response_mask != 0
-    in_p = (response_advantage >= 0)[:, None] & m  # [B, T]
-    if gate == "none":
-        return in_p
-    d = torch.where(m, displacement.detach(), torch.zeros_like(displacement))
-    if gate == "response":
-        return in_p & (d.sum(dim=1, keepdim=True) > tau)
-    # action: per-span sums with one scatter-add; a row has at most T spans, so index T is never exceeded.
-    span_ids = action_spans(m).clamp(min=0)  # tokens outside m add 0 (d is zeroed there)
-    span_sum = torch.zeros_like(d).scatter_add_(1, span_ids, d)  # [B, T]: span_sum[i, k] = sum of d over span k
-    return in_p & (span_sum.gather(1, span_ids) > tau)
+    d_masked = torch.where(m, displacement.detach(), 0.0)
+    return _gate(d_masked, m, _span_starts(m), response_advantage >= 0, gate, tau)
 
 
 def llds_loss(
@@ -97,20 +110,25 @@ def llds_loss(
 
     Returns:
         (loss scalar, metrics) with float metrics:
-        llds/active_token_frac  fraction of response tokens with g c p > 0
-        llds/gated_responses    responses with the gate on for at least one token
+        llds/active_token_frac   fraction of response tokens with g c p > 0
+        llds/gated_responses     responses with the gate on for at least one token
         llds/preserved_responses responses in P (with at least one response token)
-        llds/gated_actions      action spans of P-responses whose gate is on
-        llds/total_actions      action spans in the batch
-        llds/mean_penalty       mean of p over response tokens of P-responses (displacement LLDS could act on)
-        llds/mean_displacement  mean of d over all response tokens
-        llds/loss               the loss value
+        llds/gated_actions       action spans whose gate is on
+        llds/total_actions       action spans in the batch
+        llds/mean_penalty        mean of p over response tokens of P-responses (displacement LLDS could act on)
+        llds/mean_displacement   mean of d over all response tokens
+        llds/loss                the loss value
+
+    Implementation: the constant weight w = m g c 1[d > 0] is built without gradient, then L = sum(w d) / sum(m)
+    (identical value and gradient to sum(m g c relu(d)) / sum(m); one multiply in backward).
     """
     if not (logp_new.shape == logp_old.shape == response_mask.shape) or logp_new.dim() != 2:
         raise ValueError(
             f"logp_new, logp_old, response_mask must all be [B, T]; got {tuple(logp_new.shape)}, "
             f"{tuple(logp_old.shape)}, {tuple(response_mask.shape)}"
         )
+    if gate not in GATES:
+        raise ValueError(f"unknown LLDS gate {gate!r}; expected one of {list(GATES)}")
     if lam < 0:
         raise ValueError(f"LLDS lam must be >= 0, got {lam}")
     if lam_answer is not None and lam_answer < 0:
@@ -120,41 +138,43 @@ def llds_loss(
     if answer_mask is not None and answer_mask.shape != response_mask.shape:
         raise ValueError(f"answer_mask must be [B, T] like response_mask; got {tuple(answer_mask.shape)}")
 
-    m_bool = response_mask.detach() != 0
-    m = m_bool.to(logp_new.dtype)
     d = logp_old.detach() - logp_new  # [B, T], gradient through logp_new
-    penalty = torch.relu(d)
-    adv = per_response_advantage(advantages, response_mask)
-    g = llds_gate(d, m_bool, adv, gate, tau)  # [B, T] bool, no grad
-
-    if answer_mask is not None and lam_answer is not None:
-        coef = torch.where(answer_mask.detach() != 0, min(lam_answer, lam), lam).to(logp_new.dtype)
-    else:
-        coef = torch.full_like(m, float(lam))
-    weight = (g.to(logp_new.dtype) * coef * m).detach()  # m g c, constant
-    num = (weight * penalty).sum()
-    den = m.sum() if denominator is None else torch.tensor(float(denominator), dtype=m.dtype, device=m.device)
-    loss = torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), num * 0)
+    with torch.no_grad():
+        m = response_mask.detach()
+        m = m if m.dtype == torch.bool else m != 0
+        dd = d.detach()
+        d_masked = torch.where(m, dd, 0.0)
+        in_p = per_response_advantage(advantages, m) >= 0  # [B]
+        starts = _span_starts(m)
+        g = _gate(d_masked, m, starts, in_p, gate, tau)
+        active = g & (dd > 0)
+        weight = active.to(dd.dtype) * float(lam)  # m g c 1[d > 0] with c = lam
+        if answer_mask is not None and lam_answer is not None:  # LLDS-MA: c = min(lam_answer, lam) on the answer span
+            weight.masked_fill_(active & (answer_mask.detach() != 0), min(float(lam_answer), float(lam)))
+        tokens_per_row = m.sum(dim=1)
+        n_tok = tokens_per_row.sum()
+        den = n_tok.to(dd.dtype) if denominator is None else torch.tensor(float(denominator), dtype=dd.dtype, device=dd.device)
+        safe_den = torch.where(den > 0, den, torch.ones_like(den))
+    loss = (weight * d).sum() / safe_den  # 0 when the mask is empty (weight is 0 there), graph intact
 
     with torch.no_grad():
-        n_tok = m.sum().clamp(min=1)
-        has_tok = m_bool.any(dim=1)
-        in_p_row = (adv >= 0) & has_tok
-        active = (weight * penalty.detach()) > 0
-        span_start = m_bool.clone()
-        span_start[:, 1:] &= ~m_bool[:, :-1]  # first token of every action span
-        p_tok = m * in_p_row[:, None].to(m.dtype)
-        metrics = {
-            "llds/active_token_frac": float(active.sum() / n_tok),
-            "llds/gated_responses": float(g.any(dim=1).sum()),
-            "llds/preserved_responses": float(in_p_row.sum()),
-            "llds/gated_actions": float((span_start & g).sum()),
-            "llds/total_actions": float(span_start.sum()),
-            "llds/mean_penalty": float((penalty.detach() * p_tok).sum() / p_tok.sum().clamp(min=1)),
-            "llds/mean_displacement": float((d.detach() * m).sum() / n_tok),
-            "llds/loss": float(loss.detach()),
-        }
-    return loss, metrics
+        p_rows = in_p & (tokens_per_row > 0)
+        p_tokens = (tokens_per_row * p_rows).sum()
+        stats = torch.stack(
+            [
+                (weight > 0).sum() / n_tok.clamp(min=1),
+                g.any(dim=1).sum(),
+                p_rows.sum(),
+                (starts & g).sum(),
+                starts.sum(),
+                (d_masked.clamp(min=0).sum(dim=1) * p_rows).sum() / p_tokens.clamp(min=1),
+                d_masked.sum() / n_tok.clamp(min=1),
+                loss.detach(),
+            ]
+        ).tolist()
+    names = ("active_token_frac", "gated_responses", "preserved_responses", "gated_actions", "total_actions",
+             "mean_penalty", "mean_displacement", "loss")
+    return loss, {f"llds/{k}": float(v) for k, v in zip(names, stats)}
 
 
 def adaptive_lam_answer(lam_answer: float, mean_valid_searches: float) -> float:
