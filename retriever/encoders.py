@@ -136,3 +136,17 @@ class E5Encoder:
         return {"encoder": self.name, "encoder_path": self.path, "pooling": self.pooling,
                 "query_prefix": self.query_prefix, "passage_prefix": self.passage_prefix,
                 "max_length": self.max_length, "dim": self.dim}
+
+
+_ENCODERS: dict[tuple, E5Encoder] = {}
+
+
+def get_encoder(name: str, *, device: str | None = None, max_length: int = 256,
+                query_prefix: str = DEFAULT_QUERY_PREFIX, passage_prefix: str = DEFAULT_PASSAGE_PREFIX) -> E5Encoder:
+    """A shared E5Encoder per (model, device, settings) in this process: loading the weights once is enough for any
+    number of builds and retrievers (inference is read-only, so sharing across threads is safe)."""
+    key = (resolve_encoder_path(name), device or default_device(), int(max_length), query_prefix, passage_prefix)
+    if key not in _ENCODERS:
+        _ENCODERS[key] = E5Encoder(name, device=device, max_length=max_length, query_prefix=query_prefix,
+                                   passage_prefix=passage_prefix)
+    return _ENCODERS[key]

