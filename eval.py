@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from searchr1_lld import evaluation as ev
 from searchr1_lld.config import ConfigError, load_config
@@ -83,7 +83,7 @@ def _ensure_world(world_dir: Path, cfg: Any) -> None:
 
 
 def evaluate_checkpoint(model: str | None, out_dir: Path, name: str, s: dict[str, Any], args: argparse.Namespace,
-                        retriever: Any) -> dict[str, Any] | None:
+                        get_retriever: Callable[[], Any]) -> dict[str, Any] | None:
     synthetic = ev.SYNTHETIC in s["datasets"]
     model_path = model or (str(s["world_dir"] / "model") if synthetic else None)
     if not model_path:
@@ -93,13 +93,17 @@ def evaluate_checkpoint(model: str | None, out_dir: Path, name: str, s: dict[str
         has_tok = Path(model_path).is_dir() and any((Path(model_path) / f).exists()
                                                     for f in ("tokenizer.json", "tokenizer_config.json"))
         tok_path = model_path if (has_tok or not synthetic) else str(s["world_dir"] / "tokenizer")
-    tokenizer = ev.load_tokenizer(tok_path)
     rows = ev.load_eval_rows(s["datasets"], world_dir=s["world_dir"], limit=s["limit"], split=args.split)
-    backend = ev.make_backend(s["backend"], model_path, tokenizer, rollout_cfg=s["rollout_cfg"],
-                              batch_size=s["batch_size"], dtype=s["cfg"].model.dtype, tokenizer_path=tok_path)
+    shard = ev.parse_shard(args.shard)
+    tokenizer = backend = retriever = None
+    if ev.count_pending(rows, out_dir, shard):  # a finished (resumed) evaluation loads no model and no index
+        tokenizer = ev.load_tokenizer(tok_path)
+        backend = ev.make_backend(s["backend"], model_path, tokenizer, rollout_cfg=s["rollout_cfg"],
+                                  batch_size=s["batch_size"], dtype=s["cfg"].model.dtype, tokenizer_path=tok_path)
+        retriever = get_retriever()
     return ev.evaluate(rows, backend=backend, tokenizer=tokenizer, retriever=retriever, rollout_cfg=s["rollout_cfg"],
                        out_dir=out_dir, batch_size=s["batch_size"], template=s["template"],
-                       shard=ev.parse_shard(args.shard), name=name, progress=s["progress"])
+                       shard=shard, name=name, progress=s["progress"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,20 +122,26 @@ def main(argv: list[str] | None = None) -> int:
         if ev.SYNTHETIC in s["datasets"]:
             _ensure_world(s["world_dir"], s["cfg"])
         index = args.index or (str(s["world_dir"] / "index") if ev.SYNTHETIC in s["datasets"] else None)
-        retriever = ev.make_retriever(url=args.retriever_url, index_dir=None if args.retriever_url else index)
+        cache: list[Any] = []
+
+        def get_retriever() -> Any:  # built on first use, shared by the checkpoints of --compare
+            if not cache:
+                cache.append(ev.make_retriever(url=args.retriever_url, index_dir=None if args.retriever_url else index))
+            return cache[0]
+
         if args.compare:
             methods = []
             for item in args.compare:
                 name, sep, path = item.partition("=")
                 if not sep or not name or not path:
                     raise ev.EvalError(f"--compare takes NAME=PATH items, got {item!r}")
-                res = evaluate_checkpoint(path, out / name, name, s, args, retriever)
+                res = evaluate_checkpoint(path, out / name, name, s, args, get_retriever)
                 if res is None:
                     raise ev.EvalError("--compare cannot be combined with --shard")
                 methods.append((name, res))
             print(ev.compare(methods, out))
             return 0
-        res = evaluate_checkpoint(args.model, out, args.name, s, args, retriever)
+        res = evaluate_checkpoint(args.model, out, args.name, s, args, get_retriever)
         if res is None:
             print(f"shard {args.shard} done -> {ev.trajectories_path(out, ev.parse_shard(args.shard))}; "
                   f"merge with: python eval.py --merge --out {out}")

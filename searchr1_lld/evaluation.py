@@ -331,6 +331,14 @@ def trajectories_path(out_dir: str | Path, shard: tuple[int, int] | None = None)
     return Path(out_dir) / f"trajectories.shard-{shard[0]}-of-{shard[1]}.jsonl"
 
 
+def count_pending(rows_by_dataset: dict[str, Sequence[dict[str, Any]]], out_dir: str | Path,
+                  shard: tuple[int, int] | None = None) -> int:
+    """How many rows (of this shard) are not yet in the trajectories file."""
+    path = trajectories_path(out_dir, shard)
+    done = {(r["dataset"], str(r["id"])) for r in read_records(path)}
+    return sum((d, str(r["id"])) not in done for d, rows in rows_by_dataset.items() for r in shard_rows(rows, shard))
+
+
 def merge_shards(out_dir: str | Path, order: Sequence[str] | None = None, name: str = "") -> dict[str, Any]:
     """Combine every ``trajectories.shard-*.jsonl`` (and an existing trajectories.jsonl) in ``out_dir`` into
     trajectories.jsonl (one record per (dataset, id)), then write results.json / .md / .csv. Returns the results."""

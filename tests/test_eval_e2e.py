@@ -1,0 +1,150 @@
+"""Evaluator end to end on the tiny world: real tokenizer, real retriever index (in-process; HTTP service in the slow
+test), eval.py CLI with the tiny policy, and an oracle policy whose exact EM is known in advance."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from searchr1_lld import evaluation as ev
+from searchr1_lld.config import RolloutConfig
+from searchr1_lld.rewards import exact_match
+from searchr1_lld.rollout.backends.scripted import ScriptedBackend
+
+REPO = Path(__file__).resolve().parents[1]
+LIMIT = 4
+
+
+def _cli():
+    spec = importlib.util.spec_from_file_location("eval_cli", REPO / "eval.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _args(world: Path, out: Path, *extra: str) -> list[str]:
+    return ["--datasets", "synthetic", "--world-dir", str(world), "--out", str(out), "--limit", str(LIMIT),
+            "--batch-size", "4", "--no-progress", "--set", "rollout.max_tokens_per_turn=32", *extra]
+
+
+def _check_outputs(out: Path, n: int) -> tuple[dict, list[dict]]:
+    """The four output files exist, agree with each other, and EM equals a recount from trajectories.jsonl."""
+    res = json.loads((out / ev.RESULTS_JSON).read_text())
+    recs = ev.read_records(out / ev.TRAJECTORIES)
+    assert len(recs) == n and len({r["id"] for r in recs}) == n
+    m = res["datasets"]["synthetic"]
+    assert m["n"] == n and m["n_single_hop"] + m["n_multi_hop"] == n
+    recount = sum(exact_match(r["prediction"], r["golden_answers"]) for r in recs) / n
+    assert m["em"] == pytest.approx(recount) and res["average_em"] == pytest.approx(recount)
+    turns = sum(r["num_turns"] for r in recs)
+    assert m["invalid_action_rate"] == pytest.approx(sum(r["invalid_actions"] for r in recs) / turns)
+    for r in recs:
+        assert r["question"] and r["golden_answers"] and r["response_text"]
+        assert len(r["queries"]) == len(r["retrieved_ids"]) == r["valid_searches"]
+        assert all(len(ids) == 3 for ids in r["retrieved_ids"])  # top-3 documents
+        assert 1 <= r["num_turns"] <= 5  # 4 searches + the answer-only turn at most
+    md = (out / ev.RESULTS_MD).read_text()
+    assert re.search(r"\| Method \| Synthetic \| Avg\. \|", md) and "em_multi_hop" in md
+    assert (out / ev.RESULTS_CSV).read_text().splitlines()[0] == "Method,Synthetic,Avg."
+    return res, recs
+
+
+def test_eval_cli_tiny_policy_and_resume(tiny_world, tmp_path, monkeypatch):
+    cli = _cli()
+    out = tmp_path / "eval"
+    assert cli.main(_args(tiny_world, out)) == 0
+    res, _ = _check_outputs(out, LIMIT)
+    # rerun: every row is already there, no model or index is loaded, nothing is appended, same results
+    def no_load(*a, **k):
+        raise AssertionError("a finished evaluation must not load anything")
+
+    monkeypatch.setattr(ev, "make_backend", no_load)
+    monkeypatch.setattr(ev, "make_retriever", no_load)
+    before = (out / ev.TRAJECTORIES).read_text()
+    assert cli.main(_args(tiny_world, out)) == 0
+    assert (out / ev.TRAJECTORIES).read_text() == before
+    assert json.loads((out / ev.RESULTS_JSON).read_text())["average_em"] == res["average_em"]
+
+
+def _oracle(tokenizer, rows):
+    """Searches the question, then answers the gold for every other question and a wrong name otherwise."""
+    info = tokenizer.convert_tokens_to_ids("<information>")
+    answers = {r["question"]: (r["golden_answers"][0] if i % 2 == 0 else "Nobody Atall") for i, r in enumerate(rows)}
+
+    def script(call, i, prompt):
+        text = tokenizer.decode(prompt)
+        question = next(q for q in answers if q in text)
+        if prompt.count(info) >= 2:  # an observation came back (the instruction names <information> once)
+            return tokenizer.encode(f"<think> found </think> <answer> {answers[question]} </answer>",
+                                    add_special_tokens=False)
+        return tokenizer.encode(f"<think> search </think> <search> {question} </search>", add_special_tokens=False)
+
+    return script
+
+
+def _oracle_eval(world: Path, out: Path, retriever) -> tuple[dict, list[dict]]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(world / "tokenizer"))
+    rows = ev.load_eval_rows(["synthetic"], world_dir=world, limit=8)
+    cfg = ev.eval_rollout_config(RolloutConfig(max_tokens_per_turn=64), max_turns=4, topk=3)
+    res = ev.evaluate(rows, backend=ScriptedBackend(_oracle(tok, rows["synthetic"]), tok), tokenizer=tok,
+                      retriever=retriever, rollout_cfg=cfg, out_dir=out, batch_size=3, progress=False)
+    return res, _check_outputs(out, 8)[1]
+
+
+def test_eval_oracle_policy_real_retriever(tiny_world, tmp_path):
+    from retriever.inprocess import InProcessRetriever
+
+    res, recs = _oracle_eval(tiny_world, tmp_path, InProcessRetriever(str(tiny_world / "index")))
+    assert res["average_em"] == pytest.approx(0.5)  # gold for every other question
+    m = res["datasets"]["synthetic"]
+    assert (m["mean_valid_searches"], m["mean_turns"], m["invalid_action_rate"]) == (1.0, 2.0, 0.0)
+    # the real index finds a supporting passage of most questions in the top 3
+    rows = {r["id"]: r for r in ev.load_eval_rows(["synthetic"], world_dir=tiny_world, limit=8)["synthetic"]}
+    found = [bool(set(r["retrieved_ids"][0]) & set(rows[r["id"]]["metadata"]["support_ids"])) for r in recs]
+    assert sum(found) >= len(found) // 2
+
+
+@pytest.mark.slow
+def test_eval_through_http_service(tiny_world, tmp_path):
+    from retriever.client import RetrieverClient
+    from retriever.inprocess import InProcessRetriever
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "retriever", "serve", "--index", str(tiny_world / "index"),
+                             "--port", "0"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        url, deadline, seen = None, time.time() + 120, []
+        while time.time() < deadline and url is None:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+            m = re.search(r"retriever ready on (http://\S+)", line)
+            url = m.group(1) if m else None
+        assert url, "service did not start:\n" + "".join(seen)
+        # same index, same oracle: the service returns exactly what the in-process retriever returns
+        _, http_recs = _oracle_eval(tiny_world, tmp_path / "http", RetrieverClient(url))
+        _, local_recs = _oracle_eval(tiny_world, tmp_path / "local", InProcessRetriever(str(tiny_world / "index")))
+        assert [r["retrieved_ids"] for r in http_recs] == [r["retrieved_ids"] for r in local_recs]
+        # the CLI with the tiny policy through the service, then compare mode over the two outputs
+        cli = _cli()
+        assert cli.main(_args(tiny_world, tmp_path / "cli", "--retriever-url", url)) == 0
+        _check_outputs(tmp_path / "cli", LIMIT)
+        assert cli.main(["--compare-dirs", str(tmp_path / "local"), str(tmp_path / "http"), "--out",
+                         str(tmp_path / "cmp")]) == 0
+        md = (tmp_path / "cmp" / ev.RESULTS_MD).read_text()
+        assert "| local | 0.500 | 0.500 | base |" in md and "| http | 0.500 | 0.500 | +0.0% |" in md
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
