@@ -1,0 +1,219 @@
+"""Backends: sampling math, stop detection, the HF KV-cache sampler, and the vLLM adapter's pure logic (fakes)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from searchr1_lld.config import RolloutConfig
+from searchr1_lld.rollout.backends.base import GenerationOutput, StopDetector
+from searchr1_lld.rollout.backends.hf import HFBackend, sample_next_token, top_p_mask
+from searchr1_lld.rollout.backends.vllm import (
+    VLLMBackend,
+    build_llm_kwargs,
+    build_sampling_kwargs,
+    convert_completion,
+)
+from test_rollout_support import enc, make_model, make_tokenizer
+
+# ---------------------------------------------------------------------------------------------------- sampling math
+
+
+def test_top_p_mask_hand_computed():
+    probs = torch.tensor([[0.2, 0.5, 0.3], [0.25, 0.25, 0.5]])
+    keep = top_p_mask(probs, 0.6)
+    assert keep[0].tolist() == [False, True, True]
+    assert keep[1].sum() == 2 and bool(keep[1, 2])  # 0.5 plus one of the tied 0.25s
+    # mass before each token (sorted 0.5, 0.3, 0.2) is 0, .5, .8: top_p=0.5 keeps only the best
+    assert top_p_mask(probs[:1], 0.5).tolist() == [[False, True, False]]
+    assert top_p_mask(probs[:1], 1.0).tolist() == [[True, True, True]]
+
+
+def test_sample_next_token_logprob_convention_and_greedy():
+    logits = torch.tensor([[2.0, 0.5, -1.0], [0.0, 3.0, 1.0]])
+    tok, lp = sample_next_token(logits, temperature=0.7, top_p=1.0, greedy=True)
+    assert tok.tolist() == [0, 1]
+    assert torch.allclose(lp, torch.log_softmax(logits, -1)[[0, 1], [0, 1]])  # temperature ignored when greedy
+    g = torch.Generator().manual_seed(0)
+    tok, lp = sample_next_token(logits, temperature=0.7, top_p=1.0, greedy=False, generator=g)
+    ref = torch.log_softmax(logits / 0.7, -1).gather(-1, tok[:, None]).squeeze(-1)
+    assert torch.allclose(lp, ref)
+
+
+def test_top_p_never_samples_outside_the_nucleus():
+    logits = torch.log(torch.tensor([[0.6, 0.3, 0.1]])).repeat(2000, 1)
+    g = torch.Generator().manual_seed(1)
+    tok, _ = sample_next_token(logits, temperature=1.0, top_p=0.8, greedy=False, generator=g)
+    counts = torch.bincount(tok, minlength=3).tolist()
+    assert counts[2] == 0 and counts[0] > counts[1] > 0
+
+
+# ---------------------------------------------------------------------------------------------------- stop detection
+
+
+def test_stop_detector_matches_text_across_tokens_and_eos():
+    tok = make_tokenizer()
+    ids = enc("the river Keln flows from Mount Tor")
+    det = StopDetector(tok, ["Keln flows"], [tok.eos_token_id])
+    cut, stopped = det.cut(ids)
+    assert stopped and tok.decode(cut).endswith("Keln flows") and len(cut) < len(ids)
+    assert not det.is_stop(cut[:-1])
+    cut, stopped = det.cut(enc("nothing here") + [tok.eos_token_id, 5, 6])
+    assert stopped and cut[-1] == tok.eos_token_id
+    cut, stopped = StopDetector(tok, ["</search>"]).cut(enc("<search> q </search> more"))
+    assert stopped and cut == enc("<search> q </search>")
+
+
+def test_generation_output_validates():
+    with pytest.raises(ValueError, match="finish_reason"):
+        GenerationOutput([1], [0.0], "eos")
+    with pytest.raises(ValueError, match="logprobs"):
+        GenerationOutput([1, 2], [0.0], "stop")
+
+
+# ---------------------------------------------------------------------------------------------------- HF backend
+
+
+def _forward_logprobs(model, prompt, gen):
+    ids = torch.tensor([prompt + gen])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float()
+    lp = torch.log_softmax(logits[len(prompt) - 1 : -1], -1)
+    return lp.gather(-1, torch.tensor(gen)[:, None]).squeeze(-1), logits
+
+
+def test_hf_greedy_batch_matches_single_prompt_and_forward_pass():
+    tok, model = make_tokenizer(), make_model()
+    prompts = [enc("Where is Lake Varo?"), enc("Question: what is the capital of Ostria and why?"), enc("Brelm")]
+    be = HFBackend(model, tok, batch_size=8)
+    outs = be.generate(prompts, max_new_tokens=12, stop_strings=[], temperature=1.0, top_p=1.0, greedy=True)
+    for p, out in zip(prompts, outs):
+        single = be.generate([p], max_new_tokens=12, stop_strings=[], temperature=1.0, top_p=1.0, greedy=True)[0]
+        assert out.token_ids == single.token_ids and out.finish_reason == "length" and len(out.token_ids) == 12
+        ref, logits = _forward_logprobs(model, p, out.token_ids)
+        assert torch.allclose(torch.tensor(out.logprobs), ref, atol=1e-4)
+        assert out.token_ids[0] == int(logits[len(p) - 1].argmax())
+
+
+def test_hf_stops_each_sequence_on_its_own_stop_string():
+    tok, model = make_tokenizer(), make_model()
+    prompts = [enc("Where is Lake Varo?"), enc("Brelm is the capital")]
+    be = HFBackend(model, tok, batch_size=2)
+    free = be.generate(prompts, max_new_tokens=10, stop_strings=[], temperature=1.0, top_p=1.0, greedy=True)
+    stop = tok.decode(free[0].token_ids[:4])  # text of the first 4 tokens of sequence 0
+    assert stop not in tok.decode(free[1].token_ids)
+    outs = be.generate(prompts, max_new_tokens=10, stop_strings=[stop], temperature=1.0, top_p=1.0, greedy=True)
+    k = len(outs[0].token_ids)
+    assert outs[0].finish_reason == "stop" and k <= 4 and outs[0].token_ids == free[0].token_ids[:k]
+    assert stop in tok.decode(outs[0].token_ids)
+    assert outs[1].token_ids == free[1].token_ids and outs[1].finish_reason == "length"
+
+
+def test_hf_sampling_is_seeded_and_reports_tempered_logprobs():
+    tok, model = make_tokenizer(), make_model()
+    prompts = [enc("Where is Lake Varo?")] * 3
+    a = HFBackend(model, tok, seed=3).generate(prompts, max_new_tokens=6, stop_strings=[], temperature=0.8, top_p=0.9,
+                                               greedy=False)
+    b = HFBackend(model, tok, seed=3).generate(prompts, max_new_tokens=6, stop_strings=[], temperature=0.8, top_p=0.9,
+                                               greedy=False)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    p = prompts[0]
+    _, logits = _forward_logprobs(model, p, a[0].token_ids)
+    ref = torch.log_softmax(logits[len(p) - 1 : -1] / 0.8, -1).gather(-1, torch.tensor(a[0].token_ids)[:, None])
+    assert torch.allclose(torch.tensor(a[0].logprobs), ref.squeeze(-1), atol=1e-4)
+    with pytest.raises(ValueError, match="temperature"):
+        HFBackend(model, tok).generate(prompts, max_new_tokens=2, stop_strings=[], temperature=0.0, top_p=1.0,
+                                       greedy=False)
+
+
+def test_hf_sync_weights_noop_for_same_module_and_copies_otherwise():
+    tok, model = make_tokenizer(), make_model(seed=0)
+    be = HFBackend(model, tok)
+    be.sync_weights(model)
+    assert be.model is model
+    other = make_model(seed=1)
+    be.sync_weights(other)
+    for (n1, p1), (_, p2) in zip(model.named_parameters(), other.named_parameters()):
+        assert torch.equal(p1, p2), n1
+
+
+# ---------------------------------------------------------------------------------------------------- vLLM adapter
+
+
+def test_vllm_param_building():
+    cfg = RolloutConfig(vllm_gpu_memory_utilization=0.3, max_total_length=3000)
+    kw = build_llm_kwargs("/models/qwen", cfg, seed=7)
+    assert kw["model"] == kw["tokenizer"] == "/models/qwen" and kw["gpu_memory_utilization"] == 0.3
+    assert kw["enable_sleep_mode"] is True and kw["max_model_len"] == 3000 and kw["seed"] == 7
+    assert kw["logprobs_mode"] == "processed_logprobs"
+    cfg.vllm_logprobs_mode = ""
+    assert "logprobs_mode" not in build_llm_kwargs("/m", cfg)
+    s = build_sampling_kwargs(max_new_tokens=500, stop_strings=["</search>", "</answer>"], temperature=1.0, top_p=0.9,
+                              greedy=False, n=5)
+    assert s["stop"] == ["</search>", "</answer>"] and s["include_stop_str_in_output"] is True
+    assert (s["n"], s["temperature"], s["top_p"], s["max_tokens"], s["logprobs"]) == (5, 1.0, 0.9, 500, 0)
+    assert s["skip_special_tokens"] is False
+    g = build_sampling_kwargs(max_new_tokens=5, stop_strings=[], temperature=1.0, top_p=0.9, greedy=True)
+    assert (g["temperature"], g["top_p"]) == (0.0, 1.0)
+
+
+def _completion(ids, lps, reason="stop", wrap=True):
+    entries = [{t: (SimpleNamespace(logprob=lp, rank=1) if wrap else lp), 99: SimpleNamespace(logprob=-9.0)}
+               for t, lp in zip(ids, lps)]
+    return SimpleNamespace(token_ids=ids, logprobs=entries, finish_reason=reason)
+
+
+def test_vllm_output_conversion():
+    out = convert_completion(_completion([5, 6, 7], [-0.1, -0.2, -0.3]))
+    assert out.token_ids == [5, 6, 7] and out.logprobs == pytest.approx([-0.1, -0.2, -0.3]) and out.finish_reason == "stop"
+    assert convert_completion(_completion([5], [-0.5], "length", wrap=False)).logprobs == [-0.5]
+    nolp = SimpleNamespace(token_ids=[1, 2], logprobs=None, finish_reason="length")
+    assert convert_completion(nolp).logprobs is None
+    missing = SimpleNamespace(token_ids=[1], logprobs=[{2: SimpleNamespace(logprob=-1.0)}], finish_reason="stop")
+    with pytest.raises(RuntimeError, match="sampled token"):
+        convert_completion(missing)
+    with pytest.raises(RuntimeError, match="abort"):
+        convert_completion(_completion([1], [-1.0], "abort"))
+
+
+class FakeLLM:
+    def __init__(self):
+        self.log: list = []
+        self.loaded: list = []
+
+    def generate(self, requests, sampling_params, use_tqdm):
+        self.log.append(("generate", requests, sampling_params))
+        return [SimpleNamespace(outputs=[_completion([len(r["prompt_token_ids"])], [-0.5])]) for r in requests]
+
+    def sleep(self, level):
+        self.log.append(("sleep", level))
+
+    def wake_up(self, tags=None):
+        self.log.append(("wake_up", tags))
+
+    def apply_model(self, fn):
+        fn(SimpleNamespace(load_weights=lambda weights: self.loaded.extend(weights)))
+
+    def reset_prefix_cache(self):
+        self.log.append(("reset_prefix_cache",))
+
+
+def test_vllm_backend_with_a_fake_engine():
+    llm = FakeLLM()
+    be = VLLMBackend("/m", make_tokenizer(), RolloutConfig(), llm=llm)
+    be._sampling_params = lambda **kw: build_sampling_kwargs(**kw)  # no vllm here: keep the kwargs
+    outs = be.generate([[1, 2, 3], [4]], max_new_tokens=8, stop_strings=["</search>"], temperature=1.0, top_p=1.0,
+                       greedy=False)
+    assert [o.token_ids for o in outs] == [[3], [1]]
+    _, requests, params = llm.log[0]
+    assert requests == [{"prompt_token_ids": [1, 2, 3]}, {"prompt_token_ids": [4]}] and params["max_tokens"] == 8
+    be.sleep()
+    model = torch.nn.Linear(2, 2)
+    be.sync_weights(model)
+    assert [name for name, _ in llm.loaded] == ["weight", "bias"]
+    assert torch.equal(dict(llm.loaded)["weight"], model.weight)
+    assert [e[0] for e in llm.log[1:]] == ["sleep", "wake_up", "reset_prefix_cache", "wake_up"]
+    assert llm.log[2][1] == ["weights"] and llm.log[4][1] == ["kv_cache"] and be._asleep is False
