@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--datasets", help="comma list of nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,musique,bamboogle,"
                                       "synthetic, or 'all' (default: eval.datasets of the config)")
     p.add_argument("--split", help="dataset split (default: test, else dev)")
+    p.add_argument("--flashrag-dir", help="local mirror of the FlashRAG files, DIR/<name>/<split>.jsonl "
+                                          "(default: $FLASHRAG_LOCAL_DIR, else the HF hub)")
     p.add_argument("--retriever-url", help="retriever HTTP service (Search-R1 /retrieve protocol)")
     p.add_argument("--index", help="index dir for an in-process retriever (default for synthetic: WORLD_DIR/index)")
     p.add_argument("--world-dir", default=None, help="synthetic world dir (default: data.world_dir, .cache/world)")
@@ -93,7 +95,8 @@ def evaluate_checkpoint(model: str | None, out_dir: Path, name: str, s: dict[str
         has_tok = Path(model_path).is_dir() and any((Path(model_path) / f).exists()
                                                     for f in ("tokenizer.json", "tokenizer_config.json"))
         tok_path = model_path if (has_tok or not synthetic) else str(s["world_dir"] / "tokenizer")
-    rows = ev.load_eval_rows(s["datasets"], world_dir=s["world_dir"], limit=s["limit"], split=args.split)
+    rows = ev.load_eval_rows(s["datasets"], world_dir=s["world_dir"], limit=s["limit"], split=args.split,
+                             flashrag_dir=args.flashrag_dir)
     shard = ev.parse_shard(args.shard)
     tokenizer = backend = retriever = None
     if ev.count_pending(rows, out_dir, shard):  # a finished (resumed) evaluation loads no model and no index

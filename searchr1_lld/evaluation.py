@@ -377,11 +377,12 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 
 def load_eval_rows(datasets: Sequence[str], *, world_dir: str | Path = ".cache/world", limit: int = 0,
-                   split: str | None = None) -> dict[str, list[dict[str, Any]]]:
+                   split: str | None = None, flashrag_dir: str | Path | None = None) -> dict[str, list[dict[str, Any]]]:
     """Rows of each dataset (first ``limit`` rows when limit > 0).
 
     ``synthetic``: ``world_dir/qa/test.jsonl``; a benchmark name: the FlashRAG loader in :mod:`data.flashrag`
-    (split = test if it exists, else dev, unless ``split`` is given).
+    (split = test if it exists, else dev, unless ``split`` is given; from the local mirror ``flashrag_dir`` or
+    $FLASHRAG_LOCAL_DIR when set, else the hub).
     """
     out: dict[str, list[dict[str, Any]]] = {}
     for name in datasets:
@@ -392,7 +393,7 @@ def load_eval_rows(datasets: Sequence[str], *, world_dir: str | Path = ".cache/w
                                 f"`python -m data.build_world --out {world_dir}`")
             rows = read_jsonl(path)
         else:
-            rows = _load_benchmark(name, split)
+            rows = _load_benchmark(name, split, flashrag_dir)
         if limit > 0:
             rows = rows[:limit]
         ids = [str(r["id"]) for r in rows]
@@ -402,11 +403,13 @@ def load_eval_rows(datasets: Sequence[str], *, world_dir: str | Path = ".cache/w
     return out
 
 
-def _load_benchmark(name: str, split: str | None) -> list[dict[str, Any]]:
+def _load_benchmark(name: str, split: str | None, flashrag_dir: str | Path | None) -> list[dict[str, Any]]:
     from data import flashrag  # the FlashRAG loader (hub or local mirror)
 
-    kwargs = {} if split is None else {"split": split}
-    return list(flashrag.load_eval_rows(name, **kwargs))
+    try:
+        return list(flashrag.load_eval_rows(name, split, local_dir=flashrag_dir))
+    except flashrag.FlashRAGError as e:
+        raise EvalError(str(e)) from e
 
 
 def make_retriever(*, url: str | None = None, index_dir: str | Path | None = None, **client_kwargs: Any) -> Any:

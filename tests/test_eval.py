@@ -199,3 +199,17 @@ def test_compare_dirs_cli(tmp_path):
     summary = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
     assert summary["base"] == "grpo" and summary["methods"]["llds"]["relative_gain"] == pytest.approx(0.5)
     assert cli.main(["--compare-dirs", str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2
+
+
+def test_benchmark_rows_from_a_local_flashrag_mirror(tmp_path):
+    (tmp_path / "bamboogle").mkdir()
+    raw = [{"id": f"b{i}", "question": f"who made thing {i}", "golden_answers": [f"Maker {i}"]} for i in range(5)]
+    (tmp_path / "bamboogle" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in raw))
+    rows = ev.load_eval_rows(["bamboogle"], flashrag_dir=tmp_path, limit=3)["bamboogle"]
+    assert [r["id"] for r in rows] == ["b0", "b1", "b2"]
+    assert rows[0]["question"] == "who made thing 0?" and rows[0]["golden_answers"] == ["Maker 0"]
+    with pytest.raises(ev.EvalError, match="musique"):
+        ev.load_eval_rows(["musique"], flashrag_dir=tmp_path)
+    (tmp_path / "bamboogle" / "test.jsonl").write_text(json.dumps(raw[0]) + "\n" + json.dumps(raw[0]) + "\n")
+    with pytest.raises(ev.EvalError, match="not unique"):
+        ev.load_eval_rows(["bamboogle"], flashrag_dir=tmp_path)
