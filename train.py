@@ -35,8 +35,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run directory: {trainer.run_dir}", flush=True)
     result = trainer.run(evaluate=not args.no_eval)
     if main_proc:
-        if result.eval_table:
-            print(result.eval_table)
         print(f"steps: {result.steps}  skipped updates: {result.skipped_steps}")
         print(f"run directory: {result.run_dir}", flush=True)
     return 0

@@ -1,0 +1,178 @@
+"""The learner on the tiny world: real optimiser steps, non-finite skip, resume equivalence, end-to-end over HTTP."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from searchr1_lld.config import load_config
+from searchr1_lld.trainer import Trainer, lr_factor, micro_batches_by_tokens
+
+from conftest import REPO_ROOT, TEST_WORLD_CONFIG
+
+SMALL = [
+    "trainer.train_batch_size=2", "trainer.ppo_mini_batch_size=1", "trainer.ppo_epochs=2", "rollout.n=2",
+    "rollout.max_turns=1", "rollout.max_tokens_per_turn=20", "rollout.max_obs_length=60",
+    "rollout.max_total_length=1024", "trainer.lr=1e-3", "trainer.warmup_ratio=0", "trainer.weight_decay=0",
+    "trainer.micro_batch_token_budget=400", "logging.progress_bar=false", "logging.plot_every=0",
+    "trainer.probe_every=1", "trainer.probe_size=2",
+]
+
+
+@pytest.fixture(scope="module")
+def shared_retriever(tiny_world):
+    from retriever.inprocess import InProcessRetriever
+
+    return InProcessRetriever(tiny_world / "index")
+
+
+def _cfg(tmp_path, *extra):
+    return load_config(None, SMALL + [f"trainer.output_dir={tmp_path}", "trainer.run_name=run", *extra])
+
+
+def _trainer(cfg, tiny_world, retriever):
+    tr = Trainer(cfg, world_dir=tiny_world, retriever=retriever)
+    real_rollout = tr.rollout
+
+    def rollout_with_mixed_rewards(rows, **kw):
+        # the untrained tiny test policy rarely answers right: give every group one correct and one wrong response
+        trajs = real_rollout(rows, **kw)
+        if not kw.get("greedy"):
+            for i, t in enumerate(trajs):
+                t.reward = float(i % 2 == 0)
+        return trajs
+
+    tr.rollout = rollout_with_mixed_rewards
+    return tr
+
+
+def _params(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_micro_batches_respect_token_budget_and_sort():
+    lengths = [5, 50, 7, 40, 6, 100]
+    mbs = micro_batches_by_tokens(lengths, range(6), token_budget=100)
+    assert sorted(i for mb in mbs for i in mb) == list(range(6))
+    for mb in mbs:
+        assert len(mb) == 1 or len(mb) * max(lengths[i] for i in mb) <= 100
+    assert mbs[0] == [0, 4, 2]  # shortest first, packed together
+
+
+def test_lr_factor_warmup_and_cosine():
+    assert lr_factor(0, 10, 0.2, "constant") == pytest.approx(0.5)
+    assert lr_factor(1, 10, 0.2, "constant") == pytest.approx(1.0)
+    assert lr_factor(5, 10, 0.2, "constant") == 1.0
+    assert lr_factor(2, 10, 0.2, "cosine") == pytest.approx(1.0)
+    assert lr_factor(10, 10, 0.2, "cosine") == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("variant", ["llds", "grpo"])
+def test_one_real_step(tmp_path, tiny_world, shared_retriever, variant):
+    extra = ["algorithm.llds.lam=0"] if variant == "grpo" else ["algorithm.llds.ma=fixed"]
+    tr = _trainer(_cfg(tmp_path, *extra), tiny_world, shared_retriever)
+    before = _params(tr.model)
+    m = tr.train_step()
+    after = _params(tr.model)
+    assert any(not torch.equal(a, b) for a, b in zip(before, after)), "parameters did not change"
+    for key in ("actor/pg_loss", "actor/entropy", "actor/kl_ref", "actor/grad_norm", "actor/approx_kl",
+                "lld/correct_logp_old_per_token", "lld/correct_delta_per_token", "lld/rate"):
+        assert math.isfinite(m[key]), key
+    assert m["actor/updates"] == 4 and m["actor/skipped_updates"] == 0  # 2 epochs x 2 mini-batches
+    assert m["actor/grad_norm"] > 0
+    assert "probe/logp_per_token" in m and m["phase/name"] in ("healthy", "early_stagnation", "steady_decay",
+                                                                 "accelerated_collapse")
+    if variant == "llds":
+        # after the first mini-batch update logp_new != logp_old, so LLDS acts on some tokens
+        assert m["llds/active_token_frac"] > 0 and math.isfinite(m["llds/loss"])
+        assert m["llds/lam_answer_effective"] == pytest.approx(0.2)
+    else:
+        assert "llds/active_token_frac" not in m
+
+
+def test_nonfinite_gradient_is_skipped(tmp_path, tiny_world, shared_retriever):
+    tr = _trainer(_cfg(tmp_path, "trainer.ppo_epochs=1"), tiny_world, shared_retriever)
+    first = next(tr.model.parameters())
+    handle = first.register_hook(lambda g: g * float("nan"))
+    before = _params(tr.model)
+    m = tr.train_step()
+    handle.remove()
+    assert m["actor/skipped_updates"] == 2 and tr.skipped_steps == 2
+    assert all(torch.equal(a, b) for a, b in zip(before, _params(tr.model))), "a non-finite update was applied"
+    assert math.isnan(m["actor/grad_norm"])
+
+
+def test_llds_noop_warning(tmp_path, tiny_world, shared_retriever):
+    cfg = _cfg(tmp_path, "trainer.ppo_epochs=1", "trainer.ppo_mini_batch_size=2")
+    with pytest.warns(UserWarning, match="permanent no-op"):
+        Trainer(cfg, world_dir=tiny_world, retriever=shared_retriever)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        Trainer(_cfg(tmp_path, "trainer.ppo_epochs=1", "trainer.ppo_mini_batch_size=2", "algorithm.llds.enabled=false"),
+                world_dir=tiny_world, retriever=shared_retriever)
+
+
+def test_resume_reproduces_the_next_step(tmp_path, tiny_world, shared_retriever):
+    common = ["trainer.total_steps=2", "trainer.save_every=1", "trainer.keep_last_k=3"]
+    # uninterrupted: 2 steps
+    a = _trainer(_cfg(tmp_path / "a", *common, "trainer.resume=never"), tiny_world, shared_retriever)
+    res_a = a.run(evaluate=False)
+    # interrupted after 1 step (checkpoint written), then a fresh process resumes
+    cfg_b = _cfg(tmp_path / "b", *common, "trainer.resume=auto")
+    b1 = _trainer(cfg_b, tiny_world, shared_retriever)
+    b1.train_step()
+    b1.save()
+    # a half-written later checkpoint (crash during save) must be ignored
+    (b1.run_dir / "checkpoints" / "step_000002").mkdir(parents=True)
+    del b1
+    b2 = _trainer(cfg_b, tiny_world, shared_retriever)
+    res_b = b2.run(evaluate=False)
+    assert res_b.steps == 2 and len(res_b.history) == 1  # only step 2 ran after the resume
+    for pa, pb in zip(a.model.parameters(), b2.model.parameters()):
+        assert torch.equal(pa, pb)
+    ma, mb = res_a.history[-1], res_b.history[-1]
+    for key in ("reward/em_mean", "actor/pg_loss", "actor/grad_norm", "lld/correct_logp_old_per_token", "llds/loss"):
+        assert ma[key] == mb[key] or (math.isnan(ma[key]) and math.isnan(mb[key])), key
+
+
+@pytest.mark.slow
+def test_train_py_end_to_end_over_http(tmp_path, tiny_world):
+    """train.py through the real retriever service on loopback: 2 steps, before/after EM table written."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "retriever", "serve", "--index", str(tiny_world / "index"), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT,
+    )
+    try:
+        url = None
+        for line in server.stdout:
+            found = re.search(r"retriever ready on (http://127\.0\.0\.1:\d+)", line)
+            if found:
+                url = found.group(1)
+                break
+        assert url, "retriever service did not start"
+        world = [f"data.world.{k}={v}" for k, v in dataclasses.asdict(TEST_WORLD_CONFIG).items()]
+        args = ["--config", str(REPO_ROOT / "configs" / "tiny.yaml"), *SMALL, *world,
+                f"data.world_dir={tiny_world}", "retriever.mode=http", f"retriever.url={url}",
+                "trainer.total_steps=2", f"trainer.output_dir={tmp_path}", "trainer.run_name=e2e",
+                "trainer.eval_limit=4", "trainer.save_every=1"]
+        out = subprocess.run([sys.executable, "train.py", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                             timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        run_dir = tmp_path / "e2e"
+        assert out.stdout.count(f"run directory: {run_dir}") == 2
+        assert "| synthetic world |" in (run_dir / "eval.md").read_text()
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        assert len(lines) == 2
+        assert (run_dir / "checkpoints" / "step_000002" / "COMPLETE").is_file()
+        assert (run_dir / "plots" / "likelihood.png").is_file()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
