@@ -45,6 +45,35 @@ def per_response_advantage(advantages: torch.Tensor, response_mask: torch.Tensor
     return torch.where(m.any(dim=1), adv, torch.zeros_like(adv))
 
 
+def _preserving_rows(advantages: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """``[B]`` bool: i in P. ``[B]`` advantages: A_i >= 0. ``[B, T]``: every response token's advantage is >= 0
+    (the same thing for token-broadcast advantages; two tensor ops instead of a gather)."""
+    if advantages.dim() == 1:
+        if advantages.shape[0] != m.shape[0]:
+            raise ValueError(f"advantages [B] has B={advantages.shape[0]} but response_mask has B={m.shape[0]}")
+        return advantages.detach() >= 0
+    if advantages.shape != m.shape:
+        raise ValueError(f"advantages must be [B] or [B, T] like response_mask {tuple(m.shape)}; got {tuple(advantages.shape)}")
+    return torch.where(m, advantages.detach(), 0.0).amin(dim=1) >= 0
+
+
+class _WeightedDisplacementMean(torch.autograd.Function):
+    """L = sum(w * d) / den with d = logp_old - logp_new given (detached) and w constant; dL/dlogp_new = -w / den.
+
+    Same value and gradient as autograd through ``(w * (logp_old - logp_new)).sum() / den``, with one multiply in
+    backward instead of four tensor ops (this keeps LLDS cheap next to the policy loss)."""
+
+    @staticmethod
+    def forward(ctx, logp_new: torch.Tensor, displacement: torch.Tensor, weight: torch.Tensor, den: torch.Tensor):
+        ctx.save_for_backward(weight, den)
+        return (weight * displacement).sum() / den
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        weight, den = ctx.saved_tensors
+        return weight * (-grad_out / den), None, None, None
+
+
 def _span_starts(m: torch.Tensor) -> torch.Tensor:
     """[B, T] bool: True on the first token of every action span (maximal run of m)."""
     starts = m.clone()
@@ -60,10 +89,12 @@ def _gate(d_masked: torch.Tensor, m: torch.Tensor, starts: torch.Tensor, in_p: t
     if gate == "response":
         return m & (in_p & (d_masked.sum(dim=1) > tau))[:, None]
     if gate == "action":
-        # per-span sums with one scatter-add; a row has at most T spans, so index T is never exceeded.
-        span_ids = (torch.cumsum(starts, dim=1) - 1).clamp_(min=0)  # tokens outside m add 0 (d_masked is 0 there)
-        span_sum = torch.zeros_like(d_masked).scatter_add_(1, span_ids, d_masked)  # [B, T]: sum of d over span k
-        return m & in_p[:, None] & (span_sum.gather(1, span_ids) > tau)
+        # per-span sums with one scatter-add. span_ids = 1-based span number (0 before the first span); a row has at
+        # most T spans, so T + 1 slots suffice. Tokens outside m add 0 (d_masked is 0 there).
+        span_ids = torch.cumsum(starts, dim=1)
+        b, t = d_masked.shape
+        span_sum = torch.zeros(b, t + 1, dtype=d_masked.dtype, device=d_masked.device).scatter_add_(1, span_ids, d_masked)
+        return (span_sum.gather(1, span_ids) > tau) & m & in_p[:, None]
     raise ValueError(f"unknown LLDS gate {gate!r}; expected one of {list(GATES)}")
 
 
@@ -120,7 +151,8 @@ def llds_loss(
         llds/loss                the loss value
 
     Implementation: the constant weight w = m g c 1[d > 0] is built without gradient, then L = sum(w d) / sum(m)
-    (identical value and gradient to sum(m g c relu(d)) / sum(m); one multiply in backward).
+    (identical value and gradient to sum(m g c relu(d)) / sum(m)) through a tiny autograd Function whose backward is
+    one multiply. P for ``[B, T]`` advantages: every response token's advantage >= 0 (= A_i >= 0 when broadcast).
     """
     if not (logp_new.shape == logp_old.shape == response_mask.shape) or logp_new.dim() != 2:
         raise ValueError(
@@ -138,35 +170,35 @@ def llds_loss(
     if answer_mask is not None and answer_mask.shape != response_mask.shape:
         raise ValueError(f"answer_mask must be [B, T] like response_mask; got {tuple(answer_mask.shape)}")
 
-    d = logp_old.detach() - logp_new  # [B, T], gradient through logp_new
     with torch.no_grad():
         m = response_mask.detach()
         m = m if m.dtype == torch.bool else m != 0
-        dd = d.detach()
+        dd = logp_old.detach() - logp_new.detach()  # d, [B, T]
         d_masked = torch.where(m, dd, 0.0)
-        in_p = per_response_advantage(advantages, m) >= 0  # [B]
+        in_p = _preserving_rows(advantages, m)  # [B]
         starts = _span_starts(m)
         g = _gate(d_masked, m, starts, in_p, gate, tau)
         active = g & (dd > 0)
         weight = active.to(dd.dtype) * float(lam)  # m g c 1[d > 0] with c = lam
         if answer_mask is not None and lam_answer is not None:  # LLDS-MA: c = min(lam_answer, lam) on the answer span
             weight.masked_fill_(active & (answer_mask.detach() != 0), min(float(lam_answer), float(lam)))
-        tokens_per_row = m.sum(dim=1)
+        tokens_per_row = torch.count_nonzero(m, dim=1)  # (bool .sum() casts to int64 first: slow)
         n_tok = tokens_per_row.sum()
         den = n_tok.to(dd.dtype) if denominator is None else torch.tensor(float(denominator), dtype=dd.dtype, device=dd.device)
         safe_den = torch.where(den > 0, den, torch.ones_like(den))
-    loss = (weight * d).sum() / safe_den  # 0 when the mask is empty (weight is 0 there), graph intact
+    # = sum(m g c relu(d)) / den; 0 when the mask is empty (weight is 0 there), graph intact
+    loss = _WeightedDisplacementMean.apply(logp_new, dd, weight, safe_den)
 
     with torch.no_grad():
         p_rows = in_p & (tokens_per_row > 0)
         p_tokens = (tokens_per_row * p_rows).sum()
         stats = torch.stack(
             [
-                (weight > 0).sum() / n_tok.clamp(min=1),
-                g.any(dim=1).sum(),
-                p_rows.sum(),
-                (starts & g).sum(),
-                starts.sum(),
+                torch.count_nonzero(weight) / n_tok.clamp(min=1),
+                torch.count_nonzero(g.any(dim=1)),
+                torch.count_nonzero(p_rows),
+                torch.count_nonzero(starts & g),
+                torch.count_nonzero(starts),
                 (d_masked.clamp(min=0).sum(dim=1) * p_rows).sum() / p_tokens.clamp(min=1),
                 d_masked.sum() / n_tok.clamp(min=1),
                 loss.detach(),
