@@ -95,3 +95,27 @@ def test_collect_table_and_figure(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     with pytest.raises(ConfigError, match="metrics.jsonl"):
         sweep.collect([tmp_path / "out"], tmp_path / "out2")
+
+
+@pytest.mark.slow
+def test_local_sweep_trains_each_run_and_collects(tiny_world, tiny_world_config, tmp_path, capsys):
+    """Two 1-step runs on the tiny world through searchr1_lld.trainer.train, then the table and figure."""
+    import dataclasses
+
+    tiny = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+    world = [f"data.world.{k}={v}" for k, v in dataclasses.asdict(tiny_world_config).items()]
+    small = ["trainer.total_steps=1", "trainer.train_batch_size=2", "trainer.ppo_mini_batch_size=1", "rollout.n=2",
+             "rollout.max_turns=1", "rollout.max_tokens_per_turn=16", "rollout.max_obs_length=60",
+             "trainer.micro_batch_token_budget=400", "logging.progress_bar=false", "logging.plot_every=0",
+             "trainer.probe_every=1", "trainer.probe_size=2", "trainer.eval_limit=2", "trainer.save_every=0",
+             "trainer.resume=never", f"trainer.output_dir={tmp_path / 'runs'}", f"data.world_dir={tiny_world}"]
+    out = tmp_path / "sweep"
+    assert sweep.main(["expand", "--base", str(tiny), "--grid", "algorithm.llds.lam=0,0.2", "--local",
+                       "--out", str(out), "--set", *world, *small]) == 0
+    runs = json.loads((out / "sweep.json").read_text())
+    assert [r["run"] for r in runs] == ["tiny-lam=0", "tiny-lam=0.2"]
+    assert [r["lam"] for r in runs] == [0.0, 0.2]  # read back from each run's saved config
+    for r in runs:
+        assert Path(r["run_dir"]).parent == tmp_path / "runs" and r["steps"] == 1
+        assert r["final_em"] is not None and r["collapse_step"] in ("none", 1)
+    assert (out / "sweep.png").is_file() and "tiny-lam=0.2" in capsys.readouterr().out
