@@ -31,9 +31,21 @@ BUILD_VERSION = 1  # bump when the generator or the policy recipe changes: old c
 CARD = "world.json"
 
 
+RECIPE_FILES = ("world.py", "tiny_policy.py")  # their source is part of the cache key: edit them -> rebuild
+
+
+def recipe_digest() -> str:
+    """sha256 of the generator and policy-recipe source files."""
+    h = hashlib.sha256()
+    for name in RECIPE_FILES:
+        h.update((Path(__file__).parent / name).read_bytes())
+    return h.hexdigest()
+
+
 def world_config_hash(cfg: WorldConfig) -> str:
-    """Stable short hash of the config (and the build recipe version)."""
-    payload = json.dumps({"build_version": BUILD_VERSION, **dataclasses.asdict(cfg)}, sort_keys=True)
+    """Stable short hash of the config, the build version and the recipe source (``recipe_digest``)."""
+    payload = json.dumps({"build_version": BUILD_VERSION, "recipe": recipe_digest(), **dataclasses.asdict(cfg)},
+                         sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 

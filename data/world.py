@@ -204,9 +204,11 @@ SINGLE_HOP = {
 MULTI_HOP = {
     "founder_birth_year": ["In which year was the founder of {s} born?", "When was the founder of {s} born?"],
     "founder_birth_city": ["In which city was the founder of {s} born?", "Where was the founder of {s} born?"],
-    "founder_occupation": ["What was the occupation of the founder of {s}?"],
-    "hq_river": ["Which river flows through the city where {s} is headquartered?"],
-    "birthplace_river": ["Which river flows through the birthplace of {s}?"],
+    "founder_occupation": ["What was the occupation of the founder of {s}?", "What did the founder of {s} work as?"],
+    "hq_river": ["Which river flows through the city where {s} is headquartered?",
+                 "On which river lies the headquarters city of {s}?"],
+    "birthplace_river": ["Which river flows through the birthplace of {s}?",
+                         "Which river flows through the city where {s} was born?"],
 }
 
 

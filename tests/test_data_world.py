@@ -1,0 +1,158 @@
+"""The synthetic world: determinism, answerability, real multi-hop structure, no entity leakage, files on disk."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from data.build_world import ensure_world, parse_world_overrides, read_card, world_config_hash
+from data.world import generate_world, read_jsonl
+from searchr1_lld.config import ConfigError, WorldConfig
+from searchr1_lld.rewards import normalize_answer
+
+DEFAULT = WorldConfig()
+
+
+def _norm_in(answer: str, text: str) -> bool:
+    return f" {normalize_answer(answer)} " in f" {normalize_answer(text)} "
+
+
+def _title(contents: str) -> str:
+    return contents.split("\n", 1)[0].strip('"')
+
+
+@pytest.fixture(scope="module")
+def world():
+    return generate_world(DEFAULT)
+
+
+def test_deterministic_for_a_seed() -> None:
+    a, b = generate_world(DEFAULT), generate_world(DEFAULT)
+    assert a.passages == b.passages and a.train_rows == b.train_rows and a.test_rows == b.test_rows
+    c = generate_world(dataclasses.replace(DEFAULT, seed=1))
+    assert c.passages != a.passages
+
+
+def test_sizes_follow_the_config(world) -> None:
+    counts = world.counts()
+    assert (counts["people"], counts["cities"], counts["companies"], counts["rivers"]) == (60, 20, 24, 8)
+    assert counts["distractor_passages"] == 60 + 20 + 24  # one per person, city, company
+    assert counts["train_questions"] == 400 and counts["test_questions"] == 100
+    assert counts["train_multi_hop"] == round(400 * 0.4) and counts["test_multi_hop"] == round(100 * 0.4)
+
+
+def test_corpus_format(world) -> None:
+    ids = [p["id"] for p in world.passages]
+    assert len(set(ids)) == len(ids)
+    titles = [_title(p["contents"]) for p in world.passages]
+    assert len(set(titles)) == len(titles), "two passages share a title"
+    for p in world.passages:
+        assert p["contents"].startswith('"') and '"\n' in p["contents"]
+
+
+def test_row_schema(world) -> None:
+    for r in world.train_rows + world.test_rows:
+        assert set(r) == {"id", "question", "golden_answers", "data_source", "metadata"}
+        assert r["question"].endswith("?") and r["golden_answers"] and r["data_source"] == "synthetic"
+        assert r["metadata"]["hops"] in (1, 2) and len(r["metadata"]["support_ids"]) == r["metadata"]["hops"]
+    assert len({r["id"] for r in world.train_rows + world.test_rows}) == 500
+
+
+def test_every_answer_is_stated_by_its_support_passage(world) -> None:
+    for r in world.train_rows + world.test_rows:
+        last = world.passage(r["metadata"]["support_ids"][-1])["contents"]
+        assert any(_norm_in(g, last) for g in r["golden_answers"]), (r, last)
+        assert _norm_in(r["metadata"]["subject"], world.passage(r["metadata"]["support_ids"][0])["contents"])
+
+
+def test_multi_hop_questions_need_two_passages(world) -> None:
+    multi = [r for r in world.train_rows + world.test_rows if r["metadata"]["hops"] == 2]
+    assert multi
+    for r in multi:
+        first_id, second_id = r["metadata"]["support_ids"]
+        first, second = world.passage(first_id)["contents"], world.passage(second_id)["contents"]
+        bridge, subject = r["metadata"]["bridge"], r["metadata"]["subject"]
+        assert first_id != second_id
+        assert not any(_norm_in(g, first) for g in r["golden_answers"]), "answerable from the first passage alone"
+        assert _norm_in(bridge, first) and _title(second) == bridge  # the first passage leads to the second
+        assert not _norm_in(subject, second), "the second passage alone would identify the subject"
+        assert not _norm_in(bridge, r["question"]), "the question must not give the bridge away"
+
+
+def test_no_entity_leakage_into_test(world) -> None:
+    train_subjects = {r["metadata"]["subject"] for r in world.train_rows}
+    train_bridges = {r["metadata"]["bridge"] for r in world.train_rows} - {""}
+    for r in world.test_rows:
+        assert r["metadata"]["subject"] not in train_subjects
+        # a test question's bridge fact is never the target of a training question
+        assert r["metadata"]["bridge"] not in train_subjects | train_bridges
+    train_q = {r["question"] for r in world.train_rows}
+    assert not train_q & {r["question"] for r in world.test_rows}
+
+
+def test_distractors_have_similar_names(world) -> None:
+    real = [p for p in world.people if p.split != "distractor"]
+    fake = [p for p in world.people if p.split == "distractor"]
+    for p in real:
+        first, last = p.name.split(" ", 1)
+        assert any(f.name.startswith(first + " ") or f.name.endswith(" " + last) for f in fake), p.name
+    assert not {p.name for p in real} & {f.name for f in fake}
+
+
+def test_impossible_sizes_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="num_people"):
+        generate_world(dataclasses.replace(DEFAULT, num_people=1))
+    with pytest.raises(ValueError, match="distinct ones"):
+        generate_world(dataclasses.replace(DEFAULT, num_train_questions=100_000))
+
+
+def test_overrides_parse_and_hash() -> None:
+    cfg = parse_world_overrides(["num_people=80", "data.world.seed=3", "retriever=bm25"])
+    assert (cfg.num_people, cfg.seed, cfg.retriever) == (80, 3, "bm25")
+    assert world_config_hash(cfg) != world_config_hash(DEFAULT)
+    assert world_config_hash(dataclasses.replace(DEFAULT)) == world_config_hash(DEFAULT)
+    with pytest.raises(ConfigError, match="unknown key world.nope"):
+        parse_world_overrides(["nope=1"])
+    with pytest.raises(ConfigError, match="expected an integer"):
+        parse_world_overrides(["num_people=many"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the built world on disk (the shared tiny_world fixture)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_world_layout_on_disk(tiny_world: Path, tiny_world_config: WorldConfig) -> None:
+    for name in ("corpus.jsonl", "index/manifest.json", "qa/train.jsonl", "qa/test.jsonl", "tokenizer",
+                 "model/config.json", "world.json"):
+        assert (tiny_world / name).exists(), name
+    card = read_card(tiny_world)
+    assert card["config_hash"] == world_config_hash(tiny_world_config)
+    corpus = read_jsonl(tiny_world / "corpus.jsonl")
+    ids = {d["id"] for d in corpus}
+    rows = read_jsonl(tiny_world / "qa" / "test.jsonl")
+    assert len(rows) == tiny_world_config.num_test_questions == card["counts"]["test_questions"]
+    for r in rows + read_jsonl(tiny_world / "qa" / "train.jsonl"):
+        assert set(r["metadata"]["support_ids"]) <= ids
+    assert generate_world(tiny_world_config).passages == corpus  # the files are the generator's output
+
+
+def test_retriever_finds_single_hop_support(tiny_world: Path, world_rows: list[dict]) -> None:
+    """Searching the subject's name returns its passage in the top 3 for most questions (the world is solvable)."""
+    from retriever.inprocess import InProcessRetriever
+
+    r = InProcessRetriever(tiny_world / "index")
+    hits = r.search([row["metadata"]["subject"] for row in world_rows], 3)
+    found = [row["metadata"]["support_ids"][0] in {h["id"] for h in hs} for row, hs in zip(world_rows, hits)]
+    assert sum(found) / len(found) >= 0.8
+
+
+def test_ensure_world_reuses_a_finished_build(tiny_world: Path, tiny_world_config: WorldConfig) -> None:
+    before = json.loads((tiny_world / "world.json").read_text())
+    model_mtime = (tiny_world / "model" / "config.json").stat().st_mtime_ns
+    assert ensure_world(tiny_world, tiny_world_config, progress=False) == tiny_world
+    assert json.loads((tiny_world / "world.json").read_text()) == before  # nothing rebuilt
+    assert (tiny_world / "model" / "config.json").stat().st_mtime_ns == model_mtime
