@@ -102,9 +102,6 @@ class RolloutConfig:
     vllm_enable_prefix_caching: bool = True
     vllm_enforce_eager: bool = False
     vllm_logprobs_mode: str = "processed_logprobs"  # vLLM >= 0.10.2: log-probs after temperature; "" = engine default
-    vllm_enable_prefix_caching: bool = True
-    vllm_enforce_eager: bool = False
-    vllm_logprobs_mode: str = "processed_logprobs"  # vLLM >= 0.10.2: log-probs after temperature; "" = engine default
 
 
 @dataclass
@@ -234,10 +231,6 @@ class Config:
              f"must exceed data.max_prompt_length ({self.data.max_prompt_length})"),
             (self.rollout.topk >= 1, "rollout.topk", "must be >= 1"),
             (0 < self.rollout.vllm_gpu_memory_utilization <= 1, "rollout.vllm_gpu_memory_utilization", "must be in (0, 1]"),
-            (self.rollout.vllm_tensor_parallel_size >= 1, "rollout.vllm_tensor_parallel_size", "must be >= 1"),
-            (self.rollout.generation_batch_size >= 1, "rollout.generation_batch_size", "must be >= 1"),
-            (self.rollout.vllm_logprobs_mode in ("", "raw_logprobs", "processed_logprobs"), "rollout.vllm_logprobs_mode",
-             "must be '', 'raw_logprobs' or 'processed_logprobs'"),
             (self.rollout.vllm_tensor_parallel_size >= 1, "rollout.vllm_tensor_parallel_size", "must be >= 1"),
             (self.rollout.generation_batch_size >= 1, "rollout.generation_batch_size", "must be >= 1"),
             (self.rollout.vllm_logprobs_mode in ("", "raw_logprobs", "processed_logprobs"), "rollout.vllm_logprobs_mode",
