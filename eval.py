@@ -3,8 +3,10 @@
 Examples
     # the synthetic world's test split (built on demand), its index, its tiny policy
     python eval.py --datasets synthetic --out runs/eval-tiny
-    # a trained checkpoint on the seven FlashRAG benchmarks through the retriever service
-    python eval.py --model runs/x/checkpoint-final --datasets all --retriever-url http://127.0.0.1:8000 --out runs/x/eval
+    # a trained checkpoint on the seven FlashRAG benchmarks through the retriever service (the run's own config.yaml
+    # supplies the prompt template, rollout lengths, datasets and the tokenizer of its base model)
+    python eval.py --model RUN/checkpoints/step_001005/policy --config RUN/config.yaml \
+        --datasets all --retriever-url http://127.0.0.1:8000 --out RUN/eval
     # four processes, then merge
     for i in 0 1 2 3; do python eval.py ... --shard $i/4 & done; wait; python eval.py --merge --out DIR
     # compare checkpoints (evaluated here, into OUT/NAME) or finished eval dirs; gain is relative to the first
@@ -84,17 +86,24 @@ def _ensure_world(world_dir: Path, cfg: Any) -> None:
         ensure_world(world_dir, cfg.data.world)
 
 
+def _default_tokenizer(model_path: str, cfg: Any, world_dir: Path, synthetic: bool) -> str:
+    """The model dir when it holds a tokenizer; else the config's model.tokenizer_path / model.path (a run's saved
+    config.yaml names its base model); else the synthetic world's tokenizer; else the model path itself."""
+    if Path(model_path).is_dir() and any((Path(model_path) / f).exists()
+                                         for f in ("tokenizer.json", "tokenizer_config.json")):
+        return model_path
+    if cfg.model.tokenizer_path or cfg.model.path:
+        return cfg.model.tokenizer_path or cfg.model.path
+    return str(world_dir / "tokenizer") if synthetic else model_path
+
+
 def evaluate_checkpoint(model: str | None, out_dir: Path, name: str, s: dict[str, Any], args: argparse.Namespace,
                         get_retriever: Callable[[], Any]) -> dict[str, Any] | None:
     synthetic = ev.SYNTHETIC in s["datasets"]
     model_path = model or (str(s["world_dir"] / "model") if synthetic else None)
     if not model_path:
         raise ev.EvalError("--model is required for benchmark datasets")
-    tok_path = args.tokenizer
-    if tok_path is None:
-        has_tok = Path(model_path).is_dir() and any((Path(model_path) / f).exists()
-                                                    for f in ("tokenizer.json", "tokenizer_config.json"))
-        tok_path = model_path if (has_tok or not synthetic) else str(s["world_dir"] / "tokenizer")
+    tok_path = args.tokenizer or _default_tokenizer(model_path, s["cfg"], s["world_dir"], synthetic)
     rows = ev.load_eval_rows(s["datasets"], world_dir=s["world_dir"], limit=s["limit"], split=args.split,
                              flashrag_dir=args.flashrag_dir)
     shard = ev.parse_shard(args.shard)

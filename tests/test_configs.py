@@ -65,3 +65,14 @@ def test_ablation_grid():
     for cfg in abl.values():  # one knob changed, the rest is the headline setting
         assert cfg.model.path == "Qwen/Qwen2.5-3B" and cfg.data.train_mix == "nq+hotpotqa"
         assert cfg.algorithm.llds.enabled
+
+
+def test_eval_section_validation():
+    from searchr1_lld.config import ConfigError
+
+    assert load_config(None, ["eval.datasets=[nq,hotpotqa]"]).eval.datasets == ["nq", "hotpotqa"]
+    for bad, key in (("eval.datasets=[nq,webq]", "eval.datasets"), ("eval.datasets=[]", "eval.datasets"),
+                     ("eval.batch_size=0", "eval.batch_size"), ("eval.topk=0", "eval.topk"),
+                     ("eval.max_turns=0", "eval.max_turns"), ("eval.backend=sglang", "eval.backend")):
+        with pytest.raises(ConfigError, match=key):
+            load_config(None, [bad])

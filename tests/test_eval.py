@@ -213,3 +213,24 @@ def test_benchmark_rows_from_a_local_flashrag_mirror(tmp_path):
     (tmp_path / "bamboogle" / "test.jsonl").write_text(json.dumps(raw[0]) + "\n" + json.dumps(raw[0]) + "\n")
     with pytest.raises(ev.EvalError, match="not unique"):
         ev.load_eval_rows(["bamboogle"], flashrag_dir=tmp_path)
+
+
+def test_cli_default_tokenizer(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    from searchr1_lld.config import load_config
+
+    spec = importlib.util.spec_from_file_location("eval_cli", Path(__file__).resolve().parents[1] / "eval.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    world = tmp_path / "world"
+    ckpt = tmp_path / "policy"
+    ckpt.mkdir()
+    plain = load_config()
+    assert cli._default_tokenizer(str(ckpt), plain, world, synthetic=True) == str(world / "tokenizer")
+    assert cli._default_tokenizer(str(ckpt), plain, world, synthetic=False) == str(ckpt)
+    hub = load_config(None, ["model.path=Qwen/Qwen2.5-3B"])  # a run's config names its base model
+    assert cli._default_tokenizer(str(ckpt), hub, world, synthetic=False) == "Qwen/Qwen2.5-3B"
+    (ckpt / "tokenizer.json").write_text("{}")
+    assert cli._default_tokenizer(str(ckpt), hub, world, synthetic=False) == str(ckpt)
