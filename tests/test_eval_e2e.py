@@ -72,6 +72,15 @@ def test_eval_cli_tiny_policy_and_resume(tiny_world, tmp_path, monkeypatch):
     assert cli.main(_args(tiny_world, out)) == 0
     assert (out / ev.TRAJECTORIES).read_text() == before
     assert json.loads((out / ev.RESULTS_JSON).read_text())["average_em"] == res["average_em"]
+    monkeypatch.undo()
+    # compare mode: each checkpoint is evaluated into OUT/NAME, one table over them (gain relative to the first)
+    policy = str(tiny_world / "model")
+    cmp = tmp_path / "cmp"
+    assert cli.main(_args(tiny_world, cmp, "--compare", f"first={policy}", f"again={policy}")) == 0
+    first, again = (json.loads((cmp / n / ev.RESULTS_JSON).read_text()) for n in ("first", "again"))
+    assert first["datasets"] == again["datasets"] == res["datasets"]  # greedy decoding is deterministic
+    table = (cmp / ev.RESULTS_MD).read_text()
+    assert "| first |" in table and "| again |" in table and "Gain" in table
 
 
 def _oracle(tokenizer, rows):
