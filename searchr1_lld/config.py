@@ -13,6 +13,7 @@ Rules
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,6 +21,27 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML loader for configs: only ``true``/``false`` are booleans.
+
+    PyYAML follows YAML 1.1, where ``on/off/yes/no`` are booleans too, so ``ma: off`` would silently become False;
+    here they stay strings and the field's type decides.
+    """
+
+
+_ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
+
+def _yaml_load(text: Any) -> Any:
+    return yaml.load(text, Loader=_ConfigLoader)
 
 
 class ConfigError(ValueError):
@@ -390,7 +412,7 @@ def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     with open(path) as f:
-        raw = yaml.safe_load(f) or {}
+        raw = _yaml_load(f) or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     base_ref = raw.pop("_base_", None)
@@ -408,7 +430,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     key = key.strip()
     if not key:
         raise ConfigError(f"override {text!r} has an empty key")
-    value = yaml.safe_load(raw) if raw.strip() != "" else ""
+    value = _yaml_load(raw) if raw.strip() != "" else ""
     return key, value
 
 
