@@ -31,6 +31,7 @@ import copy
 import dataclasses
 import json
 import math
+import os
 import random
 import time
 import warnings
@@ -239,7 +240,10 @@ def make_accelerator(cfg: Config):
         mixed = {"float32": "no", "bfloat16": "bf16", "float16": "fp16"}[dtype]
     if use_cpu:
         mixed = "no"  # fp32 on CPU
-    return Accelerator(cpu=use_cpu, mixed_precision=mixed)
+    # DeepSpeed (ACCELERATE_USE_DEEPSPEED, set by `accelerate launch` with a DeepSpeed config) is disabled by accelerate
+    # when cpu=True; without a GPU DeepSpeed picks its own CPU accelerator (gloo), so leave cpu=False then.
+    deepspeed_requested = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    return Accelerator(cpu=use_cpu and not deepspeed_requested, mixed_precision=mixed)
 
 
 def resolve_world(cfg: Config) -> Path | None:
