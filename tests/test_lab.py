@@ -1,0 +1,199 @@
+"""The death-spiral lab: method configs, phase/trend analysis on hand-made records, and the quick mode end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from searchr1_lld import lab
+from searchr1_lld.config import ConfigError, load_config
+from searchr1_lld.monitor import PHASES
+
+# ----------------------------------------------------------------------------------------------------------------
+# Configs
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _method_configs(config_path, tmp_path, overrides=()):
+    return [lab.method_config(config_path, list(overrides), m, s, world_dir=tmp_path / "w", runs_dir=tmp_path / "r")
+            for s in (0, 1) for m in lab.METHODS.values()]
+
+
+@pytest.mark.parametrize("config_path", [lab.FULL_CONFIG, lab.QUICK_CONFIG])
+def test_methods_differ_only_in_llds_switches(config_path, tmp_path):
+    cfgs = _method_configs(config_path, tmp_path, ["trainer.lr=3e-4"])
+    lab.check_only_llds_differs(cfgs)  # raises otherwise
+    by_name = {c.trainer.run_name: c for c in cfgs}
+    grpo, ma = by_name["grpo-seed0"], by_name["llds_ma-seed1"]
+    assert grpo.algorithm.llds.enabled is False
+    assert (ma.algorithm.llds.enabled, ma.algorithm.llds.gate, ma.algorithm.llds.ma) == (True, "action", "adaptive")
+    assert by_name["llds_response-seed0"].algorithm.llds.gate == "response"
+    assert by_name["llds_action-seed0"].algorithm.llds.ma == "off"
+    assert {c.trainer.lr for c in cfgs} == {3e-4}  # user overrides reach every method
+    assert ma.trainer.seed == 1 and ma.trainer.resume == "never"
+    assert lab.config_differences(grpo, by_name["grpo-seed1"]) == ["trainer.run_name", "trainer.seed"]
+
+
+def test_check_rejects_methods_tuned_differently(tmp_path):
+    a = lab.method_config(lab.FULL_CONFIG, [], lab.METHODS["grpo"], 0, world_dir=tmp_path, runs_dir=tmp_path)
+    b = lab.method_config(lab.FULL_CONFIG, ["trainer.lr=5e-4"], lab.METHODS["llds_action"], 0, world_dir=tmp_path,
+                          runs_dir=tmp_path)
+    with pytest.raises(ConfigError, match="trainer.lr"):
+        lab.check_only_llds_differs([a, b])
+
+
+def test_lab_config_makes_llds_act():
+    """Several updates per rollout batch: logp_new moves away from logp_old, so LLDS is not a no-op."""
+    cfg = load_config(lab.FULL_CONFIG)
+    tc = cfg.trainer
+    assert tc.ppo_epochs * (tc.train_batch_size // tc.ppo_mini_batch_size) > 1
+
+
+def test_parse_seeds_and_methods():
+    assert lab.parse_seeds("0,1,2") == [0, 1, 2]
+    for bad in ("", "0,0", "a", "-1"):
+        with pytest.raises(ConfigError):
+            lab.parse_seeds(bad)
+    assert [m.key for m in lab.parse_methods("grpo,llds_ma")] == ["grpo", "llds_ma"]
+    with pytest.raises(ConfigError):
+        lab.parse_methods("grpo,ppo")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Analysis on hand-made records
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_mean_std_by_hand():
+    mu, sd, n = lab.mean_std([0.2, 0.4, float("nan"), None])
+    assert (mu, n) == (pytest.approx(0.3), 2)
+    assert sd == pytest.approx(math.sqrt(((0.1) ** 2 + (0.1) ** 2) / 1))
+    assert lab.mean_std([0.5]) == (0.5, 0.0, 1)
+    mu, sd, n = lab.mean_std([])
+    assert n == 0 and math.isnan(mu)
+
+
+def _records(rewards, logps, phases, grad=None):
+    grad = grad or [1.0] * len(rewards)
+    return [{"step": i + 1, "reward/em_mean": r, "lld/correct_logp_old_per_token": c, "phase/name": p,
+             "actor/grad_norm": g, "actor/entropy": 1.0}
+            for i, (r, c, p, g) in enumerate(zip(rewards, logps, phases, grad))]
+
+
+def test_phase_summary_counts_first_steps_and_warnings():
+    # reward rises steadily while the correct likelihood falls: the detector's early warning fires once it has
+    # min_points (3) finite values
+    recs = _records([0.1, 0.2, 0.3, 0.4, 0.5], [-1.0, -1.1, -1.2, -1.3, -1.4],
+                    ["healthy", "healthy", "steady_decay", "steady_decay", "accelerated_collapse"])
+    ph = lab.phase_summary(recs)
+    assert ph["first_step"] == {"healthy": 1, "early_stagnation": None, "steady_decay": 3, "accelerated_collapse": 5}
+    assert ph["steps_in"] == {"healthy": 2, "early_stagnation": 0, "steady_decay": 2, "accelerated_collapse": 1}
+    assert ph["final"] == "accelerated_collapse" and ph["collapse_step"] == 5
+    assert ph["warning_steps"] == [3, 4, 5]
+    with pytest.raises(ValueError, match="unknown phase"):
+        lab.phase_summary(_records([0.1], [-1.0], ["exploded"]))
+
+
+def test_trend_and_verdict():
+    recs = _records([0.1, 0.1, 0.1, 0.4, 0.4, 0.4], [-1.0, -0.8, -0.9, -1.5, -1.5, -1.5], ["healthy"] * 6,
+                    grad=[1.0, 1.0, 1.0, 2.0, 9.0, 3.0])
+    t = lab.trend_summary(recs)
+    assert t["reward_start"] == pytest.approx(0.1) and t["reward_end"] == pytest.approx(0.4)
+    assert t["correct_logp_start"] == pytest.approx(-0.9) and t["correct_logp_end"] == pytest.approx(-1.5)
+    assert t["correct_logp_peak"] == pytest.approx(-0.8) and t["grad_norm_max"] == 9.0
+    ph = lab.phase_summary(recs)
+    assert lab.lld_verdict(t, ph) == "LLD"
+    flat = lab.trend_summary(_records([0.1] * 6, [-1.0] * 6, ["healthy"] * 6))
+    assert lab.lld_verdict(flat, lab.phase_summary(_records([0.1] * 6, [-1.0] * 6, ["healthy"] * 6))) == "none"
+    collapsed = lab.phase_summary(_records([0.1] * 3, [-1.0] * 3, ["healthy", "healthy", "accelerated_collapse"]))
+    assert lab.lld_verdict(flat, collapsed) == "collapse"
+
+
+def test_aggregate_mean_std_per_method():
+    runs = [{"method": "grpo", "seed": s, "eval": {"em": em, "em_single_hop": em, "em_multi_hop": 0.0,
+                                                   "mean_valid_searches": 1.0}}
+            for s, em in ((0, 0.2), (1, 0.4))]
+    (row,) = lab.aggregate(runs, [lab.METHODS["grpo"]])
+    assert row["seeds"] == [0, 1]
+    assert row["em"]["mean"] == pytest.approx(0.3) and row["em"]["std"] == pytest.approx(math.sqrt(0.02))
+    assert lab.fmt_ms(row["em"]) == "0.300 ± 0.141"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Quick mode end to end
+# ----------------------------------------------------------------------------------------------------------------
+
+_MS = re.compile(r"^([0-9.]+) ± ([0-9.]+)$")
+
+
+def _table(md: str, heading: str) -> list[list[str]]:
+    """Rows (cells) of the first markdown table after ``heading``."""
+    part = md.split(heading, 1)[1]
+    rows, started = [], False
+    for line in part.splitlines():
+        if line.startswith("|"):
+            started = True
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if not all(set(c) <= set("-:") for c in cells):
+                rows.append(cells)
+        elif started:
+            break
+    return rows[1:]  # without the header
+
+
+@pytest.mark.slow
+def test_quick_lab_report_is_consistent(tmp_path, tiny_world):
+    out, runs_dir = tmp_path / "report", tmp_path / "runs"
+    notes = tmp_path / "notes.md"
+    notes.write_text("tried nothing yet\n")
+    rc = lab.main(["--quick", "--out", str(out), "--runs-dir", str(runs_dir), "--world-dir", str(tiny_world),
+                   "--notes", str(notes)])
+    assert rc == 0
+    md = (out / "README.md").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    methods = list(lab.METHODS.values())
+    assert [(r["method"], r["seed"]) for r in summary["runs"]] == [(m.key, 0) for m in methods]
+
+    # every PNG the report names exists and is a PNG
+    for name in summary["pngs"]:
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+        assert f"({name})" in md
+    assert {f"{stem}.png" for stem in lab.CURVES} | {"overview.png"} == set(summary["pngs"])
+
+    # EM table: one row per method, values in [0, 1] and equal to the per-run evaluator results
+    em_rows = {r[0]: r for r in _table(md, "## Test exact match")}
+    assert set(em_rows) == {"warm start (untrained)"} | {m.label for m in methods}
+    for m in methods:
+        results = json.loads((runs_dir / f"{m.key}-seed0" / "eval" / "results.json").read_text())
+        syn = results["datasets"]["synthetic"]
+        assert syn["n"] == load_config(lab.QUICK_CONFIG).eval.limit
+        row = em_rows[m.label]
+        assert row[1] == "0"
+        for cell, key in zip(row[2:5], ("em_single_hop", "em_multi_hop", "em")):
+            mean, std = (float(x) for x in _MS.match(cell).groups())
+            assert 0.0 <= mean <= 1.0 and std == 0.0  # one seed
+            assert mean == pytest.approx(syn[key], abs=5e-4)
+        searches = float(_MS.match(row[5]).group(1))
+        assert searches == pytest.approx(syn["mean_valid_searches"], abs=5e-3)
+
+    # phase table: one row per run, matching the phases logged in that run's metrics.jsonl
+    phase_rows = {r[0]: r for r in _table(md, "## Phases detected by the monitor")}
+    assert set(phase_rows) == {f"{m.key}-seed0" for m in methods}
+    for m in methods:
+        logged = [json.loads(line) for line in (runs_dir / f"{m.key}-seed0" / "metrics.jsonl").read_text().splitlines()]
+        assert len(logged) == load_config(lab.QUICK_CONFIG).trainer.total_steps
+        row = phase_rows[f"{m.key}-seed0"]
+        for i, phase in enumerate(PHASES):
+            steps = [r["step"] for r in logged if r["phase/name"] == phase]
+            first, count = (c.strip() for c in row[1 + i].split("/"))
+            assert int(count) == len(steps)
+            assert first == (str(steps[0]) if steps else "-")
+        assert row[1 + len(PHASES)] == logged[-1]["phase/name"]
+
+    assert "## Experiments tried" in md and "tried nothing yet" in md
+    assert "LLDS-MA (action gate, adaptive MA)" in md
