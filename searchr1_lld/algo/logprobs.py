@@ -71,7 +71,7 @@ class _ChunkedLogprobEntropy(torch.autograd.Function):
             logp[s:e] = x.gather(-1, labels1d[s:e, None]).squeeze(-1) - chunk_lse
             if compute_entropy:
                 logp_chunk = x - chunk_lse[:, None]  # shifted first: no cancellation between lse and sum p x
-                entropy[s:e] = -(torch.exp(logp_chunk) * logp_chunk).sum(-1)
+                entropy[s:e] = -torch.exp(logp_chunk).mul_(logp_chunk).sum(-1)
                 del logp_chunk
             del x
         ctx.save_for_backward(logits2d, labels1d, lse, entropy if compute_entropy else lse)
@@ -90,21 +90,23 @@ class _ChunkedLogprobEntropy(torch.autograd.Function):
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
             logp_all = _fresh_fp32(logits2d[s:e], tau).sub_(lse[s:e, None])  # log p, a private buffer
-            p = torch.exp(logp_all)
+            write_in_place = grad_logits.dtype == torch.float32  # compute straight into the output slice
+            p = torch.exp(logp_all, out=grad_logits[s:e]) if write_in_place else torch.exp(logp_all)
             # g = g_logp * (onehot - p) + g_ent * (-p * (log p + H))
             if use_entropy:
-                coef = logp_all.add_(entropy[s:e, None]).mul_(-grad_entropy[s:e, None])  # -(log p + H) * g_ent
+                logp_all.add_(entropy[s:e, None]).mul_(-grad_entropy[s:e, None])  # -(log p + H) * g_ent, in place
                 if grad_logp is not None:
-                    coef.sub_(grad_logp[s:e, None])
-                g = p.mul_(coef)  # p * (-(log p + H) g_ent - g_logp)
+                    logp_all.sub_(grad_logp[s:e, None])
+                g = p.mul_(logp_all)  # p * (-(log p + H) g_ent - g_logp)
             else:
                 g = p.mul_(-grad_logp[s:e, None]) if grad_logp is not None else p.zero_()
             if grad_logp is not None:
                 g.scatter_add_(-1, labels1d[s:e, None], grad_logp[s:e, None].to(g.dtype))
             if tau != 1.0:
                 g.div_(tau)
-            grad_logits[s:e] = g
-            del logp_all, p, g
+            if not write_in_place:
+                grad_logits[s:e] = g
+            del logp_all, p, g  # free the chunk buffer before the next one is allocated
         return grad_logits, None, None, None, None
 
 
