@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from searchr1_lld.algo.advantages import broadcast_to_tokens
-from searchr1_lld.algo.llds import adaptive_lam_answer, llds_gate, llds_loss
+from searchr1_lld.algo.llds import adaptive_lam_answer, llds_can_act, llds_gate, llds_loss, per_response_advantage
 
 # One response with two action spans separated by an observation and a padding tail:
 #   mask   1     1     0     1     1     0
@@ -195,3 +195,20 @@ def test_llds_matches_loop_reference(b, t, gate, tau, seed):
     logp_new, logp_old = _logps(d)
     loss, _ = llds_loss(logp_new, logp_old, adv, mask, gate=gate, lam=0.3, tau=tau)
     assert loss.item() == pytest.approx(_reference_llds(d, mask, adv, gate, 0.3, tau), abs=1e-9)
+
+
+def test_per_response_advantage_and_denominator():
+    adv = torch.tensor([[0.0, 0.4, 0.4], [0.0, 0.0, 0.0], [-1.0, -1.0, 0.0]])
+    mask = torch.tensor([[0, 1, 1], [0, 0, 0], [1, 1, 0]])
+    assert per_response_advantage(adv, mask).tolist() == pytest.approx([0.4, 0.0, -1.0])
+    assert per_response_advantage(torch.tensor([1.0, 2.0, 3.0]), mask).tolist() == [1.0, 2.0, 3.0]
+    logp_new, logp_old = _logps(torch.full((3, 3), 0.5))
+    loss, _ = llds_loss(logp_new, logp_old, adv, mask, gate="none", lam=1.0, denominator=10)
+    assert loss.item() == pytest.approx(0.5 * 2 / 10)  # row 0 only (row 2 has A < 0, row 1 has no tokens)
+
+
+def test_llds_can_act():
+    assert not llds_can_act(1, 1)
+    assert llds_can_act(1, 2) and llds_can_act(2, 1)
+    with pytest.raises(ValueError):
+        llds_can_act(0, 1)

@@ -6,7 +6,7 @@ Every formula lives in exactly one function whose docstring states it with shape
 from searchr1_lld.algo.advantages import broadcast_to_tokens, grpo_outcome_advantages
 from searchr1_lld.algo.aggregation import AGG_MODES, aggregate, masked_mean
 from searchr1_lld.algo.kl import KL_KINDS, kl_penalty
-from searchr1_lld.algo.llds import GATES, adaptive_lam_answer, llds_gate, llds_loss, per_response_advantage
+from searchr1_lld.algo.llds import GATES, adaptive_lam_answer, llds_can_act, llds_gate, llds_loss, per_response_advantage
 from searchr1_lld.algo.logprobs import chunked_logprobs_entropy, naive_logprobs_entropy
 from searchr1_lld.algo.policy_loss import gspo_loss, ppo_clip_loss
 from searchr1_lld.algo.spans import (
@@ -33,6 +33,7 @@ __all__ = [
     "grpo_outcome_advantages",
     "gspo_loss",
     "kl_penalty",
+    "llds_can_act",
     "llds_gate",
     "llds_loss",
     "masked_mean",

@@ -217,3 +217,12 @@ def adaptive_lam_answer(lam_answer: float, mean_valid_searches: float) -> float:
     if lam_answer < 0:
         raise ValueError(f"lam_answer must be >= 0, got {lam_answer}")
     return float(lam_answer) * max(float(mean_valid_searches) - 1.0, 0.0)
+
+
+def llds_can_act(ppo_epochs: int, mini_batches_per_rollout: int) -> bool:
+    """Whether LLDS can ever be non-zero: it needs logp_new != logp_old, i.e. at least one optimiser step between the
+    rollout and a later mini-batch of the same rollout batch (ppo_epochs * mini_batches_per_rollout > 1).
+    With a single optimiser step per rollout batch LLDS is a permanent no-op; the trainer should warn."""
+    if ppo_epochs < 1 or mini_batches_per_rollout < 1:
+        raise ValueError(f"need ppo_epochs >= 1 and mini_batches_per_rollout >= 1; got {ppo_epochs}, {mini_batches_per_rollout}")
+    return ppo_epochs * mini_batches_per_rollout > 1
