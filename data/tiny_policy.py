@@ -155,6 +155,7 @@ class Segment:
 
     text: str
     generated: bool
+    hits: list[dict] | None = None  # observation segments: the retrieved docs (tokenised as the rollout does)
 
 
 @dataclass
@@ -229,18 +230,28 @@ def render_segments(plan: TrajectoryPlan, hits_of: dict[str, list[dict]], eos: s
     for hop, query in enumerate(plan.queries):
         think = rng.choice(_THINK_FIRST).format(s=query) if hop == 0 else _THINK_BRIDGE.format(b=query)
         segs.append(Segment(f"{think}<search> {query} </search>", generated=True))
-        segs.append(Segment(format_observation(hits_of[query]), generated=False))
+        segs.append(Segment(format_observation(hits_of[query]), generated=False, hits=hits_of[query]))
     think = rng.choice(_THINK_ANSWER) if plan.queries else _THINK_GUESS
     segs.append(Segment(f"{think}<answer> {plan.answer} </answer>{eos}", generated=True))
     return segs
 
 
-def tokenize_segments(segments: list[Segment], tokenizer) -> tuple[list[int], list[int]]:
-    """(input_ids, loss_mask): each segment tokenised on its own (as the rollout does); mask 1 on generated tokens."""
+def tokenize_segments(segments: list[Segment], tokenizer, max_obs_length: int = 500) -> tuple[list[int], list[int]]:
+    """(input_ids, loss_mask), built with the rollout's own tokenisation: the prompt through
+    ``agent_loop.encode_prompt``, observations through ``agent_loop.ObservationTokenizer``, every other piece
+    encoded on its own; mask 1 on generated tokens."""
+    from searchr1_lld.rollout.agent_loop import ObservationTokenizer
+
+    observe = ObservationTokenizer(tokenizer, max_obs_length)
     ids: list[int] = []
     mask: list[int] = []
-    for seg in segments:
-        piece = encode(tokenizer, seg.text)
+    for k, seg in enumerate(segments):
+        if k == 0 and not seg.generated:  # the prompt
+            piece = list(tokenizer.encode(seg.text, add_special_tokens=True))
+        elif seg.hits is not None:
+            piece = observe(seg.hits)
+        else:
+            piece = encode(tokenizer, seg.text)
         ids += piece
         mask += [int(seg.generated)] * len(piece)
     return ids, mask
@@ -274,6 +285,19 @@ def masked_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: tor
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     nll = -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return (nll * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+def generated_token_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         loss_mask: torch.Tensor) -> torch.Tensor:
+    """``masked_lm_loss`` computed cheaply: the LM head runs only on the positions that predict a masked-in token.
+
+    Same value as ``masked_lm_loss(model(input_ids).logits, input_ids, loss_mask)`` (a few generated tokens per
+    trajectory, so this skips most of the [B, T, V] logits and their backward pass).
+    """
+    hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
+    select = loss_mask[:, 1:].bool()  # [B, T-1]: position t predicts token t+1
+    logits = model.lm_head(hidden[:, :-1][select])  # [N, V]
+    return torch.nn.functional.cross_entropy(logits.float(), input_ids[:, 1:][select])
 
 
 def _batches(examples: list[tuple[list[int], list[int]]], batch_size: int, pad_id: int, rng: random.Random):
@@ -317,8 +341,7 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
     bar = tqdm(total=total, desc="warm start", disable=not progress, leave=False)
     for _ in range(cfg.warmstart_epochs):
         for ids, attn, lmask in _batches(examples, batch_size, pad_id, rng):
-            logits = model(input_ids=ids, attention_mask=attn).logits
-            loss = masked_lm_loss(logits, ids, lmask)
+            loss = generated_token_loss(model, ids, attn, lmask)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -1,0 +1,205 @@
+"""The tiny tokenizer and warm-started Qwen2 policy: save/load round trips, exact rollout rendering, warm-start loss."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from data import tiny_policy as TP
+from data.world import read_jsonl
+from searchr1_lld import prompts as P
+
+# ---------------------------------------------------------------------------------------------------------------
+# tokenizer
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _sample_texts(world: Path) -> list[str]:
+    corpus = read_jsonl(world / "corpus.jsonl")
+    rows = read_jsonl(world / "qa" / "test.jsonl")
+    return ([d["contents"] for d in corpus] + [P.render_prompt(r["question"]) for r in rows]
+            + [P.format_observation(corpus[:3]), P.INVALID_ACTION_MESSAGE,
+               "<think> ok </think>\n<search> Café Ørsted 1873 </search><answer> naïve — ünïcode </answer>"])
+
+
+def test_tags_are_single_non_special_tokens(tiny_tokenizer) -> None:
+    for tag in P.TAG_TOKENS:
+        ids = tiny_tokenizer.encode(tag, add_special_tokens=False)
+        assert len(ids) == 1, tag
+        assert tag not in tiny_tokenizer.all_special_tokens
+    text = "<think> a </think><search> b </search><answer> c </answer>"
+    ids = tiny_tokenizer.encode(text, add_special_tokens=False) + [tiny_tokenizer.eos_token_id]
+    assert tiny_tokenizer.decode(ids, skip_special_tokens=True) == text  # tags survive, eos does not
+    assert tiny_tokenizer.eos_token == TP.EOS_TOKEN and tiny_tokenizer.pad_token == TP.PAD_TOKEN
+    assert tiny_tokenizer.pad_token_id != tiny_tokenizer.eos_token_id
+
+
+def test_tokenizer_round_trip_ids_identical(tiny_world: Path, tiny_tokenizer, tmp_path: Path) -> None:
+    """Ids after AutoTokenizer reload (from tokenizer/, from model/ whose config says qwen2, and after a re-save)
+    equal the ids of the freshly trained tokenizer; decode(encode(x)) == x."""
+    from transformers import AutoTokenizer
+
+    texts = _sample_texts(tiny_world)
+    corpus = read_jsonl(tiny_world / "corpus.jsonl")
+    rows = read_jsonl(tiny_world / "qa" / "train.jsonl")
+    fresh = TP.train_tokenizer(TP.tokenizer_training_texts(corpus, rows), len(tiny_tokenizer))
+    from_model_dir = AutoTokenizer.from_pretrained(str(tiny_world / "model"))
+    tiny_tokenizer.save_pretrained(str(tmp_path / "again"))
+    again = AutoTokenizer.from_pretrained(str(tmp_path / "again"))
+    assert type(tiny_tokenizer).__name__ == "Qwen2Tokenizer"  # the class the trap is about
+    for text in texts:
+        ids = fresh.encode(text, add_special_tokens=False)
+        assert tiny_tokenizer.encode(text, add_special_tokens=False) == ids
+        assert from_model_dir.encode(text, add_special_tokens=False) == ids
+        assert again.encode(text, add_special_tokens=False) == ids
+        assert tiny_tokenizer.decode(ids) == text
+
+
+def test_a_foreign_pre_tokenizer_would_break_the_round_trip(tiny_world: Path, tmp_path: Path) -> None:
+    """The trap this tokenizer avoids: a whitespace pre-tokenizer saved with a qwen2 config loads with different ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import AutoTokenizer
+    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+
+    corpus = [d["contents"] for d in read_jsonl(tiny_world / "corpus.jsonl")]
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=[TP.EOS_TOKEN],
+                                                        show_progress=False))
+    hf = Qwen2Tokenizer(tokenizer_object=tok, eos_token=TP.EOS_TOKEN, pad_token=TP.EOS_TOKEN, unk_token=None)
+    hf.save_pretrained(str(tmp_path / "bad"))
+    reloaded = AutoTokenizer.from_pretrained(str(tmp_path / "bad"))
+    assert any(hf.encode(t, add_special_tokens=False) != reloaded.encode(t, add_special_tokens=False)
+               for t in corpus[:20])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# model
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_model_round_trip(tiny_model, tiny_tokenizer, tiny_world_config, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    cfg = tiny_model.config
+    assert cfg.model_type == "qwen2"
+    assert (cfg.hidden_size, cfg.num_hidden_layers) == (tiny_world_config.model_hidden_size,
+                                                        tiny_world_config.model_layers)
+    assert cfg.vocab_size == len(tiny_tokenizer) and cfg.eos_token_id == tiny_tokenizer.eos_token_id
+    tiny_model.save_pretrained(str(tmp_path / "m"))
+    again = AutoModelForCausalLM.from_pretrained(str(tmp_path / "m"))
+    ids = torch.tensor([tiny_tokenizer.encode(P.render_prompt("Who founded Velmora Works?"))])
+    with torch.no_grad():
+        assert torch.equal(tiny_model(ids).logits, again(ids).logits)
+
+
+def test_make_model_rejects_bad_shapes(tiny_tokenizer, tiny_world_config) -> None:
+    import dataclasses
+
+    with pytest.raises(ValueError, match="divisible by model_heads"):
+        TP.make_model(dataclasses.replace(tiny_world_config, model_hidden_size=66), tiny_tokenizer)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# warm-start data: rendered exactly as the rollout builds a trajectory
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_masked_lm_loss_by_hand() -> None:
+    # V=2, T=3; uniform logits -> every target costs log 2; only t=2 is masked in -> loss = log 2
+    logits = torch.zeros(1, 3, 2)
+    ids = torch.tensor([[0, 1, 0]])
+    mask = torch.tensor([[1, 0, 1]])  # mask[0, 0] is ignored (no prediction for the first token)
+    assert TP.masked_lm_loss(logits, ids, mask).item() == pytest.approx(math.log(2))
+    # a confident correct prediction at t=2: logits[0, 1] favour token 0 by 10 nats
+    logits[0, 1] = torch.tensor([10.0, 0.0])
+    assert TP.masked_lm_loss(logits, ids, mask).item() == pytest.approx(math.log1p(math.exp(-10)), abs=1e-6)
+
+
+def test_plans_cover_every_kind() -> None:
+    rows = [{"question": "In which year was A B born?", "golden_answers": ["1900"],
+             "metadata": {"hops": 1, "family": "person_birth_year", "subject": "A B", "bridge": ""}},
+            {"question": "In which year was the founder of C Works born?", "golden_answers": ["1850"],
+             "metadata": {"hops": 2, "family": "founder_birth_year", "subject": "C Works", "bridge": "D E"}}]
+    plans = TP.plan_trajectories(rows, 400, quality=0.5, seed=0)
+    kinds = {p.kind for p in plans}
+    assert kinds == {"correct", "wrong_search", "no_search", "one_hop_only", "malformed"}
+    share_correct = sum(p.kind == "correct" for p in plans) / len(plans)
+    assert 0.4 < share_correct < 0.6
+    for p in plans:
+        if p.kind == "correct":
+            assert p.answer == p.row["golden_answers"][0]
+            assert p.queries == [p.row["metadata"]["subject"]] + ([p.row["metadata"]["bridge"]]
+                                                                  if p.row["metadata"]["hops"] == 2 else [])
+        if p.kind in ("wrong_search", "no_search"):
+            assert p.answer not in p.row["golden_answers"]
+
+
+def test_segments_match_the_rollout_token_layout(tiny_world: Path, tiny_tokenizer, world_rows) -> None:
+    """Prompt ids = agent_loop.encode_prompt; observation ids = ObservationTokenizer; loss only on generated text."""
+    from retriever.inprocess import InProcessRetriever
+    from searchr1_lld.rollout.agent_loop import ObservationTokenizer, encode_prompt
+
+    row = next(r for r in world_rows if r["metadata"]["hops"] == 2)
+    plan = TP.TrajectoryPlan(row, "malformed", [row["metadata"]["subject"], row["metadata"]["bridge"]],
+                             row["golden_answers"][0], malformed_turn="<answer> guess")
+    retriever = InProcessRetriever(tiny_world / "index")
+    hits = retriever.search(plan.queries, 3)
+    hits_of = dict(zip(plan.queries, hits))
+    segs = TP.render_segments(plan, hits_of, tiny_tokenizer.eos_token, random.Random(0))
+    ids, mask = TP.tokenize_segments(segs, tiny_tokenizer)
+
+    observe = ObservationTokenizer(tiny_tokenizer, 500)
+    prompt = encode_prompt(tiny_tokenizer, row["question"], "base")
+    assert ids[: len(prompt)] == prompt and mask[: len(prompt)] == [0] * len(prompt)
+    expected_env = [prompt, tiny_tokenizer.encode(P.INVALID_ACTION_MESSAGE, add_special_tokens=False),
+                    observe(hits[0]), observe(hits[1])]
+    # the environment's pieces appear, in order, exactly as the rollout tokenises them, and carry mask 0
+    pos = 0
+    for piece in expected_env:
+        while ids[pos : pos + len(piece)] != piece:
+            pos += 1
+            assert pos < len(ids), "environment piece not found"
+        assert mask[pos : pos + len(piece)] == [0] * len(piece)
+        pos += len(piece)
+    generated = tiny_tokenizer.decode([i for i, m in zip(ids, mask) if m])
+    assert P.INFO_OPEN not in generated and P.INSTRUCTION[:30] not in generated
+    assert generated.count(P.SEARCH_OPEN) == 2 and generated.removesuffix(TP.EOS_TOKEN).endswith(
+        f"<answer> {row['golden_answers'][0]} </answer>")
+    assert sum(mask) == len(tiny_tokenizer.encode(generated, add_special_tokens=False))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the warm-started policy generates the protocol at a measured rate
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_warm_start_follows_the_format_sometimes(tiny_world: Path) -> None:
+    """Sampled rollouts of the warm-started model through the real agent loop and retriever: a measured share of
+    turns are well-formed searches and answers (an untrained model emits neither)."""
+    from searchr1_lld.config import RolloutConfig
+
+    cfg = RolloutConfig(max_turns=4, topk=3, max_tokens_per_turn=48, temperature=1.0)
+    m = TP.measure_warm_start(tiny_world, limit=16, seed=0, rollout_cfg=cfg)
+    print("tiny world warm start:", m)
+    assert m["sampled"]["answer_rate"] >= 0.1
+    assert m["sampled"]["mean_valid_searches"] >= 0.2
+    assert m["greedy"]["num"] == m["sampled"]["num"] == 16
+
+
+def test_generated_token_loss_equals_masked_lm_loss(tiny_model) -> None:
+    torch.manual_seed(0)
+    ids = torch.randint(0, tiny_model.config.vocab_size, (3, 12))
+    attn = torch.ones_like(ids)
+    attn[2, 9:] = 0  # right padding
+    mask = (torch.rand(3, 12) < 0.4).long() * attn
+    mask[0, 5] = 1
+    with torch.no_grad():
+        full = TP.masked_lm_loss(tiny_model(input_ids=ids, attention_mask=attn).logits, ids, mask)
+        fast = TP.generated_token_loss(tiny_model, ids, attn, mask)
+    assert fast.item() == pytest.approx(full.item(), rel=1e-5)
