@@ -1,7 +1,8 @@
 """Cost of adding LLDS (action gate) to the learner's loss: forward + backward of
 (PPO-clip + low_var_kl [+ LLDS]) on B=64 responses x T=1024 tokens, median over repeats, interleaved.
 
-Prints the two medians and ends with ``RESULT llds_overhead_ratio X`` (with / without LLDS; target <= 1.05).
+Prints the two medians and ends with ``RESULT llds_overhead_ratio X`` (with / without LLDS; target <= 1.05) and
+``RESULT llds_added_ms Y`` (the absolute added time per call).
 The model forward/backward (which dominates a real step) is not included: this is the loss-only worst case.
 Metric dicts are part of the timed work (the trainer logs them every step).
 """
@@ -71,6 +72,7 @@ def main() -> None:
     print(f"policy loss + KL           fwd+bwd median {base * 1e3:.3f} ms")
     print(f"policy loss + KL + LLDS(A) fwd+bwd median {full * 1e3:.3f} ms")
     print(f"RESULT llds_overhead_ratio {full / base:.3f}")
+    print(f"RESULT llds_added_ms {(full - base) * 1e3:.3f}")
 
 
 if __name__ == "__main__":
