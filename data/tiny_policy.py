@@ -429,7 +429,7 @@ def measure_warm_start(world_dir: str | Path, *, retriever: Any = None, limit: i
     model = AutoModelForCausalLM.from_pretrained(str(world_dir / "model"))
     model.eval()
     retriever = retriever or InProcessRetriever(world_dir / "index")
-    cfg = rollout_cfg or RolloutConfig(temperature=1.0, top_p=1.0, max_turns=4, topk=3, max_tokens_per_turn=128)
+    cfg = rollout_cfg or RolloutConfig(temperature=1.0, top_p=1.0, max_turns=4, topk=3, max_tokens_per_turn=64)
     backend = HFBackend(model, tokenizer, batch_size=cfg.generation_batch_size, seed=seed)
     greedy = run_agent_loop(rows, backend=backend, tokenizer=tokenizer, retriever=retriever, cfg=cfg, n=1,
                             greedy=True, progress=progress)
