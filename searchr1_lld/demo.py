@@ -1,0 +1,83 @@
+"""The embedded default, end to end on a CPU (what `make demo` runs):
+
+    1. build (or reuse) the synthetic search world: corpus, retriever index, QA splits, tokenizer, warm-started policy
+    2. train GRPO + LLDS on it (configs/tiny.yaml): metrics.jsonl, plots, checkpoints in the run directory
+    3. evaluate the warm start and the trained policy greedily on the world's test split and print the table
+
+    python -m searchr1_lld.demo [--config configs/tiny.yaml] [dotted.key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from searchr1_lld.config import ConfigError, load_config
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=str(REPO / "configs" / "tiny.yaml"))
+    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.total_steps=10")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    if cfg.data.source != "synthetic":
+        print("the demo runs on the synthetic world (data.source=synthetic)", file=sys.stderr)
+        return 2
+
+    from data.build_world import ensure_world
+    from searchr1_lld.checkpoint import latest_checkpoint
+    from searchr1_lld.trainer import train
+
+    t0 = time.time()
+    print(f"[1/3] synthetic world in {cfg.data.world_dir}", flush=True)
+    world = Path(ensure_world(cfg.data.world_dir, cfg.data.world))
+    t_world = time.time() - t0
+
+    print("[2/3] training GRPO + LLDS (configs: algorithm.llds.*)", flush=True)
+    result = train(cfg, evaluate=False)
+    t_train = time.time() - t0 - t_world
+    ckpt = latest_checkpoint(result.run_dir)
+    if ckpt is None:
+        print(f"no checkpoint was written in {result.run_dir}", file=sys.stderr)
+        return 1
+
+    print("[3/3] greedy evaluation on the test split: warm start vs trained", flush=True)
+    out = Path(result.run_dir) / "eval"
+    method = "grpo+llds" if cfg.algorithm.llds.enabled else "grpo"
+    cmd = [sys.executable, str(REPO / "eval.py"), "--datasets", "synthetic", "--world-dir", str(world),
+           "--config", str(Path(result.run_dir) / "config.yaml"), "--out", str(out),
+           "--compare", f"warm_start={world / 'model'}", f"{method}={ckpt / 'policy'}"]
+    if cfg.trainer.eval_limit:
+        cmd += ["--limit", str(cfg.trainer.eval_limit)]
+    proc = subprocess.run(cmd, cwd=REPO, text=True, capture_output=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-4000:])
+        return proc.returncode
+    table = proc.stdout.strip()
+    t_eval = time.time() - t0 - t_world - t_train
+
+    plots = sorted((Path(result.run_dir) / "plots").glob("*.png"))
+    print("\n" + table + "\n")
+    m = result.final_metrics
+    keys = [k for k in ("reward/em_mean", "rollout/valid_searches_mean", "llds/active_token_frac", "actor/grad_norm", "actor/entropy") if k in m]
+    if keys:
+        print("last training step: " + "  ".join(f"{k}={m[k]:.4g}" for k in keys))
+    print(f"wall time: world {t_world:.0f}s, training {t_train:.0f}s ({result.steps} steps), eval {t_eval:.0f}s")
+    print(f"run directory: {result.run_dir}")
+    print(f"plots: {', '.join(str(p) for p in plots) if plots else '(none)'}")
+    print(f"tables: {out / 'results.md'} {out / 'results.csv'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
