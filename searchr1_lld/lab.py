@@ -49,6 +49,8 @@ QUICK_CONFIG = REPO_ROOT / "configs" / "lab" / "quick.yaml"
 DEFAULT_NOTES = REPO_ROOT / "docs" / "lab_notes.md"
 RUN_RECORD = "lab_run.json"
 TREND_WINDOW = 3
+LLD_MARGIN = 0.05  # nats/token: a likelihood drop smaller than this is not called LLD
+REWARD_MARGIN = 0.02  # EM: a reward gain smaller than this is not called a rise
 
 
 @dataclass(frozen=True)
@@ -170,12 +172,17 @@ def shared_settings(cfg: Config) -> list[tuple[str, Any]]:
 
 
 def resolve_world_dir(cfg: Config, world_dir: str | None) -> Path:
-    """``--world-dir`` as given, else ``.cache/lab-world-<hash of data.world>`` (never the shared default world,
-    which other tools rebuild when their world config differs)."""
+    """``--world-dir`` as given; else ``data.world_dir`` when it already holds a finished world built from exactly
+    ``data.world`` (no second build of the same world); else ``.cache/lab-world-<hash of data.world>``. The lab never
+    builds into the shared default dir, which other tools rebuild when their world config differs."""
     if world_dir:
         return Path(world_dir)
-    from data.build_world import world_config_hash
+    from data.build_world import is_built, world_config_hash
 
+    shared = Path(cfg.data.world_dir)
+    shared = shared if shared.is_absolute() else REPO_ROOT / shared
+    if is_built(shared, cfg.data.world):
+        return shared
     return REPO_ROOT / ".cache" / f"lab-world-{world_config_hash(cfg.data.world)}"
 
 
@@ -338,13 +345,25 @@ def trend_summary(records: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 
 def lld_verdict(trend: dict[str, float], phases: dict[str, Any]) -> str:
-    """One honest word on what a run showed: ``collapse`` (detector), ``LLD`` (correct likelihood ended lower than it
-    started while reward ended higher), ``decay`` (steady_decay seen, reward not higher), or ``none``."""
+    """One honest word on what a run showed:
+
+    ``collapse``: the detector reported accelerated_collapse at some step;
+    ``LLD``: reward ended higher than it started (by more than ``REWARD_MARGIN``) while the likelihood of correct
+    responses ended lower (by more than ``LLD_MARGIN`` nats/token): the sampled correct responses' per-token
+    log-likelihood, or the probe set's (the same correct responses re-measured, which sampling noise cannot fake);
+    ``decay``: steady_decay was reported at some step without the end-to-end LLD pattern;
+    ``none``: otherwise.
+    """
     if phases["collapse_step"] is not None:
         return "collapse"
-    c0, c1, r0, r1 = (trend["correct_logp_start"], trend["correct_logp_end"], trend["reward_start"],
-                      trend["reward_end"])
-    if all(map(finite, (c0, c1, r0, r1))) and c1 < c0 and r1 > r0:
+    r0, r1 = trend["reward_start"], trend["reward_end"]
+    reward_up = finite(r0) and finite(r1) and r1 > r0 + REWARD_MARGIN
+    likelihood_down = any(
+        finite(trend[f"{k}_start"]) and finite(trend[f"{k}_end"])
+        and trend[f"{k}_end"] < trend[f"{k}_start"] - LLD_MARGIN
+        for k in ("correct_logp", "probe_logp")
+    )
+    if reward_up and likelihood_down:
         return "LLD"
     if phases["first_step"]["steady_decay"] is not None:
         return "decay"
@@ -571,8 +590,9 @@ def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path], n
         "",
         "From `phase/name` in each run's metrics.jsonl (the trainer's `PhaseDetector`): the first step each phase "
         "was reported and how many steps it lasted. Early-warning steps: the detector's 'correct likelihood falls "
-        "while reward rises' signal. Verdict: `collapse` (accelerated_collapse seen), `LLD` (correct-response "
-        "log-likelihood per token lower at the end than at the start while reward is higher), `decay` "
+        "while reward rises' signal. Verdict: `collapse` (accelerated_collapse seen), `LLD` (mean of the last "
+        f"{TREND_WINDOW} values vs the first {TREND_WINDOW}: reward up by more than {REWARD_MARGIN} while the "
+        f"correct-response or probe-set log-likelihood per token is down by more than {LLD_MARGIN} nats), `decay` "
         "(steady_decay seen without the LLD pattern end to end), `none`.",
         "",
         phase_table(s["runs"]),

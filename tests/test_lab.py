@@ -109,6 +109,12 @@ def test_trend_and_verdict():
     assert lab.lld_verdict(t, ph) == "LLD"
     flat = lab.trend_summary(_records([0.1] * 6, [-1.0] * 6, ["healthy"] * 6))
     assert lab.lld_verdict(flat, lab.phase_summary(_records([0.1] * 6, [-1.0] * 6, ["healthy"] * 6))) == "none"
+    # a drop within noise (0.02 nats/token < LLD_MARGIN) is not called LLD
+    small = _records([0.1] * 3 + [0.4] * 3, [-0.9] * 3 + [-0.92] * 3, ["healthy"] * 6)
+    assert lab.lld_verdict(lab.trend_summary(small), lab.phase_summary(small)) == "none"
+    # the probe set's likelihood falling counts too
+    t_probe = {**flat, "reward_end": 0.4, "probe_logp_start": -0.3, "probe_logp_end": -0.5}
+    assert lab.lld_verdict(t_probe, lab.phase_summary(small)) == "LLD"
     collapsed = lab.phase_summary(_records([0.1] * 3, [-1.0] * 3, ["healthy", "healthy", "accelerated_collapse"]))
     assert lab.lld_verdict(flat, collapsed) == "collapse"
 
