@@ -96,7 +96,8 @@ def child_serve(args) -> None:
 def start_server(mode: str, args) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, __file__, "--child-serve", mode, "--n", str(args.n), "--dim",
-                             str(args.dim), "--encoder", args.encoder], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                             str(args.dim), "--encoder", args.encoder],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     for line in proc.stdout:
         if line.startswith("retriever ready on "):
             threading.Thread(target=proc.stdout.read, daemon=True).start()
