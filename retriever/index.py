@@ -450,6 +450,9 @@ class DenseBackend:
     index: Any  # a FAISS index
     encode_batch_size: int = 64
 
+    def __post_init__(self) -> None:
+        use_blas_for_batches()
+
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         vectors = self.encoder.encode(queries, kind="query", batch_size=self.encode_batch_size)
         scores, rows = self.index.search(np.ascontiguousarray(vectors, dtype=np.float32), k)
