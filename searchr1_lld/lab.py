@@ -276,6 +276,30 @@ def evaluate_warm_start(cfg: Config, world_dir: Path, retriever: Any, out_dir: P
     return {"eval": eval_summary(results), "eval_s": round(time.time() - t0, 1), "run_dir": str(out_dir)}
 
 
+def load_warm_start(eval_dir: Path) -> dict[str, Any]:
+    from searchr1_lld import evaluation as ev
+
+    return {"eval": eval_summary(ev.load_results(eval_dir)), "eval_s": 0.0, "run_dir": str(eval_dir)}
+
+
+def load_run(cfg: Config, runs_dir: Path) -> dict[str, Any]:
+    """A finished run's lab_run.json, checked against the config it should have been trained with."""
+    run_dir = runs_dir / cfg.trainer.run_name
+    path = run_dir / RUN_RECORD
+    if not path.is_file():
+        raise ConfigError(f"--report-only: {path} missing (run {cfg.trainer.run_name} never finished)")
+    rec = json.loads(path.read_text())
+    ignore = set(RUN_KEYS) | {"data.world_dir"}
+    want, got = flatten(cfg.to_dict()), flatten(rec["config"])
+    # data.world.* is not compared: the report describes the world actually used from its card (world.json)
+    diff = sorted(k for k in want.keys() | got.keys()
+                  if k not in ignore and not k.startswith("data.world.") and want.get(k) != got.get(k))
+    if diff:
+        raise ConfigError(f"--report-only: {path} was trained with different settings: {diff}")
+    rec["run_dir"] = str(run_dir)
+    return rec
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Analysis (pure: records in, numbers out)
 # --------------------------------------------------------------------------------------------------------------------
@@ -560,7 +584,9 @@ def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path], n
         f"{s['world']['counts'].get('test_multi_hop')} test multi-hop; multi-hop share "
         f"{s['world']['config'].get('multi_hop_fraction')}, model hidden {s['world']['config'].get('model_hidden_size')}"
         f" x {s['world']['config'].get('model_layers')} layers)  ",
-        f"Wall time: {s['wall_s'] / 60:.1f} min on this machine ({s['machine']}).",
+        (f"Time: {s['wall_s'] / 60:.1f} min = sum of the runs' training + evaluation times ({s['machine']}); this "
+         "report was rebuilt with --report-only from finished runs." if s.get("report_only") else
+         f"Wall time: {s['wall_s'] / 60:.1f} min on this machine ({s['machine']})."),
         "",
         "The methods share every setting; they differ only in `algorithm.llds.{enabled,gate,ma}` (checked by "
         "`check_only_llds_differs` before training). LLDS-MA here is the **adaptive** variant: answer-span "
@@ -614,8 +640,11 @@ def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path], n
 
 def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequence[int], methods: Sequence[Method],
             out_dir: str | Path, runs_dir: str | Path, world_dir: str | None = None, notes: str | Path | None = None,
-            quick: bool = False, command: str = "") -> dict[str, Any]:
-    """Train and evaluate every (seed, method), then write the report. Returns the summary (also summary.json)."""
+            quick: bool = False, command: str = "", report_only: bool = False) -> dict[str, Any]:
+    """Train and evaluate every (seed, method), then write the report. Returns the summary (also summary.json).
+
+    ``report_only``: train nothing; rebuild the report from the finished runs in ``runs_dir`` (their lab_run.json must
+    hold the config this call would have trained with, bookkeeping keys aside)."""
     import os
     import platform
 
@@ -626,19 +655,25 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
     configs = {(m.key, s): method_config(config_path, overrides, m, s, world_dir=wdir, runs_dir=runs_dir)
                for s in seeds for m in methods}
     check_only_llds_differs(list(configs.values()))
-    card = prepare_world(base, wdir, explicit=world_dir is not None)
+    if report_only:
+        from data.build_world import read_card
 
-    from retriever.inprocess import InProcessRetriever
+        card = read_card(wdir) or {}
+        retriever = None
+        warm = load_warm_start(runs_dir / "warm_start" / "eval")
+    else:
+        card = prepare_world(base, wdir, explicit=world_dir is not None)
+        from retriever.inprocess import InProcessRetriever
 
-    retriever = InProcessRetriever(str(wdir / "index"))
-    print(f"[lab] world {wdir}; {len(configs)} runs; runs in {runs_dir}", flush=True)
-    warm = evaluate_warm_start(base, wdir, retriever, runs_dir / "warm_start" / "eval")
-    print(f"[lab] warm start: test EM {warm['eval']['em']:.3f} ({warm['eval_s']:.0f}s)", flush=True)
+        retriever = InProcessRetriever(str(wdir / "index"))
+        print(f"[lab] world {wdir}; {len(configs)} runs; runs in {runs_dir}", flush=True)
+        warm = evaluate_warm_start(base, wdir, retriever, runs_dir / "warm_start" / "eval")
+    print(f"[lab] warm start: test EM {warm['eval']['em']:.3f}", flush=True)
     runs = []
     for s in seeds:
         for m in methods:
             cfg = configs[(m.key, s)]
-            rec = run_one(cfg, m, s, wdir, retriever)
+            rec = load_run(cfg, runs_dir) if report_only else run_one(cfg, m, s, wdir, retriever)
             records = load_records(rec["run_dir"])
             rec["phases"] = phase_summary(records)
             rec["trend"] = trend_summary(records)
@@ -653,14 +688,15 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
     pngs = plot_curves(records_by_run, methods, out_dir)
     notes_text = Path(notes).read_text() if notes and Path(notes).is_file() else None
     summary = {
-        "quick": quick, "command": command, "config_path": str(config_path), "overrides": list(overrides),
+        "quick": quick, "report_only": report_only, "command": command, "config_path": str(config_path), "overrides": list(overrides),
         "seeds": list(seeds), "methods": [dataclasses.asdict(m) for m in methods],
         "world": {"dir": str(wdir), "counts": card.get("counts", {}), "config": card.get("config", {}),
                   "warm_start_card": card.get("warm_start", {})},
         "shared_settings": shared_settings(base), "warm_start": warm, "runs": runs,
         "aggregate": aggregate(runs, methods), "pngs": [p.name for p in pngs],
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}",
-        "wall_s": round(time.time() - t_start, 1),
+        "wall_s": round(time.time() - t_start, 1) if not report_only else
+        round(sum(r["train_s"] + r["eval_s"] for r in runs) + (warm.get("eval_s") or 0.0), 1),
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     report = write_report(out_dir, summary, pngs, notes_text)
@@ -679,6 +715,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs-dir", help="where the runs go (default: runs/lab or runs/lab-quick)")
     p.add_argument("--world-dir", help="an existing world dir to use as is (default: .cache/lab-world-<hash>)")
     p.add_argument("--notes", default=str(DEFAULT_NOTES), help="markdown put under 'Experiments tried'")
+    p.add_argument("--report-only", action="store_true", help="rebuild the report from the finished runs in --runs-dir")
     p.add_argument("overrides", nargs="*", help="key=value config overrides applied to every method")
     args = p.parse_args(argv)
     config = args.config or str(QUICK_CONFIG if args.quick else FULL_CONFIG)
@@ -689,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
             config_path=config, overrides=args.overrides, seeds=seeds, methods=methods,
             out_dir=args.out or ("runs/lab-quick/report" if args.quick else "docs/lab"),
             runs_dir=args.runs_dir or ("runs/lab-quick" if args.quick else "runs/lab"), world_dir=args.world_dir,
-            notes=args.notes, quick=args.quick,
+            notes=args.notes, quick=args.quick, report_only=args.report_only,
             command="python -m searchr1_lld.lab " + " ".join(argv if argv is not None else sys.argv[1:]),
         )
     except ConfigError as e:

@@ -203,3 +203,15 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world):
 
     assert "## Experiments tried" in md and "tried nothing yet" in md
     assert "LLDS-MA (action gate, adaptive MA)" in md
+
+    # --report-only rebuilds the same tables from the finished runs without training
+    out2 = tmp_path / "report2"
+    assert lab.main(["--quick", "--report-only", "--out", str(out2), "--runs-dir", str(runs_dir), "--world-dir",
+                     str(tiny_world), "--notes", str(notes)]) == 0
+    md2 = (out2 / "README.md").read_text()
+    for heading in ("## Test exact match", "## Phases detected by the monitor"):
+        assert _table(md2, heading) == _table(md, heading)
+    # ... and refuses runs trained with other settings
+    with pytest.raises(ConfigError, match="trainer.lr"):
+        lab.run_lab(config_path=lab.QUICK_CONFIG, overrides=["trainer.lr=0.5"], seeds=[0], methods=methods,
+                    out_dir=tmp_path / "report3", runs_dir=runs_dir, world_dir=str(tiny_world), report_only=True)
