@@ -1,8 +1,9 @@
 """The death-spiral lab: GRPO vs LLDS (response gate, action gate, LLDS-MA) on the synthetic world, on a CPU.
 
-    python -m searchr1_lld.lab                       # full comparison (configs/lab/lab.yaml, seeds 0,1,2) -> docs/lab
+    python -m searchr1_lld.lab                       # full comparison (configs/lab/lab.yaml, seeds 0,1) -> docs/lab
     python -m searchr1_lld.lab --quick --out /tmp/lab   # a few minutes: configs/lab/quick.yaml, one seed
     python -m searchr1_lld.lab --seeds 0,1 --methods grpo,llds_action trainer.lr=1e-3 rollout.n=8   # exploration
+    python -m searchr1_lld.lab --report-only --runs-dir runs/lab    # rebuild the report from finished runs
 
 What one lab does
     1. one synthetic world (``data.build_world.ensure_world``; ``--world-dir`` or ``.cache/lab-world-<config hash>``)
@@ -709,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="the few-minute mode (configs/lab/quick.yaml, seed 0)")
     p.add_argument("--config", help="lab config (default: configs/lab/lab.yaml, or quick.yaml with --quick)")
-    p.add_argument("--seeds", help="comma-separated seeds (default: 0,1,2; 0 with --quick)")
+    p.add_argument("--seeds", help="comma-separated seeds (default: 0,1, about an hour on 2 cores; 0 with --quick)")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {list(METHODS)}")
     p.add_argument("--out", help="report dir (default: docs/lab; runs/lab-quick/report with --quick)")
     p.add_argument("--runs-dir", help="where the runs go (default: runs/lab or runs/lab-quick)")
@@ -720,7 +721,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     config = args.config or str(QUICK_CONFIG if args.quick else FULL_CONFIG)
     try:
-        seeds = parse_seeds(args.seeds or ("0" if args.quick else "0,1,2"))
+        seeds = parse_seeds(args.seeds or ("0" if args.quick else "0,1"))
         methods = parse_methods(args.methods)
         run_lab(
             config_path=config, overrides=args.overrides, seeds=seeds, methods=methods,
