@@ -244,10 +244,15 @@ class PhaseDetector:
     Series read (metric names): ``reward/em_mean``, ``lld/correct_logp_old_per_token`` (likelihood of the correct
     responses under the policy that sampled them), ``actor/grad_norm``, ``actor/entropy``.
 
+    Also read when present: ``probe/logp_per_token`` (the fixed probe set of correct responses, re-measured every
+    ``probe_every`` steps). It keeps measuring likelihood after the policy stops sampling correct responses, when the
+    correct-response series has no new points.
+
     Rules, evaluated on the last ``window`` steps, most severe first:
-    - accelerated_collapse: correct likelihood at least ``collapse_logp_drop`` nats/token below its peak AND (grad norm
-      or entropy exploded vs their early baseline, or reward crashed to <= ``collapse_reward_ratio`` x its peak);
-      or explosion and reward crash together;
+    - accelerated_collapse: correct likelihood (the correct-response series or the probe series) at least
+      ``collapse_logp_drop`` nats/token below its peak AND (grad norm or entropy exploded vs their early baseline, or
+      reward crashed to <= ``collapse_reward_ratio`` x its peak); or explosion and reward crash together; or reward
+      still crashed after an explosion seen at any earlier step (collapse is sticky until reward recovers);
     - steady_decay: correct likelihood slope < -flat while reward has not crashed;
     - early_stagnation: correct likelihood flat (|slope| <= flat) while reward rises;
     - healthy: otherwise (likelihood of correct responses rising, or too little data to claim a trend).
@@ -258,6 +263,7 @@ class PhaseDetector:
     CORRECT_LOGP = "lld/correct_logp_old_per_token"
     GRAD_NORM = "actor/grad_norm"
     ENTROPY = "actor/entropy"
+    PROBE_LOGP = "probe/logp_per_token"
 
     def __init__(self, thresholds: PhaseThresholds | None = None):
         self.t = thresholds or PhaseThresholds()
@@ -270,7 +276,8 @@ class PhaseDetector:
 
     def detect(self, history: Sequence[dict[str, Any]]) -> PhaseReport:
         t = self.t
-        series = {k: [h.get(k) for h in history] for k in (self.REWARD, self.CORRECT_LOGP, self.GRAD_NORM, self.ENTROPY)}
+        keys = (self.REWARD, self.CORRECT_LOGP, self.GRAD_NORM, self.ENTROPY, self.PROBE_LOGP)
+        series = {k: [h.get(k) for h in history] for k in keys}
         win = {k: v[-t.window:] for k, v in series.items()}
         logp_all = _finite(series[self.CORRECT_LOGP])
         reward_all = _finite(series[self.REWARD])
@@ -282,19 +289,28 @@ class PhaseDetector:
         ev["logp_drop_from_peak"] = ev["logp_peak"] - ev["logp_now"] if logp_all else NAN
         ev["reward_now"] = _nanmean(_finite(win[self.REWARD])[-2:])
         ev["reward_peak"] = max(reward_all) if reward_all else NAN
+        probe_all = _finite(series[self.PROBE_LOGP])
+        ev["probe_logp_now"] = probe_all[-1] if probe_all else NAN
+        ev["probe_drop_from_peak"] = max(probe_all) - probe_all[-1] if probe_all else NAN
         for key, name in ((self.GRAD_NORM, "grad_norm"), (self.ENTROPY, "entropy")):
             base = _median(_finite(series[key][: t.window]))
             now = _nanmean(_finite(win[key])[-2:])
+            valid_base = bool(base) and math.isfinite(base) and base > 0
             ev[f"{name}_baseline"] = base
             ev[f"{name}_now"] = now
-            ev[f"{name}_ratio"] = now / base if base and math.isfinite(base) and base > 0 and math.isfinite(now) else NAN
+            ev[f"{name}_ratio"] = now / base if valid_base and math.isfinite(now) else NAN
+            ev[f"{name}_max_ratio"] = max(_finite(series[key]), default=NAN) / base if valid_base else NAN
 
         def ok(x: float) -> bool:
             return x is not None and math.isfinite(x)
 
-        logp_low = ok(ev["logp_drop_from_peak"]) and ev["logp_drop_from_peak"] >= t.collapse_logp_drop
+        correct_low = ok(ev["logp_drop_from_peak"]) and ev["logp_drop_from_peak"] >= t.collapse_logp_drop
+        probe_low = ok(ev["probe_drop_from_peak"]) and ev["probe_drop_from_peak"] >= t.collapse_logp_drop
+        logp_low = correct_low or probe_low
         grad_blowup = ok(ev["grad_norm_ratio"]) and ev["grad_norm_ratio"] >= t.collapse_grad_ratio
         entropy_blowup = ok(ev["entropy_ratio"]) and ev["entropy_ratio"] >= t.collapse_entropy_ratio
+        exploded_before = (ok(ev["grad_norm_max_ratio"]) and ev["grad_norm_max_ratio"] >= t.collapse_grad_ratio) or (
+            ok(ev["entropy_max_ratio"]) and ev["entropy_max_ratio"] >= t.collapse_entropy_ratio)
         reward_crash = (
             ok(ev["reward_peak"]) and ev["reward_peak"] >= t.min_peak_reward and ok(ev["reward_now"])
             and ev["reward_now"] <= t.collapse_reward_ratio * ev["reward_peak"]
@@ -305,10 +321,15 @@ class PhaseDetector:
         reward_rising = ok(ev["reward_slope"]) and ev["reward_slope"] > t.rising_reward_slope
 
         reasons: list[str] = []
-        if (logp_low and (explosion or reward_crash)) or (explosion and reward_crash):
+        if (logp_low and (explosion or reward_crash)) or (reward_crash and (explosion or exploded_before)):
             phase = "accelerated_collapse"
-            if logp_low:
+            if correct_low:
                 reasons.append(f"correct log-likelihood {ev['logp_drop_from_peak']:.3f} nats/token below its peak")
+            if probe_low:
+                reasons.append(f"probe-set log-likelihood {ev['probe_drop_from_peak']:.3f} nats/token below its peak")
+            if exploded_before and not explosion:
+                reasons.append(f"grad norm / entropy exploded earlier (max x{ev['grad_norm_max_ratio']:.1f} / "
+                               f"x{ev['entropy_max_ratio']:.1f} their baselines) and reward has not recovered")
             if grad_blowup:
                 reasons.append(f"grad norm x{ev['grad_norm_ratio']:.1f} its baseline")
             if entropy_blowup:

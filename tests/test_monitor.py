@@ -130,3 +130,36 @@ def test_probe_set_keeps_first_correct_and_measures():
     out = probe.measure(lambda trajs: (torch.tensor([[-1.0, -3.0], [-2.0, 0.0]]), torch.tensor([[1.0, 1.0], [1.0, 0.0]])))
     assert out["probe/logp_per_token"] == pytest.approx(-6 / 3)
     assert out["probe/logp_per_response"] == pytest.approx(-3.0)
+
+
+def test_phase_collapse_seen_through_probe_when_no_correct_responses_are_sampled():
+    # the lab's GRPO lr 3e-3 run: correct responses stop being sampled (no new points), grad norm explodes, the fixed
+    # probe set's likelihood falls from -2.4 to -10 nats/token; reward has not crashed yet at the explosion step
+    hist = _series(8, lambda i: 0.1 + 0.01 * i, lambda i: -0.5 if i < 4 else float("nan"),
+                   lambda i: 0.5 if i < 6 else 16.0, lambda i: 1.0)
+    for i, probe in enumerate([-2.4, None, -3.3, None, -6.3, None, -10.0, None]):
+        if probe is not None:
+            hist[i]["probe/logp_per_token"] = probe
+    r = _final(hist)
+    assert r.phase == "accelerated_collapse"
+    assert r.evidence["probe_drop_from_peak"] == pytest.approx(7.6)
+    assert any("probe-set" in s for s in r.reasons)
+    # without the probe series the same history is not called a collapse (reward has not crashed)
+    for h in hist:
+        h.pop("probe/logp_per_token", None)
+    assert _final(hist).phase != "accelerated_collapse"
+
+
+def test_phase_collapse_is_sticky_while_reward_stays_crashed():
+    # explosion at steps 8-9, then grad norm and entropy settle again but reward stays at 0: still collapsed
+    def grad(i):
+        return 15.0 if i in (8, 9) else 0.5
+
+    hist = _series(16, lambda i: 0.3 if i < 8 else 0.0, lambda i: -0.5 if i < 8 else float("nan"), grad,
+                   lambda i: 1.0)
+    r = _final(hist)
+    assert r.phase == "accelerated_collapse"
+    assert any("exploded earlier" in s for s in r.reasons)
+    # and recovery (reward back above the crash threshold) ends it
+    hist += _series(4, lambda i: 0.3, lambda i: -0.5, lambda i: 0.5, lambda i: 1.0)
+    assert _final(hist).phase != "accelerated_collapse"
