@@ -73,11 +73,11 @@ class WorldConfig:
     model_heads: int = 4
     model_kv_heads: int = 2
     model_intermediate_size: int = 384
-    warmstart_trajectories: int = 4800  # optimiser steps = trajectories * epochs / batch size (300 by default)
+    warmstart_trajectories: int = 4800  # optimiser steps = trajectories * epochs / batch size (600 by default)
     warmstart_epochs: int = 1
     warmstart_lr: float = 1e-2
     warmstart_quality: float = 0.6  # share of sampled warm-start trajectories that are fully correct
-    warmstart_batch_size: int = 16
+    warmstart_batch_size: int = 8
     warmstart_shuffle_names: bool = True  # rename entities/years per warm-start trajectory: copy, don't memorise
     warmstart_env_loss_weight: float = 0.3  # LM-loss weight of prompt/observation tokens (generated tokens: 1)
     warmstart_measure: bool = True  # roll the warm start out on the test split; EM + format-valid rate -> world.json

@@ -60,14 +60,15 @@ def test_tokenizer_round_trip_ids_identical(tiny_world: Path, tiny_tokenizer, tm
 
 
 def test_entity_names_are_single_tokens(tiny_world: Path, tiny_tokenizer) -> None:
-    """Every word of every entity name (passage titles) is ONE token, with and without a leading space, so the
-    policy copies a name into its query one token per word; non-numeric gold answers are at most 2 tokens."""
+    """Every word of every entity name (passage titles) is ONE token after a space (as in questions, queries and
+    answers; at most 2 without), so the policy copies a name one token per word; non-numeric gold answers are at
+    most 2 tokens."""
     corpus = read_jsonl(tiny_world / "corpus.jsonl")
     words = {w for d in corpus for w in TP._title(d["contents"]).split()}
     assert len(words) > 20
     for w in sorted(words):
         assert len(tiny_tokenizer.encode(" " + w, add_special_tokens=False)) == 1, w
-        assert len(tiny_tokenizer.encode(w, add_special_tokens=False)) == 1, w
+        assert len(tiny_tokenizer.encode(w, add_special_tokens=False)) <= 2, w  # no leading space: rarer
     rows = read_jsonl(tiny_world / "qa" / "test.jsonl") + read_jsonl(tiny_world / "qa" / "train.jsonl")
     for g in {g for r in rows for g in r["golden_answers"] if not g.isdigit()}:
         assert len(tiny_tokenizer.encode(" " + g, add_special_tokens=False)) <= 2, g
