@@ -38,16 +38,17 @@ def _cfg(tmp_path, *extra):
     return load_config(None, SMALL + [f"trainer.output_dir={tmp_path}", "trainer.run_name=run", *extra])
 
 
-def _trainer(cfg, tiny_world, retriever):
+def _trainer(cfg, tiny_world, retriever, reward_of_index=lambda i: float(i % 2 == 0)):
     tr = Trainer(cfg, world_dir=tiny_world, retriever=retriever)
     real_rollout = tr.rollout
 
     def rollout_with_mixed_rewards(rows, **kw):
-        # the untrained tiny test policy rarely answers right: give every group one correct and one wrong response
+        # the untrained tiny test policy rarely answers right: set the rewards by hand (default: every group one
+        # correct and one wrong response; responses of one prompt are consecutive)
         trajs = real_rollout(rows, **kw)
         if not kw.get("greedy"):
             for i, t in enumerate(trajs):
-                t.reward = float(i % 2 == 0)
+                t.reward = reward_of_index(i)
         return trajs
 
     tr.rollout = rollout_with_mixed_rewards
@@ -77,8 +78,10 @@ def test_lr_factor_warmup_and_cosine():
 
 @pytest.mark.parametrize("variant", ["llds", "grpo"])
 def test_one_real_step(tmp_path, tiny_world, shared_retriever, variant):
-    extra = ["algorithm.llds.lam=0"] if variant == "grpo" else ["algorithm.llds.ma=fixed"]
-    tr = _trainer(_cfg(tmp_path, *extra), tiny_world, shared_retriever)
+    extra = ["algorithm.llds.lam=0"] if variant == "grpo" else ["algorithm.llds.ma=fixed", "algorithm.llds.gate=none"]
+    # group 0 = [correct, wrong] drives the update; group 1 = [wrong, wrong] has advantage 0 (in LLDS's preserving
+    # set) and its likelihood is moved only by group 0's update, so some of its tokens fall and LLDS acts on them
+    tr = _trainer(_cfg(tmp_path, *extra), tiny_world, shared_retriever, reward_of_index=lambda i: float(i == 0))
     before = _params(tr.model)
     m = tr.train_step()
     after = _params(tr.model)
