@@ -146,7 +146,6 @@ def read_faiss_index(path: str | Path, *, mmap: bool = True):
     """Read an index, memory-mapped where FAISS allows it. Returns ``(index, mode)``; mode says what worked."""
     import faiss
 
-    use_blas_for_batches()
     path = str(path)
     if mmap:
         for mode in ("IO_FLAG_MMAP_IFC", "IO_FLAG_MMAP"):  # IFC: flat codes mapped too (FAISS >= 1.10)
