@@ -7,6 +7,7 @@ from searchr1_lld.algo.advantages import broadcast_to_tokens, grpo_outcome_advan
 from searchr1_lld.algo.aggregation import AGG_MODES, aggregate, masked_mean
 from searchr1_lld.algo.kl import KL_KINDS, kl_penalty
 from searchr1_lld.algo.llds import GATES, adaptive_lam_answer, llds_can_act, llds_gate, llds_loss, per_response_advantage
+from searchr1_lld.algo.objective import ObjectiveSpec, mini_batch_denominators, objective
 from searchr1_lld.algo.logprobs import chunked_logprobs_entropy, naive_logprobs_entropy
 from searchr1_lld.algo.policy_loss import gspo_loss, ppo_clip_loss
 from searchr1_lld.algo.spans import (
@@ -19,6 +20,7 @@ from searchr1_lld.algo.spans import (
 
 __all__ = [
     "AGG_MODES",
+    "ObjectiveSpec",
     "GATES",
     "KL_KINDS",
     "action_span_list",
@@ -37,7 +39,9 @@ __all__ = [
     "llds_gate",
     "llds_loss",
     "masked_mean",
+    "mini_batch_denominators",
     "naive_logprobs_entropy",
+    "objective",
     "per_response_advantage",
     "ppo_clip_loss",
 ]

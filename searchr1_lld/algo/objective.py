@@ -1,0 +1,119 @@
+"""The learner's objective on one micro-batch, normalised by its *mini-batch* totals (GRPO + KL + entropy + LLDS).
+
+For a mini-batch M split into micro-batches, with response mask m ``[B, T]``, every term is a sum over the
+micro-batch divided by a mini-batch total, so that summing the micro-batch losses (gradient accumulation) gives exactly
+the mini-batch loss, however unevenly M was cut:
+
+    N_tok  = sum_{i in M, t} m[i,t]               (mini_tokens:    response tokens of the mini-batch)
+    N_resp = |{ i in M : sum_t m[i,t] > 0 }|     (mini_responses: responses with at least one token)
+    D      = N_tok for agg_mode "token-mean", N_resp for the seq-mean modes
+
+    L = pg                                       policy-gradient surrogate (PPO-clip or GSPO), aggregated over D
+      + kl_coef      * agg(KL(logp_new || logp_ref), D)
+      - entropy_coef * agg(H, D)
+      + L_LLDS                                   sum m g c max(0, logp_old - logp_new) / N_tok   (algo.llds)
+
+agg(x, D) is :func:`searchr1_lld.algo.aggregation.aggregate` with ``denominator=D``. The policy loss functions
+normalise by the micro-batch count n (tokens or responses); it is rescaled by n / D, which is the same sum over D.
+``token_weights`` ``[B, T]`` (optional, None = 1; e.g. truncated importance-sampling weights between the rollout
+engine and the learner) are handed to the policy loss, which multiplies its per-token term by them.
+
+A padding micro-batch (a rank with fewer micro-batches than its peers) is this loss times 0: same graph, zero
+gradient. Pure tensor function: no I/O, no distributed calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from searchr1_lld.algo import aggregation, kl, llds, policy_loss
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    """The coefficients and modes of the objective (a view of ``AlgorithmConfig``)."""
+
+    policy_loss: str = "ppo_clip"  # "ppo_clip" | "gspo"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = None
+    agg_mode: str = "token-mean"
+    kl_coef: float = 0.0
+    kl_type: str = "low_var_kl"
+    entropy_coef: float = 0.0
+    llds_lam: float = 0.0  # 0 = LLDS off
+    llds_gate: str = "action"
+    llds_tau: float = 0.0
+
+
+def mini_batch_denominators(response_mask: torch.Tensor) -> tuple[float, float]:
+    """(N_tok, N_resp) of a mini-batch's response mask ``[B, T]`` (module docstring)."""
+    per_row = (response_mask != 0).sum(dim=1)
+    return float(per_row.sum()), float((per_row > 0).sum())
+
+
+def objective(
+    spec: ObjectiveSpec,
+    logp_new: torch.Tensor,
+    logp_old: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    mini_tokens: float,
+    mini_responses: float,
+    logp_ref: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    answer_mask: torch.Tensor | None = None,
+    lam_answer: float | None = None,
+    token_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Micro-batch loss L (module docstring) and its metrics.
+
+    Args:
+        spec: coefficients and modes.
+        logp_new: [B, T] current log-probs (carry the gradient). logp_old: [B, T] rollout-policy log-probs.
+        advantages: [B] or [B, T] (token broadcast). response_mask: [B, T].
+        mini_tokens, mini_responses: N_tok and N_resp of the whole mini-batch (:func:`mini_batch_denominators`).
+        logp_ref: [B, T] reference log-probs (KL term when given and spec.kl_coef > 0).
+        entropy: [B, T] token entropies (entropy term when given and spec.entropy_coef != 0; carries gradient).
+        answer_mask, lam_answer: LLDS-MA (both or neither). token_weights: [B, T] per-token policy-gradient weights.
+
+    Returns:
+        (loss, metrics): metrics are micro-batch means over its response tokens -- pg_loss, pg_clip_frac, approx_kl
+        (from the policy loss), kl_ref, entropy (when computed), and the ``llds/*`` metrics when LLDS is on.
+    """
+    if spec.agg_mode not in aggregation.AGG_MODES:
+        raise ValueError(f"unknown loss aggregation mode {spec.agg_mode!r}; expected one of {list(aggregation.AGG_MODES)}")
+    if mini_tokens <= 0 or mini_responses <= 0:
+        raise ValueError(f"mini-batch denominators must be > 0; got mini_tokens={mini_tokens}, mini_responses={mini_responses}")
+    n_tok, n_resp = mini_batch_denominators(response_mask)
+    denom = mini_tokens if spec.agg_mode == "token-mean" else mini_responses
+    local = n_tok if spec.agg_mode == "token-mean" else n_resp
+
+    loss_fn = policy_loss.gspo_loss if spec.policy_loss == "gspo" else policy_loss.ppo_clip_loss
+    extra = {} if token_weights is None else {"token_weights": token_weights}
+    pg, pg_m = loss_fn(logp_new, logp_old, advantages, response_mask, clip_low=spec.clip_low, clip_high=spec.clip_high,
+                       dual_clip=spec.dual_clip, agg_mode=spec.agg_mode, **extra)
+    loss = pg * (local / denom)  # pg normalises by the micro-batch count `local`: rescaled to the mini-batch's D
+    metrics = {"pg_loss": pg_m["pg_loss"], "pg_clip_frac": pg_m["pg_clip_frac"], "approx_kl": pg_m["approx_kl"]}
+
+    if entropy is not None:
+        if spec.entropy_coef:
+            loss = loss - spec.entropy_coef * aggregation.aggregate(entropy, response_mask, spec.agg_mode, denominator=denom)
+        metrics["entropy"] = float(aggregation.masked_mean(entropy.detach(), response_mask))
+    if logp_ref is not None:
+        kl_tok = kl.kl_penalty(logp_new, logp_ref.detach(), spec.kl_type)
+        if spec.kl_coef > 0:
+            loss = loss + spec.kl_coef * aggregation.aggregate(kl_tok, response_mask, spec.agg_mode, denominator=denom)
+        metrics["kl_ref"] = float(aggregation.masked_mean(kl_tok.detach(), response_mask))
+    if spec.llds_lam > 0:
+        l_llds, llds_m = llds.llds_loss(
+            logp_new, logp_old, advantages, response_mask, gate=spec.llds_gate, lam=spec.llds_lam, tau=spec.llds_tau,
+            answer_mask=answer_mask if lam_answer is not None else None, lam_answer=lam_answer,
+            denominator=mini_tokens,
+        )
+        loss = loss + l_llds
+        metrics.update(llds_m)
+    return loss, metrics
