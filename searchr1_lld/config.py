@@ -174,7 +174,9 @@ class AlgorithmConfig:
 class TrainerConfig:
     total_steps: int = 200
     train_batch_size: int = 512  # prompts per rollout step
-    ppo_mini_batch_size: int = 256  # prompts per optimiser step
+    # responses (trajectories) per optimiser step, over all processes, as in verl / Search-R1 / the LLDS release:
+    # 512 prompts x 5 responses = 2,560 per rollout step / 256 = 10 optimiser steps per epoch (docs/batch_semantics.md)
+    ppo_mini_batch_size: int = 1280
     micro_batch_token_budget: int = 16384  # tokens per forward/backward micro-batch (sorted by length)
     ppo_epochs: int = 1
     lr: float = 1e-6
@@ -266,10 +268,14 @@ class Config:
             (self.retriever.backoff_s >= 0, "retriever.backoff_s", "must be >= 0"),
             (self.trainer.total_steps >= 1, "trainer.total_steps", "must be >= 1"),
             (self.trainer.train_batch_size >= 1, "trainer.train_batch_size", "must be >= 1"),
-            (1 <= self.trainer.ppo_mini_batch_size <= self.trainer.train_batch_size, "trainer.ppo_mini_batch_size",
-             f"must be in [1, trainer.train_batch_size={self.trainer.train_batch_size}]"),
-            (self.trainer.train_batch_size % self.trainer.ppo_mini_batch_size == 0, "trainer.ppo_mini_batch_size",
-             "must divide trainer.train_batch_size"),
+            (1 <= self.trainer.ppo_mini_batch_size <= self.trainer.train_batch_size * self.rollout.n,
+             "trainer.ppo_mini_batch_size",
+             f"counts responses: must be in [1, trainer.train_batch_size x rollout.n = "
+             f"{self.trainer.train_batch_size * self.rollout.n}]"),
+            ((self.trainer.train_batch_size * self.rollout.n) % max(self.trainer.ppo_mini_batch_size, 1) == 0,
+             "trainer.ppo_mini_batch_size",
+             f"counts responses: must divide trainer.train_batch_size x rollout.n = "
+             f"{self.trainer.train_batch_size} x {self.rollout.n} = {self.trainer.train_batch_size * self.rollout.n}"),
             (self.trainer.ppo_epochs >= 1, "trainer.ppo_epochs", "must be >= 1"),
             (self.trainer.lr > 0, "trainer.lr", "must be > 0"),
             (0 <= self.trainer.warmup_ratio < 1, "trainer.warmup_ratio", "must be in [0, 1)"),

@@ -6,18 +6,18 @@ One training step (``Trainer.train_step``)::
     rollout: n responses per prompt, policy in eval mode, no grad             run_agent_loop  (reward = EM)
     advantages A_i (GRPO, per group)                                          algo.advantages
     logp_old under the current policy, logp_ref under the frozen initial one  algo.logprobs   (no grad)
-    for epoch in ppo_epochs, for mini-batch (ppo_mini_batch_size prompts' groups):
-        for micro-batch (token budget, sorted by length):
-            loss = pg + kl_coef * KL(ref) - entropy_coef * H + LLDS           algo.policy_loss / kl / llds
-            (each term normalised by the *mini-batch* token count -> accumulation == token-mean over mini-batch)
-            backward
-        grad norm (before clipping) -> non-finite: skip and count; else clip -> AdamW step
-    scheduler step (warmup ratio + constant / cosine; one step per training step, as verl)
+    for epoch in ppo_epochs, for mini-batch of ppo_mini_batch_size *responses* (over all ranks; groups may straddle):
+        for micro-batch (token budget, sorted by length; every rank runs the max count, padding ones weigh 0):
+            loss = objective(pg + kl_coef * KL(ref) - entropy_coef * H + LLDS)  algo.objective
+            (every term normalised by the *mini-batch* totals -> accumulation == the one-shot mini-batch loss)
+            backward (DeepSpeed: engine.set_gradient_accumulation_boundary(last) + engine.backward)
+        global grad norm (before clipping), checked on all ranks *before* the step -> non-finite on any rank: skip
+        on all ranks and count; else clip -> AdamW step -> LR scheduler step (warm-up ratio of all optimiser steps)
     logp_new of the step's batch after the updates (no grad) -> LLD monitor
     weights -> rollout engine (ZeRO-3: gathered module by module)
 
 The trainer composes the pure functions of ``searchr1_lld.algo``; it holds no loss math of its own (the only arithmetic
-is the mini-batch normalisation of micro-batch losses and the LR schedule factor, both stated where they are).
+is the LR schedule factor). Batch semantics and the multi-rank rules: docs/batch_semantics.md.
 
 Determinism: every step re-seeds python / numpy / torch from (seed, step, rank), so a run resumed from a checkpoint
 reproduces the same next step as an uninterrupted run (RNG states are also saved in the checkpoint).
@@ -27,6 +27,7 @@ Python API: :func:`train` ``(cfg) -> RunResult`` (run dir, final metrics, before
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -44,7 +45,8 @@ import torch
 
 from searchr1_lld import checkpoint as ckpt
 from searchr1_lld.algo import advantages as adv_fns
-from searchr1_lld.algo import aggregation, kl, llds, logprobs, policy_loss
+from searchr1_lld.algo import llds, logprobs
+from searchr1_lld.algo.objective import ObjectiveSpec, mini_batch_denominators, objective
 from searchr1_lld.config import Config, RolloutConfig, save_config
 from searchr1_lld.monitor import (
     PHASE_ID,
@@ -360,33 +362,44 @@ class Trainer:
         self.accelerator = make_accelerator(cfg)
         acc = self.accelerator
         self.rank, self.world_size = acc.process_index, acc.num_processes
+        cfg.validate()
         if tc.train_batch_size % self.world_size or tc.ppo_mini_batch_size % self.world_size:
             raise ValueError(
                 f"trainer.train_batch_size ({tc.train_batch_size}) and trainer.ppo_mini_batch_size "
                 f"({tc.ppo_mini_batch_size}) must be divisible by the number of processes ({self.world_size})"
             )
+        # batch semantics (docs/batch_semantics.md): ppo_mini_batch_size counts responses over all processes
+        self.responses_per_step = tc.train_batch_size * cfg.rollout.n
+        self.updates_per_step = tc.ppo_epochs * (self.responses_per_step // tc.ppo_mini_batch_size)
+        self.total_updates = tc.total_steps * self.updates_per_step
         self.run_dir = Path(run_dir) if run_dir else self._default_run_dir()
         self.world_dir = Path(world_dir) if world_dir else resolve_world(cfg)
         seed_everything(tc.seed)
         model, self.tokenizer = load_policy_and_tokenizer(cfg, self.world_dir)
-        self.ref_model = None
-        if cfg.algorithm.kl_coef > 0:
-            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False).to(acc.device)
+        zero3 = zero_stage(acc) == 3
+        # full copies taken before the learner is sharded: the frozen reference (KL) and, under ZeRO-3, the HF rollout
+        # engine's own module (generation on a partitioned module would need every rank to run the same forwards)
+        ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.algorithm.kl_coef > 0 else None
+        engine_copy = copy.deepcopy(model).eval().requires_grad_(False) if zero3 and cfg.rollout.backend == "hf" else None
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=tc.lr, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay
         )
+        # one scheduler step per applied optimiser step; warm-up = warmup_ratio of all optimiser steps (as verl)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: lr_factor(s, tc.total_steps, tc.warmup_ratio, tc.lr_schedule)
+            optimizer, lambda s: lr_factor(s, self.total_updates, tc.warmup_ratio, tc.lr_schedule)
         )
         if is_deepspeed(acc):
             plugin = acc.state.deepspeed_plugin
             plugin.deepspeed_config["gradient_clipping"] = tc.grad_clip
-            plugin.deepspeed_config["gradient_accumulation_steps"] = 1
+            plugin.deepspeed_config["gradient_accumulation_steps"] = 1  # the boundary is set by us, per micro-batch
             plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = 1
         self.model, self.optimizer = acc.prepare(model, optimizer)
-        self.scheduler = scheduler  # stepped by us once per training step (not prepared: no per-process rescaling)
+        self.scheduler = scheduler  # stepped by us (not prepared: no per-process rescaling)
+        self.policy_dtype = next(acc.unwrap_model(self.model).parameters()).dtype
+        self.ref_model = self._place_reference(ref) if ref is not None else None
         self.retriever = retriever if retriever is not None else self._make_retriever()
-        self.backend = make_backend(cfg, acc.unwrap_model(self.model), self.tokenizer, policy_path(cfg, self.world_dir))
+        engine_module = engine_copy.to(acc.device, self.policy_dtype) if engine_copy is not None else acc.unwrap_model(self.model)
+        self.backend = make_backend(cfg, engine_module, self.tokenizer, policy_path(cfg, self.world_dir))
         self.train_rows = load_train_rows(cfg, self.world_dir)
         self.sampler = PromptSampler(self.train_rows, tc.train_batch_size, tc.seed, cfg.data.shuffle)
         self.detector = PhaseDetector()
@@ -410,12 +423,34 @@ class Trainer:
         default = (self.world_dir / "index") if self.world_dir else None
         return make_retriever(self.cfg.retriever, default_index_dir=default)
 
+    def _place_reference(self, ref: torch.nn.Module) -> Any:
+        """The frozen reference in the policy's dtype (so KL is exactly 0 while the weights agree) and placement:
+        on the learner's device, or under ZeRO-3 sharded like the policy by a DeepSpeed inference-only engine."""
+        acc = self.accelerator
+        ref = ref.to(dtype=self.policy_dtype)
+        if zero_stage(acc) != 3:
+            return ref.to(acc.device)
+        import deepspeed
+
+        ds = acc.state.deepspeed_plugin.deepspeed_config
+        config = {
+            "train_micro_batch_size_per_gpu": 1,
+            "zero_optimization": {"stage": 3, "offload_param": ds.get("zero_optimization", {}).get(
+                "offload_param", {"device": "none"})},
+            "bf16": {"enabled": self.policy_dtype == torch.bfloat16},
+            "fp16": {"enabled": self.policy_dtype == torch.float16},
+        }
+        engine, *_ = deepspeed.initialize(model=ref, config=config)
+        engine.eval()
+        return engine
+
     def _llds_noop_warning(self) -> str | None:
         a, t = self.cfg.algorithm, self.cfg.trainer
-        if a.llds.enabled and a.llds.lam > 0 and t.ppo_epochs == 1 and t.ppo_mini_batch_size == t.train_batch_size:
+        if a.llds.enabled and a.llds.lam > 0 and not llds.llds_can_act(t.ppo_epochs, self.updates_per_step // t.ppo_epochs):
             return (
-                "LLDS is enabled but is a permanent no-op: ppo_epochs == 1 and one mini-batch per rollout batch means "
-                "logp_new == logp_old at every update. Use ppo_epochs > 1 or ppo_mini_batch_size < train_batch_size."
+                "LLDS is enabled but is a permanent no-op: one optimiser step per rollout batch (ppo_epochs == 1 and "
+                "ppo_mini_batch_size == train_batch_size x rollout.n responses) means logp_new == logp_old at every "
+                "update. Use ppo_epochs > 1 or a smaller trainer.ppo_mini_batch_size."
             )
         return None
 
@@ -437,18 +472,37 @@ class Trainer:
             compute_entropy=compute_entropy,
         )
 
+    def agree_max(self, counts: Sequence[int]) -> list[int]:
+        """Element-wise max of ``counts`` over all processes (one all-reduce): the number of micro-batches every rank
+        runs, so that the collectives inside forward/backward (ZeRO-3 gathers, gradient reduction) pair up."""
+        if self.world_size == 1 or not counts:
+            return list(counts)
+        t = torch.tensor(list(counts), dtype=torch.long, device=self.accelerator.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return [int(v) for v in t.tolist()]
+
+    def any_rank(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is True on any rank (one all-reduce)."""
+        return bool(self.agree_max([int(flag)])[0])
+
     @torch.no_grad()
     def batch_logp(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
-        """[B, T] token log-probs of a whole TrajectoryBatch (micro-batched, no grad), on CPU."""
+        """[B, T] token log-probs of a whole TrajectoryBatch (micro-batched, no grad), on CPU. Every rank runs the same
+        number of forwards (the missing ones re-run this rank's shortest row and are discarded)."""
         was_training = model.training
         model.eval()
         B, T = batch.responses.shape
         out = torch.zeros(B, T)
         lengths = batch.attention_mask.sum(1).tolist()
-        for mb in micro_batches_by_tokens(lengths, range(B), self.cfg.trainer.micro_batch_token_budget):
-            rows = select_rows(batch, mb)
-            lp, _ = self._forward_logp(model, rows, compute_entropy=False)
-            out[torch.as_tensor(mb)] = pad_cols(lp.float().cpu(), T)
+        micro = micro_batches_by_tokens(lengths, range(B), self.cfg.trainer.micro_batch_token_budget)
+        (n_micro,) = self.agree_max([len(micro)])
+        ctx = self.accelerator.autocast() if model is self.ref_model else contextlib.nullcontext()
+        with ctx:  # the reference runs under the same autocast as the (prepared) policy
+            for k in range(n_micro):
+                mb = micro[k] if k < len(micro) else micro[0][:1]
+                lp, _ = self._forward_logp(model, select_rows(batch, mb), compute_entropy=False)
+                if k < len(micro):
+                    out[torch.as_tensor(mb)] = pad_cols(lp.float().cpu(), T)
         model.train(was_training)
         return out * batch.response_mask
 
@@ -509,36 +563,47 @@ class Trainer:
         if alg.llds.enabled and lam_answer is not None:
             metrics["llds/lam_answer_effective"] = min(lam_answer, alg.llds.lam)
 
-        # updates
+        # updates: mini-batches of ppo_mini_batch_size responses (this rank: its 1/world_size share), drawn from a
+        # permutation of the rank's responses per epoch (groups may straddle mini-batches: advantages are final)
         sums: dict[str, float] = {}
         tokens_seen = 0.0
         grad_norms: list[float] = []
         skipped = 0
+        pads = 0
         lengths = batch.attention_mask.sum(1).tolist()
-        group_of = batch.group_ids.tolist()
-        groups = sorted(set(group_of))
-        mini_prompts = tc.ppo_mini_batch_size // self.world_size
+        rows_per_mini = tc.ppo_mini_batch_size // self.world_size
+        if B % rows_per_mini:
+            raise ValueError(f"this rank has {B} responses, not a multiple of its mini-batch share {rows_per_mini} "
+                             f"(trainer.ppo_mini_batch_size={tc.ppo_mini_batch_size} over {self.world_size} processes)")
         gen = torch.Generator().manual_seed(step_seed(tc.seed, self.step, self.rank, self.world_size))
-        self.model.train()
+        plan: list[list[list[int]]] = []  # [mini-batch][micro-batch][row]
         for _epoch in range(tc.ppo_epochs):
-            perm = [groups[i] for i in torch.randperm(len(groups), generator=gen).tolist()]
-            for start in range(0, len(perm), mini_prompts):
-                chosen = set(perm[start : start + mini_prompts])
-                rows_idx = [i for i in range(B) if group_of[i] in chosen]
-                mini_tokens = float(batch.response_mask[rows_idx].sum())
-                mini_seqs = float((batch.response_mask[rows_idx].sum(1) > 0).sum())
-                micro = micro_batches_by_tokens(lengths, rows_idx, tc.micro_batch_token_budget)
-                for k, mb in enumerate(micro):
-                    last = k == len(micro) - 1
-                    m_metrics, n_tok = self._micro_step(batch, mb, advantages, logp_old, logp_ref, lam_answer,
-                                                        mini_tokens, mini_seqs, last)
+            perm = torch.randperm(B, generator=gen).tolist()
+            for start in range(0, B, rows_per_mini):
+                plan.append(micro_batches_by_tokens(lengths, perm[start : start + rows_per_mini],
+                                                    tc.micro_batch_token_budget))
+        n_micro = self.agree_max([len(m) for m in plan])  # the same micro-batch count on every rank
+        spec = self._objective_spec()
+        self.model.train()
+        for mini, count in zip(plan, n_micro):
+            rows_idx = [i for mb in mini for i in mb]
+            mini_tokens, mini_resp = mini_batch_denominators(batch.response_mask[rows_idx])
+            for k in range(count):
+                pad = k >= len(mini)  # zero-weight micro-batch: this rank ran out, its peers did not
+                mb = mini[0][:1] if pad else mini[k]
+                m_metrics, n_tok = self._micro_step(batch, mb, advantages, logp_old, logp_ref, lam_answer, spec,
+                                                    max(mini_tokens, 1.0), max(mini_resp, 1.0), last=k == count - 1,
+                                                    weight=0.0 if pad else 1.0)
+                pads += int(pad)
+                if not pad:
                     tokens_seen += n_tok
                     for key, v in m_metrics.items():
                         sums[key] = sums.get(key, 0.0) + v
-                gn, ok = self._optimizer_step()
-                grad_norms.append(gn)
-                skipped += int(not ok)
-        self.scheduler.step()
+            gn, ok = self._optimizer_step()
+            grad_norms.append(gn)
+            skipped += int(not ok)
+            if ok:
+                self.scheduler.step()  # per applied optimiser step
         self.skipped_steps += skipped
 
         # monitor: likelihoods after the step's updates
@@ -563,6 +628,8 @@ class Trainer:
         metrics["actor/grad_norm_mean"] = sum(finite_norms) / len(finite_norms) if finite_norms else float("nan")
         metrics["actor/updates"] = float(len(grad_norms))
         metrics["actor/skipped_updates"] = float(skipped)
+        metrics["actor/micro_batches"] = float(sum(n_micro))  # per rank, the same on every rank
+        metrics["actor/padding_micro_batches"] = float(pads)  # this rank's zero-weight ones (mean over ranks)
         metrics["actor/skipped_updates_total"] = float(self.skipped_steps)
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["time/rollout_s"] = t_rollout
@@ -582,96 +649,106 @@ class Trainer:
         self.step += 1
         return metrics
 
-    def _micro_step(self, batch, mb, advantages, logp_old, logp_ref, lam_answer, mini_tokens, mini_seqs, last):
-        """Forward + backward of one micro-batch; every term normalised by the mini-batch totals."""
-        cfg, acc, alg = self.cfg, self.accelerator, self.cfg.algorithm
+    def _objective_spec(self) -> ObjectiveSpec:
+        alg = self.cfg.algorithm
+        return ObjectiveSpec(
+            policy_loss=alg.policy_loss, clip_low=alg.clip_low if alg.clip_low is not None else alg.clip_eps,
+            clip_high=alg.clip_high if alg.clip_high is not None else alg.clip_eps, dual_clip=alg.dual_clip,
+            agg_mode=alg.loss_agg_mode, kl_coef=alg.kl_coef, kl_type=alg.kl_type, entropy_coef=alg.entropy_coef,
+            llds_lam=alg.llds.lam if alg.llds.enabled else 0.0, llds_gate=alg.llds.gate, llds_tau=alg.llds.tau,
+        )
+
+    def _micro_step(self, batch, mb, advantages, logp_old, logp_ref, lam_answer, spec, mini_tokens, mini_resp, *,
+                    last: bool, weight: float = 1.0):
+        """Forward + backward of one micro-batch of the objective (algo.objective, normalised by the mini-batch
+        totals); ``weight`` 0 = a padding micro-batch (same collectives, zero gradient)."""
+        dev = self.accelerator.device
         rows = select_rows(batch, mb)
         t = rows["responses"].shape[1]
-        dev = acc.device
         idx = torch.as_tensor(mb)
         mask = rows["response_mask"].to(dev)
-        old = logp_old[idx][:, :t].to(dev)
-        adv = advantages[idx].to(dev)
         with self._sync_context(last):
             logp_new, entropy = self._forward_logp(self.model, rows, compute_entropy=True)
-            loss_fn = policy_loss.gspo_loss if alg.policy_loss == "gspo" else policy_loss.ppo_clip_loss
-            clip_low = alg.clip_low if alg.clip_low is not None else alg.clip_eps
-            clip_high = alg.clip_high if alg.clip_high is not None else alg.clip_eps
-            pg, pg_m = loss_fn(logp_new, old, adv, mask, clip_low=clip_low, clip_high=clip_high,
-                               dual_clip=alg.dual_clip, agg_mode=alg.loss_agg_mode)
-            n_tok = float(mask.sum())
-            # normalise the micro-batch aggregate by the mini-batch total (exact accumulation of the mini-batch mean)
-            if alg.loss_agg_mode == "token-mean":
-                share = n_tok / max(mini_tokens, 1.0)
-                denom = max(mini_tokens, 1.0)
-            else:
-                share = float((mask.sum(1) > 0).sum()) / max(mini_seqs, 1.0)
-                denom = max(mini_seqs, 1.0)
-            loss = pg * share
-            ent = aggregation.aggregate(entropy, mask, alg.loss_agg_mode, denominator=denom)
-            if alg.entropy_coef:
-                loss = loss - alg.entropy_coef * ent
-            kl_val = None
-            if logp_ref is not None:
-                ref = logp_ref[idx][:, :t].to(dev)
-                kl_val = aggregation.aggregate(kl.kl_penalty(logp_new, ref, alg.kl_type), mask, alg.loss_agg_mode,
-                                               denominator=denom)
-                loss = loss + alg.kl_coef * kl_val
-            llds_m: dict[str, float] = {}
-            if alg.llds.enabled and alg.llds.lam > 0:
-                l_llds, llds_m = llds.llds_loss(
-                    logp_new, old, adv, mask, gate=alg.llds.gate, lam=alg.llds.lam, tau=alg.llds.tau,
-                    answer_mask=rows["answer_mask"].to(dev) if lam_answer is not None else None,
-                    lam_answer=lam_answer, denominator=max(mini_tokens, 1.0),
-                )
-                loss = loss + l_llds
-            self._backward(loss, last)
-        out = {
-            "actor/pg_loss": pg_m["pg_loss"] * n_tok,
-            "actor/pg_clip_frac": pg_m["pg_clip_frac"] * n_tok,
-            "actor/approx_kl": pg_m["approx_kl"] * n_tok,
-            "actor/entropy": float(aggregation.masked_mean(entropy.detach(), mask)) * n_tok,
-        }
-        if kl_val is not None:
-            out["actor/kl_ref"] = float(aggregation.masked_mean(kl.kl_penalty(logp_new.detach(), ref, alg.kl_type), mask)) * n_tok
-        if llds_m:
-            out["llds/active_token_frac"] = llds_m["llds/active_token_frac"] * n_tok
-            out["llds/mean_penalty"] = llds_m["llds/mean_penalty"] * n_tok
-            out["llds/loss_sum"] = llds_m["llds/loss"]  # mini-batch normalised: sums to the mini-batch loss
-            out["llds/gated_responses"] = llds_m["llds/gated_responses"]
-            out["llds/gated_actions"] = llds_m["llds/gated_actions"]
-            out["llds/total_actions"] = llds_m["llds/total_actions"]
+            loss, m = objective(
+                spec, logp_new, logp_old[idx][:, :t].to(dev), advantages[idx].to(dev), mask,
+                mini_tokens=mini_tokens, mini_responses=mini_resp,
+                logp_ref=logp_ref[idx][:, :t].to(dev) if logp_ref is not None else None, entropy=entropy,
+                answer_mask=rows["answer_mask"].to(dev) if lam_answer is not None else None, lam_answer=lam_answer,
+            )
+            self._backward(loss * weight if weight != 1.0 else loss, last)
+        n_tok = float(mask.sum())
+        out = {f"actor/{k}": m[k] * n_tok for k in ("pg_loss", "pg_clip_frac", "approx_kl", "entropy", "kl_ref") if k in m}
+        if "llds/loss" in m:
+            out["llds/active_token_frac"] = m["llds/active_token_frac"] * n_tok
+            out["llds/mean_penalty"] = m["llds/mean_penalty"] * n_tok
+            out["llds/loss_sum"] = m["llds/loss"]  # mini-batch normalised: sums to the mini-batch loss
+            out["llds/gated_responses"] = m["llds/gated_responses"]
+            out["llds/gated_actions"] = m["llds/gated_actions"]
+            out["llds/total_actions"] = m["llds/total_actions"]
             out["llds/responses"] = float(len(mb))
         return out, n_tok
 
     def _sync_context(self, last: bool):
-        """No gradient all-reduce on non-final micro-batches (DDP); DeepSpeed handles it via the boundary flag."""
-        import contextlib
-
+        """No gradient all-reduce on non-final micro-batches (DDP); DeepSpeed: the engine's boundary flag."""
         if self.world_size > 1 and not last and not is_deepspeed(self.accelerator):
             return self.accelerator.no_sync(self.model)
         return contextlib.nullcontext()
 
     def _backward(self, loss: torch.Tensor, last: bool) -> None:
-        acc = self.accelerator
-        if is_deepspeed(acc):
-            acc.gradient_state._set_sync_gradients(last)  # engine.step() only at the mini-batch boundary
-        acc.backward(loss)
+        """DeepSpeed: drive the engine directly -- boundary flag per micro-batch, engine.backward (gradient reduction
+        at the boundary); its step is taken by :meth:`_optimizer_step`, once per mini-batch. Else accelerate."""
+        if is_deepspeed(self.accelerator):
+            self.model.set_gradient_accumulation_boundary(last)
+            self.model.backward(loss)
+        else:
+            self.accelerator.backward(loss)
+
+    def _deepspeed_grad_norm(self) -> float:
+        """Global (all ranks) L2 norm of the mini-batch gradient held by the DeepSpeed engine, before its step."""
+        engine = self.model
+        opt = engine.optimizer
+        stage = zero_stage(self.accelerator)
+        if stage in (1, 2) and hasattr(opt, "scaled_global_norm"):
+            return float(opt.scaled_global_norm()) / float(getattr(opt, "loss_scale", 1.0) or 1.0)
+        if stage == 3 and hasattr(opt, "_get_norm_groups"):
+            norms = torch.stack([torch.as_tensor(n, dtype=torch.float32).reshape(()) for n in opt._get_norm_groups()])
+            if (~torch.isfinite(norms) | (norms < 0)).any():  # DeepSpeed marks a non-finite group norm with -1
+                return float("inf")
+            return float(norms.norm()) / float(getattr(opt, "loss_scale", 1.0) or 1.0)
+        if stage == 0:  # gradients are all-reduced at the boundary backward: the local norm is the global norm
+            grads = [p.grad.detach().float().norm() for p in engine.module.parameters() if p.grad is not None]
+            return float(torch.stack(grads).norm()) if grads else 0.0
+        import deepspeed
+
+        raise RuntimeError(f"DeepSpeed {deepspeed.__version__} ZeRO-{stage}: no gradient-norm method found on "
+                           f"{type(opt).__name__}; this trainer supports the DeepSpeed range in pyproject.toml")
 
     def _optimizer_step(self) -> tuple[float, bool]:
-        """Grad norm before clipping; skip non-finite; else clip + step. Returns (norm, applied)."""
+        """One optimiser step on the accumulated mini-batch gradient. The global grad norm (before clipping) is checked
+        on every rank *before* the step; non-finite on any rank: the update is skipped on all ranks (gradients
+        discarded, no optimiser / scheduler step). Returns (norm, applied)."""
         acc, tc = self.accelerator, self.cfg.trainer
         if is_deepspeed(acc):
-            # the engine clipped and stepped at the boundary backward; it reports the pre-clip norm
-            gn = acc.clip_grad_norm_(self.model.parameters(), tc.grad_clip)
-            gn = float(gn) if gn is not None else float("nan")
-            self.optimizer.zero_grad()
-            return gn, math.isfinite(gn)
-        grad_norm = acc.clip_grad_norm_(self.model.parameters(), tc.grad_clip)  # total norm before clipping
+            engine = self.model
+            gn = self._deepspeed_grad_norm()
+            bad = self.any_rank(not math.isfinite(gn))
+            if not bad:
+                engine.step()  # clips to gradient_clipping and applies the update
+                return gn, True
+            if zero_stage(acc) == 0:
+                engine.zero_grad()
+                return gn if not math.isfinite(gn) else float("nan"), False
+            # ZeRO 1-3: the engine's own step discards a non-finite gradient on every rank (its overflow path clears
+            # the partitioned gradients); verify it did, so a non-finite update is never applied silently
+            engine.step()
+            if getattr(engine.optimizer, "overflow", False) is not True:
+                raise RuntimeError("non-finite gradient norm, but the DeepSpeed engine applied the step")
+            return gn if not math.isfinite(gn) else float("nan"), False
+        grad_norm = acc.clip_grad_norm_(self.model.parameters(), tc.grad_clip)  # total norm before clipping (global)
         gn = float(grad_norm)
-        if not math.isfinite(gn):
+        if self.any_rank(not math.isfinite(gn)):
             self.optimizer.zero_grad(set_to_none=True)
-            return gn, False
+            return gn if not math.isfinite(gn) else float("nan"), False
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return gn, True

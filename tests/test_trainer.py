@@ -19,7 +19,7 @@ from searchr1_lld.trainer import Trainer, lr_factor, micro_batches_by_tokens
 from conftest import REPO_ROOT, TEST_WORLD_CONFIG
 
 SMALL = [
-    "trainer.train_batch_size=2", "trainer.ppo_mini_batch_size=1", "trainer.ppo_epochs=2", "rollout.n=2",
+    "trainer.train_batch_size=2", "trainer.ppo_mini_batch_size=2", "trainer.ppo_epochs=2", "rollout.n=2",
     "rollout.max_turns=1", "rollout.max_tokens_per_turn=20", "rollout.max_obs_length=60",
     "rollout.max_total_length=1024", "trainer.lr=1e-3", "trainer.warmup_ratio=0", "trainer.weight_decay=0",
     "trainer.micro_batch_token_budget=400", "logging.progress_bar=false", "logging.plot_every=0",
@@ -114,7 +114,7 @@ def test_nonfinite_gradient_is_skipped(tmp_path, tiny_world, shared_retriever):
 
 
 def test_llds_noop_warning(tmp_path, tiny_world, shared_retriever):
-    cfg = _cfg(tmp_path, "trainer.ppo_epochs=1", "trainer.ppo_mini_batch_size=2")
+    cfg = _cfg(tmp_path, "trainer.ppo_epochs=1", "trainer.ppo_mini_batch_size=4")
     with pytest.warns(UserWarning, match="permanent no-op"):
         Trainer(cfg, world_dir=tiny_world, retriever=shared_retriever)
     with warnings.catch_warnings():

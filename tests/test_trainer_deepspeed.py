@@ -18,7 +18,7 @@ from searchr1_lld.config import load_config
 from searchr1_lld.trainer import Trainer, is_deepspeed, zero_stage
 world, out = sys.argv[1], sys.argv[2]
 cfg = load_config(None, [
-    "trainer.train_batch_size=2", "trainer.ppo_mini_batch_size=1", "trainer.ppo_epochs=2", "rollout.n=2",
+    "trainer.train_batch_size=2", "trainer.ppo_mini_batch_size=2", "trainer.ppo_epochs=2", "rollout.n=2",
     "rollout.max_turns=1", "rollout.max_tokens_per_turn=16", "rollout.max_obs_length=60", "rollout.max_total_length=1024",
     "trainer.lr=1e-3", "trainer.warmup_ratio=0", "trainer.weight_decay=0", "logging.progress_bar=false",
     "trainer.probe_every=0", f"trainer.output_dir={out}", "trainer.run_name=ds"])
