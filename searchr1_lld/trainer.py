@@ -585,7 +585,8 @@ class Trainer:
         n_micro = self.agree_max([len(m) for m in plan])  # the same micro-batch count on every rank
         spec = self._objective_spec()
         self.model.train()
-        for mini, count in zip(plan, n_micro):
+        first_kl = [0.0, 0.0]  # KL(ref) token sum and tokens of the step's first mini-batch (before any update)
+        for mi, (mini, count) in enumerate(zip(plan, n_micro)):
             rows_idx = [i for mb in mini for i in mb]
             mini_tokens, mini_resp = mini_batch_denominators(batch.response_mask[rows_idx])
             for k in range(count):
@@ -595,6 +596,9 @@ class Trainer:
                                                     max(mini_tokens, 1.0), max(mini_resp, 1.0), last=k == count - 1,
                                                     weight=0.0 if pad else 1.0)
                 pads += int(pad)
+                if mi == 0 and not pad and "actor/kl_ref" in m_metrics:
+                    first_kl[0] += m_metrics["actor/kl_ref"]
+                    first_kl[1] += n_tok
                 if not pad:
                     tokens_seen += n_tok
                     for key, v in m_metrics.items():
@@ -628,6 +632,8 @@ class Trainer:
         metrics["actor/grad_norm_mean"] = sum(finite_norms) / len(finite_norms) if finite_norms else float("nan")
         metrics["actor/updates"] = float(len(grad_norms))
         metrics["actor/skipped_updates"] = float(skipped)
+        if first_kl[1] > 0:  # 0 at step 0: the reference and the policy are the same weights in the same dtype
+            metrics["actor/kl_ref_first_update"] = first_kl[0] / first_kl[1]
         metrics["actor/micro_batches"] = float(sum(n_micro))  # per rank, the same on every rank
         metrics["actor/padding_micro_batches"] = float(pads)  # this rank's zero-weight ones (mean over ranks)
         metrics["actor/skipped_updates_total"] = float(self.skipped_steps)

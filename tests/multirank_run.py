@@ -1,0 +1,98 @@
+"""Launched by tests/test_trainer_multirank.py under `accelerate launch --config_file configs/accelerate/cpu_2proc_*.yaml`
+(2 CPU processes): the learner's multi-rank rules, checked on real training steps of the tiny test world.
+
+    python tests/multirank_run.py OUT_DIR [key=value ...]      (train.py's config path: configs/tiny.yaml + overrides)
+
+Run A trains 2 steps from scratch (checkpoint after each); run B resumes from A's step-1 checkpoint and trains step 2.
+To make the ranks disagree, rank 1 cuts every micro-batch to one response (rank 0 packs by the token budget), so rank 0
+runs fewer micro-batches and must pad; in step 2 rank 1 (only) makes the first micro-batch loss NaN, so the first update
+of step 2 must be skipped on both ranks. Writes OUT_DIR/result.json (rank 0) and OUT_DIR/params_{a,b}.pt (rank 0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from searchr1_lld import trainer as trainer_mod
+from searchr1_lld.config import load_config
+from searchr1_lld.trainer import Trainer, iter_gathered_named_parameters, zero_stage
+
+RANK = int(os.environ.get("RANK", "0"))
+out_dir = Path(sys.argv[1])
+overrides = sys.argv[2:]
+
+if RANK == 1:  # rank 1: one response per micro-batch -> more micro-batches than rank 0
+    trainer_mod.micro_batches_by_tokens = lambda lengths, indices, budget: [[i] for i in sorted(indices)]
+
+_real_backward = Trainer._backward
+
+
+def _backward_nan_once(self, loss, last):
+    if RANK == 1 and self.step == 1 and not getattr(self, "_nan_done", False):
+        self._nan_done = True
+        loss = loss * float("nan")
+    return _real_backward(self, loss, last)
+
+
+Trainer._backward = _backward_nan_once
+
+
+def flat_params(tr: Trainer) -> torch.Tensor:
+    unwrapped = tr.accelerator.unwrap_model(tr.model)
+    named = iter_gathered_named_parameters(unwrapped) if zero_stage(tr.accelerator) == 3 else (
+        (n, p.detach()) for n, p in unwrapped.named_parameters())
+    return torch.cat([p.reshape(-1).float().cpu() for _, p in named])
+
+
+def ranks_identical(vec: torch.Tensor) -> bool:
+    gathered = [torch.empty_like(vec) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, vec)
+    return all(torch.equal(gathered[0], g) for g in gathered[1:])
+
+
+base = ["trainer.total_steps=2", "trainer.save_every=1", "trainer.keep_last_k=3", f"trainer.output_dir={out_dir}"]
+cfg_a = load_config("configs/tiny.yaml", [*overrides, *base, "trainer.run_name=a", "trainer.resume=never"])
+a = Trainer(cfg_a)
+res_a = a.run(evaluate=False)
+vec_a = flat_params(a)
+ident_a = ranks_identical(vec_a)
+kl0 = res_a.history[0]["actor/kl_ref_first_update"]
+
+# run B: resume from A's step-1 checkpoint (copied into B's run dir) and train step 2
+ckpt_a1 = a.run_dir / "checkpoints" / "step_000001"
+run_b = out_dir / "b"
+if RANK == 0:
+    shutil.copytree(ckpt_a1, run_b / "checkpoints" / "step_000001")
+dist.barrier()
+cfg_b = load_config("configs/tiny.yaml", [*overrides, *base, "trainer.run_name=b", "trainer.resume=auto"])
+b = Trainer(cfg_b)
+res_b = b.run(evaluate=False)
+vec_b = flat_params(b)
+ident_b = ranks_identical(vec_b)
+
+if RANK == 0:
+    torch.save(vec_a, out_dir / "params_a.pt")
+    torch.save(vec_b, out_dir / "params_b.pt")
+    keys = ("actor/updates", "actor/skipped_updates", "actor/micro_batches", "actor/padding_micro_batches",
+            "actor/grad_norm", "actor/lr", "actor/kl_ref_first_update")
+    result = {
+        "stage": zero_stage(a.accelerator), "world_size": a.world_size, "engine": type(a.model).__name__,
+        "ref_type": type(a.ref_model).__name__ if a.ref_model is not None else None,
+        "ranks_identical_a": ident_a, "ranks_identical_b": ident_b, "a_equals_b": bool(torch.equal(vec_a, vec_b)),
+        "a_b_max_abs_diff": float((vec_a - vec_b).abs().max()),
+        "steps_b_ran": len(res_b.history), "kl_ref_first_update_step0": kl0,
+        "responses_per_step": a.responses_per_step, "ppo_mini_batch_size": cfg_a.trainer.ppo_mini_batch_size,
+        "ppo_epochs": cfg_a.trainer.ppo_epochs,
+        "history_a": [{k: h.get(k) for k in keys} for h in res_a.history],
+        "history_b": [{k: h.get(k) for k in keys} for h in res_b.history],
+    }
+    (out_dir / "result.json").write_text(json.dumps(result, indent=1))
+    print("RESULT_JSON " + json.dumps(result))
+dist.barrier()
