@@ -245,7 +245,14 @@ def make_accelerator(cfg: Config):
     # DeepSpeed (ACCELERATE_USE_DEEPSPEED, set by `accelerate launch` with a DeepSpeed config) is disabled by accelerate
     # when cpu=True; without a GPU DeepSpeed picks its own CPU accelerator (gloo), so leave cpu=False then.
     deepspeed_requested = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
-    return Accelerator(cpu=use_cpu and not deepspeed_requested, mixed_precision=mixed)
+    handlers = []
+    if deepspeed_requested and use_cpu:
+        # accelerate finds no backend on a CPU-only machine unless told: it would then count 1 process although
+        # DeepSpeed initialised gloo with all of them (and DeepSpeed's batch-size check fails)
+        from accelerate.utils import InitProcessGroupKwargs
+
+        handlers.append(InitProcessGroupKwargs(backend="gloo"))
+    return Accelerator(cpu=use_cpu and not deepspeed_requested, mixed_precision=mixed, kwargs_handlers=handlers)
 
 
 def resolve_world(cfg: Config) -> Path | None:
