@@ -346,7 +346,7 @@ def sync_weights_to_engine(accelerator: Any, model: torch.nn.Module, backend: An
         if hasattr(backend, "load_weights"):
             backend.load_weights(named)
         else:
-            target = dict(backend.model.named_parameters())
+            target = dict(backend.model.named_parameters(remove_duplicate=False))  # tied weights: both names
             with torch.no_grad():
                 for name, tensor in named:
                     target[name].copy_(tensor.to(target[name].device, target[name].dtype))
@@ -384,10 +384,20 @@ class Trainer:
         seed_everything(tc.seed)
         model, self.tokenizer = load_policy_and_tokenizer(cfg, self.world_dir)
         zero3 = zero_stage(acc) == 3
-        # full copies taken before the learner is sharded: the frozen reference (KL) and, under ZeRO-3, the HF rollout
-        # engine's own module (generation on a partitioned module would need every rank to run the same forwards)
-        ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.algorithm.kl_coef > 0 else None
-        engine_copy = copy.deepcopy(model).eval().requires_grad_(False) if zero3 and cfg.rollout.backend == "hf" else None
+        # the frozen reference (KL): a copy of the initial policy; under ZeRO-3 the policy was loaded partitioned
+        # (transformers loads under deepspeed.zero.Init), so the reference is loaded the same way and sharded below
+        ref = None
+        if cfg.algorithm.kl_coef > 0:
+            ref = load_policy_and_tokenizer(cfg, self.world_dir)[0] if zero3 else copy.deepcopy(model)
+            ref.eval().requires_grad_(False)
+        # ZeRO-3 + HF rollout: the engine generates on its own full copy (generation on the partitioned module would
+        # need every rank to run the same forwards); weights are synced into it after every step
+        engine_copy = None
+        if zero3 and cfg.rollout.backend == "hf":
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None):
+                engine_copy = copy.deepcopy(model).eval().requires_grad_(False)
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=tc.lr, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay
         )

@@ -35,7 +35,7 @@ _real_backward = Trainer._backward
 
 
 def _backward_nan_once(self, loss, last):
-    if RANK == 1 and self.step == 1 and not getattr(self, "_nan_done", False):
+    if RANK == 1 and self.step == 1 and not getattr(self, "_nan_done", False) and not os.environ.get("MULTIRANK_NO_NAN"):
         self._nan_done = True
         loss = loss * float("nan")
     return _real_backward(self, loss, last)
