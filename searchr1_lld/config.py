@@ -176,7 +176,7 @@ class TrainerConfig:
     train_batch_size: int = 512  # prompts per rollout step
     # responses (trajectories) per optimiser step, over all processes, as in verl / Search-R1 / the LLDS release:
     # 512 prompts x 5 responses = 2,560 per rollout step / 256 = 10 optimiser steps per epoch (docs/batch_semantics.md)
-    ppo_mini_batch_size: int = 1280
+    ppo_mini_batch_size: int = 256
     micro_batch_token_budget: int = 16384  # tokens per forward/backward micro-batch (sorted by length)
     ppo_epochs: int = 1
     lr: float = 1e-6

@@ -90,7 +90,8 @@ def test_wrong_types_rejected(override, key):
     "overrides,key",
     [
         (["trainer.train_batch_size=8", "trainer.ppo_mini_batch_size=16"], "trainer.ppo_mini_batch_size"),
-        (["trainer.train_batch_size=12", "trainer.ppo_mini_batch_size=5"], "trainer.ppo_mini_batch_size"),
+        (["trainer.train_batch_size=12", "trainer.ppo_mini_batch_size=7"], "trainer.ppo_mini_batch_size"),
+        (["trainer.train_batch_size=8", "rollout.n=5", "trainer.ppo_mini_batch_size=80"], "trainer.ppo_mini_batch_size"),
         (["algorithm.llds.lam=-0.1"], "algorithm.llds.lam"),
         (["algorithm.llds.lam_answer=-1"], "algorithm.llds.lam_answer"),
         (["algorithm.dual_clip=0.5"], "algorithm.dual_clip"),

@@ -50,7 +50,7 @@ def test_lab_config_makes_llds_act():
     """Several updates per rollout batch: logp_new moves away from logp_old, so LLDS is not a no-op."""
     cfg = load_config(lab.FULL_CONFIG)
     tc = cfg.trainer
-    assert tc.ppo_epochs * (tc.train_batch_size // tc.ppo_mini_batch_size) > 1
+    assert tc.ppo_epochs * (tc.train_batch_size * cfg.rollout.n // tc.ppo_mini_batch_size) > 1  # responses
 
 
 def test_parse_seeds_and_methods():
