@@ -165,3 +165,29 @@ def shared_retriever(tiny_world):
     from retriever.inprocess import InProcessRetriever
 
     return InProcessRetriever(tiny_world / "index")
+
+
+def test_trainer_applies_rollout_correction(tmp_path, tiny_world, shared_retriever, monkeypatch):
+    from searchr1_lld.algo import policy_loss
+
+    seen = []
+    real = policy_loss.ppo_clip_loss
+
+    def spy(*args, token_weights=None, **kw):
+        seen.append(token_weights)
+        return real(*args, token_weights=token_weights, **kw)
+
+    monkeypatch.setattr(policy_loss, "ppo_clip_loss", spy)
+    cfg = load_config(None, SMALL + [f"trainer.output_dir={tmp_path}", "trainer.run_name=run", "trainer.probe_every=0",
+                                     "algorithm.rollout_correction.mode=token", "algorithm.rollout_correction.cap=1.5"])
+    tr = Trainer(cfg, world_dir=tiny_world, retriever=shared_retriever)
+    m = tr.train_step()
+    # the HF engine samples with the learner's own fp32 module: the two log-probs agree, the weights are ~1
+    assert m["rollout/engine_learner_logp_gap"] < 1e-3
+    assert abs(m["rollout/tis_weight_mean"] - 1) < 1e-3 and m["rollout/tis_capped_frac"] == 0.0
+    assert seen and all(w is not None and w.shape[0] > 0 for w in seen)
+    assert all(torch.allclose(w, torch.ones_like(w), atol=1e-3) for w in seen)
+    tr.cfg.algorithm.rollout_correction.mode = "off"
+    seen.clear()
+    m = tr.train_step()
+    assert "rollout/tis_weight_mean" not in m and seen and all(w is None for w in seen)
