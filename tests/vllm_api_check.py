@@ -353,7 +353,7 @@ def check_backend(source: str, api_table: dict[str, tuple[str, ...]], files: Pin
             method = use.target.split(".", 1)[1]
             errors += _check_call(release, llm_path, "LLM", method, use)
             if method == "apply_model":
-                errors += _check_call(release, WORKER_CLASS[0], WORKER_CLASS[1], "apply_model", Use("", 1))
+                errors += _check_call(release, WORKER_CLASS[0], WORKER_CLASS[1], "apply_model", Use("", 1, line=use.line))
         elif use.target.startswith("model."):
             method = use.target.split(".", 1)[1]
             for path, cls in MODEL_CLASSES:
