@@ -124,7 +124,7 @@ class RolloutConfig:
     vllm_gpu_memory_utilization: float = 0.4  # fraction of the GPU the engine may take (weights + KV cache)
     vllm_enable_sleep_mode: bool = True  # free the engine's GPU memory during the update phase (sleep / wake_up)
     vllm_sleep_level: int = 2  # 1: weights to CPU + KV freed; 2: weights and KV freed (reloaded after each update)
-    vllm_tensor_parallel_size: int = 1  # GPUs per engine (must divide the number of processes; within one node)
+    vllm_tensor_parallel_size: int = 1  # GPUs per engine; must be 1 (TP ranks would need lockstep generate calls)
     vllm_enable_prefix_caching: bool = True  # reuse KV of shared prompt prefixes (reset after every weight load)
     vllm_enforce_eager: bool = False  # no CUDA graphs (less memory, slower decoding)
     vllm_logprobs_mode: str = "processed_logprobs"  # log-probs after temperature (vLLM >= 0.10.2); "" = engine default
@@ -266,7 +266,9 @@ class Config:
              f"must exceed data.max_prompt_length ({self.data.max_prompt_length})"),
             (self.rollout.topk >= 1, "rollout.topk", "must be >= 1"),
             (0 < self.rollout.vllm_gpu_memory_utilization <= 1, "rollout.vllm_gpu_memory_utilization", "must be in (0, 1]"),
-            (self.rollout.vllm_tensor_parallel_size >= 1, "rollout.vllm_tensor_parallel_size", "must be >= 1"),
+            (self.rollout.vllm_tensor_parallel_size == 1, "rollout.vllm_tensor_parallel_size",
+             "must be 1: one engine per rank (TP ranks would have to call generate in lockstep, which the multi-turn "
+             "agent loop does not; see rollout/backends/vllm.py)"),
             (self.rollout.vllm_sleep_level in (1, 2), "rollout.vllm_sleep_level", "must be 1 or 2"),
             (self.algorithm.rollout_correction.cap >= 1, "algorithm.rollout_correction.cap", "must be >= 1"),
             (self.rollout.generation_batch_size >= 1, "rollout.generation_batch_size", "must be >= 1"),

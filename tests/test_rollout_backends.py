@@ -16,7 +16,6 @@ from searchr1_lld.rollout.backends.vllm import (
     build_llm_kwargs,
     build_sampling_kwargs,
     convert_completion,
-    tp_share,
 )
 from test_rollout_support import enc, make_model, make_tokenizer
 
@@ -178,7 +177,7 @@ def test_vllm_param_building():
     assert kw["model"] == kw["tokenizer"] == "/models/qwen" and kw["gpu_memory_utilization"] == 0.3
     assert kw["enable_sleep_mode"] is True and kw["max_model_len"] == 3000 and kw["seed"] == 7
     assert kw["logprobs_mode"] == "processed_logprobs"
-    assert kw["distributed_executor_backend"] == "external_launcher" and kw["data_parallel_size"] == 1
+    assert kw["distributed_executor_backend"] == "external_launcher"
     cfg.vllm_logprobs_mode = ""
     assert "logprobs_mode" not in build_llm_kwargs("/m", cfg)
     s = build_sampling_kwargs(max_new_tokens=500, stop_strings=["</search>", "</answer>"], temperature=1.0, top_p=0.9,
@@ -190,17 +189,16 @@ def test_vllm_param_building():
     assert (g["temperature"], g["top_p"]) == (0.0, 1.0)
 
 
-def test_vllm_one_engine_per_rank_data_parallel_with_tp_groups():
-    # 8 processes, TP 2: 4 data-parallel engines; the two ranks of one TP group share a seed, groups differ
-    cfg = RolloutConfig(vllm_tensor_parallel_size=2)
-    kws = [build_llm_kwargs("/m", cfg, seed=100, rank=r, world_size=8) for r in range(8)]
-    assert {k["data_parallel_size"] for k in kws} == {4} and {k["tensor_parallel_size"] for k in kws} == {2}
-    assert [k["seed"] for k in kws] == [100, 100, 101, 101, 102, 102, 103, 103]
-    assert [k["seed"] for k in (build_llm_kwargs("/m", RolloutConfig(), seed=0, rank=r, world_size=4)
-                                for r in range(4))] == [0, 1, 2, 3]
-    with pytest.raises(ValueError, match="divide"):
-        build_llm_kwargs("/m", RolloutConfig(vllm_tensor_parallel_size=3), rank=0, world_size=8)
-    assert tp_share([3, 2], 0) == slice(0, 3) and tp_share([3, 2], 1) == slice(3, 5)
+def test_vllm_one_independent_engine_per_rank():
+    # 4 processes: 4 engines in the launcher's group, a seed each, no vLLM-internal data parallel (no lockstep)
+    kws = [build_llm_kwargs("/m", RolloutConfig(), seed=100, rank=r, world_size=4) for r in range(4)]
+    assert [k["seed"] for k in kws] == [100, 101, 102, 103]
+    assert all(k["distributed_executor_backend"] == "external_launcher" and k["tensor_parallel_size"] == 1
+               and "data_parallel_size" not in k for k in kws)
+    with pytest.raises(ValueError, match="lockstep"):
+        build_llm_kwargs("/m", RolloutConfig(vllm_tensor_parallel_size=2), rank=0, world_size=8)
+    with pytest.raises(ValueError, match="rank"):
+        build_llm_kwargs("/m", RolloutConfig(), rank=4, world_size=4)
 
 
 def test_vllm_builders_emit_only_declared_keywords(monkeypatch):
@@ -291,3 +289,16 @@ def test_vllm_sleep_mode_switch_does_what_it_says():
     be.sleep()
     be.wake_up()  # no weight load in between: wake everything
     assert llm.log == [("sleep", 1), ("wake_up", None)]
+
+
+@pytest.mark.parametrize("override, key", [
+    ("rollout.vllm_tensor_parallel_size=2", "rollout.vllm_tensor_parallel_size"),
+    ("rollout.vllm_sleep_level=3", "rollout.vllm_sleep_level"),
+    ("algorithm.rollout_correction.cap=0.5", "algorithm.rollout_correction.cap"),
+    ("algorithm.rollout_correction.mode=tokens", "algorithm.rollout_correction.mode"),
+])
+def test_engine_config_rejects_bad_values(override, key):
+    from searchr1_lld.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(None, [override])

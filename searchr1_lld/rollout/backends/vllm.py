@@ -5,12 +5,15 @@ release's wheel and checks every call this module makes against it (the calls ar
 parsed out of this file's own source, so the check cannot drift from the code).
 
 - Engine per rank (vLLM's "external launcher" mode for RL trainers started by torchrun / accelerate): every process
-  builds ``vllm.LLM(distributed_executor_backend="external_launcher", data_parallel_size=world // tp,
-  tensor_parallel_size=tp, seed=base_seed + rank // tp)``. vLLM reads RANK / LOCAL_RANK / WORLD_SIZE /
-  MASTER_ADDR / MASTER_PORT (set by the launcher; defaulted here for a single process) and joins the launcher's
-  process group. Each data-parallel engine serves its own rank's prompts; with tp > 1 the ranks of one
-  tensor-parallel group pool their prompts (all-gather), generate them together with the same seed, and each keeps
-  its own share.
+  builds ``vllm.LLM(distributed_executor_backend="external_launcher", tensor_parallel_size=1,
+  seed=base_seed + rank)`` on its own GPU and generates for its own prompts. vLLM reads RANK / LOCAL_RANK /
+  WORLD_SIZE / MASTER_ADDR / MASTER_PORT (set by the launcher; defaulted here for a single process) and joins the
+  launcher's process group. The ranks are vLLM's "external" data-parallel dimension (vllm/distributed/
+  parallel_state.py: "every dp rank can generate independently"); ``data_parallel_size`` is deliberately NOT
+  passed: vLLM's own DP makes every forward step a collective over the DP group, so all ranks would have to call
+  ``generate`` the same number of times, and the multi-turn agent loop does not (a rank whose trajectories have
+  all answered stops calling): it would deadlock. Tensor parallel has the same lockstep requirement within a TP
+  group, so ``rollout.vllm_tensor_parallel_size`` must be 1 (the 3B and 7B engines fit one GPU: docs/memory.md).
 - Memory: with ``rollout.vllm_enable_sleep_mode`` the engine is built with ``enable_sleep_mode=True`` and
   :meth:`sleep` calls ``LLM.sleep(level=rollout.vllm_sleep_level)`` (1: weights to CPU, KV cache freed; 2: both
   freed, vLLM keeps its buffers; the right choice here since every update streams the weights back anyway). Without
@@ -27,8 +30,8 @@ parsed out of this file's own source, so the check cannot drift from the code).
   over the nucleus; the learner does not, which is one source of the train/inference gap that
   ``algorithm.rollout_correction`` corrects).
 
-The pure pieces (:func:`build_llm_kwargs`, :func:`build_sampling_kwargs`, :func:`convert_completion`,
-:func:`tp_share`) are unit-tested with fake objects; the engine itself needs a GPU and vllm.
+The pure pieces (:func:`build_llm_kwargs`, :func:`build_sampling_kwargs`, :func:`convert_completion`) are
+unit-tested with fake objects; the engine itself needs a GPU and vllm.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ VLLM_PIN = "0.33.0"  # the release the contract test checks; pyproject's gpu ext
 VLLM_API: dict[str, tuple[str, ...]] = {
     "LLM": (
         "model", "tokenizer", "dtype", "seed", "gpu_memory_utilization", "tensor_parallel_size",
-        "data_parallel_size", "distributed_executor_backend", "enable_sleep_mode", "enable_prefix_caching",
+        "distributed_executor_backend", "enable_sleep_mode", "enable_prefix_caching",
         "enforce_eager", "max_model_len", "logprobs_mode",
     ),
     "SamplingParams": (
@@ -72,20 +75,19 @@ def build_llm_kwargs(model_path: str, cfg: RolloutConfig, *, tokenizer_path: str
     """Keyword arguments for ``vllm.LLM`` of training rank ``rank`` out of ``world_size`` (external launcher)."""
     if not model_path:
         raise ValueError("vLLM needs a model path (local HF dir or hub id)")
-    tp = cfg.vllm_tensor_parallel_size
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-    if world_size % tp:
-        raise ValueError(f"rollout.vllm_tensor_parallel_size={tp} must divide the number of processes ({world_size})")
+    if cfg.vllm_tensor_parallel_size != 1:
+        raise ValueError("rollout.vllm_tensor_parallel_size must be 1: the ranks of a TP group would have to call "
+                         "generate in lockstep, which the multi-turn agent loop does not do (module docstring)")
     kwargs: dict[str, Any] = dict(
         model=model_path,
         tokenizer=tokenizer_path or model_path,
         dtype=dtype,
-        seed=(0 if seed is None else int(seed)) + rank // tp,  # one seed per data-parallel engine, shared within TP
+        seed=(0 if seed is None else int(seed)) + rank,  # one seed per engine: ranks sample independently
         gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-        tensor_parallel_size=tp,
-        data_parallel_size=world_size // tp,
-        distributed_executor_backend="external_launcher",
+        tensor_parallel_size=1,
+        distributed_executor_backend="external_launcher",  # one engine in this process, in the launcher's group
         enable_sleep_mode=cfg.vllm_enable_sleep_mode,
         enable_prefix_caching=cfg.vllm_enable_prefix_caching,
         enforce_eager=cfg.vllm_enforce_eager,
@@ -138,12 +140,6 @@ def convert_completion(completion: Any) -> GenerationOutput:
     return GenerationOutput(token_ids, logprobs, reason)
 
 
-def tp_share(counts: list[int], member: int) -> slice:
-    """Rows of tensor-parallel group member ``member`` in the pooled prompt list (members' counts in rank order)."""
-    start = sum(counts[:member])
-    return slice(start, start + counts[member])
-
-
 def set_launcher_env(rank: int, world_size: int) -> None:
     """vLLM's external launcher reads the torchrun variables; a single process without a launcher gets defaults."""
     defaults = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
@@ -170,9 +166,7 @@ class VLLMBackend(BackendBase):
         self.cfg = cfg
         self.rank = int(os.environ.get("RANK", 0)) if rank is None else rank
         self.world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
-        self.tp = cfg.vllm_tensor_parallel_size
         self._weights_awake = True
-        self._tp_group: Any = None
         if llm is None:
             set_launcher_env(self.rank, self.world_size)
             try:
@@ -181,16 +175,7 @@ class VLLMBackend(BackendBase):
                 raise ImportError("rollout.backend=vllm needs vllm (pip install 'searchr1-lld[gpu]')") from err
             llm = LLM(**build_llm_kwargs(model_path, cfg, tokenizer_path=tokenizer_path, seed=seed, dtype=dtype,
                                          rank=self.rank, world_size=self.world_size))
-            if self.tp > 1:
-                self._tp_group = self._make_tp_group()
         self.llm = llm
-
-    def _make_tp_group(self) -> Any:
-        import torch.distributed as dist
-
-        groups = [list(range(s, s + self.tp)) for s in range(0, self.world_size, self.tp)]
-        group, _ = dist.new_subgroups_by_enumeration(groups)
-        return group
 
     def _sampling_params(self, **kwargs: Any) -> Any:
         from vllm import SamplingParams
@@ -203,19 +188,11 @@ class VLLMBackend(BackendBase):
         self.check_awake()
         params = self._sampling_params(max_new_tokens=max_new_tokens, stop_strings=stop_strings,
                                        temperature=temperature, top_p=top_p, greedy=greedy)
-        mine = slice(0, len(prompts))
-        if self._tp_group is not None:  # the ranks of one TP group run one engine: pool, generate, keep our share
-            import torch.distributed as dist
-
-            pooled: list[Any] = [None] * self.tp
-            dist.all_gather_object(pooled, prompts, group=self._tp_group)
-            mine = tp_share([len(p) for p in pooled], self.rank % self.tp)
-            prompts = [p for member in pooled for p in member]
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
         results = self.llm.generate(requests, sampling_params=params, use_tqdm=False)
         if len(results) != len(prompts):
             raise RuntimeError(f"vLLM returned {len(results)} results for {len(prompts)} prompts")
-        return [convert_completion(r.outputs[0]) for r in results[mine]]
+        return [convert_completion(r.outputs[0]) for r in results]
 
     # ------------------------------------------------------------------------------------------------------------
     def sleep(self) -> None:
