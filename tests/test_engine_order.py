@@ -1,4 +1,4 @@
-"""The trainer drives the engine contract in order: rollout -> sleep -> updates -> load_weights -> wake_up.
+"""The trainer drives the engine contract in order, on every rank: rollout -> sleep -> updates -> load_weights -> wake_up.
 
 A recording fake backend (real HF generation on the learner's module, every contract call logged) runs inside a real
 Trainer on the tiny world, for the ZeRO-0, ZeRO-2 and ZeRO-3 shapes of the weight-sync code path; the ZeRO-3 stream
@@ -158,6 +158,56 @@ def test_zero3_stream_with_deepspeeds_own_gather_on_plain_parameters():
     got = list(iter_gathered_named_parameters(model))
     assert [n for n, _ in got] == ["embed.weight", "body.0.weight", "body.0.bias", "body.1.weight", "body.1.bias"]
     assert torch.equal(got[0][1], model.embed.weight)
+
+
+RANK_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, "tests")
+from searchr1_lld.config import load_config
+from searchr1_lld.rollout.backends.hf import HFBackend
+from searchr1_lld.trainer import Trainer
+from test_engine_order import RecordingBackend, _collapse
+from test_trainer import SMALL
+world, out = sys.argv[1], sys.argv[2]
+cfg = load_config(None, SMALL + [f"trainer.output_dir={out}", "trainer.run_name=r", "trainer.probe_every=0",
+                                 "trainer.device=cpu", "trainer.train_batch_size=4", "trainer.ppo_mini_batch_size=2"])
+tr = Trainer(cfg, world_dir=world)
+events = []
+learner = tr.accelerator.unwrap_model(tr.model)
+engine = type(learner)(learner.config)
+engine.load_state_dict(learner.state_dict())
+tr.backend = RecordingBackend(HFBackend(engine, tr.tokenizer), events)
+opt = getattr(tr.optimizer, "optimizer", tr.optimizer)
+opt.register_step_post_hook(lambda *a: events.append("update"))
+tr.train_step()
+same = all(bool((p.detach() == q.detach()).all()) for p, q in zip(learner.parameters(), engine.parameters()))
+print("RESULT_JSON " + json.dumps({"rank": tr.rank, "world": tr.world_size, "order": _collapse(events), "engine_synced": same}))
+"""
+
+
+@pytest.mark.slow
+def test_every_rank_drives_the_engine_in_order(tmp_path, tiny_world):
+    """Two real processes (torch.distributed.run, gloo, DDP on CPU): each rank's recorded order and synced engine."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO_ROOT
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    script = tmp_path / "rank_order.py"
+    script.write_text(RANK_SCRIPT)
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                          "29561", str(script), str(tiny_world), str(tmp_path / "runs")], cwd=REPO_ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-4000:])
+    results = sorted((json.loads(line.split(" ", 1)[1]) for line in out.stdout.splitlines()
+                      if line.startswith("RESULT_JSON ")), key=lambda r: r["rank"])
+    assert [r["rank"] for r in results] == [0, 1] and {r["world"] for r in results} == {2}
+    for r in results:
+        assert r["order"] == ["generate", "sleep", "update", "load_weights", "wake_up"], r
+        assert r["engine_synced"], r
 
 
 @pytest.fixture(scope="module")
