@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import searchr1_lld.rollout.backends.vllm as backend
+from searchr1_lld.config import RolloutConfig
 from vllm_api_check import PinnedRelease, backend_uses, check_backend
 
 from conftest import REPO_ROOT
@@ -25,9 +26,21 @@ def release():
     return PinnedRelease(backend.VLLM_PIN)
 
 
+def _built_llm_kwargs():
+    return backend.build_llm_kwargs("/models/policy", RolloutConfig(), seed=0, rank=0, world_size=1)
+
+
 def test_backend_matches_the_pinned_release(release):
-    errors = check_backend(SOURCE, backend.VLLM_API, release)
+    errors = check_backend(SOURCE, backend.VLLM_API, release, llm_kwargs=_built_llm_kwargs())
     assert errors == [], "\n".join(errors)
+
+
+@pytest.mark.parametrize("key, bad", [("logprobs_mode", "processed_logprob"),
+                                      ("distributed_executor_backend", "external_launch")])
+def test_a_wrong_option_value_fails(release, key, bad):
+    kwargs = {**_built_llm_kwargs(), key: bad}
+    errors = check_backend(SOURCE, backend.VLLM_API, release, llm_kwargs=kwargs)
+    assert len(errors) == 1 and repr(bad) in errors[0], errors
 
 
 def test_the_check_covers_every_engine_call():

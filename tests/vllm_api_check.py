@@ -9,7 +9,8 @@ What is checked (all derived from ``searchr1_lld/rollout/backends/vllm.py`` itse
   list (``wake_up(tags=["weights"])``) appear in the method's source;
 - every method called on the engine model inside ``self.llm.apply_model(lambda model: model.<m>(...))``: exists on
   the model classes we train (Qwen2ForCausalLM) with a compatible signature, and the worker has ``apply_model``;
-- the names imported ``from vllm import ...`` are exported by the release's ``vllm/__init__.py``.
+- the names imported ``from vllm import ...`` are exported by the release's ``vllm/__init__.py``;
+- the option strings of a built ``LLM`` keyword set (``build_llm_kwargs``) appear in the release's config modules.
 
 The release's files come from its wheel on PyPI, read with HTTP range requests (the zip's central directory and
 only the members needed: about 2 MB instead of ~340 MB) and cached under ``$SEARCHR1_LLD_CACHE`` (default
@@ -332,10 +333,25 @@ def _check_call(release: Release, path: str, cls: str, method: str, use: Use) ->
     return errors
 
 
-def check_backend(source: str, api_table: dict[str, tuple[str, ...]], files: PinnedRelease) -> list[str]:
-    """All contract violations of the backend ``source`` (empty list = compatible with the pinned release)."""
+def check_option_values(llm_kwargs: dict, files: PinnedRelease) -> list[str]:
+    """Option strings the backend passes to ``LLM`` (e.g. ``logprobs_mode="processed_logprobs"``,
+    ``distributed_executor_backend="external_launcher"``) must be values the release's config modules spell out."""
+    texts = [files.read(n) for n in sorted(files.names()) if n.startswith("vllm/config/") and n.endswith(".py")]
+    blob = "\n".join(texts)
+    errors = []
+    for key, value in llm_kwargs.items():
+        if isinstance(value, str) and key not in ("model", "tokenizer") and value:
+            if f'"{value}"' not in blob and f"'{value}'" not in blob:
+                errors.append(f"LLM(...): {key}={value!r} is not a value vllm=={files.version}'s config knows")
+    return errors
+
+
+def check_backend(source: str, api_table: dict[str, tuple[str, ...]], files: PinnedRelease,
+                  llm_kwargs: Optional[dict] = None) -> list[str]:
+    """All contract violations of the backend ``source`` (empty list = compatible with the pinned release);
+    ``llm_kwargs``: a built ``LLM`` keyword set whose option strings are checked too."""
     release = Release(files)
-    errors: list[str] = []
+    errors: list[str] = check_option_values(llm_kwargs, files) if llm_kwargs else []
     exported = release.exports()
     for name in vllm_imports(source):
         if name not in exported:
