@@ -22,8 +22,8 @@ parsed out of this file's own source, so the check cannot drift from the code).
   ``(name, tensor)`` iterator to the engine model's own ``load_weights`` through ``LLM.apply_model`` (in process:
   the external-launcher executor runs the function on this process's worker, nothing is pickled or written to
   disk), then resets the prefix cache so no KV computed with old weights is reused; :meth:`wake_up` then
-  allocates the KV cache (``wake_up(tags=["kv_cache"])``). vLLM's ``load_weights`` merges the learner's HF
-  tensors into its fused layers (q/k/v, gate/up) and skips ``lm_head`` when embeddings are tied.
+  allocates the KV cache (``wake_up(tags=["kv_cache"])``). vLLM's ``load_weights`` maps the learner's HF
+  names onto its own (packed q/k/v, gate/up) layers; with tied embeddings its lm_head is the embedding.
 - Sampling: ``SamplingParams`` with the stop strings kept in the output, special tokens kept in the text (the tags
   may be added tokens), ``logprobs=0`` (the sampled token's log-prob). ``logprobs_mode="processed_logprobs"``
   gives log_softmax(logits / temperature), the convention of backends/base.py (with top-p < 1 vLLM renormalises
