@@ -120,12 +120,14 @@ class RolloutConfig:
     max_total_length: int = 4096  # prompt + response token budget of one trajectory
     topk: int = 3
     generation_batch_size: int = 64  # sequences per engine call (hf backend)
-    vllm_gpu_memory_utilization: float = 0.4
-    vllm_enable_sleep_mode: bool = True
-    vllm_tensor_parallel_size: int = 1
-    vllm_enable_prefix_caching: bool = True
-    vllm_enforce_eager: bool = False
-    vllm_logprobs_mode: str = "processed_logprobs"  # vLLM >= 0.10.2: log-probs after temperature; "" = engine default
+    # vLLM engine (rollout.backend=vllm): one engine per training rank on that rank's GPU (backends/vllm.py)
+    vllm_gpu_memory_utilization: float = 0.4  # fraction of the GPU the engine may take (weights + KV cache)
+    vllm_enable_sleep_mode: bool = True  # free the engine's GPU memory during the update phase (sleep / wake_up)
+    vllm_sleep_level: int = 2  # 1: weights to CPU + KV freed; 2: weights and KV freed (reloaded after each update)
+    vllm_tensor_parallel_size: int = 1  # GPUs per engine; must be 1 (TP ranks would need lockstep generate calls)
+    vllm_enable_prefix_caching: bool = True  # reuse KV of shared prompt prefixes (reset after every weight load)
+    vllm_enforce_eager: bool = False  # no CUDA graphs (less memory, slower decoding)
+    vllm_logprobs_mode: str = "processed_logprobs"  # log-probs after temperature (vLLM >= 0.10.2); "" = engine default
 
 
 @dataclass
@@ -155,6 +157,14 @@ class LLDSConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """Truncated importance sampling for the engine/learner mismatch (algo/rollout_correction.py); off by default."""
+
+    mode: Literal["off", "token", "sequence"] = "off"  # per-token weights, or one weight per response
+    cap: float = 2.0  # C: weights are min(ratio, C)
+
+
+@dataclass
 class AlgorithmConfig:
     norm_adv_by_std: bool = True  # False = Dr. GRPO style (no std scaling)
     adv_eps: float = 1e-6
@@ -168,6 +178,7 @@ class AlgorithmConfig:
     kl_type: Literal["k1", "abs", "k2", "mse", "low_var_kl", "k3"] = "low_var_kl"
     entropy_coef: float = 0.0
     llds: LLDSConfig = field(default_factory=LLDSConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 @dataclass
@@ -257,7 +268,11 @@ class Config:
              f"must exceed data.max_prompt_length ({self.data.max_prompt_length})"),
             (self.rollout.topk >= 1, "rollout.topk", "must be >= 1"),
             (0 < self.rollout.vllm_gpu_memory_utilization <= 1, "rollout.vllm_gpu_memory_utilization", "must be in (0, 1]"),
-            (self.rollout.vllm_tensor_parallel_size >= 1, "rollout.vllm_tensor_parallel_size", "must be >= 1"),
+            (self.rollout.vllm_tensor_parallel_size == 1, "rollout.vllm_tensor_parallel_size",
+             "must be 1: one engine per rank (TP ranks would have to call generate in lockstep, which the multi-turn "
+             "agent loop does not; see rollout/backends/vllm.py)"),
+            (self.rollout.vllm_sleep_level in (1, 2), "rollout.vllm_sleep_level", "must be 1 or 2"),
+            (self.algorithm.rollout_correction.cap >= 1, "algorithm.rollout_correction.cap", "must be >= 1"),
             (self.rollout.generation_batch_size >= 1, "rollout.generation_batch_size", "must be >= 1"),
             (self.rollout.vllm_logprobs_mode in ("", "raw_logprobs", "processed_logprobs"), "rollout.vllm_logprobs_mode",
              "must be '', 'raw_logprobs' or 'processed_logprobs'"),

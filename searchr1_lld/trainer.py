@@ -4,8 +4,10 @@ One training step (``Trainer.train_step``)::
 
     sample train_batch_size prompts (this rank's share)                       PromptSampler
     rollout: n responses per prompt, policy in eval mode, no grad             run_agent_loop  (reward = EM)
+    engine.sleep(): the rollout engine hands its GPU memory to the update     rollout/backends (contract: base.py)
     advantages A_i (GRPO, per group)                                          algo.advantages
     logp_old under the current policy, logp_ref under the frozen initial one  algo.logprobs   (no grad)
+    rollout-correction weights (truncated IS, engine vs learner), if enabled  algo.rollout_correction
     for epoch in ppo_epochs, for mini-batch of ppo_mini_batch_size *responses* (over all ranks; groups may straddle):
         for micro-batch (token budget, sorted by length; every rank runs the max count, padding ones weigh 0):
             loss = objective(pg + kl_coef * KL(ref) - entropy_coef * H + LLDS)  algo.objective
@@ -14,7 +16,7 @@ One training step (``Trainer.train_step``)::
         global grad norm (before clipping), checked on all ranks *before* the step -> non-finite on any rank: skip
         on all ranks and count; else clip -> AdamW step -> LR scheduler step (warm-up ratio of all optimiser steps)
     logp_new of the step's batch after the updates (no grad) -> LLD monitor
-    weights -> rollout engine (ZeRO-3: gathered module by module)
+    weights -> rollout engine: engine.load_weights(stream) (ZeRO-3: gathered module by module), engine.wake_up()
 
 The trainer composes the pure functions of ``searchr1_lld.algo``; it holds no loss math of its own (the only arithmetic
 is the LR schedule factor). Batch semantics and the multi-rank rules: docs/batch_semantics.md.
@@ -45,7 +47,7 @@ import torch
 
 from searchr1_lld import checkpoint as ckpt
 from searchr1_lld.algo import advantages as adv_fns
-from searchr1_lld.algo import llds, logprobs
+from searchr1_lld.algo import llds, logprobs, rollout_correction
 from searchr1_lld.algo.objective import ObjectiveSpec, mini_batch_denominators, objective
 from searchr1_lld.config import Config, RolloutConfig, save_config
 from searchr1_lld.monitor import (
@@ -313,45 +315,46 @@ def load_test_rows(cfg: Config, world_dir: Path | None) -> list[dict]:
 
 
 def make_backend(cfg: Config, model: torch.nn.Module, tokenizer: Any, model_path: str = ""):
-    """The rollout engine: HF generation on the learner's own module (no copy), or vLLM (GPU) synced after updates."""
+    """The rollout engine: HF generation on the learner's own module (no copy, weight loads are no-ops), or one vLLM
+    engine per rank (GPU) that the trainer streams the weights into after every update."""
+    from searchr1_lld.rollout.backends import make_backend as build
+
     if cfg.rollout.backend == "vllm":
-        from searchr1_lld.rollout.backends.vllm import VLLMBackend
-
-        return VLLMBackend(model_path, tokenizer, cfg.rollout, seed=cfg.trainer.seed, dtype=cfg.model.dtype,
-                           tokenizer_path=cfg.model.tokenizer_path)
-    from searchr1_lld.rollout.backends.hf import HFBackend
-
-    return HFBackend(model, tokenizer, batch_size=cfg.rollout.generation_batch_size)
+        return build(cfg.rollout, tokenizer=tokenizer, model_path=model_path, seed=cfg.trainer.seed,
+                     dtype=cfg.model.dtype, tokenizer_path=getattr(tokenizer, "name_or_path", "") or cfg.model.tokenizer_path)
+    # seed=None: the HF sampler draws from the global RNG, which every step re-seeds (resume stays reproducible)
+    return build(cfg.rollout, model=model, tokenizer=tokenizer, shares_learner_weights=True)
 
 
-def iter_gathered_named_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) of every parameter of a ZeRO-3 partitioned model, gathered one module at a time with
-    ``deepspeed.zero.GatheredParameters`` (never the whole model on one rank)."""
-    import deepspeed
+def iter_gathered_named_parameters(model: torch.nn.Module, gather: Any = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) of every parameter of a ZeRO-3 partitioned model, gathered one module at a time
+    (``gather(params)``: a context manager, default ``deepspeed.zero.GatheredParameters``; never the whole model on
+    one rank). A parameter shared by several modules (tied embeddings) is yielded once, under its first name. The
+    tensor is valid only until the next item is requested (the module is re-partitioned when the gather exits)."""
+    if gather is None:
+        import deepspeed
 
+        gather = lambda params: deepspeed.zero.GatheredParameters(params, modifier_rank=None)  # noqa: E731
+    seen: set[int] = set()
     for mod_name, module in model.named_modules():
-        params = list(module.named_parameters(recurse=False))
+        params = [(n, p) for n, p in module.named_parameters(recurse=False) if id(p) not in seen]
         if not params:
             continue
-        with deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=None):
+        seen.update(id(p) for _, p in params)
+        with gather([p for _, p in params]):
             for pname, p in params:
-                yield (f"{mod_name}.{pname}" if mod_name else pname), p.detach().clone()
+                yield (f"{mod_name}.{pname}" if mod_name else pname), p.detach()
 
 
-def sync_weights_to_engine(accelerator: Any, model: torch.nn.Module, backend: Any) -> None:
-    """Learner -> rollout engine after the step's updates."""
+def sync_weights_to_engine(accelerator: Any, model: torch.nn.Module, backend: Any, gather: Any = None) -> None:
+    """Learner -> rollout engine after the step's updates: stream (name, tensor) through ``backend.load_weights``
+    (ZeRO-3: gathered module by module; ZeRO-0/2: every rank holds the full parameters)."""
     unwrapped = accelerator.unwrap_model(model)
     if zero_stage(accelerator) == 3:
-        named = iter_gathered_named_parameters(unwrapped)
-        if hasattr(backend, "load_weights"):
-            backend.load_weights(named)
-        else:
-            target = dict(backend.model.named_parameters(remove_duplicate=False))  # tied weights: both names
-            with torch.no_grad():
-                for name, tensor in named:
-                    target[name].copy_(tensor.to(target[name].device, target[name].dtype))
-        return
-    backend.sync_weights(unwrapped)
+        named = iter_gathered_named_parameters(unwrapped, gather)
+    else:
+        named = ((name, p.detach()) for name, p in unwrapped.named_parameters())
+    backend.load_weights(named)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -425,6 +428,7 @@ class Trainer:
         self.skipped_steps = 0
         self.history: list[dict[str, Any]] = []
         self._last_phase = "healthy"
+        self._tis_weights: torch.Tensor | None = None  # this step's rollout-correction weights [B, T] (None = off)
         self.llds_warning = self._llds_noop_warning()
         if self.llds_warning and acc.is_main_process:
             warnings.warn(self.llds_warning)
@@ -546,6 +550,20 @@ class Trainer:
         unwrapped.train(was_training)
         return trajs
 
+    # ---------------------------------------------------------------- rollout correction
+    def _rollout_correction(self, batch: Any, logp_old: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, float]]:
+        """Truncated-IS weights [B, T] for the step (algorithm.rollout_correction) and their statistics; None if off."""
+        rc = self.cfg.algorithm.rollout_correction
+        if rc.mode == "off":
+            return None, {}
+        if not batch.has_engine_logprobs:
+            raise RuntimeError("algorithm.rollout_correction needs the engine's sampling log-probs, but the rollout "
+                               "backend reported none")
+        w = rollout_correction.tis_weights(logp_old, batch.engine_logprobs, batch.response_mask, mode=rc.mode,
+                                           cap=rc.cap)
+        return w, rollout_correction.weight_stats(logp_old, batch.engine_logprobs, batch.response_mask, w,
+                                                  mode=rc.mode, cap=rc.cap)
+
     # ---------------------------------------------------------------- one step
     def train_step(self) -> dict[str, Any]:
         """One GRPO(+LLDS) step: rollout, advantages, ppo_epochs x mini-batches of updates, monitor. Returns metrics."""
@@ -557,6 +575,7 @@ class Trainer:
         prompts = self.sampler.next_batch()[self.rank :: self.world_size]
         trajs = self.rollout(prompts)
         t_rollout = time.time() - t0
+        self.backend.sleep()  # engine memory -> learner for the update phase (woken after the weight stream below)
         batch = to_batch(trajs, self.tokenizer.pad_token_id)
         B = len(trajs)
         metrics: dict[str, Any] = {**rollout_metrics(trajs)}
@@ -571,6 +590,9 @@ class Trainer:
             metrics["rollout/engine_learner_logp_gap"] = engine_learner_gap(
                 batch.engine_logprobs, logp_old, batch.response_mask, torch.ones(B, dtype=torch.bool)
             )
+        # train/inference mismatch correction (truncated importance sampling), applied in the policy loss
+        self._tis_weights, tis_stats = self._rollout_correction(batch, logp_old)
+        metrics.update(tis_stats)
         lam_answer = None
         if alg.llds.ma == "fixed":
             lam_answer = alg.llds.lam_answer
@@ -669,6 +691,7 @@ class Trainer:
         self._phase_report = report
 
         sync_weights_to_engine(acc, self.model, self.backend)
+        self.backend.wake_up()
         self.step += 1
         return metrics
 
@@ -697,6 +720,7 @@ class Trainer:
                 mini_tokens=mini_tokens, mini_responses=mini_resp,
                 logp_ref=logp_ref[idx][:, :t].to(dev) if logp_ref is not None else None, entropy=entropy,
                 answer_mask=rows["answer_mask"].to(dev) if lam_answer is not None else None, lam_answer=lam_answer,
+                token_weights=None if self._tis_weights is None else self._tis_weights[idx][:, :t].to(dev),
             )
             self._backward(loss * weight if weight != 1.0 else loss, last)
         n_tok = float(mask.sum())

@@ -129,15 +129,43 @@ def test_hf_sampling_is_seeded_and_reports_tempered_logprobs():
                                        greedy=False)
 
 
-def test_hf_sync_weights_noop_for_same_module_and_copies_otherwise():
+def test_hf_load_weights_streams_by_name_and_checks_the_set():
     tok, model = make_tokenizer(), make_model(seed=0)
-    be = HFBackend(model, tok)
-    be.sync_weights(model)
-    assert be.model is model
     other = make_model(seed=1)
-    be.sync_weights(other)
+    shared = HFBackend(model, tok, shares_learner_weights=True)
+
+    def never_read():
+        raise AssertionError("a backend sharing the learner's module must not read the stream")
+        yield  # pragma: no cover
+
+    shared.load_weights(never_read())
+    be = HFBackend(model, tok)
+    prompt = [enc("Where is Lake Varo?")]
+    kw = dict(max_new_tokens=8, stop_strings=[], temperature=1.0, top_p=1.0, greedy=True)
+    before = be.generate(prompt, **kw)[0]
+    be.load_weights((n, p.detach()) for n, p in other.named_parameters())
     for (n1, p1), (_, p2) in zip(model.named_parameters(), other.named_parameters()):
         assert torch.equal(p1, p2), n1
+    after = be.generate(prompt, **kw)[0]
+    assert after.logprobs != before.logprobs  # generation now follows the loaded weights
+    with pytest.raises(KeyError, match="no parameter"):
+        be.load_weights([("nope.weight", torch.zeros(1))])
+    first = next(iter(other.named_parameters()))
+    with pytest.raises(ValueError, match="not sent"):
+        be.load_weights([(first[0], first[1].detach())])
+    with pytest.raises(ValueError, match="shape"):
+        be.load_weights([(first[0], torch.zeros(3))])
+
+
+def test_sleeping_backend_refuses_to_generate():
+    tok, model = make_tokenizer(), make_model()
+    be = HFBackend(model, tok, shares_learner_weights=True)
+    be.sleep()
+    with pytest.raises(RuntimeError, match="asleep"):
+        be.generate([enc("Brelm")], max_new_tokens=2, stop_strings=[], temperature=1.0, top_p=1.0, greedy=True)
+    be.wake_up()
+    assert len(be.generate([enc("Brelm")], max_new_tokens=2, stop_strings=[], temperature=1.0, top_p=1.0,
+                           greedy=True)[0].token_ids) == 2
 
 
 # ---------------------------------------------------------------------------------------------------- vLLM adapter
@@ -149,6 +177,7 @@ def test_vllm_param_building():
     assert kw["model"] == kw["tokenizer"] == "/models/qwen" and kw["gpu_memory_utilization"] == 0.3
     assert kw["enable_sleep_mode"] is True and kw["max_model_len"] == 3000 and kw["seed"] == 7
     assert kw["logprobs_mode"] == "processed_logprobs"
+    assert kw["distributed_executor_backend"] == "external_launcher"
     cfg.vllm_logprobs_mode = ""
     assert "logprobs_mode" not in build_llm_kwargs("/m", cfg)
     s = build_sampling_kwargs(max_new_tokens=500, stop_strings=["</search>", "</answer>"], temperature=1.0, top_p=0.9,
@@ -158,6 +187,26 @@ def test_vllm_param_building():
     assert s["skip_special_tokens"] is False
     g = build_sampling_kwargs(max_new_tokens=5, stop_strings=[], temperature=1.0, top_p=0.9, greedy=True)
     assert (g["temperature"], g["top_p"]) == (0.0, 1.0)
+
+
+def test_vllm_one_independent_engine_per_rank():
+    # 4 processes: 4 engines in the launcher's group, a seed each, no vLLM-internal data parallel (no lockstep)
+    kws = [build_llm_kwargs("/m", RolloutConfig(), seed=100, rank=r, world_size=4) for r in range(4)]
+    assert [k["seed"] for k in kws] == [100, 101, 102, 103]
+    assert all(k["distributed_executor_backend"] == "external_launcher" and k["tensor_parallel_size"] == 1
+               and "data_parallel_size" not in k for k in kws)
+    with pytest.raises(ValueError, match="lockstep"):
+        build_llm_kwargs("/m", RolloutConfig(vllm_tensor_parallel_size=2), rank=0, world_size=8)
+    with pytest.raises(ValueError, match="rank"):
+        build_llm_kwargs("/m", RolloutConfig(), rank=4, world_size=4)
+
+
+def test_vllm_builders_emit_only_declared_keywords(monkeypatch):
+    import searchr1_lld.rollout.backends.vllm as vb
+
+    monkeypatch.setitem(vb.VLLM_API, "LLM", tuple(k for k in vb.VLLM_API["LLM"] if k != "enable_sleep_mode"))
+    with pytest.raises(RuntimeError, match="enable_sleep_mode"):
+        build_llm_kwargs("/m", RolloutConfig())
 
 
 def _completion(ids, lps, reason="stop", wrap=True):
@@ -201,19 +250,55 @@ class FakeLLM:
         self.log.append(("reset_prefix_cache",))
 
 
+def _vllm_backend(llm, **cfg):
+    be = VLLMBackend("/m", make_tokenizer(), RolloutConfig(**cfg), llm=llm)
+    be._sampling_params = lambda **kw: build_sampling_kwargs(**kw)  # no vllm here: keep the kwargs
+    return be
+
+
 def test_vllm_backend_with_a_fake_engine():
     llm = FakeLLM()
-    be = VLLMBackend("/m", make_tokenizer(), RolloutConfig(), llm=llm)
-    be._sampling_params = lambda **kw: build_sampling_kwargs(**kw)  # no vllm here: keep the kwargs
+    be = _vllm_backend(llm)
     outs = be.generate([[1, 2, 3], [4]], max_new_tokens=8, stop_strings=["</search>"], temperature=1.0, top_p=1.0,
                        greedy=False)
     assert [o.token_ids for o in outs] == [[3], [1]]
     _, requests, params = llm.log[0]
     assert requests == [{"prompt_token_ids": [1, 2, 3]}, {"prompt_token_ids": [4]}] and params["max_tokens"] == 8
     be.sleep()
+    be.sleep()  # idempotent
+    with pytest.raises(RuntimeError, match="asleep"):
+        be.generate([[1]], max_new_tokens=1, stop_strings=[], temperature=1.0, top_p=1.0, greedy=True)
     model = torch.nn.Linear(2, 2)
-    be.sync_weights(model)
+    be.load_weights((n, p.detach()) for n, p in model.named_parameters())
+    be.wake_up()
     assert [name for name, _ in llm.loaded] == ["weight", "bias"]
     assert torch.equal(dict(llm.loaded)["weight"], model.weight)
-    assert [e[0] for e in llm.log[1:]] == ["sleep", "wake_up", "reset_prefix_cache", "wake_up"]
-    assert llm.log[2][1] == ["weights"] and llm.log[4][1] == ["kv_cache"] and be._asleep is False
+    assert llm.log[1:] == [("sleep", 2), ("wake_up", ["weights"]), ("reset_prefix_cache",), ("wake_up", ["kv_cache"])]
+    assert not be.asleep
+
+
+def test_vllm_sleep_mode_switch_does_what_it_says():
+    llm = FakeLLM()
+    be = _vllm_backend(llm, vllm_enable_sleep_mode=False)
+    be.sleep()
+    be.load_weights([("w", torch.zeros(1))])
+    be.wake_up()
+    assert llm.log == [("reset_prefix_cache",)]  # the engine kept its memory: no sleep / wake_up calls
+    llm = FakeLLM()
+    be = _vllm_backend(llm, vllm_sleep_level=1)
+    be.sleep()
+    be.wake_up()  # no weight load in between: wake everything
+    assert llm.log == [("sleep", 1), ("wake_up", None)]
+
+
+@pytest.mark.parametrize("override, key", [
+    ("rollout.vllm_tensor_parallel_size=2", "rollout.vllm_tensor_parallel_size"),
+    ("rollout.vllm_sleep_level=3", "rollout.vllm_sleep_level"),
+    ("algorithm.rollout_correction.cap=0.5", "algorithm.rollout_correction.cap"),
+    ("algorithm.rollout_correction.mode=tokens", "algorithm.rollout_correction.mode"),
+])
+def test_engine_config_rejects_bad_values(override, key):
+    from searchr1_lld.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(None, [override])

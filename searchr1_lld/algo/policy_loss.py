@@ -7,6 +7,10 @@ PPO-clip, per token, with r = exp(logp_new - logp_old) (log-ratio clamped to [-2
     dual-clip (c > 1, only where A < 0):  l = min(l, -A c)
     loss = aggregate(l, m, agg_mode)
 
+Optional per-token weights w ``[B, T]`` (e.g. the rollout-correction weights of algo/rollout_correction.py; None =
+1 everywhere; no gradient flows through them) multiply the per-token loss before aggregation:
+    loss = aggregate(w * l, m, agg_mode)
+
 GSPO (Zheng et al. 2025), sequence-level length-normalised ratio
     s_i = exp( sum_t m (logp_new - logp_old) / sum_t m )
 made token-level with the stop-gradient trick so that the gradient still flows per token:
@@ -61,6 +65,7 @@ def _clipped_surrogate(
     dual_clip: float | None,
     agg_mode: str,
     kl_log_ratio: torch.Tensor,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     ratio = torch.exp(log_ratio)
     l1 = -adv * ratio
@@ -73,6 +78,11 @@ def _clipped_surrogate(
     else:
         dual_active = torch.zeros_like(response_mask, dtype=torch.bool)
         per_token = clipped
+    if token_weights is not None:
+        if token_weights.shape != response_mask.shape:
+            raise ValueError(f"token_weights must be [B, T] like response_mask {tuple(response_mask.shape)}; "
+                             f"got {tuple(token_weights.shape)}")
+        per_token = per_token * token_weights.detach().to(per_token.dtype)
     loss = aggregate(per_token, response_mask, agg_mode)
     with torch.no_grad():
         m = response_mask != 0
@@ -100,12 +110,14 @@ def ppo_clip_loss(
     clip_high: float = 0.2,
     dual_clip: float | None = None,
     agg_mode: str = "token-mean",
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip surrogate with a token-level ratio (module docstring). Returns (loss, metrics)."""
     _check(logp_new, logp_old, response_mask, clip_low, clip_high, dual_clip)
     adv = _token_advantages(advantages, response_mask)
     log_ratio = torch.clamp(logp_new - logp_old.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return _clipped_surrogate(log_ratio, adv, response_mask, clip_low, clip_high, dual_clip, agg_mode, log_ratio)
+    return _clipped_surrogate(log_ratio, adv, response_mask, clip_low, clip_high, dual_clip, agg_mode, log_ratio,
+                              token_weights)
 
 
 def gspo_loss(
@@ -118,6 +130,7 @@ def gspo_loss(
     clip_high: float = 0.2,
     dual_clip: float | None = None,
     agg_mode: str = "token-mean",
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO surrogate: length-normalised sequence ratio, token-level via stop-gradient (module docstring)."""
     _check(logp_new, logp_old, response_mask, clip_low, clip_high, dual_clip)
@@ -127,4 +140,5 @@ def gspo_loss(
     seq_log_ratio = (token_log_ratio * m).sum(dim=1) / m.sum(dim=1).clamp(min=1)  # [B]
     log_ratio = seq_log_ratio.detach()[:, None] + logp_new - logp_new.detach()
     log_ratio = torch.clamp(log_ratio, max=LOG_RATIO_CLAMP)
-    return _clipped_surrogate(log_ratio, adv, response_mask, clip_low, clip_high, dual_clip, agg_mode, token_log_ratio)
+    return _clipped_surrogate(log_ratio, adv, response_mask, clip_low, clip_high, dual_clip, agg_mode, token_log_ratio,
+                              token_weights)

@@ -32,6 +32,22 @@ class GenerationOutput:
 
 @runtime_checkable
 class GenerationBackend(Protocol):
+    """The engine contract the trainer and the evaluator drive (and the only way they touch an engine).
+
+    One training step calls, on every rank and in this order::
+
+        generate(...)            # rollout (possibly several calls: one per agent turn)
+        sleep()                  # hand accelerator memory back for the update phase
+        load_weights(named)      # stream the updated weights in, one (name, tensor) at a time
+        wake_up()                # take the memory back before the next rollout
+
+    - ``load_weights`` consumes an iterator of ``(hf_parameter_name, full_tensor)`` pairs one at a time (a ZeRO-3
+      learner yields each tensor while its module is gathered, so the engine must not keep a reference to the
+      iterator or the tensors after copying). Tied weights appear once (under the name the learner owns).
+    - ``sleep``/``wake_up`` are idempotent; a backend without memory to hand back implements them as no-ops.
+    - ``generate`` while asleep is an error: the trainer must call ``wake_up`` first.
+    """
+
     def generate(
         self,
         prompts: list[list[int]],
@@ -43,17 +59,29 @@ class GenerationBackend(Protocol):
         greedy: bool,
     ) -> list[GenerationOutput]: ...
 
-    def sync_weights(self, model: torch.nn.Module) -> None: ...  # learner -> engine after each update
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+
+    def sleep(self) -> None: ...
+
+    def wake_up(self) -> None: ...
 
 
 class BackendBase:
-    """Shared helpers; optional hooks for colocated engines (no-ops unless a backend overrides them)."""
+    """Shared argument checks and the sleep bookkeeping (no-op memory hooks unless a backend overrides them)."""
+
+    asleep: bool = False
 
     def sleep(self) -> None:
-        """Release accelerator memory between rollout and update (vLLM sleep mode)."""
+        """Default: nothing to hand back (the engine shares the learner's memory or has none); only the state flips."""
+        self.asleep = True
 
     def wake_up(self) -> None:
-        """Take the memory back before the next rollout."""
+        self.asleep = False
+
+    def check_awake(self) -> None:
+        if self.asleep:
+            raise RuntimeError(f"{type(self).__name__}.generate called while asleep: call wake_up() first "
+                               "(order: generate -> sleep -> load_weights -> wake_up)")
 
     @staticmethod
     def check_generate_args(prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float, top_p: float,

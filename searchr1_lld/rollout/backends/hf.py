@@ -13,7 +13,7 @@ Sampling (pure function :func:`sample_next_token`, the log-prob convention of ba
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import torch
 
@@ -59,10 +59,15 @@ def sample_next_token(
 class HFBackend(BackendBase):
     """Generation with a transformers causal LM (CPU or GPU), the learner's own module or a copy of it."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, batch_size: int = 64, seed: Optional[int] = None) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, batch_size: int = 64, seed: Optional[int] = None,
+                 shares_learner_weights: bool = False) -> None:
+        """``shares_learner_weights``: ``model`` is the learner's own module (the trainer's CPU / small-GPU set-up),
+        so :meth:`load_weights` has nothing to do. ``sleep``/``wake_up`` are no-ops beyond the state check: the
+        module's memory belongs to the learner (or, for a separate copy, stays put: the HF path is for small models)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.model = model
+        self.shares_learner_weights = shares_learner_weights
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.seed = seed
@@ -95,6 +100,7 @@ class HFBackend(BackendBase):
         greedy: bool,
     ) -> list[GenerationOutput]:
         self.check_generate_args(prompts, max_new_tokens, temperature, top_p, greedy)
+        self.check_awake()
         detector = StopDetector(self.tokenizer, stop_strings, self.eos_ids)
         order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
         outputs: list[Optional[GenerationOutput]] = [None] * len(prompts)
@@ -179,11 +185,28 @@ class HFBackend(BackendBase):
         return [GenerationOutput(tokens_out[b], logps_out[b], finish[b]) for b in range(B)]
 
     # ------------------------------------------------------------------------------------------------------------
-    def sync_weights(self, model: torch.nn.Module) -> None:
-        """Learner -> engine. No-op when the engine holds the learner's own module; else load_state_dict."""
-        learner = getattr(model, "module", model)  # unwrap DDP / accelerate wrappers
-        if learner is self.model or model is self.model:
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy each ``(name, tensor)`` into the engine module, one at a time (contract in backends/base.py).
+
+        When the backend generates with the learner's own module (``shares_learner_weights``) the weights are
+        already current: nothing is read from the iterator (so a ZeRO-3 learner gathers nothing). Otherwise every
+        parameter of the engine module must arrive exactly once with its shape; anything else is an error.
+        """
+        if self.shares_learner_weights:
             return
-        missing, unexpected = self.model.load_state_dict(learner.state_dict(), strict=False)
-        if missing or unexpected:
-            raise RuntimeError(f"sync_weights: state dicts differ (missing {missing[:5]}, unexpected {unexpected[:5]})")
+        target = dict(self.model.named_parameters())  # tied weights appear once, as in the learner
+        seen: set[str] = set()
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                if name not in target:
+                    raise KeyError(f"load_weights: the engine has no parameter {name!r}")
+                if name in seen:
+                    raise ValueError(f"load_weights: {name!r} sent twice")
+                param = target[name]
+                if tuple(param.shape) != tuple(tensor.shape):
+                    raise ValueError(f"load_weights: {name!r} has shape {tuple(tensor.shape)}, engine {tuple(param.shape)}")
+                param.copy_(tensor.to(device=param.device, dtype=param.dtype))
+                seen.add(name)
+        missing = sorted(set(target) - seen)
+        if missing:
+            raise ValueError(f"load_weights: {len(missing)} engine parameters not sent, e.g. {missing[:5]}")

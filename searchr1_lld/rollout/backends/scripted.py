@@ -7,12 +7,13 @@
 Like a real engine it cuts each scripted sequence right after the first stop string / eos (when built with a
 tokenizer) and at ``max_new_tokens``, and reports ``finish_reason`` accordingly. Log-probs are deterministic fake
 values (``-0.01 * (k + 1)`` for the k-th token of the call's output) or None with ``logprobs=False``.
-Every call is recorded in ``calls`` (prompts and arguments) so tests can check what the agent loop sent.
+Every call is recorded in ``calls`` (prompts and arguments) so tests can check what the agent loop sent;
+``load_weights`` records what was streamed in ``loaded``; ``sleep``/``wake_up`` only flip the state (base.py).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import torch
 
@@ -27,7 +28,7 @@ class ScriptedBackend(BackendBase):
         self.tokenizer = tokenizer
         self.logprobs = logprobs
         self.calls: list[dict[str, Any]] = []
-        self.synced: list[torch.nn.Module] = []
+        self.loaded: list[list[tuple[str, torch.Tensor]]] = []  # one list of (name, tensor) per load_weights call
 
     def _script(self, call: int, i: int, prompt: list[int]) -> list[int]:
         if callable(self.scripts):
@@ -50,6 +51,7 @@ class ScriptedBackend(BackendBase):
         greedy: bool,
     ) -> list[GenerationOutput]:
         self.check_generate_args(prompts, max_new_tokens, temperature, top_p, greedy)
+        self.check_awake()
         call = len(self.calls)
         self.calls.append(
             dict(prompts=[list(p) for p in prompts], max_new_tokens=max_new_tokens, stop_strings=list(stop_strings),
@@ -73,5 +75,6 @@ class ScriptedBackend(BackendBase):
             outputs.append(GenerationOutput(ids, lps, finish))
         return outputs
 
-    def sync_weights(self, model: torch.nn.Module) -> None:
-        self.synced.append(model)
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Record the streamed weights (copies: a ZeRO-3 stream frees each gathered tensor after the call)."""
+        self.loaded.append([(name, t.detach().clone()) for name, t in named_tensors])
