@@ -87,3 +87,11 @@ def test_eval_section_validation():
                      ("eval.max_turns=0", "eval.max_turns"), ("eval.backend=sglang", "eval.backend")):
         with pytest.raises(ConfigError, match=key):
             load_config(None, [bad])
+
+
+def test_paper_eval_config_is_the_papers_protocol():
+    cfg = load_config(CONFIGS / "paper" / "eval.yaml")
+    assert (cfg.data.prompt_template, cfg.data.chat_template, cfg.model.path) == ("search-r1", "auto", "")
+    assert (cfg.eval.max_turns, cfg.eval.topk, len(cfg.eval.datasets)) == (4, 3, 7)
+    assert (cfg.rollout.max_tokens_per_turn, cfg.rollout.max_obs_length, cfg.rollout.max_total_length) == (
+        500, 500, 4096)

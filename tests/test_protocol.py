@@ -128,3 +128,54 @@ def test_answer_char_span_agrees_with_extraction():
     a, b = answer_char_span(text)
     assert text[a:b] == "<answer> y </answer>" and extract_answer(text) == "y"
     assert answer_char_span("<answer> open") is None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a released checkpoint, evaluated with the paper's protocol in one command (a local stand-in: no hub here)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_eval_released_checkpoint_with_the_paper_protocol(tiny_world, tmp_path, monkeypatch):
+    """`eval.py --model <released> --config configs/paper/eval.yaml`: the stand-in is a model dir with its own
+    tokenizer (as the hub repos SEGAgentRL/LLDS-* are); the rollout must get Search-R1's prompt through that
+    tokenizer's chat template, greedy decoding, the paper's 4 turns and top-3 documents."""
+    import json
+    import shutil
+
+
+    import eval as eval_cli
+    from searchr1_lld.rollout import agent_loop
+
+    release = tmp_path / "LLDS-A-GRPO-stand-in"
+    shutil.copytree(tiny_world / "model", release)
+    # the release's own tokenizer, with a chat template (Qwen2.5's tokenizers have one; the tiny one has none)
+    from transformers import AutoTokenizer
+
+    stand_in_tok = AutoTokenizer.from_pretrained(str(tiny_world / "tokenizer"))
+    stand_in_tok.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+                                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    stand_in_tok.save_pretrained(str(release))
+    seen = []
+    real = agent_loop.run_agent_loop
+
+    def recording(rows, **kw):
+        seen.append(kw)
+        return real(rows, **kw)
+
+    monkeypatch.setattr(agent_loop, "run_agent_loop", recording)
+    out = tmp_path / "eval"
+    rc = eval_cli.main(["--model", str(release), "--config", "configs/paper/eval.yaml", "--datasets", "synthetic",
+                        "--world-dir", str(tiny_world), "--index", str(tiny_world / "index"), "--backend", "hf",
+                        "--limit", "2", "--out", str(out), "--no-progress",
+                        "--set", "rollout.max_tokens_per_turn=12", "rollout.max_obs_length=100"])  # CPU-sized turns
+    assert rc == 0 and seen
+    kw = seen[0]
+    assert (kw["template"], kw["chat_template"], kw["greedy"], kw["n"]) == ("search-r1", "auto", True, 1)
+    assert (kw["cfg"].max_turns, kw["cfg"].topk, kw["cfg"].max_tokens_per_turn, kw["cfg"].max_obs_length) == (
+        4, 3, 12, 100)
+    tok = kw["tokenizer"]
+    assert tok.name_or_path == str(release) and tok.chat_template  # the release's own tokenizer
+    prompt = agent_loop.encode_prompt(tok, "who is it", kw["template"], kw["chat_template"])
+    assert tok.decode(prompt) == "<|user|>" + SEARCH_R1_PREFIX + "who is it?\n<|assistant|>"
+    rows = [json.loads(line) for line in open(out / "trajectories.jsonl")]
+    assert len(rows) == 2 and json.loads((out / "results.json").read_text())["datasets"]
