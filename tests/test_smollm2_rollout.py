@@ -23,7 +23,8 @@ from searchr1_lld.rollout.backends.scripted import ScriptedBackend
 
 pytestmark = pytest.mark.slow
 
-CFG = RolloutConfig(max_turns=1, max_tokens_per_turn=16, max_obs_length=96, max_total_length=512, topk=2,
+# small budgets: a 135M model on 2 CPU cores (two turns: a search or an invalid action, then the final turn)
+CFG = RolloutConfig(max_turns=1, max_tokens_per_turn=12, max_obs_length=64, max_total_length=512, topk=2,
                     temperature=1.0, top_p=0.95)
 
 
@@ -190,12 +191,12 @@ def test_hf_engine_stops_when_the_stop_text_ends_inside_a_token(smollm2):
 @pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
 def test_agent_loop_with_smollm2(smollm2, retriever, world_rows, greedy):
     tok, model = smollm2
-    rows = world_rows[:2]
+    rows = world_rows[:1] if greedy else world_rows[1:2]
     backend = Recording(HFBackend(model, tok, batch_size=8, seed=0))
     cfg = dataclasses.replace(CFG, temperature=1.0)
     trajs = run_agent_loop(rows, backend=backend, tokenizer=tok, retriever=retriever, cfg=cfg, n=1 if greedy else 2,
                            greedy=greedy, template="search-r1", chat_template="auto")
-    assert len(trajs) == (2 if greedy else 4)
+    assert len(trajs) == (1 if greedy else 2)
     for t in trajs:  # the chat-rendered Search-R1 prompt
         assert _decode(tok, t.prompt_ids) == P.render_prompt(t.row["question"], "search-r1", tok, "auto")
     check_bookkeeping(tok, trajs, backend.calls, retriever)
