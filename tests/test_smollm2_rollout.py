@@ -149,8 +149,9 @@ def test_answer_span_and_stop_inside_a_token_scripted(smollm2_tokenizer, retriev
     tok = smollm2_tokenizer
     script = tok.encode(turn, add_special_tokens=False)
     backend = Recording(ScriptedBackend([[script]], tok))
-    (t,) = run_agent_loop(world_rows[:1], backend=backend, tokenizer=tok, retriever=retriever, cfg=CFG,
-                          template="search-r1", chat_template="auto")
+    (t,) = run_agent_loop(world_rows[:1], backend=backend, tokenizer=tok, retriever=retriever,
+                          cfg=dataclasses.replace(CFG, max_tokens_per_turn=64), template="search-r1",
+                          chat_template="auto")
     assert t.finish_reason == "answer" and t.prediction == prediction
     # the turn ends with the token that completed "</answer>" (which may carry a character or two more)
     text = _decode(tok, t.response_ids)
