@@ -7,6 +7,10 @@ Examples
     # supplies the prompt template, rollout lengths, datasets and the tokenizer of its base model)
     python eval.py --model RUN/checkpoints/step_001005/policy --config RUN/config.yaml \
         --datasets all --retriever-url http://127.0.0.1:8000 --out RUN/eval
+    # a released checkpoint of the authors (hub id or local copy) with the paper's protocol: Search-R1's prompt through
+    # the model's chat template, greedy, 4 turns, top-3 e5 documents, the seven benchmarks
+    python eval.py --model SEGAgentRL/LLDS-A-GRPO-Qwen2.5-7B-Ins --config configs/paper/eval.yaml \
+        --retriever-url http://127.0.0.1:8000 --out runs/eval/LLDS-A-GRPO-Qwen2.5-7B-Ins
     # four processes, then merge
     for i in 0 1 2 3; do python eval.py ... --shard $i/4 & done; wait; python eval.py --merge --out DIR
     # compare checkpoints (evaluated here, into OUT/NAME) or finished eval dirs; gain is relative to the first
@@ -47,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, help="questions per agent-loop call")
     p.add_argument("--max-turns", type=int, help="search turns allowed (default eval.max_turns = 4)")
     p.add_argument("--topk", type=int, help="documents per search (default eval.topk = 3)")
-    p.add_argument("--template", choices=["base", "chat"], help="prompt template (default: data.prompt_template)")
+    p.add_argument("--template", choices=["search-r1", "tiny"], help="prompt template (default: data.prompt_template)")
+    p.add_argument("--chat-template", choices=["auto", "always", "never"],
+                   help="wrap the prompt in the tokenizer's chat template (default: data.chat_template)")
     p.add_argument("--backend", choices=["hf", "vllm"], help="generation backend (default: hf)")
     p.add_argument("--shard", help="i/k: evaluate every k-th row starting at i into a shard file")
     p.add_argument("--merge", action="store_true", help="merge the shard files in --out and write the tables")
@@ -72,6 +78,7 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
         "rollout_cfg": ev.eval_rollout_config(cfg.rollout, max_turns=args.max_turns or e.max_turns,
                                               topk=args.topk or e.topk),
         "template": args.template or cfg.data.prompt_template,
+        "chat_template": args.chat_template or cfg.data.chat_template,
         "backend": args.backend or e.backend,
         "progress": not args.no_progress,
     }
@@ -87,10 +94,13 @@ def _ensure_world(world_dir: Path, cfg: Any) -> None:
 
 
 def _default_tokenizer(model_path: str, cfg: Any, world_dir: Path, synthetic: bool) -> str:
-    """The model dir when it holds a tokenizer; else the config's model.tokenizer_path / model.path (a run's saved
-    config.yaml names its base model); else the synthetic world's tokenizer; else the model path itself."""
+    """The model dir when it holds a tokenizer; a hub id (no such local path: a released checkpoint carries its
+    tokenizer); else the config's model.tokenizer_path / model.path (a run's saved config.yaml names its base model);
+    else the synthetic world's tokenizer; else the model path itself."""
     if Path(model_path).is_dir() and any((Path(model_path) / f).exists()
                                          for f in ("tokenizer.json", "tokenizer_config.json")):
+        return model_path
+    if not Path(model_path).exists():
         return model_path
     if cfg.model.tokenizer_path or cfg.model.path:
         return cfg.model.tokenizer_path or cfg.model.path
@@ -115,7 +125,7 @@ def evaluate_checkpoint(model: str | None, out_dir: Path, name: str, s: dict[str
         retriever = get_retriever()
     return ev.evaluate(rows, backend=backend, tokenizer=tokenizer, retriever=retriever, rollout_cfg=s["rollout_cfg"],
                        out_dir=out_dir, batch_size=s["batch_size"], template=s["template"],
-                       shard=shard, name=name, progress=s["progress"])
+                       chat_template=s["chat_template"], shard=shard, name=name, progress=s["progress"])
 
 
 def main(argv: list[str] | None = None) -> int:

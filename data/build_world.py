@@ -31,7 +31,9 @@ BUILD_VERSION = 1  # bump when the generator or the policy recipe changes: old c
 CARD = "world.json"
 
 
-RECIPE_FILES = ("world.py", "tiny_policy.py")  # their source is part of the cache key: edit them -> rebuild
+# their source is part of the cache key: edit them -> rebuild (prompts.py: the prompt, observation and invalid-action
+# texts the warm start is trained on)
+RECIPE_FILES = ("world.py", "tiny_policy.py", "../searchr1_lld/prompts.py")
 
 
 def recipe_digest() -> str:

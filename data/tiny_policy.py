@@ -241,7 +241,7 @@ _THINK_GUESS = "<think> I know it </think>\n"
 
 
 def render_segments(plan: TrajectoryPlan, hits_of: dict[str, list[dict]], eos: str, rng: random.Random,
-                    template: str = "base", tokenizer: Any = None) -> list[Segment]:
+                    template: str = "tiny", tokenizer: Any = None) -> list[Segment]:
     """The text pieces of one trajectory, exactly as the rollout would build them."""
     segs = [Segment(render_prompt(plan.row["question"], template, tokenizer), generated=False)]
     if plan.malformed_turn is not None:

@@ -93,7 +93,12 @@ class DataConfig:
     train_files: list[str] = field(default_factory=list)  # source=files: JSONL/parquet rows in the project schema
     train_mix: str = "nq"  # source=flashrag: "nq" or "nq+hotpotqa"
     test_split: str = "test"
-    prompt_template: Literal["base", "chat"] = "base"
+    # instruction text (searchr1_lld/prompts.py): "search-r1" = Search-R1's verbatim (configs/prompts/search-r1.txt),
+    # "tiny" = the project's instruction the synthetic world's policy is warm-started on
+    prompt_template: Literal["search-r1", "tiny"] = "tiny"
+    # wrap the prompt in the tokenizer's chat template: "auto" = when it has one (Search-R1), "always" = required,
+    # "never" = plain text
+    chat_template: Literal["auto", "always", "never"] = "never"
     max_prompt_length: int = 512
     shuffle: bool = True
 
@@ -154,6 +159,9 @@ class LLDSConfig:
     gate: Literal["none", "response", "action"] = "action"
     ma: Literal["off", "fixed", "adaptive"] = "off"  # LLDS-MA: coefficient min(lam_answer, lam) on the answer span
     lam_answer: float = 0.2
+    # adaptive MA weight from the batch mean V of valid searches: "code" = lam_answer * max(V - 1, 0) (the authors'
+    # released dp_actor.py), "paper" = lam_answer * min(V / 2, 1) (the paper's text); see docs/configs.md
+    ma_adaptive_rule: Literal["code", "paper"] = "code"
 
 
 @dataclass

@@ -464,7 +464,7 @@ def eval_rollout_config(rollout_cfg: Any, *, max_turns: int, topk: int) -> Any:
 
 
 def evaluate(rows_by_dataset: dict[str, Sequence[dict[str, Any]]], *, backend: Any, tokenizer: Any, retriever: Any,
-             rollout_cfg: Any, out_dir: str | Path, batch_size: int = 64, template: str = "base",
+             rollout_cfg: Any, out_dir: str | Path, batch_size: int = 64, template: str = "tiny", chat_template: str = "never",
              shard: tuple[int, int] | None = None, name: str = "", progress: bool = True,
              rollout_fn: Callable[..., list[Any]] | None = None) -> dict[str, Any] | None:
     """Greedy rollouts for every row not yet in the trajectories file, appended batch by batch.
@@ -487,7 +487,8 @@ def evaluate(rows_by_dataset: dict[str, Sequence[dict[str, Any]]], *, backend: A
         for start in range(0, len(todo), batch_size):
             batch = todo[start:start + batch_size]
             trajs = rollout_fn(batch, backend=backend, tokenizer=tokenizer, retriever=retriever, cfg=rollout_cfg,
-                                   n=1, greedy=True, template=template, progress=False)
+                                   n=1, greedy=True, template=template, chat_template=chat_template,
+                                   progress=False)
             if len(trajs) != len(batch):
                 raise EvalError(f"agent loop returned {len(trajs)} trajectories for {len(batch)} rows")
             log.append([record_from_trajectory(t, dataset) for t in trajs])

@@ -223,7 +223,8 @@ def evaluate_policy(model: Any, tokenizer: Any, retriever: Any, cfg: Config, wor
         with torch.no_grad():
             res = ev.evaluate(rows, backend=HFBackend(model, tokenizer, batch_size=cfg.eval.batch_size),
                               tokenizer=tokenizer, retriever=retriever, rollout_cfg=rollout_cfg, out_dir=out_dir,
-                              batch_size=cfg.eval.batch_size, template=cfg.data.prompt_template, name=name,
+                              batch_size=cfg.eval.batch_size, template=cfg.data.prompt_template,
+                              chat_template=cfg.data.chat_template, name=name,
                               progress=False)
     finally:
         model.train(was_training)

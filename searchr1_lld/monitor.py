@@ -147,7 +147,8 @@ def rollout_metrics(trajectories: Sequence[Any]) -> dict[str, float]:
 
     reward/em_mean, rollout/valid_searches_mean, rollout/invalid_action_rate (invalid actions per turn),
     rollout/response_length_mean (generated tokens), rollout/response_length_total_mean (generated + observation),
-    rollout/turns_mean, rollout/answered_frac (finish_reason == "answer").
+    rollout/turns_mean, rollout/answered_frac (finish_reason == "answer"), rollout/answer_span_miss_frac (a closed
+    answer in the text but no token in the answer mask: LLDS-MA would miss it; 0 unless tokenisation is unusual).
     """
     if not trajectories:
         raise ValueError("empty rollout batch")
@@ -162,6 +163,8 @@ def rollout_metrics(trajectories: Sequence[Any]) -> dict[str, float]:
         "rollout/response_length_total_mean": sum(len(t.response_ids) for t in trajectories) / n,
         "rollout/turns_mean": turns / n,
         "rollout/answered_frac": sum(t.finish_reason == "answer" for t in trajectories) / n,
+        "rollout/answer_span_miss_frac": sum(t.prediction is not None and not any(t.answer_mask)
+                                             for t in trajectories) / n,
     }
 
 

@@ -27,12 +27,23 @@ def normalize_answer(text: str) -> str:
     return " ".join(text.split())
 
 
+def answer_char_span(response: str) -> tuple[int, int] | None:
+    """Half-open character span ``(start, end)`` of the last closed ``<answer>..</answer>`` (tags included), or None.
+
+    Pairing is the regex's: left to right, each ``<answer>`` closes at the first ``</answer>`` after it.
+    """
+    last = None
+    for last in _ANSWER.finditer(response):
+        pass
+    return None if last is None else (last.start(), last.end())
+
+
 def extract_answer(response: str) -> str | None:
     """Content of the last closed ``<answer>..</answer>`` in the generated response, or None."""
-    matches = _ANSWER.findall(response)
-    if not matches:
+    span = answer_char_span(response)
+    if span is None:
         return None
-    return matches[-1].strip()
+    return _ANSWER.fullmatch(response, *span).group(1).strip()
 
 
 def _as_list(golds: str | list[str]) -> list[str]:

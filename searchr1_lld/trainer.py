@@ -545,7 +545,7 @@ class Trainer:
             trajs = run_agent_loop(
                 rows, backend=self.backend, tokenizer=self.tokenizer, retriever=self.retriever,
                 cfg=rollout_cfg or self.cfg.rollout, n=self.cfg.rollout.n if n is None else n, greedy=greedy,
-                template=self.cfg.data.prompt_template, progress=False,
+                template=self.cfg.data.prompt_template, chat_template=self.cfg.data.chat_template, progress=False,
             )
         unwrapped.train(was_training)
         return trajs
@@ -598,7 +598,7 @@ class Trainer:
             lam_answer = alg.llds.lam_answer
         elif alg.llds.ma == "adaptive":
             mean_vs = float(acc.reduce(batch.valid_searches.float().mean().to(acc.device), "mean"))
-            lam_answer = llds.adaptive_lam_answer(alg.llds.lam_answer, mean_vs)
+            lam_answer = llds.adaptive_lam_answer(alg.llds.lam_answer, mean_vs, alg.llds.ma_adaptive_rule)
         if alg.llds.enabled and lam_answer is not None:
             metrics["llds/lam_answer_effective"] = min(lam_answer, alg.llds.lam)
 

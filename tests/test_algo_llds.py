@@ -152,6 +152,12 @@ def test_adaptive_lam_answer():
     assert adaptive_lam_answer(0.2, 0.5) == 0.0
     assert adaptive_lam_answer(0.2, 1.0) == 0.0
     assert adaptive_lam_answer(0.2, 2.5) == pytest.approx(0.3)
+    # the paper's text: lam_answer * min(V / 2, 1)
+    assert adaptive_lam_answer(0.2, 1.0, "paper") == pytest.approx(0.1)
+    assert adaptive_lam_answer(0.2, 2.5, "paper") == pytest.approx(0.2)
+    assert adaptive_lam_answer(0.2, 0.0, "paper") == 0.0
+    with pytest.raises(ValueError, match="rule"):
+        adaptive_lam_answer(0.2, 1.0, "other")
 
 
 def _reference_llds(d, mask, adv, gate, lam, tau):

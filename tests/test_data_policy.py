@@ -191,7 +191,7 @@ def test_segments_match_the_rollout_token_layout(tiny_world: Path, tiny_tokenize
     ids, mask = TP.tokenize_segments(segs, tiny_tokenizer)
 
     observe = ObservationTokenizer(tiny_tokenizer, 500)
-    prompt = encode_prompt(tiny_tokenizer, row["question"], "base")
+    prompt = encode_prompt(tiny_tokenizer, row["question"], "tiny")
     assert ids[: len(prompt)] == prompt and mask[: len(prompt)] == [0] * len(prompt)
     expected_env = [prompt, tiny_tokenizer.encode(P.INVALID_ACTION_MESSAGE, add_special_tokens=False),
                     observe(hits[0]), observe(hits[1])]

@@ -1,4 +1,4 @@
-"""Prompt templates (base and chat) and the EM / F1 rewards of searchr1_lld on hand-written cases."""
+"""Prompt templates (tiny; chat-template modes) and the EM / F1 rewards of searchr1_lld on hand-written cases."""
 
 from __future__ import annotations
 
@@ -20,16 +20,18 @@ from searchr1_lld.rewards import (
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def test_base_template() -> None:
-    text = P.render_prompt("  who founded Velmora Works ", "base")
+def test_tiny_template() -> None:
+    text = P.render_prompt("  who founded Velmora Works ", "tiny")
     assert text == P.INSTRUCTION + " Question: who founded Velmora Works?\n"
     for tag in P.TAG_TOKENS:
         if tag not in (P.INFO_OPEN, P.INFO_CLOSE):
             assert tag in P.INSTRUCTION
     with pytest.raises(ValueError):
-        P.render_prompt("   ", "base")
+        P.render_prompt("   ", "tiny")
     with pytest.raises(ValueError, match="unknown prompt template"):
-        P.render_prompt("q", "instruct")
+        P.render_prompt("q", "base")
+    with pytest.raises(ValueError, match="unknown chat_template mode"):
+        P.render_prompt("q", "tiny", None, "chat")
 
 
 class _ChatTokenizer:
@@ -43,26 +45,22 @@ class _ChatTokenizer:
         return self.chat_template.format(content=messages[0]["content"])
 
 
-def test_chat_template_and_fallback() -> None:
-    chat = P.render_prompt("who is it", "chat", _ChatTokenizer())
-    assert chat == ("<|im_start|>user\n" + P.INSTRUCTION + " Question: who is it?\n<|im_end|>\n"
-                    "<|im_start|>assistant\n")
-    # no tokenizer / no chat template -> the base template
-    assert P.render_prompt("who is it", "chat") == P.render_base("who is it")
+def test_chat_template_modes() -> None:
+    wrapped = ("<|im_start|>user\n" + P.INSTRUCTION + " Question: who is it?\n<|im_end|>\n<|im_start|>assistant\n")
+    assert P.render_prompt("who is it", "tiny", _ChatTokenizer(), "auto") == wrapped
+    assert P.render_prompt("who is it", "tiny", _ChatTokenizer(), "always") == wrapped
+    assert P.render_prompt("who is it", "tiny", _ChatTokenizer(), "never") == P.render_text("who is it", "tiny")
+    # no tokenizer / no chat template: auto falls back to the plain text, always is an error
+    assert P.render_prompt("who is it", "tiny", None, "auto") == P.render_text("who is it", "tiny")
+    with pytest.raises(ValueError, match="no chat template"):
+        P.render_prompt("who is it", "tiny", None, "always")
 
 
 def test_chat_template_with_a_real_tokenizer(tiny_tokenizer) -> None:
     tiny_tokenizer.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
                                     "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-    text = P.render_prompt("who is it", "chat", tiny_tokenizer)
+    text = P.render_prompt("who is it", "tiny", tiny_tokenizer, "auto")
     assert text == "<|user|>" + P.INSTRUCTION + " Question: who is it?\n<|assistant|>"
-
-
-def test_observation_format() -> None:
-    docs = [{"id": "1", "contents": '"Velmora Works"\nA glassware company.'},
-            {"id": "2", "contents": '"Dunmere"\nA city.'}]
-    assert P.format_observation(docs) == ("\n\n<information>Doc 1(Title: Velmora Works) A glassware company.\n"
-                                          "Doc 2(Title: Dunmere) A city.\n</information>\n\n")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -108,7 +106,7 @@ def test_answer_extraction() -> None:
 
 def test_answer_inside_the_prompt_only_scores_zero() -> None:
     """The instruction's example '<answer> Paris </answer>' must never count: only the response is scored."""
-    prompt = P.render_base("What is the capital of France?")
+    prompt = P.render_prompt("What is the capital of France?", "tiny")
     assert extract_answer(prompt) == "Paris"  # it IS in the prompt ...
     response = "<think> I do not know. </think>"
     assert em_reward(response, ["Paris"]) == 0.0  # ... but the reward reads the generated response only

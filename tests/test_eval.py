@@ -119,7 +119,7 @@ class ScriptedRollout:
         self.seen: list[str] = []
         self.fail_after = fail_after
 
-    def __call__(self, rows, *, backend, tokenizer, retriever, cfg, n, greedy, template, progress):
+    def __call__(self, rows, *, backend, tokenizer, retriever, cfg, n, greedy, template, chat_template, progress):
         assert greedy and n == 1 and cfg.max_turns == 4 and cfg.topk == 3
         if self.fail_after is not None and len(self.seen) >= self.fail_after:
             raise RuntimeError("simulated crash")

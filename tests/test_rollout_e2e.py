@@ -63,7 +63,7 @@ class ForcedFirstSearch:
     ``<think> .. </think> <search> QUESTION </search>`` per prompt, with the model's own teacher-forced log-probs
     (log_softmax(logits / T)); every later turn is sampled by the HFBackend with its KV cache."""
 
-    def __init__(self, hf: HFBackend, tokenizer, rows, template="base"):
+    def __init__(self, hf: HFBackend, tokenizer, rows, template="tiny"):
         from searchr1_lld.rollout.agent_loop import encode_prompt
 
         self.hf, self.calls = hf, 0

@@ -41,7 +41,7 @@ def test_search_then_answer_exact_tokens_masks_spans():
     gen1, gen2 = enc(SEARCH), enc(ANSWER)
     hits = DictRetriever().search(["Lake Varo"], topk=2)[0]
     obs = ObservationTokenizer(tok, CFG.max_obs_length)(hits)
-    assert t.prompt_ids == encode_prompt(tok, row(0)["question"], "base")
+    assert t.prompt_ids == encode_prompt(tok, row(0)["question"], "tiny")
     assert t.response_ids == gen1 + obs + gen2
     assert t.response_mask == [1] * len(gen1) + [0] * len(obs) + [1] * len(gen2)
     assert t.action_spans == [(0, len(gen1)), (len(gen1) + len(obs), len(t.response_ids))]
@@ -63,8 +63,11 @@ def test_observation_is_tokenised_once_and_closing_tag_kept_when_truncated():
     tok = make_tokenizer()
     observe = ObservationTokenizer(tok, 25)
     ids = observe(DictRetriever().search(["Lake Varo"], topk=3)[0])
-    tail = enc("\n" + P.INFO_CLOSE + "\n\n")
+    tail = enc(P.INFO_CLOSE + "\n\n")
     assert len(ids) == 25 and ids[-len(tail) :] == tail
+    # a block that fits is tokenised in one piece (the ids Search-R1 would append)
+    hits = DictRetriever().search(["Lake Varo"], topk=1)[0]
+    assert ObservationTokenizer(tok, 500)(hits) == enc(P.format_observation(hits))
     assert ids[:3] == enc("\n\n" + P.INFO_OPEN + "Doc")[:3]
     with pytest.raises(ValueError, match="max_obs_length"):
         ObservationTokenizer(tok, len(tail))(DictRetriever().search(["x"], topk=1)[0])
@@ -130,7 +133,7 @@ def test_only_active_trajectories_are_sent_and_searches_are_batched():
 
 def test_total_length_budget_truncates_generation():
     tok = make_tokenizer()
-    p = len(encode_prompt(tok, row(0)["question"], "base"))
+    p = len(encode_prompt(tok, row(0)["question"], "tiny"))
     cfg = dataclasses.replace(CFG, max_total_length=p + 10)
     trajs, backend, _ = run([[enc("one two three four five six seven eight nine ten eleven twelve")]], cfg=cfg)
     (t,) = trajs
@@ -141,7 +144,7 @@ def test_total_length_budget_truncates_generation():
 
 def test_observation_that_does_not_fit_ends_the_trajectory_truncated():
     tok = make_tokenizer()
-    p = len(encode_prompt(tok, row(0)["question"], "base"))
+    p = len(encode_prompt(tok, row(0)["question"], "tiny"))
     cfg = dataclasses.replace(CFG, max_total_length=p + len(enc(SEARCH)) + 20)
     trajs, backend, retriever = run([[enc(SEARCH)]], cfg=cfg)
     (t,) = trajs
@@ -151,7 +154,7 @@ def test_observation_that_does_not_fit_ends_the_trajectory_truncated():
 
 def test_answer_that_exactly_fills_the_budget_is_not_truncated():
     tok = make_tokenizer()
-    p = len(encode_prompt(tok, row(0)["question"], "base"))
+    p = len(encode_prompt(tok, row(0)["question"], "tiny"))
     cfg = dataclasses.replace(CFG, max_total_length=p + len(enc(ANSWER)))
     (t,), _, _ = run([[enc(ANSWER)]], cfg=cfg)
     assert t.finish_reason == "answer" and not t.truncated and t.reward == 1.0
@@ -159,7 +162,7 @@ def test_answer_that_exactly_fills_the_budget_is_not_truncated():
 
 def test_prompt_longer_than_budget_is_truncated_without_generation():
     tok = make_tokenizer()
-    p = len(encode_prompt(tok, row(0)["question"], "base"))
+    p = len(encode_prompt(tok, row(0)["question"], "tiny"))
     cfg = dataclasses.replace(CFG, max_total_length=p)
     (t,), backend, _ = run([], cfg=cfg)
     assert backend.calls == [] and t.truncated and t.response_ids == [] and t.num_turns == 0

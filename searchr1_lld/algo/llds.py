@@ -209,14 +209,23 @@ def llds_loss(
     return loss, {f"llds/{k}": float(v) for k, v in zip(names, stats)}
 
 
-def adaptive_lam_answer(lam_answer: float, mean_valid_searches: float) -> float:
-    """Adaptive LLDS-MA coefficient: lam_answer * max(mean_valid_searches - 1, 0).
+def adaptive_lam_answer(lam_answer: float, mean_valid_searches: float, rule: str = "code") -> float:
+    """Adaptive LLDS-MA weight of the answer span from the batch mean V of valid searches per response.
 
-    With at most one valid search per response on average the answer span is masked completely (coefficient 0).
+        rule="code":  lam_answer * max(V - 1, 0)   (the authors' released dp_actor.py; what their runs used)
+        rule="paper": lam_answer * min(V / 2, 1)   (the paper's text)
+
+    The coefficient applied is then min(this, lam) (:func:`llds_loss`). Under "code", with at most one valid search
+    per response on average the answer span is masked completely (coefficient 0).
     """
     if lam_answer < 0:
         raise ValueError(f"lam_answer must be >= 0, got {lam_answer}")
-    return float(lam_answer) * max(float(mean_valid_searches) - 1.0, 0.0)
+    v = float(mean_valid_searches)
+    if rule == "code":
+        return float(lam_answer) * max(v - 1.0, 0.0)
+    if rule == "paper":
+        return float(lam_answer) * min(v / 2.0, 1.0)
+    raise ValueError(f"unknown adaptive answer-mask rule {rule!r}; expected 'code' or 'paper'")
 
 
 def llds_can_act(ppo_epochs: int, mini_batches_per_rollout: int) -> bool:

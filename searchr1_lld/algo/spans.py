@@ -8,6 +8,10 @@ Tags are token-id *sequences* (one id with the tiny tokenizer, several with Qwen
 spell a tag differently depending on the character before it (``"<answer>"`` vs ``" <answer>"``), every ``*_ids``
 argument also accepts a list of alternative spellings (``list[list[int]]``); any of them matches.
 
+The rollout does not use these id-based functions for its answer mask: it locates the span from decoded character
+offsets (``rollout.agent_loop.answer_token_span``), which needs no assumption about how a tokenizer spells the tags.
+They remain for callers that hold only token ids and known tag spellings.
+
 Pairing follows the reward's regex ``<answer>(.*?)</answer>`` (rewards.py): scanning left to right, each open tag is
 closed by the first close tag after it, and scanning resumes after that close tag. Of those pairs, the last one whose
 tokens all have mask 1 is the answer span.

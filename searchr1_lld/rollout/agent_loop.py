@@ -21,8 +21,16 @@ budget; a trajectory that fills the budget (or whose next observation would fill
 ends with ``truncated=True`` and finish_reason ``truncated`` unless that very turn closed an answer. An observation
 that does not fit is not appended (a partial observation before the end would train nothing).
 
-Observation truncation: the ``<information>`` body (documents) is cut so that the whole block is at most
-``max_obs_length`` tokens; the closing ``\\n</information>\\n\\n`` tokens are always kept intact.
+Observation (Search-R1's format, ``prompts.format_observation``): tokenised in one piece when it fits in
+``max_obs_length`` tokens (then its ids are Search-R1's); otherwise the ``<information>`` body (documents) is cut so
+that the whole block is ``max_obs_length`` tokens and the closing ``</information>\\n\\n`` tokens are kept intact
+(Search-R1 cuts the block's ids, closing tag included).
+
+Answer mask: the last ``<answer> .. </answer>`` of the final turn is found on the turn's *decoded text*
+(``rewards.answer_char_span``, the reward's own pairing); its tokens are the ones whose decoded characters overlap
+that span, located from decoded prefix lengths. No tag token ids are assumed, so BPE spellings such as
+``['<', 'answer', '>']`` or a close tag merged into ``' </'`` / ``'>.'`` are covered. A closed answer found in the
+text whose tokens cannot be located leaves the mask empty and is counted (``rollout/answer_span_miss_frac``).
 
 Token exactness: response ids are the engine's sampled ids (cut after the stop token); only observations are
 tokenised; model output is decoded for stop detection, query extraction, prediction and logging, never re-encoded.
@@ -39,9 +47,9 @@ from typing import Any, Optional
 from tqdm.auto import tqdm
 
 from searchr1_lld import prompts as P
-from searchr1_lld.algo.spans import action_span_list, answer_span_mask_list
+from searchr1_lld.algo.spans import action_span_list
 from searchr1_lld.config import RolloutConfig
-from searchr1_lld.rewards import exact_match, extract_answer
+from searchr1_lld.rewards import answer_char_span, exact_match, extract_answer
 from searchr1_lld.rollout.backends.base import GenerationBackend, GenerationOutput, eos_token_ids
 from searchr1_lld.rollout.types import Trajectory
 
@@ -71,27 +79,10 @@ def _decode(tokenizer: Any, ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
-def tag_variants(tokenizer: Any, tag: str) -> list[list[int]]:
-    """Token-id spellings of ``tag`` as it can appear in generated text.
-
-    ``encode(tag)`` plus the spellings after a space / newline when BPE merges that character into the tag's first
-    token (Qwen: ``" <"``); a variant that merely prefixes the plain spelling with a separate token is left out so the
-    span starts on the tag itself.
-    """
-    base = tokenizer.encode(tag, add_special_tokens=False)
-    if not base:
-        raise ValueError(f"tokenizer encodes {tag!r} to no tokens")
-    variants = [base]
-    for prefix in (" ", "\n"):
-        v = tokenizer.encode(prefix + tag, add_special_tokens=False)
-        if v and v[-len(base) :] != base and v not in variants:
-            variants.append(v)
-    return variants
-
-
 @dataclass
 class ObservationTokenizer:
-    """Tokenises observation blocks once, truncating the documents so the block has <= max_obs_length tokens."""
+    """Tokenises observation blocks once: whole when they fit, else documents cut so the block has max_obs_length
+    tokens with the closing tag kept."""
 
     tokenizer: Any
     max_obs_length: int
@@ -113,7 +104,10 @@ class ObservationTokenizer:
 
     def __call__(self, hits: list[dict]) -> list[int]:
         text = P.format_observation(hits)
-        cut = text.rfind("\n" + P.INFO_CLOSE)
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) <= self.max_obs_length:
+            return list(ids)
+        cut = text.rfind(P.INFO_CLOSE)
         if cut < 0:
             raise ValueError("format_observation produced no closing tag")
         body, tail = text[:cut], text[cut:]
@@ -122,11 +116,52 @@ class ObservationTokenizer:
         return body_ids[: self.max_obs_length - len(tail_ids)] + tail_ids
 
 
-def encode_prompt(tokenizer: Any, question: str, template: str) -> list[int]:
-    """Prompt ids: the rendered template, tokenised (a chat template already carries its special tokens)."""
-    text = P.render_prompt(question, template, tokenizer)
-    chat = template == "chat" and getattr(tokenizer, "chat_template", None)
-    return list(tokenizer.encode(text, add_special_tokens=not chat))
+def encode_prompt(tokenizer: Any, question: str, template: str, chat_template: str = "never") -> list[int]:
+    """Prompt ids: the rendered prompt (``prompts.render_prompt``) tokenised without added special tokens, as
+    Search-R1 tokenises it (a chat template carries its own special tokens)."""
+    text = P.render_prompt(question, template, tokenizer, chat_template)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def answer_token_span(tokenizer: Any, ids: list[int], text: str) -> tuple[int, int] | None:
+    """Half-open token span of the last closed ``<answer>..</answer>`` in ``text = decode(ids)``, or None.
+
+    With ``L(k) = len(decode(ids[:k]))`` (non-decreasing in k), the span's characters ``[a, b)`` are covered by the
+    tokens ``s .. e-1`` where ``s = max{k : L(k) <= a}`` and ``e = min{k : L(k) >= b}``: exactly the tokens whose
+    decoded characters overlap ``[a, b)``. Found by binary search (O(log n) decodes). None when the text has no
+    closed answer, or when the prefix decode does not reproduce the span (then the caller counts a miss).
+    """
+    span = answer_char_span(text)
+    if span is None:
+        return None
+    a, b = span
+    n = len(ids)
+    cache: dict[int, str] = {0: ""}
+
+    def prefix(k: int) -> str:
+        if k not in cache:
+            cache[k] = _decode(tokenizer, ids[:k])
+        return cache[k]
+
+    lo, hi = 0, n  # s = max k with L(k) <= a
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(prefix(mid)) <= a:
+            lo = mid
+        else:
+            hi = mid - 1
+    s = lo
+    lo, hi = s, n  # e = min k with L(k) >= b
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(prefix(mid)) >= b:
+            hi = mid
+        else:
+            lo = mid + 1
+    e = lo
+    if e <= s or prefix(e)[a:b] != text[a:b]:
+        return None
+    return s, e
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -168,11 +203,14 @@ def run_agent_loop(
     cfg: RolloutConfig,
     n: int = 1,
     greedy: bool = False,
-    template: str = "base",
+    template: str = "tiny",
+    chat_template: str = "never",
     progress: bool = False,
     timings: Optional[dict[str, float]] = None,
 ) -> list[Trajectory]:
     """Roll out ``n`` trajectories per row (rules in the module docstring); fills prediction and EM reward.
+
+    ``template`` / ``chat_template``: the prompt (``data.prompt_template`` / ``data.chat_template``, prompts.py).
 
     ``timings`` (optional dict) receives ``generate_s``, ``retrieve_s``, ``total_s`` and ``generated_tokens`` of
     this call (for benchmarks and logging).
@@ -185,12 +223,10 @@ def run_agent_loop(
     eos_ids = eos_token_ids(tokenizer)
     invalid_ids = tokenizer.encode(P.INVALID_ACTION_MESSAGE, add_special_tokens=False)
     observe = ObservationTokenizer(tokenizer, cfg.max_obs_length)
-    answer_open = tag_variants(tokenizer, P.ANSWER_OPEN)
-    answer_close = tag_variants(tokenizer, P.ANSWER_CLOSE)
 
     states: list[_State] = []
     for group_id, row in enumerate(rows):
-        prompt_ids = encode_prompt(tokenizer, row["question"], template)
+        prompt_ids = encode_prompt(tokenizer, row["question"], template, chat_template)
         for _ in range(n):
             traj = Trajectory(row=row, group_id=group_id, prompt_ids=list(prompt_ids))
             state = _State(traj)
@@ -249,7 +285,7 @@ def run_agent_loop(
     for state in states:
         if not state.done:  # unreachable: the final turn always finishes; kept as a loud guard
             raise RuntimeError("agent loop ended with an unfinished trajectory")
-        _finalize(state, tokenizer, answer_open, answer_close)
+        _finalize(state, tokenizer)
 
     if timings is not None:
         timings.update(
@@ -311,33 +347,33 @@ def _apply_turn(
     return []
 
 
-_warned_span_fallback = False
+_warned_span_miss = False
 
 
-def _finalize(state: _State, tokenizer: Any, answer_open: list[list[int]], answer_close: list[list[int]]) -> None:
-    """Masks, spans, prediction (from the final answer span's generated ids) and the EM reward.
+def _finalize(state: _State, tokenizer: Any) -> None:
+    """Masks, spans, prediction (from the final turn's text) and the EM reward.
 
     The answer span is searched in the final turn's generated ids only (the turn that closed the answer and ended
     the trajectory), so an unclosed ``<answer>`` in an earlier turn cannot pair across an observation.
     """
-    global _warned_span_fallback
+    global _warned_span_miss
     traj = state.traj
     traj.answer_mask = [0] * len(traj.response_ids)
     if traj.finish_reason == "answer":
         last = state.last_turn_ids
         offset = len(traj.response_ids) - len(last)  # nothing is appended after an answer
-        last_mask = answer_span_mask_list(last, [1] * len(last), answer_open, answer_close)
-        if any(last_mask):
-            traj.answer_mask[offset:] = last_mask
-            start, end = offset + last_mask.index(1), offset + len(last_mask) - last_mask[::-1].index(1)
-            traj.prediction = extract_answer(_decode(tokenizer, traj.response_ids[start:end]))
-        else:
-            # the turn text had a closed answer but its tags tokenised unusually: read it from the turn's text
-            traj.prediction = extract_answer(_decode(tokenizer, last))
-            if not _warned_span_fallback:
-                warnings.warn("answer tags not found as token ids in a generated answer; answer_mask is empty for it")
-                _warned_span_fallback = True
+        turn_text = _decode(tokenizer, last)
+        traj.prediction = extract_answer(turn_text)
+        span = answer_token_span(tokenizer, last, turn_text)
+        if span is not None:
+            for j in range(offset + span[0], offset + span[1]):
+                traj.answer_mask[j] = 1
+        elif traj.prediction is not None and not _warned_span_miss:
+            warnings.warn("a closed answer in the text could not be located in its tokens; its answer_mask is empty "
+                          "(counted in rollout/answer_span_miss_frac)")
+            _warned_span_miss = True
     traj.action_spans = action_span_list(traj.response_mask)
     traj.reward = exact_match(traj.prediction, traj.row.get("golden_answers", []))
     traj.response_text = _decode(tokenizer, traj.response_ids)
     traj.check()
+
