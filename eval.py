@@ -13,7 +13,9 @@ Examples
     python eval.py --compare grpo=PATH1 llds=PATH2 --datasets synthetic --out runs/cmp
     python eval.py --compare-dirs runs/grpo/eval runs/llds/eval --out runs/cmp
 
-Outputs in --out: results.json, results.md, results.csv, trajectories.jsonl (resumable: finished rows are skipped).
+Outputs in --out: results.json, results.md, results.csv, trajectories.jsonl (resumable: finished rows are skipped)
+and trajectories.provenance.json (model path + weights hash, data, decoding settings, retriever): a rerun into the
+same --out resumes only when these match, otherwise it stops and lists the differences (--overwrite starts over).
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--merge", action="store_true", help="merge the shard files in --out and write the tables")
     p.add_argument("--compare", nargs="+", metavar="NAME=PATH", help="evaluate several checkpoints, one table")
     p.add_argument("--compare-dirs", nargs="+", metavar="DIR", help="tabulate finished eval output dirs")
+    p.add_argument("--overwrite", action="store_true",
+                   help="delete earlier results in --out (of this shard) and start over, even if they came from "
+                        "another model or other settings (without it such a rerun is refused)")
     p.add_argument("--no-progress", action="store_true")
     return p
 
@@ -107,6 +112,10 @@ def evaluate_checkpoint(model: str | None, out_dir: Path, name: str, s: dict[str
     rows = ev.load_eval_rows(s["datasets"], world_dir=s["world_dir"], limit=s["limit"], split=args.split,
                              flashrag_dir=args.flashrag_dir)
     shard = ev.parse_shard(args.shard)
+    provenance = ev.eval_provenance(model_path=model_path, tokenizer_path=tok_path, rows_by_dataset=rows,
+                                    rollout_cfg=s["rollout_cfg"], template=s["template"], backend=s["backend"],
+                                    dtype=s["cfg"].model.dtype, retriever=s["retriever_source"])
+    ev.check_provenance(out_dir, shard, provenance, overwrite=args.overwrite)
     tokenizer = backend = retriever = None
     if ev.count_pending(rows, out_dir, shard):  # a finished (resumed) evaluation loads no model and no index
         tokenizer = ev.load_tokenizer(tok_path)
@@ -134,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         if ev.SYNTHETIC in s["datasets"]:
             _ensure_world(s["world_dir"], s["cfg"])
         index = args.index or (str(s["world_dir"] / "index") if ev.SYNTHETIC in s["datasets"] else None)
+        s["retriever_source"] = args.retriever_url or (str(Path(index).resolve()) if index else "")
         cache: list[Any] = []
 
         def get_retriever() -> Any:  # built on first use, shared by the checkpoints of --compare
