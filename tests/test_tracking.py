@@ -44,3 +44,41 @@ def test_disabled_tracker_writes_nothing(tmp_path):
     tr.log(1, {"a": 1.0})
     tr.close()
     assert not (tmp_path / "x").exists()
+
+
+def test_plots_put_one_quantity_per_axis_and_legends_outside_the_data(tmp_path, monkeypatch):
+    """EM (~0.02) and valid searches (~1.1) never share an axis (EM would be a flat line); no legend covers data."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+    from matplotlib.legend import Legend
+
+    from searchr1_lld.tracking import plot_metrics
+
+    figures = {}
+    real_savefig = Figure.savefig
+
+    def capture(self, path, *a, **kw):
+        figures[str(path).rsplit("/", 1)[-1]] = self
+        return real_savefig(self, path, *a, **kw)
+
+    monkeypatch.setattr(Figure, "savefig", capture)
+    phases = ["healthy"] * 4 + ["early_stagnation"] * 3 + ["steady_decay"] * 3
+    keys = {k for _, panels_or_keys in PLOTS.values() for p in panels_or_keys for k in (p[1] if isinstance(p, tuple) else [p])}
+    records = [{"step": s, "phase/name": phases[s - 1], **{k: 0.01 * s for k in keys},
+                "reward/em_mean": 0.02 + 0.001 * s, "rollout/valid_searches_mean": 1.1 + 0.01 * s} for s in range(1, 11)]
+    plot_metrics(records, tmp_path)
+    assert set(figures) == set(PLOTS)
+    reward_axes = [ax for ax in figures["reward.png"].axes if ax.get_lines()]
+    on_axis = [{line.get_label() for line in ax.get_lines()} for ax in reward_axes]
+    assert not any({"reward/em_mean", "rollout/valid_searches_mean"} <= labels for labels in on_axis), on_axis
+    for name, fig in figures.items():
+        fig.canvas.draw()
+        data_right = max(ax.get_window_extent().x1 for ax in fig.axes)
+        legends = [c for ax in fig.axes for c in ax.get_children() if isinstance(c, Legend)]
+        assert legends, name
+        for leg in legends:
+            box = leg.get_window_extent()
+            assert box.x0 >= data_right, f"{name}: a legend overlaps the plotting area"
+            assert box.x1 <= fig.bbox.x1 + 1, f"{name}: a legend is cut off at the figure's edge"
