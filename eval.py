@@ -142,6 +142,9 @@ def _main(argv: list[str] | None = None) -> int:
     models += [(f"--compare {item.partition('=')[0]}", item.partition("=")[2]) for item in args.compare or []]
     for what, path in models:
         check_model_source(path or "", what)
+    from searchr1_lld.tracking import quiet_library_output
+
+    quiet_library_output()
     if args.merge:
         res = ev.merge_shards(out, order=s["datasets"], name=args.name)
         print(ev.markdown_table([(res["name"], res)]))

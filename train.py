@@ -63,8 +63,10 @@ def _main(argv: list[str] | None = None) -> int:
     check_model_source(cfg.model.path, "model.path")
     check_model_source(cfg.model.tokenizer_path, "model.tokenizer_path")
 
+    from searchr1_lld.tracking import quiet_library_output
     from searchr1_lld.trainer import Trainer
 
+    quiet_library_output()
     trainer = Trainer(cfg, run_dir=run_dir)
     main_proc = trainer.accelerator.is_main_process
     if main_proc:

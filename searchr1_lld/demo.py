@@ -36,8 +36,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from data.build_world import ensure_world
     from searchr1_lld.checkpoint import latest_checkpoint
+    from searchr1_lld.tracking import quiet_library_output
     from searchr1_lld.trainer import train
 
+    quiet_library_output()
     t0 = time.time()
     print(f"[1/3] synthetic world in {cfg.data.world_dir}", flush=True)
     world = Path(ensure_world(cfg.data.world_dir, cfg.data.world))

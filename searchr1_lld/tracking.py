@@ -56,6 +56,61 @@ PLOTS: dict[str, tuple[str, list[tuple[str, list[str]]]]] = {
 PHASE_COLORS = {"healthy": "#d9f2d9", "early_stagnation": "#fff3c4", "steady_decay": "#ffd8a8", "accelerated_collapse": "#ffb3b3"}
 
 
+# Progress bars of libraries that tell the user nothing here (one per model load / save, done in well under a second for
+# the tiny policy; the phase they belong to has its own bar). Download bars of the hub are kept.
+SILENCED_LIBRARY_BARS = ("Loading weights", "Writing model shards")
+
+
+def quiet_library_output() -> None:
+    """Silence third-party output that is noise to the user of a CLI: DeepSpeed's "Setting accelerator to CPU" line
+    (DS_ACCELERATOR=cpu is set when there is no GPU and the user has not chosen one) and the transformers bars named in
+    :data:`SILENCED_LIBRARY_BARS`. Call once at the start of an entry point, before the libraries are used."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # pragma: no cover
+        return
+    if not hasattr(hf_logging, "set_tqdm_hook"):  # pragma: no cover - older transformers
+        return
+
+    def hook(factory, args, kwargs):
+        if kwargs.get("desc") in SILENCED_LIBRARY_BARS:
+            kwargs = {**kwargs, "disable": True}
+        return factory(*args, **kwargs)
+
+    hf_logging.set_tqdm_hook(hook)
+
+
+class ticking:
+    """``with ticking(bar):`` redraws a tqdm bar every ``interval`` seconds from a background thread, so a phase whose
+    steps are long (a world-build stage) still shows its elapsed time moving."""
+
+    def __init__(self, bar: Any, interval: float = 1.0):
+        import threading
+
+        self.bar, self.interval = bar, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        fp = getattr(self.bar, "fp", None)
+        if getattr(self.bar, "disable", False) or not (fp is not None and hasattr(fp, "isatty") and fp.isatty()):
+            return  # nothing drawn, or a log file (a redraw per second would only fill it)
+        while not self._stop.wait(self.interval):
+            self.bar.refresh()
+
+    def __enter__(self) -> Any:
+        self._thread.start()
+        return self.bar
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else None
@@ -221,7 +276,14 @@ class Tracker:
             if "phase/name" in metrics:
                 post["phase"] = metrics["phase/name"]
             self._bar.set_postfix(post, refresh=False)
-            self._bar.update(1)
+            if self._bar.total and self._bar.n + 1 >= self._bar.total:
+                # last step: count it without drawing and close, which draws the final state once (messages after
+                # training are then printed below it, not around a redrawn bar)
+                self._bar.n += 1
+                self._bar.close()
+                self._bar = None
+            else:
+                self._bar.update(1)
         every = getattr(self.cfg, "plot_every", 0)
         if every and step % every == 0:
             self.plot()
