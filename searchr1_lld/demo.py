@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     print("[2/3] training GRPO + LLDS (configs: algorithm.llds.*)", flush=True)
     result = train(cfg, evaluate=False)
     t_train = time.time() - t0 - t_world
+    if not result.history:
+        print(f"training was already complete in {result.run_dir} (the same settings map to the same run "
+              f"directory); delete it to train again", flush=True)
     ckpt = latest_checkpoint(result.run_dir)
     if ckpt is None:
         print(f"no checkpoint was written in {result.run_dir}", file=sys.stderr)

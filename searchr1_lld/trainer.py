@@ -809,7 +809,8 @@ class Trainer:
             notes.append(f"no checkpoint to resume in {self.run_dir}: starting over, config.yaml replaced")
         if self.accelerator.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            save_config(self.cfg, path)
+            save_config(self.cfg, path.with_name(path.name + ".part"))  # atomic: other ranks may be reading it
+            path.with_name(path.name + ".part").rename(path)
         return notes
 
     def run(self, *, evaluate: bool = True, allow_changes: Sequence[str] = ()) -> RunResult:
