@@ -138,10 +138,11 @@ def _main(argv: list[str] | None = None) -> int:
         return 0
     s = _resolve(args)
     # fail on a missing model dir now, not after building the world or loading the index
-    models = [("--model", args.model), ("--tokenizer", args.tokenizer)]
+    models = [("--model", args.model)]
     models += [(f"--compare {item.partition('=')[0]}", item.partition("=")[2]) for item in args.compare or []]
     for what, path in models:
         check_model_source(path or "", what)
+    check_model_source(args.tokenizer or "", "--tokenizer", tokenizer=True)
     from searchr1_lld.tracking import quiet_library_output
 
     quiet_library_output()

@@ -61,7 +61,7 @@ def _main(argv: list[str] | None = None) -> int:
         overrides.append(f"trainer.resume={resume}")
     cfg = load_config(config or DEFAULT_CONFIG, overrides)
     check_model_source(cfg.model.path, "model.path")
-    check_model_source(cfg.model.tokenizer_path, "model.tokenizer_path")
+    check_model_source(cfg.model.tokenizer_path, "model.tokenizer_path", tokenizer=True)
 
     from searchr1_lld.tracking import quiet_library_output
     from searchr1_lld.trainer import Trainer

@@ -28,23 +28,23 @@ def looks_like_local_path(name: str) -> bool:
     return "/" in name and Path(name.split("/")[0]).exists()
 
 
-def check_model_source(name: str, what: str) -> None:
-    """Fail early (before any world build or index load) when ``name`` is meant as a local model dir but is not one.
-
-    ``what`` is the flag or config key that gave it (named in the message)."""
+def check_model_source(name: str, what: str, *, tokenizer: bool = False) -> None:
+    """Fail early (before any world build or index load) when ``name`` is meant as a local model (or, with
+    ``tokenizer``, tokenizer) dir but is not one. ``what`` is the flag or config key that gave it (named in the
+    message)."""
     if not name or not looks_like_local_path(name):
         return  # empty (the caller's default applies) or a hub id (checked by from_pretrained)
     path = Path(name).expanduser()
+    kind = "tokenizer" if tokenizer else "model"
     if not path.exists():
         parent = next((p for p in path.parents if p.exists()), None)
         near = f" ({parent} exists)" if parent is not None and str(parent) not in (".", "/") else ""
-        raise UserError(f"{what}: {name} does not exist{near}; pass a model directory (one with config.json, "
-                        f"e.g. RUN/checkpoints/step_N/policy) or a hub id like Qwen/Qwen2.5-3B")
-    if not path.is_dir() or not (path / "config.json").is_file():
-        hint = ""
-        if (path / "policy" / "config.json").is_file():
-            hint = f"; did you mean {path / 'policy'}?"
-        raise UserError(f"{what}: {name} is not a model directory (no config.json){hint}")
+        raise UserError(f"{what}: {name} does not exist{near}; pass a {kind} directory (e.g. "
+                        f"RUN/checkpoints/step_N/policy) or a hub id like Qwen/Qwen2.5-3B")
+    markers = ("tokenizer.json", "tokenizer_config.json") if tokenizer else ("config.json",)
+    if not path.is_dir() or not any((path / m).is_file() for m in markers):
+        hint = f"; did you mean {path / 'policy'}?" if (path / "policy" / "config.json").is_file() else ""
+        raise UserError(f"{what}: {name} is not a {kind} directory (no {' or '.join(markers)}){hint}")
 
 
 def _friendly(exc: BaseException) -> str | None:

@@ -54,6 +54,11 @@ def test_a_checkpoint_dir_instead_of_its_policy_is_pointed_out(tmp_path):
         cli.check_model_source(str(tmp_path / "step_000003"), "--model")
     cli.check_model_source(str(tmp_path / "step_000003" / "policy"), "--model")  # fine
     cli.check_model_source("Qwen/Qwen2.5-3B", "--model")  # a hub id is left to from_pretrained
+    (tmp_path / "tok").mkdir()
+    with pytest.raises(cli.UserError, match="not a tokenizer directory"):
+        cli.check_model_source(str(tmp_path / "tok"), "--tokenizer", tokenizer=True)
+    (tmp_path / "tok" / "tokenizer.json").write_text("{}")
+    cli.check_model_source(str(tmp_path / "tok"), "--tokenizer", tokenizer=True)
 
 
 def test_train_missing_model_path_fails_before_any_work(tmp_path):
