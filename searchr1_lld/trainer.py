@@ -805,8 +805,18 @@ class Trainer:
                              + f"; the earlier config is kept as {backup.name}")
                 if any(k.startswith("eval.") or k == "trainer.eval_limit" for k in changed):
                     (self.run_dir / "eval_before.json").unlink(missing_ok=True)  # measured with the old settings
-        elif resume_from is None and path.is_file() and config_differences(read_yaml(path), self.cfg):
-            notes.append(f"no checkpoint to resume in {self.run_dir}: starting over, config.yaml replaced")
+        elif resume_from is None and self.accelerator.is_main_process:
+            # starting over in a used directory: keep the earlier run's files (a later resume=auto must not find its
+            # checkpoints, its metrics must not be mixed with the new ones)
+            earlier = [self.run_dir / n for n in ("checkpoints", "metrics.jsonl", "eval_before.json", "eval.json",
+                                                   "eval.md", "plots", "config.yaml") if (self.run_dir / n).exists()]
+            if any(p.name in ("checkpoints", "metrics.jsonl") for p in earlier):
+                archive = self.run_dir / f"previous-{time.strftime('%Y%m%d-%H%M%S')}"
+                archive.mkdir()
+                for p in earlier:
+                    p.rename(archive / p.name)
+                notes.append(f"starting over in {self.run_dir} (trainer.resume={self.cfg.trainer.resume}): the earlier "
+                             f"run's checkpoints, metrics and config were moved to {archive.name}/")
         if self.accelerator.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(self.cfg, path.with_name(path.name + ".part"))  # atomic: other ranks may be reading it

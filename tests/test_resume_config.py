@@ -79,6 +79,17 @@ def test_resume_with_a_changed_config_is_refused_and_the_saved_config_kept(tmp_p
     assert read_yaml(run_dir / "config.yaml")["trainer"]["total_steps"] == 2
     assert (run_dir / "config.before-step_000001.yaml").read_text() == saved
     assert yaml.safe_load(saved)["trainer"]["total_steps"] == 1
+    # starting over (resume=never) in the used directory: the earlier run's checkpoints and metrics are moved aside,
+    # so a later resume=auto cannot pick up the old run's step 2 and no metrics are lost or mixed
+    again = _trainer(_cfg(*base, "trainer.total_steps=1", "trainer.resume=never"), tiny_world, retriever)
+    again.run(evaluate=False)
+    from searchr1_lld.checkpoint import list_checkpoints
+
+    assert [p.name for p in list_checkpoints(run_dir)] == ["step_000001"]
+    (archive,) = run_dir.glob("previous-*")
+    assert [p.name for p in list_checkpoints(archive)] == ["step_000001", "step_000002"]
+    assert len((archive / "metrics.jsonl").read_text().splitlines()) == 2
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1
 
 
 @pytest.mark.slow
