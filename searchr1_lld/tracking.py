@@ -233,7 +233,7 @@ class Tracker:
                     f.write(json.dumps(_jsonable(r)) + "\n")
         if getattr(logging_cfg, "wandb", False) and logging_cfg.wandb_mode != "disabled":
             self._init_wandb(config or {}, run_name or self.run_dir.name)
-        if getattr(logging_cfg, "progress_bar", True) and total_steps:
+        if getattr(logging_cfg, "progress_bar", True) and total_steps and start_step < total_steps:
             from tqdm.auto import tqdm
 
             self._bar = tqdm(total=total_steps, initial=start_step, desc="train", dynamic_ncols=True)

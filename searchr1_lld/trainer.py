@@ -391,8 +391,8 @@ def check_resume_config(saved: dict[str, Any], cfg: Config, allow: Sequence[str]
                 if safe else "")
         raise ConfigError(
             f"the run's saved config differs from this one in {listing}; resuming would mix the two runs' states. "
-            f"Use another trainer.run_name (or --resume elsewhere) for a new run, or trainer.resume=never to start "
-            f"this one over.{hint}")
+            f"For a new run use another trainer.run_name (or none: the default run directory follows the settings); "
+            f"trainer.resume=never starts this one over.{hint}")
     return diffs
 
 
