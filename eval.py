@@ -137,12 +137,6 @@ def _main(argv: list[str] | None = None) -> int:
         print(ev.compare(methods, out))
         return 0
     s = _resolve(args)
-    # fail on a missing model dir now, not after building the world or loading the index
-    models = [("--model", args.model)]
-    models += [(f"--compare {item.partition('=')[0]}", item.partition("=")[2]) for item in args.compare or []]
-    for what, path in models:
-        check_model_source(path or "", what)
-    check_model_source(args.tokenizer or "", "--tokenizer", tokenizer=True)
     from searchr1_lld.tracking import quiet_library_output
 
     quiet_library_output()
@@ -151,7 +145,13 @@ def _main(argv: list[str] | None = None) -> int:
         print(ev.markdown_table([(res["name"], res)]))
         return 0
     if ev.SYNTHETIC in s["datasets"]:
-        _ensure_world(s["world_dir"], s["cfg"])
+        _ensure_world(s["world_dir"], s["cfg"])  # first: a model path may point into the world
+    # a missing model dir is named now, not as a hub-id error after the index is loaded
+    models = [("--model", args.model)]
+    models += [(f"--compare {item.partition('=')[0]}", item.partition("=")[2]) for item in args.compare or []]
+    for what, path in models:
+        check_model_source(path or "", what)
+    check_model_source(args.tokenizer or "", "--tokenizer", tokenizer=True)
     index = args.index or (str(s["world_dir"] / "index") if ev.SYNTHETIC in s["datasets"] else None)
     s["retriever_source"] = args.retriever_url or (str(Path(index).resolve()) if index else "")
     cache: list[Any] = []

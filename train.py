@@ -60,8 +60,11 @@ def _main(argv: list[str] | None = None) -> int:
             config = str(run_dir / "config.yaml")
         overrides.append(f"trainer.resume={resume}")
     cfg = load_config(config or DEFAULT_CONFIG, overrides)
-    check_model_source(cfg.model.path, "model.path")
-    check_model_source(cfg.model.tokenizer_path, "model.tokenizer_path", tokenizer=True)
+    world = Path(cfg.data.world_dir).resolve()
+    for value, key, is_tok in ((cfg.model.path, "model.path", False),
+                               (cfg.model.tokenizer_path, "model.tokenizer_path", True)):
+        if value and world not in Path(value).expanduser().resolve().parents:  # (the world may not be built yet)
+            check_model_source(value, key, tokenizer=is_tok)
 
     from searchr1_lld.tracking import quiet_library_output
     from searchr1_lld.trainer import Trainer
