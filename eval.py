@@ -17,7 +17,9 @@ Examples
     python eval.py --compare grpo=PATH1 llds=PATH2 --datasets synthetic --out runs/cmp
     python eval.py --compare-dirs runs/grpo/eval runs/llds/eval --out runs/cmp
 
-Outputs in --out: results.json, results.md, results.csv, trajectories.jsonl (resumable: finished rows are skipped).
+Outputs in --out: results.json, results.md, results.csv, trajectories.jsonl (resumable: finished rows are skipped)
+and trajectories.provenance.json (model path + weights hash, data, decoding settings, retriever): a rerun into the
+same --out resumes only when these match, otherwise it stops and lists the differences (--overwrite starts over).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from searchr1_lld import evaluation as ev
-from searchr1_lld.config import ConfigError, load_config
+from searchr1_lld.cli import check_model_source, run_main
+from searchr1_lld.config import load_config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--merge", action="store_true", help="merge the shard files in --out and write the tables")
     p.add_argument("--compare", nargs="+", metavar="NAME=PATH", help="evaluate several checkpoints, one table")
     p.add_argument("--compare-dirs", nargs="+", metavar="DIR", help="tabulate finished eval output dirs")
+    p.add_argument("--overwrite", action="store_true",
+                   help="delete earlier results in --out (of this shard) and start over, even if they came from "
+                        "another model or other settings (without it such a rerun is refused)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of user errors too")
     return p
 
 
@@ -117,6 +124,10 @@ def evaluate_checkpoint(model: str | None, out_dir: Path, name: str, s: dict[str
     rows = ev.load_eval_rows(s["datasets"], world_dir=s["world_dir"], limit=s["limit"], split=args.split,
                              flashrag_dir=args.flashrag_dir)
     shard = ev.parse_shard(args.shard)
+    provenance = ev.eval_provenance(model_path=model_path, tokenizer_path=tok_path, rows_by_dataset=rows,
+                                    rollout_cfg=s["rollout_cfg"], template=s["template"], backend=s["backend"],
+                                    dtype=s["cfg"].model.dtype, retriever=s["retriever_source"])
+    ev.check_provenance(out_dir, shard, provenance, overwrite=args.overwrite)
     tokenizer = backend = retriever = None
     if ev.count_pending(rows, out_dir, shard):  # a finished (resumed) evaluation loads no model and no index
         tokenizer = ev.load_tokenizer(tok_path)
@@ -128,51 +139,62 @@ def evaluate_checkpoint(model: str | None, out_dir: Path, name: str, s: dict[str
                        chat_template=s["chat_template"], shard=shard, name=name, progress=s["progress"])
 
 
-def main(argv: list[str] | None = None) -> int:
+def _main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     out = Path(args.out)
-    try:
-        if args.compare_dirs:
-            methods = [(ev.load_results(d).get("name") or Path(d).name, ev.load_results(d)) for d in args.compare_dirs]
-            print(ev.compare(methods, out))
-            return 0
-        s = _resolve(args)
-        if args.merge:
-            res = ev.merge_shards(out, order=s["datasets"], name=args.name)
-            print(ev.markdown_table([(res["name"], res)]))
-            return 0
-        if ev.SYNTHETIC in s["datasets"]:
-            _ensure_world(s["world_dir"], s["cfg"])
-        index = args.index or (str(s["world_dir"] / "index") if ev.SYNTHETIC in s["datasets"] else None)
-        cache: list[Any] = []
-
-        def get_retriever() -> Any:  # built on first use, shared by the checkpoints of --compare
-            if not cache:
-                cache.append(ev.make_retriever(url=args.retriever_url, index_dir=None if args.retriever_url else index))
-            return cache[0]
-
-        if args.compare:
-            methods = []
-            for item in args.compare:
-                name, sep, path = item.partition("=")
-                if not sep or not name or not path:
-                    raise ev.EvalError(f"--compare takes NAME=PATH items, got {item!r}")
-                res = evaluate_checkpoint(path, out / name, name, s, args, get_retriever)
-                if res is None:
-                    raise ev.EvalError("--compare cannot be combined with --shard")
-                methods.append((name, res))
-            print(ev.compare(methods, out))
-            return 0
-        res = evaluate_checkpoint(args.model, out, args.name, s, args, get_retriever)
-        if res is None:
-            print(f"shard {args.shard} done -> {ev.trajectories_path(out, ev.parse_shard(args.shard))}; "
-                  f"merge with: python eval.py --merge --out {out}")
-            return 0
-        print((out / ev.RESULTS_MD).read_text())
+    if args.compare_dirs:
+        methods = [(ev.load_results(d).get("name") or Path(d).name, ev.load_results(d)) for d in args.compare_dirs]
+        print(ev.compare(methods, out))
         return 0
-    except (ev.EvalError, ConfigError) as e:
-        print(f"eval.py: error: {e}", file=sys.stderr)
-        return 2
+    s = _resolve(args)
+    from searchr1_lld.tracking import quiet_library_output
+
+    quiet_library_output()
+    if args.merge:
+        res = ev.merge_shards(out, order=s["datasets"], name=args.name)
+        print(ev.markdown_table([(res["name"], res)]))
+        return 0
+    if ev.SYNTHETIC in s["datasets"]:
+        _ensure_world(s["world_dir"], s["cfg"])  # first: a model path may point into the world
+    # a missing model dir is named now, not as a hub-id error after the index is loaded
+    models = [("--model", args.model)]
+    models += [(f"--compare {item.partition('=')[0]}", item.partition("=")[2]) for item in args.compare or []]
+    for what, path in models:
+        check_model_source(path or "", what)
+    check_model_source(args.tokenizer or "", "--tokenizer", tokenizer=True)
+    index = args.index or (str(s["world_dir"] / "index") if ev.SYNTHETIC in s["datasets"] else None)
+    s["retriever_source"] = args.retriever_url or (str(Path(index).resolve()) if index else "")
+    cache: list[Any] = []
+
+    def get_retriever() -> Any:  # built on first use, shared by the checkpoints of --compare
+        if not cache:
+            cache.append(ev.make_retriever(url=args.retriever_url, index_dir=None if args.retriever_url else index))
+        return cache[0]
+
+    if args.compare:
+        methods = []
+        for item in args.compare:
+            name, sep, path = item.partition("=")
+            if not sep or not name or not path:
+                raise ev.EvalError(f"--compare takes NAME=PATH items, got {item!r}")
+            res = evaluate_checkpoint(path, out / name, name, s, args, get_retriever)
+            if res is None:
+                raise ev.EvalError("--compare cannot be combined with --shard")
+            methods.append((name, res))
+        print(ev.compare(methods, out))
+        return 0
+    res = evaluate_checkpoint(args.model, out, args.name, s, args, get_retriever)
+    if res is None:
+        print(f"shard {args.shard} done -> {ev.trajectories_path(out, ev.parse_shard(args.shard))}; "
+              f"merge with: python eval.py --merge --out {out}")
+        return 0
+    print((out / ev.RESULTS_MD).read_text())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The CLI; errors the user can fix -> one line on stderr and exit status 2 (tracebacks with --debug)."""
+    return run_main(_main, argv, prog="eval.py")
 
 
 if __name__ == "__main__":

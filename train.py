@@ -3,6 +3,12 @@
     python train.py --config configs/tiny.yaml [dotted.key=value ...]
     accelerate launch --config_file configs/accelerate/zero2_8gpu.yaml train.py --config configs/... [overrides]
 
+The run directory is trainer.output_dir/trainer.run_name; without a run_name it is derived from the config
+(``runs/<config name>-<hash of the settings>``), so rerunning the same command resumes the same run from its last
+checkpoint. ``--resume RUN_DIR`` (or a checkpoint dir) continues a run with the config it was started with. A resumed
+run whose config differs from its saved config.yaml is refused (the differing keys are listed); keys that are safe to
+change (trainer.total_steps, ...) may be changed with ``--allow-change KEY``.
+
 Prints the run directory at start and end; evaluates greedy test EM before and after training (synthetic world test
 split) and writes the before/after table to RUN/eval.md. The Python API is ``searchr1_lld.trainer.train(cfg)``.
 """
@@ -11,33 +17,73 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from searchr1_lld.config import ConfigError, load_config
+from searchr1_lld.cli import UserError, check_model_source, run_main
+from searchr1_lld.config import load_config
+
+DEFAULT_CONFIG = "configs/tiny.yaml"
 
 
-def main(argv: list[str] | None = None) -> int:
+def _resume_target(path: str) -> tuple[Path, str]:
+    """``--resume PATH`` -> (run dir, trainer.resume value): a run dir resumes its last checkpoint, a checkpoint dir
+    that one."""
+    from searchr1_lld.checkpoint import COMPLETE
+
+    p = Path(path)
+    if (p / COMPLETE).is_file():
+        return p.parent.parent, str(p)
+    if (p / "config.yaml").is_file() or (p / "checkpoints").is_dir():
+        return p, "auto"
+    raise UserError(f"--resume {path}: neither a run directory (config.yaml, checkpoints/) nor a checkpoint "
+                    f"(step_N/ with {COMPLETE})")
+
+
+def _main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="configs/tiny.yaml", help="YAML experiment config")
+    parser.add_argument("--config", default=None,
+                        help=f"YAML experiment config (default: {DEFAULT_CONFIG}; with --resume: the run's config.yaml)")
+    parser.add_argument("--resume", metavar="PATH", help="continue this run directory (or checkpoint directory)")
+    parser.add_argument("--allow-change", action="append", default=[], metavar="KEY",
+                        help="on resume, accept a changed value of KEY (only keys that are safe to change, e.g. "
+                             "trainer.total_steps; repeat for several)")
     parser.add_argument("--no-eval", action="store_true", help="skip the before/after test evaluation")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of user errors too")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.total_steps=10")
     args = parser.parse_args(argv)
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
+    run_dir = None
+    overrides = list(args.overrides)
+    config = args.config
+    if args.resume:
+        run_dir, resume = _resume_target(args.resume)
+        if config is None and (run_dir / "config.yaml").is_file():
+            config = str(run_dir / "config.yaml")
+        overrides.append(f"trainer.resume={resume}")
+    cfg = load_config(config or DEFAULT_CONFIG, overrides)
+    world = Path(cfg.data.world_dir).resolve()
+    for value, key, is_tok in ((cfg.model.path, "model.path", False),
+                               (cfg.model.tokenizer_path, "model.tokenizer_path", True)):
+        if value and world not in Path(value).expanduser().resolve().parents:  # (the world may not be built yet)
+            check_model_source(value, key, tokenizer=is_tok)
 
+    from searchr1_lld.tracking import quiet_library_output
     from searchr1_lld.trainer import Trainer
 
-    trainer = Trainer(cfg)
+    quiet_library_output()
+    trainer = Trainer(cfg, run_dir=run_dir)
     main_proc = trainer.accelerator.is_main_process
     if main_proc:
         print(f"run directory: {trainer.run_dir}", flush=True)
-    result = trainer.run(evaluate=not args.no_eval)
+    result = trainer.run(evaluate=not args.no_eval, allow_changes=[k for a in args.allow_change for k in a.split(",")])
     if main_proc:
         print(f"steps: {result.steps}  skipped updates: {result.skipped_steps}")
         print(f"run directory: {result.run_dir}", flush=True)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The CLI; errors the user can fix -> one line on stderr and exit status 2 (tracebacks with --debug)."""
+    return run_main(_main, argv, prog="train.py")
 
 
 if __name__ == "__main__":

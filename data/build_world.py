@@ -113,41 +113,46 @@ def build_world(out_dir: Path, cfg: WorldConfig, *, progress: bool = True, measu
     from retriever.index import build_index
     from retriever.inprocess import InProcessRetriever
 
+    from searchr1_lld.tracking import ticking
+
     t_start = time.time()
     _clear_build(out_dir)
     timings: dict[str, float] = {}
     stages = ["world", "index", "policy"] + (["measure"] if measure else [])
-    bar = tqdm(total=len(stages), desc="build world", disable=not progress)
-
-    t0 = time.time()
-    bar.set_postfix(stage="world")
-    world = generate_world(cfg)
-    paths = write_world_files(world, out_dir)
-    timings["world_s"] = time.time() - t0
-    bar.update(1)
-
-    t0 = time.time()
-    bar.set_postfix(stage="index")
-    build_index(paths["corpus"], out_dir / "index", encoder=cfg.encoder, retriever=cfg.retriever,
-                show_progress=progress)
-    retriever = InProcessRetriever(out_dir / "index")
-    timings["index_s"] = time.time() - t0
-    bar.update(1)
-
-    t0 = time.time()
-    bar.set_postfix(stage="policy")
-    policy_stats = build_tiny_policy(out_dir, world.passages, world.train_rows, retriever.search, cfg,
-                                     progress=progress)
-    timings["policy_s"] = time.time() - t0
-    bar.update(1)
-
-    warm_start: dict[str, Any] = {}
-    if measure:
+    # One bar for the whole build (a stage per step, the clock ticking within a stage); the stages' own bars are off.
+    bar = tqdm(total=len(stages), desc="build world", unit="stage", disable=not progress,
+               bar_format="{desc}: {n_fmt}/{total_fmt} stages |{bar}| {elapsed}{postfix}")
+    with ticking(bar):
         t0 = time.time()
-        bar.set_postfix(stage="measure")
-        warm_start = measure_warm_start(out_dir, retriever=retriever, seed=cfg.seed, progress=progress)
-        timings["measure_s"] = time.time() - t0
+        bar.set_postfix(stage="world: corpus and questions")
+        world = generate_world(cfg)
+        paths = write_world_files(world, out_dir)
+        timings["world_s"] = time.time() - t0
         bar.update(1)
+
+        t0 = time.time()
+        bar.set_postfix(stage="index: encoding the corpus")
+        build_index(paths["corpus"], out_dir / "index", encoder=cfg.encoder, retriever=cfg.retriever,
+                    show_progress=False)
+        retriever = InProcessRetriever(out_dir / "index")
+        timings["index_s"] = time.time() - t0
+        bar.update(1)
+
+        t0 = time.time()
+        bar.set_postfix(stage="policy: tokenizer and warm start")
+        policy_stats = build_tiny_policy(out_dir, world.passages, world.train_rows, retriever.search, cfg,
+                                         progress=False)
+        timings["policy_s"] = time.time() - t0
+        bar.update(1)
+
+        warm_start: dict[str, Any] = {}
+        if measure:
+            t0 = time.time()
+            bar.set_postfix(stage="measure: warm-start rollouts")
+            warm_start = measure_warm_start(out_dir, retriever=retriever, seed=cfg.seed, progress=False)
+            timings["measure_s"] = time.time() - t0
+            bar.update(1)
+        bar.set_postfix(stage="done")
     bar.close()
 
     timings["total_s"] = time.time() - t_start
@@ -194,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("overrides", nargs="*", help="WorldConfig key=value overrides")
     args = parser.parse_args(argv)
+    from searchr1_lld.tracking import quiet_library_output
+
+    quiet_library_output()
     try:
         cfg = parse_world_overrides(args.overrides)
     except ConfigError as e:

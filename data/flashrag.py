@@ -169,7 +169,8 @@ def load_split(name: str, split: str, *, local_dir: Optional[str | Path] = None,
     except Exception as e:  # offline, unknown config, missing split: say which and how to work offline
         raise FlashRAGError(f"cannot load {repo} config {name!r} split {split!r} from the hub ({type(e).__name__}: "
                             f"{e}). Offline? Mirror the FlashRAG files as <dir>/{name}/{split}.jsonl and pass "
-                            f"--local-dir <dir> (or set {LOCAL_DIR_ENV})") from e
+                            f"<dir> as the local mirror (eval.py --flashrag-dir, python -m data.flashrag --local-dir; "
+                            f"or set {LOCAL_DIR_ENV})") from e
     return convert(ds, name, split)
 
 

@@ -8,16 +8,24 @@ Layout of one checkpoint (``RUN/checkpoints/step_000010/``)::
     scheduler.pt       LR scheduler state_dict
     rng_rank{r}.pt     RNG states of rank r: python, numpy, torch CPU, torch CUDA
     trainer_state.json step, data position, probe set, phase-detector history, anything else the trainer passes
-    COMPLETE           written last: a directory without it is ignored
+    COMPLETE           written last: the list of every file above with its size; a directory without it, or
+                       with a listed file missing or of another size, is not a checkpoint (never resumed from)
 
-Atomicity: everything is written to ``.tmp-step_000010`` next to the final directory, then renamed; the
-``COMPLETE`` marker is written inside before the rename. A crash at any point leaves either no ``step_*`` directory or a
-complete one; stale ``.tmp-*`` directories are removed by the next save.
+Atomicity (a kill at any point leaves only complete ``step_*`` directories):
+  save   everything is written to ``.tmp-step_000010`` next to the final directory, ``COMPLETE`` last, then the
+         directory is renamed to ``step_000010`` (one atomic rename);
+  prune  an old checkpoint is first renamed to ``.trash-step_000001`` (atomic: it stops being a checkpoint at once),
+         then its contents are deleted; re-saving an existing step renames the old one to ``.trash-*`` the same way.
+The next save removes leftover ``.tmp-*`` / ``.trash-*`` directories; a ``.tmp-*`` directory that is complete and whose
+``step_*`` is missing (killed between the two renames of a re-save) is renamed into place first (by the next save, or
+by ``resolve_resume("auto")``).
+:func:`_crash_point` marks every phase of a save (tests kill the process there).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import shutil
@@ -29,6 +37,12 @@ import torch
 
 COMPLETE = "COMPLETE"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+_TMP, _TRASH = ".tmp-", ".trash-"
+
+
+def _crash_point(phase: str) -> None:
+    """Called at each phase of :func:`save_checkpoint` (tests replace it to kill the process there); a no-op."""
+    return None
 
 
 def checkpoint_root(run_dir: str | Path) -> Path:
@@ -64,15 +78,40 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def _marker_text(step: int, directory: Path) -> str:
+    """``COMPLETE``: the step, then one ``size<TAB>relative path`` line per file of the checkpoint."""
+    lines = [f"step {step}"]
+    for f in sorted(p for p in directory.rglob("*") if p.is_file()):
+        lines.append(f"{f.stat().st_size}\t{f.relative_to(directory).as_posix()}")
+    return "\n".join(lines) + "\n"
+
+
+def incomplete_reason(path: str | Path) -> str | None:
+    """None when ``path`` is a complete checkpoint, else why not (no marker, a listed file missing or truncated)."""
+    path = Path(path)
+    marker = path / COMPLETE
+    if not marker.is_file():
+        return f"no {COMPLETE} marker"
+    for line in marker.read_text().splitlines()[1:]:  # markers of older versions hold only the step line
+        size, _, rel = line.partition("\t")
+        f = path / rel
+        if not f.is_file():
+            return f"{rel} is missing"
+        if f.stat().st_size != int(size):
+            return f"{rel} has {f.stat().st_size} bytes, {size} were written"
+    return None
+
+
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first (directories without ``COMPLETE`` are ignored)."""
+    """Complete checkpoints of a run, oldest first (incomplete directories are ignored: see
+    :func:`incomplete_reason`)."""
     root = checkpoint_root(run_dir)
     if not root.is_dir():
         return []
     found = []
     for p in root.iterdir():
         m = _STEP_DIR.match(p.name)
-        if m and p.is_dir() and (p / COMPLETE).is_file():
+        if m and p.is_dir() and incomplete_reason(p) is None:
             found.append((int(m.group(1)), p))
     return [p for _, p in sorted(found)]
 
@@ -88,10 +127,12 @@ def resolve_resume(resume: str, run_dir: str | Path) -> Path | None:
     if resume == "never":
         return None
     if resume == "auto":
+        _finish_interrupted_resave(checkpoint_root(run_dir))
         return latest_checkpoint(run_dir)
     path = Path(resume)
-    if not (path / COMPLETE).is_file():
-        raise FileNotFoundError(f"trainer.resume={resume!r} is not a complete checkpoint (no {COMPLETE} marker)")
+    reason = incomplete_reason(path)
+    if reason:
+        raise FileNotFoundError(f"trainer.resume={resume!r} is not a complete checkpoint ({reason})")
     return path
 
 
@@ -132,9 +173,9 @@ def save_checkpoint(
     rank = 0 if accelerator is None else accelerator.process_index
     if is_main:
         root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob(".tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)
+        _clean_leftovers(root)
         tmp.mkdir(parents=True)
+        _crash_point("tmp_created")
     _barrier(accelerator)
 
     if _is_deepspeed(accelerator):
@@ -150,22 +191,90 @@ def save_checkpoint(
                 unwrapped.save_pretrained(tmp / "policy")
             else:
                 torch.save(unwrapped.state_dict(), tmp / "policy_state.pt")
+            _crash_point("policy_written")
             torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+            _crash_point("optimizer_written")
     if is_main:
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        _crash_point("scheduler_written")
         with open(tmp / "trainer_state.json", "w") as f:
             json.dump({"step": step, **trainer_state}, f, default=_json_default)
+        _crash_point("trainer_state_written")
     torch.save(capture_rng_state(), tmp / f"rng_rank{rank}.pt")
+    _crash_point("rng_written")
     _barrier(accelerator)
     if is_main:
-        (tmp / COMPLETE).write_text(f"step {step}\n")
-        if final.exists():  # re-saving the same step (e.g. after a resume): replace
-            shutil.rmtree(final)
+        _write_atomic(tmp / COMPLETE, _marker_text(step, tmp))
+        _crash_point("marker_written")
+        if final.exists():  # re-saving the same step (e.g. after a resume): move the old one out of the way first
+            final.rename(root / f"{_TRASH}{final.name}")
+            _crash_point("old_same_step_moved")
         tmp.rename(final)
+        _crash_point("renamed")
         for old in list_checkpoints(run_dir)[:-keep_last_k]:
-            shutil.rmtree(old, ignore_errors=True)
+            _remove(old)
+        _remove_trash(root)
+        _crash_point("pruned")
     _barrier(accelerator)
     return final
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    part = path.with_name(path.name + ".part")
+    with open(part, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    part.rename(path)
+
+
+def _remove(checkpoint: Path) -> None:
+    """Delete a checkpoint so that a kill at any moment leaves no incomplete ``step_*`` directory behind: one atomic
+    rename out of the checkpoint namespace first, then the contents."""
+    trash = checkpoint.parent / f"{_TRASH}{checkpoint.name}"
+    if trash.exists():
+        _rmtree(trash)
+    checkpoint.rename(trash)
+    _crash_point("prune_renamed")
+    _rmtree(trash)
+
+
+def _rmtree(path: Path) -> None:
+    """``shutil.rmtree`` file by file (with a crash point after the first file: a kill in the middle of a delete)."""
+    first = True
+    for f in sorted((p for p in path.rglob("*") if not p.is_dir()), reverse=True):
+        f.unlink()
+        if first:
+            _crash_point("prune_deleting")
+            first = False
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _remove_trash(root: Path) -> None:
+    for trash in root.glob(f"{_TRASH}*"):
+        _rmtree(trash)
+
+
+def _finish_interrupted_resave(root: Path) -> None:
+    """A complete ``.tmp-step_N`` whose ``step_N`` is missing (killed between the two renames of a re-save) is renamed
+    into place. Several processes may race here: a rename that lost the race is fine."""
+    if not root.is_dir():
+        return
+    for tmp in root.glob(f"{_TMP}*"):
+        final = root / tmp.name[len(_TMP):]
+        if _STEP_DIR.match(final.name) and not final.exists() and incomplete_reason(tmp) is None:
+            try:
+                tmp.rename(final)
+            except OSError:
+                pass
+
+
+def _clean_leftovers(root: Path) -> None:
+    """Before a save: finish an interrupted re-save, then delete every other ``.tmp-*`` and ``.trash-*`` directory."""
+    _finish_interrupted_resave(root)
+    for tmp in root.glob(f"{_TMP}*"):
+        shutil.rmtree(tmp, ignore_errors=True)
+    _remove_trash(root)
 
 
 def _json_default(obj: Any) -> Any:
@@ -215,8 +324,9 @@ def load_checkpoint(
 ) -> dict[str, Any]:
     """Restore policy, optimiser, scheduler and this rank's RNG states; returns the trainer state dict."""
     path = Path(path)
-    if not (path / COMPLETE).is_file():
-        raise FileNotFoundError(f"{path} is not a complete checkpoint (no {COMPLETE} marker)")
+    reason = incomplete_reason(path)
+    if reason:
+        raise FileNotFoundError(f"{path} is not a complete checkpoint ({reason})")
     rank = 0 if accelerator is None else accelerator.process_index
     if _is_deepspeed(accelerator):
         model.load_checkpoint(str(path / "deepspeed"), tag="state", load_optimizer_states=True,

@@ -207,7 +207,7 @@ class TrainerConfig:
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     output_dir: str = "runs"
-    run_name: str = ""  # empty = derived from config name and time
+    run_name: str = ""  # empty = <config name>-<hash of the settings>: rerunning the same command resumes it
     save_every: int = 50
     keep_last_k: int = 2
     resume: str = "auto"  # auto | never | path to a checkpoint dir
@@ -493,6 +493,25 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     values = read_yaml(path) if path else {}
     values = apply_overrides(values, list(overrides or []))
     return config_from_dict(values)
+
+
+def flatten_dict(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dict -> ``{"dotted.key": value}``."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten_dict(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_differences(old: Config | dict[str, Any], new: Config | dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{dotted key: (old value, new value)}`` for every key whose value differs (a key missing on one side counts,
+    with value None). Accepts Configs or their ``to_dict()`` / YAML dicts."""
+    fa = flatten_dict(old.to_dict() if isinstance(old, Config) else old)
+    fb = flatten_dict(new.to_dict() if isinstance(new, Config) else new)
+    return {k: (fa.get(k), fb.get(k)) for k in sorted(fa.keys() | fb.keys()) if fa.get(k) != fb.get(k)}
 
 
 def save_config(cfg: Config, path: str | Path) -> None:

@@ -36,8 +36,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from data.build_world import ensure_world
     from searchr1_lld.checkpoint import latest_checkpoint
+    from searchr1_lld.tracking import quiet_library_output
     from searchr1_lld.trainer import train
 
+    quiet_library_output()
     t0 = time.time()
     print(f"[1/3] synthetic world in {cfg.data.world_dir}", flush=True)
     world = Path(ensure_world(cfg.data.world_dir, cfg.data.world))
@@ -46,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     print("[2/3] training GRPO + LLDS (configs: algorithm.llds.*)", flush=True)
     result = train(cfg, evaluate=False)
     t_train = time.time() - t0 - t_world
+    if not result.history:
+        print(f"training was already complete in {result.run_dir} (the same settings map to the same run "
+              f"directory); delete it to train again", flush=True)
     ckpt = latest_checkpoint(result.run_dir)
     if ckpt is None:
         print(f"no checkpoint was written in {result.run_dir}", file=sys.stderr)

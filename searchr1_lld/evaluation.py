@@ -18,7 +18,10 @@ Average over datasets (the paper's "Avg."): unweighted mean of the per-dataset E
 Relative gain of a method over the base (the first row of a comparison): (avg_new - avg_base) / avg_base.
 
 Resuming: a rerun reads trajectories.jsonl, skips every (dataset, id) already in it and appends only the rest; a
-partial last line (a crash mid-write) is dropped. Sharding: ``shard=(i, k)`` evaluates rows i, i+k, i+2k, ... of every
+partial last line (a crash mid-write) is dropped. Each trajectories file has a ``*.provenance.json`` next to it: the
+model (path + SHA-256 of its weight and config files), the tokenizer, the rows of every dataset (hashed), the decoding
+settings and the retriever; a rerun whose provenance differs is refused (:func:`check_provenance`), so results of two
+models or settings are never mixed. Sharding: ``shard=(i, k)`` evaluates rows i, i+k, i+2k, ... of every
 dataset into ``trajectories.shard-i-of-k.jsonl``; :func:`merge_shards` combines the shard files and writes the tables.
 """
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import io
 import json
 import os
@@ -304,6 +308,97 @@ class TrajectoryLog:
         return read_records(self.path)
 
 
+# --------------------------------------------------------------------------------------------------------------------
+# Provenance: what a trajectories file was produced by (resume only with the same)
+# --------------------------------------------------------------------------------------------------------------------
+
+# Files of a model directory that define its behaviour (hashed in full).
+MODEL_FILE_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "config.json", "generation_config.json")
+# Rollout settings that change what a greedy evaluation produces.
+DECODING_KEYS = ("max_turns", "max_tokens_per_turn", "max_obs_length", "max_total_length", "topk")
+
+
+def sha256_file(path: str | Path, chunk: int = 8 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def model_fingerprint(model_path: str | Path) -> dict[str, Any]:
+    """``{"model": path or hub id, "weights_sha256": ...}``: SHA-256 over the weight and config files of a local
+    model dir (names + contents); a hub id is recorded as it is (its hash is ``None``)."""
+    path = Path(model_path)
+    if not path.is_dir():
+        return {"model": str(model_path), "weights_sha256": None}
+    files = sorted({f for pat in MODEL_FILE_PATTERNS for f in path.glob(pat) if f.is_file()})
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.name}\0{sha256_file(f)}\n".encode())
+    return {"model": str(path.resolve()), "weights_sha256": h.hexdigest() if files else None}
+
+
+def rows_sha256(rows: Sequence[dict[str, Any]]) -> str:
+    """Hash of the evaluated rows (ids, questions, gold answers): a rebuilt world or another split changes it."""
+    h = hashlib.sha256()
+    for r in rows:
+        h.update(json.dumps([str(r["id"]), r["question"], list(r["golden_answers"])], ensure_ascii=False).encode())
+    return h.hexdigest()
+
+
+def eval_provenance(*, model_path: str | Path, tokenizer_path: str | Path, rows_by_dataset: dict[str, Sequence[dict]],
+                    rollout_cfg: Any, template: str, backend: str, dtype: str, retriever: str) -> dict[str, Any]:
+    """Everything that determines an evaluation's records (a JSON-able dict, compared key by key on resume)."""
+    return {
+        **model_fingerprint(model_path),
+        "tokenizer": str(Path(tokenizer_path).resolve()) if Path(tokenizer_path).exists() else str(tokenizer_path),
+        "datasets": {name: {"n": len(rows), "rows_sha256": rows_sha256(rows)} for name, rows in rows_by_dataset.items()},
+        "decoding": {"greedy": True, "template": template, "backend": backend, "dtype": dtype,
+                     **{k: getattr(rollout_cfg, k) for k in DECODING_KEYS}},
+        "retriever": retriever,
+    }
+
+
+def provenance_path(out_dir: str | Path, shard: tuple[int, int] | None = None) -> Path:
+    traj = trajectories_path(out_dir, shard)
+    return traj.with_name(traj.name.removesuffix(".jsonl") + ".provenance.json")
+
+
+def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for k in sorted(old.keys() | new.keys())
+                for d in _differences(old.get(k), new.get(k), f"{prefix}{k}.")]
+    return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} -> {new!r}"]
+
+
+def check_provenance(out_dir: str | Path, shard: tuple[int, int] | None, provenance: dict[str, Any],
+                     overwrite: bool = False) -> None:
+    """Refuse to resume a trajectories file written by another model, data or decoding settings.
+
+    Records present and provenance equal: resume. Records present and provenance different (or unknown: a file from
+    before provenance was recorded): :class:`EvalError` listing the differences, unless ``overwrite``, which deletes
+    the file (and this output's results) and starts over. Then the provenance is written next to the file.
+    """
+    traj, prov = trajectories_path(out_dir, shard), provenance_path(out_dir, shard)
+    if overwrite:
+        targets = [traj, prov] + ([] if shard else [Path(out_dir) / n for n in (RESULTS_JSON, RESULTS_MD, RESULTS_CSV)])
+        for f in targets:
+            f.unlink(missing_ok=True)
+    if read_records(traj):
+        if not prov.is_file():
+            raise EvalError(f"{traj} holds results of an unknown model and settings (no {prov.name}); "
+                            "rerun with --overwrite to start over, or pick another --out")
+        diffs = _differences(json.loads(prov.read_text()), provenance)
+        if diffs:
+            raise EvalError(f"{traj} was produced by a different evaluation, refusing to mix results: "
+                            + "; ".join(diffs) + ". Rerun with --overwrite to start over, or pick another --out")
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    tmp = prov.with_name(prov.name + ".part")
+    tmp.write_text(json.dumps(provenance, indent=1, sort_keys=True) + "\n")
+    tmp.rename(prov)
+
+
 def parse_shard(text: str | None) -> tuple[int, int] | None:
     """``"i/k"`` (0 <= i < k) -> (i, k); None -> None."""
     if text is None:
@@ -349,10 +444,28 @@ def merge_shards(out_dir: str | Path, order: Sequence[str] | None = None, name: 
     counts = {int(p.name.split("-of-")[1].split(".")[0]) for p in shard_files}
     if len(counts) > 1:
         raise EvalError(f"shard files in {out_dir} disagree on the shard count: {sorted(counts)}")
+    _merge_provenance(out_dir, shard_files)
     log = TrajectoryLog(out_dir / TRAJECTORIES)
     for p in shard_files:
         log.append([r for r in read_records(p) if not log.is_done(r["dataset"], r["id"])])
     return finalize(out_dir, order=order, name=name)
+
+
+def _merge_provenance(out_dir: Path, shard_files: Sequence[Path]) -> None:
+    """All shards (and an existing merged file) must come from the same evaluation; the merged file gets it too."""
+    provs = {}
+    for p in list(shard_files) + [out_dir / TRAJECTORIES]:
+        prov = p.with_name(p.name.removesuffix(".jsonl") + ".provenance.json")
+        if prov.is_file():
+            provs[p.name] = json.loads(prov.read_text())
+    if not provs:
+        return
+    first_name, first = next(iter(provs.items()))
+    for name, prov in provs.items():
+        diffs = _differences(first, prov)
+        if diffs:
+            raise EvalError(f"{first_name} and {name} in {out_dir} come from different evaluations: " + "; ".join(diffs))
+    provenance_path(out_dir).write_text(json.dumps(first, indent=1, sort_keys=True) + "\n")
 
 
 def finalize(out_dir: str | Path, order: Sequence[str] | None = None, name: str = "") -> dict[str, Any]:

@@ -30,26 +30,85 @@ BAR_FIGURES = {
     "llds": "llds/active_token_frac",
 }
 
-# Plots: file name -> (title, [metric names]).
-PLOTS: dict[str, tuple[str, list[str]]] = {
-    "reward.png": ("reward (EM) and valid searches", ["reward/em_mean", "rollout/valid_searches_mean"]),
-    "likelihood.png": (
-        "mean log-likelihood per token of correct / incorrect responses",
-        ["lld/correct_logp_old_per_token", "lld/incorrect_logp_old_per_token", "probe/logp_per_token"],
-    ),
-    "delta.png": (
-        "likelihood displacement Delta = logp_new - logp_old (per token) and LLD rate",
-        ["lld/correct_delta_per_token", "lld/incorrect_delta_per_token", "lld/rate"],
-    ),
-    "entropy.png": ("policy entropy (generated tokens)", ["actor/entropy"]),
-    "grad_norm.png": ("gradient norm before clipping", ["actor/grad_norm"]),
-    "llds.png": (
-        "LLDS activity",
-        ["llds/active_token_frac", "llds/gated_responses_frac", "llds/gated_actions_frac", "llds/loss"],
-    ),
+# Plots: file name -> (title, panels); a panel is (y-axis label, [metric names]) and holds one quantity, so curves of
+# different scales never share an axis (panels are stacked, sharing the step axis).
+PLOTS: dict[str, tuple[str, list[tuple[str, list[str]]]]] = {
+    "reward.png": ("reward and search behaviour", [
+        ("EM (sampled responses)", ["reward/em_mean"]),
+        ("valid searches / response", ["rollout/valid_searches_mean"]),
+    ]),
+    "likelihood.png": ("mean log-likelihood per token of correct / incorrect responses", [
+        ("nats / token", ["lld/correct_logp_old_per_token", "lld/incorrect_logp_old_per_token",
+                          "probe/logp_per_token"]),
+    ]),
+    "delta.png": ("likelihood displacement Delta = logp_new - logp_old, and the LLD rate", [
+        ("Delta (nats / token)", ["lld/correct_delta_per_token", "lld/incorrect_delta_per_token"]),
+        ("LLD rate (fraction)", ["lld/rate"]),
+    ]),
+    "entropy.png": ("policy entropy (generated tokens)", [("nats", ["actor/entropy"])]),
+    "grad_norm.png": ("gradient norm before clipping", [("L2 norm", ["actor/grad_norm"])]),
+    "llds.png": ("LLDS activity", [
+        ("fraction", ["llds/active_token_frac", "llds/gated_responses_frac", "llds/gated_actions_frac"]),
+        ("LLDS loss", ["llds/loss"]),
+    ]),
 }
 
 PHASE_COLORS = {"healthy": "#d9f2d9", "early_stagnation": "#fff3c4", "steady_decay": "#ffd8a8", "accelerated_collapse": "#ffb3b3"}
+
+
+# Progress bars of libraries that tell the user nothing here (one per model load / save, done in well under a second for
+# the tiny policy; the phase they belong to has its own bar). Download bars of the hub are kept.
+SILENCED_LIBRARY_BARS = ("Loading weights", "Writing model shards")
+
+
+def quiet_library_output() -> None:
+    """Silence third-party output that is noise to the user of a CLI: DeepSpeed's "Setting accelerator to CPU" line
+    (DS_ACCELERATOR=cpu is set when there is no GPU and the user has not chosen one) and the transformers bars named in
+    :data:`SILENCED_LIBRARY_BARS`. Call once at the start of an entry point, before the libraries are used."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # pragma: no cover
+        return
+    if not hasattr(hf_logging, "set_tqdm_hook"):  # pragma: no cover - older transformers
+        return
+
+    def hook(factory, args, kwargs):
+        if kwargs.get("desc") in SILENCED_LIBRARY_BARS:
+            kwargs = {**kwargs, "disable": True}
+        return factory(*args, **kwargs)
+
+    hf_logging.set_tqdm_hook(hook)
+
+
+class ticking:
+    """``with ticking(bar):`` redraws a tqdm bar every ``interval`` seconds from a background thread, so a phase whose
+    steps are long (a world-build stage) still shows its elapsed time moving."""
+
+    def __init__(self, bar: Any, interval: float = 1.0):
+        import threading
+
+        self.bar, self.interval = bar, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        fp = getattr(self.bar, "fp", None)
+        if getattr(self.bar, "disable", False) or not (fp is not None and hasattr(fp, "isatty") and fp.isatty()):
+            return  # nothing drawn, or a log file (a redraw per second would only fill it)
+        while not self._stop.wait(self.interval):
+            self.bar.refresh()
+
+    def __enter__(self) -> Any:
+        self._thread.start()
+        return self.bar
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def _jsonable(value: Any) -> Any:
@@ -75,44 +134,65 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def plot_metrics(records: Sequence[dict[str, Any]], out_dir: str | Path) -> list[Path]:
-    """Write the PNG plots of :data:`PLOTS` (phase bands in the background) to ``out_dir``; returns the paths."""
+def _series(records: Sequence[dict[str, Any]], key: str) -> tuple[list[Any], list[float]]:
+    xs, ys = [], []
+    for r in records:
+        v = r.get(key)
+        if isinstance(v, (int, float)) and math.isfinite(v) and r.get("step") is not None:
+            xs.append(r["step"])
+            ys.append(v)
+    return xs, ys
+
+
+def make_figure(records: Sequence[dict[str, Any]], title: str, panels: list[tuple[str, list[str]]]) -> Any:
+    """One figure of :data:`PLOTS`: a panel per quantity (stacked, shared step axis), phase bands in the background,
+    every legend right of the panels, outside the data."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
+
+    steps = [r.get("step") for r in records]
+    phases = [r.get("phase/name") for r in records]
+    present = [p for p in PHASES if p in phases]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 1.2 + 2.3 * len(panels)), sharex=True, squeeze=False)
+    for ax, (ylabel, keys) in zip(axes[:, 0], panels):
+        for s, ph in zip(steps, phases):  # phase bands
+            if ph in PHASE_COLORS and s is not None:
+                ax.axvspan(s - 0.5, s + 0.5, color=PHASE_COLORS[ph], lw=0, zorder=0)
+        for key in keys:
+            xs, ys = _series(records, key)
+            if xs:
+                ax.plot(xs, ys, marker="o", ms=3, label=key, zorder=2)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    axes[0, 0].set_title(title, fontsize=9)
+    axes[-1, 0].set_xlabel("step")
+    axes[-1, 0].xaxis.set_major_locator(MaxNLocator(integer=True))
+    if present:  # one phase legend for the figure, right of the last panel, below its metric legend
+        ax = axes[-1, 0]
+        if ax.get_legend() is not None:
+            ax.add_artist(ax.get_legend())
+        ax.legend(handles=[Patch(color=PHASE_COLORS[p], label=p) for p in present], title="phase", fontsize=7,
+                  title_fontsize=7, loc="lower left", bbox_to_anchor=(1.01, 0.0), borderaxespad=0)
+    fig.tight_layout(rect=(0.0, 0.0, 0.74, 1.0))  # the right quarter holds the legends
+    return fig
+
+
+def plot_metrics(records: Sequence[dict[str, Any]], out_dir: str | Path) -> list[Path]:
+    """Write the PNG plots of :data:`PLOTS` to ``out_dir``; returns the paths."""
+    import matplotlib.pyplot as plt
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    steps = [r.get("step") for r in records]
-    phases = [r.get("phase/name") for r in records]
     written = []
-    for fname, (title, keys) in PLOTS.items():
-        fig, ax = plt.subplots(figsize=(7, 3.6))
-        # phase bands
-        for i, (s, ph) in enumerate(zip(steps, phases)):
-            if ph in PHASE_COLORS and s is not None:
-                ax.axvspan(s - 0.5, s + 0.5, color=PHASE_COLORS[ph], lw=0, zorder=0)
-        plotted = False
-        for key in keys:
-            xs, ys = [], []
-            for r in records:
-                v = r.get(key)
-                if isinstance(v, (int, float)) and math.isfinite(v) and r.get("step") is not None:
-                    xs.append(r["step"])
-                    ys.append(v)
-            if xs:
-                ax.plot(xs, ys, marker="o", ms=3, label=key, zorder=2)
-                plotted = True
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("step")
-        handles, labels = ax.get_legend_handles_labels()
-        present = [p for p in PHASES if p in phases]
-        handles += [Patch(color=PHASE_COLORS[p], label=p) for p in present]
-        if plotted or present:
-            ax.legend(handles=handles, fontsize=7, loc="best")
-        fig.tight_layout()
+    for fname, (title, panels) in PLOTS.items():
+        fig = make_figure(records, title, panels)
         path = out_dir / fname
         fig.savefig(path, dpi=90)
         plt.close(fig)
@@ -153,7 +233,7 @@ class Tracker:
                     f.write(json.dumps(_jsonable(r)) + "\n")
         if getattr(logging_cfg, "wandb", False) and logging_cfg.wandb_mode != "disabled":
             self._init_wandb(config or {}, run_name or self.run_dir.name)
-        if getattr(logging_cfg, "progress_bar", True) and total_steps:
+        if getattr(logging_cfg, "progress_bar", True) and total_steps and start_step < total_steps:
             from tqdm.auto import tqdm
 
             self._bar = tqdm(total=total_steps, initial=start_step, desc="train", dynamic_ncols=True)
@@ -196,7 +276,14 @@ class Tracker:
             if "phase/name" in metrics:
                 post["phase"] = metrics["phase/name"]
             self._bar.set_postfix(post, refresh=False)
-            self._bar.update(1)
+            if self._bar.total and self._bar.n + 1 >= self._bar.total:
+                # last step: count it without drawing and close, which draws the final state once (messages after
+                # training are then printed below it, not around a redrawn bar)
+                self._bar.n += 1
+                self._bar.close()
+                self._bar = None
+            else:
+                self._bar.update(1)
         every = getattr(self.cfg, "plot_every", 0)
         if every and step % every == 0:
             self.plot()

@@ -80,3 +80,114 @@ def test_keep_last_k(tmp_path):
         _save(tmp_path, step, model, opt, sched, k=2)
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step_000003", "step_000004"]
     assert ckpt.resolve_resume("never", tmp_path) is None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Crash safety: kill -9 at every phase of save + prune
+# --------------------------------------------------------------------------------------------------------------------
+
+SAVE_PHASES = ["tmp_created", "policy_written", "optimizer_written", "scheduler_written", "trainer_state_written",
+               "rng_written", "marker_written", "renamed", "prune_renamed", "prune_deleting", "pruned"]
+
+
+def _killed_child(fn):
+    """Run ``fn`` in a forked child; return True when the child died of SIGKILL."""
+    import os
+    import signal
+
+    pid = os.fork()
+    if pid == 0:  # child
+        try:
+            fn()
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+
+
+def _kill_self():
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _assert_resumable(run_dir, model, opt, sched, allowed_steps):
+    """Every step_* directory is complete, the newest one loads, and it is one of ``allowed_steps``."""
+    root = ckpt.checkpoint_root(run_dir)
+    for d in root.glob("step_*"):
+        assert ckpt.incomplete_reason(d) is None, f"{d.name} looks like a checkpoint but is not: {ckpt.incomplete_reason(d)}"
+    latest = ckpt.resolve_resume("auto", run_dir)
+    assert latest is not None and int(latest.name.split("_")[1]) in allowed_steps
+    state = ckpt.load_checkpoint(latest, model=model, optimizer=opt, scheduler=sched)
+    assert state["step"] == int(latest.name.split("_")[1])
+
+
+# (phase, re-save the newest step instead of saving a new one): a re-save moves the old directory away first and
+# prunes nothing with keep_last_k=1; a new step prunes the oldest.
+KILL_CASES = [(p, False) for p in SAVE_PHASES] + [
+    (p, True) for p in SAVE_PHASES + ["old_same_step_moved"] if p not in ("prune_renamed", "prune_deleting")]
+
+
+@pytest.mark.parametrize("phase,resave", KILL_CASES, ids=[f"{p}-{'resave' if r else 'new'}" for p, r in KILL_CASES])
+def test_kill_at_every_phase_of_save_and_prune(tmp_path, monkeypatch, phase, resave):
+    model, opt, sched = _setup()
+    for step in (1, 2):
+        _train_one(model, opt, sched)
+        _save(tmp_path, step, model, opt, sched, k=1)
+    target = 2 if resave else 3
+
+    def crash(name):
+        if name == phase:
+            _kill_self()
+
+    monkeypatch.setattr(ckpt, "_crash_point", crash)
+    assert _killed_child(lambda: _save(tmp_path, target, model, opt, sched, k=1)), f"never reached phase {phase}"
+    monkeypatch.undo()
+    _assert_resumable(tmp_path, *_setup(seed=7), allowed_steps={2, target})
+    # the next save cleans up and leaves exactly the last k complete checkpoints
+    _save(tmp_path, 4, model, opt, sched, k=1)
+    assert [p.name for p in ckpt.checkpoint_root(tmp_path).iterdir()] == ["step_000004"]
+
+
+def test_kill_in_the_middle_of_deleting_an_old_checkpoint(tmp_path, monkeypatch):
+    """The reported failure: pruning killed after the weights, optimiser and scheduler were deleted but before the
+    COMPLETE marker was -> that directory must not count as a checkpoint."""
+    model, opt, sched = _setup()
+    _save(tmp_path, 1, model, opt, sched, k=1)
+    import os
+
+    real_unlink = os.unlink
+    kept_marker = []
+
+    def unlink_all_but_marker(path, *a, **kw):  # the marker survives the delete ...
+        if os.path.basename(path) == ckpt.COMPLETE:
+            kept_marker.append(path)
+            return None
+        return real_unlink(path, *a, **kw)
+
+    def die_on_rmdir(path, *a, **kw):  # ... and the process dies before the directory goes
+        if kept_marker:
+            _kill_self()
+        raise AssertionError("rmdir before any marker was deleted")
+
+    monkeypatch.setattr(os, "unlink", unlink_all_but_marker)
+    monkeypatch.setattr(os, "rmdir", die_on_rmdir)
+    assert _killed_child(lambda: _save(tmp_path, 2, model, opt, sched, k=1))
+    monkeypatch.undo()
+    listed = ckpt.list_checkpoints(tmp_path)
+    assert [p.name for p in listed] == ["step_000002"]
+    for p in listed:  # everything listed as a checkpoint loads
+        ckpt.load_checkpoint(p, model=model, optimizer=opt, scheduler=sched)
+
+
+def test_marker_lists_files_and_a_missing_file_makes_it_incomplete(tmp_path):
+    model, opt, sched = _setup()
+    path = _save(tmp_path, 1, model, opt, sched)
+    assert ckpt.incomplete_reason(path) is None
+    assert "optimizer.pt" in (path / ckpt.COMPLETE).read_text()
+    (path / "scheduler.pt").unlink()
+    assert ckpt.incomplete_reason(path) == "scheduler.pt is missing"
+    assert ckpt.latest_checkpoint(tmp_path) is None
+    with pytest.raises(FileNotFoundError, match="scheduler.pt is missing"):
+        ckpt.resolve_resume(str(path), tmp_path)

@@ -234,3 +234,65 @@ def test_cli_default_tokenizer(tmp_path):
     assert cli._default_tokenizer(str(ckpt), hub, world, synthetic=False) == "Qwen/Qwen2.5-3B"
     (ckpt / "tokenizer.json").write_text("{}")
     assert cli._default_tokenizer(str(ckpt), hub, world, synthetic=False) == str(ckpt)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Provenance: a rerun into the same --out never mixes two models' or settings' results
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _provenance(model_dir, rows, **kw):
+    settings = dict(rollout_cfg=ev.eval_rollout_config(RolloutConfig(), max_turns=4, topk=3), template="base",
+                    backend="hf", dtype="auto", retriever="http://127.0.0.1:8000")
+    settings.update(kw)
+    return ev.eval_provenance(model_path=model_dir, tokenizer_path=model_dir, rows_by_dataset=rows, **settings)
+
+
+def test_resume_refuses_another_model_or_settings(tmp_path):
+    rows = {"nq": [_row(i, [f"g{i}"]) for i in range(5)]}
+    model_a, model_b = tmp_path / "a", tmp_path / "b"
+    for d, byte in ((model_a, b"\x01"), (model_b, b"\x02")):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"weights" + byte)
+        (d / "config.json").write_text("{}")
+    out = tmp_path / "out"
+    prov_a = _provenance(model_a, rows)
+    ev.check_provenance(out, None, prov_a)
+    _run(out, ScriptedRollout(), rows)
+    ev.check_provenance(out, None, prov_a)  # same model and settings: resume is fine
+    # another model (a copy with other weights under the same path counts as another model too)
+    with pytest.raises(ev.EvalError, match=r"weights_sha256.*--overwrite") as e:
+        ev.check_provenance(out, None, _provenance(model_b, rows))
+    assert "model:" in str(e.value)
+    (model_a / "model.safetensors").write_bytes(b"weights\x03")
+    with pytest.raises(ev.EvalError, match="weights_sha256"):
+        ev.check_provenance(out, None, _provenance(model_a, rows))
+    (model_a / "model.safetensors").write_bytes(b"weights\x01")
+    # other decoding settings, another retriever, other rows
+    with pytest.raises(ev.EvalError, match=r"decoding.max_turns: 4 -> 2"):
+        ev.check_provenance(out, None, _provenance(
+            model_a, rows, rollout_cfg=ev.eval_rollout_config(RolloutConfig(), max_turns=2, topk=3)))
+    with pytest.raises(ev.EvalError, match="retriever"):
+        ev.check_provenance(out, None, _provenance(model_a, rows, retriever="/some/index"))
+    with pytest.raises(ev.EvalError, match="datasets.nq"):
+        ev.check_provenance(out, None, _provenance(model_a, {"nq": rows["nq"][:3]}))
+    # --overwrite starts over
+    ev.check_provenance(out, None, _provenance(model_b, rows), overwrite=True)
+    assert not (out / ev.TRAJECTORIES).exists() and not (out / ev.RESULTS_JSON).exists()
+    ev.check_provenance(out, None, _provenance(model_b, rows))
+
+
+def test_results_without_provenance_are_not_resumed(tmp_path):
+    rows = {"nq": [_row(i, [f"g{i}"]) for i in range(3)]}
+    _run(tmp_path, ScriptedRollout(), rows)  # written without provenance (as by an older version)
+    with pytest.raises(ev.EvalError, match="unknown model"):
+        ev.check_provenance(tmp_path, None, _provenance(tmp_path, rows))
+
+
+def test_merge_refuses_shards_of_different_evaluations(tmp_path):
+    rows = {"nq": [_row(i, [f"g{i}"]) for i in range(4)]}
+    for i, retriever in enumerate(("http://a", "http://b")):
+        ev.check_provenance(tmp_path, (i, 2), _provenance(tmp_path, rows, retriever=retriever))
+        _run(tmp_path, ScriptedRollout(), rows, shard=(i, 2))
+    with pytest.raises(ev.EvalError, match="different evaluations"):
+        ev.merge_shards(tmp_path)

@@ -72,6 +72,17 @@ def test_eval_cli_tiny_policy_and_resume(tiny_world, tmp_path, monkeypatch):
     assert cli.main(_args(tiny_world, out)) == 0
     assert (out / ev.TRAJECTORIES).read_text() == before
     assert json.loads((out / ev.RESULTS_JSON).read_text())["average_em"] == res["average_em"]
+    # another model into the same --out: refused (not the previous model's score), nothing loaded or changed
+    import shutil
+
+    other = tmp_path / "other-model"
+    shutil.copytree(tiny_world / "model", other)
+    weights = next(other.glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    assert cli.main(_args(tiny_world, out, "--model", str(other))) == 2
+    assert (out / ev.TRAJECTORIES).read_text() == before
     monkeypatch.undo()
     # compare mode: each checkpoint is evaluated into OUT/NAME, one table over them (gain relative to the first)
     policy = str(tiny_world / "model")

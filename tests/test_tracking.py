@@ -44,3 +44,88 @@ def test_disabled_tracker_writes_nothing(tmp_path):
     tr.log(1, {"a": 1.0})
     tr.close()
     assert not (tmp_path / "x").exists()
+
+
+def test_plots_put_one_quantity_per_axis_and_legends_outside_the_data(tmp_path, monkeypatch):
+    """EM (~0.02) and valid searches (~1.1) never share an axis (EM would be a flat line); no legend covers data."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+    from matplotlib.legend import Legend
+
+    from searchr1_lld.tracking import plot_metrics
+
+    figures = {}
+    real_savefig = Figure.savefig
+
+    def capture(self, path, *a, **kw):
+        figures[str(path).rsplit("/", 1)[-1]] = self
+        return real_savefig(self, path, *a, **kw)
+
+    monkeypatch.setattr(Figure, "savefig", capture)
+    phases = ["healthy"] * 4 + ["early_stagnation"] * 3 + ["steady_decay"] * 3
+    keys = {k for _, panels_or_keys in PLOTS.values() for p in panels_or_keys for k in (p[1] if isinstance(p, tuple) else [p])}
+    records = [{"step": s, "phase/name": phases[s - 1], **{k: 0.01 * s for k in keys},
+                "reward/em_mean": 0.02 + 0.001 * s, "rollout/valid_searches_mean": 1.1 + 0.01 * s} for s in range(1, 11)]
+    plot_metrics(records, tmp_path)
+    assert set(figures) == set(PLOTS)
+    reward_axes = [ax for ax in figures["reward.png"].axes if ax.get_lines()]
+    on_axis = [{line.get_label() for line in ax.get_lines()} for ax in reward_axes]
+    assert not any({"reward/em_mean", "rollout/valid_searches_mean"} <= labels for labels in on_axis), on_axis
+    for name, fig in figures.items():
+        fig.canvas.draw()
+        data_right = max(ax.get_window_extent().x1 for ax in fig.axes)
+        legends = [c for ax in fig.axes for c in ax.get_children() if isinstance(c, Legend)]
+        assert legends, name
+        for leg in legends:
+            box = leg.get_window_extent()
+            assert box.x0 >= data_right, f"{name}: a legend overlaps the plotting area"
+            assert box.x1 <= fig.bbox.x1 + 1, f"{name}: a legend is cut off at the figure's edge"
+
+
+_LIBRARY_NOISE_SCRIPT = """
+import sys
+from searchr1_lld.tracking import quiet_library_output
+if sys.argv[1] == "quiet":
+    quiet_library_output()
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained(sys.argv[2])
+model.save_pretrained(sys.argv[3], max_shard_size="100KB")  # several shards: the shard-writing bar
+from deepspeed.accelerator import get_accelerator
+get_accelerator()
+"""
+
+
+def test_quiet_library_output_silences_loading_bars_and_the_deepspeed_line(tiny_world, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO_ROOT
+
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    noise = ("Loading weights", "Writing model shards", "Setting accelerator")
+    outs = {}
+    for mode in ("loud", "quiet"):
+        proc = subprocess.run([sys.executable, "-c", _LIBRARY_NOISE_SCRIPT, mode, str(tiny_world / "model"),
+                               str(tmp_path / mode)], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        outs[mode] = proc.stdout + proc.stderr
+    if not __import__("torch").cuda.is_available():
+        assert all(n in outs["loud"] for n in noise), outs["loud"][-2000:]  # the noise is real without the call
+    assert not any(n in outs["quiet"] for n in noise), outs["quiet"][-2000:]
+
+
+def test_final_training_bar_is_printed_once(tmp_path, capsys):
+    cfg = SimpleNamespace(wandb=False, wandb_project="x", wandb_mode="offline", plot_every=0, progress_bar=True)
+    tr = Tracker(tmp_path, cfg, total_steps=3)
+    for step in (1, 2, 3):
+        tr.log(step, {"reward/em_mean": 0.5})
+    tr.write("| a table printed after training |")
+    tr.close()
+    err = capsys.readouterr().err
+    finals = [part for part in err.replace("\r", "\n").splitlines() if "3/3" in part]
+    assert len(finals) == 1, finals

@@ -1,0 +1,35 @@
+"""Console output of long phases: one progress bar for the world build, its stages' own bars off."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from searchr1_lld.config import WorldConfig
+
+
+def test_world_build_shows_one_bar(tmp_path, monkeypatch, capsys):
+    import data.build_world as bw
+    import data.tiny_policy as tp
+    import data.world as dw
+    import retriever.index as ri
+    import retriever.inprocess as rp
+
+    seen = {}
+
+    def record(name, value):
+        seen[name] = value
+
+    monkeypatch.setattr(dw, "generate_world", lambda cfg: SimpleNamespace(passages=[], train_rows=[],
+                                                                          counts=lambda: {}))
+    monkeypatch.setattr(dw, "write_world_files", lambda world, out: {"corpus": out / "corpus.jsonl"})
+    monkeypatch.setattr(ri, "build_index", lambda *a, show_progress=True, **k: record("index", show_progress))
+    monkeypatch.setattr(rp, "InProcessRetriever", lambda path: SimpleNamespace(search=None))
+    monkeypatch.setattr(tp, "build_tiny_policy", lambda *a, progress=True, **k: record("policy", progress) or {})
+    monkeypatch.setattr(tp, "measure_warm_start", lambda *a, progress=False, **k: record("measure", progress) or {})
+    (tmp_path / "w").mkdir()
+    bw.build_world(tmp_path / "w", WorldConfig(), progress=True, measure=True)
+    assert seen == {"index": False, "policy": False, "measure": False}  # the stages draw no bars of their own
+    err = capsys.readouterr().err
+    lines = [line.strip() for line in err.replace("\r", "\n").splitlines() if line.strip()]
+    assert lines and all(line.startswith("build world") for line in lines), lines
+    assert "4/4 stages" in lines[-1]

@@ -1,0 +1,117 @@
+"""Resuming never mixes two configs' states; rerunning the same train.py command resumes the same run."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import yaml
+
+from searchr1_lld.config import ConfigError, load_config, read_yaml
+from searchr1_lld.trainer import Trainer
+
+from conftest import REPO_ROOT, TEST_WORLD_CONFIG
+from test_trainer import SMALL
+
+
+def _cfg(*extra):
+    return load_config(None, SMALL + list(extra))
+
+
+def test_check_resume_config_refuses_lists_and_allows_only_safe_keys():
+    from searchr1_lld.trainer import check_resume_config
+
+    saved = _cfg("trainer.lr=1e-3", "algorithm.llds.enabled=true", "trainer.total_steps=2").to_dict()
+    with pytest.raises(ConfigError) as e:
+        check_resume_config(saved, _cfg("trainer.lr=2e-3", "algorithm.llds.enabled=false", "trainer.total_steps=2"))
+    assert "algorithm.llds.enabled: True -> False" in str(e.value) and "trainer.lr: 0.001 -> 0.002" in str(e.value)
+    # a safe key still needs to be named, and the message says how
+    with pytest.raises(ConfigError, match="--allow-change trainer.total_steps"):
+        check_resume_config(saved, _cfg("trainer.lr=1e-3", "algorithm.llds.enabled=true", "trainer.total_steps=4"))
+    same = _cfg("trainer.lr=1e-3", "algorithm.llds.enabled=true", "trainer.total_steps=4", "trainer.resume=never",
+                "trainer.run_name=elsewhere", "logging.progress_bar=true")
+    assert check_resume_config(saved, same, ["trainer.total_steps", "logging.*"]) == {
+        "trainer.total_steps": (2, 4), "logging.progress_bar": (False, True)}
+    with pytest.raises(ConfigError, match="only these may change"):  # an unsafe key cannot be allowed
+        check_resume_config(saved, same, ["trainer.lr"])
+
+
+def test_default_run_name_is_deterministic_and_ignores_safe_keys():
+    from searchr1_lld.trainer import default_run_name
+
+    a = _cfg("trainer.total_steps=2")
+    assert default_run_name(a) == default_run_name(_cfg("trainer.total_steps=2"))
+    assert default_run_name(a) == default_run_name(_cfg("trainer.total_steps=9", "trainer.output_dir=x"))
+    assert default_run_name(a) != default_run_name(_cfg("trainer.total_steps=2", "trainer.lr=5e-3"))
+    assert default_run_name(a).startswith(a.name + "-")
+
+
+def _trainer(cfg, tiny_world, retriever):
+    return Trainer(cfg, world_dir=tiny_world, retriever=retriever)
+
+
+@pytest.fixture(scope="module")
+def retriever(tiny_world):
+    from retriever.inprocess import InProcessRetriever
+
+    return InProcessRetriever(tiny_world / "index")
+
+
+def test_resume_with_a_changed_config_is_refused_and_the_saved_config_kept(tmp_path, tiny_world, retriever):
+    base = [f"trainer.output_dir={tmp_path}", "trainer.run_name=r", "trainer.save_every=1", "trainer.lr=1e-3",
+            "algorithm.llds.enabled=true"]
+    _trainer(_cfg(*base, "trainer.total_steps=1"), tiny_world, retriever).run(evaluate=False)
+    run_dir = tmp_path / "r"
+    saved = (run_dir / "config.yaml").read_text()
+    # same run name, another lr and LLDS off: refused before anything is loaded or written
+    changed = _trainer(_cfg(*base, "trainer.total_steps=2", "trainer.lr=5e-3", "algorithm.llds.enabled=false"),
+                       tiny_world, retriever)
+    with pytest.raises(ConfigError, match="trainer.lr: 0.001 -> 0.005"):
+        changed.run(evaluate=False)
+    assert (run_dir / "config.yaml").read_text() == saved and changed.step == 0
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1
+    # a longer run: allowed when asked for, logged, the earlier config kept next to the new one
+    longer = _trainer(_cfg(*base, "trainer.total_steps=2"), tiny_world, retriever)
+    with pytest.raises(ConfigError, match="allow-change trainer.total_steps"):
+        longer.run(evaluate=False)
+    res = longer.run(evaluate=False, allow_changes=["trainer.total_steps"])
+    assert res.steps == 2 and len(res.history) == 1
+    assert read_yaml(run_dir / "config.yaml")["trainer"]["total_steps"] == 2
+    assert (run_dir / "config.before-step_000001.yaml").read_text() == saved
+    assert yaml.safe_load(saved)["trainer"]["total_steps"] == 1
+    # starting over (resume=never) in the used directory: the earlier run's checkpoints and metrics are moved aside,
+    # so a later resume=auto cannot pick up the old run's step 2 and no metrics are lost or mixed
+    again = _trainer(_cfg(*base, "trainer.total_steps=1", "trainer.resume=never"), tiny_world, retriever)
+    again.run(evaluate=False)
+    from searchr1_lld.checkpoint import list_checkpoints
+
+    assert [p.name for p in list_checkpoints(run_dir)] == ["step_000001"]
+    (archive,) = run_dir.glob("previous-*")
+    assert [p.name for p in list_checkpoints(archive)] == ["step_000001", "step_000002"]
+    assert len((archive / "metrics.jsonl").read_text().splitlines()) == 2
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_rerunning_the_same_train_command_resumes(tmp_path, tiny_world, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_cli", REPO_ROOT / "train.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    world = [f"data.world.{k}={v}" for k, v in dataclasses.asdict(TEST_WORLD_CONFIG).items()]
+    argv = ["--no-eval", *SMALL, *world, f"data.world_dir={tiny_world}", f"trainer.output_dir={tmp_path}",
+            "trainer.total_steps=1", "trainer.save_every=1"]
+    assert cli.main(argv) == 0
+    first = capsys.readouterr().out
+    assert cli.main(argv) == 0
+    second = capsys.readouterr().out
+    runs = list(tmp_path.iterdir())
+    assert len(runs) == 1, runs  # one run directory, found again
+    assert f"resumed from {runs[0] / 'checkpoints' / 'step_000001'} at step 1" in second, second
+    assert len((runs[0] / "metrics.jsonl").read_text().splitlines()) == 1  # no step ran twice
+    # --resume RUN_DIR continues it with its own saved config (here: 1 more step, allowed explicitly)
+    assert cli.main(["--no-eval", "--resume", str(runs[0]), "--allow-change", "trainer.total_steps",
+                     "trainer.total_steps=2"]) == 0
+    assert len((runs[0] / "metrics.jsonl").read_text().splitlines()) == 2
+    assert "run directory: " + str(runs[0]) in first
