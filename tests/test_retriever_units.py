@@ -291,3 +291,39 @@ def test_retriever_error_importable_from_both_places():
 
     assert retriever.RetrieverError is retriever.client.RetrieverError
     assert issubclass(RetrieverError, RuntimeError)
+
+
+# ------------------------------------------------------------------------------------------------ build + runtime
+
+
+def test_shard_size_follows_the_corpus_size():
+    """A killed build keeps its finished shards; a shard is a few minutes of encoding at any corpus size."""
+    from retriever.index import auto_shard_size
+
+    assert auto_shard_size(120, "cpu") == 1_000  # one shard
+    assert auto_shard_size(20_000, "cpu") == 1_000  # 20 shards (the old default 100k was one shard: kill = lose all)
+    assert auto_shard_size(21_000_000, "cpu") == 10_000
+    assert auto_shard_size(21_000_000, "cuda:0") == 100_000
+    assert auto_shard_size(1_000_000, "cuda") == 50_000
+
+
+@pytest.mark.slow
+def test_thread_defaults_are_set_before_openmp_loads():
+    import subprocess
+    import sys
+
+    code = ("import os, sys; from retriever.runtime import apply_thread_defaults as a; r = a(None); "
+            "import torch; print(r['threads'], os.environ['OMP_WAIT_POLICY'], torch.get_num_threads())")
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    from retriever.runtime import usable_cores
+
+    n = min(4, usable_cores())
+    assert out.split() == [str(n), "PASSIVE", str(n)]
+    env.update(OMP_WAIT_POLICY="ACTIVE", OMP_NUM_THREADS="1")  # the user's settings win
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.split() == ["1", "ACTIVE", "1"]
+    from retriever.runtime import apply_thread_defaults
+
+    with pytest.raises(RuntimeError, match="before"):  # torch is loaded in this process: too late, and said so
+        apply_thread_defaults(2)
