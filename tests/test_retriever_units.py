@@ -38,6 +38,18 @@ def test_mean_pool_all_padding_is_zero_not_nan():
     assert torch.equal(out, torch.zeros(1, 3))
 
 
+def test_encoder_pool_equals_mean_pool_then_normalize():
+    from retriever.encoders import E5Encoder
+
+    h = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [100.0, 100.0]],
+                      [[5.0, 6.0], [7.0, 8.0], [9.0, 10.0]]])  # [B=2, T=3, D=2]
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    want = torch.tensor([[2.0, 3.0], [7.0, 8.0]])
+    want = want / want.norm(dim=-1, keepdim=True)
+    assert torch.allclose(E5Encoder.pool(h, mask), want)
+    assert torch.allclose(E5Encoder.pool(h, mask), l2_normalize(mean_pool(h, mask)))
+
+
 def test_l2_normalize():
     out = l2_normalize(torch.tensor([[3.0, 4.0], [0.0, 0.0]]))
     assert torch.allclose(out, torch.tensor([[0.6, 0.8], [0.0, 0.0]]))
