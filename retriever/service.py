@@ -7,10 +7,10 @@
     GET /metrics   request counts by status, queries, batches, latency percentiles
 
 Concurrent requests are batched: each request puts its queries on an asyncio queue; one worker takes everything
-queued, runs one encode + search for the union in a worker thread, and hands each request its slice. A request that
-arrives at an idle server is searched at once; requests that queued up while a search ran are taken together, and
-only then does the worker wait up to ``batch_window_ms`` for more (at most ``max_batch_queries``), so batching never
-delays a lone client. ``batching=False`` runs every request's search on its own in the thread pool (the way the
+queued, runs one encode + search for the union in a worker thread, and hands each request its slice. The worker
+waits up to ``batch_window_ms`` for more requests (at most ``max_batch_queries``) only while clients are concurrent
+(requests queued up during the last search, or the last batch held several); a request from a lone client at an
+idle server is searched at once, so batching never delays it. ``batching=False`` runs every request's search on its own in the thread pool (the way the
 reference Search-R1 server does) for comparison.
 
 Search-R1's trainer traffic is accepted as its own server accepts it: ``queries: []`` (a turn where no trajectory
@@ -200,6 +200,7 @@ class QueryBatcher:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retriever-search")
         self._task: asyncio.Task | None = None
+        self._last_batch_requests = 0
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._worker())
@@ -219,11 +220,14 @@ class QueryBatcher:
         return await future
 
     async def _collect(self) -> list[tuple[list[str], int, asyncio.Future]]:
-        """Everything queued now; the window applies only when requests queued up while the last search ran."""
+        """Everything queued now, plus up to ``window`` for more, but only while clients are concurrent (requests
+        queued up during the last search, or the last batch held several requests); a lone client never waits."""
         try:
             batch = [self.queue.get_nowait()]  # queued during the previous search: the server is busy
         except asyncio.QueueEmpty:
-            return [await self.queue.get()]  # the server was idle: search this request at once
+            batch = [await self.queue.get()]
+            if self._last_batch_requests < 2:  # idle server, lone client: search this request at once
+                return batch
         size = len(batch[0][0])
         deadline = time.monotonic() + self.window_s
         while size < self.max_batch:
@@ -246,6 +250,7 @@ class QueryBatcher:
         while True:
             batch = await self._collect()
             batch = [item for item in batch if not item[2].done()]  # client gone: skip its queries
+            self._last_batch_requests = len(batch)
             if not batch:
                 continue
             queries = [q for item in batch for q in item[0]]
