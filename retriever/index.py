@@ -251,8 +251,8 @@ def verify_files(index_dir: str | Path, manifest: dict, *, skip_hash: bool = Fal
                                       "truncated, damaged or from another build; rebuild the index")
     if skip_hash:
         return "size"
-    for rel, want in sums.items():
-        digest = file_sha256(index_dir / rel, show_progress=show_progress)
+    for rel, want in sums.items():  # a progress bar only where hashing takes a while
+        digest = file_sha256(index_dir / rel, show_progress=show_progress and want["bytes"] > (256 << 20))
         if digest != want["sha256"]:
             raise IndexIntegrityError(f"{index_dir / rel} has sha256 {digest[:16]}..., the build wrote "
                                       f"{want['sha256'][:16]}...: the file is damaged or from another build "
