@@ -10,6 +10,11 @@ with its own keep-alive ``httpx.Client`` sending one query per request (topk 3, 
 runs each request's search in the thread pool (as the reference Search-R1 server does), batched mode merges the
 queries of concurrent requests into one FAISS call.
 
+Next to the concurrent figures, each server is also measured with ONE client sending requests back to back
+(``sequential``: the latency a lone trainer process sees, where any added delay shows) and with one client sending
+requests that are rejected (``topk: 0`` -> 422, no search: the server's own per-request latency floor; a missing
+TCP_NODELAY shows here as ~40 ms of delayed-ACK wait).
+
     .venv/bin/python benchmarks/bench_retriever_service.py [--n 200000] [--dim 384] [--seconds 6] [--encoder minilm]
 """
 
@@ -142,6 +147,20 @@ def run_load(url: str, clients: int, seconds: float) -> dict:
             "n": len(lat), "errors": sum(errors)}
 
 
+def sequential_p50(url: str, body: dict, n: int = 60) -> float:
+    """p50 latency (ms) of ``n`` requests sent one after another on one keep-alive connection."""
+    import httpx
+
+    times = []
+    with httpx.Client(timeout=60) as http:
+        http.post(url + "/retrieve", json=body)
+        for _ in range(n):
+            t0 = time.perf_counter()
+            http.post(url + "/retrieve", json=body)
+            times.append(time.perf_counter() - t0)
+    return float(np.percentile(np.asarray(times) * 1000.0, 50))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=200_000)
@@ -163,9 +182,15 @@ def main() -> None:
     print(f"{'mode':<11}{'clients':>8}{'q/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'requests':>10}{'errors':>8}"
           f"{'q/batch':>9}")
     results = {}
+    sequential = {}
     for mode in ("batched", "unbatched"):
         proc, url = start_server(mode, args)
         try:
+            seq = sequential_p50(url, {"queries": ["one lone query"], "topk": 3, "return_scores": True})
+            rej = sequential_p50(url, {"queries": ["rejected"], "topk": 0})
+            sequential[mode] = (seq, rej)
+            print(f"{mode:<11}{'seq':>8}{'':>9}{seq:>9.2f}{'':>9}  (one client, back to back; a rejected 4xx request: "
+                  f"p50 {rej:.2f} ms)", flush=True)
             for c in clients:
                 before = httpx.get(url + "/metrics").json()
                 res = run_load(url, c, args.seconds)
@@ -188,6 +213,9 @@ def main() -> None:
             print(f"RESULT service_{args.encoder}_{mode}_c{c}_qps {r['qps']:.1f}")
             print(f"RESULT service_{args.encoder}_{mode}_c{c}_p50_ms {r['p50']:.2f}")
             print(f"RESULT service_{args.encoder}_{mode}_c{c}_p99_ms {r['p99']:.2f}")
+    for mode, (seq, rej) in sequential.items():
+        print(f"RESULT service_{args.encoder}_{mode}_sequential_p50_ms {seq:.2f}")
+        print(f"RESULT service_{args.encoder}_{mode}_4xx_p50_ms {rej:.2f}")
     print(f"RESULT service_{args.encoder}_errors {sum(r['errors'] for r in results.values())}")
     print(f"RESULT service_{args.encoder}_batching_speedup_c{top} "
           f"{results[('batched', top)]['qps'] / results[('unbatched', top)]['qps']:.2f}")

@@ -21,8 +21,9 @@ __all__ = ["RetrieverClient", "RetrieverError", "make_retriever", "build_index",
 def make_retriever(cfg: Any, default_index_dir: str | Path | None = None):
     """A retriever from a ``RetrieverConfig``: ``RetrieverClient`` (mode=http) or ``InProcessRetriever``."""
     if cfg.mode == "http":
-        return RetrieverClient(cfg.url, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries, backoff_s=cfg.backoff_s,
-                               token=cfg.token, batch_size=getattr(cfg, "batch_size", 256))
+        return RetrieverClient(cfg.url, timeout_s=cfg.timeout_s, max_wait_s=cfg.max_wait_s,
+                               max_retries=cfg.max_retries, backoff_s=cfg.backoff_s, token=cfg.token,
+                               batch_size=getattr(cfg, "batch_size", 256))
     if cfg.mode != "inprocess":
         raise ValueError(f"retriever.mode must be 'inprocess' or 'http' (got {cfg.mode!r})")
     index_dir = cfg.index_dir or default_index_dir

@@ -4,6 +4,12 @@
     python -m retriever build --corpus wiki-18.jsonl --retriever bm25 --out indexes/bm25
     python -m retriever serve --index indexes/e5_flat --port 8000        # prints "retriever ready on http://..."
     python -m retriever search --index indexes/e5_flat "who wrote hamlet"   # one-off query, no server
+
+Errors a user can fix (missing index dir, port in use, damaged index, bad corpus row) are one line on stderr and exit
+status 2; ``--debug`` shows the traceback.
+
+Threads (serve, search): ``OMP_WAIT_POLICY=PASSIVE`` unless set, and ``--threads`` (default ``$OMP_NUM_THREADS``
+or min(4, usable cores)) for torch, FAISS and BLAS; see ``retriever/runtime.py``.
 """
 
 from __future__ import annotations
@@ -12,6 +18,9 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
+
+from retriever.service import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_QUERIES
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,12 +37,15 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--batch-size", type=int, default=64)
     b.add_argument("--max-length", type=int, default=256)
     b.add_argument("--device", default=None, help="encoder device (default: cuda if available)")
-    b.add_argument("--shard-size", type=int, default=100_000, help="rows per embedding shard (resume unit)")
+    b.add_argument("--shard-size", type=int, default=None,
+                   help="rows per embedding shard, the unit a killed build keeps (default: from the corpus size, "
+                        "1/20 of it within [1000, 10000] on CPU or [1000, 100000] on GPU: a few minutes of encoding)")
     b.add_argument("--train-sample", type=int, default=None, help="vectors to train IVF/PQ/SQ on")
     b.add_argument("--query-prefix", default="query: ")
     b.add_argument("--passage-prefix", default="passage: ")
     b.add_argument("--no-gpu-index", action="store_true", help="build the FAISS index on CPU even with faiss-gpu")
     b.add_argument("--quiet", action="store_true")
+    b.add_argument("--debug", action="store_true", help="show tracebacks")
 
     s = sub.add_parser("serve", help="serve an index dir over HTTP (Search-R1 /retrieve protocol)")
     s.add_argument("--index", required=True)
@@ -41,8 +53,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000, help="0 = any free port (the real one is printed)")
     s.add_argument("--max-topk", type=int, default=50)
     s.add_argument("--default-topk", type=int, default=3)
-    s.add_argument("--max-queries", type=int, default=512, help="queries per request")
-    s.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    s.add_argument("--max-queries", type=int, default=DEFAULT_MAX_QUERIES,
+                   help="queries per request (Search-R1's train_grpo.sh sends 512 x 5 = 2,560)")
+    s.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    s.add_argument("--max-json-depth", type=int, default=DEFAULT_MAX_JSON_DEPTH,
+                   help="bodies nested deeper are refused (400) before parsing")
     s.add_argument("--token", default=os.environ.get("SEARCHR1_RETRIEVER_TOKEN"),
                    help="require 'Authorization: Bearer TOKEN' (default: $SEARCHR1_RETRIEVER_TOKEN)")
     s.add_argument("--no-batching", action="store_true", help="search each request on its own (for comparison)")
@@ -61,6 +76,14 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--index", required=True)
     q.add_argument("--topk", type=int, default=3)
     q.add_argument("queries", nargs="+")
+    for sp in (s, q):
+        sp.add_argument("--skip-verify", action="store_true",
+                        help="check index file sizes only, not their sha256 (hashing reads every byte once: "
+                             "~3 min for a 62 GB index at ~380 MB/s); a damaged or swapped file of the same size "
+                             "then goes unnoticed")
+        sp.add_argument("--threads", type=int, default=None,
+                        help="torch/FAISS/BLAS threads (default: $OMP_NUM_THREADS, else min(4, usable cores))")
+        sp.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
 
 
@@ -72,11 +95,38 @@ def _load(args) -> "object":
                               encoder=getattr(args, "expect_encoder", None),
                               corpus_path=getattr(args, "expect_corpus", None),
                               mmap=not getattr(args, "no_mmap", False), use_gpu=getattr(args, "gpu_index", False),
-                              search_params={k: v for k, v in params.items() if v is not None})
+                              search_params={k: v for k, v in params.items() if v is not None},
+                              skip_verify=args.skip_verify, show_progress=True)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that describe a problem the user can fix (their message says how): shown as one line."""
+    from retriever.corpus import CorpusError
+    from retriever.index import IndexMismatchError
+    from retriever.service import PortInUseError
+
+    return (FileNotFoundError, IndexMismatchError, CorpusError, PortInUseError)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except _user_errors() as e:
+        if args.debug:
+            raise
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+
+
+def _run(args) -> int:
+    if args.command in ("serve", "search"):  # before torch/faiss load: OpenMP reads these once
+        from retriever.runtime import apply_thread_defaults
+
+        threads = apply_thread_defaults(args.threads)["threads"]
+        if not Path(args.index).is_dir():
+            raise FileNotFoundError(f"index dir {args.index} does not exist; build one with `python -m retriever "
+                                    "build --corpus CORPUS.jsonl --out DIR` or pass the dir that holds manifest.json")
     if args.command == "build":
         from retriever.index import build_index
 
@@ -88,20 +138,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"index written to {out}", flush=True)
         return 0
     if args.command == "serve":
-        from retriever.service import ServiceSettings, serve
+        from retriever.service import ServiceSettings, bind_socket, serve
 
+        sock = bind_socket(args.host, args.port)  # a taken port fails now, not after loading the index
         settings = ServiceSettings(max_topk=args.max_topk, default_topk=min(args.default_topk, args.max_topk),
                                    max_queries=args.max_queries, max_body_bytes=args.max_body_bytes,
+                                   max_json_depth=args.max_json_depth,
                                    token=args.token or None, batching=not args.no_batching,
                                    batch_window_ms=args.batch_window_ms, max_batch_queries=args.max_batch_queries)
         retriever = _load(args)
+        from retriever.runtime import set_library_threads
+
+        set_library_threads(threads)
         info = retriever.info()
         print(f"[retriever] loaded {info['retriever']} index ({info.get('index_type')}, {info['num_docs']} docs, "
               f"encoder {info.get('encoder')}, {info.get('load_mode')})", flush=True)
-        serve(retriever, settings, host=args.host, port=args.port, log_level=args.log_level)
+        serve(retriever, settings, host=args.host, port=args.port, log_level=args.log_level, sock=sock)
         return 0
     if args.command == "search":
         retriever = _load(args)
+        from retriever.runtime import set_library_threads
+
+        set_library_threads(threads)
         for query, hits in zip(args.queries, retriever.search(args.queries, args.topk)):
             print(json.dumps({"query": query, "hits": hits}, ensure_ascii=False))
         return 0

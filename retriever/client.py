@@ -1,11 +1,15 @@
-"""HTTP client for the ``/retrieve`` service: batched requests, timeouts, bounded retries with backoff.
+"""HTTP client for the ``/retrieve`` service: batched requests, timeouts, retries with capped exponential backoff.
 
-Failure is loud: a service that stays down after the retries, or answers something that is not the contract,
-raises RetrieverError. The client never returns silently empty results.
+A retriever restart takes minutes (loading a 60 GB index), so a service that is down or answers 5xx is waited for
+up to ``max_wait_s`` (default 5 minutes), sleeping ``backoff_s * 2**i`` capped at ``max_backoff_s`` between tries
+and printing one line per wait so the user sees why the run stalls. Failure is loud: a service that stays down past
+the deadline, or answers something that is not the contract, raises RetrieverError. The client never returns
+silently empty results.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -19,19 +23,24 @@ class RetrieverError(RuntimeError):
 class RetrieverClient:
     """``search(queries, topk) -> list[list[{"id", "contents", "score"}]]`` against a running service.
 
-    Queries are sent ``batch_size`` at a time. Connection errors, timeouts and 5xx are retried up to
-    ``max_retries`` times, sleeping ``backoff_s * 2**attempt`` in between; 4xx and malformed answers are not
-    retried (they would fail the same way again).
+    Queries are sent ``batch_size`` at a time. Connection errors, timeouts and 5xx are retried until ``max_wait_s``
+    seconds have passed since the first failure (and at most ``max_retries`` times, if given), sleeping
+    ``min(backoff_s * 2**i, max_backoff_s)`` in between and printing one line per wait to stderr; 4xx and malformed
+    answers are not retried (they would fail the same way again).
     """
 
-    def __init__(self, url: str, *, timeout_s: float = 30.0, max_retries: int = 3, backoff_s: float = 0.5,
-                 token: str | None = None, batch_size: int = 256):
+    def __init__(self, url: str, *, timeout_s: float = 30.0, max_wait_s: float = 300.0, backoff_s: float = 0.5,
+                 max_backoff_s: float = 30.0, max_retries: int | None = None, token: str | None = None,
+                 batch_size: int = 256):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"retriever url must start with http:// or https:// (got {url!r})")
-        if max_retries < 0 or timeout_s <= 0 or batch_size < 1 or backoff_s < 0:
-            raise ValueError("need max_retries >= 0, timeout_s > 0, batch_size >= 1, backoff_s >= 0")
+        if (timeout_s <= 0 or batch_size < 1 or backoff_s < 0 or max_wait_s < 0 or max_backoff_s < 0
+                or (max_retries is not None and max_retries < 0)):
+            raise ValueError("need timeout_s > 0, batch_size >= 1, backoff_s >= 0, max_backoff_s >= 0, "
+                             "max_wait_s >= 0, max_retries None or >= 0")
         self.url = url.rstrip("/")
         self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
+        self.max_wait_s, self.max_backoff_s = max_wait_s, max_backoff_s
         self.batch_size = batch_size
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(timeout=timeout_s, headers=headers)
@@ -45,28 +54,44 @@ class RetrieverClient:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def _wait_line(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
     def _request(self, method: str, path: str, json_body: dict | None = None) -> Any:
-        last_error = ""
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+        first_failure: float | None = None
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 response = self._http.request(method, self.url + path, json=json_body)
             except (httpx.TransportError, httpx.TimeoutException) as e:  # refused, reset, timed out
                 last_error = f"{type(e).__name__}: {e}"
-                continue
-            if response.status_code >= 500:
+            else:
+                if response.status_code < 500:
+                    return self._answer(response, path)
                 last_error = f"HTTP {response.status_code}: {response.text[:300]}"
-                continue
-            if response.status_code != 200:
-                raise RetrieverError(f"retriever at {self.url}{path} rejected the request with HTTP "
-                                     f"{response.status_code}: {response.text[:500]}")
-            try:
-                return response.json()
-            except ValueError:
-                raise RetrieverError(f"retriever at {self.url}{path} answered non-JSON: {response.text[:200]!r}") from None
-        raise RetrieverError(f"retriever at {self.url}{path} unavailable after {self.max_retries + 1} attempt(s) "
-                             f"(last error: {last_error}); is `python -m retriever serve` running?")
+            now = time.monotonic()
+            first_failure = now if first_failure is None else first_failure
+            waited = now - first_failure
+            remaining = self.max_wait_s - waited
+            if remaining <= 0 or (self.max_retries is not None and attempt > self.max_retries):
+                raise RetrieverError(f"retriever at {self.url}{path} unavailable after {attempt} attempt(s) over "
+                                     f"{waited:.1f} s (retriever.max_wait_s={self.max_wait_s:g}; last error: "
+                                     f"{last_error}); is `python -m retriever serve` running?")
+            delay = min(self.backoff_s * 2 ** (attempt - 1), self.max_backoff_s, remaining)
+            self._wait_line(f"[retriever] {self.url}{path} not answering ({last_error.splitlines()[0][:120]}); "
+                            f"retry {attempt} in {delay:.1f} s (waited {waited:.0f} s of "
+                            f"retriever.max_wait_s={self.max_wait_s:g})")
+            time.sleep(delay)
+
+    def _answer(self, response: httpx.Response, path: str) -> Any:
+        if response.status_code != 200:
+            raise RetrieverError(f"retriever at {self.url}{path} rejected the request with HTTP "
+                                 f"{response.status_code}: {response.text[:500]}")
+        try:
+            return response.json()
+        except ValueError:
+            raise RetrieverError(f"retriever at {self.url}{path} answered non-JSON: {response.text[:200]!r}") from None
 
     def info(self) -> dict:
         """The service's ``/health`` answer."""
@@ -79,7 +104,7 @@ class RetrieverClient:
             validate_queries(queries, topk)
         except ValueError as e:
             raise RetrieverError(str(e)) from None
-        results: list[list[dict]] = []
+        results: list[list[dict]] = []  # an empty list of queries sends nothing and gets nothing
         for start in range(0, len(queries), self.batch_size):
             chunk = list(queries[start:start + self.batch_size])
             payload = self._request("POST", "/retrieve", {"queries": chunk, "topk": int(topk), "return_scores": True})

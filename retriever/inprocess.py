@@ -9,14 +9,16 @@ import numpy as np
 
 
 def validate_queries(queries: Any, topk: Any) -> None:
-    """Raise ValueError unless ``queries`` is a non-empty list of non-empty strings and ``topk`` an int >= 1."""
-    if not isinstance(queries, (list, tuple)) or len(queries) == 0:
-        raise ValueError("queries must be a non-empty list of strings")
+    """Raise ValueError unless ``queries`` is a list of strings and ``topk`` an int >= 1.
+
+    As in Search-R1: an empty list is a turn in which nobody searched (-> no results), and an empty string is the
+    query of ``<search> </search>``, searched like any other.
+    """
+    if not isinstance(queries, (list, tuple)):
+        raise ValueError(f"queries must be a list of strings (got {type(queries).__name__})")
     for i, q in enumerate(queries):
         if not isinstance(q, str):
             raise ValueError(f"queries[{i}] must be a string (got {type(q).__name__})")
-        if not q.strip():
-            raise ValueError(f"queries[{i}] is empty")
     if isinstance(topk, bool) or not isinstance(topk, (int, np.integer)) or topk < 1:
         raise ValueError(f"topk must be an integer >= 1 (got {topk!r})")
 
@@ -25,17 +27,21 @@ class InProcessRetriever:
     """Load an index dir (e5 + FAISS or BM25) and answer ``search(queries, topk)``.
 
     Each hit is ``{"id": str, "contents": str, "score": float}``, best first. ``encoder`` / ``corpus_path`` are
-    optional expectations checked against the manifest (a mismatch raises IndexMismatchError).
+    optional expectations checked against the manifest (a mismatch raises IndexMismatchError). The served files are
+    checked against the manifest's sizes and sha256 at load (IndexIntegrityError names a file that differs);
+    ``skip_verify=True`` checks sizes only.
     """
 
     def __init__(self, index_dir: str | Path, *, device: str | None = None, encoder: str | None = None,
                  corpus_path: str | Path | None = None, mmap: bool = True, use_gpu: bool = False,
-                 search_params: dict[str, Any] | None = None):
+                 search_params: dict[str, Any] | None = None, skip_verify: bool = False,
+                 show_progress: bool = False):
         from retriever.index import open_index
 
         self.backend, self.docstore, self._info = open_index(index_dir, device=device, encoder=encoder,
                                                              corpus_path=corpus_path, mmap=mmap, use_gpu=use_gpu,
-                                                             search_params=search_params)
+                                                             search_params=search_params, skip_verify=skip_verify,
+                                                             show_progress=show_progress)
 
     @classmethod
     def from_parts(cls, backend: Any, docstore: Any, info: dict) -> "InProcessRetriever":
@@ -49,6 +55,8 @@ class InProcessRetriever:
 
     def search(self, queries: list[str], topk: int) -> list[list[dict]]:
         validate_queries(queries, topk)
+        if not queries:
+            return []
         k = min(int(topk), len(self.docstore))
         scores, rows = self.backend.search(list(queries), k)
         results = []

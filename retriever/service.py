@@ -7,11 +7,16 @@
     GET /metrics   request counts by status, queries, batches, latency percentiles
 
 Concurrent requests are batched: each request puts its queries on an asyncio queue; one worker takes everything
-queued (waiting up to ``batch_window_ms`` for more, at most ``max_batch_queries``), runs one encode + search for
-the union in a worker thread, and hands each request its slice. ``batching=False`` runs every request's search on
-its own in the thread pool (the way the reference Search-R1 server does) for comparison.
+queued, runs one encode + search for the union in a worker thread, and hands each request its slice. The worker
+waits up to ``batch_window_ms`` for more requests (at most ``max_batch_queries``) only while clients are concurrent
+(requests queued up during the last search, or the last batch held several); a request from a lone client at an
+idle server is searched at once, so batching never delays it. ``batching=False`` runs every request's search on its own in the thread pool (the way the
+reference Search-R1 server does) for comparison.
 
-Bad input gets a 4xx with ``{"error": message}`` and the server stays up. With ``token`` set, ``/retrieve`` and
+Search-R1's trainer traffic is accepted as its own server accepts it: ``queries: []`` (a turn where no trajectory
+searched) -> ``{"result": []}``; an empty query ``""`` (``<search> </search>``) is searched like any other; one POST
+of 512 prompts x 5 samples = 2,560 queries fits the default limits. Bad input gets a 4xx with ``{"error": message}``
+and the server stays up; JSON nested deeper than ``max_json_depth`` is refused before it is parsed. With ``token`` set, ``/retrieve`` and
 ``/metrics`` need ``Authorization: Bearer <token>`` (401 otherwise); ``/health`` stays open for liveness probes.
 """
 
@@ -21,23 +26,34 @@ import asyncio
 import collections
 import hmac
 import json
+import logging
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+
+log = logging.getLogger("retriever.service")
+
+
+# Search-R1's train_grpo.sh sends train_batch_size 512 x n_agent 5 = 2,560 queries in one POST; 4,096 leaves room.
+DEFAULT_MAX_QUERIES = 4096
+# ... of realistic length: a generated query is at most a few hundred tokens (~2 KiB of JSON); 4,096 x 4 KiB.
+DEFAULT_MAX_BODY_BYTES = 16 << 20
+DEFAULT_MAX_JSON_DEPTH = 16  # a valid body is 2 deep ({"queries": [...]})
 
 
 @dataclass
 class ServiceSettings:
     max_topk: int = 50
     default_topk: int = 3
-    max_queries: int = 512  # per request
-    max_body_bytes: int = 1 << 20
+    max_queries: int = DEFAULT_MAX_QUERIES  # per request
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
     token: str | None = None
     batching: bool = True
     batch_window_ms: float = 2.0
@@ -45,13 +61,43 @@ class ServiceSettings:
 
 
 class BadRequest(Exception):
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, reason: str = "invalid"):
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.reason = status, message, reason
+
+
+def json_depth_exceeds(body: bytes, max_depth: int) -> bool:
+    """True if ``body`` opens more than ``max_depth`` nested arrays/objects (brackets inside strings do not count).
+
+    A linear scan of the raw bytes, so ``[[[[...]]]]`` is refused before ``json.loads`` recurses into it (which
+    raises RecursionError from deep inside the parser, a 500 with a traceback per request).
+    """
+    depth, in_string, escaped = 0, False, False
+    for byte in body:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # closing quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > max_depth:
+                return True
+        elif byte in (0x5D, 0x7D):  # ] }
+            depth -= 1
+    return False
 
 
 def parse_retrieve_body(body: bytes, s: ServiceSettings) -> tuple[list[str], int, bool]:
     """Validate a ``/retrieve`` body -> ``(queries, topk, return_scores)``; raise BadRequest with a clear message."""
+    if json_depth_exceeds(body, s.max_json_depth):
+        raise BadRequest(400, f"body nests JSON arrays/objects deeper than {s.max_json_depth} levels; "
+                              "expected {\"queries\": [str, ...], \"topk\": int, \"return_scores\": bool}",
+                         reason="json_too_deep")
     try:
         payload = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -63,16 +109,15 @@ def parse_retrieve_body(body: bytes, s: ServiceSettings) -> tuple[list[str], int
         raise BadRequest(422, f"unknown field(s) {unknown}; allowed: queries, topk, return_scores")
     queries = payload.get("queries")
     if queries is None:
-        raise BadRequest(422, "missing field 'queries' (a non-empty list of strings)")
-    if not isinstance(queries, list) or not queries:
-        raise BadRequest(422, "'queries' must be a non-empty list of strings")
+        raise BadRequest(422, "missing field 'queries' (a list of strings)")
+    if not isinstance(queries, list):
+        raise BadRequest(422, f"'queries' must be a list of strings (got {type(queries).__name__})")
     if len(queries) > s.max_queries:
-        raise BadRequest(422, f"too many queries: {len(queries)} > max {s.max_queries} per request")
+        raise BadRequest(422, f"too many queries: {len(queries)} > max {s.max_queries} per request "
+                              "(serve --max-queries raises it)")
     for i, q in enumerate(queries):
         if not isinstance(q, str):
             raise BadRequest(422, f"queries[{i}] must be a string (got {type(q).__name__})")
-        if not q.strip():
-            raise BadRequest(422, f"queries[{i}] is an empty string")
     topk = payload.get("topk", s.default_topk)
     if topk is None:
         topk = s.default_topk
@@ -102,6 +147,7 @@ class Metrics:
     def __init__(self, window: int = 10_000):
         self.started = time.time()
         self.requests_by_status: collections.Counter[int] = collections.Counter()
+        self.rejected_by_reason: collections.Counter[str] = collections.Counter()
         self.queries_total = 0
         self.batches_total = 0
         self.batched_queries_total = 0
@@ -109,9 +155,12 @@ class Metrics:
         self.latencies_ms: collections.deque[float] = collections.deque(maxlen=window)
         self._lock = threading.Lock()
 
-    def record_request(self, status: int, latency_ms: float | None = None, num_queries: int = 0) -> None:
+    def record_request(self, status: int, latency_ms: float | None = None, num_queries: int = 0,
+                       reason: str | None = None) -> None:
         with self._lock:
             self.requests_by_status[status] += 1
+            if reason:
+                self.rejected_by_reason[reason] += 1
             self.queries_total += num_queries
             if latency_ms is not None:
                 self.latencies_ms.append(latency_ms)
@@ -123,6 +172,8 @@ class Metrics:
             self.max_batch_queries_seen = max(self.max_batch_queries_seen, num_queries)
 
     def snapshot(self) -> dict:
+        import numpy as np  # here, not at import: the CLI imports this module before setting thread variables
+
         with self._lock:
             lat = np.asarray(self.latencies_ms, dtype=np.float64)
             pct = ({f"p{p}": round(float(np.percentile(lat, p)), 3) for p in (50, 90, 99)} | {
@@ -131,6 +182,7 @@ class Metrics:
             return {"uptime_s": round(time.time() - self.started, 1), "requests_total": total,
                     "requests_ok": self.requests_by_status.get(200, 0),
                     "requests_by_status": {str(k): v for k, v in sorted(self.requests_by_status.items())},
+                    "rejected_by_reason": dict(sorted(self.rejected_by_reason.items())),
                     "queries_total": self.queries_total, "batches_total": self.batches_total,
                     "mean_queries_per_batch": round(self.batched_queries_total / self.batches_total, 2)
                     if self.batches_total else 0.0,
@@ -148,6 +200,7 @@ class QueryBatcher:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retriever-search")
         self._task: asyncio.Task | None = None
+        self._last_batch_requests = 0
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._worker())
@@ -167,7 +220,14 @@ class QueryBatcher:
         return await future
 
     async def _collect(self) -> list[tuple[list[str], int, asyncio.Future]]:
-        batch = [await self.queue.get()]
+        """Everything queued now, plus up to ``window`` for more, but only while clients are concurrent (requests
+        queued up during the last search, or the last batch held several requests); a lone client never waits."""
+        try:
+            batch = [self.queue.get_nowait()]  # queued during the previous search: the server is busy
+        except asyncio.QueueEmpty:
+            batch = [await self.queue.get()]
+            if self._last_batch_requests < 2:  # idle server, lone client: search this request at once
+                return batch
         size = len(batch[0][0])
         deadline = time.monotonic() + self.window_s
         while size < self.max_batch:
@@ -190,6 +250,7 @@ class QueryBatcher:
         while True:
             batch = await self._collect()
             batch = [item for item in batch if not item[2].done()]  # client gone: skip its queries
+            self._last_batch_requests = len(batch)
             if not batch:
                 continue
             queries = [q for item in batch for q in item[0]]
@@ -243,12 +304,14 @@ def create_app(retriever: Any, settings: ServiceSettings | None = None) -> FastA
     async def read_body_limited(request: Request) -> bytes:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > s.max_body_bytes:
-            raise BadRequest(413, f"body of {declared} bytes exceeds the limit of {s.max_body_bytes} bytes")
+            raise BadRequest(413, f"body of {declared} bytes exceeds the limit of {s.max_body_bytes} bytes "
+                                  "(serve --max-body-bytes raises it)", reason="body_too_large")
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > s.max_body_bytes:
-                raise BadRequest(413, f"body exceeds the limit of {s.max_body_bytes} bytes")
+                raise BadRequest(413, f"body exceeds the limit of {s.max_body_bytes} bytes "
+                                      "(serve --max-body-bytes raises it)", reason="body_too_large")
             chunks.append(chunk)
         return b"".join(chunks)
 
@@ -262,8 +325,14 @@ def create_app(retriever: Any, settings: ServiceSettings | None = None) -> FastA
         try:
             queries, topk, return_scores = parse_retrieve_body(await read_body_limited(request), s)
         except BadRequest as e:
-            metrics.record_request(e.status)
+            metrics.record_request(e.status, reason=e.reason)
+            if e.reason == "json_too_deep":  # one line, never a traceback
+                log.warning("rejected /retrieve from %s: %s", request.client.host if request.client else "?",
+                            e.message.split(";")[0])
             return _error(e.status, e.message)
+        if not queries:  # a turn in which no trajectory searched
+            metrics.record_request(200, (time.perf_counter() - t0) * 1000.0, 0)
+            return Response(b'{"result": []}', media_type="application/json")
         try:
             if s.batching:
                 hits = await state["batcher"].submit(queries, topk)
@@ -278,7 +347,9 @@ def create_app(retriever: Any, settings: ServiceSettings | None = None) -> FastA
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "retriever": info.get("retriever"), "index_type": info.get("index_type"),
+        from retriever.runtime import runtime_info
+
+        return {**runtime_info(), "status": "ok", "retriever": info.get("retriever"), "index_type": info.get("index_type"),
                 "num_docs": info.get("num_docs"), "encoder": info.get("encoder"), "dim": info.get("dim"),
                 "load_mode": info.get("load_mode"), "batching": s.batching, "max_topk": s.max_topk,
                 "max_queries": s.max_queries}
@@ -293,18 +364,46 @@ def create_app(retriever: Any, settings: ServiceSettings | None = None) -> FastA
     return app
 
 
-def serve(retriever: Any, settings: ServiceSettings, *, host: str = "127.0.0.1", port: int = 8000,
-          log_level: str = "warning", ready_message: bool = True) -> None:
-    """Run the app with uvicorn on ``host:port`` (port 0 = a free port); print ``retriever ready on URL`` once up."""
-    import socket
+class PortInUseError(OSError):
+    """The address to serve on is taken (or not ours to bind); the message says what to do."""
 
+
+def bind_socket(host: str = "127.0.0.1", port: int = 8000) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0 = any free port), created before anything slow is loaded.
+
+    The socket is created with ``IPPROTO_TCP`` spelled out: asyncio sets TCP_NODELAY on accepted connections only
+    when the socket's ``proto`` says TCP, and a socket made with proto 0 (the default) keeps Nagle's algorithm on,
+    so every reply written in two pieces (headers, body) waited ~40 ms for the client's delayed ACK.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        import errno
+
+        if e.errno == errno.EADDRINUSE:
+            raise PortInUseError(e.errno, f"port {port} on {host} is already in use (another retriever?); stop it "
+                                          "or pick another port with --port (0 = any free port)") from None
+        raise PortInUseError(e.errno, f"cannot listen on {host}:{port}: {e.strerror}") from None
+    sock.listen(2048)
+    return sock
+
+
+def serve(retriever: Any, settings: ServiceSettings, *, host: str = "127.0.0.1", port: int = 8000,
+          log_level: str = "warning", ready_message: bool = True, sock: socket.socket | None = None) -> None:
+    """Run the app with uvicorn on ``host:port`` (port 0 = a free port); print ``retriever ready on URL`` once up.
+
+    ``sock``: an already listening socket from ``bind_socket`` (the CLI binds before loading the index, so a taken
+    port fails in a second, not after minutes of loading).
+    """
     import uvicorn
 
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
+    if sock is None:
+        sock = bind_socket(host, port)
+    family = sock.family
     real_port = sock.getsockname()[1]
     app = create_app(retriever, settings)
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False, timeout_keep_alive=30,

@@ -141,9 +141,10 @@ class RetrieverConfig:
     url: str = "http://127.0.0.1:8000"
     index_dir: str = ""  # inprocess: the index dir (empty = the synthetic world's index)
     topk: int = 3
-    timeout_s: float = 30.0
-    max_retries: int = 3
-    backoff_s: float = 0.5
+    timeout_s: float = 30.0  # http: per request
+    max_wait_s: float = 300.0  # http: keep retrying a down / 5xx service this long (a restart loading a big index)
+    max_retries: Optional[int] = None  # http: cap on retries within max_wait_s (None = no cap)
+    backoff_s: float = 0.5  # http: first wait; doubles per retry, capped at 30 s
     token: Optional[str] = None  # bearer token for the service
     batch_size: int = 256  # http: queries per request
     device: Optional[str] = None  # inprocess: encoder device (None = cuda if available)
@@ -285,7 +286,9 @@ class Config:
             (self.rollout.vllm_logprobs_mode in ("", "raw_logprobs", "processed_logprobs"), "rollout.vllm_logprobs_mode",
              "must be '', 'raw_logprobs' or 'processed_logprobs'"),
             (self.retriever.topk >= 1, "retriever.topk", "must be >= 1"),
-            (self.retriever.max_retries >= 0, "retriever.max_retries", "must be >= 0"),
+            (self.retriever.max_retries is None or self.retriever.max_retries >= 0, "retriever.max_retries",
+             "must be null or >= 0"),
+            (self.retriever.max_wait_s >= 0, "retriever.max_wait_s", "must be >= 0"),
             (self.retriever.timeout_s > 0, "retriever.timeout_s", "must be > 0"),
             (self.retriever.batch_size >= 1, "retriever.batch_size", "must be >= 1"),
             (self.retriever.backoff_s >= 0, "retriever.backoff_s", "must be >= 0"),

