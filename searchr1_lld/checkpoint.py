@@ -147,6 +147,18 @@ def _is_deepspeed(accelerator: Any) -> bool:
     return str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type)).upper() == "DEEPSPEED"
 
 
+def _tied_duplicate_names(model: torch.nn.Module) -> list[str]:
+    """Names of parameters that are the same Parameter as an earlier name (tied embeddings: ``lm_head.weight``).
+    DeepSpeed's gathered state dict holds them as separate tensors, so ``save_pretrained`` cannot see the tie."""
+    seen: set[int] = set()
+    dupes = []
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            dupes.append(name)
+        seen.add(id(p))
+    return dupes
+
+
 def save_checkpoint(
     run_dir: str | Path,
     step: int,
@@ -183,7 +195,10 @@ def save_checkpoint(
         if save_policy:
             state_dict = accelerator.get_state_dict(model)  # gathered to rank 0 under ZeRO-3
             if is_main:
-                accelerator.unwrap_model(model).save_pretrained(tmp / "policy", state_dict=state_dict)
+                unwrapped = accelerator.unwrap_model(model)
+                for name in _tied_duplicate_names(unwrapped):
+                    state_dict.pop(name, None)  # tied weights once, as save_pretrained writes them without DeepSpeed
+                unwrapped.save_pretrained(tmp / "policy", state_dict=state_dict)
     else:
         unwrapped = accelerator.unwrap_model(model) if accelerator is not None else model
         if is_main:

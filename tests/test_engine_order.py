@@ -77,12 +77,13 @@ def _collapse(events):
 @pytest.mark.parametrize("stage", [0, 2, 3])
 def test_trainer_drives_the_engine_in_order(tmp_path, tiny_world, shared_retriever, monkeypatch, stage):
     events: list = []
-    monkeypatch.setattr(trainer_mod, "zero_stage", lambda acc: stage)  # the sync path of that ZeRO stage
     real_sync = trainer_mod.sync_weights_to_engine
     monkeypatch.setattr(trainer_mod, "sync_weights_to_engine",
                         lambda acc, model, backend: real_sync(acc, model, backend, gather=recording_gather(events)))
     cfg = load_config(None, SMALL + [f"trainer.output_dir={tmp_path}", "trainer.run_name=run", "trainer.probe_every=0"])
     tr = Trainer(cfg, world_dir=tiny_world, retriever=shared_retriever)
+    # the sync path of that ZeRO stage (patched after set-up: a real ZeRO-3 set-up needs a DeepSpeed engine)
+    monkeypatch.setattr(trainer_mod, "zero_stage", lambda acc: stage)
     learner = tr.accelerator.unwrap_model(tr.model)
     # an engine holding its own copy (as vLLM does), so the stream is really read and applied
     engine_model = type(learner)(learner.config)
