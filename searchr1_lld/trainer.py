@@ -92,7 +92,8 @@ def step_seed(base_seed: int, step: int, rank: int, num_processes: int) -> int:
 
 
 def lr_factor(step: int, total_steps: int, warmup_ratio: float, schedule: str) -> float:
-    """LR multiplier at scheduler step ``step`` (0-based).
+    """LR multiplier at scheduler step ``step`` (0-based). The trainer steps it once per applied optimiser step and
+    passes the run's total optimiser steps as ``total_steps`` (verl's warm-up ratio is a fraction of those).
 
     warmup_steps W = int(warmup_ratio * total_steps);  s < W: (s + 1) / W  (linear warm-up, never 0)
     afterwards constant: 1;  cosine: 0.5 * (1 + cos(pi * (s - W) / max(1, total_steps - W)))
