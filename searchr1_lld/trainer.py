@@ -94,7 +94,8 @@ def step_seed(base_seed: int, step: int, rank: int, num_processes: int) -> int:
 
 
 def lr_factor(step: int, total_steps: int, warmup_ratio: float, schedule: str) -> float:
-    """LR multiplier at scheduler step ``step`` (0-based).
+    """LR multiplier at scheduler step ``step`` (0-based). The trainer steps it once per applied optimiser step and
+    passes the run's total optimiser steps as ``total_steps`` (verl's warm-up ratio is a fraction of those).
 
     warmup_steps W = int(warmup_ratio * total_steps);  s < W: (s + 1) / W  (linear warm-up, never 0)
     afterwards constant: 1;  cosine: 0.5 * (1 + cos(pi * (s - W) / max(1, total_steps - W)))
@@ -880,6 +881,21 @@ class Trainer:
             totals = self.accelerator.reduce(totals, "sum")
         return {"em": float(totals[0] / totals[1].clamp(min=1)), "n": float(totals[1])}
 
+    def benchmark_rows(self) -> dict[str, list[dict]]:
+        """The configured benchmarks (eval.datasets, first trainer.eval_limit or else eval.limit questions of each), for
+        evaluation during non-synthetic runs; loaded once at the start so a missing dataset fails before training."""
+        from searchr1_lld import evaluation
+
+        names = evaluation.parse_datasets(self.cfg.eval.datasets)
+        limit = self.cfg.trainer.eval_limit or self.cfg.eval.limit
+        return evaluation.load_eval_rows(names, world_dir=self.cfg.data.world_dir, limit=limit)
+
+    def evaluate_benchmarks(self, rows_by_dataset: dict[str, list[dict]]) -> dict[str, float]:
+        """eval/<dataset>/em for each benchmark and eval/avg_em (mean over datasets), greedy, eval.max_turns/topk."""
+        out = {f"eval/{name}/em": self.evaluate(rows, desc=name)["em"] for name, rows in rows_by_dataset.items()}
+        out["eval/avg_em"] = sum(out.values()) / max(len(out), 1)
+        return out
+
     # ---------------------------------------------------------------- checkpoints
     def save(self) -> Path:
         state = {
@@ -962,7 +978,8 @@ class Trainer:
             tracker.write(f"resumed from {resumed} at step {self.step}")
         if self.llds_warning:
             tracker.write(f"WARNING: {self.llds_warning}")
-        test_rows = load_test_rows(cfg, self.world_dir)
+        test_rows = load_test_rows(cfg, self.world_dir) if cfg.data.source == "synthetic" else []
+        bench_rows = self.benchmark_rows() if evaluate and tc.eval_every and cfg.data.source != "synthetic" else {}
         if tc.eval_limit:
             test_rows = test_rows[: tc.eval_limit]
         em_before = em_after = None
@@ -980,6 +997,8 @@ class Trainer:
             metrics = self.train_step()
             if tc.eval_every and evaluate and test_rows and self.step % tc.eval_every == 0 and self.step < tc.total_steps:
                 metrics["eval/em"] = self.evaluate(test_rows)["em"]
+            if bench_rows and (self.step % tc.eval_every == 0 or self.step == tc.total_steps):
+                metrics.update(self.evaluate_benchmarks(bench_rows))
             tracker.log(self.step, metrics)
             self.history.append({"step": self.step, **metrics})
             last_metrics = metrics

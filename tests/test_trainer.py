@@ -179,3 +179,17 @@ def test_train_py_end_to_end_over_http(tmp_path, tiny_world):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_non_synthetic_run_evaluates_configured_benchmarks(tmp_path, tiny_world, shared_retriever):
+    """data.source=files: evaluation during training runs on eval.datasets (here the world's test split as a local
+    stand-in for a benchmark), eval_limit questions each, every eval_every steps and at the end."""
+    cfg = _cfg(tmp_path, "data.source=files", f"data.train_files=[{tiny_world / 'qa' / 'train.jsonl'}]",
+               f"data.world_dir={tiny_world}", "eval.datasets=[synthetic]", "trainer.eval_every=1",
+               "trainer.eval_limit=2", "trainer.total_steps=1", "trainer.save_every=0", "trainer.resume=never",
+               "trainer.ppo_epochs=1")
+    tr = _trainer(cfg, tiny_world, shared_retriever)
+    res = tr.run(evaluate=True)
+    m = res.history[-1]
+    assert 0.0 <= m["eval/synthetic/em"] <= 1.0 and m["eval/avg_em"] == m["eval/synthetic/em"]
+    assert res.em_before is None  # the synthetic before/after table belongs to synthetic runs

@@ -95,6 +95,6 @@ def test_two_rank_deepspeed(kind, stage, tmp_path, tiny_world, ddp_run):
     # within fp32 tolerance (reduction order differs)
     ddp_res, ddp_out = ddp_run
     mine, ref = _policy(tmp_path / "a", 1), _policy(ddp_out / "a", 1)
-    assert mine.keys() == ref.keys()
+    assert set(ref) <= set(mine)  # DeepSpeed's gathered state dict also names the tied lm_head.weight
     worst = max(float((mine[k].float() - ref[k].float()).abs().max()) for k in ref)
     assert worst < 1e-5, worst
