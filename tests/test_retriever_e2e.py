@@ -384,22 +384,23 @@ def test_client_rides_out_a_retriever_restart(world, capsys):
     """Kill the service mid-run, bring it back on the same port: the client waits (one line per wait) and goes on."""
     port = free_port()
     first = launch_server(world["flat"], "--port", str(port))
-    url = wait_ready(first)
-    client = RetrieverClient(url, max_wait_s=240, backoff_s=0.25, timeout_s=30)
-    assert client.search(["Jupiter"], 1)[0][0]["id"] == "key-7"
-    first.kill()
-    first.wait()
-    restarted: list[subprocess.Popen] = []
+    restarted: list[subprocess.Popen] = [first]  # every server this test starts is stopped at the end
     timer = threading.Timer(2.0, lambda: restarted.append(launch_server(world["flat"], "--port", str(port))))
-    timer.start()
     try:
+        url = wait_ready(first)
+        client = RetrieverClient(url, max_wait_s=240, backoff_s=0.25, timeout_s=30)
+        assert client.search(["Jupiter"], 1)[0][0]["id"] == "key-7"
+        first.kill()
+        first.wait()
+        timer.start()
         t0 = time.time()
         hits = client.search(["who wrote Hamlet"], 1)  # sent while the service is down
         assert hits[0][0]["id"] == "key-4" and time.time() - t0 >= 2.0
         waits = [line for line in capsys.readouterr().err.splitlines() if "not answering" in line]
         assert waits and all(f"127.0.0.1:{port}/retrieve" in w for w in waits)
     finally:
-        timer.join()
+        if timer.is_alive():
+            timer.join()
         for proc in restarted:
             stop(proc)
 
