@@ -321,26 +321,40 @@ def mean_std(values: Sequence[float | None]) -> tuple[float, float, int]:
     return mu, sd, len(vals)
 
 
-def phase_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Phases of one run from its metrics.jsonl records (``phase/name`` per step).
+def phase_summary(records: Sequence[dict[str, Any]], run_steps: int | None = None) -> dict[str, Any]:
+    """Phases of one run, recomputed from its metrics.jsonl records with evidence proportional to the run.
+
+    The detector (:class:`PhaseDetector`) is re-run on the logged history up to each step with
+    ``PhaseThresholds(run_steps=run_steps or len(records))``: a phase (and the early warning) counts only once it held
+    for ``persistence()`` consecutive steps, which grows with the run. (The trainer's online ``phase/name`` uses the
+    minimum persistence, since it does not know how long the run will be.)
 
     Returns ``{"first_step": {phase: step or None}, "steps_in": {phase: count}, "final": phase,
-    "warning_steps": [steps where the detector's early warning fired], "collapse_step": step or None}``.
-    The early warning is recomputed with :class:`PhaseDetector` on the logged history up to each step.
+    "warning_steps": [steps where the early warning fired], "collapse_step": first accelerated_collapse step or None,
+    "persistence": steps, "warning": monitor.warning_accounting(...)}``.
     """
+    from searchr1_lld.monitor import PhaseThresholds, warning_accounting
+
+    thresholds = PhaseThresholds(run_steps=run_steps or len(records))
+    detector = PhaseDetector(thresholds)
     first: dict[str, int | None] = {p: None for p in PHASES}
     count: dict[str, int] = {p: 0 for p in PHASES}
-    for r in records:
-        ph = r.get("phase/name")
-        if ph not in first:
-            raise ValueError(f"step {r.get('step')}: unknown phase {ph!r}")
-        count[ph] += 1
-        if first[ph] is None:
-            first[ph] = int(r["step"])
-    detector = PhaseDetector()
-    warnings_at = [int(r["step"]) for i, r in enumerate(records) if detector.detect(records[: i + 1]).warning]
-    return {"first_step": first, "steps_in": count, "final": records[-1].get("phase/name") if records else None,
-            "warning_steps": warnings_at, "collapse_step": first["accelerated_collapse"]}
+    warnings_at: list[int] = []
+    final = None
+    for i, r in enumerate(records):
+        report = detector.detect(records[: i + 1])
+        step = int(r["step"])
+        count[report.phase] += 1
+        if first[report.phase] is None:
+            first[report.phase] = step
+        if report.warning:
+            warnings_at.append(step)
+        final = report.phase
+    accounting = warning_accounting([int(r["step"]) for r in records], [r.get("reward/em_mean") for r in records],
+                                    warnings_at, thresholds)
+    return {"first_step": first, "steps_in": count, "final": final, "warning_steps": warnings_at,
+            "collapse_step": first["accelerated_collapse"], "persistence": thresholds.persistence(),
+            "warning": accounting}
 
 
 def window_mean(records: Sequence[dict[str, Any]], key: str, which: str, k: int = TREND_WINDOW) -> float:
@@ -370,14 +384,13 @@ def trend_summary(records: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 
 def lld_verdict(trend: dict[str, float], phases: dict[str, Any]) -> str:
-    """One honest word on what a run showed:
+    """The run's verdict, computed (never written by hand): one of ``collapse``, ``LLD``, ``none``.
 
-    ``collapse``: the detector reported accelerated_collapse at some step;
+    ``collapse``: the detector reported accelerated_collapse, held for the run-proportional persistence;
     ``LLD``: reward ended higher than it started (by more than ``REWARD_MARGIN``) while the likelihood of correct
     responses ended lower (by more than ``LLD_MARGIN`` nats/token): the sampled correct responses' per-token
     log-likelihood, or the probe set's (the same correct responses re-measured, which sampling noise cannot fake);
-    ``decay``: steady_decay was reported at some step without the end-to-end LLD pattern;
-    ``none``: otherwise.
+    ``none``: otherwise (a steady_decay report without that end-to-end pattern is not called LLD).
     """
     if phases["collapse_step"] is not None:
         return "collapse"
@@ -390,8 +403,6 @@ def lld_verdict(trend: dict[str, float], phases: dict[str, Any]) -> str:
     )
     if reward_up and likelihood_down:
         return "LLD"
-    if phases["first_step"]["steady_decay"] is not None:
-        return "decay"
     return "none"
 
 
@@ -544,16 +555,38 @@ def per_run_table(runs: Sequence[dict[str, Any]]) -> str:
 
 def phase_table(runs: Sequence[dict[str, Any]]) -> str:
     head = " | ".join(f"{p} (first step / steps)" for p in PHASES)
-    lines = [f"| run | {head} | final phase | early-warning steps | verdict |",
-             "|---|" + "---|" * len(PHASES) + "---|---|---|"]
+    lines = [f"| run | {head} | final phase | early-warning steps | reward collapsed at | warning lead | verdict |",
+             "|---|" + "---|" * len(PHASES) + "---|---|---|---|---|"]
     for r in runs:
         ph = r["phases"]
         cells = [f"{'-' if ph['first_step'][p] is None else ph['first_step'][p]} / {ph['steps_in'][p]}" for p in PHASES]
         warn = ph["warning_steps"]
         warn_txt = "none" if not warn else f"{len(warn)} (first {warn[0]})"
+        acc = ph["warning"]
+        collapsed = "-" if acc["collapse_step"] is None else str(acc["collapse_step"])
+        lead = {"warned": f"{acc['lead_steps']} steps", "late": "late", "missed": "missed",
+                "false_alarm": "false alarm", "quiet": "-"}[acc["outcome"]]
         lines.append(f"| {run_name(METHODS[r['method']], r['seed'])} | " + " | ".join(cells) +
-                     f" | {ph['final']} | {warn_txt} | {r['verdict']} |")
+                     f" | {ph['final']} | {warn_txt} | {collapsed} | {lead} | {r['verdict']} |")
     return "\n".join(lines) + "\n"
+
+
+def warning_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Early-warning accounting over runs: collapsed runs warned / late / missed (+ lead times), non-collapsed runs
+    with a false alarm / quiet."""
+    outcomes = [r["phases"]["warning"]["outcome"] for r in runs]
+    leads = [r["phases"]["warning"]["lead_steps"] for r in runs if r["phases"]["warning"]["outcome"] == "warned"]
+    return {"collapsed_runs": sum(o in ("warned", "late", "missed") for o in outcomes),
+            "warned": outcomes.count("warned"), "late": outcomes.count("late"), "missed": outcomes.count("missed"),
+            "lead_steps": leads, "non_collapsed_runs": sum(o in ("false_alarm", "quiet") for o in outcomes),
+            "false_alarms": outcomes.count("false_alarm"), "quiet": outcomes.count("quiet")}
+
+
+def warning_text(w: dict[str, Any]) -> str:
+    lead = (f"lead times {', '.join(map(str, w['lead_steps']))} steps" if w["lead_steps"] else "no lead time measured")
+    return (f"Runs whose reward collapsed: {w['collapsed_runs']} (warned before the collapse: {w['warned']}, {lead}; "
+            f"warned only at/after it: {w['late']}; never warned: {w['missed']}). Runs that did not collapse: "
+            f"{w['non_collapsed_runs']} (false alarms: {w['false_alarms']}; quiet: {w['quiet']}).")
 
 
 def trend_table(runs: Sequence[dict[str, Any]]) -> str:
@@ -615,14 +648,21 @@ def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path], n
         "",
         "## Phases detected by the monitor",
         "",
-        "From `phase/name` in each run's metrics.jsonl (the trainer's `PhaseDetector`): the first step each phase "
-        "was reported and how many steps it lasted. Early-warning steps: the detector's 'correct likelihood falls "
-        "while reward rises' signal. Verdict: `collapse` (accelerated_collapse seen), `LLD` (mean of the last "
+        "The monitor's `PhaseDetector` re-run on each run's metrics.jsonl with evidence proportional to the run: a "
+        "phase (and the early warning) counts only after its condition held on "
+        f"{s['runs'][0]['phases']['persistence'] if s['runs'] else '-'} consecutive steps "
+        "(`max(2, ceil(0.1 x steps))`). First step each phase was reported and how many steps it lasted. "
+        "Early-warning steps: 'correct likelihood falls while reward rises'. *Reward collapsed at*: judged from the "
+        "reward alone (two-step mean at or below 0.3 x its peak from that step to the end of the run, peak >= 0.05); "
+        "*warning lead*: steps from the first warning to that collapse (`late` / `missed` when the warning came at or "
+        "after it / never; `false alarm` when a run that did not collapse was warned). Verdict (computed): `collapse` "
+        "(accelerated_collapse reported), `LLD` (mean of the last "
         f"{TREND_WINDOW} values vs the first {TREND_WINDOW}: reward up by more than {REWARD_MARGIN} while the "
-        f"correct-response or probe-set log-likelihood per token is down by more than {LLD_MARGIN} nats), `decay` "
-        "(steady_decay seen without the LLD pattern end to end), `none`.",
+        f"correct-response or probe-set log-likelihood per token is down by more than {LLD_MARGIN} nats), `none`.",
         "",
         phase_table(s["runs"]),
+        "Early warning: " + warning_text(s["warning_summary"]),
+        "",
         "## Trends (first / last " + str(TREND_WINDOW) + " logged values)",
         "",
         trend_table(s["runs"]),
@@ -676,9 +716,10 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
             cfg = configs[(m.key, s)]
             rec = load_run(cfg, runs_dir) if report_only else run_one(cfg, m, s, wdir, retriever)
             records = load_records(rec["run_dir"])
-            rec["phases"] = phase_summary(records)
+            rec["phases"] = phase_summary(records, run_steps=cfg.trainer.total_steps)
             rec["trend"] = trend_summary(records)
             rec["verdict"] = lld_verdict(rec["trend"], rec["phases"])
+            rec["test_em"] = rec["eval"]["em"]
             rec.pop("config")
             runs.append(rec)
             print(f"[lab] {run_name(m, s)}: test EM {rec['eval']['em']:.3f} (single {fmt(rec['eval']['em_single_hop'])},"
@@ -694,7 +735,8 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
         "world": {"dir": str(wdir), "counts": card.get("counts", {}), "config": card.get("config", {}),
                   "warm_start_card": card.get("warm_start", {})},
         "shared_settings": shared_settings(base), "warm_start": warm, "runs": runs,
-        "aggregate": aggregate(runs, methods), "pngs": [p.name for p in pngs],
+        "aggregate": aggregate(runs, methods), "warning_summary": warning_summary(runs),
+        "pngs": [p.name for p in pngs],
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}",
         "wall_s": round(time.time() - t_start, 1) if not report_only else
         round(sum(r["train_s"] + r["eval_s"] for r in runs) + (warm.get("eval_s") or 0.0), 1),

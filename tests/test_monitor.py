@@ -7,12 +7,15 @@ import torch
 
 from searchr1_lld.monitor import (
     PhaseDetector,
+    PhaseThresholds,
     ProbeSet,
     engine_learner_gap,
     first_action_ids,
     likelihood_metrics,
     linear_slope,
+    reward_collapse_step,
     shared_first_action_fraction,
+    warning_accounting,
 )
 
 
@@ -163,3 +166,41 @@ def test_phase_collapse_is_sticky_while_reward_stays_crashed():
     # and recovery (reward back above the crash threshold) ends it
     hist += _series(4, lambda i: 0.3, lambda i: -0.5, lambda i: 0.5, lambda i: 1.0)
     assert _final(hist).phase != "accelerated_collapse"
+
+
+def test_reported_phase_needs_persistence():
+    # the raw rules call the last step a collapse (grad norm x20, likelihood 2.5 nats below peak, reward crashed);
+    # one step is not evidence enough, two consecutive steps are
+    hist = _series(10, lambda i: 0.3 if i < 9 else 0.0, lambda i: -0.5 if i < 9 else -3.0,
+                   lambda i: 1.0 if i < 9 else 20.0, lambda i: 1.0)
+    det = PhaseDetector()
+    assert det.raw(hist).phase == "accelerated_collapse"
+    assert det.detect(hist).phase != "accelerated_collapse"
+    hist2 = _series(11, lambda i: 0.3 if i < 9 else 0.0, lambda i: -0.5 if i < 9 else -3.0,
+                    lambda i: 1.0 if i < 9 else 20.0, lambda i: 1.0)
+    assert det.detect(hist2).phase == "accelerated_collapse"
+    # persistence grows with the run: max(persist, ceil(persist_frac * run_steps))
+    assert PhaseThresholds(run_steps=3).persistence() == 2
+    assert PhaseThresholds(run_steps=40).persistence() == 4
+    assert PhaseDetector(PhaseThresholds(run_steps=40)).detect(hist2).phase != "accelerated_collapse"
+
+
+def test_reward_collapse_step_by_hand():
+    # smoothed (2-step mean): 0.1, 0.15, 0.25, 0.3, 0.15, 0.0, 0.0 ; peak 0.3 -> crashed where <= 0.09: indices 5, 6
+    r = [0.1, 0.2, 0.3, 0.3, 0.0, 0.0, 0.0]
+    assert reward_collapse_step(r) == 5
+    assert reward_collapse_step(r, persist=3) is None  # only 2 crashed steps at the end
+    assert reward_collapse_step([0.3, 0.3, 0.0, 0.0, 0.3, 0.3]) is None  # recovered: not a collapse
+    assert reward_collapse_step([0.02, 0.0, 0.0, 0.0]) is None  # peak below min_peak: nothing to collapse from
+
+
+def test_warning_accounting_outcomes():
+    steps = list(range(1, 8))
+    crash = [0.1, 0.2, 0.3, 0.3, 0.0, 0.0, 0.0]  # collapses at step 6
+    assert warning_accounting(steps, crash, [3, 4]) == {"collapse_step": 6, "first_warning_step": 3,
+                                                        "lead_steps": 3, "outcome": "warned"}
+    assert warning_accounting(steps, crash, [6])["outcome"] == "late"
+    assert warning_accounting(steps, crash, [])["outcome"] == "missed"
+    flat = [0.2] * 7
+    assert warning_accounting(steps, flat, [2])["outcome"] == "false_alarm"
+    assert warning_accounting(steps, flat, [])["outcome"] == "quiet"
