@@ -78,6 +78,7 @@ METHODS: dict[str, Method] = {
 # Config keys a method may change; run bookkeeping keys that differ between runs by construction.
 METHOD_KEYS = ("algorithm.llds.enabled", "algorithm.llds.gate", "algorithm.llds.ma")
 RUN_KEYS = ("trainer.seed", "trainer.run_name", "trainer.output_dir")
+RUN_PLAN = "lab_plan.json"  # the config a run directory is being trained with (resume only into the same config)
 
 # Curves of the report: file stem -> (title, metric name, y label).
 CURVES: dict[str, tuple[str, str, str]] = {
@@ -129,8 +130,9 @@ def method_config(config_path: str | Path, overrides: Sequence[str], method: Met
     return load_config(config_path, [
         *overrides, *method.overrides, f"trainer.seed={seed}", f"data.world_dir={world_dir}",
         f"trainer.output_dir={runs_dir}", f"trainer.run_name={run_name(method, seed)}",
-        # the lab trains from scratch every time and keeps no checkpoints (the trained policy is evaluated in memory)
-        "trainer.resume=never", "trainer.save_every=0", "trainer.eval_every=0", "logging.wandb=false",
+        # resumable: an interrupted run continues from its last checkpoint (trainer.save_every of the lab config);
+        # the trained policy is evaluated in memory
+        "trainer.resume=auto", "trainer.eval_every=0", "logging.wandb=false",
     ])
 
 
@@ -245,8 +247,11 @@ def run_one(cfg: Config, method: Method, seed: int, world_dir: Path, retriever: 
     from searchr1_lld.trainer import Trainer
 
     run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.run_name
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
+    plan = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
+    if run_dir.exists() and not ((run_dir / RUN_PLAN).is_file() and (run_dir / RUN_PLAN).read_text() == plan):
+        shutil.rmtree(run_dir)  # another config's (or a pre-resume) run: start over
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RUN_PLAN).write_text(plan)
     t0 = time.time()
     trainer = Trainer(cfg, run_dir=run_dir, retriever=retriever, world_dir=world_dir)
     result = trainer.run(evaluate=False)
@@ -281,6 +286,15 @@ def load_warm_start(eval_dir: Path) -> dict[str, Any]:
     from searchr1_lld import evaluation as ev
 
     return {"eval": eval_summary(ev.load_results(eval_dir)), "eval_s": 0.0, "run_dir": str(eval_dir)}
+
+
+def finished(cfg: Config, runs_dir: Path) -> bool:
+    """True when ``runs_dir`` holds this run's lab_run.json, trained with exactly this config."""
+    try:
+        load_run(cfg, runs_dir)
+    except ConfigError:
+        return False
+    return True
 
 
 def load_run(cfg: Config, runs_dir: Path) -> dict[str, Any]:
@@ -681,8 +695,13 @@ def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path], n
 
 def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequence[int], methods: Sequence[Method],
             out_dir: str | Path, runs_dir: str | Path, world_dir: str | None = None, notes: str | Path | None = None,
-            quick: bool = False, command: str = "", report_only: bool = False) -> dict[str, Any]:
+            quick: bool = False, command: str = "", report_only: bool = False, fresh: bool = False) -> dict[str, Any]:
     """Train and evaluate every (seed, method), then write the report. Returns the summary (also summary.json).
+
+    Resumable and splittable: a run whose ``lab_run.json`` holds this exact config is reused (``fresh`` retrains
+    it); an interrupted run resumes from its last checkpoint. Several calls with different ``--seeds`` /
+    ``--methods`` on the same ``runs_dir`` (one after the other, or from separate background jobs) fill the grid;
+    a last ``--report-only`` call over the whole grid writes the full report.
 
     ``report_only``: train nothing; rebuild the report from the finished runs in ``runs_dir`` (their lab_run.json must
     hold the config this call would have trained with, bookkeeping keys aside)."""
@@ -708,13 +727,26 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
 
         retriever = InProcessRetriever(str(wdir / "index"))
         print(f"[lab] world {wdir}; {len(configs)} runs; runs in {runs_dir}", flush=True)
-        warm = evaluate_warm_start(base, wdir, retriever, runs_dir / "warm_start" / "eval")
+        warm_dir = runs_dir / "warm_start" / "eval"
+        from searchr1_lld.evaluation import EvalError
+
+        try:
+            warm = load_warm_start(warm_dir) if not fresh else None
+        except EvalError:  # no finished warm-start evaluation there yet
+            warm = None
+        warm = warm or evaluate_warm_start(base, wdir, retriever, warm_dir)
     print(f"[lab] warm start: test EM {warm['eval']['em']:.3f}", flush=True)
     runs = []
     for s in seeds:
         for m in methods:
             cfg = configs[(m.key, s)]
-            rec = load_run(cfg, runs_dir) if report_only else run_one(cfg, m, s, wdir, retriever)
+            if report_only:
+                rec = load_run(cfg, runs_dir)
+            elif not fresh and finished(cfg, runs_dir):
+                rec = load_run(cfg, runs_dir)
+                print(f"[lab] {run_name(m, s)}: finished earlier, reused ({runs_dir / cfg.trainer.run_name})", flush=True)
+            else:
+                rec = run_one(cfg, m, s, wdir, retriever)
             records = load_records(rec["run_dir"])
             rec["phases"] = phase_summary(records, run_steps=cfg.trainer.total_steps)
             rec["trend"] = trend_summary(records)
@@ -759,6 +791,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--world-dir", help="an existing world dir to use as is (default: .cache/lab-world-<hash>)")
     p.add_argument("--notes", default=str(DEFAULT_NOTES), help="markdown put under 'Experiments tried'")
     p.add_argument("--report-only", action="store_true", help="rebuild the report from the finished runs in --runs-dir")
+    p.add_argument("--fresh", action="store_true", help="retrain runs that already finished with the same config")
     p.add_argument("overrides", nargs="*", help="key=value config overrides applied to every method")
     args = p.parse_args(argv)
     config = args.config or str(QUICK_CONFIG if args.quick else FULL_CONFIG)
@@ -769,7 +802,7 @@ def main(argv: list[str] | None = None) -> int:
             config_path=config, overrides=args.overrides, seeds=seeds, methods=methods,
             out_dir=args.out or ("runs/lab-quick/report" if args.quick else "docs/lab"),
             runs_dir=args.runs_dir or ("runs/lab-quick" if args.quick else "runs/lab"), world_dir=args.world_dir,
-            notes=args.notes, quick=args.quick, report_only=args.report_only,
+            notes=args.notes, quick=args.quick, report_only=args.report_only, fresh=args.fresh,
             command="python -m searchr1_lld.lab " + " ".join(argv if argv is not None else sys.argv[1:]),
         )
     except ConfigError as e:

@@ -34,8 +34,23 @@ def test_methods_differ_only_in_llds_switches(config_path, tmp_path):
     assert by_name["llds_response-seed0"].algorithm.llds.gate == "response"
     assert by_name["llds_action-seed0"].algorithm.llds.ma == "off"
     assert {c.trainer.lr for c in cfgs} == {3e-4}  # user overrides reach every method
-    assert ma.trainer.seed == 1 and ma.trainer.resume == "never"
+    assert ma.trainer.seed == 1 and ma.trainer.resume == "auto"  # an interrupted run resumes
     assert lab.config_differences(grpo, by_name["grpo-seed1"]) == ["trainer.run_name", "trainer.seed"]
+
+
+def test_finished_runs_are_reused_only_with_the_same_config(tmp_path):
+    """Resumable, splittable lab: a run whose lab_run.json holds exactly this config is finished; any other
+    setting (or no record) means it must be trained."""
+    cfg = lab.method_config(lab.QUICK_CONFIG, [], lab.METHODS["grpo"], 0, world_dir=tmp_path / "w",
+                            runs_dir=tmp_path / "r")
+    assert not lab.finished(cfg, tmp_path / "r")
+    run_dir = tmp_path / "r" / cfg.trainer.run_name
+    run_dir.mkdir(parents=True)
+    (run_dir / lab.RUN_RECORD).write_text(json.dumps({"method": "grpo", "seed": 0, "config": cfg.to_dict()}))
+    assert lab.finished(cfg, tmp_path / "r")
+    other = lab.method_config(lab.QUICK_CONFIG, ["trainer.lr=5e-4"], lab.METHODS["grpo"], 0,
+                              world_dir=tmp_path / "w", runs_dir=tmp_path / "r")
+    assert not lab.finished(other, tmp_path / "r")
 
 
 def test_check_rejects_methods_tuned_differently(tmp_path):
