@@ -345,16 +345,17 @@ def phase_summary(records: Sequence[dict[str, Any]], run_steps: int | None = Non
 
     Returns ``{"first_step": {phase: step or None}, "steps_in": {phase: count}, "final": phase,
     "warning_steps": [steps where the early warning fired], "collapse_step": first accelerated_collapse step or None,
-    "persistence": steps, "warning": monitor.warning_accounting(...)}``.
+    "persistence": steps, "warning": monitor.warning_accounting(...)}`` (alarm = early warning, or steady_decay /
+    accelerated_collapse reported).
     """
-    from searchr1_lld.monitor import PhaseThresholds, warning_accounting
+    from searchr1_lld.monitor import PhaseThresholds, alarm_steps, warning_accounting
 
     thresholds = PhaseThresholds(run_steps=run_steps or len(records))
     detector = PhaseDetector(thresholds)
     first: dict[str, int | None] = {p: None for p in PHASES}
     count: dict[str, int] = {p: 0 for p in PHASES}
     warnings_at: list[int] = []
-    final = None
+    reported: list[str] = []
     for i, r in enumerate(records):
         report = detector.detect(records[: i + 1])
         step = int(r["step"])
@@ -363,9 +364,11 @@ def phase_summary(records: Sequence[dict[str, Any]], run_steps: int | None = Non
             first[report.phase] = step
         if report.warning:
             warnings_at.append(step)
-        final = report.phase
-    accounting = warning_accounting([int(r["step"]) for r in records], [r.get("reward/em_mean") for r in records],
-                                    warnings_at, thresholds)
+        reported.append(report.phase)
+    steps = [int(r["step"]) for r in records]
+    accounting = warning_accounting(steps, [r.get("reward/em_mean") for r in records],
+                                    alarm_steps(steps, reported, warnings_at), thresholds)
+    final = reported[-1] if reported else None
     return {"first_step": first, "steps_in": count, "final": final, "warning_steps": warnings_at,
             "collapse_step": first["accelerated_collapse"], "persistence": thresholds.persistence(),
             "warning": accounting}
@@ -586,8 +589,8 @@ def phase_table(runs: Sequence[dict[str, Any]]) -> str:
 
 
 def warning_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Early-warning accounting over runs: collapsed runs warned / late / missed (+ lead times), non-collapsed runs
-    with a false alarm / quiet."""
+    """Alarm accounting over runs: collapsed runs warned / late / missed (+ lead times), non-collapsed runs with a
+    false alarm / quiet."""
     outcomes = [r["phases"]["warning"]["outcome"] for r in runs]
     leads = [r["phases"]["warning"]["lead_steps"] for r in runs if r["phases"]["warning"]["outcome"] == "warned"]
     return {"collapsed_runs": sum(o in ("warned", "late", "missed") for o in outcomes),
@@ -668,8 +671,9 @@ def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path], n
         "(`max(2, ceil(0.1 x steps))`). First step each phase was reported and how many steps it lasted. "
         "Early-warning steps: 'correct likelihood falls while reward rises'. *Reward collapsed at*: judged from the "
         "reward alone (two-step mean at or below 0.3 x its peak from that step to the end of the run, peak >= 0.05); "
-        "*warning lead*: steps from the first warning to that collapse (`late` / `missed` when the warning came at or "
-        "after it / never; `false alarm` when a run that did not collapse was warned). Verdict (computed): `collapse` "
+        "*warning lead*: steps from the first alarm (early warning, or steady_decay / accelerated_collapse reported) "
+        "to that collapse (`late` / `missed` when the alarm came at or after it / never; `false alarm` when a run "
+        "that did not collapse raised one). Verdict (computed): `collapse` "
         "(accelerated_collapse reported), `LLD` (mean of the last "
         f"{TREND_WINDOW} values vs the first {TREND_WINDOW}: reward up by more than {REWARD_MARGIN} while the "
         f"correct-response or probe-set log-likelihood per token is down by more than {LLD_MARGIN} nats), `none`.",

@@ -420,28 +420,38 @@ def reward_collapse_step(rewards: Sequence[float], *, ratio: float = 0.3, min_pe
     return start
 
 
-def warning_accounting(steps: Sequence[int], rewards: Sequence[float], warning_steps: Sequence[int],
+ALARM_PHASES = ("steady_decay", "accelerated_collapse")  # reported phases that count as an alarm
+
+
+def alarm_steps(steps: Sequence[int], phases: Sequence[str], warning_steps: Sequence[int]) -> list[int]:
+    """Steps at which the detector raised an alarm: its early warning fired, or it reported steady_decay or
+    accelerated_collapse."""
+    return sorted(set(int(s) for s in warning_steps)
+                  | {int(s) for s, ph in zip(steps, phases) if ph in ALARM_PHASES})
+
+
+def warning_accounting(steps: Sequence[int], rewards: Sequence[float], alarms: Sequence[int],
                        thresholds: PhaseThresholds | None = None) -> dict[str, Any]:
-    """Did the early warning come before the reward collapsed, and by how many steps?
+    """Did the detector's alarm (:func:`alarm_steps`) come before the reward collapsed, and by how many steps?
 
     ``collapse_step``: the step where the reward collapsed for good (:func:`reward_collapse_step`, with the
-    detector's reward-crash thresholds and persistence); ``first_warning_step``: first step the warning fired;
-    ``lead_steps`` = collapse_step - first_warning_step when the warning fired before the collapse (None otherwise);
-    ``outcome``: ``warned`` (collapse, warning before it), ``late`` (warning only at or after the collapse), ``missed``
-    (collapse, no warning), ``false_alarm`` (no collapse, warning fired), ``quiet`` (no collapse, no warning).
+    detector's reward-crash thresholds and persistence); ``first_alarm_step``: first alarm;
+    ``lead_steps`` = collapse_step - first_alarm_step when the alarm came before the collapse (None otherwise);
+    ``outcome``: ``warned`` (collapse, alarm before it), ``late`` (alarm only at or after the collapse), ``missed``
+    (collapse, no alarm), ``false_alarm`` (no collapse, alarm raised), ``quiet`` (no collapse, no alarm).
     """
     t = thresholds or PhaseThresholds()
     idx = reward_collapse_step(rewards, ratio=t.collapse_reward_ratio, min_peak=t.min_peak_reward,
                                persist=t.persistence())
     collapse = int(steps[idx]) if idx is not None else None
-    first = int(warning_steps[0]) if warning_steps else None
+    first = int(min(alarms)) if alarms else None
     if collapse is None:
         outcome = "false_alarm" if first is not None else "quiet"
     elif first is None:
         outcome = "missed"
     else:
         outcome = "warned" if first < collapse else "late"
-    return {"collapse_step": collapse, "first_warning_step": first,
+    return {"collapse_step": collapse, "first_alarm_step": first,
             "lead_steps": collapse - first if outcome == "warned" else None, "outcome": outcome}
 
 

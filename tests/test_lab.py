@@ -111,7 +111,7 @@ def test_phase_summary_counts_first_steps_and_warnings():
     assert ph["steps_in"] == {"healthy": 3, "early_stagnation": 0, "steady_decay": 2, "accelerated_collapse": 0}
     assert ph["final"] == "steady_decay" and ph["collapse_step"] is None
     assert ph["warning_steps"] == [4, 5]
-    assert ph["warning"]["outcome"] == "false_alarm"  # warned, and the reward never collapsed
+    assert ph["warning"]["outcome"] == "false_alarm"  # alarm raised, and the reward never collapsed
 
 
 def _collapse_run(n_before, n_after):
