@@ -17,7 +17,7 @@ from searchr1_lld.config import WorldConfig  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-# The test world: small enough to build (index + tokenizer + warm start: 32 optimiser steps) in well under a minute
+# The test world: small enough to build (index + tokenizer + warm start: 64 optimiser steps) in about a minute
 # on 2 idle cores. Its policy follows the protocol only some of the time (see test_data_policy).
 TEST_WORLD_CONFIG = WorldConfig(
     seed=0,
@@ -36,7 +36,7 @@ TEST_WORLD_CONFIG = WorldConfig(
     model_kv_heads=2,
     model_intermediate_size=128,
     warmstart_trajectories=256,
-    warmstart_epochs=1,
+    warmstart_epochs=2,  # 64 optimiser steps: enough that sampled rollouts search and answer at a measured rate
     warmstart_lr=1e-2,
     warmstart_quality=0.7,
     warmstart_batch_size=8,
