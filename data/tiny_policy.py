@@ -279,8 +279,15 @@ def tokenize_segments(segments: list[Segment], tokenizer, max_obs_length: int = 
 
 
 def build_warmstart_examples(rows: list[dict], search: SearchFn, tokenizer, cfg: WorldConfig, topk: int = 3,
-                             seed: int | None = None) -> list[tuple[list[int], list[int]]]:
-    """Sample ``cfg.warmstart_trajectories`` plans, retrieve their queries in one batch, render and tokenise them."""
+                             seed: int | None = None, passages: list[dict] | None = None
+                             ) -> list[tuple[list[int], list[int]]]:
+    """Sample ``cfg.warmstart_trajectories`` plans, retrieve their queries in one batch, render and tokenise them.
+
+    ``passages`` (the whole corpus): with name shuffling, every entity-name word of the corpus joins the renaming
+    pool, test entities' included. Names are then pure symbols whose embeddings all get trained alike; without this
+    a test entity's name tokens are never seen in training (their embeddings stay at init) and the policy cannot
+    copy them. No fact leaks: each trajectory's names and years are renamed at random, so no real name ever appears
+    next to its real facts."""
     seed = cfg.seed if seed is None else seed
     plans = plan_trajectories(rows, cfg.warmstart_trajectories, cfg.warmstart_quality, seed)
     queries = sorted({q for p in plans for q in p.queries})
@@ -290,7 +297,8 @@ def build_warmstart_examples(rows: list[dict], search: SearchFn, tokenizer, cfg:
     segments = [render_segments(p, hits_of, tokenizer.eos_token, rng) for p in plans]
     if cfg.warmstart_shuffle_names:
         pool = sorted({w for hits in results for h in hits for w in _title(h["contents"]).split()}
-                      | {w for r in rows for key in ("subject", "bridge") for w in r["metadata"][key].split()})
+                      | {w for r in rows for key in ("subject", "bridge") for w in r["metadata"][key].split()}
+                      | {w for p in (passages or []) for w in _title(p["contents"]).split()})
         renamer = NameShuffler(pool)
         segments = [renamer(segs, rng) for segs in segments]
     return [tokenize_segments(segs, tokenizer) for segs in segments]
@@ -438,7 +446,7 @@ def build_tiny_policy(out_dir: str | Path, passages: list[dict], train_rows: lis
     tokenizer = train_tokenizer(tokenizer_training_texts(passages, train_rows), cfg.tokenizer_vocab_size, tok_dir)
     model = make_model(cfg, tokenizer)
     with tqdm(total=1, desc="warm-start data", disable=not progress, leave=False) as bar:
-        examples = build_warmstart_examples(train_rows, search, tokenizer, cfg)
+        examples = build_warmstart_examples(train_rows, search, tokenizer, cfg, passages=passages)
         bar.update(1)
     stats = warm_start(model, examples, cfg, pad_id=tokenizer.pad_token_id, batch_size=cfg.warmstart_batch_size,
                        progress=progress)
