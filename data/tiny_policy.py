@@ -164,8 +164,11 @@ ANSWER_TYPE = {
     "company_founder": "person", "city_river": "river", "hq_river": "river", "birthplace_river": "river",
 }
 
-# kinds of warm-start trajectories; "correct" has probability cfg.warmstart_quality, the rest share the remainder
-FLAWED_KINDS = {"wrong_search": 0.3, "no_search": 0.25, "one_hop_only": 0.2, "malformed": 0.25}
+# kinds of warm-start trajectories; "correct" has probability cfg.warmstart_quality, the rest share the remainder.
+# Every flawed kind that searches still searches for the question's subject (the policy must learn to copy it); the
+# flaws are in what follows: a type-correct guess instead of the answer the passage states, stopping after the first
+# hop of a multi-hop question, answering without a search, a malformed first turn (kept rare: format-valid >= 0.95).
+FLAWED_KINDS = {"guess_after_search": 0.35, "one_hop_only": 0.35, "no_search": 0.2, "malformed": 0.1}
 
 
 @dataclass
@@ -204,7 +207,6 @@ def plan_trajectories(rows: list[dict], n: int, quality: float, seed: int) -> li
     """Sample ``n`` trajectory plans over ``rows`` (share ``quality`` fully correct)."""
     rng = random.Random(seed)
     pools = _answer_pools(rows)
-    subjects = sorted({r["metadata"]["subject"] for r in rows})
     kinds, weights = zip(*FLAWED_KINDS.items())
     plans = []
     for _ in range(n):
@@ -215,13 +217,12 @@ def plan_trajectories(rows: list[dict], n: int, quality: float, seed: int) -> li
         kind = "correct" if rng.random() < quality else rng.choices(kinds, weights)[0]
         if kind == "correct":
             plans.append(TrajectoryPlan(row, kind, hop_queries, gold))
-        elif kind == "wrong_search":
-            wrong = rng.choice([s for s in subjects if s != meta["subject"]] or subjects)
-            plans.append(TrajectoryPlan(row, kind, [wrong], _wrong_answer(rng, row, pools)))
+        elif kind == "guess_after_search":
+            plans.append(TrajectoryPlan(row, kind, hop_queries, _wrong_answer(rng, row, pools)))
         elif kind == "no_search":
             plans.append(TrajectoryPlan(row, kind, [], _wrong_answer(rng, row, pools)))
         elif kind == "one_hop_only":
-            answer = meta["bridge"] if meta["hops"] == 2 else _wrong_answer(rng, row, pools)
+            answer = meta["bridge"] if meta["hops"] == 2 and rng.random() < 0.5 else _wrong_answer(rng, row, pools)
             plans.append(TrajectoryPlan(row, kind, [meta["subject"]], answer))
         else:  # malformed first turn, then the environment's correction, then a correct continuation
             bad = rng.choice([
@@ -278,8 +279,15 @@ def tokenize_segments(segments: list[Segment], tokenizer, max_obs_length: int = 
 
 
 def build_warmstart_examples(rows: list[dict], search: SearchFn, tokenizer, cfg: WorldConfig, topk: int = 3,
-                             seed: int | None = None) -> list[tuple[list[int], list[int]]]:
-    """Sample ``cfg.warmstart_trajectories`` plans, retrieve their queries in one batch, render and tokenise them."""
+                             seed: int | None = None, passages: list[dict] | None = None
+                             ) -> list[tuple[list[int], list[int]]]:
+    """Sample ``cfg.warmstart_trajectories`` plans, retrieve their queries in one batch, render and tokenise them.
+
+    ``passages`` (the whole corpus): with name shuffling, every entity-name word of the corpus joins the renaming
+    pool, test entities' included. Names are then pure symbols whose embeddings all get trained alike; without this
+    a test entity's name tokens are never seen in training (their embeddings stay at init) and the policy cannot
+    copy them. No fact leaks: each trajectory's names and years are renamed at random, so no real name ever appears
+    next to its real facts."""
     seed = cfg.seed if seed is None else seed
     plans = plan_trajectories(rows, cfg.warmstart_trajectories, cfg.warmstart_quality, seed)
     queries = sorted({q for p in plans for q in p.queries})
@@ -289,7 +297,8 @@ def build_warmstart_examples(rows: list[dict], search: SearchFn, tokenizer, cfg:
     segments = [render_segments(p, hits_of, tokenizer.eos_token, rng) for p in plans]
     if cfg.warmstart_shuffle_names:
         pool = sorted({w for hits in results for h in hits for w in _title(h["contents"]).split()}
-                      | {w for r in rows for key in ("subject", "bridge") for w in r["metadata"][key].split()})
+                      | {w for r in rows for key in ("subject", "bridge") for w in r["metadata"][key].split()}
+                      | {w for p in (passages or []) for w in _title(p["contents"]).split()})
         renamer = NameShuffler(pool)
         segments = [renamer(segs, rng) for segs in segments]
     return [tokenize_segments(segs, tokenizer) for segs in segments]
@@ -437,7 +446,7 @@ def build_tiny_policy(out_dir: str | Path, passages: list[dict], train_rows: lis
     tokenizer = train_tokenizer(tokenizer_training_texts(passages, train_rows), cfg.tokenizer_vocab_size, tok_dir)
     model = make_model(cfg, tokenizer)
     with tqdm(total=1, desc="warm-start data", disable=not progress, leave=False) as bar:
-        examples = build_warmstart_examples(train_rows, search, tokenizer, cfg)
+        examples = build_warmstart_examples(train_rows, search, tokenizer, cfg, passages=passages)
         bar.update(1)
     stats = warm_start(model, examples, cfg, pad_id=tokenizer.pad_token_id, batch_size=cfg.warmstart_batch_size,
                        progress=progress)
@@ -464,16 +473,56 @@ def is_format_valid(traj) -> bool:
     return traj.finish_reason == "answer" and traj.invalid_actions == 0
 
 
-def summarize_trajectories(trajs: list) -> dict[str, float]:
-    """EM, format-valid rate, answer rate and mean valid searches of a list of trajectories."""
+def first_query_names_subject(traj) -> bool:
+    """The first search names the question's subject: every word of ``metadata.subject`` is in the first query."""
+    from searchr1_lld.rewards import normalize_answer
+
+    if not traj.queries:
+        return False
+    words = set(normalize_answer(traj.queries[0]).split())
+    return set(normalize_answer(traj.row["metadata"]["subject"]).split()) <= words
+
+
+def _contains(text: str, phrase: str) -> bool:
+    from searchr1_lld.rewards import normalize_answer
+
+    phrase = normalize_answer(phrase)
+    return bool(phrase) and f" {phrase} " in f" {normalize_answer(text)} "
+
+
+def gold_passages_retrieved(traj, contents_of: dict[str, str]) -> list[str]:
+    """Contents of the retrieved passages (any turn) that contain one of the row's gold answers."""
+    ids = {d for turn in traj.retrieved_ids for d in turn}
+    return [contents_of[d] for d in sorted(ids)
+            if any(_contains(contents_of[d], g) for g in traj.row["golden_answers"])]
+
+
+def summarize_trajectories(trajs: list, contents_of: dict[str, str] | None = None) -> dict[str, float]:
+    """EM, format-valid rate, answer rate, mean valid searches of a list of trajectories, and, with the corpus
+    (``contents_of``: doc id -> contents), how well the policy copies:
+
+    - ``first_query_subject_rate``: share whose first query names the question's subject;
+    - ``gold_retrieved_rate``: share that retrieved (any turn) a passage containing a gold answer;
+    - ``answer_copied_rate``: among those, share whose answer is a gold answer that such a passage contains
+      (copied out of ``<information>``); NaN when none retrieved one.
+    """
     n = max(len(trajs), 1)
-    return {
+    out = {
         "em": sum(t.reward for t in trajs) / n,
         "format_valid_rate": sum(is_format_valid(t) for t in trajs) / n,
         "answer_rate": sum(t.finish_reason == "answer" for t in trajs) / n,
         "mean_valid_searches": sum(t.valid_searches for t in trajs) / n,
+        "first_query_subject_rate": sum(first_query_names_subject(t) for t in trajs) / n,
         "num": len(trajs),
     }
+    if contents_of is not None:
+        with_gold = [(t, gold_passages_retrieved(t, contents_of)) for t in trajs]
+        with_gold = [(t, docs) for t, docs in with_gold if docs]
+        copied = sum(1 for t, docs in with_gold if t.reward > 0.5 and t.prediction
+                     and any(_contains(d, t.prediction) for d in docs))
+        out["gold_retrieved_rate"] = len(with_gold) / n
+        out["answer_copied_rate"] = copied / len(with_gold) if with_gold else float("nan")
+    return out
 
 
 def measure_warm_start(world_dir: str | Path, *, retriever: Any = None, limit: int = 0, sample_n: int = 1,
@@ -505,11 +554,17 @@ def measure_warm_start(world_dir: str | Path, *, retriever: Any = None, limit: i
                             greedy=True, progress=progress)
     sampled = run_agent_loop(rows, backend=backend, tokenizer=tokenizer, retriever=retriever, cfg=cfg, n=sample_n,
                              greedy=False, progress=progress)
+    contents_of = {p["id"]: p["contents"] for p in read_jsonl(world_dir / "corpus.jsonl")}
     by_hops: dict[str, float] = {}
+    sampled_by_hops: dict[str, float] = {}
     for hops in (1, 2):
         sel = [t for t in greedy if t.row["metadata"]["hops"] == hops]
         if sel:
             by_hops[str(hops)] = sum(t.reward for t in sel) / len(sel)
-    return {"greedy": summarize_trajectories(greedy), "sampled": summarize_trajectories(sampled),
-            "greedy_em_by_hops": by_hops, "max_tokens_per_turn": cfg.max_tokens_per_turn,
+        sel = [t for t in sampled if t.row["metadata"]["hops"] == hops]
+        if sel:
+            sampled_by_hops[str(hops)] = sum(t.reward for t in sel) / len(sel)
+    return {"greedy": summarize_trajectories(greedy, contents_of), "sampled": summarize_trajectories(sampled, contents_of),
+            "greedy_em_by_hops": by_hops, "sampled_em_by_hops": sampled_by_hops,
+            "max_tokens_per_turn": cfg.max_tokens_per_turn, "max_turns": cfg.max_turns, "sample_n": sample_n,
             "test_questions": len(rows)}

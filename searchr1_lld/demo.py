@@ -20,6 +20,39 @@ from searchr1_lld.config import ConfigError, load_config
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _read_trajectories(eval_dir: Path) -> dict[str, dict]:
+    import json
+
+    path = eval_dir / "trajectories.jsonl"
+    if not path.is_file():
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return {r["id"]: r for r in (json.loads(line) for line in f if line.strip())}
+
+
+def pick_example(before: dict[str, dict], after: dict[str, dict]) -> str | None:
+    """The id of one test question the trained policy answers and the warm start does not (multi-hop first, then
+    the first id in order); None if there is none."""
+    won = [i for i in sorted(after) if i in before and after[i]["em"] > before[i]["em"]]
+    multi = [i for i in won if after[i].get("hops") == 2]
+    return (multi or won or [None])[0]
+
+
+def format_example(rid: str, before: dict, after: dict, width: int = 600) -> str:
+    """Question, gold answers and the two greedy trajectories (response text, observations included)."""
+    def body(r: dict) -> str:
+        text = r["response_text"].strip()
+        return text if len(text) <= width else text[:width] + " ..."
+
+    return "\n".join([
+        f"example test question ({rid}, {before.get('hops')}-hop): {before['question']}  gold: {before['golden_answers']}",
+        f"--- warm start (EM {before['em']:.0f}, queries {before['queries']}, answer {before['prediction']!r}):",
+        body(before),
+        f"--- trained (EM {after['em']:.0f}, queries {after['queries']}, answer {after['prediction']!r}):",
+        body(after),
+    ])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(REPO / "configs" / "tiny.yaml"))
@@ -73,13 +106,19 @@ def main(argv: list[str] | None = None) -> int:
 
     plots = sorted((Path(result.run_dir) / "plots").glob("*.png"))
     print("\n" + table + "\n")
+    before, after = _read_trajectories(out / "warm_start"), _read_trajectories(out / method)
+    rid = pick_example(before, after)
+    if rid is not None:
+        print(format_example(rid, before[rid], after[rid]) + "\n")
+    else:
+        print("(no test question that the trained policy answers and the warm start does not)\n")
     m = result.final_metrics
     keys = [k for k in ("reward/em_mean", "rollout/valid_searches_mean", "llds/active_token_frac", "actor/grad_norm", "actor/entropy") if k in m]
     if keys:
         print("last training step: " + "  ".join(f"{k}={m[k]:.4g}" for k in keys))
     print(f"wall time: world {t_world:.0f}s, training {t_train:.0f}s ({result.steps} steps), eval {t_eval:.0f}s")
     print(f"run directory: {result.run_dir}")
-    print(f"plots: {', '.join(str(p) for p in plots) if plots else '(none)'}")
+    print(f"plots: {Path(result.run_dir) / 'plots'} ({', '.join(p.name for p in plots) if plots else 'none written'})")
     print(f"tables: {out / 'results.md'} {out / 'results.csv'}")
     return 0
 

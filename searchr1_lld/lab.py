@@ -78,6 +78,7 @@ METHODS: dict[str, Method] = {
 # Config keys a method may change; run bookkeeping keys that differ between runs by construction.
 METHOD_KEYS = ("algorithm.llds.enabled", "algorithm.llds.gate", "algorithm.llds.ma")
 RUN_KEYS = ("trainer.seed", "trainer.run_name", "trainer.output_dir")
+RUN_PLAN = "lab_plan.json"  # the config a run directory is being trained with (resume only into the same config)
 
 # Curves of the report: file stem -> (title, metric name, y label).
 CURVES: dict[str, tuple[str, str, str]] = {
@@ -129,8 +130,9 @@ def method_config(config_path: str | Path, overrides: Sequence[str], method: Met
     return load_config(config_path, [
         *overrides, *method.overrides, f"trainer.seed={seed}", f"data.world_dir={world_dir}",
         f"trainer.output_dir={runs_dir}", f"trainer.run_name={run_name(method, seed)}",
-        # the lab trains from scratch every time and keeps no checkpoints (the trained policy is evaluated in memory)
-        "trainer.resume=never", "trainer.save_every=0", "trainer.eval_every=0", "logging.wandb=false",
+        # resumable: an interrupted run continues from its last checkpoint (trainer.save_every of the lab config);
+        # the trained policy is evaluated in memory
+        "trainer.resume=auto", "trainer.eval_every=0", "logging.wandb=false",
     ])
 
 
@@ -246,8 +248,11 @@ def run_one(cfg: Config, method: Method, seed: int, world_dir: Path, retriever: 
     from searchr1_lld.trainer import Trainer
 
     run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.run_name
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
+    plan = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
+    if run_dir.exists() and not ((run_dir / RUN_PLAN).is_file() and (run_dir / RUN_PLAN).read_text() == plan):
+        shutil.rmtree(run_dir)  # another config's (or a pre-resume) run: start over
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RUN_PLAN).write_text(plan)
     t0 = time.time()
     trainer = Trainer(cfg, run_dir=run_dir, retriever=retriever, world_dir=world_dir)
     result = trainer.run(evaluate=False)
@@ -282,6 +287,15 @@ def load_warm_start(eval_dir: Path) -> dict[str, Any]:
     from searchr1_lld import evaluation as ev
 
     return {"eval": eval_summary(ev.load_results(eval_dir)), "eval_s": 0.0, "run_dir": str(eval_dir)}
+
+
+def finished(cfg: Config, runs_dir: Path) -> bool:
+    """True when ``runs_dir`` holds this run's lab_run.json, trained with exactly this config."""
+    try:
+        load_run(cfg, runs_dir)
+    except ConfigError:
+        return False
+    return True
 
 
 def load_run(cfg: Config, runs_dir: Path) -> dict[str, Any]:
@@ -322,26 +336,43 @@ def mean_std(values: Sequence[float | None]) -> tuple[float, float, int]:
     return mu, sd, len(vals)
 
 
-def phase_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Phases of one run from its metrics.jsonl records (``phase/name`` per step).
+def phase_summary(records: Sequence[dict[str, Any]], run_steps: int | None = None) -> dict[str, Any]:
+    """Phases of one run, recomputed from its metrics.jsonl records with evidence proportional to the run.
+
+    The detector (:class:`PhaseDetector`) is re-run on the logged history up to each step with
+    ``PhaseThresholds(run_steps=run_steps or len(records))``: a phase (and the early warning) counts only once it held
+    for ``persistence()`` consecutive steps, which grows with the run. (The trainer's online ``phase/name`` uses the
+    minimum persistence, since it does not know how long the run will be.)
 
     Returns ``{"first_step": {phase: step or None}, "steps_in": {phase: count}, "final": phase,
-    "warning_steps": [steps where the detector's early warning fired], "collapse_step": step or None}``.
-    The early warning is recomputed with :class:`PhaseDetector` on the logged history up to each step.
+    "warning_steps": [steps where the early warning fired], "collapse_step": first accelerated_collapse step or None,
+    "persistence": steps, "warning": monitor.warning_accounting(...)}`` (alarm = early warning, or steady_decay /
+    accelerated_collapse reported).
     """
+    from searchr1_lld.monitor import PhaseThresholds, alarm_steps, warning_accounting
+
+    thresholds = PhaseThresholds(run_steps=run_steps or len(records))
+    detector = PhaseDetector(thresholds)
     first: dict[str, int | None] = {p: None for p in PHASES}
     count: dict[str, int] = {p: 0 for p in PHASES}
-    for r in records:
-        ph = r.get("phase/name")
-        if ph not in first:
-            raise ValueError(f"step {r.get('step')}: unknown phase {ph!r}")
-        count[ph] += 1
-        if first[ph] is None:
-            first[ph] = int(r["step"])
-    detector = PhaseDetector()
-    warnings_at = [int(r["step"]) for i, r in enumerate(records) if detector.detect(records[: i + 1]).warning]
-    return {"first_step": first, "steps_in": count, "final": records[-1].get("phase/name") if records else None,
-            "warning_steps": warnings_at, "collapse_step": first["accelerated_collapse"]}
+    warnings_at: list[int] = []
+    reported: list[str] = []
+    for i, r in enumerate(records):
+        report = detector.detect(records[: i + 1])
+        step = int(r["step"])
+        count[report.phase] += 1
+        if first[report.phase] is None:
+            first[report.phase] = step
+        if report.warning:
+            warnings_at.append(step)
+        reported.append(report.phase)
+    steps = [int(r["step"]) for r in records]
+    accounting = warning_accounting(steps, [r.get("reward/em_mean") for r in records],
+                                    alarm_steps(steps, reported, warnings_at), thresholds)
+    final = reported[-1] if reported else None
+    return {"first_step": first, "steps_in": count, "final": final, "warning_steps": warnings_at,
+            "collapse_step": first["accelerated_collapse"], "persistence": thresholds.persistence(),
+            "warning": accounting}
 
 
 def window_mean(records: Sequence[dict[str, Any]], key: str, which: str, k: int = TREND_WINDOW) -> float:
@@ -371,14 +402,13 @@ def trend_summary(records: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 
 def lld_verdict(trend: dict[str, float], phases: dict[str, Any]) -> str:
-    """One honest word on what a run showed:
+    """The run's verdict, computed (never written by hand): one of ``collapse``, ``LLD``, ``none``.
 
-    ``collapse``: the detector reported accelerated_collapse at some step;
+    ``collapse``: the detector reported accelerated_collapse, held for the run-proportional persistence;
     ``LLD``: reward ended higher than it started (by more than ``REWARD_MARGIN``) while the likelihood of correct
     responses ended lower (by more than ``LLD_MARGIN`` nats/token): the sampled correct responses' per-token
     log-likelihood, or the probe set's (the same correct responses re-measured, which sampling noise cannot fake);
-    ``decay``: steady_decay was reported at some step without the end-to-end LLD pattern;
-    ``none``: otherwise.
+    ``none``: otherwise (a steady_decay report without that end-to-end pattern is not called LLD).
     """
     if phases["collapse_step"] is not None:
         return "collapse"
@@ -391,8 +421,6 @@ def lld_verdict(trend: dict[str, float], phases: dict[str, Any]) -> str:
     )
     if reward_up and likelihood_down:
         return "LLD"
-    if phases["first_step"]["steady_decay"] is not None:
-        return "decay"
     return "none"
 
 
@@ -545,16 +573,38 @@ def per_run_table(runs: Sequence[dict[str, Any]]) -> str:
 
 def phase_table(runs: Sequence[dict[str, Any]]) -> str:
     head = " | ".join(f"{p} (first step / steps)" for p in PHASES)
-    lines = [f"| run | {head} | final phase | early-warning steps | verdict |",
-             "|---|" + "---|" * len(PHASES) + "---|---|---|"]
+    lines = [f"| run | {head} | final phase | early-warning steps | reward collapsed at | warning lead | verdict |",
+             "|---|" + "---|" * len(PHASES) + "---|---|---|---|---|"]
     for r in runs:
         ph = r["phases"]
         cells = [f"{'-' if ph['first_step'][p] is None else ph['first_step'][p]} / {ph['steps_in'][p]}" for p in PHASES]
         warn = ph["warning_steps"]
         warn_txt = "none" if not warn else f"{len(warn)} (first {warn[0]})"
+        acc = ph["warning"]
+        collapsed = "-" if acc["collapse_step"] is None else str(acc["collapse_step"])
+        lead = {"warned": f"{acc['lead_steps']} steps", "late": "late", "missed": "missed",
+                "false_alarm": "false alarm", "quiet": "-"}[acc["outcome"]]
         lines.append(f"| {run_name(METHODS[r['method']], r['seed'])} | " + " | ".join(cells) +
-                     f" | {ph['final']} | {warn_txt} | {r['verdict']} |")
+                     f" | {ph['final']} | {warn_txt} | {collapsed} | {lead} | {r['verdict']} |")
     return "\n".join(lines) + "\n"
+
+
+def warning_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Alarm accounting over runs: collapsed runs warned / late / missed (+ lead times), non-collapsed runs with a
+    false alarm / quiet."""
+    outcomes = [r["phases"]["warning"]["outcome"] for r in runs]
+    leads = [r["phases"]["warning"]["lead_steps"] for r in runs if r["phases"]["warning"]["outcome"] == "warned"]
+    return {"collapsed_runs": sum(o in ("warned", "late", "missed") for o in outcomes),
+            "warned": outcomes.count("warned"), "late": outcomes.count("late"), "missed": outcomes.count("missed"),
+            "lead_steps": leads, "non_collapsed_runs": sum(o in ("false_alarm", "quiet") for o in outcomes),
+            "false_alarms": outcomes.count("false_alarm"), "quiet": outcomes.count("quiet")}
+
+
+def warning_text(w: dict[str, Any]) -> str:
+    lead = (f"lead times {', '.join(map(str, w['lead_steps']))} steps" if w["lead_steps"] else "no lead time measured")
+    return (f"Runs whose reward collapsed: {w['collapsed_runs']} (warned before the collapse: {w['warned']}, {lead}; "
+            f"warned only at/after it: {w['late']}; never warned: {w['missed']}). Runs that did not collapse: "
+            f"{w['non_collapsed_runs']} (false alarms: {w['false_alarms']}; quiet: {w['quiet']}).")
 
 
 def trend_table(runs: Sequence[dict[str, Any]]) -> str:
@@ -616,14 +666,22 @@ def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path], n
         "",
         "## Phases detected by the monitor",
         "",
-        "From `phase/name` in each run's metrics.jsonl (the trainer's `PhaseDetector`): the first step each phase "
-        "was reported and how many steps it lasted. Early-warning steps: the detector's 'correct likelihood falls "
-        "while reward rises' signal. Verdict: `collapse` (accelerated_collapse seen), `LLD` (mean of the last "
+        "The monitor's `PhaseDetector` re-run on each run's metrics.jsonl with evidence proportional to the run: a "
+        "phase (and the early warning) counts only after its condition held on "
+        f"{s['runs'][0]['phases']['persistence'] if s['runs'] else '-'} consecutive steps "
+        "(`max(2, ceil(0.1 x steps))`). First step each phase was reported and how many steps it lasted. "
+        "Early-warning steps: 'correct likelihood falls while reward rises'. *Reward collapsed at*: judged from the "
+        "reward alone (two-step mean at or below 0.3 x its peak from that step to the end of the run, peak >= 0.05); "
+        "*warning lead*: steps from the first alarm (early warning, or steady_decay / accelerated_collapse reported) "
+        "to that collapse (`late` / `missed` when the alarm came at or after it / never; `false alarm` when a run "
+        "that did not collapse raised one). Verdict (computed): `collapse` "
+        "(accelerated_collapse reported), `LLD` (mean of the last "
         f"{TREND_WINDOW} values vs the first {TREND_WINDOW}: reward up by more than {REWARD_MARGIN} while the "
-        f"correct-response or probe-set log-likelihood per token is down by more than {LLD_MARGIN} nats), `decay` "
-        "(steady_decay seen without the LLD pattern end to end), `none`.",
+        f"correct-response or probe-set log-likelihood per token is down by more than {LLD_MARGIN} nats), `none`.",
         "",
         phase_table(s["runs"]),
+        "Early warning: " + warning_text(s["warning_summary"]),
+        "",
         "## Trends (first / last " + str(TREND_WINDOW) + " logged values)",
         "",
         trend_table(s["runs"]),
@@ -642,8 +700,13 @@ def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path], n
 
 def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequence[int], methods: Sequence[Method],
             out_dir: str | Path, runs_dir: str | Path, world_dir: str | None = None, notes: str | Path | None = None,
-            quick: bool = False, command: str = "", report_only: bool = False) -> dict[str, Any]:
+            quick: bool = False, command: str = "", report_only: bool = False, fresh: bool = False) -> dict[str, Any]:
     """Train and evaluate every (seed, method), then write the report. Returns the summary (also summary.json).
+
+    Resumable and splittable: a run whose ``lab_run.json`` holds this exact config is reused (``fresh`` retrains
+    it); an interrupted run resumes from its last checkpoint. Several calls with different ``--seeds`` /
+    ``--methods`` on the same ``runs_dir`` (one after the other, or from separate background jobs) fill the grid;
+    a last ``--report-only`` call over the whole grid writes the full report.
 
     ``report_only``: train nothing; rebuild the report from the finished runs in ``runs_dir`` (their lab_run.json must
     hold the config this call would have trained with, bookkeeping keys aside)."""
@@ -669,17 +732,31 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
 
         retriever = InProcessRetriever(str(wdir / "index"))
         print(f"[lab] world {wdir}; {len(configs)} runs; runs in {runs_dir}", flush=True)
-        warm = evaluate_warm_start(base, wdir, retriever, runs_dir / "warm_start" / "eval")
+        warm_dir = runs_dir / "warm_start" / "eval"
+        from searchr1_lld.evaluation import EvalError
+
+        try:
+            warm = load_warm_start(warm_dir) if not fresh else None
+        except EvalError:  # no finished warm-start evaluation there yet
+            warm = None
+        warm = warm or evaluate_warm_start(base, wdir, retriever, warm_dir)
     print(f"[lab] warm start: test EM {warm['eval']['em']:.3f}", flush=True)
     runs = []
     for s in seeds:
         for m in methods:
             cfg = configs[(m.key, s)]
-            rec = load_run(cfg, runs_dir) if report_only else run_one(cfg, m, s, wdir, retriever)
+            if report_only:
+                rec = load_run(cfg, runs_dir)
+            elif not fresh and finished(cfg, runs_dir):
+                rec = load_run(cfg, runs_dir)
+                print(f"[lab] {run_name(m, s)}: finished earlier, reused ({runs_dir / cfg.trainer.run_name})", flush=True)
+            else:
+                rec = run_one(cfg, m, s, wdir, retriever)
             records = load_records(rec["run_dir"])
-            rec["phases"] = phase_summary(records)
+            rec["phases"] = phase_summary(records, run_steps=cfg.trainer.total_steps)
             rec["trend"] = trend_summary(records)
             rec["verdict"] = lld_verdict(rec["trend"], rec["phases"])
+            rec["test_em"] = rec["eval"]["em"]
             rec.pop("config")
             runs.append(rec)
             print(f"[lab] {run_name(m, s)}: test EM {rec['eval']['em']:.3f} (single {fmt(rec['eval']['em_single_hop'])},"
@@ -695,7 +772,8 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
         "world": {"dir": str(wdir), "counts": card.get("counts", {}), "config": card.get("config", {}),
                   "warm_start_card": card.get("warm_start", {})},
         "shared_settings": shared_settings(base), "warm_start": warm, "runs": runs,
-        "aggregate": aggregate(runs, methods), "pngs": [p.name for p in pngs],
+        "aggregate": aggregate(runs, methods), "warning_summary": warning_summary(runs),
+        "pngs": [p.name for p in pngs],
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}",
         "wall_s": round(time.time() - t_start, 1) if not report_only else
         round(sum(r["train_s"] + r["eval_s"] for r in runs) + (warm.get("eval_s") or 0.0), 1),
@@ -718,6 +796,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--world-dir", help="an existing world dir to use as is (default: .cache/lab-world-<hash>)")
     p.add_argument("--notes", default=str(DEFAULT_NOTES), help="markdown put under 'Experiments tried'")
     p.add_argument("--report-only", action="store_true", help="rebuild the report from the finished runs in --runs-dir")
+    p.add_argument("--fresh", action="store_true", help="retrain runs that already finished with the same config")
     p.add_argument("overrides", nargs="*", help="key=value config overrides applied to every method")
     args = p.parse_args(argv)
     config = args.config or str(QUICK_CONFIG if args.quick else FULL_CONFIG)
@@ -728,7 +807,7 @@ def main(argv: list[str] | None = None) -> int:
             config_path=config, overrides=args.overrides, seeds=seeds, methods=methods,
             out_dir=args.out or ("runs/lab-quick/report" if args.quick else "docs/lab"),
             runs_dir=args.runs_dir or ("runs/lab-quick" if args.quick else "runs/lab"), world_dir=args.world_dir,
-            notes=args.notes, quick=args.quick, report_only=args.report_only,
+            notes=args.notes, quick=args.quick, report_only=args.report_only, fresh=args.fresh,
             command="python -m searchr1_lld.lab " + " ".join(argv if argv is not None else sys.argv[1:]),
         )
     except ConfigError as e:

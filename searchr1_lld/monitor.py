@@ -202,6 +202,15 @@ class PhaseThresholds:
     collapse_entropy_ratio: float = 2.0  # entropy over its early baseline
     collapse_reward_ratio: float = 0.3  # reward at or below this share of its peak = crashed
     min_peak_reward: float = 0.05  # a peak below this is too small to crash from
+    # evidence proportional to the run: a phase (and the early warning) is reported only once its condition has held
+    # on `persistence()` consecutive steps; a short run cannot be called collapsed on one noisy step
+    persist: int = 2  # consecutive steps, at least
+    persist_frac: float = 0.1  # ... and at least this share of the run (run_steps) when the run length is known
+    run_steps: int = 0  # planned steps of the run (0 = unknown: `persist` alone)
+
+    def persistence(self) -> int:
+        """Consecutive steps a condition must hold: ``max(persist, ceil(persist_frac * run_steps))``."""
+        return max(self.persist, math.ceil(self.persist_frac * self.run_steps))
 
 
 @dataclass
@@ -260,6 +269,11 @@ class PhaseDetector:
     - early_stagnation: correct likelihood flat (|slope| <= flat) while reward rises;
     - healthy: otherwise (likelihood of correct responses rising, or too little data to claim a trend).
     Early warning: correct likelihood slope < -flat while reward slope > rising (the steady-decay signature).
+
+    Evidence proportional to the run: the rules above give a *raw* phase per step; the reported phase is the least
+    severe raw phase of the last ``thresholds.persistence()`` steps (a phase must hold that long before it is
+    reported), and the warning fires only when its condition held on all of those steps. Before that many steps,
+    everything is ``healthy``.
     """
 
     REWARD = "reward/em_mean"
@@ -278,6 +292,22 @@ class PhaseDetector:
         return self.detect(self.history)
 
     def detect(self, history: Sequence[dict[str, Any]]) -> PhaseReport:
+        """The reported phase after ``history`` (persistence applied; see the class docstring)."""
+        k = self.t.persistence()
+        if len(history) < k:
+            now = self.raw(history) if history else PhaseReport("healthy")
+            return PhaseReport("healthy", now.evidence,
+                               [f"{len(history)} step(s) < {k} needed before a phase is claimed"], None)
+        raws = [self.raw(history[: len(history) - j]) for j in range(k)]  # raws[0] = now
+        phase = min((r.phase for r in raws), key=PHASE_ID.__getitem__)
+        now = raws[0]
+        reasons = list(now.reasons) if phase == now.phase else (
+            [f"raw phase {now.phase} not yet held for {k} steps"] + now.reasons)
+        warning = now.warning if all(r.warning for r in raws) else None
+        return PhaseReport(phase, now.evidence, reasons, warning)
+
+    def raw(self, history: Sequence[dict[str, Any]]) -> PhaseReport:
+        """The phase the rules name for the last step of ``history``, without persistence."""
         t = self.t
         keys = (self.REWARD, self.CORRECT_LOGP, self.GRAD_NORM, self.ENTROPY, self.PROBE_LOGP)
         series = {k: [h.get(k) for h in history] for k in keys}
@@ -361,6 +391,71 @@ class PhaseDetector:
                 f"while reward still rises ({ev['reward_slope']:.4f}/step) - the LLD death spiral's precursor"
             )
         return PhaseReport(phase=phase, evidence=ev, reasons=reasons, warning=warning)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Early-warning accounting
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def reward_collapse_step(rewards: Sequence[float], *, ratio: float = 0.3, min_peak: float = 0.05,
+                         persist: int = 2) -> int | None:
+    """Index (0-based) where the reward collapsed for good, judged from the reward alone (no detector involved).
+
+    r_s = mean of rewards[t-1], rewards[t] (two-step smoothing); peak_t = max r_s for s <= t. The run collapsed at the
+    first t from which r_s <= ratio * peak_s holds for every s >= t up to the end, provided that stretch is at least
+    ``persist`` steps long and peak_t >= ``min_peak``. None when the reward never collapses that way.
+    """
+    vals = [float(v) if v is not None and math.isfinite(v) else NAN for v in rewards]
+    smooth = [_nanmean(vals[max(0, i - 1): i + 1]) for i in range(len(vals))]
+    peak, crashed = NAN, []
+    for r in smooth:
+        if math.isfinite(r):
+            peak = r if not math.isfinite(peak) else max(peak, r)
+        crashed.append(math.isfinite(r) and math.isfinite(peak) and peak >= min_peak and r <= ratio * peak)
+    start = None
+    for i in range(len(crashed) - 1, -1, -1):
+        if not crashed[i]:
+            break
+        start = i
+    if start is None or len(crashed) - start < persist:
+        return None
+    return start
+
+
+ALARM_PHASES = ("steady_decay", "accelerated_collapse")  # reported phases that count as an alarm
+
+
+def alarm_steps(steps: Sequence[int], phases: Sequence[str], warning_steps: Sequence[int]) -> list[int]:
+    """Steps at which the detector raised an alarm: its early warning fired, or it reported steady_decay or
+    accelerated_collapse."""
+    return sorted(set(int(s) for s in warning_steps)
+                  | {int(s) for s, ph in zip(steps, phases) if ph in ALARM_PHASES})
+
+
+def warning_accounting(steps: Sequence[int], rewards: Sequence[float], alarms: Sequence[int],
+                       thresholds: PhaseThresholds | None = None) -> dict[str, Any]:
+    """Did the detector's alarm (:func:`alarm_steps`) come before the reward collapsed, and by how many steps?
+
+    ``collapse_step``: the step where the reward collapsed for good (:func:`reward_collapse_step`, with the
+    detector's reward-crash thresholds and persistence); ``first_alarm_step``: first alarm;
+    ``lead_steps`` = collapse_step - first_alarm_step when the alarm came before the collapse (None otherwise);
+    ``outcome``: ``warned`` (collapse, alarm before it), ``late`` (alarm only at or after the collapse), ``missed``
+    (collapse, no alarm), ``false_alarm`` (no collapse, alarm raised), ``quiet`` (no collapse, no alarm).
+    """
+    t = thresholds or PhaseThresholds()
+    idx = reward_collapse_step(rewards, ratio=t.collapse_reward_ratio, min_peak=t.min_peak_reward,
+                               persist=t.persistence())
+    collapse = int(steps[idx]) if idx is not None else None
+    first = int(min(alarms)) if alarms else None
+    if collapse is None:
+        outcome = "false_alarm" if first is not None else "quiet"
+    elif first is None:
+        outcome = "missed"
+    else:
+        outcome = "warned" if first < collapse else "late"
+    return {"collapse_step": collapse, "first_alarm_step": first,
+            "lead_steps": collapse - first if outcome == "warned" else None, "outcome": outcome}
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from searchr1_lld.config import WorldConfig  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-# The test world: small enough to build (index + tokenizer + warm start: 32 optimiser steps) in well under a minute
+# The test world: small enough to build (index + tokenizer + warm start: 64 optimiser steps) in about a minute
 # on 2 idle cores. Its policy follows the protocol only some of the time (see test_data_policy).
 TEST_WORLD_CONFIG = WorldConfig(
     seed=0,

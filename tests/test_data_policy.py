@@ -164,7 +164,7 @@ def test_plans_cover_every_kind() -> None:
              "metadata": {"hops": 2, "family": "founder_birth_year", "subject": "C Works", "bridge": "D E"}}]
     plans = TP.plan_trajectories(rows, 400, quality=0.5, seed=0)
     kinds = {p.kind for p in plans}
-    assert kinds == {"correct", "wrong_search", "no_search", "one_hop_only", "malformed"}
+    assert kinds == {"correct", "guess_after_search", "no_search", "one_hop_only", "malformed"}
     share_correct = sum(p.kind == "correct" for p in plans) / len(plans)
     assert 0.4 < share_correct < 0.6
     for p in plans:
@@ -172,8 +172,10 @@ def test_plans_cover_every_kind() -> None:
             assert p.answer == p.row["golden_answers"][0]
             assert p.queries == [p.row["metadata"]["subject"]] + ([p.row["metadata"]["bridge"]]
                                                                   if p.row["metadata"]["hops"] == 2 else [])
-        if p.kind in ("wrong_search", "no_search"):
+        if p.kind in ("guess_after_search", "no_search"):
             assert p.answer not in p.row["golden_answers"]
+        if p.queries:  # every trajectory that searches searches for the subject first: the policy learns to copy it
+            assert p.queries[0] == p.row["metadata"]["subject"]
 
 
 def test_segments_match_the_rollout_token_layout(tiny_world: Path, tiny_tokenizer, world_rows) -> None:
@@ -240,3 +242,26 @@ def test_generated_token_loss_equals_masked_lm_loss(tiny_model) -> None:
         full = TP.masked_lm_loss(tiny_model(input_ids=ids, attention_mask=attn).logits, ids, mask)
         fast = TP.generated_token_loss(tiny_model, ids, attn, mask)
     assert fast.item() == pytest.approx(full.item(), rel=1e-5)
+
+
+def test_copy_metrics_by_hand() -> None:
+    """first_query_subject_rate, gold_retrieved_rate and answer_copied_rate on hand-made trajectories."""
+    from types import SimpleNamespace
+
+    contents = {"0": '"Ash Kolven"\nAsh Kolven was a poet born in 1834.', "1": '"Bren Tiv"\nBren Tiv was a painter.'}
+    row = {"golden_answers": ["1834"], "metadata": {"subject": "Ash Kolven", "hops": 1}}
+
+    def traj(queries, retrieved, prediction, reward):
+        return SimpleNamespace(row=row, queries=queries, retrieved_ids=retrieved, prediction=prediction,
+                               reward=reward, finish_reason="answer", invalid_actions=0, valid_searches=len(queries))
+
+    trajs = [traj(["Ash Kolven"], [["0", "1"]], "1834", 1.0),  # copies the subject and the answer
+             traj(["ash kolven poet"], [["0"]], "1790", 0.0),  # names the subject, guesses the answer
+             traj(["Bren Tiv"], [["1"]], "1834", 1.0),  # wrong entity, no gold passage: right by chance
+             traj([], [], "1834", 1.0)]  # no search
+    m = TP.summarize_trajectories(trajs, contents)
+    assert m["first_query_subject_rate"] == pytest.approx(2 / 4)
+    assert m["gold_retrieved_rate"] == pytest.approx(2 / 4)
+    assert m["answer_copied_rate"] == pytest.approx(1 / 2)
+    assert m["em"] == pytest.approx(3 / 4)
+    assert "answer_copied_rate" not in TP.summarize_trajectories(trajs)  # without the corpus: not measured

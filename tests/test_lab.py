@@ -34,8 +34,23 @@ def test_methods_differ_only_in_llds_switches(config_path, tmp_path):
     assert by_name["llds_response-seed0"].algorithm.llds.gate == "response"
     assert by_name["llds_action-seed0"].algorithm.llds.ma == "off"
     assert {c.trainer.lr for c in cfgs} == {3e-4}  # user overrides reach every method
-    assert ma.trainer.seed == 1 and ma.trainer.resume == "never"
+    assert ma.trainer.seed == 1 and ma.trainer.resume == "auto"  # an interrupted run resumes
     assert lab.config_differences(grpo, by_name["grpo-seed1"]) == ["trainer.run_name", "trainer.seed"]
+
+
+def test_finished_runs_are_reused_only_with_the_same_config(tmp_path):
+    """Resumable, splittable lab: a run whose lab_run.json holds exactly this config is finished; any other
+    setting (or no record) means it must be trained."""
+    cfg = lab.method_config(lab.QUICK_CONFIG, [], lab.METHODS["grpo"], 0, world_dir=tmp_path / "w",
+                            runs_dir=tmp_path / "r")
+    assert not lab.finished(cfg, tmp_path / "r")
+    run_dir = tmp_path / "r" / cfg.trainer.run_name
+    run_dir.mkdir(parents=True)
+    (run_dir / lab.RUN_RECORD).write_text(json.dumps({"method": "grpo", "seed": 0, "config": cfg.to_dict()}))
+    assert lab.finished(cfg, tmp_path / "r")
+    other = lab.method_config(lab.QUICK_CONFIG, ["trainer.lr=5e-4"], lab.METHODS["grpo"], 0,
+                              world_dir=tmp_path / "w", runs_dir=tmp_path / "r")
+    assert not lab.finished(other, tmp_path / "r")
 
 
 def test_check_rejects_methods_tuned_differently(tmp_path):
@@ -85,17 +100,42 @@ def _records(rewards, logps, phases, grad=None):
 
 
 def test_phase_summary_counts_first_steps_and_warnings():
-    # reward rises steadily while the correct likelihood falls: the detector's early warning fires once it has
-    # min_points (3) finite values
+    # reward rises steadily while the correct likelihood falls: the raw rules name steady_decay (and warn) from step 3
+    # (min_points = 3); with persistence 2 the detector reports it, and warns, from step 4. phase/name (the trainer's
+    # online label) is not read: the phases are recomputed.
     recs = _records([0.1, 0.2, 0.3, 0.4, 0.5], [-1.0, -1.1, -1.2, -1.3, -1.4],
                     ["healthy", "healthy", "steady_decay", "steady_decay", "accelerated_collapse"])
     ph = lab.phase_summary(recs)
-    assert ph["first_step"] == {"healthy": 1, "early_stagnation": None, "steady_decay": 3, "accelerated_collapse": 5}
-    assert ph["steps_in"] == {"healthy": 2, "early_stagnation": 0, "steady_decay": 2, "accelerated_collapse": 1}
-    assert ph["final"] == "accelerated_collapse" and ph["collapse_step"] == 5
-    assert ph["warning_steps"] == [3, 4, 5]
-    with pytest.raises(ValueError, match="unknown phase"):
-        lab.phase_summary(_records([0.1], [-1.0], ["exploded"]))
+    assert ph["persistence"] == 2
+    assert ph["first_step"] == {"healthy": 1, "early_stagnation": None, "steady_decay": 4, "accelerated_collapse": None}
+    assert ph["steps_in"] == {"healthy": 3, "early_stagnation": 0, "steady_decay": 2, "accelerated_collapse": 0}
+    assert ph["final"] == "steady_decay" and ph["collapse_step"] is None
+    assert ph["warning_steps"] == [4, 5]
+    assert ph["warning"]["outcome"] == "false_alarm"  # alarm raised, and the reward never collapsed
+
+
+def _collapse_run(n_before, n_after):
+    """Reward and likelihood rise then fall, grad norm and entropy explode, reward crashes to 0 for n_after steps."""
+    rewards = [0.1 + 0.02 * i for i in range(n_before)] + [0.0] * n_after
+    logps = [-0.5 - 0.05 * i for i in range(n_before)] + [-3.0] * n_after
+    grad = [1.0] * n_before + [20.0] * n_after
+    return _records(rewards, logps, ["healthy"] * (n_before + n_after), grad=grad)
+
+
+def test_collapse_needs_evidence_proportional_to_the_run():
+    # one crashed step at the end of a 3-step run is not enough evidence for a collapse
+    short = _collapse_run(2, 1)
+    assert lab.phase_summary(short)["collapse_step"] is None
+    # the same pattern held for 4 steps in a 24-step run (persistence ceil(0.1 * 24) = 3): collapse, reported after
+    # three consecutive collapse steps
+    long = _collapse_run(20, 4)
+    ph = lab.phase_summary(long)
+    assert ph["persistence"] == 3
+    assert ph["collapse_step"] == 23  # raw collapse at steps 21, 22, 23
+    assert ph["warning"]["collapse_step"] == 22  # reward alone: 2-step mean <= 0.3 x peak from step 22 to the end
+    assert lab.lld_verdict(lab.trend_summary(long), ph) == "collapse"
+    # the same 24 steps judged as a 60-step run need ceil(0.1 * 60) = 6 steps of evidence: not yet
+    assert lab.phase_summary(long, run_steps=60)["collapse_step"] is None
 
 
 def test_trend_and_verdict():
@@ -115,8 +155,11 @@ def test_trend_and_verdict():
     # the probe set's likelihood falling counts too
     t_probe = {**flat, "reward_end": 0.4, "probe_logp_start": -0.3, "probe_logp_end": -0.5}
     assert lab.lld_verdict(t_probe, lab.phase_summary(small)) == "LLD"
-    collapsed = lab.phase_summary(_records([0.1] * 3, [-1.0] * 3, ["healthy", "healthy", "accelerated_collapse"]))
+    collapsed = lab.phase_summary(_collapse_run(20, 4))
     assert lab.lld_verdict(flat, collapsed) == "collapse"
+    # the trainer's online label alone (phase/name) does not make a verdict: the phases are recomputed
+    online = lab.phase_summary(_records([0.1] * 3, [-1.0] * 3, ["healthy", "healthy", "accelerated_collapse"]))
+    assert lab.lld_verdict(flat, online) == "none"
 
 
 def test_aggregate_mean_std_per_method():

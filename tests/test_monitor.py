@@ -7,12 +7,16 @@ import torch
 
 from searchr1_lld.monitor import (
     PhaseDetector,
+    PhaseThresholds,
     ProbeSet,
+    alarm_steps,
     engine_learner_gap,
     first_action_ids,
     likelihood_metrics,
     linear_slope,
+    reward_collapse_step,
     shared_first_action_fraction,
+    warning_accounting,
 )
 
 
@@ -163,3 +167,71 @@ def test_phase_collapse_is_sticky_while_reward_stays_crashed():
     # and recovery (reward back above the crash threshold) ends it
     hist += _series(4, lambda i: 0.3, lambda i: -0.5, lambda i: 0.5, lambda i: 1.0)
     assert _final(hist).phase != "accelerated_collapse"
+
+
+def test_reported_phase_needs_persistence():
+    # the raw rules call the last step a collapse (grad norm x20, likelihood 2.5 nats below peak, reward crashed);
+    # one step is not evidence enough, two consecutive steps are
+    hist = _series(10, lambda i: 0.3 if i < 9 else 0.0, lambda i: -0.5 if i < 9 else -3.0,
+                   lambda i: 1.0 if i < 9 else 20.0, lambda i: 1.0)
+    det = PhaseDetector()
+    assert det.raw(hist).phase == "accelerated_collapse"
+    assert det.detect(hist).phase != "accelerated_collapse"
+    hist2 = _series(11, lambda i: 0.3 if i < 9 else 0.0, lambda i: -0.5 if i < 9 else -3.0,
+                    lambda i: 1.0 if i < 9 else 20.0, lambda i: 1.0)
+    assert det.detect(hist2).phase == "accelerated_collapse"
+    # persistence grows with the run: max(persist, ceil(persist_frac * run_steps))
+    assert PhaseThresholds(run_steps=3).persistence() == 2
+    assert PhaseThresholds(run_steps=40).persistence() == 4
+    assert PhaseDetector(PhaseThresholds(run_steps=40)).detect(hist2).phase != "accelerated_collapse"
+
+
+def test_reward_collapse_step_by_hand():
+    # smoothed (2-step mean): 0.1, 0.15, 0.25, 0.3, 0.15, 0.0, 0.0 ; peak 0.3 -> crashed where <= 0.09: indices 5, 6
+    r = [0.1, 0.2, 0.3, 0.3, 0.0, 0.0, 0.0]
+    assert reward_collapse_step(r) == 5
+    assert reward_collapse_step(r, persist=3) is None  # only 2 crashed steps at the end
+    assert reward_collapse_step([0.3, 0.3, 0.0, 0.0, 0.3, 0.3]) is None  # recovered: not a collapse
+    assert reward_collapse_step([0.02, 0.0, 0.0, 0.0]) is None  # peak below min_peak: nothing to collapse from
+
+
+def test_warning_accounting_outcomes():
+    steps = list(range(1, 8))
+    crash = [0.1, 0.2, 0.3, 0.3, 0.0, 0.0, 0.0]  # collapses at step 6
+    assert warning_accounting(steps, crash, [3, 4]) == {"collapse_step": 6, "first_alarm_step": 3,
+                                                        "lead_steps": 3, "outcome": "warned"}
+    assert warning_accounting(steps, crash, [6])["outcome"] == "late"
+    assert warning_accounting(steps, crash, [])["outcome"] == "missed"
+    flat = [0.2] * 7
+    assert warning_accounting(steps, flat, [2])["outcome"] == "false_alarm"
+    assert warning_accounting(steps, flat, [])["outcome"] == "quiet"
+    # alarms: the early warning, or a reported steady_decay / accelerated_collapse
+    phases = ["healthy", "healthy", "early_stagnation", "steady_decay", "healthy", "accelerated_collapse", "healthy"]
+    assert alarm_steps(steps, phases, [2]) == [2, 4, 6]
+
+
+def test_alarm_lead_on_the_measured_lr3e3_pilot():
+    """GRPO, lr 3e-3, seed 0 (docs/lab_notes.md section 2b, numbers copied from that run's metrics): reward crashes to
+    0 for good at step 8; the correct / probe likelihood fell and entropy jumped from step 2-3, so the detector
+    reports accelerated_collapse from step 4 (raw from step 3, held 2 steps): an alarm 4 steps ahead."""
+    nan = float("nan")
+    reward = [0.039, 0.117, 0.039, 0.031, 0.008, 0.094, 0.039, 0.000, 0.000, 0.000]
+    correct = [-0.522, -2.993, -1.538, -0.860, -0.460, -0.465, -0.784, nan, nan, nan]
+    probe = [None, -2.419, None, -3.330, None, -6.317, None, -10.033, None, -9.538]
+    grad = [0.34, 0.64, 0.16, 0.30, 0.19, 5.21, 15.95, 0.03, 0.001, 0.004]
+    entropy = [0.547, 2.859, 0.721, 0.789, 0.462, 0.502, 0.659, 0.171, 0.048, 0.125]
+    recs = []
+    for i in range(10):
+        r = {"reward/em_mean": reward[i], "lld/correct_logp_old_per_token": correct[i], "actor/grad_norm": grad[i],
+             "actor/entropy": entropy[i]}
+        if probe[i] is not None:
+            r["probe/logp_per_token"] = probe[i]
+        recs.append(r)
+    t = PhaseThresholds(run_steps=10)
+    det = PhaseDetector(t)
+    phases = [det.detect(recs[: i + 1]).phase for i in range(10)]
+    warnings = [i + 1 for i in range(10) if det.detect(recs[: i + 1]).warning]
+    assert phases[:3] == ["healthy"] * 3 and phases[3] == "accelerated_collapse"
+    steps = list(range(1, 11))
+    acc = warning_accounting(steps, reward, alarm_steps(steps, phases, warnings), t)
+    assert acc == {"collapse_step": 8, "first_alarm_step": 4, "lead_steps": 4, "outcome": "warned"}
