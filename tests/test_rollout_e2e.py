@@ -87,9 +87,6 @@ class ForcedFirstSearch:
             outs.append(GenerationOutput(gen, lp.squeeze(-1).tolist(), "stop"))
         return outs
 
-    def sync_weights(self, model):
-        self.hf.sync_weights(model)
-
 
 def test_rollout_with_tiny_model_and_real_service(server, tiny_world, tiny_tokenizer, tiny_model, world_rows):
     _, url = server
