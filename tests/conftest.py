@@ -17,6 +17,16 @@ from searchr1_lld.config import WorldConfig  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+
+def free_port() -> int:
+    """A loopback port nobody listens on now (for servers and rendezvous of multi-process tests; fixed ports collide
+    with a previous run's sockets or a parallel run)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
 # The test world: small enough to build (index + tokenizer + warm start: 64 optimiser steps) in about a minute
 # on 2 idle cores. Its policy follows the protocol only some of the time (see test_data_policy).
 TEST_WORLD_CONFIG = WorldConfig(

@@ -194,13 +194,13 @@ def test_every_rank_drives_the_engine_in_order(tmp_path, tiny_world):
     import subprocess
     import sys
 
-    from conftest import REPO_ROOT
+    from conftest import REPO_ROOT, free_port
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
     script = tmp_path / "rank_order.py"
     script.write_text(RANK_SCRIPT)
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                          "29561", str(script), str(tiny_world), str(tmp_path / "runs")], cwd=REPO_ROOT, env=env,
+                          str(free_port()), str(script), str(tiny_world), str(tmp_path / "runs")], cwd=REPO_ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-4000:])
     results = sorted((json.loads(line.split(" ", 1)[1]) for line in out.stdout.splitlines()

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from conftest import free_port
 from retriever import RetrieverError
 from retriever.client import RetrieverClient
 from retriever.index import IndexMismatchError, build_index
@@ -353,14 +354,6 @@ def test_concurrent_clients_zero_errors_and_metrics(server):
     m = httpx.get(server + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).json()
     assert m["requests_ok"] >= 640 and m["latency_ms"]["p99"] >= m["latency_ms"]["p50"] > 0
     assert m["max_queries_per_batch"] > 1  # concurrent requests were searched together
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_client_raises_when_server_is_down(capsys):

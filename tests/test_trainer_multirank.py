@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from conftest import REPO_ROOT, TEST_WORLD_CONFIG
+from conftest import REPO_ROOT, TEST_WORLD_CONFIG, free_port
 
 OVERRIDES = [
     "trainer.train_batch_size=4", "rollout.n=2", "trainer.ppo_mini_batch_size=4", "trainer.ppo_epochs=1",
@@ -29,7 +29,6 @@ OVERRIDES = [
     "trainer.micro_batch_token_budget=1000", "trainer.probe_every=1", "trainer.probe_size=2",
     "logging.progress_bar=false", "logging.plot_every=0", "algorithm.entropy_coef=0.01",
 ]
-PORTS = {"ddp": 29651, "zero2": 29652, "zero3": 29653}
 TIMEOUT_S = 540
 
 
@@ -40,7 +39,7 @@ def _launch(kind: str, out_dir, world_dir) -> tuple[dict, float]:
                 "TORCH_EXTENSIONS_DIR": str(REPO_ROOT / ".cache" / "torch_extensions")})
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
            str(REPO_ROOT / "configs" / "accelerate" / f"cpu_2proc_{kind}.yaml"), "--main_process_port",
-           str(PORTS[kind]), "tests/multirank_run.py", str(out_dir), *OVERRIDES, *world, f"data.world_dir={world_dir}"]
+           str(free_port()), "tests/multirank_run.py", str(out_dir), *OVERRIDES, *world, f"data.world_dir={world_dir}"]
     t0 = time.time()
     out = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     wall = time.time() - t0
