@@ -73,6 +73,18 @@ def _collapse(events):
     return out
 
 
+def attach_recording_engine(tr, events: list):
+    """Give trainer ``tr`` an engine holding its own copy of the policy (as vLLM does, so the weight stream is really
+    read and applied), recording its calls and every optimiser step into ``events``. Returns the engine's model."""
+    learner = tr.accelerator.unwrap_model(tr.model)
+    engine_model = type(learner)(learner.config)
+    engine_model.load_state_dict(learner.state_dict())
+    tr.backend = RecordingBackend(HFBackend(engine_model, tr.tokenizer), events)
+    opt = getattr(tr.optimizer, "optimizer", tr.optimizer)
+    opt.register_step_post_hook(lambda *a: events.append("update"))
+    return engine_model
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [0, 2, 3])
 def test_trainer_drives_the_engine_in_order(tmp_path, tiny_world, shared_retriever, monkeypatch, stage):
@@ -85,12 +97,7 @@ def test_trainer_drives_the_engine_in_order(tmp_path, tiny_world, shared_retriev
     # the sync path of that ZeRO stage (patched after set-up: a real ZeRO-3 set-up needs a DeepSpeed engine)
     monkeypatch.setattr(trainer_mod, "zero_stage", lambda acc: stage)
     learner = tr.accelerator.unwrap_model(tr.model)
-    # an engine holding its own copy (as vLLM does), so the stream is really read and applied
-    engine_model = type(learner)(learner.config)
-    engine_model.load_state_dict(learner.state_dict())
-    tr.backend = RecordingBackend(HFBackend(engine_model, tr.tokenizer), events)
-    opt = getattr(tr.optimizer, "optimizer", tr.optimizer)
-    opt.register_step_post_hook(lambda *a: events.append("update"))
+    engine_model = attach_recording_engine(tr, events)
 
     tr.train_step()
     tr.train_step()
@@ -165,9 +172,8 @@ RANK_SCRIPT = r"""
 import json, sys
 sys.path.insert(0, "tests")
 from searchr1_lld.config import load_config
-from searchr1_lld.rollout.backends.hf import HFBackend
 from searchr1_lld.trainer import Trainer
-from test_engine_order import RecordingBackend, _collapse
+from test_engine_order import _collapse, attach_recording_engine
 from test_trainer import SMALL
 world, out = sys.argv[1], sys.argv[2]
 cfg = load_config(None, SMALL + [f"trainer.output_dir={out}", "trainer.run_name=r", "trainer.probe_every=0",
@@ -175,11 +181,7 @@ cfg = load_config(None, SMALL + [f"trainer.output_dir={out}", "trainer.run_name=
 tr = Trainer(cfg, world_dir=world)
 events = []
 learner = tr.accelerator.unwrap_model(tr.model)
-engine = type(learner)(learner.config)
-engine.load_state_dict(learner.state_dict())
-tr.backend = RecordingBackend(HFBackend(engine, tr.tokenizer), events)
-opt = getattr(tr.optimizer, "optimizer", tr.optimizer)
-opt.register_step_post_hook(lambda *a: events.append("update"))
+engine = attach_recording_engine(tr, events)
 tr.train_step()
 same = all(bool((p.detach() == q.detach()).all()) for p, q in zip(learner.parameters(), engine.parameters()))
 print("RESULT_JSON " + json.dumps({"rank": tr.rank, "world": tr.world_size, "order": _collapse(events), "engine_synced": same}))
