@@ -75,7 +75,9 @@ class WorldConfig:
     model_intermediate_size: int = 384
     warmstart_trajectories: int = 4800  # optimiser steps = trajectories * epochs / batch size (600 by default)
     warmstart_epochs: int = 1
-    warmstart_lr: float = 1e-2
+    warmstart_lr: float = 2e-3  # peak lr of both phases (1e-2 never forms the copy circuit: docs/lab/warm_start.md)
+    warmstart_drills: int = 40000  # copy drills before the trajectories (data/tiny_policy.build_copy_drills)
+    warmstart_drill_batch_size: int = 16  # drill optimiser steps = warmstart_drills / this
     warmstart_quality: float = 0.6  # share of sampled warm-start trajectories that are fully correct
     warmstart_batch_size: int = 8
     warmstart_shuffle_names: bool = True  # rename entities/years per warm-start trajectory: copy, don't memorise

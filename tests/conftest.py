@@ -48,6 +48,7 @@ TEST_WORLD_CONFIG = WorldConfig(
     warmstart_trajectories=512,  # 64 steps: with Search-R1's observation text, 256 left it searching in ~6% of rollouts
     warmstart_epochs=1,
     warmstart_lr=1e-2,
+    warmstart_drills=256,  # 16 drill steps: exercises the drill phase, not a copy circuit
     warmstart_quality=0.7,
     warmstart_batch_size=8,
     warmstart_measure=False,

@@ -212,6 +212,48 @@ def test_segments_match_the_rollout_token_layout(tiny_world: Path, tiny_tokenize
     assert sum(mask) == len(tiny_tokenizer.encode(generated, add_special_tokens=False))
 
 
+def test_copy_drills_only_ask_for_what_the_context_holds(tiny_world: Path, tiny_tokenizer, tiny_world_config) -> None:
+    """Each drill's generated segment is one copy: the search query's words all occur in the question (subject) or
+    in the observation (bridge), the answer occurs in the observation; names are shuffled, so the copy is the only
+    way to predict it. Every kind occurs."""
+    import dataclasses
+
+    from retriever.inprocess import InProcessRetriever
+
+    rows = read_jsonl(tiny_world / "qa" / "train.jsonl")
+    cfg = dataclasses.replace(tiny_world_config, warmstart_drills=90)
+    drills = TP.build_copy_drills(rows, InProcessRetriever(tiny_world / "index").search, tiny_tokenizer, cfg,
+                                  passages=read_jsonl(tiny_world / "corpus.jsonl"))
+    assert len(drills) == 90
+    kinds = set()
+    names = {r["metadata"][k] for r in rows for k in ("subject", "bridge")}
+    renamed = queries = 0
+    for ids, mask in drills:
+        context = tiny_tokenizer.decode([i for i, m in zip(ids, mask) if not m])
+        generated = tiny_tokenizer.decode([i for i, m in zip(ids, mask) if m])
+        assert context.startswith("Question: ") and sum(mask) > 0 and mask == sorted(mask)  # one trailing segment
+        if P.SEARCH_OPEN in generated:
+            target = generated.split(P.SEARCH_OPEN)[1].split(P.SEARCH_CLOSE)[0].strip()
+            where = context.split("\n")[0] if P.INFO_OPEN not in context else context.split(P.INFO_OPEN)[1]
+            kinds.add("bridge_query" if P.INFO_OPEN in context else "subject_query")
+            queries += 1
+            renamed += target not in names
+        else:
+            target = generated.split(P.ANSWER_OPEN)[1].split(P.ANSWER_CLOSE)[0].strip()
+            where = context.split(P.INFO_OPEN)[1]
+            kinds.add("answer")
+        assert all(w in where for w in target.split()), (target, where)
+    assert kinds == set(TP.COPY_DRILL_KINDS)
+    assert renamed > queries // 2  # shuffled names: most queries are no real subject's or bridge's name
+
+
+def test_no_drills_when_zero(tiny_world_config) -> None:
+    import dataclasses
+
+    cfg = dataclasses.replace(tiny_world_config, warmstart_drills=0)
+    assert TP.build_copy_drills([], lambda q, k: [], None, cfg) == []
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the warm-started policy generates the protocol at a measured rate
 # ---------------------------------------------------------------------------------------------------------------
