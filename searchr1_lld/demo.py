@@ -21,13 +21,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _read_trajectories(eval_dir: Path) -> dict[str, dict]:
-    import json
+    from searchr1_lld.jsonl import read_jsonl
 
     path = eval_dir / "trajectories.jsonl"
-    if not path.is_file():
-        return {}
-    with open(path, encoding="utf-8") as f:
-        return {r["id"]: r for r in (json.loads(line) for line in f if line.strip())}
+    return {r["id"]: r for r in read_jsonl(path)} if path.is_file() else {}
 
 
 def pick_example(before: dict[str, dict], after: dict[str, dict]) -> str | None:

@@ -36,6 +36,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from searchr1_lld.jsonl import read_jsonl
 from searchr1_lld.rewards import exact_match, sub_exact_match, token_f1
 
 BENCHMARKS: tuple[str, ...] = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
@@ -265,18 +266,10 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.exists():
         return []
-    lines = path.read_text().split("\n")
-    records = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            if i == len(lines) - 1:  # last line without newline: partial write
-                break
-            raise EvalError(f"{path}:{i + 1}: corrupt record ({e})") from e
-    return records
+    try:
+        return read_jsonl(path, partial_tail=True)
+    except ValueError as e:
+        raise EvalError(f"corrupt record: {e}") from None
 
 
 class TrajectoryLog:
@@ -482,11 +475,6 @@ def finalize(out_dir: str | Path, order: Sequence[str] | None = None, name: str 
 # --------------------------------------------------------------------------------------------------------------------
 # Data, retriever, backend
 # --------------------------------------------------------------------------------------------------------------------
-
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def load_eval_rows(datasets: Sequence[str], *, world_dir: str | Path = ".cache/world", limit: int = 0,
