@@ -565,13 +565,14 @@ def eval_rollout_config(rollout_cfg: Any, *, max_turns: int, topk: int) -> Any:
 
 
 def evaluate(rows_by_dataset: dict[str, Sequence[dict[str, Any]]], *, backend: Any, tokenizer: Any, retriever: Any,
-             rollout_cfg: Any, out_dir: str | Path, batch_size: int = 64, template: str = "tiny", chat_template: str = "never",
+             rollout_cfg: Any, out_dir: str | Path | None = None, batch_size: int = 64, template: str = "tiny", chat_template: str = "never",
              shard: tuple[int, int] | None = None, name: str = "", progress: bool = True,
              rollout_fn: Callable[..., list[Any]] | None = None) -> dict[str, Any] | None:
     """Greedy rollouts for every row not yet in the trajectories file, appended batch by batch.
 
     Without a shard: returns the results (also written as results.json / .md / .csv in ``out_dir``). With a shard:
     writes only the shard's trajectories file and returns None (run :func:`merge_shards` once all shards finish).
+    ``out_dir`` None: in memory (nothing written or resumed), returns the :func:`summarize` of the (shard's) rows.
     ``rollout_fn`` defaults to :func:`searchr1_lld.rollout.agent_loop.run_agent_loop` (same signature).
     """
     from tqdm.auto import tqdm
@@ -581,9 +582,10 @@ def evaluate(rows_by_dataset: dict[str, Sequence[dict[str, Any]]], *, backend: A
 
     if batch_size < 1:
         raise EvalError(f"batch_size must be >= 1 (got {batch_size})")
-    log = TrajectoryLog(trajectories_path(out_dir, shard))
+    log = TrajectoryLog(trajectories_path(out_dir, shard)) if out_dir is not None else None
+    in_memory: list[dict[str, Any]] = []
     for dataset, rows in rows_by_dataset.items():
-        todo = [r for r in shard_rows(rows, shard) if not log.is_done(dataset, r["id"])]
+        todo = [r for r in shard_rows(rows, shard) if log is None or not log.is_done(dataset, r["id"])]
         bar = tqdm(total=len(todo), desc=f"eval {dataset}", unit="q", disable=not progress)
         for start in range(0, len(todo), batch_size):
             batch = todo[start:start + batch_size]
@@ -592,9 +594,15 @@ def evaluate(rows_by_dataset: dict[str, Sequence[dict[str, Any]]], *, backend: A
                                    progress=False)
             if len(trajs) != len(batch):
                 raise EvalError(f"agent loop returned {len(trajs)} trajectories for {len(batch)} rows")
-            log.append([record_from_trajectory(t, dataset) for t in trajs])
+            records = [record_from_trajectory(t, dataset) for t in trajs]
+            if log is not None:
+                log.append(records)
+            else:
+                in_memory.extend(records)
             bar.update(len(batch))
         bar.close()
+    if log is None:
+        return summarize(in_memory, order=list(rows_by_dataset), name=name)
     if shard is not None:
         return None
     return finalize(out_dir, order=list(rows_by_dataset), name=name)

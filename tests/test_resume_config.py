@@ -19,7 +19,7 @@ def _cfg(*extra):
 
 
 def test_check_resume_config_refuses_lists_and_allows_only_safe_keys():
-    from searchr1_lld.trainer import check_resume_config
+    from searchr1_lld.resume import check_resume_config
 
     saved = _cfg("trainer.lr=1e-3", "algorithm.llds.enabled=true", "trainer.total_steps=2").to_dict()
     with pytest.raises(ConfigError) as e:
@@ -37,7 +37,7 @@ def test_check_resume_config_refuses_lists_and_allows_only_safe_keys():
 
 
 def test_default_run_name_is_deterministic_and_ignores_safe_keys():
-    from searchr1_lld.trainer import default_run_name
+    from searchr1_lld.resume import default_run_name
 
     a = _cfg("trainer.total_steps=2")
     assert default_run_name(a) == default_run_name(_cfg("trainer.total_steps=2"))

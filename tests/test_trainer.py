@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from searchr1_lld.config import load_config
-from searchr1_lld.trainer import Trainer, lr_factor, micro_batches_by_tokens
+from searchr1_lld.batching import micro_batches_by_tokens
+from searchr1_lld.optim import lr_factor
+from searchr1_lld.trainer import Trainer
 
 from conftest import REPO_ROOT, TEST_WORLD_CONFIG
 
