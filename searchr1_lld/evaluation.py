@@ -504,6 +504,13 @@ def load_eval_rows(datasets: Sequence[str], *, world_dir: str | Path = ".cache/w
     return out
 
 
+def benchmark_rows(cfg: Any) -> dict[str, list[dict[str, Any]]]:
+    """The benchmarks a training run evaluates on (eval.datasets, first trainer.eval_limit or else eval.limit
+    questions of each); loaded once at the start so a missing dataset fails before training."""
+    return load_eval_rows(parse_datasets(cfg.eval.datasets), world_dir=cfg.data.world_dir,
+                          limit=cfg.trainer.eval_limit or cfg.eval.limit)
+
+
 def _load_benchmark(name: str, split: str | None, flashrag_dir: str | Path | None) -> list[dict[str, Any]]:
     from data import flashrag  # the FlashRAG loader (hub or local mirror)
 

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from searchr1_lld.config import Config
-from searchr1_lld.distributed import zero_stage
+from searchr1_lld.distributed import is_deepspeed, zero_stage
 from searchr1_lld.jsonl import read_rows
 
 
@@ -41,6 +41,17 @@ def make_accelerator(cfg: Config):
 
         handlers.append(InitProcessGroupKwargs(backend="gloo"))
     return Accelerator(cpu=use_cpu and not deepspeed_requested, mixed_precision=mixed, kwargs_handlers=handlers)
+
+
+def configure_deepspeed(accelerator: Any, tc: Any) -> None:
+    """DeepSpeed: clip at trainer.grad_clip; one micro-batch per engine call, the accumulation boundary set by the
+    learner per micro-batch (optim.backward). No-op without DeepSpeed."""
+    if not is_deepspeed(accelerator):
+        return
+    ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
+    ds_config["gradient_clipping"] = tc.grad_clip
+    ds_config["gradient_accumulation_steps"] = 1
+    ds_config["train_micro_batch_size_per_gpu"] = 1
 
 
 def resolve_world(cfg: Config) -> Path | None:

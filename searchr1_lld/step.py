@@ -52,6 +52,18 @@ def objective_spec(alg: Any) -> ObjectiveSpec:
     )
 
 
+def llds_noop_warning(cfg: Any, updates_per_step: int) -> str | None:
+    """The warning when LLDS is on but can never act (one optimiser step per rollout batch), else None."""
+    a, t = cfg.algorithm, cfg.trainer
+    if a.llds.enabled and a.llds.lam > 0 and not llds.llds_can_act(t.ppo_epochs, updates_per_step // t.ppo_epochs):
+        return (
+            "LLDS is enabled but is a permanent no-op: one optimiser step per rollout batch (ppo_epochs == 1 and "
+            "ppo_mini_batch_size == train_batch_size x rollout.n responses) means logp_new == logp_old at every "
+            "update. Use ppo_epochs > 1 or a smaller trainer.ppo_mini_batch_size."
+        )
+    return None
+
+
 def train_step(tr: Any) -> dict[str, Any]:
     """One GRPO(+LLDS) step: rollout, advantages, ppo_epochs x mini-batches of updates, monitor. Returns metrics."""
     from searchr1_lld.rollout.types import to_batch

@@ -45,7 +45,7 @@ import torch
 
 from searchr1_lld import checkpoint as ckpt
 from searchr1_lld import distributed, evaluation, factories, optim, resume, step
-from searchr1_lld.algo import llds, logprobs
+from searchr1_lld.algo import logprobs
 from searchr1_lld.batching import PromptSampler, micro_batches_by_tokens, pad_cols, select_rows
 from searchr1_lld.config import Config, RolloutConfig
 from searchr1_lld.monitor import PhaseDetector, ProbeSet
@@ -92,11 +92,7 @@ class Trainer:
         ref = factories.make_reference(cfg, model, self.world_dir, acc)
         engine_copy = factories.engine_copy(cfg, model, acc)
         optimizer, self.scheduler = optim.make_optimizer(model, tc, self.total_updates)  # scheduler: stepped by us
-        if distributed.is_deepspeed(acc):
-            ds_config = acc.state.deepspeed_plugin.deepspeed_config
-            ds_config["gradient_clipping"] = tc.grad_clip
-            ds_config["gradient_accumulation_steps"] = 1  # the boundary is set by us, per micro-batch
-            ds_config["train_micro_batch_size_per_gpu"] = 1
+        factories.configure_deepspeed(acc, tc)
         self.model, self.optimizer = acc.prepare(model, optimizer)
         self.policy_dtype = next(acc.unwrap_model(self.model).parameters()).dtype
         self.ref_model = factories.place_reference(ref, acc, self.policy_dtype) if ref is not None else None
@@ -112,19 +108,9 @@ class Trainer:
         self.skipped_steps = 0
         self.history: list[dict[str, Any]] = []
         self.phase_report: Any = None  # the phase detector's report of the last step
-        self.llds_warning = self._llds_noop_warning()
+        self.llds_warning = step.llds_noop_warning(cfg, self.updates_per_step)
         if self.llds_warning and acc.is_main_process:
             warnings.warn(self.llds_warning)
-
-    def _llds_noop_warning(self) -> str | None:
-        a, t = self.cfg.algorithm, self.cfg.trainer
-        if a.llds.enabled and a.llds.lam > 0 and not llds.llds_can_act(t.ppo_epochs, self.updates_per_step // t.ppo_epochs):
-            return (
-                "LLDS is enabled but is a permanent no-op: one optimiser step per rollout batch (ppo_epochs == 1 and "
-                "ppo_mini_batch_size == train_batch_size x rollout.n responses) means logp_new == logp_old at every "
-                "update. Use ppo_epochs > 1 or a smaller trainer.ppo_mini_batch_size."
-            )
-        return None
 
     # ---------------------------------------------------------------- log-probs
     def _forward_logp(self, model: torch.nn.Module, rows: dict[str, Any], compute_entropy: bool):
@@ -229,13 +215,6 @@ class Trainer:
             totals = self.accelerator.reduce(totals, "sum")
         return {"em": float(totals[0] / totals[1].clamp(min=1)), "n": float(totals[1])}
 
-    def benchmark_rows(self) -> dict[str, list[dict]]:
-        """The configured benchmarks (eval.datasets, first trainer.eval_limit or else eval.limit questions of each), for
-        evaluation during non-synthetic runs; loaded once at the start so a missing dataset fails before training."""
-        names = evaluation.parse_datasets(self.cfg.eval.datasets)
-        limit = self.cfg.trainer.eval_limit or self.cfg.eval.limit
-        return evaluation.load_eval_rows(names, world_dir=self.cfg.data.world_dir, limit=limit)
-
     def evaluate_benchmarks(self, rows_by_dataset: dict[str, list[dict]]) -> dict[str, float]:
         """eval/<dataset>/em for each benchmark and eval/avg_em (mean over datasets), greedy, eval.max_turns/topk."""
         out = {f"eval/{name}/em": self.evaluate(rows, desc=name)["em"] for name, rows in rows_by_dataset.items()}
@@ -285,7 +264,7 @@ class Trainer:
                 [f"WARNING: {self.llds_warning}"] if self.llds_warning else []):
             tracker.write(note)
         test_rows = factories.load_test_rows(cfg, self.world_dir) if cfg.data.source == "synthetic" else []
-        bench_rows = self.benchmark_rows() if evaluate and tc.eval_every and cfg.data.source != "synthetic" else {}
+        bench_rows = evaluation.benchmark_rows(cfg) if evaluate and tc.eval_every and cfg.data.source != "synthetic" else {}
         test_rows = test_rows[: tc.eval_limit] if tc.eval_limit else test_rows
         em_before = em_after = None
         if evaluate and test_rows:

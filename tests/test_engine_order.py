@@ -231,7 +231,7 @@ def test_trainer_applies_rollout_correction(tmp_path, tiny_world, shared_retriev
         seen.append(token_weights)
         return real(*args, token_weights=token_weights, **kw)
 
-    monkeypatch.setattr(policy_loss, "ppo_clip_loss", spy)
+    monkeypatch.setitem(policy_loss.POLICY_LOSSES, "ppo_clip", spy)
     cfg = load_config(None, SMALL + [f"trainer.output_dir={tmp_path}", "trainer.run_name=run", "trainer.probe_every=0",
                                      "algorithm.rollout_correction.mode=token", "algorithm.rollout_correction.cap=1.5"])
     tr = Trainer(cfg, world_dir=tiny_world, retriever=shared_retriever)
