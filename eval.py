@@ -92,12 +92,14 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _ensure_world(world_dir: Path, cfg: Any) -> None:
-    """Build the synthetic world (data.world config) when WORLD_DIR has none; an existing world is used as it is."""
+    """Build the synthetic world (from data.world_config) when WORLD_DIR has none; an existing world is used as it is."""
     from data.build_world import ensure_world, read_card
+
+    from searchr1_lld.config import load_world_config
 
     if read_card(world_dir) is None:
         print(f"building the synthetic world in {world_dir} ...", file=sys.stderr)
-        ensure_world(world_dir, cfg.data.world)
+        ensure_world(world_dir, load_world_config(cfg.data.world_config or None))
 
 
 def _default_tokenizer(model_path: str, cfg: Any, world_dir: Path, synthetic: bool) -> str:

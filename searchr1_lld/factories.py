@@ -59,12 +59,31 @@ def resolve_world(cfg: Config) -> Path | None:
     needs = cfg.data.source == "synthetic" or not cfg.model.path or (
         cfg.retriever.mode == "inprocess" and not cfg.retriever.index_dir
     )
-    if not needs:
-        return None
-    world_dir = Path(cfg.data.world_dir)
-    from data.build_world import ensure_world
+    return ensure_run_world(cfg) if needs else None
 
-    return Path(ensure_world(world_dir, cfg.data.world, progress=True))
+
+def ensure_run_world(cfg: Config) -> Path:
+    """``data.world_dir`` holding the world of ``data.world_config`` (built there, or rebuilt when its world.json has
+    another config hash); ``data.world_config`` '' = the finished world already in ``data.world_dir``, as it is."""
+    from data.build_world import ensure_world, read_card
+
+    from searchr1_lld.config import ConfigError, load_world_config
+
+    world_dir = Path(cfg.data.world_dir)
+    if cfg.data.world_config:
+        return Path(ensure_world(world_dir, load_world_config(cfg.data.world_config), progress=True))
+    if read_card(world_dir) is None:
+        raise ConfigError(f"data.world_config is '' (use the world as it is) but {world_dir} holds no finished world "
+                          f"(no world.json); build one with `python -m data.build_world --out {world_dir}`")
+    return world_dir
+
+
+def world_hash(world_dir: Path | None) -> str | None:
+    """The config hash recorded in the world's manifest (world.json); None without a world."""
+    from data.build_world import read_card
+
+    card = read_card(world_dir) if world_dir is not None else None
+    return card.get("config_hash") if card else None
 
 
 def policy_path(cfg: Config, world_dir: Path | None) -> str:
@@ -167,6 +186,25 @@ def load_train_rows(cfg: Config, world_dir: Path | None) -> list[dict]:
     from data import flashrag  # FlashRAG preparation module (hub access required)
 
     return flashrag.load_train_rows(cfg.data.train_mix)
+
+
+def check_prompt_lengths(rows: list[dict], tokenizer: Any, cfg: Config) -> None:
+    """``data.max_prompt_length``: every training prompt (template applied, tokenised as the agent loop does) must
+    fit, else a clear error naming the longest one (Search-R1 / verl refuse over-long prompts the same way)."""
+    from tqdm.auto import tqdm
+
+    from searchr1_lld.rollout.agent_loop import encode_prompt
+
+    d = cfg.data
+    longest, worst = 0, None
+    for r in tqdm(rows, desc="prompt lengths", unit="prompt", disable=len(rows) < 5000):
+        n = len(encode_prompt(tokenizer, r["question"], d.prompt_template, d.chat_template))
+        if n > longest:
+            longest, worst = n, r
+    if longest > d.max_prompt_length:
+        raise ValueError(f"data.max_prompt_length={d.max_prompt_length}: the training prompt of row "
+                         f"{worst.get('id')!r} is {longest} tokens (the longest of {len(rows)}); raise "
+                         f"data.max_prompt_length (below rollout.max_total_length) or drop the long rows")
 
 
 def load_test_rows(cfg: Config, world_dir: Path | None) -> list[dict]:

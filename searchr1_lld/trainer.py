@@ -101,6 +101,7 @@ class Trainer:
         self.backend = factories.make_rollout_backend(cfg, module, self.tokenizer,
                                                       factories.policy_path(cfg, self.world_dir))
         self.train_rows = factories.load_train_rows(cfg, self.world_dir)
+        factories.check_prompt_lengths(self.train_rows, self.tokenizer, cfg)
         self.sampler = PromptSampler(self.train_rows, tc.train_batch_size, tc.seed, cfg.data.shuffle)
         self.detector = PhaseDetector()
         self.probe = ProbeSet(tc.probe_size)
@@ -260,6 +261,8 @@ class Trainer:
         resumed = self.maybe_resume()
         tracker = Tracker(self.run_dir, cfg.logging, cfg.to_dict(), total_steps=tc.total_steps,
                           start_step=self.step, enabled=main)
+        if self.world_dir is not None:
+            notes = [*notes, f"world: {self.world_dir} (config hash {factories.world_hash(self.world_dir)})"]
         for note in notes + ([f"resumed from {resumed} at step {self.step}"] if resumed is not None else []) + (
                 [f"WARNING: {self.llds_warning}"] if self.llds_warning else []):
             tracker.write(note)

@@ -28,7 +28,7 @@ def test_a_new_loss_reaches_the_objective_and_the_config_without_other_edits(mon
     def minus_logp(logp_new, logp_old, advantages, response_mask, **kw):  # -A * logp (REINFORCE), token-mean
         calls.append(sorted(kw))
         loss = -(advantages[:, None] * logp_new * response_mask).sum() / response_mask.sum()
-        return loss, {"pg_loss": float(loss), "pg_clip_frac": 0.0, "approx_kl": 0.0}
+        return loss, {"pg_loss": float(loss.detach()), "pg_clip_frac": 0.0, "approx_kl": 0.0}
 
     logp = torch.tensor([[-1.0, -2.0], [-0.5, -0.25]], requires_grad=True)
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])

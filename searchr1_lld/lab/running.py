@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from searchr1_lld.config import Config, ConfigError, flatten_dict, load_config
+from searchr1_lld.config import Config, ConfigError, flatten_dict, load_config, load_world_config
 from searchr1_lld.lab.analysis import aggregate, lld_verdict, load_records, phase_summary, trend_summary, warning_summary
 from searchr1_lld.lab.methods import (REPO_ROOT, RUN_KEYS, RUN_PLAN, RUN_RECORD, Method, check_only_llds_differs,
                                       method_config, run_name, shared_settings)
@@ -19,7 +19,7 @@ from searchr1_lld.lab.report import fmt, write_report
 
 def resolve_world_dir(cfg: Config, world_dir: str | None) -> Path:
     """``--world-dir`` as given; else ``data.world_dir`` when it already holds a finished world built from exactly
-    ``data.world`` (no second build of the same world); else ``.cache/lab-world-<hash of data.world>``. The lab never
+    ``data.world_config`` (no second build of the same world); else ``.cache/lab-world-<hash of that world>``. The lab never
     builds into the shared default dir, which other tools rebuild when their world config differs."""
     if world_dir:
         return Path(world_dir)
@@ -27,9 +27,10 @@ def resolve_world_dir(cfg: Config, world_dir: str | None) -> Path:
 
     shared = Path(cfg.data.world_dir)
     shared = shared if shared.is_absolute() else REPO_ROOT / shared
-    if is_built(shared, cfg.data.world):
+    world = load_world_config(cfg.data.world_config or None)
+    if is_built(shared, world):
         return shared
-    return REPO_ROOT / ".cache" / f"lab-world-{world_config_hash(cfg.data.world)}"
+    return REPO_ROOT / ".cache" / f"lab-world-{world_config_hash(world)}"
 
 
 def prepare_world(cfg: Config, world_dir: Path, explicit: bool) -> dict[str, Any]:
@@ -38,7 +39,7 @@ def prepare_world(cfg: Config, world_dir: Path, explicit: bool) -> dict[str, Any
 
     card = read_card(world_dir)
     if card is None or not explicit:
-        ensure_world(world_dir, cfg.data.world, progress=True)
+        ensure_world(world_dir, load_world_config(cfg.data.world_config or None), progress=True)
         card = read_card(world_dir)
     if card is None:
         raise RuntimeError(f"no world card in {world_dir} after building")
@@ -145,9 +146,9 @@ def load_run(cfg: Config, runs_dir: Path) -> dict[str, Any]:
     rec = json.loads(path.read_text())
     ignore = set(RUN_KEYS) | {"data.world_dir"}
     want, got = flatten_dict(cfg.to_dict()), flatten_dict(rec["config"])
-    # data.world.* is not compared: the report describes the world actually used from its card (world.json)
+    # the world is not compared: the report describes the world actually used from its card (world.json)
     diff = sorted(k for k in want.keys() | got.keys()
-                  if k not in ignore and not k.startswith("data.world.") and want.get(k) != got.get(k))
+                  if k not in ignore and not k.startswith("data.world") and want.get(k) != got.get(k))
     if diff:
         raise ConfigError(f"--report-only: {path} was trained with different settings: {diff}")
     rec["run_dir"] = str(run_dir)
