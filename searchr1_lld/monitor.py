@@ -142,30 +142,42 @@ def shared_first_action_fraction(
     return shared / total if total else NAN
 
 
-def rollout_metrics(trajectories: Sequence[Any]) -> dict[str, float]:
-    """Reward and behaviour of a rollout batch (Trajectory objects; see docs/architecture.md).
+FINISH_REASONS = ("answer", "max_turns", "truncated", "length")
 
-    reward/em_mean, rollout/valid_searches_mean, rollout/invalid_action_rate (invalid actions per turn),
-    rollout/response_length_mean (generated tokens), rollout/response_length_total_mean (generated + observation),
-    rollout/turns_mean, rollout/answered_frac (finish_reason == "answer"), rollout/answer_span_miss_frac (a closed
-    answer in the text but no token in the answer mask: LLDS-MA would miss it; 0 unless tokenisation is unusual).
+
+def rollout_metrics(trajectories: Sequence[Any]) -> dict[str, float]:
+    """Reward and behaviour of a rollout batch (Trajectory objects; see docs/architecture.md); means over
+    trajectories unless named a rate. The one rollout-metrics function (the trainer and the benchmarks log these).
+
+    reward/em_mean; rollout/valid_searches_mean; rollout/invalid_action_rate (invalid actions per turn);
+    rollout/turns_mean; rollout/generated_tokens_mean (tokens the policy generated); rollout/response_length_mean
+    (all response tokens: generated + observations); rollout/length_stops_mean, rollout/empty_turns_mean,
+    rollout/eos_stops_mean (turns that hit the token cap / generated nothing / stopped at EOS);
+    rollout/has_answer_rate (a closed answer was extracted); rollout/finish_<reason>_rate for the reasons in
+    :data:`FINISH_REASONS`; rollout/answer_span_miss_frac (a closed answer in the text but no token in the answer mask:
+    LLDS-MA would miss it; 0 unless tokenisation is unusual).
     """
     if not trajectories:
         raise ValueError("empty rollout batch")
     n = len(trajectories)
+    mean = lambda f: sum(f(t) for t in trajectories) / n  # noqa: E731
     turns = sum(int(t.num_turns) for t in trajectories)
-    invalid = sum(int(t.invalid_actions) for t in trajectories)
-    return {
-        "reward/em_mean": sum(float(t.reward) for t in trajectories) / n,
-        "rollout/valid_searches_mean": sum(int(t.valid_searches) for t in trajectories) / n,
-        "rollout/invalid_action_rate": invalid / turns if turns else 0.0,
-        "rollout/response_length_mean": sum(sum(t.response_mask) for t in trajectories) / n,
-        "rollout/response_length_total_mean": sum(len(t.response_ids) for t in trajectories) / n,
+    out = {
+        "reward/em_mean": mean(lambda t: float(t.reward)),
+        "rollout/valid_searches_mean": mean(lambda t: int(t.valid_searches)),
+        "rollout/invalid_action_rate": sum(int(t.invalid_actions) for t in trajectories) / turns if turns else 0.0,
         "rollout/turns_mean": turns / n,
-        "rollout/answered_frac": sum(t.finish_reason == "answer" for t in trajectories) / n,
-        "rollout/answer_span_miss_frac": sum(t.prediction is not None and not any(t.answer_mask)
-                                             for t in trajectories) / n,
+        "rollout/generated_tokens_mean": mean(lambda t: sum(t.response_mask)),
+        "rollout/response_length_mean": mean(lambda t: len(t.response_ids)),
+        "rollout/length_stops_mean": mean(lambda t: t.length_stops),
+        "rollout/empty_turns_mean": mean(lambda t: t.empty_turns),
+        "rollout/eos_stops_mean": mean(lambda t: t.eos_stops),
+        "rollout/has_answer_rate": mean(lambda t: t.prediction is not None),
+        "rollout/answer_span_miss_frac": mean(lambda t: t.prediction is not None and not any(t.answer_mask)),
     }
+    for reason in FINISH_REASONS:
+        out[f"rollout/finish_{reason}_rate"] = mean(lambda t: t.finish_reason == reason)
+    return {k: float(v) for k, v in out.items()}
 
 
 def engine_learner_gap(

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 from searchr1_lld.config import Config, ConfigError, flatten_dict, load_config
 from searchr1_lld.config import config_differences as differences
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 FULL_CONFIG = REPO_ROOT / "configs" / "lab" / "lab.yaml"
 QUICK_CONFIG = REPO_ROOT / "configs" / "lab" / "quick.yaml"
 DEFAULT_NOTES = REPO_ROOT / "docs" / "lab_notes.md"

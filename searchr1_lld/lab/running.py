@@ -52,7 +52,7 @@ def evaluate_policy(model: Any, tokenizer: Any, retriever: Any, cfg: Config, wor
     import torch
 
     from searchr1_lld import evaluation as ev
-    from searchr1_lld.rollout.backends.hf import HFBackend
+    from searchr1_lld.rollout.backends import make_backend
 
     rows = ev.load_eval_rows([ev.SYNTHETIC], world_dir=world_dir, limit=cfg.eval.limit, split=cfg.data.test_split)
     rollout_cfg = ev.eval_rollout_config(cfg.rollout, max_turns=cfg.eval.max_turns, topk=cfg.eval.topk)
@@ -62,7 +62,8 @@ def evaluate_policy(model: Any, tokenizer: Any, retriever: Any, cfg: Config, wor
     model.eval()
     try:
         with torch.no_grad():
-            res = ev.evaluate(rows, backend=HFBackend(model, tokenizer, batch_size=cfg.eval.batch_size),
+            engine_cfg = dataclasses.replace(cfg.rollout, backend="hf", generation_batch_size=cfg.eval.batch_size)
+            res = ev.evaluate(rows, backend=make_backend(engine_cfg, model=model, tokenizer=tokenizer),
                               tokenizer=tokenizer, retriever=retriever, rollout_cfg=rollout_cfg, out_dir=out_dir,
                               batch_size=cfg.eval.batch_size, template=cfg.data.prompt_template,
                               chat_template=cfg.data.chat_template, name=name,
