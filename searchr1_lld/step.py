@@ -24,7 +24,7 @@ from searchr1_lld.algo import llds, rollout_correction
 from searchr1_lld.algo.objective import ObjectiveSpec, mini_batch_denominators, objective
 from searchr1_lld.monitor import (PHASE_ID, engine_learner_gap, first_action_ids, likelihood_metrics, rollout_metrics,
                                   shared_first_action_fraction)
-from searchr1_lld.optim import optimizer_step
+from searchr1_lld.optim import optimizer_step, sync_context
 
 # micro-batch metrics that are token-weighted means over the step (summed as value x tokens, divided at the end)
 TOKEN_MEANS = ("actor/entropy", "actor/pg_clip_frac", "actor/approx_kl", "actor/kl_ref", "actor/pg_loss",
@@ -71,12 +71,14 @@ def train_step(tr: Any) -> dict[str, Any]:
     cfg, acc, tc = tr.cfg, tr.accelerator, tr.cfg.trainer
     seed_everything(step_seed(tc.seed, tr.step, tr.rank, tr.world_size))
     t0 = time.time()
-    trajs = tr.rollout(tr.sampler.next_batch()[tr.rank :: tr.world_size])         # sample, rollout (reward = EM)
+    # sample this rank's prompts, roll out n responses each (reward = EM), hand the engine's memory to the update
+    trajs = tr.rollout(tr.sampler.next_batch()[tr.rank :: tr.world_size])
     t_rollout = time.time() - t0
-    tr.backend.sleep()  # engine memory -> learner for the update phase (woken after the weight stream below)
+    tr.backend.sleep()  # woken after the weight stream below
     batch = to_batch(trajs, tr.tokenizer.pad_token_id)
     metrics: dict[str, Any] = {**rollout_metrics(trajs)}
 
+    # advantages; logp_old under the current policy, logp_ref under the frozen initial one; rollout correction
     advantages = adv_fns.grpo_outcome_advantages(batch.rewards, batch.group_ids, eps=cfg.algorithm.adv_eps,
                                                  norm_by_std=cfg.algorithm.norm_adv_by_std)
     logp_old = tr.batch_logp(tr.model, batch)
@@ -90,9 +92,11 @@ def train_step(tr: Any) -> dict[str, Any]:
     if cfg.algorithm.llds.enabled and lam_answer is not None:
         metrics["llds/lam_answer_effective"] = min(lam_answer, cfg.algorithm.llds.lam)
 
+    # ppo_epochs x mini-batches x micro-batches of objective + backward; one guarded optimiser step per mini-batch
     metrics.update(update_policy(tr, batch, advantages, logp_old, logp_ref, tis_weights, lam_answer))
 
-    logp_new = tr.batch_logp(tr.model, batch)                                       # LLD monitor
+    # the LLD monitor: likelihoods after the step's updates
+    logp_new = tr.batch_logp(tr.model, batch)
     metrics.update(likelihood_metrics(logp_old, logp_new, batch.response_mask, batch.rewards))
     metrics["lld/shared_first_action_frac"] = shared_first_action_fraction(
         [first_action_ids(t.response_ids, t.response_mask) for t in trajs], [t.reward for t in trajs],
@@ -100,7 +104,8 @@ def train_step(tr: Any) -> dict[str, Any]:
     metrics["time/rollout_s"] = t_rollout
     metrics["time/step_s"] = time.time() - t0
 
-    tr.probe.offer(trajs)                                                           # probe set, phase
+    # probe set, metrics over ranks, phase
+    tr.probe.offer(trajs)
     if tc.probe_every and (tr.step + 1) % tc.probe_every == 0:
         metrics.update(tr.probe.measure(tr._probe_logp))
     metrics = distributed.reduce_metrics(acc, metrics)
@@ -109,7 +114,8 @@ def train_step(tr: Any) -> dict[str, Any]:
     metrics["phase/id"] = float(PHASE_ID[report.phase])
     tr.phase_report = report
 
-    distributed.sync_weights_to_engine(acc, tr.model, tr.backend)                  # weights -> engine
+    # weights -> rollout engine, which takes its memory back
+    distributed.sync_weights_to_engine(acc, tr.model, tr.backend)
     tr.backend.wake_up()
     tr.step += 1
     return metrics
@@ -197,7 +203,7 @@ def micro_step(tr: Any, batch: Any, mb: list[int], spec: ObjectiveSpec, advantag
     idx = torch.as_tensor(mb)
     mask = rows["response_mask"].to(dev)
     cut = lambda x: None if x is None else x[idx][:, :t].to(dev)  # noqa: E731  (rows mb, first t columns)
-    with tr.sync_context(last):
+    with sync_context(tr.accelerator, tr.model, last):
         logp_new, entropy = tr._forward_logp(tr.model, rows, compute_entropy=True)
         loss, m = objective(
             spec, logp_new, cut(logp_old), advantages[idx].to(dev), mask, mini_tokens=mini_tokens,

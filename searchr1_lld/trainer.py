@@ -190,10 +190,7 @@ class Trainer:
         """One GRPO(+LLDS) step (:func:`searchr1_lld.step.train_step`); returns its metrics."""
         return step.train_step(self)
 
-    def sync_context(self, last: bool):
-        return optim.sync_context(self.accelerator, self.model, last)
-
-    def _backward(self, loss: torch.Tensor, last: bool) -> None:
+    def _backward(self, loss: torch.Tensor, last: bool) -> None:  # (a method: tests/multirank_run.py wraps it)
         optim.backward(self.accelerator, self.model, loss, last)
 
     # ---------------------------------------------------------------- evaluation

@@ -186,9 +186,10 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
         warm = load_warm_start(runs_dir / "warm_start" / "eval")
     else:
         card = prepare_world(base, wdir, explicit=world_dir is not None)
-        from retriever.inprocess import InProcessRetriever
+        from retriever import make_retriever
 
-        retriever = InProcessRetriever(str(wdir / "index"))
+        # one retriever shared by every run: the config's (in-process by default: the world's index)
+        retriever = make_retriever(base.retriever, default_index_dir=wdir / "index")
         print(f"[lab] world {wdir}; {len(configs)} runs; runs in {runs_dir}", flush=True)
         warm_dir = runs_dir / "warm_start" / "eval"
         from searchr1_lld.evaluation import EvalError
