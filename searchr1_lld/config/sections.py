@@ -193,7 +193,7 @@ class LoggingConfig:
 
 @dataclass
 class EvalConfig:
-    """Evaluation (eval.py, searchr1_lld/evaluation.py): greedy decoding through the training agent loop."""
+    """Evaluation (eval.py, searchr1_lld/evaluation/): greedy decoding through the training agent loop."""
 
     datasets: list[str] = opt(None, "nq, triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle, synthetic, "
                               "or all (the seven benchmarks)", factory=lambda: ["synthetic"])
