@@ -25,11 +25,15 @@ same --out resumes only when these match, otherwise it stops and lists the diffe
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
+import retriever as retrievers
 from searchr1_lld import evaluation as ev
+from searchr1_lld.rollout import backends
 from searchr1_lld.cli import check_model_source, run_main
 from searchr1_lld.config import load_config
 
@@ -44,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--flashrag-dir", help="local mirror of the FlashRAG files, DIR/<name>/<split>.jsonl "
                                           "(default: $FLASHRAG_LOCAL_DIR, else the HF hub)")
     p.add_argument("--retriever-url", help="retriever HTTP service (Search-R1 /retrieve protocol)")
+    p.add_argument("--retriever-token", default=os.environ.get("SEARCHR1_RETRIEVER_TOKEN") or None,
+                   help="bearer token of a service started with --token (default: $SEARCHR1_RETRIEVER_TOKEN, else "
+                        "retriever.token of the config)")
     p.add_argument("--index", help="index dir for an in-process retriever (default for synthetic: WORLD_DIR/index)")
     p.add_argument("--world-dir", default=None, help="synthetic world dir (default: data.world_dir, .cache/world)")
     p.add_argument("--out", required=True, help="output dir")
@@ -92,12 +99,14 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _ensure_world(world_dir: Path, cfg: Any) -> None:
-    """Build the synthetic world (data.world config) when WORLD_DIR has none; an existing world is used as it is."""
+    """Build the synthetic world (from data.world_config) when WORLD_DIR has none; an existing world is used as it is."""
     from data.build_world import ensure_world, read_card
+
+    from searchr1_lld.config import load_world_config
 
     if read_card(world_dir) is None:
         print(f"building the synthetic world in {world_dir} ...", file=sys.stderr)
-        ensure_world(world_dir, cfg.data.world)
+        ensure_world(world_dir, load_world_config(cfg.data.world_config or None))
 
 
 def _default_tokenizer(model_path: str, cfg: Any, world_dir: Path, synthetic: bool) -> str:
@@ -112,6 +121,17 @@ def _default_tokenizer(model_path: str, cfg: Any, world_dir: Path, synthetic: bo
     if cfg.model.tokenizer_path or cfg.model.path:
         return cfg.model.tokenizer_path or cfg.model.path
     return str(world_dir / "tokenizer") if synthetic else model_path
+
+
+def _retriever_config(cfg: Any, args: argparse.Namespace, index: str | None) -> Any:
+    """The config's retriever section pointed at --retriever-url (timeouts, retries and the bearer token from the
+    config; --retriever-token / $SEARCHR1_RETRIEVER_TOKEN override the token) or at the in-process --index."""
+    rc = cfg.retriever
+    if args.retriever_url:
+        return dataclasses.replace(rc, mode="http", url=args.retriever_url, token=args.retriever_token or rc.token)
+    if not index:
+        raise ev.EvalError("need a retriever: --retriever-url URL or --index DIR")
+    return dataclasses.replace(rc, mode="inprocess", index_dir=str(index))
 
 
 def evaluate_checkpoint(model: str | None, out_dir: Path, name: str, s: dict[str, Any], args: argparse.Namespace,
@@ -131,8 +151,9 @@ def evaluate_checkpoint(model: str | None, out_dir: Path, name: str, s: dict[str
     tokenizer = backend = retriever = None
     if ev.count_pending(rows, out_dir, shard):  # a finished (resumed) evaluation loads no model and no index
         tokenizer = ev.load_tokenizer(tok_path)
-        backend = ev.make_backend(s["backend"], model_path, tokenizer, rollout_cfg=s["rollout_cfg"],
-                                  batch_size=s["batch_size"], dtype=s["cfg"].model.dtype, tokenizer_path=tok_path)
+        engine_cfg = dataclasses.replace(s["rollout_cfg"], backend=s["backend"], generation_batch_size=s["batch_size"])
+        backend = backends.make_backend(engine_cfg, tokenizer=tokenizer, model_path=model_path,
+                                        dtype=s["cfg"].model.dtype, tokenizer_path=tok_path)
         retriever = get_retriever()
     return ev.evaluate(rows, backend=backend, tokenizer=tokenizer, retriever=retriever, rollout_cfg=s["rollout_cfg"],
                        out_dir=out_dir, batch_size=s["batch_size"], template=s["template"],
@@ -168,7 +189,7 @@ def _main(argv: list[str] | None = None) -> int:
 
     def get_retriever() -> Any:  # built on first use, shared by the checkpoints of --compare
         if not cache:
-            cache.append(ev.make_retriever(url=args.retriever_url, index_dir=None if args.retriever_url else index))
+            cache.append(retrievers.make_retriever(_retriever_config(s["cfg"], args, index)))
         return cache[0]
 
     if args.compare:

@@ -39,6 +39,14 @@ def _resume_target(path: str) -> tuple[Path, str]:
                     f"(step_N/ with {COMPLETE})")
 
 
+def config_reference() -> str:
+    """The run config's keys, then the synthetic world's (configs/world/*.yaml, data.world_config)."""
+    from searchr1_lld.config import WorldConfig, format_help
+
+    return (format_help() + "\n# The synthetic world (configs/world/*.yaml, named by data.world_config):\n\n"
+            + format_help(WorldConfig, prefix="world."))
+
+
 def _main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=None,
@@ -49,8 +57,13 @@ def _main(argv: list[str] | None = None) -> int:
                              "trainer.total_steps; repeat for several)")
     parser.add_argument("--no-eval", action="store_true", help="skip the before/after test evaluation")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of user errors too")
+    parser.add_argument("--help-config", action="store_true",
+                        help="print every config key (by section, with type, default and help) and exit")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.total_steps=10")
     args = parser.parse_args(argv)
+    if args.help_config:
+        print(config_reference())
+        return 0
     run_dir = None
     overrides = list(args.overrides)
     config = args.config

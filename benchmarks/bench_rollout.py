@@ -53,7 +53,8 @@ def main() -> None:
 
     from retriever.inprocess import InProcessRetriever
     from searchr1_lld.config import RolloutConfig
-    from searchr1_lld.rollout import rollout_stats, run_agent_loop
+    from searchr1_lld.monitor import rollout_metrics
+    from searchr1_lld.rollout import run_agent_loop
     from searchr1_lld.rollout.backends.hf import HFBackend
 
     torch.set_num_threads(args.threads)
@@ -75,12 +76,12 @@ def main() -> None:
     gen_s, ret_s = timings["generate_s"], timings["retrieve_s"]
     outside = wall - gen_s
     tokens = timings["generated_tokens"]
-    stats = rollout_stats(trajs)
+    stats = rollout_metrics(trajs)
     print(f"world {world}  model params {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M  threads {args.threads}")
     print(f"batch {len(trajs)} trajectories ({args.rows} rows x n={args.n}), max_turns {cfg.max_turns}, "
           f"max_tokens_per_turn {cfg.max_tokens_per_turn}")
     print(f"generated tokens {int(tokens)}, searches {sum(t.valid_searches for t in trajs)}, "
-          f"invalid actions {sum(t.invalid_actions for t in trajs)}, turns mean {stats['rollout/num_turns_mean']:.2f}")
+          f"invalid actions {sum(t.invalid_actions for t in trajs)}, turns mean {stats['rollout/turns_mean']:.2f}")
     print(f"wall {wall:.2f} s = generate {gen_s:.2f} s + retrieval {ret_s:.3f} s + other loop work {outside - ret_s:.3f} s")
     print(f"loop overhead / generation time = {outside / gen_s:.4f} (target <= 0.10)")
     print(f"RESULT rollout_tokens_per_s {tokens / wall:.1f}")

@@ -1,6 +1,7 @@
 """Build the synthetic search world on disk (the embedded default everyone trains on).
 
-    python -m data.build_world --out .cache/world [key=value WorldConfig overrides, e.g. num_people=80 seed=1]
+    python -m data.build_world --out .cache/world [--config configs/world/default.yaml] [key=value overrides, e.g.
+        num_people=80 seed=1]
 
 Layout (docs/architecture.md, "The synthetic world on disk")::
 
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from searchr1_lld.config import ConfigError, WorldConfig, _coerce
+from searchr1_lld.config import ConfigError, WorldConfig, load_world_config
 
 BUILD_VERSION = 1  # bump when the generator or the policy recipe changes: old cached worlds are rebuilt
 CARD = "world.json"
@@ -172,28 +173,17 @@ def build_world(out_dir: Path, cfg: WorldConfig, *, progress: bool = True, measu
     return card
 
 
-def parse_world_overrides(items: list[str]) -> WorldConfig:
-    """``["num_people=80", "seed=1"]`` -> WorldConfig (types checked like the main config; unknown keys rejected)."""
-    import typing
-
-    import yaml
-
-    hints = typing.get_type_hints(WorldConfig)
-    values: dict[str, Any] = {}
-    for item in items:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like key=value")
-        key, raw = item.split("=", 1)
-        key = key.strip().removeprefix("data.world.").removeprefix("world.")
-        if key not in hints:
-            raise ConfigError(f"unknown key world.{key}; known keys: {sorted(hints)}")
-        values[key] = _coerce(yaml.safe_load(raw) if raw.strip() else "", hints[key], f"world.{key}")
-    return dataclasses.replace(WorldConfig(), **values)
+def parse_world_overrides(items: list[str], config: str | Path | None = None) -> WorldConfig:
+    """``["num_people=80", "seed=1"]`` (over the world YAML ``config``, if given) -> WorldConfig (types checked like
+    the main config; unknown keys rejected)."""
+    return load_world_config(config, items)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m data.build_world", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="world directory")
+    parser.add_argument("--config", default="configs/world/default.yaml",
+                        help="world YAML (WorldConfig keys; relative: to the repository root)")
     parser.add_argument("--force", action="store_true", help="rebuild even if a finished build is there")
     parser.add_argument("--no-measure", action="store_true", help="skip the warm-start rollout measurement")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -203,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_library_output()
     try:
-        cfg = parse_world_overrides(args.overrides)
+        cfg = parse_world_overrides(args.overrides, args.config)
     except ConfigError as e:
         parser.error(str(e))
     out = Path(args.out)

@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from searchr1_lld.jsonl import read_jsonl
 from searchr1_lld.prompts import normalize_question
 
 HUB_REPO = "RUC-NLPIR/FlashRAG_datasets"
@@ -120,16 +121,10 @@ def _read_local(path: Path) -> list[dict[str, Any]]:
         import pyarrow.parquet as pq
 
         return pq.read_table(path).to_pylist()
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise FlashRAGError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
-    return rows
+    try:
+        return read_jsonl(path)
+    except ValueError as e:
+        raise FlashRAGError(str(e)) from None
 
 
 def hub_splits(name: str, repo: str = HUB_REPO) -> list[str]:
@@ -237,8 +232,7 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
             if isinstance(r.get("metadata"), str):
                 r["metadata"] = json.loads(r["metadata"])
         return rows
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_jsonl(path)
 
 
 def _source_revision(local_dir: Optional[Path], repo: str, revision: Optional[str]) -> str:

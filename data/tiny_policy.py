@@ -425,10 +425,12 @@ def masked_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: tor
 
 def generated_token_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                          loss_mask: torch.Tensor) -> torch.Tensor:
-    """``masked_lm_loss`` computed cheaply: the LM head runs only on the positions that predict a masked-in token.
+    """Weighted next-token cross-entropy; the LM head runs only on the positions whose target has a weight > 0.
 
-    Same value as ``masked_lm_loss(model(input_ids).logits, input_ids, loss_mask)`` (a few generated tokens per
-    trajectory, so this skips most of the [B, T, V] logits and their backward pass).
+    ``loss_mask`` [B, T] holds per-token *weights* (``_batches``: 1 on generated tokens, ``warmstart_env_loss_weight``
+    on prompt/observation tokens, 0 on padding): loss = sum_t w[t+1] * nll[t] / sum_t w[t+1]. With a 0/1 mask this is
+    ``masked_lm_loss(model(input_ids).logits, input_ids, loss_mask)``; the LM head then skips the unmasked positions
+    (with env weight > 0 nearly every position has a weight, and the saving is only the padding).
     """
     hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
     weights = loss_mask[:, 1:].float()  # [B, T-1]: position t predicts token t+1 with this weight

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from searchr1_lld.config import WorldConfig
+from searchr1_lld.jsonl import read_jsonl  # noqa: F401  (re-exported: data.world.read_jsonl)
 from searchr1_lld.prompts import normalize_question
 from searchr1_lld.rewards import normalize_answer
 
@@ -425,11 +426,6 @@ def write_jsonl(rows: list[dict[str, Any]], path: str | Path) -> None:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     tmp.replace(path)
-
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def write_world_files(world: World, out_dir: str | Path) -> dict[str, Path]:

@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from searchr1_lld.distributed import is_deepspeed
+
 COMPLETE = "COMPLETE"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _TMP, _TRASH = ".tmp-", ".trash-"
@@ -141,12 +143,6 @@ def resolve_resume(resume: str, run_dir: str | Path) -> Path | None:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _is_deepspeed(accelerator: Any) -> bool:
-    if accelerator is None:
-        return False
-    return str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type)).upper() == "DEEPSPEED"
-
-
 def _tied_duplicate_names(model: torch.nn.Module) -> list[str]:
     """Names of parameters that are the same Parameter as an earlier name (tied embeddings: ``lm_head.weight``).
     DeepSpeed's gathered state dict holds them as separate tensors, so ``save_pretrained`` cannot see the tie."""
@@ -190,7 +186,7 @@ def save_checkpoint(
         _crash_point("tmp_created")
     _barrier(accelerator)
 
-    if _is_deepspeed(accelerator):
+    if is_deepspeed(accelerator):
         model.save_checkpoint(str(tmp / "deepspeed"), tag="state", client_state={"step": step})
         if save_policy:
             state_dict = accelerator.get_state_dict(model)  # gathered to rank 0 under ZeRO-3
@@ -343,7 +339,7 @@ def load_checkpoint(
     if reason:
         raise FileNotFoundError(f"{path} is not a complete checkpoint ({reason})")
     rank = 0 if accelerator is None else accelerator.process_index
-    if _is_deepspeed(accelerator):
+    if is_deepspeed(accelerator):
         model.load_checkpoint(str(path / "deepspeed"), tag="state", load_optimizer_states=True,
                               load_lr_scheduler_states=False)
     else:

@@ -21,13 +21,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _read_trajectories(eval_dir: Path) -> dict[str, dict]:
-    import json
+    from searchr1_lld.jsonl import read_jsonl
 
     path = eval_dir / "trajectories.jsonl"
-    if not path.is_file():
-        return {}
-    with open(path, encoding="utf-8") as f:
-        return {r["id"]: r for r in (json.loads(line) for line in f if line.strip())}
+    return {r["id"]: r for r in read_jsonl(path)} if path.is_file() else {}
 
 
 def pick_example(before: dict[str, dict], after: dict[str, dict]) -> str | None:
@@ -67,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         print("the demo runs on the synthetic world (data.source=synthetic)", file=sys.stderr)
         return 2
 
-    from data.build_world import ensure_world
+    from searchr1_lld.factories import ensure_run_world
     from searchr1_lld.checkpoint import latest_checkpoint
     from searchr1_lld.tracking import quiet_library_output
     from searchr1_lld.trainer import train
@@ -75,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_library_output()
     t0 = time.time()
     print(f"[1/3] synthetic world in {cfg.data.world_dir}", flush=True)
-    world = Path(ensure_world(cfg.data.world_dir, cfg.data.world))
+    world = ensure_run_world(cfg)  # data.world_config (configs/world/default.yaml) -> data.world_dir
     t_world = time.time() - t0
 
     print("[2/3] training GRPO + LLDS (configs: algorithm.llds.*)", flush=True)

@@ -85,14 +85,3 @@ def em_reward(response: str, golds: str | list[str]) -> float:
     """The training reward: EM of the last answer in the generated response (0 when there is none)."""
     return exact_match(extract_answer(response), golds)
 
-
-def format_reward(response: str) -> float:
-    """Optional, documented format score in [0, 1] (off by default; the paper trains on EM alone).
-
-    1.0 when the response ends with exactly one closed answer and every ``<search>`` is closed; 0.5 when it has a
-    closed answer but unbalanced search tags; 0 without a closed answer.
-    """
-    if extract_answer(response) is None:
-        return 0.0
-    balanced = response.count("<search>") == response.count("</search>")
-    return 1.0 if balanced and response.count("<answer>") == 1 else 0.5

@@ -35,6 +35,7 @@ from typing import Any, Sequence
 import yaml
 
 from searchr1_lld.config import ConfigError, load_config
+from searchr1_lld.jsonl import read_jsonl
 
 COLLAPSE_PHASE = "accelerated_collapse"
 DEFAULT_ACCELERATE_CONFIG = "configs/accelerate/zero2_8gpu.yaml"
@@ -157,17 +158,6 @@ def _find_results(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a partial last line of a run that is still writing
-    return rows
-
-
 def _run_setting(run_dir: Path) -> dict[str, Any]:
     """The LLDS settings of a run, from the config it saved (config.yaml / config.json) when present."""
     for name in ("config.yaml", "config.json"):
@@ -185,7 +175,7 @@ def collect_run(run_dir: str | Path) -> dict[str, Any]:
     metrics_path = run_dir / "metrics.jsonl"
     if not metrics_path.is_file():
         raise ConfigError(f"{run_dir}: no metrics.jsonl (is this a run dir?)")
-    metrics = _read_jsonl(metrics_path)
+    metrics = read_jsonl(metrics_path, partial_tail=True)  # a run may still be writing it
     sweep_meta = run_dir / "sweep_run.json"
     meta = json.loads(sweep_meta.read_text()) if sweep_meta.is_file() else {}
     results_path = _find_results(run_dir)

@@ -125,13 +125,9 @@ def _jsonable(value: Any) -> Any:
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """Read a ``metrics.jsonl`` back (``null`` -> NaN)."""
-    rows = []
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                row = json.loads(line)
-                rows.append({k: (float("nan") if v is None else v) for k, v in row.items()})
-    return rows
+    from searchr1_lld.jsonl import read_jsonl
+
+    return [{k: (float("nan") if v is None else v) for k, v in row.items()} for row in read_jsonl(path)]
 
 
 def _series(records: Sequence[dict[str, Any]], key: str) -> tuple[list[Any], list[float]]:

@@ -20,16 +20,18 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from searchr1_lld import trainer as trainer_mod
+from searchr1_lld import batching, trainer as trainer_mod
 from searchr1_lld.config import load_config
-from searchr1_lld.trainer import Trainer, iter_gathered_named_parameters, zero_stage
+from searchr1_lld.distributed import iter_gathered_named_parameters, zero_stage
+from searchr1_lld.trainer import Trainer
 
 RANK = int(os.environ.get("RANK", "0"))
 out_dir = Path(sys.argv[1])
 overrides = sys.argv[2:]
 
 if RANK == 1:  # rank 1: one response per micro-batch -> more micro-batches than rank 0
-    trainer_mod.micro_batches_by_tokens = lambda lengths, indices, budget: [[i] for i in sorted(indices)]
+    one_each = lambda lengths, indices, budget: [[i] for i in sorted(indices)]  # noqa: E731
+    batching.micro_batches_by_tokens = trainer_mod.micro_batches_by_tokens = one_each  # updates and log-prob passes
 
 _real_backward = Trainer._backward
 

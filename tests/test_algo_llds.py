@@ -161,7 +161,7 @@ def test_adaptive_lam_answer():
 
 
 def _reference_llds(d, mask, adv, gate, lam, tau):
-    """Loop-based reference straight from the DESIGN.md formula."""
+    """Loop-based reference straight from the docs/design.md formula."""
     num, den = 0.0, 0.0
     for i in range(d.shape[0]):
         row_m = mask[i].tolist()

@@ -121,3 +121,47 @@ def test_save_and_reload_round_trip(tmp_path):
     save_config(cfg, tmp_path / "saved.yaml")
     again = load_config(tmp_path / "saved.yaml")
     assert again == cfg
+
+
+def test_every_config_field_has_a_help_text_and_help_config_prints_it():
+    from searchr1_lld.config import Config, WorldConfig, format_help, iter_fields
+
+    for cls, prefix in ((Config, ""), (WorldConfig, "world.")):
+        fields = list(iter_fields(cls, prefix))
+        assert len(fields) > 20
+        missing = [key for key, f, _, _ in fields if not f.metadata.get("help", "").strip()]
+        assert missing == [], f"config fields without help: {missing}"
+        text = format_help(cls, prefix)
+        for key, f, _, default in fields:
+            assert f"  {key} (" in text and f"default {default!r}): {f.metadata['help']}" in text
+
+
+def test_train_py_help_config_prints_every_section(capsys):
+    import importlib.util
+
+    from conftest import REPO_ROOT
+
+    spec = importlib.util.spec_from_file_location("train_cli", REPO_ROOT / "train.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    assert cli.main(["--help-config"]) == 0
+    out = capsys.readouterr().out
+    for section in ("[data]", "[rollout]", "[retriever]", "[algorithm]", "[algorithm.llds]", "[trainer]", "[eval]",
+                    "[world]"):
+        assert section in out
+    assert "algorithm.llds.lam (float, default 0.2): lambda: LLDS coefficient" in out
+
+
+def test_world_config_lives_outside_the_run_config():
+    from searchr1_lld.config import ConfigError, load_config, load_world_config
+
+    assert not hasattr(load_config(None).data, "world")
+    with pytest.raises(ConfigError, match="unknown key data.world"):
+        load_config(None, ["data.world.seed=1"])
+    from conftest import REPO_ROOT
+
+    lab_world = load_world_config(load_config(REPO_ROOT / "configs/lab/lab.yaml").data.world_config)
+    assert (lab_world.num_people, lab_world.retriever) == (16, "bm25")
+    assert load_world_config("configs/world/default.yaml", ["seed=3"]).seed == 3
+    with pytest.raises(ConfigError, match="world.multi_hop_fraction"):
+        load_world_config(None, ["multi_hop_fraction=2"])

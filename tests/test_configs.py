@@ -9,8 +9,9 @@ import pytest
 from searchr1_lld.config import load_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-# accelerate / DeepSpeed launcher configs are not run configs
-ALL_YAML = sorted(p for p in CONFIGS.rglob("*.y*ml") if "accelerate" not in p.relative_to(CONFIGS).parts)
+# accelerate / DeepSpeed launcher configs are not run configs; world configs are checked below
+ALL_YAML = sorted(p for p in CONFIGS.rglob("*.y*ml") if not {"accelerate", "world"} & set(p.relative_to(CONFIGS).parts))
+WORLD_YAML = sorted((CONFIGS / "world").glob("*.yaml"))
 
 
 def test_there_are_configs():
@@ -21,6 +22,16 @@ def test_there_are_configs():
 def test_config_loads_and_validates(path):
     cfg = load_config(path)
     assert cfg.name and cfg.name != "default", f"{path} should set a name"
+
+
+@pytest.mark.parametrize("path", WORLD_YAML, ids=lambda p: p.name)
+def test_world_config_loads_and_every_run_config_names_one_that_exists(path):
+    from searchr1_lld.config import load_world_config, resolve_repo_path
+
+    load_world_config(path)
+    for run in ALL_YAML:
+        named = load_config(run).data.world_config
+        assert not named or resolve_repo_path(named).is_file(), f"{run}: data.world_config {named} is missing"
 
 
 def _paper():
@@ -60,7 +71,7 @@ def test_paper_configs_carry_the_authors_run_settings():
         assert (r.n, r.temperature, r.top_p, r.max_turns, r.topk) == (5, 1.0, 0.95, 3, 3)
         assert (r.max_tokens_per_turn, r.max_obs_length, r.max_total_length, cfg.data.max_prompt_length) == (
             500, 500, 4096, 2048)
-        assert r.backend == "vllm" and cfg.retriever.mode == "http" and cfg.retriever.topk == 3
+        assert r.backend == "vllm" and cfg.retriever.mode == "http"
         assert cfg.data.source == "flashrag"
         # evaluation: greedy (the evaluator always decodes greedily), the paper's 4 turns, top-3, seven benchmarks
         assert (cfg.eval.max_turns, cfg.eval.topk, len(cfg.eval.datasets)) == (4, 3, 7)

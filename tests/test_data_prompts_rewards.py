@@ -9,7 +9,6 @@ from searchr1_lld.rewards import (
     em_reward,
     exact_match,
     extract_answer,
-    format_reward,
     normalize_answer,
     sub_exact_match,
     token_f1,
@@ -119,9 +118,3 @@ def test_em_reward_on_a_full_response() -> None:
     assert em_reward(response, ["1901"]) == 1.0
     assert em_reward(response, ["1902"]) == 0.0
 
-
-def test_format_reward() -> None:
-    assert format_reward("<search> a </search> <answer> b </answer>") == 1.0
-    assert format_reward("<search> a <answer> b </answer>") == 0.5
-    assert format_reward("<answer> b </answer><answer> c </answer>") == 0.5
-    assert format_reward("<search> a </search>") == 0.0

@@ -13,10 +13,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import searchr1_lld.trainer as trainer_mod
+import searchr1_lld.distributed as distributed
 from searchr1_lld.config import load_config
+from searchr1_lld.distributed import iter_gathered_named_parameters, sync_weights_to_engine
 from searchr1_lld.rollout.backends.hf import HFBackend
-from searchr1_lld.trainer import Trainer, iter_gathered_named_parameters, sync_weights_to_engine
+from searchr1_lld.trainer import Trainer
 
 from test_trainer import SMALL
 
@@ -89,13 +90,13 @@ def attach_recording_engine(tr, events: list):
 @pytest.mark.parametrize("stage", [0, 2, 3])
 def test_trainer_drives_the_engine_in_order(tmp_path, tiny_world, shared_retriever, monkeypatch, stage):
     events: list = []
-    real_sync = trainer_mod.sync_weights_to_engine
-    monkeypatch.setattr(trainer_mod, "sync_weights_to_engine",
+    real_sync = distributed.sync_weights_to_engine
+    monkeypatch.setattr(distributed, "sync_weights_to_engine",
                         lambda acc, model, backend: real_sync(acc, model, backend, gather=recording_gather(events)))
     cfg = load_config(None, SMALL + [f"trainer.output_dir={tmp_path}", "trainer.run_name=run", "trainer.probe_every=0"])
     tr = Trainer(cfg, world_dir=tiny_world, retriever=shared_retriever)
     # the sync path of that ZeRO stage (patched after set-up: a real ZeRO-3 set-up needs a DeepSpeed engine)
-    monkeypatch.setattr(trainer_mod, "zero_stage", lambda acc: stage)
+    monkeypatch.setattr(distributed, "zero_stage", lambda acc: stage)
     learner = tr.accelerator.unwrap_model(tr.model)
     engine_model = attach_recording_engine(tr, events)
 
@@ -230,7 +231,7 @@ def test_trainer_applies_rollout_correction(tmp_path, tiny_world, shared_retriev
         seen.append(token_weights)
         return real(*args, token_weights=token_weights, **kw)
 
-    monkeypatch.setattr(policy_loss, "ppo_clip_loss", spy)
+    monkeypatch.setitem(policy_loss.POLICY_LOSSES, "ppo_clip", spy)
     cfg = load_config(None, SMALL + [f"trainer.output_dir={tmp_path}", "trainer.run_name=run", "trainer.probe_every=0",
                                      "algorithm.rollout_correction.mode=token", "algorithm.rollout_correction.cap=1.5"])
     tr = Trainer(cfg, world_dir=tiny_world, retriever=shared_retriever)

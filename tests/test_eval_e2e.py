@@ -66,8 +66,12 @@ def test_eval_cli_tiny_policy_and_resume(tiny_world, tmp_path, monkeypatch):
     def no_load(*a, **k):
         raise AssertionError("a finished evaluation must not load anything")
 
-    monkeypatch.setattr(ev, "make_backend", no_load)
-    monkeypatch.setattr(ev, "make_retriever", no_load)
+    import retriever
+
+    from searchr1_lld.rollout import backends
+
+    monkeypatch.setattr(backends, "make_backend", no_load)
+    monkeypatch.setattr(retriever, "make_retriever", no_load)
     before = (out / ev.TRAJECTORIES).read_text()
     assert cli.main(_args(tiny_world, out)) == 0
     assert (out / ev.TRAJECTORIES).read_text() == before
@@ -168,3 +172,49 @@ def test_eval_through_http_service(tiny_world, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_eval_cli_through_a_service_started_with_a_token(tiny_world, tmp_path, monkeypatch):
+    """eval.py builds its retriever client from the config's retriever section (timeouts, retries, bearer token):
+    a service that requires a token answers it, and refuses a client without one."""
+    import asyncio
+    import threading
+
+    import uvicorn
+
+    from retriever import RetrieverError
+    from retriever.inprocess import InProcessRetriever
+    from retriever.service import ServiceSettings, bind_socket, create_app
+
+    sock = bind_socket("127.0.0.1", 0)
+    app = create_app(InProcessRetriever(str(tiny_world / "index")), ServiceSettings(token="s3cret"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    try:
+        deadline = time.time() + 60
+        while not server.started and time.time() < deadline:
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        cli = _cli()
+        args = _args(tiny_world, tmp_path / "tok", "--retriever-url", url)
+        # the client eval.py builds: the token from --retriever-token (or the config), no retries on a 401
+        built = cli._retriever_config(cli.load_config(None, ["retriever.max_retries=0", "retriever.timeout_s=7"]),
+                                      cli.build_parser().parse_args([*args, "--retriever-token", "s3cret"]), None)
+        assert (built.mode, built.url, built.token, built.max_retries, built.timeout_s) == ("http", url, "s3cret", 0, 7)
+        monkeypatch.delenv("SEARCHR1_RETRIEVER_TOKEN", raising=False)
+        no_token = _args(tiny_world, tmp_path / "no-token", "--retriever-url", url)
+        assert cli.main([*no_token, "--set", "retriever.max_retries=0", "rollout.max_tokens_per_turn=32"]) == 2  # 401
+        assert cli.main([*args, "--retriever-token", "s3cret"]) == 0
+        _check_outputs(tmp_path / "tok", LIMIT)
+        assert cli.main(_args(tiny_world, tmp_path / "cfg", "--retriever-url", url, "--set",
+                              "rollout.max_tokens_per_turn=32", "retriever.token=s3cret")) == 0  # token from config
+        with pytest.raises(RetrieverError):
+            import retriever as retrievers
+
+            retrievers.make_retriever(cli._retriever_config(
+                cli.load_config(None, ["retriever.max_retries=0"]),
+                cli.build_parser().parse_args(args), None)).search(["who"], topk=1)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)

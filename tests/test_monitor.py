@@ -235,3 +235,28 @@ def test_alarm_lead_on_the_measured_lr3e3_pilot():
     steps = list(range(1, 11))
     acc = warning_accounting(steps, reward, alarm_steps(steps, phases, warnings), t)
     assert acc == {"collapse_step": 8, "first_alarm_step": 4, "lead_steps": 4, "outcome": "warned"}
+
+
+def test_rollout_metrics_one_name_per_metric():
+    """Hand-built trajectories: generated tokens (mask) vs all response tokens, rates over trajectories / turns."""
+    from searchr1_lld.monitor import rollout_metrics
+    from searchr1_lld.rollout.types import Trajectory
+
+    def traj(resp, mask, **kw):
+        t = Trajectory(row={"id": "x", "golden_answers": []}, group_id=0, prompt_ids=[1], response_ids=resp,
+                       response_mask=mask, answer_mask=[0] * len(resp), engine_logprobs=[0.0] * len(resp))
+        for k, v in kw.items():
+            setattr(t, k, v)
+        return t
+
+    a = traj([2, 3, 4], [1, 0, 1], reward=1.0, finish_reason="answer", prediction="x", num_turns=2, valid_searches=1,
+             invalid_actions=1)
+    b = traj([2], [1], finish_reason="length", num_turns=1, length_stops=1)
+    m = rollout_metrics([a, b])
+    assert m["reward/em_mean"] == 0.5 and m["rollout/valid_searches_mean"] == 0.5
+    assert m["rollout/generated_tokens_mean"] == 1.5  # (2 + 1) / 2: the policy's own tokens
+    assert m["rollout/response_length_mean"] == 2.0  # (3 + 1) / 2: generated + observation tokens
+    assert m["rollout/turns_mean"] == 1.5 and m["rollout/invalid_action_rate"] == pytest.approx(1 / 3)
+    assert m["rollout/finish_answer_rate"] == 0.5 and m["rollout/finish_length_rate"] == 0.5
+    assert m["rollout/has_answer_rate"] == 0.5 and m["rollout/length_stops_mean"] == 0.5
+    assert m["rollout/answer_span_miss_frac"] == 0.5  # a's answer has no token in its (empty) answer mask

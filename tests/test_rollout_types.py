@@ -1,11 +1,11 @@
-"""to_batch layout (hand-built trajectories) and rollout_stats."""
+"""to_batch layout (hand-built trajectories)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from searchr1_lld.rollout.types import Trajectory, rollout_stats, to_batch
+from searchr1_lld.rollout.types import Trajectory, to_batch
 
 PAD = 0
 
@@ -49,13 +49,3 @@ def test_to_batch_errors_and_edge_cases():
     none_lp.engine_logprobs = None
     assert to_batch([none_lp, traj([1], [2], [1])], PAD).has_engine_logprobs is False
 
-
-def test_rollout_stats_counts():
-    a = traj([1], [2, 3], [1, 0], reward=1.0)
-    a.finish_reason, a.prediction, a.num_turns = "answer", "x", 2
-    b = traj([1], [2], [1])
-    b.finish_reason, b.num_turns, b.length_stops = "length", 1, 1
-    s = rollout_stats([a, b])
-    assert s["rollout/reward_mean"] == 0.5 and s["rollout/finish_answer_rate"] == 0.5
-    assert s["rollout/finish_length_rate"] == 0.5 and s["rollout/generated_tokens_mean"] == 1.0
-    assert s["rollout/num_turns_mean"] == 1.5 and s["rollout/has_answer_rate"] == 0.5

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 import subprocess
@@ -14,9 +13,11 @@ import pytest
 import torch
 
 from searchr1_lld.config import load_config
-from searchr1_lld.trainer import Trainer, lr_factor, micro_batches_by_tokens
+from searchr1_lld.batching import micro_batches_by_tokens
+from searchr1_lld.optim import lr_factor
+from searchr1_lld.trainer import Trainer
 
-from conftest import REPO_ROOT, TEST_WORLD_CONFIG
+from conftest import REPO_ROOT
 
 SMALL = [
     "trainer.train_batch_size=2", "trainer.ppo_mini_batch_size=2", "trainer.ppo_epochs=2", "rollout.n=2",
@@ -161,7 +162,7 @@ def test_train_py_end_to_end_over_http(tmp_path, tiny_world):
                 url = found.group(1)
                 break
         assert url, "retriever service did not start"
-        world = [f"data.world.{k}={v}" for k, v in dataclasses.asdict(TEST_WORLD_CONFIG).items()]
+        world = ["data.world_config="]  # the test world in data.world_dir, as it is
         args = ["--config", str(REPO_ROOT / "configs" / "tiny.yaml"), *SMALL, *world,
                 f"data.world_dir={tiny_world}", "retriever.mode=http", f"retriever.url={url}",
                 "trainer.total_steps=2", f"trainer.output_dir={tmp_path}", "trainer.run_name=e2e",
@@ -193,3 +194,19 @@ def test_non_synthetic_run_evaluates_configured_benchmarks(tmp_path, tiny_world,
     m = res.history[-1]
     assert 0.0 <= m["eval/synthetic/em"] <= 1.0 and m["eval/avg_em"] == m["eval/synthetic/em"]
     assert res.em_before is None  # the synthetic before/after table belongs to synthetic runs
+
+
+def test_max_prompt_length_is_enforced_on_the_training_prompts(tiny_world):
+    from transformers import AutoTokenizer
+
+    from searchr1_lld.factories import check_prompt_lengths, load_train_rows
+    from searchr1_lld.rollout.agent_loop import encode_prompt
+
+    cfg = load_config(None, ["data.world_config="])
+    rows = load_train_rows(cfg, tiny_world)
+    tok = AutoTokenizer.from_pretrained(str(tiny_world / "tokenizer"))
+    longest = max(len(encode_prompt(tok, r["question"], "tiny")) for r in rows)
+    check_prompt_lengths(rows, tok, load_config(None, [f"data.max_prompt_length={longest}"]))  # fits exactly
+    with pytest.raises(ValueError, match=rf"data.max_prompt_length={longest - 1}: the training prompt of row .* is "
+                                         rf"{longest} tokens"):
+        check_prompt_lengths(rows, tok, load_config(None, [f"data.max_prompt_length={longest - 1}"]))

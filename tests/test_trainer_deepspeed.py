@@ -15,7 +15,8 @@ SCRIPT = r"""
 import json, sys, torch
 sys.path.insert(0, "tests")
 from searchr1_lld.config import load_config
-from searchr1_lld.trainer import Trainer, is_deepspeed, zero_stage
+from searchr1_lld.distributed import is_deepspeed, zero_stage
+from searchr1_lld.trainer import Trainer
 world, out = sys.argv[1], sys.argv[2]
 cfg = load_config(None, [
     "trainer.train_batch_size=2", "trainer.ppo_mini_batch_size=2", "trainer.ppo_epochs=2", "rollout.n=2",

@@ -1,4 +1,4 @@
-"""LLDS: Lazy-Likelihood-Displacement Shaping (DESIGN.md, section "The science in one page").
+"""LLDS: Lazy-Likelihood-Displacement Shaping (docs/design.md, section "The science in one page").
 
 For response i and token t (all tensors ``[B, T]``):
 

@@ -92,7 +92,7 @@ def objective(
     denom = mini_tokens if spec.agg_mode == "token-mean" else mini_responses
     local = n_tok if spec.agg_mode == "token-mean" else n_resp
 
-    loss_fn = policy_loss.gspo_loss if spec.policy_loss == "gspo" else policy_loss.ppo_clip_loss
+    loss_fn = policy_loss.get_policy_loss_fn(spec.policy_loss)
     extra = {} if token_weights is None else {"token_weights": token_weights}
     pg, pg_m = loss_fn(logp_new, logp_old, advantages, response_mask, clip_low=spec.clip_low, clip_high=spec.clip_high,
                        dual_clip=spec.dual_clip, agg_mode=spec.agg_mode, **extra)

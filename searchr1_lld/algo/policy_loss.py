@@ -19,6 +19,12 @@ made token-level with the stop-gradient trick so that the gradient still flows p
 surrogate and aggregation as PPO-clip. The GSPO paper uses much smaller clip ranges (about 3e-4 / 4e-4) and
 "seq-mean-token-mean" aggregation; pass them explicitly.
 
+Registry: every loss is registered by name (``@register_policy_loss("name")``) and looked up with
+:func:`get_policy_loss_fn` (``algorithm.policy_loss`` in the config names it), so a new loss is one decorated function
+here and never touches the objective or the trainer. A loss takes (logp_new, logp_old, advantages, response_mask) and
+the keywords clip_low, clip_high, dual_clip, agg_mode, token_weights, and returns (loss, metrics with at least
+pg_loss, pg_clip_frac, approx_kl).
+
 Metrics (floats): pg_loss, pg_clip_frac (fraction of response tokens where the clipped branch is active, i.e. l2 > l1),
 dual_clip_frac (fraction of response tokens where the dual clip bound is active), approx_kl = masked mean of
 k1 = logp_old - logp_new (old vs new; as verl's ``ppo_kl``), approx_kl_k3 = masked mean of k3 =
@@ -27,11 +33,35 @@ exp(logp_new - logp_old) - (logp_new - logp_old) - 1 (non-negative), ratio_mean,
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from searchr1_lld.algo.aggregation import aggregate, masked_mean
 
 LOG_RATIO_CLAMP = 20.0
+
+PolicyLossFn = Callable[..., "tuple[torch.Tensor, dict[str, float]]"]
+POLICY_LOSSES: dict[str, PolicyLossFn] = {}
+
+
+def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator: register ``fn`` as the policy loss ``name`` (a name may be registered once)."""
+
+    def decorate(fn: PolicyLossFn) -> PolicyLossFn:
+        if name in POLICY_LOSSES:
+            raise ValueError(f"policy loss {name!r} is already registered ({POLICY_LOSSES[name].__name__})")
+        POLICY_LOSSES[name] = fn
+        return fn
+
+    return decorate
+
+
+def get_policy_loss_fn(name: str) -> PolicyLossFn:
+    """The policy loss registered as ``name``; a clear error listing the known names otherwise."""
+    if name not in POLICY_LOSSES:
+        raise ValueError(f"unknown policy loss {name!r}; registered: {sorted(POLICY_LOSSES)}")
+    return POLICY_LOSSES[name]
 
 
 def _token_advantages(advantages: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -100,6 +130,7 @@ def _clipped_surrogate(
     return loss, metrics
 
 
+@register_policy_loss("ppo_clip")
 def ppo_clip_loss(
     logp_new: torch.Tensor,
     logp_old: torch.Tensor,
@@ -120,6 +151,7 @@ def ppo_clip_loss(
                               token_weights)
 
 
+@register_policy_loss("gspo")
 def gspo_loss(
     logp_new: torch.Tensor,
     logp_old: torch.Tensor,

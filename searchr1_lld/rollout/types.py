@@ -135,23 +135,3 @@ def to_batch(trajectories: list[Trajectory], pad_token_id: int) -> TrajectoryBat
         prompt_length=P,
     )
 
-
-def rollout_stats(trajectories: list[Trajectory]) -> dict[str, float]:
-    """Scalar summaries for logging (means over trajectories, rates in [0, 1])."""
-    n = max(1, len(trajectories))
-    reasons = ["answer", "max_turns", "truncated", "length"]
-    stats = {
-        "rollout/reward_mean": sum(t.reward for t in trajectories) / n,
-        "rollout/num_turns_mean": sum(t.num_turns for t in trajectories) / n,
-        "rollout/valid_searches_mean": sum(t.valid_searches for t in trajectories) / n,
-        "rollout/invalid_actions_mean": sum(t.invalid_actions for t in trajectories) / n,
-        "rollout/response_length_mean": sum(len(t.response_ids) for t in trajectories) / n,
-        "rollout/generated_tokens_mean": sum(sum(t.response_mask) for t in trajectories) / n,
-        "rollout/length_stops_mean": sum(t.length_stops for t in trajectories) / n,
-        "rollout/empty_turns_mean": sum(t.empty_turns for t in trajectories) / n,
-        "rollout/eos_stops_mean": sum(t.eos_stops for t in trajectories) / n,
-        "rollout/has_answer_rate": sum(t.prediction is not None for t in trajectories) / n,
-    }
-    for reason in reasons:
-        stats[f"rollout/finish_{reason}_rate"] = sum(t.finish_reason == reason for t in trajectories) / n
-    return stats

@@ -1,4 +1,8 @@
-"""Generation backends behind one contract (base.py): transformers (hf.py), vLLM (vllm.py), scripted (tests)."""
+"""Generation backends behind one contract (base.py): transformers (hf.py), vLLM (vllm.py), scripted (tests).
+
+:func:`make_backend` is the one factory: the trainer (on the learner's module), the evaluator and the lab (a model
+loaded from a directory or an in-memory policy) all build their engine through it.
+"""
 
 from searchr1_lld.rollout.backends.base import BackendBase, GenerationBackend, GenerationOutput, StopDetector
 
@@ -6,18 +10,23 @@ __all__ = ["BackendBase", "GenerationBackend", "GenerationOutput", "StopDetector
 
 
 def make_backend(cfg, *, model=None, tokenizer=None, model_path: str = "", seed=None, dtype: str = "auto",
-                 tokenizer_path: str = "", shares_learner_weights: bool = False):
-    """Build the backend named by ``cfg.backend`` (a RolloutConfig).
+                 tokenizer_path: str = "", shares_learner_weights: bool = False, device: str = "auto"):
+    """Build the backend named by ``cfg.backend`` (a RolloutConfig; ``cfg.generation_batch_size`` sequences per call).
 
-    "hf": generation with ``model`` (``shares_learner_weights``: it is the learner's own module, so weight loads
-    are no-ops); "vllm": one engine on this rank's GPU loaded from ``model_path`` (rank / world size from the
-    launcher's environment).
+    "hf": generation with ``model``, or with the model loaded from ``model_path`` (in eval mode, ``dtype``: auto =
+    bf16 on GPU, fp32 on CPU; ``device`` auto = cuda if available); ``shares_learner_weights``: it is the learner's
+    own module, so weight loads are no-ops. "vllm": one engine on this rank's GPU loaded from ``model_path`` (rank /
+    world size from the launcher's environment).
     """
+    if tokenizer is None:
+        raise ValueError("make_backend needs the tokenizer")
     if cfg.backend == "hf":
         from searchr1_lld.rollout.backends.hf import HFBackend
 
-        if model is None or tokenizer is None:
-            raise ValueError("rollout.backend=hf needs the model and tokenizer")
+        if model is None:
+            if not model_path:
+                raise ValueError("rollout.backend=hf needs the model or model_path")
+            model = _load_hf_model(str(model_path), dtype, device)
         return HFBackend(model, tokenizer, batch_size=cfg.generation_batch_size, seed=seed,
                          shares_learner_weights=shares_learner_weights)
     if cfg.backend == "vllm":
@@ -25,5 +34,16 @@ def make_backend(cfg, *, model=None, tokenizer=None, model_path: str = "", seed=
 
         if not model_path:
             raise ValueError("rollout.backend=vllm needs model_path (a local HF model dir or hub id)")
-        return VLLMBackend(model_path, tokenizer, cfg, seed=seed, dtype=dtype, tokenizer_path=tokenizer_path)
+        return VLLMBackend(str(model_path), tokenizer, cfg, seed=seed, dtype=dtype, tokenizer_path=str(tokenizer_path))
     raise ValueError(f"unknown rollout.backend {cfg.backend!r}; expected 'hf' or 'vllm'")
+
+
+def _load_hf_model(model_path: str, dtype: str, device: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(
+        dtype, torch.bfloat16 if device == "cuda" else torch.float32)
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).to(device).eval()

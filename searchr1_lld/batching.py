@@ -1,0 +1,109 @@
+"""Batching of the learner: which prompts a step trains on, and how a step's responses become mini-batches (one
+optimiser step each) of micro-batches (one forward/backward each). Batch semantics: docs/batch_semantics.md."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+
+class PromptSampler:
+    """Epoch-wise shuffled prompts; state = (epoch, cursor) so a resumed run draws the same next batch."""
+
+    def __init__(self, rows: list[dict], batch_size: int, seed: int, shuffle: bool = True):
+        if not rows:
+            raise ValueError("no training rows")
+        self.rows, self.batch_size, self.seed, self.shuffle = rows, batch_size, seed, shuffle
+        self.epoch, self.cursor = 0, 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        idx = list(range(len(self.rows)))
+        if self.shuffle:
+            np.random.default_rng(self.seed + 7919 * epoch).shuffle(idx)
+        return idx
+
+    def next_batch(self) -> list[dict]:
+        batch = []
+        while len(batch) < self.batch_size:
+            if self.cursor >= len(self._order):
+                self.epoch += 1
+                self.cursor = 0
+                self._order = self._permutation(self.epoch)
+            batch.append(self.rows[self._order[self.cursor]])
+            self.cursor += 1
+        return batch
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "cursor": self.cursor}
+
+    def load_state(self, state: dict[str, int]) -> None:
+        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
+        self._order = self._permutation(self.epoch)
+
+
+def micro_batches_by_tokens(lengths: Sequence[int], indices: Sequence[int], token_budget: int) -> list[list[int]]:
+    """Split ``indices`` (rows of one mini-batch) into micro-batches whose padded size
+    ``len(micro) * max(length in micro)`` stays within ``token_budget`` (a single longer row gets its own micro-batch).
+    Rows are sorted by length first so that rows of similar length share a micro-batch (little padding)."""
+    order = sorted(indices, key=lambda i: lengths[i])
+    out: list[list[int]] = []
+    cur: list[int] = []
+    cur_max = 0
+    for i in order:
+        new_max = max(cur_max, lengths[i])
+        if cur and (len(cur) + 1) * new_max > token_budget:
+            out.append(cur)
+            cur, new_max = [], lengths[i]
+        cur.append(i)
+        cur_max = new_max
+    if cur:
+        out.append(cur)
+    return out
+
+
+def plan_updates(lengths: Sequence[int], rows_per_mini: int, epochs: int, token_budget: int,
+                 generator: torch.Generator) -> list[list[list[int]]]:
+    """``[mini-batch][micro-batch][row]`` of one step: per epoch a permutation of the rank's B rows cut into
+    mini-batches of ``rows_per_mini`` (groups may straddle mini-batches: advantages are final), each split into
+    micro-batches by :func:`micro_batches_by_tokens` (B a multiple of ``rows_per_mini``)."""
+    B = len(lengths)
+    plan = []
+    for _epoch in range(epochs):
+        perm = torch.randperm(B, generator=generator).tolist()
+        for start in range(0, B, rows_per_mini):
+            plan.append(micro_batches_by_tokens(lengths, perm[start : start + rows_per_mini], token_budget))
+    return plan
+
+
+def select_rows(batch: Any, idx: Sequence[int]) -> dict[str, torch.Tensor]:
+    """Rows ``idx`` of a TrajectoryBatch, trimmed to their own longest prompt p and response t.
+
+    Returns input_ids/attention_mask/position_ids [b, p+t], responses/response_mask/answer_mask/engine_logprobs [b, t],
+    and "p" (the prompt width): logits predicting responses[:, j] sit at position p - 1 + j.
+    """
+    index = torch.as_tensor(list(idx), dtype=torch.long)
+    P = batch.prompt_length
+    am = batch.attention_mask[index]
+    p = max(1, int(am[:, :P].sum(1).max()))
+    t = max(1, int(am[:, P:].sum(1).max()))
+    cols = slice(P - p, P + t)
+    return {
+        "input_ids": batch.input_ids[index][:, cols],
+        "attention_mask": am[:, cols],
+        "position_ids": batch.position_ids[index][:, cols],
+        "responses": batch.responses[index][:, :t],
+        "response_mask": batch.response_mask[index][:, :t],
+        "answer_mask": batch.answer_mask[index][:, :t],
+        "engine_logprobs": batch.engine_logprobs[index][:, :t],
+        "p": p,
+    }
+
+
+def pad_cols(x: torch.Tensor, width: int, value: float = 0.0) -> torch.Tensor:
+    """Right-pad [b, t] to [b, width]."""
+    if x.shape[1] == width:
+        return x
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)

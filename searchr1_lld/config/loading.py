@@ -1,0 +1,255 @@
+"""Loading configs: YAML (with ``_base_`` chains) + ``key=value`` dotted overrides -> typed, validated dataclasses.
+
+Rules
+- Unknown keys (in YAML or overrides) are errors that name the key and list the known ones.
+- Values are type-checked against the dataclass annotations (``int`` accepts no floats, ``float`` accepts ints,
+  ``Literal`` choices are enforced, ``Optional`` accepts ``null``/``None``).
+- ``Config.validate()`` rejects impossible values (lambda < 0, mini-batch larger than batch, ...) with the key's name.
+- A YAML file may start with ``_base_: other.yaml`` (path relative to the file); the file's keys override the base's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the offending key."""
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML loader for configs: only ``true``/``false`` are booleans.
+
+    PyYAML follows YAML 1.1, where ``on/off/yes/no`` are booleans too, so ``ma: off`` would silently become False;
+    here they stay strings and the field's type decides.
+    """
+
+
+_ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
+
+def _yaml_load(text: Any) -> Any:
+    return yaml.load(text, Loader=_ConfigLoader)
+
+
+def get_dotted(obj: Any, key: str) -> Any:
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against annotation ``tp``; return the (possibly converted) value or raise ConfigError."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{key}: unexpected value {value!r}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: must be one of {list(args)} (got {value!r})")
+        return value
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list (got {value!r})")
+        (item_tp,) = args or (Any,)
+        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping of {sorted(f.name for f in dataclasses.fields(tp))} (got {value!r})")
+        return _build(tp, value, key)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true/false (got {value!r})")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected an integer (got {value!r})")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # PyYAML (YAML 1.1) reads "1e-6" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected a number (got {value!r})")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: expected a string (got {value!r})")
+    raise ConfigError(f"{key}: unsupported type {_type_name(tp)}")
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        where = f"{prefix}." if prefix else ""
+        raise ConfigError(f"unknown key {where}{unknown[0]!s}; known keys here: {sorted(names)}")
+    base = cls()
+    kwargs = {}
+    for name in names:
+        key = f"{prefix}.{name}" if prefix else name
+        if name in values:
+            current = getattr(base, name)
+            if dataclasses.is_dataclass(current) and isinstance(values[name], dict):
+                merged = {**dataclasses.asdict(current), **values[name]}
+                kwargs[name] = _build(type(current), merged, key)
+            else:
+                kwargs[name] = _coerce(values[name], hints[name], key)
+    return dataclasses.replace(base, **kwargs)
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """Read a config YAML, resolving ``_base_`` chains (relative to the file)."""
+    path = Path(path).resolve()
+    if path in _seen:
+        raise ConfigError(f"_base_ cycle through {path}")
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    with open(path) as f:
+        raw = _yaml_load(f) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    base_ref = raw.pop("_base_", None)
+    if base_ref is None:
+        return raw
+    base = read_yaml(path.parent / base_ref, _seen + (path,))
+    return _deep_merge(base, raw)
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"a.b.c=value"`` -> ``("a.b.c", yaml-parsed value)``."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like key.sub=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override {text!r} has an empty key")
+    value = _yaml_load(raw) if raw.strip() != "" else ""
+    return key, value
+
+
+def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    values = dict(values)
+    for text in overrides:
+        key, value = parse_override(text)
+        node = values
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = {}
+            elif not isinstance(child, dict):
+                raise ConfigError(f"override {key}: {part} is not a section")
+            node[part] = dict(child)
+            node = node[part]
+        node[parts[-1]] = value
+    return values
+
+
+def config_from_dict(values: dict[str, Any]) -> Any:
+    """A validated :class:`~searchr1_lld.config.Config` from a nested dict (unknown keys and bad types: errors)."""
+    from searchr1_lld.config.sections import Config
+
+    return _build(Config, values).validate()
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Any:
+    """Build a validated :class:`Config` from an optional YAML file and ``key=value`` overrides."""
+    values = read_yaml(path) if path else {}
+    values = apply_overrides(values, list(overrides or []))
+    return config_from_dict(values)
+
+
+def flatten_dict(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dict -> ``{"dotted.key": value}``."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten_dict(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_differences(old: Any, new: Any) -> dict[str, tuple[Any, Any]]:
+    """``{dotted key: (old value, new value)}`` for every key whose value differs (a key missing on one side counts,
+    with value None). Accepts Configs or their ``to_dict()`` / YAML dicts."""
+    fa = flatten_dict(old if isinstance(old, dict) else old.to_dict())
+    fb = flatten_dict(new if isinstance(new, dict) else new.to_dict())
+    return {k: (fa.get(k), fb.get(k)) for k in sorted(fa.keys() | fb.keys()) if fa.get(k) != fb.get(k)}
+
+
+def save_config(cfg: Any, path: str | Path) -> None:
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
+
+
+def resolve_repo_path(path: str | Path) -> Path:
+    """A config-file path named inside a config: absolute as is, relative to the repository root otherwise."""
+    path = Path(path)
+    return path if path.is_absolute() else REPO_ROOT / path
+
+
+def load_world_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Any:
+    """A validated :class:`~searchr1_lld.config.WorldConfig` from a world YAML (``configs/world/*.yaml``; relative to
+    the repository root) and ``key=value`` overrides (``data.world.`` / ``world.`` prefixes accepted)."""
+    from searchr1_lld.config.sections import WorldConfig
+    from searchr1_lld.config.validation import validate_world
+
+    values = read_yaml(resolve_repo_path(path)) if path else {}
+    keys = []
+    for text in overrides or []:
+        key, sep, raw = text.partition("=")
+        if not sep:
+            raise ConfigError(f"override {text!r} must look like key=value")
+        keys.append(f"{key.strip().removeprefix('data.world.').removeprefix('world.')}={raw}")
+    world = _build(WorldConfig, apply_overrides(values, keys), "world")
+    validate_world(world)
+    return world

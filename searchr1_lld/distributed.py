@@ -1,0 +1,79 @@
+"""Multi-process glue of the learner: which engine runs it (DDP / DeepSpeed ZeRO-n), the small all-reduces every rank
+must agree on, and the learner -> rollout-engine weight stream. No math."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence
+
+import torch
+
+
+def is_deepspeed(accelerator: Any) -> bool:
+    """True when ``accelerator`` runs the model through a DeepSpeed engine (False for None: no accelerator)."""
+    if accelerator is None:
+        return False
+    return str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type)).upper() == "DEEPSPEED"
+
+
+def zero_stage(accelerator: Any) -> int:
+    """The DeepSpeed ZeRO stage (0 without DeepSpeed)."""
+    if not is_deepspeed(accelerator):
+        return 0
+    plugin = accelerator.state.deepspeed_plugin
+    return int(plugin.deepspeed_config.get("zero_optimization", {}).get("stage", 0))
+
+
+def agree_max(accelerator: Any, counts: Sequence[int]) -> list[int]:
+    """Element-wise max of ``counts`` over all processes (one all-reduce): the number of micro-batches every rank
+    runs, so that the collectives inside forward/backward (ZeRO-3 gathers, gradient reduction) pair up."""
+    if accelerator.num_processes == 1 or not counts:
+        return list(counts)
+    t = torch.tensor(list(counts), dtype=torch.long, device=accelerator.device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return [int(v) for v in t.tolist()]
+
+
+def any_rank(accelerator: Any, flag: bool) -> bool:
+    """True on every rank when ``flag`` is True on any rank (one all-reduce)."""
+    return bool(agree_max(accelerator, [int(flag)])[0])
+
+
+def reduce_metrics(accelerator: Any, metrics: dict[str, Any]) -> dict[str, Any]:
+    """Mean of float metrics over processes (NaN-aware is not attempted: NaN on any rank stays NaN)."""
+    if accelerator.num_processes == 1:
+        return metrics
+    keys = sorted(k for k, v in metrics.items() if isinstance(v, float))
+    vals = torch.tensor([metrics[k] for k in keys], device=accelerator.device)
+    vals = accelerator.reduce(vals, "mean")
+    return {**metrics, **{k: float(v) for k, v in zip(keys, vals.tolist())}}
+
+
+def iter_gathered_named_parameters(model: torch.nn.Module, gather: Any = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) of every parameter of a ZeRO-3 partitioned model, gathered one module at a time
+    (``gather(params)``: a context manager, default ``deepspeed.zero.GatheredParameters``; never the whole model on
+    one rank). A parameter shared by several modules (tied embeddings) is yielded once, under its first name. The
+    tensor is valid only until the next item is requested (the module is re-partitioned when the gather exits)."""
+    if gather is None:
+        import deepspeed
+
+        gather = lambda params: deepspeed.zero.GatheredParameters(params, modifier_rank=None)  # noqa: E731
+    seen: set[int] = set()
+    for mod_name, module in model.named_modules():
+        params = [(n, p) for n, p in module.named_parameters(recurse=False) if id(p) not in seen]
+        if not params:
+            continue
+        seen.update(id(p) for _, p in params)
+        with gather([p for _, p in params]):
+            for pname, p in params:
+                yield (f"{mod_name}.{pname}" if mod_name else pname), p.detach()
+
+
+def sync_weights_to_engine(accelerator: Any, model: torch.nn.Module, backend: Any, gather: Any = None) -> None:
+    """Learner -> rollout engine after the step's updates: stream (name, tensor) through ``backend.load_weights``
+    (ZeRO-3: gathered module by module; ZeRO-0/2: every rank holds the full parameters)."""
+    unwrapped = accelerator.unwrap_model(model)
+    if zero_stage(accelerator) == 3:
+        named = iter_gathered_named_parameters(unwrapped, gather)
+    else:
+        named = ((name, p.detach()) for name, p in unwrapped.named_parameters())
+    backend.load_weights(named)

@@ -1,0 +1,126 @@
+"""Running an evaluation: the rows of each dataset, greedy rollouts into the trajectories file, comparisons."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from searchr1_lld.evaluation.files import TrajectoryLog, finalize, shard_rows, trajectories_path
+from searchr1_lld.evaluation.metrics import (SYNTHETIC, EvalError, parse_datasets, record_from_trajectory,
+                                             relative_gain, summarize)
+from searchr1_lld.evaluation.tables import markdown_table, write_tables
+from searchr1_lld.jsonl import read_jsonl
+
+
+def load_eval_rows(datasets: Sequence[str], *, world_dir: str | Path = ".cache/world", limit: int = 0,
+                   split: str | None = None, flashrag_dir: str | Path | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Rows of each dataset (first ``limit`` rows when limit > 0).
+
+    ``synthetic``: ``world_dir/qa/test.jsonl``; a benchmark name: the FlashRAG loader in :mod:`data.flashrag`
+    (split = test if it exists, else dev, unless ``split`` is given; from the local mirror ``flashrag_dir`` or
+    $FLASHRAG_LOCAL_DIR when set, else the hub).
+    """
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name in datasets:
+        if name == SYNTHETIC:
+            path = Path(world_dir) / "qa" / f"{split or 'test'}.jsonl"
+            if not path.is_file():
+                raise EvalError(f"synthetic test split not found at {path}; build it with "
+                                f"`python -m data.build_world --out {world_dir}`")
+            rows = read_jsonl(path)
+        else:
+            rows = _load_benchmark(name, split, flashrag_dir)
+        if limit > 0:
+            rows = rows[:limit]
+        ids = [str(r["id"]) for r in rows]
+        if len(set(ids)) != len(ids):
+            raise EvalError(f"dataset {name}: row ids are not unique (resume and sharding need unique ids)")
+        out[name] = rows
+    return out
+
+
+def benchmark_rows(cfg: Any) -> dict[str, list[dict[str, Any]]]:
+    """The benchmarks a training run evaluates on (eval.datasets, first trainer.eval_limit or else eval.limit
+    questions of each); loaded once at the start so a missing dataset fails before training."""
+    return load_eval_rows(parse_datasets(cfg.eval.datasets), world_dir=cfg.data.world_dir,
+                          limit=cfg.trainer.eval_limit or cfg.eval.limit)
+
+
+def _load_benchmark(name: str, split: str | None, flashrag_dir: str | Path | None) -> list[dict[str, Any]]:
+    from data import flashrag  # the FlashRAG loader (hub or local mirror)
+
+    try:
+        return list(flashrag.load_eval_rows(name, split, local_dir=flashrag_dir))
+    except flashrag.FlashRAGError as e:
+        raise EvalError(str(e)) from e
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def eval_rollout_config(rollout_cfg: Any, *, max_turns: int, topk: int) -> Any:
+    """The training rollout settings with evaluation's turn and document limits (decoding is greedy)."""
+    return dataclasses.replace(rollout_cfg, max_turns=max_turns, topk=topk, n=1)
+
+
+def evaluate(rows_by_dataset: dict[str, Sequence[dict[str, Any]]], *, backend: Any, tokenizer: Any, retriever: Any,
+             rollout_cfg: Any, out_dir: str | Path | None = None, batch_size: int = 64, template: str = "tiny", chat_template: str = "never",
+             shard: tuple[int, int] | None = None, name: str = "", progress: bool = True,
+             rollout_fn: Callable[..., list[Any]] | None = None) -> dict[str, Any] | None:
+    """Greedy rollouts for every row not yet in the trajectories file, appended batch by batch.
+
+    Without a shard: returns the results (also written as results.json / .md / .csv in ``out_dir``). With a shard:
+    writes only the shard's trajectories file and returns None (run :func:`merge_shards` once all shards finish).
+    ``out_dir`` None: in memory (nothing written or resumed), returns the :func:`summarize` of the (shard's) rows.
+    ``rollout_fn`` defaults to :func:`searchr1_lld.rollout.agent_loop.run_agent_loop` (same signature).
+    """
+    from tqdm.auto import tqdm
+
+    if rollout_fn is None:
+        from searchr1_lld.rollout.agent_loop import run_agent_loop as rollout_fn
+
+    if batch_size < 1:
+        raise EvalError(f"batch_size must be >= 1 (got {batch_size})")
+    log = TrajectoryLog(trajectories_path(out_dir, shard)) if out_dir is not None else None
+    in_memory: list[dict[str, Any]] = []
+    for dataset, rows in rows_by_dataset.items():
+        todo = [r for r in shard_rows(rows, shard) if log is None or not log.is_done(dataset, r["id"])]
+        bar = tqdm(total=len(todo), desc=f"eval {dataset}", unit="q", disable=not progress)
+        for start in range(0, len(todo), batch_size):
+            batch = todo[start:start + batch_size]
+            trajs = rollout_fn(batch, backend=backend, tokenizer=tokenizer, retriever=retriever, cfg=rollout_cfg,
+                                   n=1, greedy=True, template=template, chat_template=chat_template,
+                                   progress=False)
+            if len(trajs) != len(batch):
+                raise EvalError(f"agent loop returned {len(trajs)} trajectories for {len(batch)} rows")
+            records = [record_from_trajectory(t, dataset) for t in trajs]
+            if log is not None:
+                log.append(records)
+            else:
+                in_memory.extend(records)
+            bar.update(len(batch))
+        bar.close()
+    if log is None:
+        return summarize(in_memory, order=list(rows_by_dataset), name=name)
+    if shard is not None:
+        return None
+    return finalize(out_dir, order=list(rows_by_dataset), name=name)
+
+
+def compare(methods: Sequence[tuple[str, dict[str, Any]]], out_dir: str | Path) -> str:
+    """One comparison table (rows = methods, Gain relative to the first) -> out_dir/results.md/.csv/.json."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_tables(out_dir, methods)
+    base_avg = methods[0][1]["average_em"]
+    summary = {
+        "base": methods[0][0],
+        "methods": {name: {**res, "relative_gain": relative_gain(res["average_em"], base_avg)} for name, res in methods},
+    }
+    (out_dir / "comparison.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return markdown_table(methods)

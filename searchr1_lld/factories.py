@@ -1,0 +1,215 @@
+"""Set-up of the learner, one factory per thing: the accelerator, the synthetic world (when needed), the policy and
+its tokenizer, the frozen reference, the rollout engine's module, the retriever, the QA rows."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from searchr1_lld.config import Config
+from searchr1_lld.distributed import is_deepspeed, zero_stage
+from searchr1_lld.jsonl import read_rows
+
+
+def make_accelerator(cfg: Config):
+    """accelerate's Accelerator for ``trainer.device`` / ``model.dtype`` (fp32 on CPU; bf16 autocast on GPU by
+    default); DeepSpeed when launched with a DeepSpeed config."""
+    from accelerate import Accelerator
+
+    use_cpu = cfg.trainer.device == "cpu" or (cfg.trainer.device == "auto" and not torch.cuda.is_available())
+    if cfg.trainer.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("trainer.device=cuda but CUDA is not available")
+    dtype = cfg.model.dtype
+    if dtype == "auto":
+        mixed = "no" if use_cpu else "bf16"
+    else:
+        mixed = {"float32": "no", "bfloat16": "bf16", "float16": "fp16"}[dtype]
+    if use_cpu:
+        mixed = "no"  # fp32 on CPU
+    # DeepSpeed (ACCELERATE_USE_DEEPSPEED, set by `accelerate launch` with a DeepSpeed config) is disabled by accelerate
+    # when cpu=True; without a GPU DeepSpeed picks its own CPU accelerator (gloo), so leave cpu=False then.
+    deepspeed_requested = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    handlers = []
+    if deepspeed_requested and use_cpu:
+        # accelerate finds no backend on a CPU-only machine unless told: it would then count 1 process although
+        # DeepSpeed initialised gloo with all of them (and DeepSpeed's batch-size check fails)
+        from accelerate.utils import InitProcessGroupKwargs
+
+        handlers.append(InitProcessGroupKwargs(backend="gloo"))
+    return Accelerator(cpu=use_cpu and not deepspeed_requested, mixed_precision=mixed, kwargs_handlers=handlers)
+
+
+def configure_deepspeed(accelerator: Any, tc: Any) -> None:
+    """DeepSpeed: clip at trainer.grad_clip; one micro-batch per engine call, the accumulation boundary set by the
+    learner per micro-batch (optim.backward). No-op without DeepSpeed."""
+    if not is_deepspeed(accelerator):
+        return
+    ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
+    ds_config["gradient_clipping"] = tc.grad_clip
+    ds_config["gradient_accumulation_steps"] = 1
+    ds_config["train_micro_batch_size_per_gpu"] = 1
+
+
+def resolve_world(cfg: Config) -> Path | None:
+    """The synthetic world dir (built on demand) when the run needs it, else None."""
+    needs = cfg.data.source == "synthetic" or not cfg.model.path or (
+        cfg.retriever.mode == "inprocess" and not cfg.retriever.index_dir
+    )
+    return ensure_run_world(cfg) if needs else None
+
+
+def ensure_run_world(cfg: Config) -> Path:
+    """``data.world_dir`` holding the world of ``data.world_config`` (built there, or rebuilt when its world.json has
+    another config hash); ``data.world_config`` '' = the finished world already in ``data.world_dir``, as it is."""
+    from data.build_world import ensure_world, read_card
+
+    from searchr1_lld.config import ConfigError, load_world_config
+
+    world_dir = Path(cfg.data.world_dir)
+    if cfg.data.world_config:
+        return Path(ensure_world(world_dir, load_world_config(cfg.data.world_config), progress=True))
+    if read_card(world_dir) is None:
+        raise ConfigError(f"data.world_config is '' (use the world as it is) but {world_dir} holds no finished world "
+                          f"(no world.json); build one with `python -m data.build_world --out {world_dir}`")
+    return world_dir
+
+
+def world_hash(world_dir: Path | None) -> str | None:
+    """The config hash recorded in the world's manifest (world.json); None without a world."""
+    from data.build_world import read_card
+
+    card = read_card(world_dir) if world_dir is not None else None
+    return card.get("config_hash") if card else None
+
+
+def policy_path(cfg: Config, world_dir: Path | None) -> str:
+    return cfg.model.path or (str(world_dir / "model") if world_dir else "")
+
+
+def load_policy_and_tokenizer(cfg: Config, world_dir: Path | None):
+    """(policy in fp32 master weights, tokenizer with a pad token) from model.path or the world's tiny policy."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_path = policy_path(cfg, world_dir)
+    tok_path = cfg.model.tokenizer_path or (cfg.model.path if cfg.model.path else (str(world_dir / "tokenizer") if world_dir else ""))
+    if not model_path:
+        raise ValueError("model.path is empty and there is no synthetic world to take the tiny policy from")
+    tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=cfg.model.trust_remote_code)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    kwargs: dict[str, Any] = {"trust_remote_code": cfg.model.trust_remote_code, "dtype": torch.float32}
+    if cfg.model.attn_implementation:
+        kwargs["attn_implementation"] = cfg.model.attn_implementation
+    model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs)  # fp32 master weights; bf16 via autocast
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    return model, tokenizer
+
+
+def make_reference(cfg: Config, policy: torch.nn.Module, world_dir: Path | None, accelerator: Any) -> Any:
+    """The frozen reference of the KL term (None when kl_coef == 0): a copy of the initial policy. Under ZeRO-3 the
+    policy was loaded partitioned (transformers loads under deepspeed.zero.Init), so the reference is loaded the same
+    way; placed later by :func:`place_reference`."""
+    if cfg.algorithm.kl_coef <= 0:
+        return None
+    ref = load_policy_and_tokenizer(cfg, world_dir)[0] if zero_stage(accelerator) == 3 else copy.deepcopy(policy)
+    return ref.eval().requires_grad_(False)
+
+
+def place_reference(ref: torch.nn.Module, accelerator: Any, dtype: torch.dtype) -> Any:
+    """The frozen reference in the policy's dtype (so KL is exactly 0 while the weights agree) and placement: on the
+    learner's device, or under ZeRO-3 sharded like the policy by a DeepSpeed inference-only engine."""
+    ref = ref.to(dtype=dtype)
+    if zero_stage(accelerator) != 3:
+        return ref.to(accelerator.device)
+    import deepspeed
+
+    ds = accelerator.state.deepspeed_plugin.deepspeed_config
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "zero_optimization": {"stage": 3, "offload_param": ds.get("zero_optimization", {}).get(
+            "offload_param", {"device": "none"})},
+        "bf16": {"enabled": dtype == torch.bfloat16},
+        "fp16": {"enabled": dtype == torch.float16},
+    }
+    engine, *_ = deepspeed.initialize(model=ref, config=config)
+    engine.eval()
+    return engine
+
+
+def engine_copy(cfg: Config, policy: torch.nn.Module, accelerator: Any) -> torch.nn.Module | None:
+    """ZeRO-3 + HF rollout: the engine generates on its own full copy (generation on the partitioned module would
+    need every rank to run the same forwards); weights are synced into it after every step. Else None (the engine
+    generates on the learner's own module)."""
+    if not (zero_stage(accelerator) == 3 and cfg.rollout.backend == "hf"):
+        return None
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(list(policy.parameters()), modifier_rank=None):
+        return copy.deepcopy(policy).eval().requires_grad_(False)
+
+
+def make_rollout_backend(cfg: Config, module: torch.nn.Module, tokenizer: Any, model_path: str):
+    """The rollout engine: HF generation on the learner's own module (no copy, weight loads are no-ops), or one vLLM
+    engine per rank (GPU) that the trainer streams the weights into after every update."""
+    from searchr1_lld.rollout.backends import make_backend
+
+    if cfg.rollout.backend == "vllm":
+        return make_backend(cfg.rollout, tokenizer=tokenizer, model_path=model_path, seed=cfg.trainer.seed,
+                            dtype=cfg.model.dtype,
+                            tokenizer_path=getattr(tokenizer, "name_or_path", "") or cfg.model.tokenizer_path)
+    # seed=None: the HF sampler draws from the global RNG, which every step re-seeds (resume stays reproducible)
+    return make_backend(cfg.rollout, model=module, tokenizer=tokenizer, shares_learner_weights=True)
+
+
+def make_retriever(cfg: Config, world_dir: Path | None):
+    """retriever.make_retriever on ``cfg.retriever`` (in-process default: the world's index)."""
+    from retriever import make_retriever as build
+
+    return build(cfg.retriever, default_index_dir=(world_dir / "index") if world_dir else None)
+
+
+def load_train_rows(cfg: Config, world_dir: Path | None) -> list[dict]:
+    """The training prompts of ``data.source``: the world's train split, JSONL/parquet files, or FlashRAG's mix."""
+    if cfg.data.source == "synthetic":
+        return read_rows(world_dir / "qa" / "train.jsonl")
+    if cfg.data.source == "files":
+        rows: list[dict] = []
+        for f in cfg.data.train_files:
+            rows += read_rows(f)
+        return rows
+    from data import flashrag  # FlashRAG preparation module (hub access required)
+
+    return flashrag.load_train_rows(cfg.data.train_mix)
+
+
+def check_prompt_lengths(rows: list[dict], tokenizer: Any, cfg: Config) -> None:
+    """``data.max_prompt_length``: every training prompt (template applied, tokenised as the agent loop does) must
+    fit, else a clear error naming the longest one (Search-R1 / verl refuse over-long prompts the same way)."""
+    from tqdm.auto import tqdm
+
+    from searchr1_lld.rollout.agent_loop import encode_prompt
+
+    d = cfg.data
+    longest, worst = 0, None
+    for r in tqdm(rows, desc="prompt lengths", unit="prompt", disable=len(rows) < 5000):
+        n = len(encode_prompt(tokenizer, r["question"], d.prompt_template, d.chat_template))
+        if n > longest:
+            longest, worst = n, r
+    if longest > d.max_prompt_length:
+        raise ValueError(f"data.max_prompt_length={d.max_prompt_length}: the training prompt of row "
+                         f"{worst.get('id')!r} is {longest} tokens (the longest of {len(rows)}); raise "
+                         f"data.max_prompt_length (below rollout.max_total_length) or drop the long rows")
+
+
+def load_test_rows(cfg: Config, world_dir: Path | None) -> list[dict]:
+    """The world's ``data.test_split`` rows ([] without a world or without that split)."""
+    if world_dir is None:
+        return []
+    path = world_dir / "qa" / f"{cfg.data.test_split}.jsonl"
+    return read_rows(path) if path.is_file() else []

@@ -1,0 +1,53 @@
+"""The death-spiral lab: GRPO vs LLDS (response gate, action gate, LLDS-MA) on the synthetic world, on a CPU.
+
+    python -m searchr1_lld.lab                       # full comparison (configs/lab/lab.yaml, seeds 0,1) -> docs/lab
+    python -m searchr1_lld.lab --quick --out /tmp/lab   # a few minutes: configs/lab/quick.yaml, one seed
+    python -m searchr1_lld.lab --seeds 0,1 --methods grpo,llds_action trainer.lr=1e-3 rollout.n=8   # exploration
+    python -m searchr1_lld.lab --report-only --runs-dir runs/lab    # rebuild the report from finished runs
+
+What one lab does
+    1. one synthetic world (``data.build_world.ensure_world``; ``--world-dir`` or ``.cache/lab-world-<config hash>``)
+       and one in-process retriever shared by every run;
+    2. the warm-started policy evaluated once (greedy, test split): the "warm start" row of the EM table;
+    3. for every seed, for every method: ``searchr1_lld.trainer.Trainer(cfg).run()`` (metrics.jsonl, the monitor's
+       phase per step) then the evaluator (``searchr1_lld.evaluation.evaluate``: greedy, test split, results.json with
+       single-hop / multi-hop EM and searches per question) on the trained policy, in memory;
+    4. one markdown report (``OUT/README.md``) + ``OUT/summary.json`` + side-by-side curves (``OUT/*.png``).
+
+Methods (:data:`METHODS`) differ ONLY in ``algorithm.llds.{enabled, gate, ma}``; every other setting, the LLDS
+coefficients included, comes from the same config and overrides. :func:`check_only_llds_differs` enforces this before
+anything trains ("never tune the two methods differently").
+
+Numbers in the report
+    EM table: per method, mean ± sample std over seeds of the per-run test EM (all questions; single-hop; multi-hop)
+    and of the mean number of valid searches per test question. "All" is the micro-average over every test question
+    (what ``results.json`` calls ``em``), not the mean of the two columns.
+    Phases: the trainer's phase detector (``phase/name`` per step in metrics.jsonl): first step and number of steps in
+    each phase; early-warning steps are recomputed with the same detector (:class:`searchr1_lld.monitor.PhaseDetector`).
+    Trends: means over the first / last ``TREND_WINDOW`` steps of reward, correct / incorrect log-likelihood per token,
+    the probe set's log-likelihood (the same correct responses re-measured), entropy, and the largest grad norm.
+
+Layout: methods.py (the arms and their configs), running.py (world, runs, summary), analysis.py (phases, trends,
+verdicts), plots.py (curves), report.py (README.md), cli.py (the command line).
+"""
+
+from __future__ import annotations
+
+from searchr1_lld.lab.analysis import (aggregate, finite, lld_verdict, load_records, mean_std, phase_summary,
+                                       trend_summary, warning_summary, window_mean)
+from searchr1_lld.lab.methods import (DEFAULT_NOTES, FULL_CONFIG, LLD_MARGIN, METHOD_KEYS, METHODS, QUICK_CONFIG,
+                                      REPO_ROOT, REWARD_MARGIN, RUN_KEYS, RUN_PLAN, RUN_RECORD, TREND_WINDOW, Method,
+                                      check_only_llds_differs, config_differences, method_config, parse_methods,
+                                      parse_seeds, run_name, shared_settings)
+from searchr1_lld.lab.plots import CURVES, METHOD_COLORS, plot_curves
+from searchr1_lld.lab.report import (em_table, fmt, fmt_ms, per_run_table, phase_table, trend_table, warning_text,
+                                     write_report)
+from searchr1_lld.lab.running import (eval_summary, evaluate_policy, evaluate_warm_start, finished, load_run,
+                                      load_warm_start, prepare_world, resolve_world_dir, run_lab, run_one)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line (:mod:`searchr1_lld.lab.cli`)."""
+    from searchr1_lld.lab.cli import main as cli_main
+
+    return cli_main(argv)

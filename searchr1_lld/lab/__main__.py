@@ -1,0 +1,7 @@
+"""``python -m searchr1_lld.lab``."""
+
+import sys
+
+from searchr1_lld.lab.cli import main
+
+sys.exit(main())

@@ -1,0 +1,146 @@
+"""Analysis of finished lab runs (pure: metrics records in, numbers out): phases, trends, the LLD verdict, means."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+from searchr1_lld.lab.methods import LLD_MARGIN, REWARD_MARGIN, TREND_WINDOW, Method
+from searchr1_lld.monitor import PHASES, PhaseDetector
+
+
+def finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def mean_std(values: Sequence[float | None]) -> tuple[float, float, int]:
+    """Mean and sample standard deviation (ddof = 1; 0 for a single value) of the finite values; (nan, nan, 0) if
+    none."""
+    vals = [float(v) for v in values if finite(v)]
+    if not vals:
+        return float("nan"), float("nan"), 0
+    mu = sum(vals) / len(vals)
+    sd = math.sqrt(sum((v - mu) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+    return mu, sd, len(vals)
+
+
+def phase_summary(records: Sequence[dict[str, Any]], run_steps: int | None = None) -> dict[str, Any]:
+    """Phases of one run, recomputed from its metrics.jsonl records with evidence proportional to the run.
+
+    The detector (:class:`PhaseDetector`) is re-run on the logged history up to each step with
+    ``PhaseThresholds(run_steps=run_steps or len(records))``: a phase (and the early warning) counts only once it held
+    for ``persistence()`` consecutive steps, which grows with the run. (The trainer's online ``phase/name`` uses the
+    minimum persistence, since it does not know how long the run will be.)
+
+    Returns ``{"first_step": {phase: step or None}, "steps_in": {phase: count}, "final": phase,
+    "warning_steps": [steps where the early warning fired], "collapse_step": first accelerated_collapse step or None,
+    "persistence": steps, "warning": monitor.warning_accounting(...)}`` (alarm = early warning, or steady_decay /
+    accelerated_collapse reported).
+    """
+    from searchr1_lld.monitor import PhaseThresholds, alarm_steps, warning_accounting
+
+    thresholds = PhaseThresholds(run_steps=run_steps or len(records))
+    detector = PhaseDetector(thresholds)
+    first: dict[str, int | None] = {p: None for p in PHASES}
+    count: dict[str, int] = {p: 0 for p in PHASES}
+    warnings_at: list[int] = []
+    reported: list[str] = []
+    for i, r in enumerate(records):
+        report = detector.detect(records[: i + 1])
+        step = int(r["step"])
+        count[report.phase] += 1
+        if first[report.phase] is None:
+            first[report.phase] = step
+        if report.warning:
+            warnings_at.append(step)
+        reported.append(report.phase)
+    steps = [int(r["step"]) for r in records]
+    accounting = warning_accounting(steps, [r.get("reward/em_mean") for r in records],
+                                    alarm_steps(steps, reported, warnings_at), thresholds)
+    final = reported[-1] if reported else None
+    return {"first_step": first, "steps_in": count, "final": final, "warning_steps": warnings_at,
+            "collapse_step": first["accelerated_collapse"], "persistence": thresholds.persistence(),
+            "warning": accounting}
+
+
+def window_mean(records: Sequence[dict[str, Any]], key: str, which: str, k: int = TREND_WINDOW) -> float:
+    vals = [r[key] for r in records if finite(r.get(key))]
+    if not vals:
+        return float("nan")
+    part = vals[:k] if which == "first" else vals[-k:]
+    return sum(part) / len(part)
+
+
+def trend_summary(records: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Start / end means (first and last ``TREND_WINDOW`` finite values) of the LLD signals of one run."""
+    out: dict[str, float] = {}
+    for name, key in (("reward", "reward/em_mean"), ("correct_logp", "lld/correct_logp_old_per_token"),
+                      ("incorrect_logp", "lld/incorrect_logp_old_per_token"), ("probe_logp", "probe/logp_per_token"),
+                      ("entropy", "actor/entropy")):
+        out[f"{name}_start"] = window_mean(records, key, "first")
+        out[f"{name}_end"] = window_mean(records, key, "last")
+    vals = [r["lld/correct_logp_old_per_token"] for r in records if finite(r.get("lld/correct_logp_old_per_token"))]
+    out["correct_logp_peak"] = max(vals) if vals else float("nan")
+    gn = [r["actor/grad_norm"] for r in records if finite(r.get("actor/grad_norm"))]
+    out["grad_norm_max"] = max(gn) if gn else float("nan")
+    out["grad_norm_first"] = window_mean(records, "actor/grad_norm", "first")
+    rate = [r["lld/rate"] for r in records if finite(r.get("lld/rate"))]
+    out["lld_rate_mean"] = sum(rate) / len(rate) if rate else float("nan")
+    return out
+
+
+def lld_verdict(trend: dict[str, float], phases: dict[str, Any]) -> str:
+    """The run's verdict, computed (never written by hand): one of ``collapse``, ``LLD``, ``none``.
+
+    ``collapse``: the detector reported accelerated_collapse, held for the run-proportional persistence;
+    ``LLD``: reward ended higher than it started (by more than ``REWARD_MARGIN``) while the likelihood of correct
+    responses ended lower (by more than ``LLD_MARGIN`` nats/token): the sampled correct responses' per-token
+    log-likelihood, or the probe set's (the same correct responses re-measured, which sampling noise cannot fake);
+    ``none``: otherwise (a steady_decay report without that end-to-end pattern is not called LLD).
+    """
+    if phases["collapse_step"] is not None:
+        return "collapse"
+    r0, r1 = trend["reward_start"], trend["reward_end"]
+    reward_up = finite(r0) and finite(r1) and r1 > r0 + REWARD_MARGIN
+    likelihood_down = any(
+        finite(trend[f"{k}_start"]) and finite(trend[f"{k}_end"])
+        and trend[f"{k}_end"] < trend[f"{k}_start"] - LLD_MARGIN
+        for k in ("correct_logp", "probe_logp")
+    )
+    if reward_up and likelihood_down:
+        return "LLD"
+    return "none"
+
+
+def aggregate(runs: Sequence[dict[str, Any]], methods: Sequence[Method]) -> list[dict[str, Any]]:
+    """Per method: mean ± std over its runs of EM (all / single-hop / multi-hop) and searches per question."""
+    rows = []
+    for m in methods:
+        mine = [r for r in runs if r["method"] == m.key]
+        row: dict[str, Any] = {"method": m.key, "label": m.label, "seeds": [r["seed"] for r in mine]}
+        for key in ("em", "em_single_hop", "em_multi_hop", "mean_valid_searches"):
+            mu, sd, n = mean_std([r["eval"][key] for r in mine])
+            row[key] = {"mean": mu, "std": sd, "n": n}
+        rows.append(row)
+    return rows
+
+
+def load_records(run_dir: str | Path) -> list[dict[str, Any]]:
+    from searchr1_lld.tracking import read_metrics
+
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} missing: did the run finish?")
+    return read_metrics(path)
+
+
+def warning_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Alarm accounting over runs: collapsed runs warned / late / missed (+ lead times), non-collapsed runs with a
+    false alarm / quiet."""
+    outcomes = [r["phases"]["warning"]["outcome"] for r in runs]
+    leads = [r["phases"]["warning"]["lead_steps"] for r in runs if r["phases"]["warning"]["outcome"] == "warned"]
+    return {"collapsed_runs": sum(o in ("warned", "late", "missed") for o in outcomes),
+            "warned": outcomes.count("warned"), "late": outcomes.count("late"), "missed": outcomes.count("missed"),
+            "lead_steps": leads, "non_collapsed_runs": sum(o in ("false_alarm", "quiet") for o in outcomes),
+            "false_alarms": outcomes.count("false_alarm"), "quiet": outcomes.count("quiet")}

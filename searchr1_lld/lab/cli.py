@@ -1,0 +1,43 @@
+"""``python -m searchr1_lld.lab``: the command line of the lab (usage in the package docstring)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from searchr1_lld import lab
+from searchr1_lld.config import ConfigError
+from searchr1_lld.lab.methods import DEFAULT_NOTES, FULL_CONFIG, METHODS, QUICK_CONFIG, parse_methods, parse_seeds
+from searchr1_lld.lab.running import run_lab
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m searchr1_lld.lab", description=lab.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="the few-minute mode (configs/lab/quick.yaml, seed 0)")
+    p.add_argument("--config", help="lab config (default: configs/lab/lab.yaml, or quick.yaml with --quick)")
+    p.add_argument("--seeds", help="comma-separated seeds (default: 0,1, about an hour on 2 cores; 0 with --quick)")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {list(METHODS)}")
+    p.add_argument("--out", help="report dir (default: docs/lab; runs/lab-quick/report with --quick)")
+    p.add_argument("--runs-dir", help="where the runs go (default: runs/lab or runs/lab-quick)")
+    p.add_argument("--world-dir", help="an existing world dir to use as is (default: .cache/lab-world-<hash>)")
+    p.add_argument("--notes", default=str(DEFAULT_NOTES), help="markdown put under 'Experiments tried'")
+    p.add_argument("--report-only", action="store_true", help="rebuild the report from the finished runs in --runs-dir")
+    p.add_argument("--fresh", action="store_true", help="retrain runs that already finished with the same config")
+    p.add_argument("overrides", nargs="*", help="key=value config overrides applied to every method")
+    args = p.parse_args(argv)
+    config = args.config or str(QUICK_CONFIG if args.quick else FULL_CONFIG)
+    try:
+        seeds = parse_seeds(args.seeds or ("0" if args.quick else "0,1"))
+        methods = parse_methods(args.methods)
+        run_lab(
+            config_path=config, overrides=args.overrides, seeds=seeds, methods=methods,
+            out_dir=args.out or ("runs/lab-quick/report" if args.quick else "docs/lab"),
+            runs_dir=args.runs_dir or ("runs/lab-quick" if args.quick else "runs/lab"), world_dir=args.world_dir,
+            notes=args.notes, quick=args.quick, report_only=args.report_only, fresh=args.fresh,
+            command="python -m searchr1_lld.lab " + " ".join(argv if argv is not None else sys.argv[1:]),
+        )
+    except ConfigError as e:
+        print(f"lab: error: {e}", file=sys.stderr)
+        return 2
+    return 0

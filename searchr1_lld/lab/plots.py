@@ -1,0 +1,107 @@
+"""The lab's curves: one panel per metric, thin lines per seed, bold per-method mean over seeds."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+from searchr1_lld.lab.analysis import finite
+from searchr1_lld.lab.methods import Method
+
+# Curves of the report: file stem -> (title, metric name, y label).
+CURVES: dict[str, tuple[str, str, str]] = {
+    "reward": ("training reward (EM of sampled responses)", "reward/em_mean", "EM"),
+    "correct_logp": ("log-likelihood of correct responses", "lld/correct_logp_old_per_token", "nats / token"),
+    "incorrect_logp": ("log-likelihood of incorrect responses", "lld/incorrect_logp_old_per_token", "nats / token"),
+    "probe_logp": ("probe set: same correct responses re-measured", "probe/logp_per_token", "nats / token"),
+    "delta_correct": ("Delta of correct responses (logp_new - logp_old)", "lld/correct_delta_per_token",
+                      "nats / token"),
+    "entropy": ("policy entropy (generated tokens)", "actor/entropy", "nats"),
+    "grad_norm": ("gradient norm before clipping (max over updates)", "actor/grad_norm", "L2 norm"),
+    "llds_active": ("LLDS activity: share of tokens penalised", "llds/active_token_frac", "fraction"),
+    "valid_searches": ("valid searches per training response", "rollout/valid_searches_mean", "searches"),
+}
+METHOD_COLORS = {"grpo": "#d62728", "llds_response": "#1f77b4", "llds_action": "#2ca02c", "llds_ma": "#9467bd"}
+
+
+def _series(records: Sequence[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    xs, ys = [], []
+    for r in records:
+        if finite(r.get(key)):
+            xs.append(int(r["step"]))
+            ys.append(float(r[key]))
+    return xs, ys
+
+
+def _seed_mean(curves: Sequence[tuple[list[int], list[float]]]) -> tuple[list[int], list[float]]:
+    by_step: dict[int, list[float]] = {}
+    for xs, ys in curves:
+        for x, y in zip(xs, ys):
+            by_step.setdefault(x, []).append(y)
+    steps = sorted(by_step)
+    return steps, [sum(by_step[s]) / len(by_step[s]) for s in steps]
+
+
+def _draw(ax: Any, records_by_run: dict[tuple[str, int], list[dict]], methods: Sequence[Method], key: str) -> None:
+    for m in methods:
+        curves = [_series(recs, key) for (mk, _), recs in records_by_run.items() if mk == m.key]
+        color = METHOD_COLORS.get(m.key)
+        for xs, ys in curves:
+            if len(curves) > 1:
+                ax.plot(xs, ys, color=color, alpha=0.25, lw=0.8)
+        xs, ys = _seed_mean(curves)
+        if xs:
+            ax.plot(xs, ys, color=color, lw=1.8, marker="o", ms=2.5, label=m.label)
+
+
+def plot_curves(records_by_run: dict[tuple[str, int], list[dict]], methods: Sequence[Method],
+                out_dir: Path) -> list[Path]:
+    """One PNG per curve of :data:`CURVES` (methods overlaid: thin = one seed, bold = mean over seeds) and
+    ``overview.png`` with every curve side by side. Returns the paths written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for stem, (title, key, ylabel) in CURVES.items():
+        fig, ax = plt.subplots(figsize=(6, 3.4))
+        _draw(ax, records_by_run, methods, key)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel, fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out_dir / f"{stem}.png"
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written.append(path)
+    cols = 3
+    rows = math.ceil(len(CURVES) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3 * rows), squeeze=False)
+    for ax, (stem, (title, key, ylabel)) in zip(axes.flat, CURVES.items()):
+        _draw(ax, records_by_run, methods, key)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+    for ax in list(axes.flat)[len(CURVES):]:
+        ax.axis("off")
+    handles, labels = [], []
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    if handles:
+        fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    path = out_dir / "overview.png"
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    written.append(path)
+    return written
+
+

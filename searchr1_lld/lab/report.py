@@ -1,0 +1,156 @@
+"""The lab's markdown report (``OUT/README.md``): tables built from the summary; every number is also in summary.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from searchr1_lld.lab.analysis import finite
+from searchr1_lld.lab.methods import LLD_MARGIN, METHODS, REWARD_MARGIN, TREND_WINDOW, run_name
+from searchr1_lld.monitor import PHASES
+
+
+def fmt(x: Any, nd: int = 3) -> str:
+    return f"{x:.{nd}f}" if finite(x) else "-"
+
+
+def fmt_ms(cell: dict[str, Any], nd: int = 3) -> str:
+    """``mean ± std`` as the EM table prints it (the test parses this back)."""
+    if not finite(cell["mean"]):
+        return "-"
+    return f"{cell['mean']:.{nd}f} ± {cell['std']:.{nd}f}"
+
+
+def em_table(agg: Sequence[dict[str, Any]], warm: dict[str, Any] | None) -> str:
+    lines = ["| Method | seeds | Single-hop EM | Multi-hop EM | All (avg.) EM | searches / question |",
+             "|---|---|---:|---:|---:|---:|"]
+    if warm is not None:
+        e = warm["eval"]
+        lines.append(f"| warm start (untrained) | - | {fmt(e['em_single_hop'])} | {fmt(e['em_multi_hop'])} | "
+                     f"{fmt(e['em'])} | {fmt(e['mean_valid_searches'], 2)} |")
+    for row in agg:
+        lines.append(f"| {row['label']} | {','.join(map(str, row['seeds']))} | {fmt_ms(row['em_single_hop'])} | "
+                     f"{fmt_ms(row['em_multi_hop'])} | {fmt_ms(row['em'])} | {fmt_ms(row['mean_valid_searches'], 2)} |")
+    return "\n".join(lines) + "\n"
+
+
+def per_run_table(runs: Sequence[dict[str, Any]]) -> str:
+    lines = ["| run | single-hop EM | multi-hop EM | all EM | searches / q | answered | train s | eval s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in runs:
+        e = r["eval"]
+        lines.append(f"| {run_name(METHODS[r['method']], r['seed'])} | {fmt(e['em_single_hop'])} | "
+                     f"{fmt(e['em_multi_hop'])} | {fmt(e['em'])} | {fmt(e['mean_valid_searches'], 2)} | "
+                     f"{fmt(e['answer_rate'], 2)} | {r['train_s']:.0f} | {r['eval_s']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def phase_table(runs: Sequence[dict[str, Any]]) -> str:
+    head = " | ".join(f"{p} (first step / steps)" for p in PHASES)
+    lines = [f"| run | {head} | final phase | early-warning steps | reward collapsed at | warning lead | verdict |",
+             "|---|" + "---|" * len(PHASES) + "---|---|---|---|---|"]
+    for r in runs:
+        ph = r["phases"]
+        cells = [f"{'-' if ph['first_step'][p] is None else ph['first_step'][p]} / {ph['steps_in'][p]}" for p in PHASES]
+        warn = ph["warning_steps"]
+        warn_txt = "none" if not warn else f"{len(warn)} (first {warn[0]})"
+        acc = ph["warning"]
+        collapsed = "-" if acc["collapse_step"] is None else str(acc["collapse_step"])
+        lead = {"warned": f"{acc['lead_steps']} steps", "late": "late", "missed": "missed",
+                "false_alarm": "false alarm", "quiet": "-"}[acc["outcome"]]
+        lines.append(f"| {run_name(METHODS[r['method']], r['seed'])} | " + " | ".join(cells) +
+                     f" | {ph['final']} | {warn_txt} | {collapsed} | {lead} | {r['verdict']} |")
+    return "\n".join(lines) + "\n"
+
+
+def warning_text(w: dict[str, Any]) -> str:
+    lead = (f"lead times {', '.join(map(str, w['lead_steps']))} steps" if w["lead_steps"] else "no lead time measured")
+    return (f"Runs whose reward collapsed: {w['collapsed_runs']} (warned before the collapse: {w['warned']}, {lead}; "
+            f"warned only at/after it: {w['late']}; never warned: {w['missed']}). Runs that did not collapse: "
+            f"{w['non_collapsed_runs']} (false alarms: {w['false_alarms']}; quiet: {w['quiet']}).")
+
+
+def trend_table(runs: Sequence[dict[str, Any]]) -> str:
+    lines = ["| run | reward start→end | correct logp/tok start→peak→end | incorrect logp/tok start→end | "
+             "probe logp/tok start→end | entropy start→end | grad norm first→max | LLD rate (mean) |",
+             "|---|---|---|---|---|---|---|---:|"]
+    for r in runs:
+        t = r["trend"]
+        lines.append(
+            f"| {run_name(METHODS[r['method']], r['seed'])} | {fmt(t['reward_start'])}→{fmt(t['reward_end'])} | "
+            f"{fmt(t['correct_logp_start'])}→{fmt(t['correct_logp_peak'])}→{fmt(t['correct_logp_end'])} | "
+            f"{fmt(t['incorrect_logp_start'])}→{fmt(t['incorrect_logp_end'])} | "
+            f"{fmt(t['probe_logp_start'])}→{fmt(t['probe_logp_end'])} | "
+            f"{fmt(t['entropy_start'])}→{fmt(t['entropy_end'])} | {fmt(t['grad_norm_first'], 2)}→"
+            f"{fmt(t['grad_norm_max'], 2)} | {fmt(t['lld_rate_mean'], 2)} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path], notes: str | None) -> Path:
+    """``OUT/README.md`` from the summary (everything in it is also in summary.json)."""
+    s = summary
+    lines = [f"# Death-spiral lab: GRPO vs LLDS on the synthetic world{' (quick mode)' if s['quick'] else ''}", ""]
+    lines += [
+        f"Command: `{s['command']}`  ",
+        f"Config: `{s['config_path']}` + overrides `{' '.join(s['overrides']) or '(none)'}`  ",
+        f"Seeds: {', '.join(map(str, s['seeds']))}; methods: {', '.join(m['label'] for m in s['methods'])}  ",
+        f"World: `{s['world']['dir']}` ({s['world']['counts'].get('train_questions')} train / "
+        f"{s['world']['counts'].get('test_questions')} test questions, "
+        f"{s['world']['counts'].get('test_multi_hop')} test multi-hop; multi-hop share "
+        f"{s['world']['config'].get('multi_hop_fraction')}, model hidden {s['world']['config'].get('model_hidden_size')}"
+        f" x {s['world']['config'].get('model_layers')} layers)  ",
+        (f"Time: {s['wall_s'] / 60:.1f} min = sum of the runs' training + evaluation times ({s['machine']}); this "
+         "report was rebuilt with --report-only from finished runs." if s.get("report_only") else
+         f"Wall time: {s['wall_s'] / 60:.1f} min on this machine ({s['machine']})."),
+        "",
+        "The methods share every setting; they differ only in `algorithm.llds.{enabled,gate,ma}` (checked by "
+        "`check_only_llds_differs` before training). LLDS-MA here is the **adaptive** variant: answer-span "
+        "coefficient `min(lam, lam_answer * max(mean valid searches - 1, 0))`.",
+        "",
+        "| shared setting | value |", "|---|---|",
+        *[f"| `{k}` | {v} |" for k, v in s["shared_settings"]],
+        "",
+        "## Test exact match (greedy, world test split)",
+        "",
+        "Mean ± sample std over seeds. *All* = EM over every test question (micro-average), not the mean of the two "
+        "columns. *searches / question* = mean valid searches per test question.",
+        "",
+        em_table(s["aggregate"], s.get("warm_start")),
+        "Per run:",
+        "",
+        per_run_table(s["runs"]),
+        "## Curves",
+        "",
+        "Thin lines: one seed; bold: mean over seeds. `overview.png` has every curve side by side.",
+        "",
+        *[f"![{p.stem}]({p.name})" for p in pngs if p.name == "overview.png"],
+        "",
+        *[f"- [{p.stem}]({p.name})" for p in pngs if p.name != "overview.png"],
+        "",
+        "## Phases detected by the monitor",
+        "",
+        "The monitor's `PhaseDetector` re-run on each run's metrics.jsonl with evidence proportional to the run: a "
+        "phase (and the early warning) counts only after its condition held on "
+        f"{s['runs'][0]['phases']['persistence'] if s['runs'] else '-'} consecutive steps "
+        "(`max(2, ceil(0.1 x steps))`). First step each phase was reported and how many steps it lasted. "
+        "Early-warning steps: 'correct likelihood falls while reward rises'. *Reward collapsed at*: judged from the "
+        "reward alone (two-step mean at or below 0.3 x its peak from that step to the end of the run, peak >= 0.05); "
+        "*warning lead*: steps from the first alarm (early warning, or steady_decay / accelerated_collapse reported) "
+        "to that collapse (`late` / `missed` when the alarm came at or after it / never; `false alarm` when a run "
+        "that did not collapse raised one). Verdict (computed): `collapse` "
+        "(accelerated_collapse reported), `LLD` (mean of the last "
+        f"{TREND_WINDOW} values vs the first {TREND_WINDOW}: reward up by more than {REWARD_MARGIN} while the "
+        f"correct-response or probe-set log-likelihood per token is down by more than {LLD_MARGIN} nats), `none`.",
+        "",
+        phase_table(s["runs"]),
+        "Early warning: " + warning_text(s["warning_summary"]),
+        "",
+        "## Trends (first / last " + str(TREND_WINDOW) + " logged values)",
+        "",
+        trend_table(s["runs"]),
+    ]
+    lines += ["## Experiments tried", ""]
+    lines += [notes.strip(), ""] if notes else ["(no notes file given)", ""]
+    path = out_dir / "README.md"
+    path.write_text("\n".join(lines))
+    return path

@@ -1,0 +1,292 @@
+"""The phase detector of the LLD monitor: names the phase of a run from its logged series (``healthy`` /
+``early_stagnation`` / ``steady_decay`` / ``accelerated_collapse``), the early warning, and the accounting of warnings
+against the reward collapse (the measurements themselves: monitor.py)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+PHASES = ("healthy", "early_stagnation", "steady_decay", "accelerated_collapse")
+PHASE_ID = {name: i for i, name in enumerate(PHASES)}
+
+NAN = float("nan")
+
+
+def _nanmean(values: Sequence[float]) -> float:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(vals) / len(vals) if vals else NAN
+
+# --------------------------------------------------------------------------------------------------------------------
+# Phase detector
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PhaseThresholds:
+    """Thresholds of the phase detector (units: the metric's own units per step for slopes)."""
+
+    window: int = 6  # steps used for trends
+    min_points: int = 3  # fewer finite points -> no trend claimed
+    flat_logp_slope: float = 0.01  # |slope| of correct log-likelihood per token (nats/step) below this = flat
+    rising_reward_slope: float = 0.002  # reward slope (EM/step) above this = rising
+    collapse_logp_drop: float = 1.0  # nats/token below the series' peak = "likelihood below threshold"
+    collapse_grad_ratio: float = 5.0  # grad norm over its early baseline (median of the first `window` steps)
+    collapse_entropy_ratio: float = 2.0  # entropy over its early baseline
+    collapse_reward_ratio: float = 0.3  # reward at or below this share of its peak = crashed
+    min_peak_reward: float = 0.05  # a peak below this is too small to crash from
+    # evidence proportional to the run: a phase (and the early warning) is reported only once its condition has held
+    # on `persistence()` consecutive steps; a short run cannot be called collapsed on one noisy step
+    persist: int = 2  # consecutive steps, at least
+    persist_frac: float = 0.1  # ... and at least this share of the run (run_steps) when the run length is known
+    run_steps: int = 0  # planned steps of the run (0 = unknown: `persist` alone)
+
+    def persistence(self) -> int:
+        """Consecutive steps a condition must hold: ``max(persist, ceil(persist_frac * run_steps))``."""
+        return max(self.persist, math.ceil(self.persist_frac * self.run_steps))
+
+
+@dataclass
+class PhaseReport:
+    phase: str
+    evidence: dict[str, float] = field(default_factory=dict)
+    reasons: list[str] = field(default_factory=list)
+    warning: str | None = None
+
+    @property
+    def phase_id(self) -> int:
+        return PHASE_ID[self.phase]
+
+
+def linear_slope(values: Sequence[float]) -> float:
+    """Least-squares slope of ``values`` against 0..n-1 (finite values only, keeping their positions); NaN if < 2."""
+    pts = [(float(i), float(v)) for i, v in enumerate(values) if v is not None and math.isfinite(v)]
+    if len(pts) < 2:
+        return NAN
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    if sxx == 0:
+        return NAN
+    return sum((x - mx) * (y - my) for x, y in pts) / sxx
+
+
+def _finite(values: Iterable[Any]) -> list[float]:
+    return [float(v) for v in values if v is not None and isinstance(v, (int, float)) and math.isfinite(v)]
+
+
+def _median(values: list[float]) -> float:
+    if not values:
+        return NAN
+    s = sorted(values)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
+
+
+class PhaseDetector:
+    """Names the death-spiral phase from the logged series.
+
+    Series read (metric names): ``reward/em_mean``, ``lld/correct_logp_old_per_token`` (likelihood of the correct
+    responses under the policy that sampled them), ``actor/grad_norm``, ``actor/entropy``.
+
+    Also read when present: ``probe/logp_per_token`` (the fixed probe set of correct responses, re-measured every
+    ``probe_every`` steps). It keeps measuring likelihood after the policy stops sampling correct responses, when the
+    correct-response series has no new points.
+
+    Rules, evaluated on the last ``window`` steps, most severe first:
+    - accelerated_collapse: correct likelihood (the correct-response series or the probe series) at least
+      ``collapse_logp_drop`` nats/token below its peak AND (grad norm or entropy exploded vs their early baseline, or
+      reward crashed to <= ``collapse_reward_ratio`` x its peak); or explosion and reward crash together; or reward
+      still crashed after an explosion seen at any earlier step (collapse is sticky until reward recovers);
+    - steady_decay: correct likelihood slope < -flat while reward has not crashed;
+    - early_stagnation: correct likelihood flat (|slope| <= flat) while reward rises;
+    - healthy: otherwise (likelihood of correct responses rising, or too little data to claim a trend).
+    Early warning: correct likelihood slope < -flat while reward slope > rising (the steady-decay signature).
+
+    Evidence proportional to the run: the rules above give a *raw* phase per step; the reported phase is the least
+    severe raw phase of the last ``thresholds.persistence()`` steps (a phase must hold that long before it is
+    reported), and the warning fires only when its condition held on all of those steps. Before that many steps,
+    everything is ``healthy``.
+    """
+
+    REWARD = "reward/em_mean"
+    CORRECT_LOGP = "lld/correct_logp_old_per_token"
+    GRAD_NORM = "actor/grad_norm"
+    ENTROPY = "actor/entropy"
+    PROBE_LOGP = "probe/logp_per_token"
+
+    def __init__(self, thresholds: PhaseThresholds | None = None):
+        self.t = thresholds or PhaseThresholds()
+        self.history: list[dict[str, Any]] = []
+
+    def update(self, metrics: dict[str, Any]) -> PhaseReport:
+        """Append one step's metrics and return the current report."""
+        self.history.append(dict(metrics))
+        return self.detect(self.history)
+
+    def detect(self, history: Sequence[dict[str, Any]]) -> PhaseReport:
+        """The reported phase after ``history`` (persistence applied; see the class docstring)."""
+        k = self.t.persistence()
+        if len(history) < k:
+            now = self.raw(history) if history else PhaseReport("healthy")
+            return PhaseReport("healthy", now.evidence,
+                               [f"{len(history)} step(s) < {k} needed before a phase is claimed"], None)
+        raws = [self.raw(history[: len(history) - j]) for j in range(k)]  # raws[0] = now
+        phase = min((r.phase for r in raws), key=PHASE_ID.__getitem__)
+        now = raws[0]
+        reasons = list(now.reasons) if phase == now.phase else (
+            [f"raw phase {now.phase} not yet held for {k} steps"] + now.reasons)
+        warning = now.warning if all(r.warning for r in raws) else None
+        return PhaseReport(phase, now.evidence, reasons, warning)
+
+    def raw(self, history: Sequence[dict[str, Any]]) -> PhaseReport:
+        """The phase the rules name for the last step of ``history``, without persistence."""
+        t = self.t
+        keys = (self.REWARD, self.CORRECT_LOGP, self.GRAD_NORM, self.ENTROPY, self.PROBE_LOGP)
+        series = {k: [h.get(k) for h in history] for k in keys}
+        win = {k: v[-t.window:] for k, v in series.items()}
+        logp_all = _finite(series[self.CORRECT_LOGP])
+        reward_all = _finite(series[self.REWARD])
+        ev: dict[str, float] = {}
+        ev["logp_slope"] = linear_slope(win[self.CORRECT_LOGP]) if len(_finite(win[self.CORRECT_LOGP])) >= t.min_points else NAN
+        ev["reward_slope"] = linear_slope(win[self.REWARD]) if len(_finite(win[self.REWARD])) >= t.min_points else NAN
+        ev["logp_now"] = _nanmean(_finite(win[self.CORRECT_LOGP])[-2:])
+        ev["logp_peak"] = max(logp_all) if logp_all else NAN
+        ev["logp_drop_from_peak"] = ev["logp_peak"] - ev["logp_now"] if logp_all else NAN
+        ev["reward_now"] = _nanmean(_finite(win[self.REWARD])[-2:])
+        ev["reward_peak"] = max(reward_all) if reward_all else NAN
+        probe_all = _finite(series[self.PROBE_LOGP])
+        ev["probe_logp_now"] = probe_all[-1] if probe_all else NAN
+        ev["probe_drop_from_peak"] = max(probe_all) - probe_all[-1] if probe_all else NAN
+        for key, name in ((self.GRAD_NORM, "grad_norm"), (self.ENTROPY, "entropy")):
+            base = _median(_finite(series[key][: t.window]))
+            now = _nanmean(_finite(win[key])[-2:])
+            valid_base = bool(base) and math.isfinite(base) and base > 0
+            ev[f"{name}_baseline"] = base
+            ev[f"{name}_now"] = now
+            ev[f"{name}_ratio"] = now / base if valid_base and math.isfinite(now) else NAN
+            ev[f"{name}_max_ratio"] = max(_finite(series[key]), default=NAN) / base if valid_base else NAN
+
+        def ok(x: float) -> bool:
+            return x is not None and math.isfinite(x)
+
+        correct_low = ok(ev["logp_drop_from_peak"]) and ev["logp_drop_from_peak"] >= t.collapse_logp_drop
+        probe_low = ok(ev["probe_drop_from_peak"]) and ev["probe_drop_from_peak"] >= t.collapse_logp_drop
+        logp_low = correct_low or probe_low
+        grad_blowup = ok(ev["grad_norm_ratio"]) and ev["grad_norm_ratio"] >= t.collapse_grad_ratio
+        entropy_blowup = ok(ev["entropy_ratio"]) and ev["entropy_ratio"] >= t.collapse_entropy_ratio
+        exploded_before = (ok(ev["grad_norm_max_ratio"]) and ev["grad_norm_max_ratio"] >= t.collapse_grad_ratio) or (
+            ok(ev["entropy_max_ratio"]) and ev["entropy_max_ratio"] >= t.collapse_entropy_ratio)
+        reward_crash = (
+            ok(ev["reward_peak"]) and ev["reward_peak"] >= t.min_peak_reward and ok(ev["reward_now"])
+            and ev["reward_now"] <= t.collapse_reward_ratio * ev["reward_peak"]
+        )
+        explosion = grad_blowup or entropy_blowup
+        logp_falling = ok(ev["logp_slope"]) and ev["logp_slope"] < -t.flat_logp_slope
+        logp_flat = ok(ev["logp_slope"]) and abs(ev["logp_slope"]) <= t.flat_logp_slope
+        reward_rising = ok(ev["reward_slope"]) and ev["reward_slope"] > t.rising_reward_slope
+
+        reasons: list[str] = []
+        if (logp_low and (explosion or reward_crash)) or (reward_crash and (explosion or exploded_before)):
+            phase = "accelerated_collapse"
+            if correct_low:
+                reasons.append(f"correct log-likelihood {ev['logp_drop_from_peak']:.3f} nats/token below its peak")
+            if probe_low:
+                reasons.append(f"probe-set log-likelihood {ev['probe_drop_from_peak']:.3f} nats/token below its peak")
+            if exploded_before and not explosion:
+                reasons.append(f"grad norm / entropy exploded earlier (max x{ev['grad_norm_max_ratio']:.1f} / "
+                               f"x{ev['entropy_max_ratio']:.1f} their baselines) and reward has not recovered")
+            if grad_blowup:
+                reasons.append(f"grad norm x{ev['grad_norm_ratio']:.1f} its baseline")
+            if entropy_blowup:
+                reasons.append(f"entropy x{ev['entropy_ratio']:.1f} its baseline")
+            if reward_crash:
+                reasons.append(f"reward {ev['reward_now']:.3f} vs peak {ev['reward_peak']:.3f}")
+        elif logp_falling and not reward_crash:
+            phase = "steady_decay"
+            reasons.append(f"correct log-likelihood falling {ev['logp_slope']:.4f} nats/token/step")
+        elif logp_flat and reward_rising:
+            phase = "early_stagnation"
+            reasons.append(
+                f"reward rising {ev['reward_slope']:.4f}/step while correct log-likelihood is flat "
+                f"({ev['logp_slope']:.4f} nats/token/step)"
+            )
+        else:
+            phase = "healthy"
+            if not ok(ev["logp_slope"]):
+                reasons.append(f"fewer than {t.min_points} steps with correct responses: no trend claimed")
+            else:
+                reasons.append(f"correct log-likelihood slope {ev['logp_slope']:.4f} nats/token/step")
+        warning = None
+        if logp_falling and reward_rising:
+            warning = (
+                f"early warning: correct-response likelihood trends down ({ev['logp_slope']:.4f} nats/token/step) "
+                f"while reward still rises ({ev['reward_slope']:.4f}/step) - the LLD death spiral's precursor"
+            )
+        return PhaseReport(phase=phase, evidence=ev, reasons=reasons, warning=warning)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Early-warning accounting
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def reward_collapse_step(rewards: Sequence[float], *, ratio: float = 0.3, min_peak: float = 0.05,
+                         persist: int = 2) -> int | None:
+    """Index (0-based) where the reward collapsed for good, judged from the reward alone (no detector involved).
+
+    r_s = mean of rewards[t-1], rewards[t] (two-step smoothing); peak_t = max r_s for s <= t. The run collapsed at the
+    first t from which r_s <= ratio * peak_s holds for every s >= t up to the end, provided that stretch is at least
+    ``persist`` steps long and peak_t >= ``min_peak``. None when the reward never collapses that way.
+    """
+    vals = [float(v) if v is not None and math.isfinite(v) else NAN for v in rewards]
+    smooth = [_nanmean(vals[max(0, i - 1): i + 1]) for i in range(len(vals))]
+    peak, crashed = NAN, []
+    for r in smooth:
+        if math.isfinite(r):
+            peak = r if not math.isfinite(peak) else max(peak, r)
+        crashed.append(math.isfinite(r) and math.isfinite(peak) and peak >= min_peak and r <= ratio * peak)
+    start = None
+    for i in range(len(crashed) - 1, -1, -1):
+        if not crashed[i]:
+            break
+        start = i
+    if start is None or len(crashed) - start < persist:
+        return None
+    return start
+
+
+ALARM_PHASES = ("steady_decay", "accelerated_collapse")  # reported phases that count as an alarm
+
+
+def alarm_steps(steps: Sequence[int], phases: Sequence[str], warning_steps: Sequence[int]) -> list[int]:
+    """Steps at which the detector raised an alarm: its early warning fired, or it reported steady_decay or
+    accelerated_collapse."""
+    return sorted(set(int(s) for s in warning_steps)
+                  | {int(s) for s, ph in zip(steps, phases) if ph in ALARM_PHASES})
+
+
+def warning_accounting(steps: Sequence[int], rewards: Sequence[float], alarms: Sequence[int],
+                       thresholds: PhaseThresholds | None = None) -> dict[str, Any]:
+    """Did the detector's alarm (:func:`alarm_steps`) come before the reward collapsed, and by how many steps?
+
+    ``collapse_step``: the step where the reward collapsed for good (:func:`reward_collapse_step`, with the
+    detector's reward-crash thresholds and persistence); ``first_alarm_step``: first alarm;
+    ``lead_steps`` = collapse_step - first_alarm_step when the alarm came before the collapse (None otherwise);
+    ``outcome``: ``warned`` (collapse, alarm before it), ``late`` (alarm only at or after the collapse), ``missed``
+    (collapse, no alarm), ``false_alarm`` (no collapse, alarm raised), ``quiet`` (no collapse, no alarm).
+    """
+    t = thresholds or PhaseThresholds()
+    idx = reward_collapse_step(rewards, ratio=t.collapse_reward_ratio, min_peak=t.min_peak_reward,
+                               persist=t.persistence())
+    collapse = int(steps[idx]) if idx is not None else None
+    first = int(min(alarms)) if alarms else None
+    if collapse is None:
+        outcome = "false_alarm" if first is not None else "quiet"
+    elif first is None:
+        outcome = "missed"
+    else:
+        outcome = "warned" if first < collapse else "late"
+    return {"collapse_step": collapse, "first_alarm_step": first,
+            "lead_steps": collapse - first if outcome == "warned" else None, "outcome": outcome}

@@ -1,0 +1,100 @@
+"""Run directory and resume safety: where a run lives, and refusing to resume it with a config that would mix two
+runs' states (checkpoint files themselves: checkpoint.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from searchr1_lld import checkpoint as ckpt
+from searchr1_lld.config import Config, ConfigError, config_differences, flatten_dict, read_yaml, save_config
+
+# Keys that say where a run lives, not what it does: never compared on resume.
+RESUME_IGNORED_KEYS = ("trainer.resume", "trainer.run_name", "trainer.output_dir")
+# Keys that may change when a run is resumed, but only when asked for (train.py --allow-change KEY); a trailing ".*"
+# covers a section. total_steps: the LR schedule is recomputed for the new length (warmup_ratio of the new total).
+RESUME_SAFE_KEYS = ("trainer.total_steps", "trainer.save_every", "trainer.keep_last_k", "trainer.eval_every",
+                    "trainer.eval_limit", "trainer.probe_every", "logging.*", "eval.*")
+# A run's own files: moved aside when a run starts over in a used directory.
+RUN_FILES = ("checkpoints", "metrics.jsonl", "eval_before.json", "eval.json", "eval.md", "plots", "config.yaml")
+
+
+def _matches(key: str, patterns: Sequence[str]) -> bool:
+    return any(key == p or (p.endswith(".*") and key.startswith(p[:-1])) for p in patterns)
+
+
+def default_run_name(cfg: Config) -> str:
+    """``<config name>-<8 hex>``: a hash of every setting except those of :data:`RESUME_IGNORED_KEYS` and
+    :data:`RESUME_SAFE_KEYS`, so the same command (or one that only extends it) maps to the same run directory."""
+    flat = {k: v for k, v in flatten_dict(cfg.to_dict()).items()
+            if not _matches(k, RESUME_IGNORED_KEYS + RESUME_SAFE_KEYS)}
+    digest = hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return f"{cfg.name}-{digest}"
+
+
+def run_dir_of(cfg: Config) -> Path:
+    """``output_dir/run_name``; without a run_name ``output_dir/<config name>-<hash of the config>``, so rerunning
+    the same command finds (and resumes) the same run (see :func:`default_run_name`)."""
+    return Path(cfg.trainer.output_dir) / (cfg.trainer.run_name or default_run_name(cfg))
+
+
+def check_resume_config(saved: dict[str, Any], cfg: Config, allow: Sequence[str] = ()) -> dict[str, tuple[Any, Any]]:
+    """Compare the config a run was started with (``saved``, its config.yaml) with ``cfg``. Returns the differing
+    keys that are accepted (each in :data:`RESUME_SAFE_KEYS` and named in ``allow``); raises ConfigError listing the
+    others, since resuming with them would mix two runs' states."""
+    bad_allow = [a for a in allow if not _matches(a, RESUME_SAFE_KEYS)]
+    if bad_allow:
+        raise ConfigError(f"--allow-change {', '.join(bad_allow)}: only these may change on resume: "
+                          f"{', '.join(RESUME_SAFE_KEYS)}")
+    diffs = {k: v for k, v in config_differences(saved, cfg).items() if not _matches(k, RESUME_IGNORED_KEYS)}
+    refused = {k: v for k, v in diffs.items() if not _matches(k, allow)}
+    if refused:
+        listing = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in refused.items())
+        safe = [k for k in refused if _matches(k, RESUME_SAFE_KEYS)]
+        hint = (f" To change {', '.join(safe)} on resume, pass --allow-change {' --allow-change '.join(safe)}."
+                if safe else "")
+        raise ConfigError(
+            f"the run's saved config differs from this one in {listing}; resuming would mix the two runs' states. "
+            f"For a new run use another trainer.run_name (or none: the default run directory follows the settings); "
+            f"trainer.resume=never starts this one over.{hint}")
+    return diffs
+
+
+def settle_run_dir(cfg: Config, run_dir: Path, is_main: bool, allow_changes: Sequence[str]) -> list[str]:
+    """Before (re)starting a run in ``run_dir``: refuse a config that differs from the one the checkpoint's run was
+    started with (except keys in ``allow_changes``); starting over in a used directory moves the earlier run's files
+    to ``previous-<time>/``; then write config.yaml (an accepted change keeps the old file as
+    ``config.before-step_N.yaml``). Returns the lines to log."""
+    resume_from = ckpt.resolve_resume(cfg.trainer.resume, run_dir)
+    path = run_dir / "config.yaml"
+    saved_path = (resume_from.parent.parent / "config.yaml") if resume_from is not None else path
+    notes: list[str] = []
+    if resume_from is not None and saved_path.is_file():
+        changed = check_resume_config(read_yaml(saved_path), cfg, allow_changes)
+        if changed and is_main and saved_path == path:
+            backup = run_dir / f"config.before-{resume_from.name}.yaml"
+            backup.write_text(path.read_text())
+            notes.append("config changed on resume (allowed): "
+                         + "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
+                         + f"; the earlier config is kept as {backup.name}")
+            if any(k.startswith("eval.") or k == "trainer.eval_limit" for k in changed):
+                (run_dir / "eval_before.json").unlink(missing_ok=True)  # measured with the old settings
+    elif resume_from is None and is_main:
+        # starting over in a used directory: keep the earlier run's files (a later resume=auto must not find its
+        # checkpoints, its metrics must not be mixed with the new ones)
+        earlier = [run_dir / n for n in RUN_FILES if (run_dir / n).exists()]
+        if any(p.name in ("checkpoints", "metrics.jsonl") for p in earlier):
+            archive = run_dir / f"previous-{time.strftime('%Y%m%d-%H%M%S')}"
+            archive.mkdir()
+            for p in earlier:
+                p.rename(archive / p.name)
+            notes.append(f"starting over in {run_dir} (trainer.resume={cfg.trainer.resume}): the earlier "
+                         f"run's checkpoints, metrics and config were moved to {archive.name}/")
+    if is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, path.with_name(path.name + ".part"))  # atomic: other ranks may be reading it
+        path.with_name(path.name + ".part").rename(path)
+    return notes

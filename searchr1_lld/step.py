@@ -1,0 +1,245 @@
+"""One training step of the learner, top to bottom as in the diagram of trainer.py's docstring:
+
+    sample -> rollout -> engine.sleep -> advantages -> logp_old / logp_ref -> rollout correction
+    -> ppo_epochs x mini-batches x micro-batches of objective + backward, one optimiser step per mini-batch
+    -> logp_new -> LLD monitor -> probe set, phase -> weights to the engine -> engine.wake_up
+
+The step composes the pure functions of ``searchr1_lld.algo``; it holds no loss math of its own. ``tr`` is the
+:class:`~searchr1_lld.trainer.Trainer` (model, optimiser, engine, sampler, monitor state).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from searchr1_lld import batching, distributed
+from searchr1_lld.algo import advantages as adv_fns
+from searchr1_lld.algo import llds, rollout_correction
+from searchr1_lld.algo.objective import ObjectiveSpec, mini_batch_denominators, objective
+from searchr1_lld.monitor import (PHASE_ID, engine_learner_gap, first_action_ids, likelihood_metrics, rollout_metrics,
+                                  shared_first_action_fraction)
+from searchr1_lld.optim import optimizer_step, sync_context
+
+# micro-batch metrics that are token-weighted means over the step (summed as value x tokens, divided at the end)
+TOKEN_MEANS = ("actor/entropy", "actor/pg_clip_frac", "actor/approx_kl", "actor/kl_ref", "actor/pg_loss",
+               "llds/active_token_frac", "llds/mean_penalty")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def step_seed(base_seed: int, step: int, rank: int, num_processes: int) -> int:
+    """Seed of one (step, rank): distinct per rank and per step, fixed by the run's seed."""
+    return base_seed * 1_000_003 + step * max(num_processes, 1) + rank
+
+
+def objective_spec(alg: Any) -> ObjectiveSpec:
+    """The objective's coefficients and modes from ``AlgorithmConfig``."""
+    return ObjectiveSpec(
+        policy_loss=alg.policy_loss, clip_low=alg.clip_low if alg.clip_low is not None else alg.clip_eps,
+        clip_high=alg.clip_high if alg.clip_high is not None else alg.clip_eps, dual_clip=alg.dual_clip,
+        agg_mode=alg.loss_agg_mode, kl_coef=alg.kl_coef, kl_type=alg.kl_type, entropy_coef=alg.entropy_coef,
+        llds_lam=alg.llds.lam if alg.llds.enabled else 0.0, llds_gate=alg.llds.gate, llds_tau=alg.llds.tau,
+    )
+
+
+def llds_noop_warning(cfg: Any, updates_per_step: int) -> str | None:
+    """The warning when LLDS is on but can never act (one optimiser step per rollout batch), else None."""
+    a, t = cfg.algorithm, cfg.trainer
+    if a.llds.enabled and a.llds.lam > 0 and not llds.llds_can_act(t.ppo_epochs, updates_per_step // t.ppo_epochs):
+        return (
+            "LLDS is enabled but is a permanent no-op: one optimiser step per rollout batch (ppo_epochs == 1 and "
+            "ppo_mini_batch_size == train_batch_size x rollout.n responses) means logp_new == logp_old at every "
+            "update. Use ppo_epochs > 1 or a smaller trainer.ppo_mini_batch_size."
+        )
+    return None
+
+
+def train_step(tr: Any) -> dict[str, Any]:
+    """One GRPO(+LLDS) step: rollout, advantages, ppo_epochs x mini-batches of updates, monitor. Returns metrics."""
+    from searchr1_lld.rollout.types import to_batch
+
+    cfg, acc, tc = tr.cfg, tr.accelerator, tr.cfg.trainer
+    seed_everything(step_seed(tc.seed, tr.step, tr.rank, tr.world_size))
+    t0 = time.time()
+    # sample this rank's prompts, roll out n responses each (reward = EM), hand the engine's memory to the update
+    trajs = tr.rollout(tr.sampler.next_batch()[tr.rank :: tr.world_size])
+    t_rollout = time.time() - t0
+    tr.backend.sleep()  # woken after the weight stream below
+    batch = to_batch(trajs, tr.tokenizer.pad_token_id)
+    metrics: dict[str, Any] = {**rollout_metrics(trajs)}
+
+    # advantages; logp_old under the current policy, logp_ref under the frozen initial one; rollout correction
+    advantages = adv_fns.grpo_outcome_advantages(batch.rewards, batch.group_ids, eps=cfg.algorithm.adv_eps,
+                                                 norm_by_std=cfg.algorithm.norm_adv_by_std)
+    logp_old = tr.batch_logp(tr.model, batch)
+    logp_ref = tr.batch_logp(tr.ref_model, batch) if tr.ref_model is not None else None
+    if batch.has_engine_logprobs:
+        metrics["rollout/engine_learner_logp_gap"] = engine_learner_gap(
+            batch.engine_logprobs, logp_old, batch.response_mask, torch.ones(len(trajs), dtype=torch.bool))
+    tis_weights, tis_stats = correction_weights(cfg.algorithm.rollout_correction, batch, logp_old)
+    metrics.update(tis_stats)
+    lam_answer = answer_coefficient(cfg.algorithm.llds, batch, acc)
+    if cfg.algorithm.llds.enabled and lam_answer is not None:
+        metrics["llds/lam_answer_effective"] = min(lam_answer, cfg.algorithm.llds.lam)
+
+    # ppo_epochs x mini-batches x micro-batches of objective + backward; one guarded optimiser step per mini-batch
+    metrics.update(update_policy(tr, batch, advantages, logp_old, logp_ref, tis_weights, lam_answer))
+
+    # the LLD monitor: likelihoods after the step's updates
+    logp_new = tr.batch_logp(tr.model, batch)
+    metrics.update(likelihood_metrics(logp_old, logp_new, batch.response_mask, batch.rewards))
+    metrics["lld/shared_first_action_frac"] = shared_first_action_fraction(
+        [first_action_ids(t.response_ids, t.response_mask) for t in trajs], [t.reward for t in trajs],
+        [t.group_id for t in trajs])
+    metrics["time/rollout_s"] = t_rollout
+    metrics["time/step_s"] = time.time() - t0
+
+    # probe set, metrics over ranks, phase
+    tr.probe.offer(trajs)
+    if tc.probe_every and (tr.step + 1) % tc.probe_every == 0:
+        metrics.update(tr.probe.measure(tr._probe_logp))
+    metrics = distributed.reduce_metrics(acc, metrics)
+    report = tr.detector.update(metrics)
+    metrics["phase/name"] = report.phase
+    metrics["phase/id"] = float(PHASE_ID[report.phase])
+    tr.phase_report = report
+
+    # weights -> rollout engine, which takes its memory back
+    distributed.sync_weights_to_engine(acc, tr.model, tr.backend)
+    tr.backend.wake_up()
+    tr.step += 1
+    return metrics
+
+
+def correction_weights(rc: Any, batch: Any, logp_old: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """Truncated-IS weights [B, T] for the step (algorithm.rollout_correction) and their statistics; None if off."""
+    if rc.mode == "off":
+        return None, {}
+    if not batch.has_engine_logprobs:
+        raise RuntimeError("algorithm.rollout_correction needs the engine's sampling log-probs, but the rollout "
+                           "backend reported none")
+    w = rollout_correction.tis_weights(logp_old, batch.engine_logprobs, batch.response_mask, mode=rc.mode, cap=rc.cap)
+    return w, rollout_correction.weight_stats(logp_old, batch.engine_logprobs, batch.response_mask, w,
+                                              mode=rc.mode, cap=rc.cap)
+
+
+def answer_coefficient(lc: Any, batch: Any, accelerator: Any) -> float | None:
+    """LLDS-MA's answer-span coefficient (None = MA off): fixed, or adaptive from the batch mean of valid searches
+    over all ranks."""
+    if lc.ma == "fixed":
+        return lc.lam_answer
+    if lc.ma == "adaptive":
+        mean_vs = float(accelerator.reduce(batch.valid_searches.float().mean().to(accelerator.device), "mean"))
+        return llds.adaptive_lam_answer(lc.lam_answer, mean_vs, lc.ma_adaptive_rule)
+    return None
+
+
+def update_policy(tr: Any, batch: Any, advantages, logp_old, logp_ref, tis_weights, lam_answer) -> dict[str, float]:
+    """ppo_epochs x mini-batches of ppo_mini_batch_size responses (this rank: its 1/world_size share) x micro-batches
+    (token budget; every rank runs the max count, padding ones weigh 0); one optimiser step per mini-batch."""
+    tc = tr.cfg.trainer
+    B = batch.responses.shape[0]
+    rows_per_mini = tc.ppo_mini_batch_size // tr.world_size
+    if B % rows_per_mini:
+        raise ValueError(f"this rank has {B} responses, not a multiple of its mini-batch share {rows_per_mini} "
+                         f"(trainer.ppo_mini_batch_size={tc.ppo_mini_batch_size} over {tr.world_size} processes)")
+    gen = torch.Generator().manual_seed(step_seed(tc.seed, tr.step, tr.rank, tr.world_size))
+    plan = batching.plan_updates(batch.attention_mask.sum(1).tolist(), rows_per_mini, tc.ppo_epochs,
+                                 tc.micro_batch_token_budget, gen)
+    n_micro = distributed.agree_max(tr.accelerator, [len(m) for m in plan])  # the same micro-batch count everywhere
+    spec = objective_spec(tr.cfg.algorithm)
+    sums: dict[str, float] = {}
+    first_kl = [0.0, 0.0]  # KL(ref) token sum and tokens of the step's first mini-batch (before any update)
+    grad_norms: list[float] = []
+    skipped = pads = 0
+    tr.model.train()
+    for mi, (mini, count) in enumerate(zip(plan, n_micro)):
+        mini_tokens, mini_resp = mini_batch_denominators(batch.response_mask[[i for mb in mini for i in mb]])
+        for k in range(count):
+            pad = k >= len(mini)  # zero-weight micro-batch: this rank ran out, its peers did not
+            m_metrics, n_tok = micro_step(tr, batch, mini[0][:1] if pad else mini[k], spec, advantages, logp_old,
+                                          logp_ref, tis_weights, lam_answer, max(mini_tokens, 1.0),
+                                          max(mini_resp, 1.0), last=k == count - 1, weight=0.0 if pad else 1.0)
+            pads += int(pad)
+            if pad:
+                continue
+            if mi == 0 and "actor/kl_ref" in m_metrics:
+                first_kl[0] += m_metrics["actor/kl_ref"]
+                first_kl[1] += n_tok
+            sums["tokens"] = sums.get("tokens", 0.0) + n_tok
+            for key, v in m_metrics.items():
+                sums[key] = sums.get(key, 0.0) + v
+        gn, ok = optimizer_step(tr.accelerator, tr.model, tr.optimizer, tc.grad_clip)
+        grad_norms.append(gn)
+        skipped += int(not ok)
+        if ok:
+            tr.scheduler.step()  # per applied optimiser step
+    tr.skipped_steps += skipped
+    out = update_metrics(sums, grad_norms, first_kl)
+    out.update({"actor/skipped_updates": float(skipped), "actor/micro_batches": float(sum(n_micro)),
+                "actor/padding_micro_batches": float(pads),  # this rank's zero-weight ones (mean over ranks)
+                "actor/skipped_updates_total": float(tr.skipped_steps),
+                "actor/lr": tr.optimizer.param_groups[0]["lr"]})
+    return out
+
+
+def micro_step(tr: Any, batch: Any, mb: list[int], spec: ObjectiveSpec, advantages, logp_old, logp_ref, tis_weights,
+               lam_answer, mini_tokens: float, mini_resp: float, *, last: bool, weight: float = 1.0):
+    """Forward + backward of one micro-batch of the objective (algo.objective, normalised by the mini-batch
+    totals); ``weight`` 0 = a padding micro-batch (same collectives, zero gradient). Returns (metric sums, tokens)."""
+    dev = tr.accelerator.device
+    rows = batching.select_rows(batch, mb)
+    t = rows["responses"].shape[1]
+    idx = torch.as_tensor(mb)
+    mask = rows["response_mask"].to(dev)
+    cut = lambda x: None if x is None else x[idx][:, :t].to(dev)  # noqa: E731  (rows mb, first t columns)
+    with sync_context(tr.accelerator, tr.model, last):
+        logp_new, entropy = tr._forward_logp(tr.model, rows, compute_entropy=True)
+        loss, m = objective(
+            spec, logp_new, cut(logp_old), advantages[idx].to(dev), mask, mini_tokens=mini_tokens,
+            mini_responses=mini_resp, logp_ref=cut(logp_ref), entropy=entropy,
+            answer_mask=rows["answer_mask"].to(dev) if lam_answer is not None else None, lam_answer=lam_answer,
+            token_weights=cut(tis_weights),
+        )
+        tr._backward(loss * weight if weight != 1.0 else loss, last)
+    n_tok = float(mask.sum())
+    out = {f"actor/{k}": m[k] * n_tok for k in ("pg_loss", "pg_clip_frac", "approx_kl", "entropy", "kl_ref") if k in m}
+    if "llds/loss" in m:
+        out["llds/active_token_frac"] = m["llds/active_token_frac"] * n_tok
+        out["llds/mean_penalty"] = m["llds/mean_penalty"] * n_tok
+        out["llds/loss_sum"] = m["llds/loss"]  # mini-batch normalised: sums to the mini-batch loss
+        for key in ("gated_responses", "gated_actions", "total_actions"):
+            out[f"llds/{key}"] = m[f"llds/{key}"]
+        out["llds/responses"] = float(len(mb))
+    return out, n_tok
+
+
+def update_metrics(sums: dict[str, float], grad_norms: list[float], first_kl: list[float]) -> dict[str, float]:
+    """The step's actor/* and llds/* metrics from the micro-batch sums and the per-update gradient norms."""
+    out: dict[str, float] = {}
+    tok = max(sums.get("tokens", 0.0), 1.0)
+    for key in TOKEN_MEANS:
+        if key in sums:
+            out[key] = sums[key] / tok  # token-weighted mean over all micro-batches of the step
+    if "llds/loss_sum" in sums:
+        out["llds/loss"] = sums["llds/loss_sum"] / max(len(grad_norms), 1)  # mean LLDS loss per update
+    if "llds/gated_responses" in sums:
+        out["llds/gated_responses_frac"] = sums["llds/gated_responses"] / max(sums["llds/responses"], 1.0)
+        out["llds/gated_actions_frac"] = sums["llds/gated_actions"] / max(sums["llds/total_actions"], 1.0)
+    finite = [g for g in grad_norms if math.isfinite(g)]
+    out["actor/grad_norm"] = max(finite) if finite else float("nan")
+    out["actor/grad_norm_mean"] = sum(finite) / len(finite) if finite else float("nan")
+    out["actor/updates"] = float(len(grad_norms))
+    if first_kl[1] > 0:  # 0 at step 0: the reference and the policy are the same weights in the same dtype
+        out["actor/kl_ref_first_update"] = first_kl[0] / first_kl[1]
+    return out
