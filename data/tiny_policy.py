@@ -305,14 +305,14 @@ COPY_DRILL_KINDS = ("subject_query", "bridge_query", "answer")
 
 
 def _drill_segments(row: dict, kind: str, hits_of: dict[str, list[dict]], eos: str) -> list[Segment] | None:
-    """One copy drill: the question, the observation the step would see, and the one generated segment that copies.
+    """One copy drill: the prompt, the observation the step would see, and the one generated segment that copies.
 
     ``subject_query``: question -> ``<search> subject </search>``; ``bridge_query`` (multi-hop): question + the
     subject's hits -> ``<search> bridge </search>``; ``answer``: question + the hits of the last hop ->
     ``<answer> gold </answer>``. None when the observation does not contain what is to be copied (a drill must never
     teach to produce a name that is not in the context)."""
     meta = row["metadata"]
-    question = Segment(f"Question: {row['question']}\n", generated=False)
+    question = Segment(render_prompt(row["question"], "tiny"), generated=False)
     if kind == "subject_query":
         return [question, Segment(f"{_THINK_FIRST[0]}<search> {meta['subject']} </search>", generated=True)]
     if kind == "bridge_query":

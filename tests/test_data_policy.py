@@ -231,16 +231,20 @@ def test_copy_drills_only_ask_for_what_the_context_holds(tiny_world: Path, tiny_
     for ids, mask in drills:
         context = tiny_tokenizer.decode([i for i, m in zip(ids, mask) if not m])
         generated = tiny_tokenizer.decode([i for i, m in zip(ids, mask) if m])
-        assert context.startswith("Question: ") and sum(mask) > 0 and mask == sorted(mask)  # one trailing segment
+        question = context.split("Question: ")[-1].split("\n")[0]
+        prompt = P.render_prompt(question, "tiny")
+        assert context.startswith(prompt)
+        assert sum(mask) > 0 and mask == sorted(mask)  # the prompt, maybe an observation, one generated segment
+        observation = context[len(prompt):]
         if P.SEARCH_OPEN in generated:
             target = generated.split(P.SEARCH_OPEN)[1].split(P.SEARCH_CLOSE)[0].strip()
-            where = context.split("\n")[0] if P.INFO_OPEN not in context else context.split(P.INFO_OPEN)[1]
-            kinds.add("bridge_query" if P.INFO_OPEN in context else "subject_query")
+            where = observation or question
+            kinds.add("bridge_query" if observation else "subject_query")
             queries += 1
             renamed += target not in names
         else:
             target = generated.split(P.ANSWER_OPEN)[1].split(P.ANSWER_CLOSE)[0].strip()
-            where = context.split(P.INFO_OPEN)[1]
+            where = observation
             kinds.add("answer")
         assert all(w in where for w in target.split()), (target, where)
     assert kinds == set(TP.COPY_DRILL_KINDS)
