@@ -304,15 +304,18 @@ def build_warmstart_examples(rows: list[dict], search: SearchFn, tokenizer, cfg:
 COPY_DRILL_KINDS = ("subject_query", "bridge_query", "answer")
 
 
-def _drill_segments(row: dict, kind: str, hits_of: dict[str, list[dict]], eos: str) -> list[Segment] | None:
+def _drill_segments(row: dict, kind: str, hits_of: dict[str, list[dict]], eos: str,
+                    full_prompt: bool = True) -> list[Segment] | None:
     """One copy drill: the prompt, the observation the step would see, and the one generated segment that copies.
 
     ``subject_query``: question -> ``<search> subject </search>``; ``bridge_query`` (multi-hop): question + the
     subject's hits -> ``<search> bridge </search>``; ``answer``: question + the hits of the last hop ->
-    ``<answer> gold </answer>``. None when the observation does not contain what is to be copied (a drill must never
-    teach to produce a name that is not in the context)."""
+    ``<answer> gold </answer>``. The context starts with the rollout's prompt (``full_prompt``) or with just
+    ``Question: ...`` (the curriculum's first stage). None when the observation does not contain what is to be copied
+    (a drill must never teach to produce a name that is not in the context)."""
     meta = row["metadata"]
-    question = Segment(render_prompt(row["question"], "tiny"), generated=False)
+    question = Segment(render_prompt(row["question"], "tiny") if full_prompt else f"Question: {row['question']}\n",
+                       generated=False)
     if kind == "subject_query":
         return [question, Segment(f"{_THINK_FIRST[0]}<search> {meta['subject']} </search>", generated=True)]
     if kind == "bridge_query":
@@ -331,37 +334,46 @@ def _drill_segments(row: dict, kind: str, hits_of: dict[str, list[dict]], eos: s
 
 def build_copy_drills(rows: list[dict], search: SearchFn, tokenizer, cfg: WorldConfig, topk: int = 3,
                       seed: int | None = None, passages: list[dict] | None = None
-                      ) -> list[tuple[list[int], list[int]]]:
-    """``cfg.warmstart_drills`` short copy exercises (``_drill_segments``), names shuffled like the trajectories.
+                      ) -> list[list[tuple[list[int], list[int]]]]:
+    """``cfg.warmstart_drills`` copy exercises (``_drill_segments``), names shuffled like the trajectories, as a
+    two-stage curriculum ``[short, full]``: first with a ``Question: ...`` context only, then (the last
+    ``cfg.warmstart_drill_prompt_share`` of them) starting from the rollout's whole prompt.
 
     Why: a freshly initialised transformer learns to copy only after a phase change (measured on the default world,
     ``docs/lab/warm_start.md``: a question -> subject-query drill at lr 1e-3 goes from 0.00 to 1.00 first-token
     accuracy between steps 400 and 600; at lr 1e-2 it never does; 600 steps of whole trajectories at 1e-3 never
     get there either, the copy targets are 1% of their tokens). Drills are ~50-150 tokens, a third of them copy
     targets, so the phase change happens within the world's build budget; the trajectory phase then teaches the
-    protocol on top of a policy that already copies. Kinds are drawn uniformly among those the row has
-    (``bridge_query`` only for multi-hop rows); drills whose observation lacks the target are redrawn."""
+    protocol on top of a policy that already copies. Why two stages: with the ~100-token instruction in front the
+    phase change did not come within 1,500 steps; with the short context it comes, but then transfers poorly to the
+    real prompt (first subject token 0.2) until drills on the real prompt follow. Kinds are drawn uniformly among
+    those the row has (``bridge_query`` only for multi-hop rows); drills whose observation lacks the target are
+    redrawn."""
     if cfg.warmstart_drills <= 0:
         return []
+    if not 0 <= cfg.warmstart_drill_prompt_share <= 1:
+        raise ValueError(f"warmstart_drill_prompt_share must be in [0, 1] (got {cfg.warmstart_drill_prompt_share})")
     seed = cfg.seed if seed is None else seed
     queries = sorted({r["metadata"][k] for r in rows for k in ("subject", "bridge") if r["metadata"][k]})
     hits_of = dict(zip(queries, search(queries, topk)))
     rng = random.Random(seed + 3)
     renamer = NameShuffler(_name_pool(rows, list(hits_of.values()), passages)) if cfg.warmstart_shuffle_names else None
-    examples: list[tuple[list[int], list[int]]] = []
+    n_full = round(cfg.warmstart_drills * cfg.warmstart_drill_prompt_share)
+    stages: list[list[tuple[list[int], list[int]]]] = [[], []]
     tries = 0
-    while len(examples) < cfg.warmstart_drills:
+    while len(stages[0]) + len(stages[1]) < cfg.warmstart_drills:
         tries += 1
         if tries > 20 * cfg.warmstart_drills:
             raise ValueError("cannot build copy drills: the retriever almost never returns the passages the "
                              "questions need (check the world's index)")
         row = rng.choice(rows)
         kinds = COPY_DRILL_KINDS if row["metadata"]["hops"] == 2 else ("subject_query", "answer")
-        segs = _drill_segments(row, rng.choice(kinds), hits_of, tokenizer.eos_token)
+        stage = int(len(stages[0]) >= cfg.warmstart_drills - n_full)
+        segs = _drill_segments(row, rng.choice(kinds), hits_of, tokenizer.eos_token, full_prompt=bool(stage))
         if segs is None:
             continue
-        examples.append(tokenize_segments(renamer(segs, rng) if renamer else segs, tokenizer))
-    return examples
+        stages[stage].append(tokenize_segments(renamer(segs, rng) if renamer else segs, tokenizer))
+    return stages
 
 
 def _name_pool(rows: list[dict], results: list[list[dict]], passages: list[dict] | None) -> list[str]:
@@ -483,11 +495,12 @@ def _train_phase(model, opt, batches, steps: int, lr_at: Callable[[int], float],
 
 def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldConfig, *, pad_id: int,
                batch_size: int = 16, progress: bool = True,
-               drills: list[tuple[list[int], list[int]]] = ()) -> dict[str, float]:
+               drills: list[list[tuple[list[int], list[int]]]] = ()) -> dict[str, float]:
     """Supervised phase: copy drills (``build_copy_drills``), then whole trajectories, one AdamW at peak lr
     ``cfg.warmstart_lr``.
 
-    Drill phase: batches of ``cfg.warmstart_drill_batch_size``, linear warmup over its first 10%, then constant.
+    Drill phase: the curriculum's stages in order (``build_copy_drills``), batches of
+    ``cfg.warmstart_drill_batch_size``, linear warmup over the first 10% of all drill steps, then constant.
     Trajectory phase: ``cfg.warmstart_epochs`` epochs of batches of ``batch_size``, cosine decay to 0 (with its own
     warmup when there are no drills). The loss is the LM loss on generated tokens (weight 1) plus, at weight
     ``cfg.warmstart_env_loss_weight``, on the prompt and observation tokens of the trajectories (a little
@@ -501,17 +514,19 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
         raise ValueError("no warm-start examples")
     rng = random.Random(cfg.seed + 2)
     lr = cfg.warmstart_lr
-    drill_steps = math.ceil(len(drills) / cfg.warmstart_drill_batch_size)
+    drill_bs = cfg.warmstart_drill_batch_size
+    drill_steps = sum(math.ceil(len(stage) / drill_bs) for stage in drills)
     traj_steps = math.ceil(len(examples) / batch_size) * cfg.warmstart_epochs
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     model.train()
     bar = tqdm(total=drill_steps + traj_steps, desc="warm start", disable=not progress, leave=False)
     drill_losses: list[float] = []
-    if drills:
-        warmup = max(1, drill_steps // 10)
-        drill_losses = _train_phase(model, opt, _batches(list(drills), cfg.warmstart_drill_batch_size, pad_id, rng),
-                                    drill_steps, lambda s: lr * min(1.0, (s + 1) / warmup), bar)
-    warmup = 0 if drills else max(1, traj_steps // 10)
+    warmup = max(1, drill_steps // 10)
+    for stage in drills:
+        done = len(drill_losses)
+        drill_losses += _train_phase(model, opt, _batches(stage, drill_bs, pad_id, rng), math.ceil(len(stage) / drill_bs),
+                                     lambda s: lr * min(1.0, (done + s + 1) / warmup), bar)
+    warmup = 0 if drill_steps else max(1, traj_steps // 10)
 
     def traj_lr(s: int) -> float:
         return lr * min(1.0, (s + 1) / warmup if warmup else 1.0) * 0.5 * (1 + math.cos(math.pi * s / traj_steps))
@@ -554,7 +569,7 @@ def build_tiny_policy(out_dir: str | Path, passages: list[dict], train_rows: lis
         "parameters": count_parameters(model),
         "vocab_size": len(tokenizer),
         "examples": len(examples),
-        "drills": len(drills),
+        "drills": sum(len(stage) for stage in drills),
         "mean_example_tokens": sum(lengths) / len(lengths),
         "max_example_tokens": max(lengths),
     }

@@ -222,9 +222,13 @@ def test_copy_drills_only_ask_for_what_the_context_holds(tiny_world: Path, tiny_
 
     rows = read_jsonl(tiny_world / "qa" / "train.jsonl")
     cfg = dataclasses.replace(tiny_world_config, warmstart_drills=90)
-    drills = TP.build_copy_drills(rows, InProcessRetriever(tiny_world / "index").search, tiny_tokenizer, cfg,
-                                  passages=read_jsonl(tiny_world / "corpus.jsonl"))
-    assert len(drills) == 90
+    cfg = dataclasses.replace(cfg, warmstart_drill_prompt_share=1 / 3)
+    short, full = TP.build_copy_drills(rows, InProcessRetriever(tiny_world / "index").search, tiny_tokenizer, cfg,
+                                       passages=read_jsonl(tiny_world / "corpus.jsonl"))
+    assert (len(short), len(full)) == (60, 30)
+    for ids, _ in short:  # the curriculum's first stage: no instruction in front of the question
+        assert tiny_tokenizer.decode(ids).startswith("Question: ")
+    drills = full
     kinds = set()
     names = {r["metadata"][k] for r in rows for k in ("subject", "bridge")}
     renamed = queries = 0
@@ -256,6 +260,9 @@ def test_no_drills_when_zero(tiny_world_config) -> None:
 
     cfg = dataclasses.replace(tiny_world_config, warmstart_drills=0)
     assert TP.build_copy_drills([], lambda q, k: [], None, cfg) == []
+    with pytest.raises(ValueError, match="warmstart_drill_prompt_share"):
+        TP.build_copy_drills([], lambda q, k: [], None, dataclasses.replace(cfg, warmstart_drills=4,
+                                                                           warmstart_drill_prompt_share=1.5))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ class WorldConfig:
     warmstart_lr: float = opt(2e-3, "warm start: peak learning rate of both phases (1e-2 never forms the copy circuit)")
     warmstart_drills: int = opt(40000, "warm start: copy drills before the trajectories (build_copy_drills)")
     warmstart_drill_batch_size: int = opt(16, "warm start: drills per optimiser step")
+    warmstart_drill_prompt_share: float = opt(0.25, "warm start: share of the drills (the last) that start from the whole prompt")
     warmstart_quality: float = opt(0.6, "warm start: share of trajectories that are fully correct")
     warmstart_batch_size: int = opt(8, "warm start: trajectories per optimiser step")
     warmstart_shuffle_names: bool = opt(True, "warm start: rename entities/years per trajectory (copy, don't memorise)")
