@@ -496,8 +496,8 @@ def _train_phase(model, opt, batches, steps: int, lr_at: Callable[[int], float],
 def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldConfig, *, pad_id: int,
                batch_size: int = 16, progress: bool = True,
                drills: list[list[tuple[list[int], list[int]]]] = ()) -> dict[str, float]:
-    """Supervised phase: copy drills (``build_copy_drills``), then whole trajectories, one AdamW at peak lr
-    ``cfg.warmstart_lr``.
+    """Supervised phase: copy drills (``build_copy_drills``) at lr ``cfg.warmstart_drill_lr``, then whole
+    trajectories at peak lr ``cfg.warmstart_lr`` (lower: a high lr there undoes the copying), one AdamW.
 
     Drill phase: the curriculum's stages in order (``build_copy_drills``), batches of
     ``cfg.warmstart_drill_batch_size``, linear warmup over the first 10% of all drill steps, then constant.
@@ -525,7 +525,7 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
     for stage in drills:
         done = len(drill_losses)
         drill_losses += _train_phase(model, opt, _batches(stage, drill_bs, pad_id, rng), math.ceil(len(stage) / drill_bs),
-                                     lambda s: lr * min(1.0, (done + s + 1) / warmup), bar)
+                                     lambda s: cfg.warmstart_drill_lr * min(1.0, (done + s + 1) / warmup), bar)
     warmup = 0 if drill_steps else max(1, traj_steps // 10)
 
     def traj_lr(s: int) -> float:
