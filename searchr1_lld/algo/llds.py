@@ -113,6 +113,26 @@ def llds_gate(
     return _gate(d_masked, m, _span_starts(m), response_advantage >= 0, gate, tau)
 
 
+def check_llds_args(logp_new: torch.Tensor, logp_old: torch.Tensor, response_mask: torch.Tensor, gate: str, lam: float,
+                    answer_mask: torch.Tensor | None, lam_answer: float | None) -> None:
+    """The argument checks of :func:`llds_loss` (also run by the fused objective)."""
+    if not (logp_new.shape == logp_old.shape == response_mask.shape) or logp_new.dim() != 2:
+        raise ValueError(
+            f"logp_new, logp_old, response_mask must all be [B, T]; got {tuple(logp_new.shape)}, "
+            f"{tuple(logp_old.shape)}, {tuple(response_mask.shape)}"
+        )
+    if gate not in GATES:
+        raise ValueError(f"unknown LLDS gate {gate!r}; expected one of {list(GATES)}")
+    if lam < 0:
+        raise ValueError(f"LLDS lam must be >= 0, got {lam}")
+    if lam_answer is not None and lam_answer < 0:
+        raise ValueError(f"LLDS lam_answer must be >= 0, got {lam_answer}")
+    if lam_answer is not None and answer_mask is None:
+        raise ValueError("lam_answer given without answer_mask (LLDS-MA needs the answer span)")
+    if answer_mask is not None and answer_mask.shape != response_mask.shape:
+        raise ValueError(f"answer_mask must be [B, T] like response_mask; got {tuple(answer_mask.shape)}")
+
+
 def llds_loss(
     logp_new: torch.Tensor,
     logp_old: torch.Tensor,
@@ -154,59 +174,68 @@ def llds_loss(
     (identical value and gradient to sum(m g c relu(d)) / sum(m)) through a tiny autograd Function whose backward is
     one multiply. P for ``[B, T]`` advantages: every response token's advantage >= 0 (= A_i >= 0 when broadcast).
     """
-    if not (logp_new.shape == logp_old.shape == response_mask.shape) or logp_new.dim() != 2:
-        raise ValueError(
-            f"logp_new, logp_old, response_mask must all be [B, T]; got {tuple(logp_new.shape)}, "
-            f"{tuple(logp_old.shape)}, {tuple(response_mask.shape)}"
-        )
-    if gate not in GATES:
-        raise ValueError(f"unknown LLDS gate {gate!r}; expected one of {list(GATES)}")
-    if lam < 0:
-        raise ValueError(f"LLDS lam must be >= 0, got {lam}")
-    if lam_answer is not None and lam_answer < 0:
-        raise ValueError(f"LLDS lam_answer must be >= 0, got {lam_answer}")
-    if lam_answer is not None and answer_mask is None:
-        raise ValueError("lam_answer given without answer_mask (LLDS-MA needs the answer span)")
-    if answer_mask is not None and answer_mask.shape != response_mask.shape:
-        raise ValueError(f"answer_mask must be [B, T] like response_mask; got {tuple(answer_mask.shape)}")
-
-    with torch.no_grad():
-        m = response_mask.detach()
-        m = m if m.dtype == torch.bool else m != 0
-        dd = logp_old.detach() - logp_new.detach()  # d, [B, T]
-        d_masked = torch.where(m, dd, 0.0)
-        in_p = _preserving_rows(advantages, m)  # [B]
-        starts = _span_starts(m)
-        g = _gate(d_masked, m, starts, in_p, gate, tau)
-        active = g & (dd > 0)
-        weight = active.to(dd.dtype) * float(lam)  # m g c 1[d > 0] with c = lam
-        if answer_mask is not None and lam_answer is not None:  # LLDS-MA: c = min(lam_answer, lam) on the answer span
-            weight.masked_fill_(active & (answer_mask.detach() != 0), min(float(lam_answer), float(lam)))
-        tokens_per_row = torch.count_nonzero(m, dim=1)  # (bool .sum() casts to int64 first: slow)
-        n_tok = tokens_per_row.sum()
-        den = n_tok.to(dd.dtype) if denominator is None else torch.tensor(float(denominator), dtype=dd.dtype, device=dd.device)
-        safe_den = torch.where(den > 0, den, torch.ones_like(den))
+    check_llds_args(logp_new, logp_old, response_mask, gate, lam, answer_mask, lam_answer)
+    m = response_mask.detach()
+    m = m if m.dtype == torch.bool else m != 0
+    dd = logp_old.detach() - logp_new.detach()  # d, [B, T]
+    weight, den, stats = llds_weight_and_stats(dd, m, advantages, gate=gate, lam=lam, tau=tau, answer_mask=answer_mask,
+                                               lam_answer=lam_answer, denominator=denominator)
     # = sum(m g c relu(d)) / den; 0 when the mask is empty (weight is 0 there), graph intact
-    loss = _WeightedDisplacementMean.apply(logp_new, dd, weight, safe_den)
+    loss = _WeightedDisplacementMean.apply(logp_new, dd, weight, den)
+    values = torch.cat([stats, loss.detach().reshape(1)]).tolist()
+    return loss, {f"llds/{k}": float(v) for k, v in zip(STAT_NAMES, values)}
 
-    with torch.no_grad():
-        p_rows = in_p & (tokens_per_row > 0)
-        p_tokens = (tokens_per_row * p_rows).sum()
-        stats = torch.stack(
-            [
-                torch.count_nonzero(weight) / n_tok.clamp(min=1),
-                torch.count_nonzero(g.any(dim=1)),
-                torch.count_nonzero(p_rows),
-                torch.count_nonzero(starts & g),
-                torch.count_nonzero(starts),
-                (d_masked.clamp(min=0).sum(dim=1) * p_rows).sum() / p_tokens.clamp(min=1),
-                d_masked.sum() / n_tok.clamp(min=1),
-                loss.detach(),
-            ]
-        ).tolist()
-    names = ("active_token_frac", "gated_responses", "preserved_responses", "gated_actions", "total_actions",
-             "mean_penalty", "mean_displacement", "loss")
-    return loss, {f"llds/{k}": float(v) for k, v in zip(names, stats)}
+
+STAT_NAMES = ("active_token_frac", "gated_responses", "preserved_responses", "gated_actions", "total_actions",
+              "mean_penalty", "mean_displacement", "loss")
+
+
+@torch.no_grad()
+def llds_weight_and_stats(
+    dd: torch.Tensor,
+    m: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    gate: str,
+    lam: float,
+    tau: float,
+    answer_mask: torch.Tensor | None,
+    lam_answer: float | None,
+    denominator: float | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The constant part of L_LLDS: (w ``[B, T]`` = m g c 1[d > 0], the normaliser (0-dim, > 0), stats ``[7]``).
+
+    ``dd`` is d = logp_old - logp_new (detached), ``m`` the bool response mask. L_LLDS = sum(w d) / normaliser; its
+    gradient w.r.t. logp_new is -w / normaliser. ``stats`` are the first seven of :data:`STAT_NAMES` (the loss value
+    is the caller's), as one tensor so that callers convert all metrics with one ``.tolist()``. Shared by
+    :func:`llds_loss` and the fused objective (algo/objective.py).
+    """
+    d_masked = torch.where(m, dd, 0.0)
+    in_p = _preserving_rows(advantages, m)  # [B]
+    starts = _span_starts(m)
+    g = _gate(d_masked, m, starts, in_p, gate, tau)
+    active = g & (dd > 0)
+    weight = active.to(dd.dtype) * float(lam)  # m g c 1[d > 0] with c = lam
+    if answer_mask is not None and lam_answer is not None:  # LLDS-MA: c = min(lam_answer, lam) on the answer span
+        weight.masked_fill_(active & (answer_mask.detach() != 0), min(float(lam_answer), float(lam)))
+    tokens_per_row = torch.count_nonzero(m, dim=1)  # (bool .sum() casts to int64 first: slow)
+    n_tok = tokens_per_row.sum()
+    den = n_tok.to(dd.dtype) if denominator is None else torch.tensor(float(denominator), dtype=dd.dtype, device=dd.device)
+    safe_den = torch.where(den > 0, den, torch.ones_like(den))
+    p_rows = in_p & (tokens_per_row > 0)
+    p_tokens = (tokens_per_row * p_rows).sum()
+    stats = torch.stack(
+        [
+            torch.count_nonzero(weight) / n_tok.clamp(min=1),
+            torch.count_nonzero(g.any(dim=1)),
+            torch.count_nonzero(p_rows),
+            torch.count_nonzero(starts & g),
+            torch.count_nonzero(starts),
+            (d_masked.clamp(min=0).sum(dim=1) * p_rows).sum() / p_tokens.clamp(min=1),
+            d_masked.sum() / n_tok.clamp(min=1),
+        ]
+    ).to(dd.dtype)
+    return weight, safe_den, stats
 
 
 def adaptive_lam_answer(lam_answer: float, mean_valid_searches: float, rule: str = "code") -> float:
