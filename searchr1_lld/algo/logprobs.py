@@ -17,6 +17,17 @@ so peak extra memory is one chunk of fp32 work (a few ``chunk_size x V`` buffers
 (same size and dtype as the logits, unavoidable when logits are an input). ``naive_logprobs_entropy`` is the plain
 reference (full ``[B, T, V]`` fp32 log-softmax). benchmarks/bench_logprob_memory.py measures both (and a
 ``torch.utils.checkpoint`` per-chunk variant, which is worse: slicing's backward allocates full-size gradients).
+
+``linear_logprobs_entropy`` goes one step earlier and never builds the logits at all (as Cut Cross-Entropy and
+verl's fused kernels): from the final hidden states h ``[B, T, H]`` and the LM head (W ``[V, H]``, optional bias b
+``[V]``), z = h W^T + b is computed ``chunk_size`` rows at a time in forward, and recomputed per chunk in backward,
+where with G = dL/dz of the chunk (the formula above, ``[chunk, V]`` fp32):
+
+    dL/dh = G W,   dL/dW = sum over chunks of G^T h,   dL/db = sum over chunks of G (rows summed)
+
+so the only ``[*, V]`` tensors alive are one chunk's (two fp32 ``chunk x V`` buffers) plus dL/dW ``[V, H]`` (the
+parameter's own gradient, accumulated in fp32). Tied embeddings need nothing special: W is the embedding matrix and
+its gradient adds to the embedding's.
 """
 
 from __future__ import annotations
@@ -125,4 +136,103 @@ def chunked_logprobs_entropy(
     logits2d = logits.reshape(b * t, v)
     labels1d = labels.reshape(b * t).long()
     logp, entropy = _ChunkedLogprobEntropy.apply(logits2d, labels1d, float(temperature), int(chunk_size), bool(compute_entropy))
+    return logp.view(b, t), (entropy.view(b, t) if entropy is not None else None)
+
+
+class _LinearLogprobEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden2d, weight, bias, labels1d, temperature: float, chunk_size: int, compute_entropy: bool):
+        n = hidden2d.shape[0]
+        logp = torch.empty(n, dtype=torch.float32, device=hidden2d.device)
+        lse = torch.empty(n, dtype=torch.float32, device=hidden2d.device)
+        entropy = torch.empty(n, dtype=torch.float32, device=hidden2d.device) if compute_entropy else None
+        for s in range(0, n, chunk_size):
+            e = min(s + chunk_size, n)
+            x = _chunk_logits(hidden2d[s:e], weight, bias, temperature)  # [c, V] fp32, private
+            chunk_lse = torch.logsumexp(x, dim=-1)
+            lse[s:e] = chunk_lse
+            logp[s:e] = x.gather(-1, labels1d[s:e, None]).squeeze(-1) - chunk_lse
+            if compute_entropy:
+                x.sub_(chunk_lse[:, None])  # log p
+                entropy[s:e] = -torch.exp(x).mul_(x).sum(-1)
+            del x
+        ctx.save_for_backward(hidden2d, weight, bias, labels1d, lse, entropy if compute_entropy else lse)
+        ctx.temperature, ctx.chunk_size, ctx.compute_entropy = temperature, chunk_size, compute_entropy
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        hidden2d, weight, bias, labels1d, lse, entropy = ctx.saved_tensors
+        tau, chunk_size = ctx.temperature, ctx.chunk_size
+        use_entropy = ctx.compute_entropy and grad_entropy is not None
+        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[2]
+        grad_h = torch.empty_like(hidden2d) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
+        n = hidden2d.shape[0]
+        for s in range(0, n, chunk_size):
+            e = min(s + chunk_size, n)
+            logp_all = _chunk_logits(hidden2d[s:e], weight, bias, tau).sub_(lse[s:e, None])  # log p, private
+            g = torch.exp(logp_all)  # p
+            # G = (g_logp * (onehot - p) + g_ent * (-p * (log p + H))) / tau
+            if use_entropy:
+                logp_all.add_(entropy[s:e, None]).mul_(-grad_entropy[s:e, None])
+                if grad_logp is not None:
+                    logp_all.sub_(grad_logp[s:e, None])
+                g.mul_(logp_all)
+            else:
+                g.mul_(-grad_logp[s:e, None]) if grad_logp is not None else g.zero_()
+            del logp_all
+            if grad_logp is not None:
+                g.scatter_add_(-1, labels1d[s:e, None], grad_logp[s:e, None])
+            if tau != 1.0:
+                g.div_(tau)
+            if need_h:
+                grad_h[s:e] = (g.to(weight.dtype) @ weight).to(grad_h.dtype)
+            if need_w:
+                grad_w.addmm_(g.t(), hidden2d[s:e].float())
+            if need_b:
+                grad_b.add_(g.sum(0))
+            del g
+        return (grad_h, grad_w.to(weight.dtype) if need_w else None, grad_b.to(bias.dtype) if need_b else None,
+                None, None, None, None)
+
+
+def _chunk_logits(hidden_chunk: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
+    """float32(h W^T + b) / temperature for one chunk of rows, in a new buffer."""
+    z = torch.nn.functional.linear(hidden_chunk, weight, bias)
+    x = z if z.dtype == torch.float32 else z.float()
+    return x.div_(temperature) if temperature != 1.0 else x
+
+
+def linear_logprobs_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    chunk_size: int = 256,
+    temperature: float = 1.0,
+    compute_entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token log-prob ``[B, T]`` and entropy ``[B, T]`` (fp32; entropy None unless asked) of the logits
+    z = hidden W^T + bias (hidden ``[B, T, H]``, weight ``[V, H]``, bias ``[V]``), divided by ``temperature``,
+    without ever materialising ``[B, T, V]`` (module docstring). Gradients flow to hidden, weight and bias; equal
+    to ``naive_logprobs_entropy(F.linear(hidden, weight, bias), labels)`` up to float rounding."""
+    if hidden.dim() != 3 or labels.shape != hidden.shape[:2]:
+        raise ValueError(f"expected hidden [B, T, H] and labels [B, T]; got {tuple(hidden.shape)} and {tuple(labels.shape)}")
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[2]:
+        raise ValueError(f"weight must be [V, H={hidden.shape[2]}]; got {tuple(weight.shape)}")
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"bias must be [V={weight.shape[0]}]; got {tuple(bias.shape)}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    v = weight.shape[0]
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= v):
+        raise ValueError(f"labels must lie in [0, V={v}); got range [{int(labels.min())}, {int(labels.max())}]")
+    b, t, h = hidden.shape
+    logp, entropy = _LinearLogprobEntropy.apply(hidden.reshape(b * t, h), weight, bias, labels.reshape(b * t).long(),
+                                                float(temperature), int(chunk_size), bool(compute_entropy))
     return logp.view(b, t), (entropy.view(b, t) if entropy is not None else None)
