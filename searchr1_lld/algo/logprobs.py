@@ -199,8 +199,10 @@ class _LinearLogprobEntropy(torch.autograd.Function):
 
 
 def _chunk_logits(hidden_chunk: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
-    """float32(h W^T + b) / temperature for one chunk of rows, in a new buffer."""
-    z = torch.nn.functional.linear(hidden_chunk, weight, bias)
+    """float32(h W^T + b) / temperature for one chunk of rows, in a new buffer. The product runs in the weight's
+    dtype with autocast off, so that the backward's recomputation is bit-identical to the forward's."""
+    with torch.autocast(device_type=hidden_chunk.device.type, enabled=False):
+        z = torch.nn.functional.linear(hidden_chunk.to(weight.dtype), weight, bias)
     x = z if z.dtype == torch.float32 else z.float()
     return x.div_(temperature) if temperature != 1.0 else x
 
