@@ -15,7 +15,8 @@ For response i and token t (all tensors ``[B, T]``):
 
 The gradient flows only through ``logp_new`` (``logp_old``, the advantages and the gate are constants). It is a no-op
 while logp_new == logp_old (the first mini-batch after a rollout): the trainer must report ``llds/active_token_frac``.
-Fully vectorised: no Python loop over responses or spans (the action gate uses one scatter-add per batch).
+Fully vectorised: no Python loop over responses or spans (the gate is decided once per mask run: one segment-reduce
+for the action gate's span sums, one repeat-interleave back to the tokens).
 """
 
 from __future__ import annotations
@@ -74,28 +75,36 @@ class _WeightedDisplacementMean(torch.autograd.Function):
         return weight * (-grad_out / den), None, None, None
 
 
-def _span_starts(m: torch.Tensor) -> torch.Tensor:
-    """[B, T] bool: True on the first token of every action span (maximal run of m)."""
-    starts = m.clone()
-    starts[:, 1:] &= ~m[:, :-1]
-    return starts
+@torch.no_grad()
+def _segments(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Maximal runs of equal mask value, row by row, of the bool mask m ``[B, T]``, as ``[S]`` tensors: flat index of
+    the first token, length, is-an-action-span (the run is of m == 1) and row. Every token lies in exactly one run."""
+    b, t = m.shape
+    change = torch.empty_like(m)
+    change[:, :1] = True
+    torch.ne(m[:, 1:], m[:, :-1], out=change[:, 1:])
+    start = change.reshape(-1).nonzero().squeeze(1)
+    length = torch.diff(start, append=start.new_full((1,), b * t))
+    return start, length, m.reshape(-1)[start], torch.div(start, max(t, 1), rounding_mode="floor")
 
 
 @torch.no_grad()
-def _gate(d_masked: torch.Tensor, m: torch.Tensor, starts: torch.Tensor, in_p: torch.Tensor, gate: str, tau: float) -> torch.Tensor:
-    """Gate ``[B, T]`` bool from the masked displacement d*m, the bool mask m, span starts and P membership ``[B]``."""
-    if gate == "none":
-        return m & in_p[:, None]
+def _gate(d_masked: torch.Tensor, m: torch.Tensor, in_p: torch.Tensor, gate: str, tau: float):
+    """Gate from the masked displacement d*m, the bool mask m and P membership ``[B]``: (g ``[B, T]`` bool, and per
+    run of :func:`_segments`: gate on ``[S]``, is-a-span ``[S]``, row ``[S]``).
+
+    The gate is constant over an action span for every gate kind, so it is decided once per run and spread back to
+    the tokens with one ``repeat_interleave``; the action gate's span sums are one ``segment_reduce``.
+    """
+    start, length, is_span, row = _segments(m)
+    on = is_span & in_p[row]
     if gate == "response":
-        return m & (in_p & (d_masked.sum(dim=1) > tau))[:, None]
-    if gate == "action":
-        # per-span sums with one scatter-add. span_ids = 1-based span number (0 before the first span); a row has at
-        # most T spans, so T + 1 slots suffice. Tokens outside m add 0 (d_masked is 0 there).
-        span_ids = torch.cumsum(starts, dim=1)
-        b, t = d_masked.shape
-        span_sum = torch.zeros(b, t + 1, dtype=d_masked.dtype, device=d_masked.device).scatter_add_(1, span_ids, d_masked)
-        return (span_sum.gather(1, span_ids) > tau) & m & in_p[:, None]
-    raise ValueError(f"unknown LLDS gate {gate!r}; expected one of {list(GATES)}")
+        on &= (d_masked.sum(dim=1) > tau)[row]
+    elif gate == "action":
+        on &= torch.segment_reduce(d_masked.reshape(-1), "sum", lengths=length) > tau
+    elif gate != "none":
+        raise ValueError(f"unknown LLDS gate {gate!r}; expected one of {list(GATES)}")
+    return torch.repeat_interleave(on, length, output_size=m.numel()).view(m.shape), on, is_span, row
 
 
 @torch.no_grad()
@@ -110,7 +119,9 @@ def llds_gate(
         raise ValueError(f"unknown LLDS gate {gate!r}; expected one of {list(GATES)}")
     m = response_mask != 0
     d_masked = torch.where(m, displacement.detach(), 0.0)
-    return _gate(d_masked, m, _span_starts(m), response_advantage >= 0, gate, tau)
+    if m.numel() == 0:
+        return m.clone()
+    return _gate(d_masked, m, response_advantage >= 0, gate, tau)[0]
 
 
 def check_llds_args(logp_new: torch.Tensor, logp_old: torch.Tensor, response_mask: torch.Tensor, gate: str, lam: float,
@@ -212,10 +223,9 @@ def llds_weight_and_stats(
     """
     d_masked = torch.where(m, dd, 0.0)
     in_p = _preserving_rows(advantages, m)  # [B]
-    starts = _span_starts(m)
-    g = _gate(d_masked, m, starts, in_p, gate, tau)
-    active = g & (dd > 0)
-    weight = active.to(dd.dtype) * float(lam)  # m g c 1[d > 0] with c = lam
+    g, seg_on, seg_is_span, seg_row = _gate(d_masked, m, in_p, gate, tau)
+    active = g & (d_masked > 0)  # (g is False outside m)
+    weight = active.to(dd.dtype).mul_(float(lam))  # m g c 1[d > 0] with c = lam
     if answer_mask is not None and lam_answer is not None:  # LLDS-MA: c = min(lam_answer, lam) on the answer span
         weight.masked_fill_(active & (answer_mask.detach() != 0), min(float(lam_answer), float(lam)))
     tokens_per_row = torch.count_nonzero(m, dim=1)  # (bool .sum() casts to int64 first: slow)
@@ -227,10 +237,10 @@ def llds_weight_and_stats(
     stats = torch.stack(
         [
             torch.count_nonzero(weight) / n_tok.clamp(min=1),
-            torch.count_nonzero(g.any(dim=1)),
+            torch.count_nonzero(torch.zeros_like(p_rows).index_fill_(0, seg_row[seg_on], True)),  # rows gated
             torch.count_nonzero(p_rows),
-            torch.count_nonzero(starts & g),
-            torch.count_nonzero(starts),
+            torch.count_nonzero(seg_on),
+            torch.count_nonzero(seg_is_span),
             (d_masked.clamp(min=0).sum(dim=1) * p_rows).sum() / p_tokens.clamp(min=1),
             d_masked.sum() / n_tok.clamp(min=1),
         ]

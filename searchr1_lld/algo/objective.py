@@ -306,13 +306,14 @@ def _fused_core(logp_new, logp_old, advantages, mask, logp_ref, entropy, token_w
             loss = loss + kl_coef * (kl_tok * a).sum()
             grad_logp = grad_logp + (kl_coef * a) * kl_grad
     if llds_lam > 0:
-        d = -neg_d
-        weight, den, llds_stats = llds.llds_weight_and_stats(
+        d = logp_old - logp_new
+        weight, _den, llds_stats = llds.llds_weight_and_stats(
             d, m, advantages, gate=llds_gate, lam=llds_lam, tau=llds_tau, answer_mask=answer_mask, lam_answer=lam_answer,
             denominator=mini_tokens)
-        l_llds = (weight * d).sum() / den
+        inv_den = 1.0 / mini_tokens  # the normaliser N_tok of the mini-batch (> 0, checked)
+        l_llds = torch.dot(weight.reshape(-1), d.reshape(-1)) * inv_den
         loss = loss + l_llds
-        grad_logp = grad_logp - weight / den
+        grad_logp = torch.add(grad_logp, weight, alpha=-inv_den)
         stats.extend([*llds_stats.unbind(), l_llds])
     return loss, grad_logp, grad_entropy, torch.stack([s.to(logp_new.dtype) for s in stats])
 
