@@ -8,7 +8,9 @@ Runs the eager fused objective (``--mode eager``, the default the trainer uses),
 run; target <= 1.05) and ``RESULT llds_added_ms Y`` (the absolute added time per call), plus one
 ``RESULT llds_overhead_ratio_<mode>`` line per mode. The model forward/backward (which dominates a real step) is not
 included: this is the loss-only worst case (benchmarks/bench_llds_step.py measures a whole update).
-Metric dicts are part of the timed work (the trainer logs them every step).
+Metric dicts are part of the timed work (the trainer logs them every step). Times are the process's CPU time by
+default (``--clock cpu``; the machine is shared, and a descheduled process does not accrue CPU time), ``--clock wall``
+for wall-clock time.
 """
 
 from __future__ import annotations
@@ -57,16 +59,16 @@ def step(batch: dict[str, torch.Tensor], with_llds: bool, mode: str) -> None:
     loss.backward()
 
 
-def measure(batch: dict[str, torch.Tensor], mode: str, repeats: int) -> tuple[float, float]:
+def measure(batch: dict[str, torch.Tensor], mode: str, repeats: int, clock) -> tuple[float, float]:
     for _ in range(5):  # warm-up (and compilation for --mode compiled)
         step(batch, False, mode)
         step(batch, True, mode)
     times: dict[bool, list[float]] = {False: [], True: []}
     for r in range(repeats):
         for with_llds in ((False, True) if r % 2 == 0 else (True, False)):  # interleave to share machine noise
-            t0 = time.perf_counter()
+            t0 = clock()
             step(batch, with_llds, mode)
-            times[with_llds].append(time.perf_counter() - t0)
+            times[with_llds].append(clock() - t0)
     return statistics.median(times[False]), statistics.median(times[True])
 
 
@@ -77,14 +79,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=60)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--mode", default="eager", choices=["eager", "compiled", "composed", "all"])
+    ap.add_argument("--clock", default="cpu", choices=["cpu", "wall"],
+                    help="cpu: the process's CPU time (time.process_time; robust on a shared machine), wall: perf_counter")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     batch = make_batch(args.batch, args.tokens)
     modes = ["eager", "compiled", "composed"] if args.mode == "all" else [args.mode]
-    print(f"B={args.batch} T={args.tokens} threads={args.threads} repeats={args.repeats}")
+    print(f"B={args.batch} T={args.tokens} threads={args.threads} repeats={args.repeats} clock={args.clock}")
     results = {}
     for mode in modes:
-        base, full = results[mode] = measure(batch, mode, args.repeats)
+        clock = time.process_time if args.clock == "cpu" else time.perf_counter
+        base, full = results[mode] = measure(batch, mode, args.repeats, clock)
         print(f"[{mode:8s}] objective PPO-clip + KL           fwd+bwd median {base * 1e3:.3f} ms")
         print(f"[{mode:8s}] objective PPO-clip + KL + LLDS(A) fwd+bwd median {full * 1e3:.3f} ms", flush=True)
     for mode in modes:
