@@ -237,7 +237,7 @@ def llds_weight_and_stats(
     stats = torch.stack(
         [
             torch.count_nonzero(weight) / n_tok.clamp(min=1),
-            torch.count_nonzero(torch.zeros_like(p_rows).index_fill_(0, seg_row[seg_on], True)),  # rows gated
+            torch.count_nonzero(torch.zeros_like(tokens_per_row).scatter_add_(0, seg_row, seg_on.long())),  # rows gated
             torch.count_nonzero(p_rows),
             torch.count_nonzero(seg_on),
             torch.count_nonzero(seg_is_span),
