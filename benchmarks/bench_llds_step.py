@@ -10,8 +10,9 @@ Random-init Qwen2 models (no world build, no hub), CPU, torch's default thread c
   intermediate 384, vocab = tokenizer_vocab_size, tied embeddings); B=16 sequences of 128 prompt + 384 response
   tokens = 8,192 tokens, the tiny config's ``micro_batch_token_budget``.
 - qwen0.5b: a Qwen2.5-0.5B-shaped model (hidden 896, 24 layers, 14 heads, 2 KV heads, intermediate 4864, vocab
-  151,936, tied embeddings), at a short length so that the whole benchmark takes about 1-2 minutes on 2 CPU cores:
-  B=2 sequences of 16 prompt + 48 response tokens.
+  151,936, tied embeddings), at a short length: B=2 sequences of 16 prompt + 48 response tokens (one update is
+  about 20 s of CPU time on the 2-core machine; the whole benchmark runs in a few minutes on idle cores, about 11
+  minutes when they are shared).
 
 Responses have two action spans separated by an ``<information>`` block (mask 0); logp_old = logp_new + noise so
 that the LLDS gate is really active. Repeats are interleaved (with / without LLDS alternate, the order flipping

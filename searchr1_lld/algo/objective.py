@@ -26,12 +26,12 @@ Two paths, equal within float rounding (tests/test_algo_objective.py checks 1e-6
   with its own autograd graph and metrics.
 - the fused path (``policy_loss == "ppo_clip"``, what :func:`objective` runs) -- every term is a sum over tokens of
   a function of logp_new[i,t] (and entropy[i,t]) alone, so dL/dlogp_new and dL/dH are ``[B, T]`` tensors that one
-  no-grad pass computes next to the loss, sharing the intermediates (mask, token counts, r, d = -log r, the LLDS
-  gate); a one-line autograd Function returns them in backward. With a_{i,t} the aggregation weight (m/D for
+  no-grad pass computes next to the loss, sharing the intermediates (mask, token counts, r, d = logp_old - logp_new,
+  the LLDS gate); a one-line autograd Function returns them in backward. With a_{i,t} the aggregation weight (m/D for
   token-mean and seq-mean-token-sum, m/(n_i D) for seq-mean-token-mean; n_i = response i's token count), w the
   token weights, x = logp_new - logp_ref:
 
-      dL/dlogp_new = a w s_dual 1[|log r| <= 20] r (-A) 1[l1 >= l2 or 1-clip_low <= r <= 1+clip_high]   (PPO-clip)
+      dL/dlogp_new = a w s_dual 1[|log r| <= 20] 1[l1 >= l2] (-A r)   (PPO-clip; l1 == l2 inside the clip range)
                    + kl_coef a dKL/dx                     (k1: 1, abs: sign x, k2: x, k3: (1 - e^{-x}) inside clamps)
                    - (m g c 1[d > 0]) / N_tok              (LLDS, algo.llds.llds_weight_and_stats)
       dL/dH        = -entropy_coef a
