@@ -1,21 +1,28 @@
-"""Cost of adding LLDS (action gate) to the learner's loss: forward + backward of
-(PPO-clip + low_var_kl [+ LLDS]) on B=64 responses x T=1024 tokens, median over repeats, interleaved.
+"""Cost of adding LLDS (action gate) to the learner's loss: forward + backward of what the trainer calls per
+micro-batch, ``algo.objective.objective`` (PPO-clip + low_var_kl [+ LLDS], metrics included), on B=64 responses x
+T=1024 tokens, median over repeats, interleaved. Same code path with and without LLDS (``llds_lam`` 0.2 vs 0).
 
-Prints the two medians and ends with ``RESULT llds_overhead_ratio X`` (with / without LLDS; target <= 1.05) and
-``RESULT llds_added_ms Y`` (the absolute added time per call).
-The model forward/backward (which dominates a real step) is not included: this is the loss-only worst case.
-Metric dicts are part of the timed work (the trainer logs them every step).
+Runs the eager fused objective (``--mode eager``, the default the trainer uses), the ``torch.compile``d one
+(``--mode compiled``) and the composed reference (``--mode composed``: policy_loss, kl, llds one after the other);
+``--mode all`` runs the three. Ends with ``RESULT llds_overhead_ratio X`` (with / without LLDS of the first mode
+run; target <= 1.05) and ``RESULT llds_added_ms Y`` (the absolute added time per call), plus one
+``RESULT llds_overhead_ratio_<mode>`` line per mode. The model forward/backward (which dominates a real step) is not
+included: this is the loss-only worst case (benchmarks/bench_llds_step.py measures a whole update).
+Metric dicts are part of the timed work (the trainer logs them every step). Times are the process's CPU time by
+default (``--clock cpu``; the machine is shared, and a descheduled process does not accrue CPU time), ``--clock wall``
+for wall-clock time.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
 import torch
 
-from searchr1_lld.algo import aggregate, kl_penalty, llds_loss, ppo_clip_loss
+from searchr1_lld.algo.objective import ObjectiveSpec, composed_objective, mini_batch_denominators, objective
 
 
 def make_batch(b: int, t: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -35,18 +42,34 @@ def make_batch(b: int, t: int, seed: int = 0) -> dict[str, torch.Tensor]:
         "ref_logp": logp_old + 0.05 * torch.randn(b, t, generator=g),
         "adv": torch.randn(b, generator=g)[:, None].expand(b, t).contiguous() * mask,
         "mask": mask,
+        **dict(zip(("n_tok", "n_resp"), mini_batch_denominators(mask))),
     }
 
 
-def step(batch: dict[str, torch.Tensor], with_llds: bool) -> None:
+SPEC = ObjectiveSpec(policy_loss="ppo_clip", kl_coef=0.001, kl_type="low_var_kl", llds_gate="action")
+
+
+def step(batch: dict[str, torch.Tensor], with_llds: bool, mode: str) -> None:
+    """One micro-batch as the trainer runs it: objective forward (metrics converted to floats) + backward."""
+    spec = dataclasses.replace(SPEC, llds_lam=0.2 if with_llds else 0.0, compile=mode == "compiled")
+    fn = composed_objective if mode == "composed" else objective
     logp_new = batch["logp_new_data"].clone().requires_grad_(True)
-    pg, pg_metrics = ppo_clip_loss(logp_new, batch["logp_old"], batch["adv"], batch["mask"])
-    kl = aggregate(kl_penalty(logp_new, batch["ref_logp"], "low_var_kl"), batch["mask"], "token-mean")
-    loss = pg + 0.001 * kl
-    if with_llds:
-        l_llds, llds_metrics = llds_loss(logp_new, batch["logp_old"], batch["adv"], batch["mask"], gate="action", lam=0.2)
-        loss = loss + l_llds
+    loss, metrics = fn(spec, logp_new, batch["logp_old"], batch["adv"], batch["mask"], mini_tokens=batch["n_tok"],
+                       mini_responses=batch["n_resp"], logp_ref=batch["ref_logp"])
     loss.backward()
+
+
+def measure(batch: dict[str, torch.Tensor], mode: str, repeats: int, clock) -> tuple[float, float]:
+    for _ in range(5):  # warm-up (and compilation for --mode compiled)
+        step(batch, False, mode)
+        step(batch, True, mode)
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for r in range(repeats):
+        for with_llds in ((False, True) if r % 2 == 0 else (True, False)):  # interleave to share machine noise
+            t0 = clock()
+            step(batch, with_llds, mode)
+            times[with_llds].append(clock() - t0)
+    return statistics.median(times[False]), statistics.median(times[True])
 
 
 def main() -> None:
@@ -55,22 +78,23 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--repeats", type=int, default=60)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--mode", default="eager", choices=["eager", "compiled", "composed", "all"])
+    ap.add_argument("--clock", default="cpu", choices=["cpu", "wall"],
+                    help="cpu: the process's CPU time (time.process_time; robust on a shared machine), wall: perf_counter")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     batch = make_batch(args.batch, args.tokens)
-    for _ in range(5):  # warm-up
-        step(batch, False)
-        step(batch, True)
-    times: dict[bool, list[float]] = {False: [], True: []}
-    for r in range(args.repeats):
-        for with_llds in ((False, True) if r % 2 == 0 else (True, False)):  # interleave to share machine noise
-            t0 = time.perf_counter()
-            step(batch, with_llds)
-            times[with_llds].append(time.perf_counter() - t0)
-    base, full = statistics.median(times[False]), statistics.median(times[True])
-    print(f"B={args.batch} T={args.tokens} threads={args.threads} repeats={args.repeats}")
-    print(f"policy loss + KL           fwd+bwd median {base * 1e3:.3f} ms")
-    print(f"policy loss + KL + LLDS(A) fwd+bwd median {full * 1e3:.3f} ms")
+    modes = ["eager", "compiled", "composed"] if args.mode == "all" else [args.mode]
+    print(f"B={args.batch} T={args.tokens} threads={args.threads} repeats={args.repeats} clock={args.clock}")
+    results = {}
+    for mode in modes:
+        clock = time.process_time if args.clock == "cpu" else time.perf_counter
+        base, full = results[mode] = measure(batch, mode, args.repeats, clock)
+        print(f"[{mode:8s}] objective PPO-clip + KL           fwd+bwd median {base * 1e3:.3f} ms")
+        print(f"[{mode:8s}] objective PPO-clip + KL + LLDS(A) fwd+bwd median {full * 1e3:.3f} ms", flush=True)
+    for mode in modes:
+        print(f"RESULT llds_overhead_ratio_{mode} {results[mode][1] / results[mode][0]:.3f}")
+    base, full = results[modes[0]]
     print(f"RESULT llds_overhead_ratio {full / base:.3f}")
     print(f"RESULT llds_added_ms {(full - base) * 1e3:.3f}")
 

@@ -1,14 +1,25 @@
-"""Peak memory of token log-prob + entropy (forward + backward) from logits: chunked kernel vs naive log-softmax.
+"""Peak memory of token log-prob + entropy (forward + backward): from logits (chunked kernel vs naive log-softmax) and
+from the final hidden states through the LM head (no logits at all vs the model's logits path).
 
-Shape B=2, T=1024, V=151936 (Qwen2.5 vocabulary). Each variant runs in a fresh subprocess:
+Shape B=2, T=1024, V=151936 (Qwen2.5 vocabulary), H=896 (Qwen2.5-0.5B). Each variant runs in a fresh subprocess:
 - on CUDA (when available): torch.cuda.max_memory_allocated() above the memory held once the logits exist;
 - on CPU: the process's peak resident set (VmHWM, reset through /proc/self/clear_refs) above its RSS once the logits
   exist. Both count everything the computation allocates, the gradient of the logits included (it is the same size
   for every variant and would be produced by the model's backward anyway).
 
-Variants: naive (full [B, T, V] fp32 log-softmax), chunked (custom autograd Function, recomputes per chunk in
-backward), checkpoint (torch.utils.checkpoint around the naive function per chunk of rows; for comparison).
-Ends with ``RESULT logprob_peak_memory_ratio X`` = chunked / naive (target <= 0.25).
+Variants from logits (input: logits [B, T, V] requiring grad): naive (full [B, T, V] fp32 log-softmax), chunked
+(custom autograd Function, recomputes per chunk in backward), checkpoint (torch.utils.checkpoint around the naive
+function per chunk of rows; for comparison). ``RESULT logprob_peak_memory_ratio X`` = chunked / naive.
+
+Variants from hidden states (inputs: hidden [B, T, H] and the LM-head weight [V, H], both requiring grad, so the
+peak also holds dL/dhidden and dL/dW, as in training):
+- hidden_naive: logits = hidden W^T, then the naive log-softmax (the textbook path);
+- hidden_logits_chunked: logits = hidden W^T, then the chunked kernel (the trainer's path before the fused head);
+- hidden_fused: ``algo.logprobs.linear_logprobs_entropy`` (the trainer's path now; full logits never exist).
+``RESULT logprob_hidden_peak_memory_ratio X`` = hidden_fused / hidden_naive (target <= 0.05), and
+``RESULT logprob_hidden_peak_memory_ratio_vs_logits_chunked X`` = hidden_fused / hidden_logits_chunked. The
+weight gradient dL/dW ([V, H] fp32, 0.51 GiB here: the parameter's own gradient, in every variant) is included in
+both peaks; ``RESULT logprob_hidden_peak_memory_ratio_excl_weight_grad X`` subtracts it from both.
 """
 
 from __future__ import annotations
@@ -29,18 +40,30 @@ def _rss_bytes(field: str) -> int:
     raise RuntimeError(f"{field} not found in /proc/self/status")
 
 
-def child(variant: str, b: int, t: int, v: int, chunk: int, dtype_name: str, device: str) -> dict:
+def child(variant: str, b: int, t: int, v: int, h: int, chunk: int, dtype_name: str, device: str) -> dict:
     import torch
 
-    from searchr1_lld.algo.logprobs import chunked_logprobs_entropy, naive_logprobs_entropy
+    from searchr1_lld.algo.logprobs import chunked_logprobs_entropy, linear_logprobs_entropy, naive_logprobs_entropy
 
     torch.manual_seed(0)
     dtype = getattr(torch, dtype_name)
-    logits = torch.randn(b, t, v, device=device, dtype=dtype).requires_grad_(True)
+    from_hidden = variant.startswith("hidden_")
+    if from_hidden:
+        hidden = torch.randn(b, t, h, device=device, dtype=dtype).requires_grad_(True)
+        weight = (torch.randn(v, h, device=device, dtype=dtype) / h**0.5).requires_grad_(True)
+        logits = hidden[:1, :1, :1]  # for the warm-up only
+    else:
+        logits = torch.randn(b, t, v, device=device, dtype=dtype).requires_grad_(True)
     labels = torch.randint(0, v, (b, t), device=device)
 
     def run() -> None:
-        if variant == "naive":
+        if variant == "hidden_naive":
+            logp, ent = naive_logprobs_entropy(torch.nn.functional.linear(hidden, weight), labels)
+        elif variant == "hidden_logits_chunked":
+            logp, ent = chunked_logprobs_entropy(torch.nn.functional.linear(hidden, weight), labels, chunk_size=chunk)
+        elif variant == "hidden_fused":
+            logp, ent = linear_logprobs_entropy(hidden, weight, labels, chunk_size=chunk)
+        elif variant == "naive":
             logp, ent = naive_logprobs_entropy(logits, labels)
         elif variant == "chunked":
             logp, ent = chunked_logprobs_entropy(logits, labels, chunk_size=chunk)
@@ -59,8 +82,15 @@ def child(variant: str, b: int, t: int, v: int, chunk: int, dtype_name: str, dev
 
     # warm-up on one row (imports, autograd engine start-up) so that one-time costs are not counted
     tiny = logits[:1, :1].detach().clone().requires_grad_(True)
-    tiny_logp, tiny_ent = naive_logprobs_entropy(tiny, labels[:1, :1])
+    tiny_logp, tiny_ent = naive_logprobs_entropy(tiny, labels[:1, :1] % tiny.shape[-1])
     (tiny_logp.sum() + tiny_ent.sum()).backward()
+    if from_hidden:  # the matmul kernels' first call
+        small_h = hidden[:1, :4].detach().clone().requires_grad_(True)
+        small_w = weight[:8].detach().clone().requires_grad_(True)
+        lp, en = linear_logprobs_entropy(small_h, small_w, labels[:1, :4] % 8, chunk_size=2)
+        (lp.sum() + en.sum()).backward()
+        torch.nn.functional.linear(small_h, small_w).sum().backward()
+        del small_h, small_w, lp, en
     if variant == "checkpoint":
         from torch.utils.checkpoint import checkpoint
 
@@ -84,7 +114,9 @@ def child(variant: str, b: int, t: int, v: int, chunk: int, dtype_name: str, dev
         run()
         seconds = time.perf_counter() - t0
         peak = _rss_bytes("VmHWM") - base
-    return {"variant": variant, "peak_bytes": peak, "seconds": seconds, "logits_bytes": logits.numel() * logits.element_size()}
+    elem = torch.tensor([], dtype=dtype).element_size()
+    return {"variant": variant, "peak_bytes": peak, "seconds": seconds, "logits_bytes": b * t * v * elem,
+            "weight_grad_bytes": v * h * 4 if from_hidden else 0}
 
 
 def main() -> None:
@@ -92,15 +124,16 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--hidden", type=int, default=896)
     ap.add_argument("--chunk", type=int, default=256)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    ap.add_argument("--variants", default="naive,chunked,checkpoint")
+    ap.add_argument("--variants", default="naive,chunked,checkpoint,hidden_naive,hidden_logits_chunked,hidden_fused")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.child:
-        out = child(args.child, args.batch, args.tokens, args.vocab, args.chunk, args.dtype, args.device)
+        out = child(args.child, args.batch, args.tokens, args.vocab, args.hidden, args.chunk, args.dtype, args.device)
         print(json.dumps(out))
         return
 
@@ -112,19 +145,28 @@ def main() -> None:
     results = {}
     for variant in args.variants.split(","):
         cmd = [sys.executable, __file__, "--child", variant, "--batch", str(args.batch), "--tokens", str(args.tokens),
-               "--vocab", str(args.vocab), "--chunk", str(args.chunk), "--dtype", args.dtype, "--device", device]
+               "--vocab", str(args.vocab), "--hidden", str(args.hidden), "--chunk", str(args.chunk), "--dtype", args.dtype, "--device", device]
         proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")})
         if proc.returncode != 0:
             sys.exit(f"variant {variant} failed:\n{proc.stderr}")
         results[variant] = json.loads(proc.stdout.strip().splitlines()[-1])
         r = results[variant]
-        print(f"{variant:10s} peak {r['peak_bytes'] / 2**30:7.3f} GiB   time {r['seconds']:6.2f} s   "
+        print(f"{variant:22s} peak {r['peak_bytes'] / 2**30:7.3f} GiB   time {r['seconds']:6.2f} s   "
               f"(logits {r['logits_bytes'] / 2**30:.3f} GiB)", flush=True)
-    print(f"B={args.batch} T={args.tokens} V={args.vocab} chunk={args.chunk} dtype={args.dtype} device={device}")
+    print(f"B={args.batch} T={args.tokens} V={args.vocab} H={args.hidden} chunk={args.chunk} dtype={args.dtype} device={device}")
     if "naive" in results and "chunked" in results:
         print(f"RESULT logprob_peak_memory_ratio {results['chunked']['peak_bytes'] / results['naive']['peak_bytes']:.3f}")
     if "naive" in results and "checkpoint" in results:
         print(f"RESULT logprob_checkpoint_peak_memory_ratio {results['checkpoint']['peak_bytes'] / results['naive']['peak_bytes']:.3f}")
+
+    if "hidden_naive" in results and "hidden_fused" in results:
+        fused, naive = results["hidden_fused"]["peak_bytes"], results["hidden_naive"]["peak_bytes"]
+        wg = results["hidden_fused"]["weight_grad_bytes"]
+        print(f"RESULT logprob_hidden_peak_memory_ratio {fused / naive:.3f}")
+        print(f"RESULT logprob_hidden_peak_memory_ratio_excl_weight_grad {(fused - wg) / (naive - wg):.3f}")
+    if "hidden_logits_chunked" in results and "hidden_fused" in results:
+        print(f"RESULT logprob_hidden_peak_memory_ratio_vs_logits_chunked "
+              f"{results['hidden_fused']['peak_bytes'] / results['hidden_logits_chunked']['peak_bytes']:.3f}")
 
 
 if __name__ == "__main__":

@@ -44,8 +44,7 @@ from typing import Any, Sequence
 import torch
 
 from searchr1_lld import checkpoint as ckpt
-from searchr1_lld import distributed, evaluation, factories, optim, resume, step
-from searchr1_lld.algo import logprobs
+from searchr1_lld import distributed, evaluation, factories, optim, policy_logprobs, resume, step
 from searchr1_lld.batching import PromptSampler, micro_batches_by_tokens, pad_cols, select_rows
 from searchr1_lld.config import Config, RolloutConfig
 from searchr1_lld.monitor import PhaseDetector, ProbeSet
@@ -115,18 +114,13 @@ class Trainer:
 
     # ---------------------------------------------------------------- log-probs
     def _forward_logp(self, model: torch.nn.Module, rows: dict[str, Any], compute_entropy: bool):
-        """Token log-probs [b, t] (and entropy) of rows' responses: log_softmax(logits / temperature)."""
+        """Token log-probs [b, t] (and entropy) of rows' responses: log_softmax(logits / temperature), computed from
+        the final hidden states through the LM head chunk by chunk (full logits never exist; policy_logprobs)."""
         dev = self.accelerator.device
-        out = model(
-            input_ids=rows["input_ids"][:, :-1].to(dev),
-            attention_mask=rows["attention_mask"][:, :-1].to(dev),
-            position_ids=rows["position_ids"][:, :-1].to(dev),
-            use_cache=False,
-        )
-        p = rows["p"]
-        logits = out.logits[:, p - 1 :]
-        return logprobs.chunked_logprobs_entropy(
-            logits, rows["responses"].to(dev), chunk_size=self.cfg.trainer.logprob_chunk_size,
+        return policy_logprobs.response_logprobs(
+            model, rows["input_ids"][:, :-1].to(dev), rows["attention_mask"][:, :-1].to(dev),
+            rows["position_ids"][:, :-1].to(dev), rows["responses"].to(dev), rows["p"] - 1,
+            chunk_size=self.cfg.trainer.logprob_chunk_size,
             temperature=self.cfg.rollout.temperature if self.cfg.rollout.temperature > 0 else 1.0,
             compute_entropy=compute_entropy,
         )

@@ -218,3 +218,27 @@ def test_llds_can_act():
     assert llds_can_act(1, 2) and llds_can_act(2, 1)
     with pytest.raises(ValueError):
         llds_can_act(0, 1)
+
+
+@pytest.mark.parametrize("gate", ["none", "response", "action"])
+def test_gate_equals_a_python_loop_over_spans(gate):
+    from searchr1_lld.algo.spans import action_span_list
+
+    g = torch.Generator().manual_seed(11)
+    mask = (torch.rand(9, 23, generator=g) < 0.7).float()
+    mask[2] = 0  # an empty response
+    mask[3] = 1  # one span over the whole row
+    d = torch.randn(9, 23, generator=g)
+    adv = torch.randn(9, generator=g)
+    tau = 0.1
+    want = torch.zeros(9, 23, dtype=torch.bool)
+    for i in range(9):
+        if adv[i] < 0:
+            continue
+        row_sum = float((d[i] * mask[i]).sum())
+        for s, e in action_span_list([int(x) for x in mask[i].tolist()]):
+            total = {"none": tau + 1, "response": row_sum, "action": float(d[i, s:e].sum())}[gate]
+            want[i, s:e] = total > tau
+    got = llds_gate(d, mask, adv, gate, tau)
+    assert torch.equal(got, want)
+    assert want.any() and not want.all()

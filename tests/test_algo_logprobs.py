@@ -67,3 +67,100 @@ def test_chunked_rejects_bad_input():
         chunked_logprobs_entropy(logits, torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="temperature"):
         chunked_logprobs_entropy(logits, torch.tensor([[0, 1]]), temperature=0.0)
+
+
+def _linear_vs_naive(b, t, h, v, chunk_size, temperature, bias, compute_entropy=True, seed=0, vocab_chunk=8192):
+    from searchr1_lld.algo.logprobs import linear_logprobs_entropy
+
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(b, t, h, generator=g).requires_grad_(True)
+    weight = (torch.randn(v, h, generator=g) / h**0.5 * 3).requires_grad_(True)
+    bias_t = (0.5 * torch.randn(v, generator=g)).requires_grad_(True) if bias else None
+    labels = torch.randint(0, v, (b, t), generator=g)
+    w_logp, w_ent = torch.randn(b, t, generator=g), torch.randn(b, t, generator=g)
+    out = []
+    for fused in (True, False):
+        for p in (hidden, weight, bias_t):
+            if p is not None:
+                p.grad = None
+        if fused:
+            logp, ent = linear_logprobs_entropy(hidden, weight, labels, bias=bias_t, chunk_size=chunk_size,
+                                                vocab_chunk_size=vocab_chunk, temperature=temperature,
+                                                compute_entropy=compute_entropy)
+        else:
+            logits = torch.nn.functional.linear(hidden, weight, bias_t)
+            logp, ent = naive_logprobs_entropy(logits, labels, temperature=temperature, compute_entropy=compute_entropy)
+        loss = (logp * w_logp).sum() + ((ent * w_ent).sum() if compute_entropy else 0.0)
+        loss.backward()
+        out.append((logp.detach(), None if ent is None else ent.detach(), hidden.grad.clone(), weight.grad.clone(),
+                    None if bias_t is None else bias_t.grad.clone()))
+    return out
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4, 5, 64])  # 5 and 4 do not divide b * t = 14; 64 > b * t
+@pytest.mark.parametrize("vocab_chunk", [8192, 10, 1])  # one tile; 6 tiles, the last partial (V = 53); one per column
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_logprobs_equal_naive_values_and_gradients(chunk_size, vocab_chunk, temperature, bias):
+    fused, naive = _linear_vs_naive(2, 7, 16, 53, chunk_size, temperature, bias, vocab_chunk=vocab_chunk)
+    for a, r, name in zip(fused, naive, ("logp", "entropy", "grad hidden", "grad weight", "grad bias")):
+        if r is None:
+            assert a is None
+            continue
+        torch.testing.assert_close(a, r, atol=1e-5, rtol=0, msg=name)
+        assert float(r.abs().sum()) > 0, name
+
+
+def test_linear_logprobs_logp_only_and_tied_weight():
+    # compute_entropy=False, and the LM-head weight also used as an embedding (tied): gradients add up
+    from searchr1_lld.algo.logprobs import linear_logprobs_entropy
+
+    g = torch.Generator().manual_seed(3)
+    emb = torch.randn(41, 8, generator=g).requires_grad_(True)
+    ids = torch.randint(0, 41, (3, 5), generator=g)
+    labels = torch.randint(0, 41, (3, 5), generator=g)
+    grads = []
+    for fused in (True, False):
+        emb.grad = None
+        hidden = torch.tanh(emb[ids])  # a toy "model" on the tied embedding
+        if fused:
+            logp, ent = linear_logprobs_entropy(hidden, emb, labels, chunk_size=4, vocab_chunk_size=16,
+                                                compute_entropy=False)
+            assert ent is None
+        else:
+            logp, _ = naive_logprobs_entropy(hidden @ emb.t(), labels, compute_entropy=False)
+        logp.sum().backward()
+        grads.append(emb.grad.clone())
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=0)
+
+
+def test_linear_logprobs_chunk_boundaries_matter():
+    # guard: a kernel that dropped the last partial chunk of rows or of vocabulary columns would break these
+    fused, naive = _linear_vs_naive(1, 9, 6, 17, 4, 1.0, False, vocab_chunk=5)
+    torch.testing.assert_close(fused[0][:, 8], naive[0][:, 8], atol=1e-5, rtol=0)
+    torch.testing.assert_close(fused[2][:, 8], naive[2][:, 8], atol=1e-5, rtol=0)
+    assert float(naive[2][:, 8].abs().sum()) > 0
+
+
+def test_linear_logprobs_bad_input():
+    from searchr1_lld.algo.logprobs import linear_logprobs_entropy
+
+    with pytest.raises(ValueError, match="weight must be"):
+        linear_logprobs_entropy(torch.zeros(1, 2, 4), torch.zeros(5, 3), torch.zeros(1, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match="labels must lie"):
+        linear_logprobs_entropy(torch.zeros(1, 2, 4), torch.zeros(5, 4), torch.full((1, 2), 5))
+
+
+def test_linear_logprobs_large_logits_are_stable():
+    # the online logsumexp over vocabulary tiles must not overflow when logits are large and the max moves late
+    fused, naive = _linear_vs_naive(1, 3, 4, 40, 2, 1.0, True, vocab_chunk=7, seed=5)
+    from searchr1_lld.algo.logprobs import linear_logprobs_entropy
+
+    hidden = torch.ones(1, 2, 2) * 30
+    weight = torch.tensor([[1.0, 1.0]] * 5 + [[3.0, 3.0]] * 5)  # logits 60 in the first tile, 180 in the second
+    logp, ent = linear_logprobs_entropy(hidden, weight, torch.tensor([[0, 7]]), vocab_chunk_size=5)
+    ref_logp, ref_ent = naive_logprobs_entropy(torch.nn.functional.linear(hidden, weight), torch.tensor([[0, 7]]))
+    assert torch.isfinite(logp).all() and torch.isfinite(ent).all()
+    torch.testing.assert_close(logp, ref_logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=0)
+    torch.testing.assert_close(fused[0], naive[0], atol=1e-5, rtol=0)

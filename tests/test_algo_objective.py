@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import warnings
+
 import pytest
 import torch
 
 from searchr1_lld.algo import aggregation
-from searchr1_lld.algo.objective import ObjectiveSpec, mini_batch_denominators, objective
+from searchr1_lld.algo.objective import ObjectiveSpec, composed_objective, mini_batch_denominators, objective
 
 
 def _batch(seed=0, B=7, T=9):
@@ -83,3 +87,101 @@ def test_padding_micro_batch_has_zero_gradient_and_bad_denominators_fail():
     assert float(g.abs().sum()) == 0.0
     with pytest.raises(ValueError, match="denominators"):
         objective(spec, theta, logp_old, adv, mask, mini_tokens=0.0, mini_responses=1.0)
+
+
+def _fused_vs_composed(spec, theta, logp_old, logp_ref, adv, mask, answer, lam_answer, token_weights, core=None):
+    n_tok, n_resp = mini_batch_denominators(mask)
+    results = []
+    for fn in (objective, composed_objective):
+        th = theta.detach().clone().requires_grad_(True)
+        logp_new = torch.nn.functional.logsigmoid(th)
+        entropy = -logp_new.exp() * logp_new
+        loss, metrics = fn(spec, logp_new, logp_old, adv, mask, mini_tokens=n_tok + 3, mini_responses=n_resp + 1,
+                           logp_ref=logp_ref, entropy=entropy, answer_mask=answer, lam_answer=lam_answer,
+                           token_weights=token_weights)
+        (grad,) = torch.autograd.grad(loss * 1.7, th)
+        results.append((loss.detach(), metrics, grad))
+    return results
+
+
+@pytest.mark.parametrize("agg_mode", list(aggregation.AGG_MODES))
+@pytest.mark.parametrize("kl_type", ["low_var_kl", "k1", "abs", "k2"])
+@pytest.mark.parametrize("variant", ["plain", "dual_weights_ma", "response_gate", "no_llds_1d_adv"])
+def test_fused_objective_equals_the_composed_reference(agg_mode, kl_type, variant):
+    theta, logp_old, logp_ref, adv, mask, answer = _batch(seed=3)
+    # large displacements so that clipping, the dual clip, both KL clamps and the LLDS gate are all exercised
+    logp_old = torch.nn.functional.logsigmoid(theta.detach() + 0.7 + 2.0 * torch.randn(theta.shape, generator=torch.Generator().manual_seed(5)))
+    logp_ref = logp_ref.clone()
+    logp_ref[0, :3] = -30.0  # k3's log-ratio clamp (|x| > 20) and result clamp (> 10)
+    kw = dict(agg_mode=agg_mode, kl_type=kl_type, kl_coef=0.3, entropy_coef=0.05, clip_low=0.1, clip_high=0.15,
+              llds_lam=0.5, llds_gate="action", llds_tau=0.05)
+    lam_answer, weights = None, None
+    if variant == "dual_weights_ma":
+        kw["dual_clip"] = 1.5
+        lam_answer = 0.1
+        weights = torch.rand(theta.shape, generator=torch.Generator().manual_seed(7)) * 2
+    elif variant == "response_gate":
+        kw["llds_gate"] = "response"
+    elif variant == "no_llds_1d_adv":
+        kw.update(llds_lam=0.0, entropy_coef=0.0)
+    token_adv = adv[:, None].expand_as(mask) * mask if variant != "no_llds_1d_adv" else adv
+    spec = ObjectiveSpec(**kw)
+    (f_loss, f_m, f_grad), (r_loss, r_m, r_grad) = _fused_vs_composed(
+        spec, theta, logp_old, logp_ref, token_adv, mask, answer, lam_answer, weights)
+    # within 1e-6, relative to the value's size (fp32: the k2 term reaches ~50 here, one ulp is 4e-6)
+    assert abs(float(f_loss) - float(r_loss)) <= 1e-6 * max(1.0, abs(float(r_loss)))
+    torch.testing.assert_close(f_grad, r_grad, rtol=1e-6, atol=1e-6)
+    assert float(r_grad.abs().sum()) > 0
+    assert set(f_m) == set(r_m)
+    for k in r_m:
+        assert f_m[k] == pytest.approx(r_m[k], rel=1e-6, abs=1e-6), k
+    if kw["llds_lam"] > 0:
+        assert r_m["llds/active_token_frac"] > 0  # the LLDS term is really exercised
+
+
+def test_fused_objective_detects_a_wrong_gradient():
+    # guard for the equivalence test above: a fused gradient that drops the LLDS part must not pass
+    theta, logp_old, logp_ref, adv, mask, answer = _batch(seed=3)
+    logp_old = torch.nn.functional.logsigmoid(theta.detach() + 2.0)
+    spec = ObjectiveSpec(llds_lam=0.5)
+    (_, _, f_grad), (_, _, r_grad) = _fused_vs_composed(spec, theta, logp_old, logp_ref, adv, mask, answer, None, None)
+    no_llds = ObjectiveSpec(llds_lam=0.0)
+    (_, _, g0), _ = _fused_vs_composed(no_llds, theta, logp_old, logp_ref, adv, mask, answer, None, None)
+    torch.testing.assert_close(f_grad, r_grad, rtol=0, atol=1e-6)
+    assert (f_grad - g0).abs().max() > 1e-3
+
+
+@pytest.mark.slow
+def test_compiled_objective_equals_eager():
+    """torch.compile of the fused pass (ObjectiveSpec.compile) agrees with the eager pass within 1e-6."""
+    theta, logp_old, logp_ref, adv, mask, answer = _batch(seed=3)
+    logp_old = torch.nn.functional.logsigmoid(theta.detach() + 0.5 * torch.randn(theta.shape, generator=torch.Generator().manual_seed(5)))
+    spec = ObjectiveSpec(kl_coef=0.3, entropy_coef=0.05, llds_lam=0.5, dual_clip=2.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        eager = _fused_vs_composed(spec, theta, logp_old, logp_ref, adv, mask, answer, 0.1, None)[0]
+        compiled = _fused_vs_composed(dataclasses.replace(spec, compile=True), theta, logp_old, logp_ref, adv, mask,
+                                      answer, 0.1, None)[0]
+    assert not [w for w in caught if "running it eagerly" in str(w.message)], "compile fell back to eager"
+    assert abs(float(eager[0]) - float(compiled[0])) <= 1e-6
+    torch.testing.assert_close(eager[2], compiled[2], rtol=0, atol=1e-6)
+    for k in eager[1]:
+        assert compiled[1][k] == pytest.approx(eager[1][k], abs=1e-6), k
+
+
+def test_compile_failure_falls_back_to_eager_with_one_warning(monkeypatch):
+    objective_mod = importlib.import_module("searchr1_lld.algo.objective")
+
+    def broken(*a, **k):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(objective_mod, "_COMPILED", None)
+    monkeypatch.setattr(torch, "compile", broken)
+    theta, logp_old, logp_ref, adv, mask, answer = _batch(seed=3)
+    spec = ObjectiveSpec(kl_coef=0.3, llds_lam=0.5, compile=True)
+    with pytest.warns(UserWarning, match="running it eagerly") as caught:
+        (f_loss, _, f_grad), (r_loss, _, r_grad) = _fused_vs_composed(spec, theta, logp_old, logp_ref, adv, mask,
+                                                                         answer, None, None)
+        _fused_vs_composed(spec, theta, logp_old, logp_ref, adv, mask, answer, None, None)
+    assert len([w for w in caught if "running it eagerly" in str(w.message)]) == 1
+    torch.testing.assert_close(f_grad, r_grad, rtol=0, atol=1e-6)

@@ -8,7 +8,7 @@ from searchr1_lld.algo.aggregation import AGG_MODES, aggregate, masked_mean
 from searchr1_lld.algo.kl import KL_KINDS, kl_penalty
 from searchr1_lld.algo.llds import GATES, adaptive_lam_answer, llds_can_act, llds_gate, llds_loss, per_response_advantage
 from searchr1_lld.algo.objective import ObjectiveSpec, mini_batch_denominators, objective
-from searchr1_lld.algo.logprobs import chunked_logprobs_entropy, naive_logprobs_entropy
+from searchr1_lld.algo.logprobs import chunked_logprobs_entropy, linear_logprobs_entropy, naive_logprobs_entropy
 from searchr1_lld.algo.policy_loss import gspo_loss, ppo_clip_loss
 from searchr1_lld.algo.spans import (
     action_span_list,
@@ -35,6 +35,7 @@ __all__ = [
     "grpo_outcome_advantages",
     "gspo_loss",
     "kl_penalty",
+    "linear_logprobs_entropy",
     "llds_can_act",
     "llds_gate",
     "llds_loss",

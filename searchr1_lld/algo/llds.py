@@ -15,7 +15,8 @@ For response i and token t (all tensors ``[B, T]``):
 
 The gradient flows only through ``logp_new`` (``logp_old``, the advantages and the gate are constants). It is a no-op
 while logp_new == logp_old (the first mini-batch after a rollout): the trainer must report ``llds/active_token_frac``.
-Fully vectorised: no Python loop over responses or spans (the action gate uses one scatter-add per batch).
+Fully vectorised: no Python loop over responses or spans (the gate is decided once per mask run: one segment-reduce
+for the action gate's span sums, one gather back to the tokens).
 """
 
 from __future__ import annotations
@@ -74,28 +75,41 @@ class _WeightedDisplacementMean(torch.autograd.Function):
         return weight * (-grad_out / den), None, None, None
 
 
-def _span_starts(m: torch.Tensor) -> torch.Tensor:
-    """[B, T] bool: True on the first token of every action span (maximal run of m)."""
-    starts = m.clone()
-    starts[:, 1:] &= ~m[:, :-1]
-    return starts
+@torch.no_grad()
+def _segments(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Maximal runs of equal mask value, row by row, of the bool mask m ``[B, T]``: per run (``[S]``) the length,
+    is-an-action-span (the run is of m == 1) and row; and per token (``[B * T]``) the index of its run. Every token
+    lies in exactly one run."""
+    b, t = m.shape
+    change = torch.empty_like(m)
+    change[:, :1] = True
+    torch.ne(m[:, 1:], m[:, :-1], out=change[:, 1:])
+    flat_change = change.reshape(-1)
+    start = flat_change.nonzero().squeeze(1)
+    length = torch.diff(start, append=start.new_full((1,), b * t))
+    run_of_token = torch.cumsum(flat_change, 0) - 1
+    return length, m.reshape(-1)[start], torch.div(start, max(t, 1), rounding_mode="floor"), run_of_token
 
 
 @torch.no_grad()
-def _gate(d_masked: torch.Tensor, m: torch.Tensor, starts: torch.Tensor, in_p: torch.Tensor, gate: str, tau: float) -> torch.Tensor:
-    """Gate ``[B, T]`` bool from the masked displacement d*m, the bool mask m, span starts and P membership ``[B]``."""
-    if gate == "none":
-        return m & in_p[:, None]
+def _gate(d_masked: torch.Tensor, m: torch.Tensor, in_p: torch.Tensor, gate: str, tau: float):
+    """Gate from the masked displacement d*m, the bool mask m and P membership ``[B]``: (g ``[B, T]`` bool, and per
+    run of :func:`_segments`: gate on ``[S]``, is-a-span ``[S]``, row ``[S]``).
+
+    The gate is constant over an action span for every gate kind, so it is decided once per run and read back per
+    token through the token's run index (one gather); the action gate's span sums are one ``segment_reduce``.
+    (``repeat_interleave`` would do the spreading too, but it starts the thread pool even for tiny inputs: 1.6 ms per
+    call with 2 threads on a busy machine.)
+    """
+    length, is_span, row, run_of_token = _segments(m)
+    on = is_span & in_p[row]
     if gate == "response":
-        return m & (in_p & (d_masked.sum(dim=1) > tau))[:, None]
-    if gate == "action":
-        # per-span sums with one scatter-add. span_ids = 1-based span number (0 before the first span); a row has at
-        # most T spans, so T + 1 slots suffice. Tokens outside m add 0 (d_masked is 0 there).
-        span_ids = torch.cumsum(starts, dim=1)
-        b, t = d_masked.shape
-        span_sum = torch.zeros(b, t + 1, dtype=d_masked.dtype, device=d_masked.device).scatter_add_(1, span_ids, d_masked)
-        return (span_sum.gather(1, span_ids) > tau) & m & in_p[:, None]
-    raise ValueError(f"unknown LLDS gate {gate!r}; expected one of {list(GATES)}")
+        on &= (d_masked.sum(dim=1) > tau)[row]
+    elif gate == "action":
+        on &= torch.segment_reduce(d_masked.reshape(-1), "sum", lengths=length) > tau
+    elif gate != "none":
+        raise ValueError(f"unknown LLDS gate {gate!r}; expected one of {list(GATES)}")
+    return on[run_of_token].view(m.shape), on, is_span, row
 
 
 @torch.no_grad()
@@ -110,7 +124,29 @@ def llds_gate(
         raise ValueError(f"unknown LLDS gate {gate!r}; expected one of {list(GATES)}")
     m = response_mask != 0
     d_masked = torch.where(m, displacement.detach(), 0.0)
-    return _gate(d_masked, m, _span_starts(m), response_advantage >= 0, gate, tau)
+    if m.numel() == 0:
+        return m.clone()
+    return _gate(d_masked, m, response_advantage >= 0, gate, tau)[0]
+
+
+def check_llds_args(logp_new: torch.Tensor, logp_old: torch.Tensor, response_mask: torch.Tensor, gate: str, lam: float,
+                    answer_mask: torch.Tensor | None, lam_answer: float | None) -> None:
+    """The argument checks of :func:`llds_loss` (also run by the fused objective)."""
+    if not (logp_new.shape == logp_old.shape == response_mask.shape) or logp_new.dim() != 2:
+        raise ValueError(
+            f"logp_new, logp_old, response_mask must all be [B, T]; got {tuple(logp_new.shape)}, "
+            f"{tuple(logp_old.shape)}, {tuple(response_mask.shape)}"
+        )
+    if gate not in GATES:
+        raise ValueError(f"unknown LLDS gate {gate!r}; expected one of {list(GATES)}")
+    if lam < 0:
+        raise ValueError(f"LLDS lam must be >= 0, got {lam}")
+    if lam_answer is not None and lam_answer < 0:
+        raise ValueError(f"LLDS lam_answer must be >= 0, got {lam_answer}")
+    if lam_answer is not None and answer_mask is None:
+        raise ValueError("lam_answer given without answer_mask (LLDS-MA needs the answer span)")
+    if answer_mask is not None and answer_mask.shape != response_mask.shape:
+        raise ValueError(f"answer_mask must be [B, T] like response_mask; got {tuple(answer_mask.shape)}")
 
 
 def llds_loss(
@@ -154,59 +190,67 @@ def llds_loss(
     (identical value and gradient to sum(m g c relu(d)) / sum(m)) through a tiny autograd Function whose backward is
     one multiply. P for ``[B, T]`` advantages: every response token's advantage >= 0 (= A_i >= 0 when broadcast).
     """
-    if not (logp_new.shape == logp_old.shape == response_mask.shape) or logp_new.dim() != 2:
-        raise ValueError(
-            f"logp_new, logp_old, response_mask must all be [B, T]; got {tuple(logp_new.shape)}, "
-            f"{tuple(logp_old.shape)}, {tuple(response_mask.shape)}"
-        )
-    if gate not in GATES:
-        raise ValueError(f"unknown LLDS gate {gate!r}; expected one of {list(GATES)}")
-    if lam < 0:
-        raise ValueError(f"LLDS lam must be >= 0, got {lam}")
-    if lam_answer is not None and lam_answer < 0:
-        raise ValueError(f"LLDS lam_answer must be >= 0, got {lam_answer}")
-    if lam_answer is not None and answer_mask is None:
-        raise ValueError("lam_answer given without answer_mask (LLDS-MA needs the answer span)")
-    if answer_mask is not None and answer_mask.shape != response_mask.shape:
-        raise ValueError(f"answer_mask must be [B, T] like response_mask; got {tuple(answer_mask.shape)}")
-
-    with torch.no_grad():
-        m = response_mask.detach()
-        m = m if m.dtype == torch.bool else m != 0
-        dd = logp_old.detach() - logp_new.detach()  # d, [B, T]
-        d_masked = torch.where(m, dd, 0.0)
-        in_p = _preserving_rows(advantages, m)  # [B]
-        starts = _span_starts(m)
-        g = _gate(d_masked, m, starts, in_p, gate, tau)
-        active = g & (dd > 0)
-        weight = active.to(dd.dtype) * float(lam)  # m g c 1[d > 0] with c = lam
-        if answer_mask is not None and lam_answer is not None:  # LLDS-MA: c = min(lam_answer, lam) on the answer span
-            weight.masked_fill_(active & (answer_mask.detach() != 0), min(float(lam_answer), float(lam)))
-        tokens_per_row = torch.count_nonzero(m, dim=1)  # (bool .sum() casts to int64 first: slow)
-        n_tok = tokens_per_row.sum()
-        den = n_tok.to(dd.dtype) if denominator is None else torch.tensor(float(denominator), dtype=dd.dtype, device=dd.device)
-        safe_den = torch.where(den > 0, den, torch.ones_like(den))
+    check_llds_args(logp_new, logp_old, response_mask, gate, lam, answer_mask, lam_answer)
+    m = response_mask.detach()
+    m = m if m.dtype == torch.bool else m != 0
+    dd = logp_old.detach() - logp_new.detach()  # d, [B, T]
+    weight, den, stats = llds_weight_and_stats(dd, m, advantages, gate=gate, lam=lam, tau=tau, answer_mask=answer_mask,
+                                               lam_answer=lam_answer, denominator=denominator)
     # = sum(m g c relu(d)) / den; 0 when the mask is empty (weight is 0 there), graph intact
-    loss = _WeightedDisplacementMean.apply(logp_new, dd, weight, safe_den)
+    loss = _WeightedDisplacementMean.apply(logp_new, dd, weight, den)
+    values = torch.cat([stats, loss.detach().reshape(1)]).tolist()
+    return loss, {f"llds/{k}": float(v) for k, v in zip(STAT_NAMES, values)}
 
-    with torch.no_grad():
-        p_rows = in_p & (tokens_per_row > 0)
-        p_tokens = (tokens_per_row * p_rows).sum()
-        stats = torch.stack(
-            [
-                torch.count_nonzero(weight) / n_tok.clamp(min=1),
-                torch.count_nonzero(g.any(dim=1)),
-                torch.count_nonzero(p_rows),
-                torch.count_nonzero(starts & g),
-                torch.count_nonzero(starts),
-                (d_masked.clamp(min=0).sum(dim=1) * p_rows).sum() / p_tokens.clamp(min=1),
-                d_masked.sum() / n_tok.clamp(min=1),
-                loss.detach(),
-            ]
-        ).tolist()
-    names = ("active_token_frac", "gated_responses", "preserved_responses", "gated_actions", "total_actions",
-             "mean_penalty", "mean_displacement", "loss")
-    return loss, {f"llds/{k}": float(v) for k, v in zip(names, stats)}
+
+STAT_NAMES = ("active_token_frac", "gated_responses", "preserved_responses", "gated_actions", "total_actions",
+              "mean_penalty", "mean_displacement", "loss")
+
+
+@torch.no_grad()
+def llds_weight_and_stats(
+    dd: torch.Tensor,
+    m: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    gate: str,
+    lam: float,
+    tau: float,
+    answer_mask: torch.Tensor | None,
+    lam_answer: float | None,
+    denominator: float | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The constant part of L_LLDS: (w ``[B, T]`` = m g c 1[d > 0], the normaliser (0-dim, > 0), stats ``[7]``).
+
+    ``dd`` is d = logp_old - logp_new (detached), ``m`` the bool response mask. L_LLDS = sum(w d) / normaliser; its
+    gradient w.r.t. logp_new is -w / normaliser. ``stats`` are the first seven of :data:`STAT_NAMES` (the loss value
+    is the caller's), as one tensor so that callers convert all metrics with one ``.tolist()``. Shared by
+    :func:`llds_loss` and the fused objective (algo/objective.py).
+    """
+    d_masked = torch.where(m, dd, 0.0)
+    in_p = _preserving_rows(advantages, m)  # [B]
+    g, seg_on, seg_is_span, seg_row = _gate(d_masked, m, in_p, gate, tau)
+    active = g & (d_masked > 0)  # (g is False outside m)
+    weight = active.to(dd.dtype).mul_(float(lam))  # m g c 1[d > 0] with c = lam
+    if answer_mask is not None and lam_answer is not None:  # LLDS-MA: c = min(lam_answer, lam) on the answer span
+        weight.masked_fill_(active & (answer_mask.detach() != 0), min(float(lam_answer), float(lam)))
+    tokens_per_row = torch.count_nonzero(m, dim=1)  # (bool .sum() casts to int64 first: slow)
+    n_tok = tokens_per_row.sum()
+    den = n_tok.to(dd.dtype) if denominator is None else torch.tensor(float(denominator), dtype=dd.dtype, device=dd.device)
+    safe_den = torch.where(den > 0, den, torch.ones_like(den))
+    p_rows = in_p & (tokens_per_row > 0)
+    p_tokens = (tokens_per_row * p_rows).sum()
+    stats = torch.stack(
+        [
+            torch.count_nonzero(weight) / n_tok.clamp(min=1),
+            torch.count_nonzero(torch.zeros_like(tokens_per_row).scatter_add_(0, seg_row, seg_on.long())),  # rows gated
+            torch.count_nonzero(p_rows),
+            torch.count_nonzero(seg_on),
+            torch.count_nonzero(seg_is_span),
+            (d_masked.clamp(min=0).sum(dim=1) * p_rows).sum() / p_tokens.clamp(min=1),
+            d_masked.sum() / n_tok.clamp(min=1),
+        ]
+    ).to(dd.dtype)
+    return weight, safe_den, stats
 
 
 def adaptive_lam_answer(lam_answer: float, mean_valid_searches: float, rule: str = "code") -> float:

@@ -17,6 +17,21 @@ so peak extra memory is one chunk of fp32 work (a few ``chunk_size x V`` buffers
 (same size and dtype as the logits, unavoidable when logits are an input). ``naive_logprobs_entropy`` is the plain
 reference (full ``[B, T, V]`` fp32 log-softmax). benchmarks/bench_logprob_memory.py measures both (and a
 ``torch.utils.checkpoint`` per-chunk variant, which is worse: slicing's backward allocates full-size gradients).
+
+``linear_logprobs_entropy`` goes one step earlier and never builds the logits at all (as Cut Cross-Entropy and
+verl's fused kernels): from the final hidden states h ``[B, T, H]`` and the LM head (W ``[V, H]``, optional bias b
+``[V]``), z = h W^T + b is computed in tiles of ``chunk_size`` rows x ``vocab_chunk_size`` vocabulary columns. The
+forward keeps, per row, an online logsumexp (running max m, s = sum_v e^{x-m}) and u = sum_v e^{x-m} (x - m), so that
+
+    lse = m + log s,   logp = x[y] - lse,   entropy = log s - u / s
+
+and the backward recomputes each tile, where with G = dL/dz of the tile (the formula above, fp32):
+
+    dL/dh = sum over tiles of G W_tile,   dL/dW_tile += G^T h,   dL/db_tile += G (rows summed)
+
+so the only tensors with a vocabulary dimension are two fp32 tiles and dL/dW ``[V, H]`` (the parameter's own
+gradient, accumulated in fp32). Tied embeddings need nothing special: W is the embedding matrix and its gradient adds
+to the embedding's.
 """
 
 from __future__ import annotations
@@ -125,4 +140,148 @@ def chunked_logprobs_entropy(
     logits2d = logits.reshape(b * t, v)
     labels1d = labels.reshape(b * t).long()
     logp, entropy = _ChunkedLogprobEntropy.apply(logits2d, labels1d, float(temperature), int(chunk_size), bool(compute_entropy))
+    return logp.view(b, t), (entropy.view(b, t) if entropy is not None else None)
+
+
+class _LinearLogprobEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden2d, weight, bias, labels1d, temperature: float, chunk_size: int, vocab_chunk: int,
+                compute_entropy: bool):
+        n, v = hidden2d.shape[0], weight.shape[0]
+        dev = hidden2d.device
+        lse = torch.empty(n, dtype=torch.float32, device=dev)
+        logp = torch.empty(n, dtype=torch.float32, device=dev)
+        entropy = torch.empty(n, dtype=torch.float32, device=dev) if compute_entropy else None
+        for s in range(0, n, chunk_size):
+            e = min(s + chunk_size, n)
+            labels = labels1d[s:e]
+            label_logit = torch.zeros(e - s, dtype=torch.float32, device=dev)
+            run_max = s_sum = u_sum = None  # online: max m, s = sum e^{x-m}, u = sum e^{x-m} (x-m)
+            for v0 in range(0, v, vocab_chunk):
+                v1 = min(v0 + vocab_chunk, v)
+                x = _chunk_logits(hidden2d[s:e], weight[v0:v1], None if bias is None else bias[v0:v1], temperature)
+                _add_label_logit(label_logit, x, labels, v0, v1)
+                new_max = x.amax(dim=-1) if run_max is None else torch.maximum(run_max, x.amax(dim=-1))
+                y = x.sub_(new_max[:, None])  # x - m', in place
+                ey = torch.exp(y)
+                blk_s, blk_u = ey.sum(-1), ey.mul_(y).sum(-1) if compute_entropy else None
+                if run_max is None:
+                    s_sum, u_sum = blk_s, blk_u
+                else:
+                    scale = torch.exp(run_max - new_max)
+                    if compute_entropy:
+                        u_sum = scale * (u_sum + (run_max - new_max) * s_sum) + blk_u
+                    s_sum = scale * s_sum + blk_s
+                run_max = new_max
+                del x, y, ey
+            lse[s:e] = run_max + torch.log(s_sum)
+            logp[s:e] = label_logit - lse[s:e]
+            if compute_entropy:
+                entropy[s:e] = torch.log(s_sum) - u_sum / s_sum  # H = log s - u / s
+        ctx.save_for_backward(hidden2d, weight, bias, labels1d, lse, entropy if compute_entropy else lse)
+        ctx.temperature, ctx.chunk_size, ctx.vocab_chunk, ctx.compute_entropy = temperature, chunk_size, vocab_chunk, compute_entropy
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        hidden2d, weight, bias, labels1d, lse, entropy = ctx.saved_tensors
+        tau, chunk_size, vocab_chunk = ctx.temperature, ctx.chunk_size, ctx.vocab_chunk
+        use_entropy = ctx.compute_entropy and grad_entropy is not None
+        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[2]
+        grad_h = torch.empty_like(hidden2d) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
+        n, v = hidden2d.shape[0], weight.shape[0]
+        for s in range(0, n, chunk_size):
+            e = min(s + chunk_size, n)
+            h_chunk = hidden2d[s:e].to(weight.dtype)
+            gh = torch.zeros(e - s, hidden2d.shape[1], dtype=torch.float32, device=hidden2d.device) if need_h else None
+            for v0 in range(0, v, vocab_chunk):
+                v1 = min(v0 + vocab_chunk, v)
+                w_blk = weight[v0:v1]
+                logp_all = _chunk_logits(h_chunk, w_blk, None if bias is None else bias[v0:v1], tau).sub_(lse[s:e, None])
+                g = torch.exp(logp_all)  # p
+                # G = (g_logp * (onehot - p) + g_ent * (-p * (log p + H))) / tau
+                if use_entropy:
+                    logp_all.add_(entropy[s:e, None]).mul_(-grad_entropy[s:e, None])
+                    if grad_logp is not None:
+                        logp_all.sub_(grad_logp[s:e, None])
+                    g.mul_(logp_all)
+                elif grad_logp is not None:
+                    g.mul_(-grad_logp[s:e, None])
+                else:
+                    g.zero_()
+                del logp_all
+                if grad_logp is not None:
+                    _add_label_logit(None, g, labels1d[s:e], v0, v1, add=grad_logp[s:e])
+                if tau != 1.0:
+                    g.div_(tau)
+                with torch.autocast(device_type=g.device.type, enabled=False):
+                    if need_h:
+                        gh.add_((g.to(weight.dtype) @ w_blk).float())
+                    if need_w:
+                        grad_w[v0:v1].addmm_(g.t(), h_chunk.float())
+                if need_b:
+                    grad_b[v0:v1].add_(g.sum(0))
+                del g
+            if need_h:
+                grad_h[s:e] = gh.to(grad_h.dtype)
+        return (grad_h, grad_w.to(weight.dtype) if need_w else None, grad_b.to(bias.dtype) if need_b else None,
+                None, None, None, None, None)
+
+
+def _chunk_logits(hidden_chunk: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
+    """float32(h W^T + b) / temperature for one tile, in a new buffer. The product runs in the weight's dtype with
+    autocast off, so that the backward's recomputation is bit-identical to the forward's."""
+    with torch.autocast(device_type=hidden_chunk.device.type, enabled=False):
+        z = torch.nn.functional.linear(hidden_chunk.to(weight.dtype), weight, bias)
+    x = z if z.dtype == torch.float32 else z.float()
+    return x.div_(temperature) if temperature != 1.0 else x
+
+
+def _add_label_logit(out: torch.Tensor | None, block: torch.Tensor, labels: torch.Tensor, v0: int, v1: int,
+                     add: torch.Tensor | None = None) -> None:
+    """For the rows whose label lies in vocabulary columns [v0, v1) of ``block`` ``[c, v1 - v0]``: out += the
+    label's entry (``add`` None), or block[label] += add."""
+    idx = labels - v0
+    inside = (idx >= 0) & (idx < v1 - v0)
+    idx = torch.where(inside, idx, 0)[:, None]
+    if add is None:
+        out.add_(torch.where(inside, block.gather(-1, idx).squeeze(-1), 0.0))
+    else:
+        block.scatter_add_(-1, idx, torch.where(inside, add, 0.0)[:, None].to(block.dtype))
+
+
+def linear_logprobs_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    chunk_size: int = 256,
+    vocab_chunk_size: int = 8192,
+    temperature: float = 1.0,
+    compute_entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token log-prob ``[B, T]`` and entropy ``[B, T]`` (fp32; entropy None unless asked) of the logits
+    z = hidden W^T + bias (hidden ``[B, T, H]``, weight ``[V, H]``, bias ``[V]``), divided by ``temperature``,
+    without ever materialising ``[B, T, V]`` (module docstring). Gradients flow to hidden, weight and bias; equal
+    to ``naive_logprobs_entropy(F.linear(hidden, weight, bias), labels)`` up to float rounding."""
+    if hidden.dim() != 3 or labels.shape != hidden.shape[:2]:
+        raise ValueError(f"expected hidden [B, T, H] and labels [B, T]; got {tuple(hidden.shape)} and {tuple(labels.shape)}")
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[2]:
+        raise ValueError(f"weight must be [V, H={hidden.shape[2]}]; got {tuple(weight.shape)}")
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"bias must be [V={weight.shape[0]}]; got {tuple(bias.shape)}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_size < 1 or vocab_chunk_size < 1:
+        raise ValueError(f"chunk_size and vocab_chunk_size must be >= 1, got {chunk_size}, {vocab_chunk_size}")
+    v = weight.shape[0]
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= v):
+        raise ValueError(f"labels must lie in [0, V={v}); got range [{int(labels.min())}, {int(labels.max())}]")
+    b, t, h = hidden.shape
+    logp, entropy = _LinearLogprobEntropy.apply(hidden.reshape(b * t, h), weight, bias, labels.reshape(b * t).long(),
+                                                float(temperature), int(chunk_size), int(vocab_chunk_size),
+                                                bool(compute_entropy))
     return logp.view(b, t), (entropy.view(b, t) if entropy is not None else None)
