@@ -185,7 +185,11 @@ learner = tr.accelerator.unwrap_model(tr.model)
 engine = attach_recording_engine(tr, events)
 tr.train_step()
 same = all(bool((p.detach() == q.detach()).all()) for p, q in zip(learner.parameters(), engine.parameters()))
-print("RESULT_JSON " + json.dumps({"rank": tr.rank, "world": tr.world_size, "order": _collapse(events), "engine_synced": same}))
+# one file per rank: two ranks printing to one pipe can interleave their lines
+import os
+os.makedirs(out, exist_ok=True)
+with open(f"{out}/result-{tr.rank}.json", "w") as f:
+    json.dump({"rank": tr.rank, "world": tr.world_size, "order": _collapse(events), "engine_synced": same}, f)
 """
 
 
@@ -206,8 +210,8 @@ def test_every_rank_drives_the_engine_in_order(tmp_path, tiny_world):
                           str(free_port()), str(script), str(tiny_world), str(tmp_path / "runs")], cwd=REPO_ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-4000:])
-    results = sorted((json.loads(line.split(" ", 1)[1]) for line in out.stdout.splitlines()
-                      if line.startswith("RESULT_JSON ")), key=lambda r: r["rank"])
+    results = sorted((json.loads(p.read_text()) for p in (tmp_path / "runs").glob("result-*.json")),
+                     key=lambda r: r["rank"])
     assert [r["rank"] for r in results] == [0, 1] and {r["world"] for r in results} == {2}
     for r in results:
         assert r["order"] == ["generate", "sleep", "update", "load_weights", "wake_up"], r
@@ -222,16 +226,16 @@ def shared_retriever(tiny_world):
 
 
 def test_trainer_applies_rollout_correction(tmp_path, tiny_world, shared_retriever, monkeypatch):
-    from searchr1_lld.algo import policy_loss
+    from searchr1_lld import step
 
     seen = []
-    real = policy_loss.ppo_clip_loss
+    real = step.objective
 
-    def spy(*args, token_weights=None, **kw):
+    def spy(*args, token_weights=None, **kw):  # what the step hands the objective
         seen.append(token_weights)
         return real(*args, token_weights=token_weights, **kw)
 
-    monkeypatch.setitem(policy_loss.POLICY_LOSSES, "ppo_clip", spy)
+    monkeypatch.setattr(step, "objective", spy)
     cfg = load_config(None, SMALL + [f"trainer.output_dir={tmp_path}", "trainer.run_name=run", "trainer.probe_every=0",
                                      "algorithm.rollout_correction.mode=token", "algorithm.rollout_correction.cap=1.5"])
     tr = Trainer(cfg, world_dir=tiny_world, retriever=shared_retriever)
