@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import torch
 
+from data.world import contains_phrase
 from searchr1_lld.config import WorldConfig
 from searchr1_lld.prompts import (
     INVALID_ACTION_MESSAGE,
@@ -320,12 +321,12 @@ def _drill_segments(row: dict, kind: str, hits_of: dict[str, list[dict]], eos: s
         return [question, Segment(f"{_THINK_FIRST[0]}<search> {meta['subject']} </search>", generated=True)]
     if kind == "bridge_query":
         hits = hits_of[meta["subject"]]
-        if not any(_contains(h["contents"], meta["bridge"]) for h in hits):
+        if not any(contains_phrase(h["contents"], meta["bridge"]) for h in hits):
             return None
         return [question, Segment(format_observation(hits), generated=False, hits=hits),
                 Segment(f"{_THINK_BRIDGE}<search> {meta['bridge']} </search>", generated=True)]
     hits = hits_of[meta["bridge"] if meta["hops"] == 2 else meta["subject"]]
-    gold = next((g for g in row["golden_answers"] if any(_contains(h["contents"], g) for h in hits)), None)
+    gold = next((g for g in row["golden_answers"] if any(contains_phrase(h["contents"], g) for h in hits)), None)
     if gold is None:
         return None
     return [question, Segment(format_observation(hits), generated=False, hits=hits),
@@ -595,18 +596,11 @@ def first_query_names_subject(traj) -> bool:
     return set(normalize_answer(traj.row["metadata"]["subject"]).split()) <= words
 
 
-def _contains(text: str, phrase: str) -> bool:
-    from searchr1_lld.rewards import normalize_answer
-
-    phrase = normalize_answer(phrase)
-    return bool(phrase) and f" {phrase} " in f" {normalize_answer(text)} "
-
-
 def gold_passages_retrieved(traj, contents_of: dict[str, str]) -> list[str]:
     """Contents of the retrieved passages (any turn) that contain one of the row's gold answers."""
     ids = {d for turn in traj.retrieved_ids for d in turn}
     return [contents_of[d] for d in sorted(ids)
-            if any(_contains(contents_of[d], g) for g in traj.row["golden_answers"])]
+            if any(contains_phrase(contents_of[d], g) for g in traj.row["golden_answers"])]
 
 
 def summarize_trajectories(trajs: list, contents_of: dict[str, str] | None = None) -> dict[str, float]:
@@ -631,7 +625,7 @@ def summarize_trajectories(trajs: list, contents_of: dict[str, str] | None = Non
         with_gold = [(t, gold_passages_retrieved(t, contents_of)) for t in trajs]
         with_gold = [(t, docs) for t, docs in with_gold if docs]
         copied = sum(1 for t, docs in with_gold if t.reward > 0.5 and t.prediction
-                     and any(_contains(d, t.prediction) for d in docs))
+                     and any(contains_phrase(d, t.prediction) for d in docs))
         out["gold_retrieved_rate"] = len(with_gold) / n
         out["answer_copied_rate"] = copied / len(with_gold) if with_gold else float("nan")
     return out

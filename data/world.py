@@ -263,9 +263,14 @@ def _candidates(world_parts: dict[str, Any], split: str) -> tuple[list[dict], li
     return single, multi
 
 
+def contains_phrase(text: str, phrase: str) -> bool:
+    """``phrase`` occurs in ``text`` as whole words after answer normalisation (an empty phrase never does)."""
+    phrase = normalize_answer(phrase)
+    return bool(phrase) and f" {phrase} " in f" {normalize_answer(text)} "
+
+
 def _answer_in(golds: list[str], contents: str) -> bool:
-    text = f" {normalize_answer(contents)} "
-    return any(f" {normalize_answer(g)} " in text for g in golds)
+    return any(contains_phrase(contents, g) for g in golds)
 
 
 def _sample_questions(rng: random.Random, single: list[dict], multi: list[dict], n: int, multi_frac: float,

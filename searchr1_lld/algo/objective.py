@@ -75,6 +75,14 @@ def mini_batch_denominators(response_mask: torch.Tensor) -> tuple[float, float]:
     return float(per_row.sum()), float((per_row > 0).sum())
 
 
+def _check_aggregation(spec: ObjectiveSpec, mini_tokens: float, mini_responses: float) -> None:
+    """The aggregation mode is known and the mini-batch denominators are positive (both objective paths)."""
+    if spec.agg_mode not in aggregation.AGG_MODES:
+        raise ValueError(f"unknown loss aggregation mode {spec.agg_mode!r}; expected one of {list(aggregation.AGG_MODES)}")
+    if mini_tokens <= 0 or mini_responses <= 0:
+        raise ValueError(f"mini-batch denominators must be > 0; got mini_tokens={mini_tokens}, mini_responses={mini_responses}")
+
+
 def composed_objective(
     spec: ObjectiveSpec,
     logp_new: torch.Tensor,
@@ -106,10 +114,7 @@ def composed_objective(
         (loss, metrics): metrics are micro-batch means over its response tokens -- pg_loss, pg_clip_frac, approx_kl
         (from the policy loss), kl_ref, entropy (when computed), and the ``llds/*`` metrics when LLDS is on.
     """
-    if spec.agg_mode not in aggregation.AGG_MODES:
-        raise ValueError(f"unknown loss aggregation mode {spec.agg_mode!r}; expected one of {list(aggregation.AGG_MODES)}")
-    if mini_tokens <= 0 or mini_responses <= 0:
-        raise ValueError(f"mini-batch denominators must be > 0; got mini_tokens={mini_tokens}, mini_responses={mini_responses}")
+    _check_aggregation(spec, mini_tokens, mini_responses)
     n_tok, n_resp = mini_batch_denominators(response_mask)
     denom = mini_tokens if spec.agg_mode == "token-mean" else mini_responses
     local = n_tok if spec.agg_mode == "token-mean" else n_resp
@@ -176,10 +181,7 @@ def objective(
         return composed_objective(spec, logp_new, logp_old, advantages, response_mask, mini_tokens=mini_tokens,
                                   mini_responses=mini_responses, logp_ref=logp_ref, entropy=entropy,
                                   answer_mask=answer_mask, lam_answer=lam_answer, token_weights=token_weights)
-    if spec.agg_mode not in aggregation.AGG_MODES:
-        raise ValueError(f"unknown loss aggregation mode {spec.agg_mode!r}; expected one of {list(aggregation.AGG_MODES)}")
-    if mini_tokens <= 0 or mini_responses <= 0:
-        raise ValueError(f"mini-batch denominators must be > 0; got mini_tokens={mini_tokens}, mini_responses={mini_responses}")
+    _check_aggregation(spec, mini_tokens, mini_responses)
     policy_loss._check(logp_new, logp_old, response_mask, spec.clip_low, spec.clip_high, spec.dual_clip)
     policy_loss._token_advantages(advantages, response_mask)  # shape check
     if token_weights is not None and token_weights.shape != response_mask.shape:
