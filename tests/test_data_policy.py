@@ -223,7 +223,13 @@ def test_copy_drills_only_ask_for_what_the_context_holds(tiny_world: Path, tiny_
     rows = read_jsonl(tiny_world / "qa" / "train.jsonl")
     cfg = dataclasses.replace(tiny_world_config, warmstart_drills=90)
     cfg = dataclasses.replace(cfg, warmstart_drill_prompt_share=1 / 3)
-    short, full = TP.build_copy_drills(rows, InProcessRetriever(tiny_world / "index").search, tiny_tokenizer, cfg,
+    real_search = InProcessRetriever(tiny_world / "index").search
+
+    def search(queries, k):  # every other query retrieves the next query's passages: its target is not in them
+        hits = real_search(queries, k)
+        return [hits[(i + 1) % len(hits)] if i % 2 else h for i, h in enumerate(hits)]
+
+    short, full = TP.build_copy_drills(rows, search, tiny_tokenizer, cfg,
                                        passages=read_jsonl(tiny_world / "corpus.jsonl"))
     assert (len(short), len(full)) == (60, 30)
     for ids, _ in short:  # the curriculum's first stage: no instruction in front of the question
