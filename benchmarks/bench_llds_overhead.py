@@ -1,6 +1,10 @@
 """Cost of adding LLDS (action gate) to the learner's loss: forward + backward of what the trainer calls per
 micro-batch, ``algo.objective.objective`` (PPO-clip + low_var_kl [+ LLDS], metrics included), on B=64 responses x
-T=1024 tokens, median over repeats, interleaved. Same code path with and without LLDS (``llds_lam`` 0.2 vs 0).
+T=1024 tokens with ``[B]`` advantages (as step.micro_step passes them; ``--token-advantages`` for ``[B, T]``).
+Same code path with and without LLDS (``llds_lam`` 0.2 vs 0). Each repeat runs both, in alternating order; the ratio
+is the median of the per-repeat ratios (a pair shares the machine's state, which drifts by tens of percent here).
+On CPU float32 the LLDS term runs the C kernel ``searchr1_lld/kernels/llds_cpu.c`` (``SEARCHR1_KERNELS=0``: the torch
+formulation).
 
 Runs the eager fused objective (``--mode eager``, the default the trainer uses), the ``torch.compile``d one
 (``--mode compiled``) and the composed reference (``--mode composed``: policy_loss, kl, llds one after the other);
@@ -25,7 +29,7 @@ import torch
 from searchr1_lld.algo.objective import ObjectiveSpec, composed_objective, mini_batch_denominators, objective
 
 
-def make_batch(b: int, t: int, seed: int = 0) -> dict[str, torch.Tensor]:
+def make_batch(b: int, t: int, seed: int = 0, token_advantages: bool = False) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     # 3 action spans of generated tokens separated by observations, then padding
     mask = torch.zeros(b, t)
@@ -36,11 +40,12 @@ def make_batch(b: int, t: int, seed: int = 0) -> dict[str, torch.Tensor]:
             s = int(lengths[i]) * k // 3
             mask[i, s : s + 40] = 0  # an <information> block
     logp_old = -torch.rand(b, t, generator=g) * 3
+    adv = torch.randn(b, generator=g)
     return {
         "logp_old": logp_old,
         "logp_new_data": logp_old + 0.05 * torch.randn(b, t, generator=g),
         "ref_logp": logp_old + 0.05 * torch.randn(b, t, generator=g),
-        "adv": torch.randn(b, generator=g)[:, None].expand(b, t).contiguous() * mask,
+        "adv": (adv[:, None] * mask).contiguous() if token_advantages else adv,
         "mask": mask,
         **dict(zip(("n_tok", "n_resp"), mini_batch_denominators(mask))),
     }
@@ -59,7 +64,9 @@ def step(batch: dict[str, torch.Tensor], with_llds: bool, mode: str) -> None:
     loss.backward()
 
 
-def measure(batch: dict[str, torch.Tensor], mode: str, repeats: int, clock) -> tuple[float, float]:
+def measure(batch: dict[str, torch.Tensor], mode: str, repeats: int, clock) -> tuple[float, float, float]:
+    """(median time without LLDS, median time with LLDS, median of the paired ratios with / without): each repeat
+    runs both, in alternating order, so a pair shares the machine's state; the paired median is the headline."""
     for _ in range(5):  # warm-up (and compilation for --mode compiled)
         step(batch, False, mode)
         step(batch, True, mode)
@@ -69,35 +76,37 @@ def measure(batch: dict[str, torch.Tensor], mode: str, repeats: int, clock) -> t
             t0 = clock()
             step(batch, with_llds, mode)
             times[with_llds].append(clock() - t0)
-    return statistics.median(times[False]), statistics.median(times[True])
+    ratios = [w / b for w, b in zip(times[True], times[False]) if b > 0]
+    return statistics.median(times[False]), statistics.median(times[True]), statistics.median(ratios)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=1024)
-    ap.add_argument("--repeats", type=int, default=60)
+    ap.add_argument("--repeats", type=int, default=300)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--token-advantages", action="store_true", help="[B, T] token-broadcast advantages instead of [B]")
     ap.add_argument("--mode", default="eager", choices=["eager", "compiled", "composed", "all"])
     ap.add_argument("--clock", default="cpu", choices=["cpu", "wall"],
                     help="cpu: the process's CPU time (time.process_time; robust on a shared machine), wall: perf_counter")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    batch = make_batch(args.batch, args.tokens)
+    batch = make_batch(args.batch, args.tokens, token_advantages=args.token_advantages)
     modes = ["eager", "compiled", "composed"] if args.mode == "all" else [args.mode]
-    print(f"B={args.batch} T={args.tokens} threads={args.threads} repeats={args.repeats} clock={args.clock}")
+    print(f"B={args.batch} T={args.tokens} threads={args.threads} repeats={args.repeats} clock={args.clock} "
+          f"advantages={'[B, T]' if args.token_advantages else '[B]'}")
     results = {}
     for mode in modes:
         clock = time.process_time if args.clock == "cpu" else time.perf_counter
-        base, full = results[mode] = measure(batch, mode, args.repeats, clock)
+        base, full, _ = results[mode] = measure(batch, mode, args.repeats, clock)
         print(f"[{mode:8s}] objective PPO-clip + KL           fwd+bwd median {base * 1e3:.3f} ms")
         print(f"[{mode:8s}] objective PPO-clip + KL + LLDS(A) fwd+bwd median {full * 1e3:.3f} ms", flush=True)
     for mode in modes:
-        print(f"RESULT llds_overhead_ratio_{mode} {results[mode][1] / results[mode][0]:.3f}")
-    base, full = results[modes[0]]
-    print(f"RESULT llds_overhead_ratio {full / base:.3f}")
+        print(f"RESULT llds_overhead_ratio_{mode} {results[mode][2]:.3f}")
+    base, full, ratio = results[modes[0]]
+    print(f"RESULT llds_overhead_ratio {ratio:.3f}")
     print(f"RESULT llds_added_ms {(full - base) * 1e3:.3f}")
-
 
 if __name__ == "__main__":
     main()

@@ -15,13 +15,17 @@ For response i and token t (all tensors ``[B, T]``):
 
 The gradient flows only through ``logp_new`` (``logp_old``, the advantages and the gate are constants). It is a no-op
 while logp_new == logp_old (the first mini-batch after a rollout): the trainer must report ``llds/active_token_frac``.
-Fully vectorised: no Python loop over responses or spans (the gate is decided once per mask run: one segment-reduce
-for the action gate's span sums, one gather back to the tokens).
+Fully vectorised, static shapes: no Python loop over responses or spans and no tensor whose size depends on the data
+(the action gate's span sums are one ``scatter_add`` by span number and one gather back to the tokens), so the fused
+objective compiles as one graph.
 """
 
 from __future__ import annotations
 
 import torch
+
+from searchr1_lld import kernels  # the C kernel of llds_update (its build is the kernels package's I/O)
+from searchr1_lld.algo import spans
 
 GATES = ("none", "response", "action")
 
@@ -76,40 +80,28 @@ class _WeightedDisplacementMean(torch.autograd.Function):
 
 
 @torch.no_grad()
-def _segments(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Maximal runs of equal mask value, row by row, of the bool mask m ``[B, T]``: per run (``[S]``) the length,
-    is-an-action-span (the run is of m == 1) and row; and per token (``[B * T]``) the index of its run. Every token
-    lies in exactly one run."""
-    b, t = m.shape
-    change = torch.empty_like(m)
-    change[:, :1] = True
-    torch.ne(m[:, 1:], m[:, :-1], out=change[:, 1:])
-    flat_change = change.reshape(-1)
-    start = flat_change.nonzero().squeeze(1)
-    length = torch.diff(start, append=start.new_full((1,), b * t))
-    run_of_token = torch.cumsum(flat_change, 0) - 1
-    return length, m.reshape(-1)[start], torch.div(start, max(t, 1), rounding_mode="floor"), run_of_token
-
-
-@torch.no_grad()
 def _gate(d_masked: torch.Tensor, m: torch.Tensor, in_p: torch.Tensor, gate: str, tau: float):
-    """Gate from the masked displacement d*m, the bool mask m and P membership ``[B]``: (g ``[B, T]`` bool, and per
-    run of :func:`_segments`: gate on ``[S]``, is-a-span ``[S]``, row ``[S]``).
+    """Gate from the masked displacement d*m, the bool mask m and P membership ``[B]``: (g ``[B, T]`` bool, and the
+    action spans' first tokens ``[B, T]`` bool, :func:`searchr1_lld.algo.spans.span_starts`).
 
-    The gate is constant over an action span for every gate kind, so it is decided once per run and read back per
-    token through the token's run index (one gather); the action gate's span sums are one ``segment_reduce``.
-    (``repeat_interleave`` would do the spreading too, but it starts the thread pool even for tiny inputs: 1.6 ms per
-    call with 2 threads on a busy machine.)
+    Static shapes only (no ``nonzero``, no per-span tensors whose length depends on the data), so that
+    ``torch.compile`` fuses the gate with the rest of the objective: the action gate numbers the spans of the
+    flattened batch by a cumulative sum of their first tokens (1-based; 0 for the tokens before the first span),
+    sums d*m per span number into a ``[B*T + 1]`` buffer (``scatter_add``; tokens outside m add 0) and reads each
+    token's span sum back with one gather. Tokens outside m read some span's sum, and are masked out by ``m``.
     """
-    length, is_span, row, run_of_token = _segments(m)
-    on = is_span & in_p[row]
+    on = m & in_p[:, None]
+    starts = spans.span_starts(m)
     if gate == "response":
-        on &= (d_masked.sum(dim=1) > tau)[row]
+        on = on & (d_masked.sum(dim=1, keepdim=True) > tau)
     elif gate == "action":
-        on &= torch.segment_reduce(d_masked.reshape(-1), "sum", lengths=length) > tau
+        run = torch.cumsum(starts.reshape(-1), 0)
+        span_sum = torch.zeros(m.numel() + 1, dtype=d_masked.dtype, device=d_masked.device)
+        span_sum.scatter_add_(0, run, d_masked.reshape(-1))
+        on = on & (span_sum[run] > tau).view(m.shape)
     elif gate != "none":
         raise ValueError(f"unknown LLDS gate {gate!r}; expected one of {list(GATES)}")
-    return on[run_of_token].view(m.shape), on, is_span, row
+    return on, starts
 
 
 @torch.no_grad()
@@ -228,7 +220,7 @@ def llds_weight_and_stats(
     """
     d_masked = torch.where(m, dd, 0.0)
     in_p = _preserving_rows(advantages, m)  # [B]
-    g, seg_on, seg_is_span, seg_row = _gate(d_masked, m, in_p, gate, tau)
+    g, starts = _gate(d_masked, m, in_p, gate, tau)
     active = g & (d_masked > 0)  # (g is False outside m)
     weight = active.to(dd.dtype).mul_(float(lam))  # m g c 1[d > 0] with c = lam
     if answer_mask is not None and lam_answer is not None:  # LLDS-MA: c = min(lam_answer, lam) on the answer span
@@ -242,15 +234,56 @@ def llds_weight_and_stats(
     stats = torch.stack(
         [
             torch.count_nonzero(weight) / n_tok.clamp(min=1),
-            torch.count_nonzero(torch.zeros_like(tokens_per_row).scatter_add_(0, seg_row, seg_on.long())),  # rows gated
+            torch.count_nonzero(g.any(dim=1)),  # responses gated (on one token or more)
             torch.count_nonzero(p_rows),
-            torch.count_nonzero(seg_on),
-            torch.count_nonzero(seg_is_span),
+            torch.count_nonzero(g & starts),  # spans gated (the gate is constant over a span)
+            torch.count_nonzero(starts),
             (d_masked.clamp(min=0).sum(dim=1) * p_rows).sum() / p_tokens.clamp(min=1),
             d_masked.sum() / n_tok.clamp(min=1),
         ]
     ).to(dd.dtype)
     return weight, safe_den, stats
+
+
+@torch.no_grad()
+def llds_update(
+    neg_d: torch.Tensor,
+    m: torch.Tensor,
+    advantages: torch.Tensor,
+    pg_x: torch.Tensor,
+    pg_y: torch.Tensor,
+    *,
+    gate: str,
+    lam: float,
+    tau: float,
+    answer_mask: torch.Tensor | None,
+    lam_answer: float | None,
+    inv_den: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The LLDS term of the fused objective (algo/objective.py), computed in the pass that forms the policy loss's
+    gradient: returns (x y - w * inv_den ``[B, T]``, L_LLDS = inv_den * sum(w d) 0-dim, stats ``[8]``: the
+    :data:`STAT_NAMES` values, loss last).
+
+    ``neg_d`` is logp_new - logp_old ``[B, T]`` (the policy loss's log-ratio before its clamp, so d = -neg_d),
+    ``m`` the bool response mask, w = m g c 1[d > 0] (:func:`llds_weight_and_stats`), ``inv_den`` = 1 / N_tok of the
+    mini-batch, and ``pg_x * pg_y`` ``[B, T]`` the policy loss's dL/dlogp_new (its two factors, so that the product
+    is formed in the same pass). On CPU float32 tensors outside ``torch.compile`` this runs the C kernel
+    ``searchr1_lld/kernels/llds_cpu.c`` (each row's spans read twice while in cache, no ``[B, T]`` temporaries);
+    otherwise, or without a C compiler, the torch formulation below. Both agree within float rounding
+    (tests/test_kernels.py).
+    """
+    c_answer = min(float(lam_answer), float(lam)) if (answer_mask is not None and lam_answer is not None) else None
+    fused = kernels.llds_update(neg_d, m, advantages, pg_x, pg_y, gate=GATES.index(gate) if gate in GATES else -1,
+                                lam=float(lam), tau=float(tau), answer_mask=answer_mask, c_answer=c_answer,
+                                inv_den=float(inv_den))
+    if fused is not None:
+        return fused
+    d = -neg_d
+    weight, _den, stats = llds_weight_and_stats(d, m, advantages, gate=gate, lam=lam, tau=tau, answer_mask=answer_mask,
+                                                lam_answer=lam_answer, denominator=None)
+    loss = torch.dot(weight.reshape(-1), d.reshape(-1)) * inv_den
+    grad = (pg_x * pg_y).add_(weight, alpha=-inv_den)
+    return grad, loss, torch.cat([stats, loss.reshape(1)])
 
 
 def adaptive_lam_answer(lam_answer: float, mean_valid_searches: float, rule: str = "code") -> float:

@@ -33,7 +33,7 @@ Two paths, equal within float rounding (tests/test_algo_objective.py checks 1e-6
 
       dL/dlogp_new = a w s_dual 1[|log r| <= 20] 1[l1 >= l2] (-A r)   (PPO-clip; l1 == l2 inside the clip range)
                    + kl_coef a dKL/dx                     (k1: 1, abs: sign x, k2: x, k3: (1 - e^{-x}) inside clamps)
-                   - (m g c 1[d > 0]) / N_tok              (LLDS, algo.llds.llds_weight_and_stats)
+                   - (m g c 1[d > 0]) / N_tok              (LLDS, algo.llds.llds_update)
       dL/dH        = -entropy_coef a
   where s_dual is 1 where the dual clip is not the active bound (A >= 0, or max(l1, l2) < -A c; 1/2 on a tie, as
   torch.minimum's gradient). Metrics are one tensor, converted to floats once.
@@ -287,7 +287,12 @@ def _fused_core(logp_new, logp_old, advantages, mask, logp_ref, entropy, token_w
         per_token = torch.where(lower, torch.minimum(per_token, l3), per_token)
     a_pg = a if token_weights is None else a * token_weights.to(a.dtype)
     pg = (per_token * a_pg).sum()  # already over D (the reference normalises by `local`, then rescales by local / D)
-    grad_logp = d_tok * a_pg
+    if llds_lam > 0:  # d_tok a_pg - w / N_tok in one pass (N_tok of the mini-batch, > 0: checked)
+        grad_logp, l_llds, llds_stats = llds.llds_update(
+            neg_d, m, advantages, d_tok, a_pg, gate=llds_gate, lam=llds_lam, tau=llds_tau, answer_mask=answer_mask,
+            lam_answer=lam_answer, inv_den=1.0 / mini_tokens)
+    else:
+        grad_logp = d_tok * a_pg
     loss = pg
     stats = [
         pg * denom / local.clamp(min=1),  # pg_loss: normalised by the micro-batch count, as the policy loss reports it
@@ -308,16 +313,9 @@ def _fused_core(logp_new, logp_old, advantages, mask, logp_ref, entropy, token_w
             loss = loss + kl_coef * (kl_tok * a).sum()
             grad_logp = grad_logp + (kl_coef * a) * kl_grad
     if llds_lam > 0:
-        d = logp_old - logp_new
-        weight, _den, llds_stats = llds.llds_weight_and_stats(
-            d, m, advantages, gate=llds_gate, lam=llds_lam, tau=llds_tau, answer_mask=answer_mask, lam_answer=lam_answer,
-            denominator=mini_tokens)
-        inv_den = 1.0 / mini_tokens  # the normaliser N_tok of the mini-batch (> 0, checked)
-        l_llds = torch.dot(weight.reshape(-1), d.reshape(-1)) * inv_den
         loss = loss + l_llds
-        grad_logp = torch.add(grad_logp, weight, alpha=-inv_den)
-        stats.extend([*llds_stats.unbind(), l_llds])
-    return loss, grad_logp, grad_entropy, torch.stack([s.to(logp_new.dtype) for s in stats])
+        stats.append(llds_stats)
+    return loss, grad_logp, grad_entropy, torch.cat([s.to(logp_new.dtype).reshape(-1) for s in stats])
 
 
 _COMPILED = None

@@ -45,11 +45,16 @@ def action_spans(response_mask: torch.Tensor) -> torch.Tensor:
     if response_mask.dim() != 2:
         raise ValueError(f"response_mask must be [B, T], got shape {tuple(response_mask.shape)}")
     m = response_mask.detach() != 0
-    prev = torch.zeros_like(m)
-    prev[:, 1:] = m[:, :-1]
-    starts = m & ~prev  # first token of each run
-    ids = torch.cumsum(starts.long(), dim=1) - 1
+    ids = torch.cumsum(span_starts(m).long(), dim=1) - 1
     return torch.where(m, ids, torch.full_like(ids, -1))
+
+
+def span_starts(m: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` bool: True at the first token of every action span of the bool response mask m ``[B, T]``
+    (m[i, t] and not m[i, t-1]; a row's first token starts a span when it is masked)."""
+    starts = m.clone()
+    starts[:, 1:] &= ~m[:, :-1]
+    return starts
 
 
 def action_span_list(mask_row: Sequence[int]) -> list[tuple[int, int]]:
