@@ -91,3 +91,15 @@ def test_without_a_compiler_the_torch_path_runs_with_one_warning(monkeypatch, tm
     grad, _, _ = llds.llds_update(neg_d, mask, adv, pg_x, pg_y, gate="action", lam=0.3, tau=0.0, answer_mask=None,
                                   lam_answer=None, inv_den=0.01)
     assert grad.shape == neg_d.shape and not list(tmp_path.glob("*.so"))
+
+
+def test_kernel_rejects_mismatched_shapes():
+    # the C code trusts its shapes: a mismatch must be an error, never an out-of-bounds read
+    neg_d, mask, adv, _, pg_x, pg_y = _batch(seed=3)
+    kw = dict(gate=2, lam=0.3, tau=0.0, answer_mask=None, c_answer=None, inv_den=0.01)
+    with pytest.raises(ValueError, match="must be"):
+        kernels.llds_update(neg_d, mask[:, :-1].contiguous(), adv, pg_x, pg_y, **kw)
+    with pytest.raises(ValueError, match="must be"):
+        kernels.llds_update(neg_d, mask, adv[:-1].contiguous(), pg_x, pg_y, **kw)
+    with pytest.raises(ValueError, match="must be"):
+        kernels.llds_update(neg_d, mask, adv, pg_x, pg_y, **{**kw, "answer_mask": mask[:-1], "c_answer": 0.1})

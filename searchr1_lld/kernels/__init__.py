@@ -86,8 +86,8 @@ def load(name: str) -> ctypes.CDLL | None:
 
 
 def _usable(*tensors: torch.Tensor | None) -> bool:
-    return not torch.compiler.is_compiling() and all(
-        t is None or (t.device.type == "cpu" and t.is_contiguous()) for t in tensors)
+    """CPU, contiguous (None allowed), and not inside ``torch.compile`` (which traces the torch formulation)."""
+    return not torch.compiler.is_compiling() and all(t is None or (t.is_cpu and t.is_contiguous()) for t in tensors)
 
 
 def llds_update(neg_d: torch.Tensor, m: torch.Tensor, advantages: torch.Tensor, pg_x: torch.Tensor, pg_y: torch.Tensor,
@@ -95,16 +95,21 @@ def llds_update(neg_d: torch.Tensor, m: torch.Tensor, advantages: torch.Tensor, 
                 inv_den: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """``llds_cpu.c`` on the arguments of :func:`searchr1_lld.algo.llds.llds_update` (gate as its index in
     ``llds.GATES``, c_answer = min(lam_answer, lam) or None): (gradient ``[B, T]``, L_LLDS 0-dim, the ``[8]`` metrics
-    ending with it), or None when the kernel does not apply (not CPU float32 contiguous ``[B, T]``, inside
-    ``torch.compile``, or no compiler): the caller then runs the torch formulation."""
+    ending with it), or None when the kernel does not apply (not CPU float32 / bool contiguous ``[B, T]``, inside
+    ``torch.compile``, or no compiler): the caller then runs the torch formulation. Shapes are checked here, since
+    the C code trusts them: a mismatch is an error, not a fallback."""
     f32 = torch.float32
     if not (neg_d.dtype == pg_x.dtype == pg_y.dtype == advantages.dtype == f32) or m.dtype != torch.bool or gate < 0:
         return None
-    if neg_d.dim() != 2 or not (pg_x.shape == pg_y.shape == neg_d.shape):
-        return None
+    shape = neg_d.shape
     answer = None
     if c_answer is not None:
         answer = answer_mask if answer_mask.dtype == torch.bool else answer_mask != 0
+    if len(shape) != 2 or not (m.shape == pg_x.shape == pg_y.shape == shape) or (
+            answer is not None and answer.shape != shape) or advantages.shape not in (shape, shape[:1]):
+        raise ValueError(f"llds kernel: neg_d, mask, pg_x, pg_y (and answer mask) must be [B, T] and advantages [B] or "
+                         f"[B, T]; got {tuple(shape)}, {tuple(m.shape)}, {tuple(pg_x.shape)}, {tuple(pg_y.shape)}, "
+                         f"{None if answer is None else tuple(answer.shape)}, {tuple(advantages.shape)}")
     if not _usable(neg_d, m, advantages, pg_x, pg_y, answer):
         return None
     fn = _llds_fn()
