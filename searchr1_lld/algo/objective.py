@@ -36,7 +36,10 @@ Two paths, equal within float rounding (tests/test_algo_objective.py checks 1e-6
                    - (m g c 1[d > 0]) / N_tok              (LLDS, algo.llds.llds_update)
       dL/dH        = -entropy_coef a
   where s_dual is 1 where the dual clip is not the active bound (A >= 0, or max(l1, l2) < -A c; 1/2 on a tie, as
-  torch.minimum's gradient). Metrics are one tensor, converted to floats once.
+  torch.minimum's gradient). Metrics are one tensor, converted to floats once. The LLDS part (its gate, weights,
+  loss, metrics, and the PPO term's a w ... product it is added to) is one call, :func:`algo.llds.llds_update`: on
+  CPU float32 a C kernel (searchr1_lld/kernels/llds_cpu.c), elsewhere its torch formulation (static shapes, no
+  ``nonzero``: one graph under ``torch.compile``, no host synchronisation on GPU).
   ``ObjectiveSpec.compile`` runs that pass through ``torch.compile`` (dynamic shapes); if compiling fails or is
   unavailable, the eager pass runs instead, with one warning.
 """
