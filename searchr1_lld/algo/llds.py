@@ -245,13 +245,11 @@ def llds_weight_and_stats(
     return weight, safe_den, stats
 
 
-@torch.no_grad()
 def llds_update(
     neg_d: torch.Tensor,
     m: torch.Tensor,
     advantages: torch.Tensor,
-    pg_x: torch.Tensor,
-    pg_y: torch.Tensor,
+    grad_logp: torch.Tensor,
     *,
     gate: str,
     lam: float,
@@ -259,31 +257,30 @@ def llds_update(
     answer_mask: torch.Tensor | None,
     lam_answer: float | None,
     inv_den: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The LLDS term of the fused objective (algo/objective.py), computed in the pass that forms the policy loss's
-    gradient: returns (x y - w * inv_den ``[B, T]``, L_LLDS = inv_den * sum(w d) 0-dim, stats ``[8]``: the
-    :data:`STAT_NAMES` values, loss last).
+) -> torch.Tensor:
+    """The LLDS term of the fused objective (algo/objective.py): adds dL_LLDS/dlogp_new = -w * inv_den to
+    ``grad_logp`` ``[B, T]`` in place and returns stats ``[8]``: the :data:`STAT_NAMES` values, ending with
+    L_LLDS = inv_den * sum(w d).
 
     ``neg_d`` is logp_new - logp_old ``[B, T]`` (the policy loss's log-ratio before its clamp, so d = -neg_d),
     ``m`` the bool response mask, w = m g c 1[d > 0] (:func:`llds_weight_and_stats`), ``inv_den`` = 1 / N_tok of the
-    mini-batch, and ``pg_x * pg_y`` ``[B, T]`` the policy loss's dL/dlogp_new (its two factors, so that the product
-    is formed in the same pass). On CPU float32 tensors outside ``torch.compile`` this runs the C kernel
-    ``searchr1_lld/kernels/llds_cpu.c`` (each row's spans read twice while in cache, no ``[B, T]`` temporaries);
-    otherwise, or without a C compiler, the torch formulation below. Both agree within float rounding
-    (tests/test_kernels.py).
+    mini-batch. On CPU float32 tensors outside ``torch.compile`` this runs the C kernel
+    ``searchr1_lld/kernels/llds_cpu.c`` (per row: the spans and their sums, then the gated spans' weights, each span
+    read while it is in cache; no ``[B, T]`` temporaries); otherwise, or without a C compiler, the torch formulation
+    below. Both agree within float rounding (tests/test_kernels.py).
     """
     c_answer = min(float(lam_answer), float(lam)) if (answer_mask is not None and lam_answer is not None) else None
-    fused = kernels.llds_update(neg_d, m, advantages, pg_x, pg_y, gate=GATES.index(gate) if gate in GATES else -1,
+    stats = kernels.llds_update(neg_d, m, advantages, grad_logp, gate=GATES.index(gate) if gate in GATES else -1,
                                 lam=float(lam), tau=float(tau), answer_mask=answer_mask, c_answer=c_answer,
                                 inv_den=float(inv_den))
-    if fused is not None:
-        return fused
-    d = -neg_d
-    weight, _den, stats = llds_weight_and_stats(d, m, advantages, gate=gate, lam=lam, tau=tau, answer_mask=answer_mask,
-                                                lam_answer=lam_answer, denominator=None)
-    loss = torch.dot(weight.reshape(-1), d.reshape(-1)) * inv_den
-    grad = (pg_x * pg_y).add_(weight, alpha=-inv_den)
-    return grad, loss, torch.cat([stats, loss.reshape(1)])
+    if stats is not None:
+        return stats
+    with torch.no_grad():  # (not a decorator: the kernel path above needs none, and runs between large tensor ops)
+        d = -neg_d
+        weight, _den, stats = llds_weight_and_stats(d, m, advantages, gate=gate, lam=lam, tau=tau,
+                                                    answer_mask=answer_mask, lam_answer=lam_answer, denominator=None)
+        grad_logp.add_(weight, alpha=-inv_den)
+        return torch.cat([stats, (torch.dot(weight.reshape(-1), d.reshape(-1)) * inv_den).reshape(1)])
 
 
 def adaptive_lam_answer(lam_answer: float, mean_valid_searches: float, rule: str = "code") -> float:

@@ -37,8 +37,8 @@ Two paths, equal within float rounding (tests/test_algo_objective.py checks 1e-6
       dL/dH        = -entropy_coef a
   where s_dual is 1 where the dual clip is not the active bound (A >= 0, or max(l1, l2) < -A c; 1/2 on a tie, as
   torch.minimum's gradient). Metrics are one tensor, converted to floats once. The LLDS part (its gate, weights,
-  loss, metrics, and the PPO term's a w ... product it is added to) is one call, :func:`algo.llds.llds_update`: on
-  CPU float32 a C kernel (searchr1_lld/kernels/llds_cpu.c), elsewhere its torch formulation (static shapes, no
+  loss and metrics, its gradient added in place) is one call at the end of the pass, :func:`algo.llds.llds_update`:
+  on CPU float32 a C kernel (searchr1_lld/kernels/llds_cpu.c), elsewhere its torch formulation (static shapes, no
   ``nonzero``: one graph under ``torch.compile``, no host synchronisation on GPU).
   ``ObjectiveSpec.compile`` runs that pass through ``torch.compile`` (dynamic shapes); if compiling fails or is
   unavailable, the eager pass runs instead, with one warning.
@@ -290,12 +290,7 @@ def _fused_core(logp_new, logp_old, advantages, mask, logp_ref, entropy, token_w
         per_token = torch.where(lower, torch.minimum(per_token, l3), per_token)
     a_pg = a if token_weights is None else a * token_weights.to(a.dtype)
     pg = (per_token * a_pg).sum()  # already over D (the reference normalises by `local`, then rescales by local / D)
-    if llds_lam > 0:  # d_tok a_pg - w / N_tok in one pass (N_tok of the mini-batch, > 0: checked)
-        grad_logp, l_llds, llds_stats = llds.llds_update(
-            neg_d, m, advantages, d_tok, a_pg, gate=llds_gate, lam=llds_lam, tau=llds_tau, answer_mask=answer_mask,
-            lam_answer=lam_answer, inv_den=1.0 / mini_tokens)
-    else:
-        grad_logp = d_tok * a_pg
+    grad_logp = d_tok * a_pg
     loss = pg
     stats = [
         pg * denom / local.clamp(min=1),  # pg_loss: normalised by the micro-batch count, as the policy loss reports it
@@ -315,8 +310,10 @@ def _fused_core(logp_new, logp_old, advantages, mask, logp_ref, entropy, token_w
         if kl_coef > 0:
             loss = loss + kl_coef * (kl_tok * a).sum()
             grad_logp = grad_logp + (kl_coef * a) * kl_grad
-    if llds_lam > 0:
-        loss = loss + l_llds
+    if llds_lam > 0:  # last: grad_logp is in cache; adds -w / N_tok to it (N_tok of the mini-batch, > 0: checked)
+        llds_stats = llds.llds_update(neg_d, m, advantages, grad_logp, gate=llds_gate, lam=llds_lam, tau=llds_tau,
+                                      answer_mask=answer_mask, lam_answer=lam_answer, inv_den=1.0 / mini_tokens)
+        loss = loss + llds_stats[-1]
         stats.append(llds_stats)
     return loss, grad_logp, grad_entropy, torch.cat([s.to(logp_new.dtype).reshape(-1) for s in stats])
 

@@ -85,54 +85,53 @@ def load(name: str) -> ctypes.CDLL | None:
     return lib
 
 
-def _usable(*tensors: torch.Tensor | None) -> bool:
-    """CPU, contiguous (None allowed), and not inside ``torch.compile`` (which traces the torch formulation)."""
-    return not torch.compiler.is_compiling() and all(t is None or (t.is_cpu and t.is_contiguous()) for t in tensors)
-
-
-def llds_update(neg_d: torch.Tensor, m: torch.Tensor, advantages: torch.Tensor, pg_x: torch.Tensor, pg_y: torch.Tensor,
-                *, gate: int, lam: float, tau: float, answer_mask: torch.Tensor | None, c_answer: float | None,
-                inv_den: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+def llds_update(neg_d: torch.Tensor, m: torch.Tensor, advantages: torch.Tensor, grad_logp: torch.Tensor, *, gate: int,
+                lam: float, tau: float, answer_mask: torch.Tensor | None, c_answer: float | None,
+                inv_den: float) -> torch.Tensor | None:
     """``llds_cpu.c`` on the arguments of :func:`searchr1_lld.algo.llds.llds_update` (gate as its index in
-    ``llds.GATES``, c_answer = min(lam_answer, lam) or None): (gradient ``[B, T]``, L_LLDS 0-dim, the ``[8]`` metrics
-    ending with it), or None when the kernel does not apply (not CPU float32 / bool contiguous ``[B, T]``, inside
-    ``torch.compile``, or no compiler): the caller then runs the torch formulation. Shapes are checked here, since
-    the C code trusts them: a mismatch is an error, not a fallback."""
-    f32 = torch.float32
-    if not (neg_d.dtype == pg_x.dtype == pg_y.dtype == advantages.dtype == f32) or m.dtype != torch.bool or gate < 0:
+    ``llds.GATES``, c_answer = min(lam_answer, lam) or None): adds -w inv_den to ``grad_logp`` in place and returns
+    the ``[8]`` metrics ending with L_LLDS, or None when the kernel does not apply (not CPU float32 / bool contiguous,
+    inside ``torch.compile``, or no compiler): the caller then runs the torch formulation. Shapes are checked here,
+    since the C code trusts them: a mismatch is an error, not a fallback."""
+    if (neg_d.dtype, grad_logp.dtype, advantages.dtype, m.dtype) != _LLDS_DTYPES or gate < 0 or not (
+            neg_d.is_cpu and advantages.is_cpu and neg_d.is_contiguous() and m.is_contiguous()
+            and grad_logp.is_contiguous() and advantages.is_contiguous()) or torch.compiler.is_compiling():
         return None
-    shape = neg_d.shape
     answer = None
     if c_answer is not None:
-        answer = answer_mask if answer_mask.dtype == torch.bool else answer_mask != 0
-    if len(shape) != 2 or not (m.shape == pg_x.shape == pg_y.shape == shape) or (
+        answer = (answer_mask if answer_mask.dtype == torch.bool else answer_mask != 0).contiguous()
+        if not answer.is_cpu:
+            return None
+    shape = neg_d.shape
+    if len(shape) != 2 or m.shape != shape or grad_logp.shape != shape or (
             answer is not None and answer.shape != shape) or advantages.shape not in (shape, shape[:1]):
-        raise ValueError(f"llds kernel: neg_d, mask, pg_x, pg_y (and answer mask) must be [B, T] and advantages [B] or "
-                         f"[B, T]; got {tuple(shape)}, {tuple(m.shape)}, {tuple(pg_x.shape)}, {tuple(pg_y.shape)}, "
+        raise ValueError(f"llds kernel: neg_d, mask, grad (and answer mask) must be [B, T] and advantages [B] or "
+                         f"[B, T]; got {tuple(shape)}, {tuple(m.shape)}, {tuple(grad_logp.shape)}, "
                          f"{None if answer is None else tuple(answer.shape)}, {tuple(advantages.shape)}")
-    if not _usable(neg_d, m, advantages, pg_x, pg_y, answer):
-        return None
-    fn = _llds_fn()
+    fn = _LLDS_FN or _llds_fn()
     if fn is None:
         return None
-    grad = torch.empty_like(neg_d)
-    out = torch.empty(8, dtype=f32)
-    b, t = neg_d.shape
-    if fn(b, t, neg_d.data_ptr(), m.data_ptr(), advantages.data_ptr(), int(advantages.dim() == 2),
+    out = torch.empty(8, dtype=torch.float32)
+    if fn(shape[0], shape[1], neg_d.data_ptr(), m.data_ptr(), advantages.data_ptr(), advantages.dim() == 2,
           None if answer is None else answer.data_ptr(), gate, lam, 0.0 if c_answer is None else c_answer, tau, inv_den,
-          pg_x.data_ptr(), pg_y.data_ptr(), grad.data_ptr(), out.data_ptr()) != 0:
+          grad_logp.data_ptr(), out.data_ptr()) != 0:
         raise MemoryError("llds_cpu: could not allocate its per-row scratch space")
-    return grad, out[7], out
+    return out
+
+
+_LLDS_FN = None
+_LLDS_DTYPES = (torch.float32, torch.float32, torch.float32, torch.bool)
 
 
 def _llds_fn():
-    """``llds_update`` of the built ``llds_cpu`` library with its C signature, or None."""
+    """``llds_update`` of the built ``llds_cpu`` library with its C signature (cached), or None."""
+    global _LLDS_FN
     lib = load("llds_cpu")
     if lib is None:
         return None
     fn = lib.llds_update
-    if fn.argtypes is None:
-        p, f, i = ctypes.c_void_p, ctypes.c_float, ctypes.c_int
-        fn.argtypes = [ctypes.c_int64, ctypes.c_int64, p, p, p, i, p, i, f, f, f, f, p, p, p, p]
-        fn.restype = ctypes.c_int
+    p, f, i = ctypes.c_void_p, ctypes.c_float, ctypes.c_int
+    fn.argtypes = [ctypes.c_int64, ctypes.c_int64, p, p, p, i, p, i, f, f, f, f, p, p]
+    fn.restype = ctypes.c_int
+    _LLDS_FN = fn
     return fn

@@ -6,8 +6,7 @@
  *   gate on a span S (maximal run of m == 1):  b in P  and  (none: 1 | response: sum_{t: m} d > tau
  *                                                             | action: sum_S d > tau)
  *   w[t] = c[t] 1[gate on] 1[d[t] > 0]          c = lam, or c_answer on answer tokens (LLDS-MA)
- *   grad[t] = x[t] y[t] - w[t] inv_den          (the policy loss's gradient x y, written in the same pass, plus
- *                                                dL_LLDS / dlogp_new)
+ *   grad[t] -= w[t] inv_den                     (dL_LLDS / dlogp_new, added in place to the rest of dL / dlogp_new)
  *   L_LLDS   = inv_den sum_t w[t] d[t]
  * Pass 1 finds a row's spans and their sums (and whether a masked advantage is negative), pass 2 writes the weights
  * of the gated spans; the next row's inputs are prefetched meanwhile.
@@ -45,8 +44,7 @@ static int64_t next_clear(const uint8_t *m, int64_t t, int64_t T) {
 /* Returns 0, or -1 when the scratch space cannot be allocated (nothing is written then). */
 int llds_update(int64_t B, int64_t T, const float *restrict neg_d, const uint8_t *restrict mask,
                 const float *restrict adv, int adv_per_token, const uint8_t *restrict answer, int gate, float lam,
-                float c_answer, float tau, float inv_den, const float *restrict pg_x, const float *restrict pg_y,
-                float *restrict grad, float *restrict out) {
+                float c_answer, float tau, float inv_den, float *restrict grad, float *restrict out) {
     span_t *spans_of_row = malloc(sizeof(span_t) * (size_t)(T / 2 + 1));  /* a row has at most ceil(T/2) spans */
     if (!spans_of_row) return -1;
     double loss = 0.0, pen_sum = 0.0, disp_sum = 0.0;
@@ -60,12 +58,9 @@ int llds_update(int64_t B, int64_t T, const float *restrict neg_d, const uint8_t
         if (b + 1 < B)  /* the next row's inputs, while this one is computed (cold caches: the gain is ~2x) */
             for (int64_t t = 0; t < T; t += 16) {
                 __builtin_prefetch(neg_d + (b + 1) * T + t);
-                __builtin_prefetch(pg_x + (b + 1) * T + t);
-                __builtin_prefetch(pg_y + (b + 1) * T + t);
+                __builtin_prefetch(grad + (b + 1) * T + t);
                 if (t % 64 == 0) __builtin_prefetch(mask + (b + 1) * T + t);
             }
-        /* the policy-gradient part of the gradient, x * y (the row stays in cache for pass 2) */
-        for (int64_t t = 0; t < T; t++) g[t] = pg_x[b * T + t] * pg_y[b * T + t];
         /* pass 1: the row's spans, their sums of d and max(d, 0), and whether a masked advantage is negative */
         int64_t n = 0, row_tok = 0;
         int negative = 0;
