@@ -355,26 +355,65 @@ def build_copy_drills(rows: list[dict], search: SearchFn, tokenizer, cfg: WorldC
     if not 0 <= cfg.warmstart_drill_prompt_share <= 1:
         raise ValueError(f"warmstart_drill_prompt_share must be in [0, 1] (got {cfg.warmstart_drill_prompt_share})")
     seed = cfg.seed if seed is None else seed
+    draw = _drill_drawer(rows, search, tokenizer, cfg, topk, passages, random.Random(seed + 3))
+    n_full = round(cfg.warmstart_drills * cfg.warmstart_drill_prompt_share)
+    return [[draw(full_prompt=False) for _ in range(cfg.warmstart_drills - n_full)],
+            [draw(full_prompt=True) for _ in range(n_full)]]
+
+
+def build_drill_probes(rows: list[dict], search: SearchFn, tokenizer, cfg: WorldConfig, n_per_kind: int,
+                       topk: int = 3, seed: int | None = None, passages: list[dict] | None = None
+                       ) -> dict[str, dict[str, list[tuple[list[int], list[int]]]]]:
+    """Held-out copy drills to measure the drill phase by: ``{context: {kind: [(ids, mask)] * n_per_kind}}`` for
+    context ``short`` / ``full`` (the two curriculum stages) and every kind of ``COPY_DRILL_KINDS``; drawn with
+    their own seed, so their (shuffled) names differ from the training drills'."""
+    seed = cfg.seed if seed is None else seed
+    draw = _drill_drawer(rows, search, tokenizer, cfg, topk, passages, random.Random(seed + 11))
+    return {ctx: {kind: [draw(full_prompt=ctx == "full", kind=kind) for _ in range(n_per_kind)]
+                  for kind in COPY_DRILL_KINDS} for ctx in ("short", "full")}
+
+
+def _drill_drawer(rows, search: SearchFn, tokenizer, cfg: WorldConfig, topk: int, passages, rng: random.Random):
+    """A function drawing one tokenised copy drill (``_drill_segments``, names shuffled as in the trajectories):
+    a random row, a random kind among those the row has (``bridge_query`` only for multi-hop rows) or the ``kind``
+    asked for; drills whose observation lacks the target are redrawn."""
     queries = sorted({r["metadata"][k] for r in rows for k in ("subject", "bridge") if r["metadata"][k]})
     hits_of = dict(zip(queries, search(queries, topk)))
-    rng = random.Random(seed + 3)
     renamer = NameShuffler(_name_pool(rows, list(hits_of.values()), passages)) if cfg.warmstart_shuffle_names else None
-    n_full = round(cfg.warmstart_drills * cfg.warmstart_drill_prompt_share)
-    stages: list[list[tuple[list[int], list[int]]]] = [[], []]
-    tries = 0
-    while len(stages[0]) + len(stages[1]) < cfg.warmstart_drills:
-        tries += 1
-        if tries > 20 * cfg.warmstart_drills:
-            raise ValueError("cannot build copy drills: the retriever almost never returns the passages the "
-                             "questions need (check the world's index)")
-        row = rng.choice(rows)
-        kinds = COPY_DRILL_KINDS if row["metadata"]["hops"] == 2 else ("subject_query", "answer")
-        stage = int(len(stages[0]) >= cfg.warmstart_drills - n_full)
-        segs = _drill_segments(row, rng.choice(kinds), hits_of, tokenizer.eos_token, full_prompt=bool(stage))
-        if segs is None:
+    multi = [r for r in rows if r["metadata"]["hops"] == 2]
+
+    def draw(full_prompt: bool, kind: str | None = None) -> tuple[list[int], list[int]]:
+        for _ in range(1000):
+            row = rng.choice(multi if kind == "bridge_query" else rows)
+            kinds = COPY_DRILL_KINDS if row["metadata"]["hops"] == 2 else ("subject_query", "answer")
+            segs = _drill_segments(row, kind or rng.choice(kinds), hits_of, tokenizer.eos_token, full_prompt=full_prompt)
+            if segs is not None:
+                return tokenize_segments(renamer(segs, rng) if renamer else segs, tokenizer)
+        raise ValueError("cannot build copy drills: the retriever almost never returns the passages the questions "
+                         "need (check the world's index)")
+    return draw
+
+
+@torch.no_grad()
+def copy_accuracy(model, probes: dict[str, list[tuple[list[int], list[int]]]], pad_id: int,
+                  batch_size: int = 32) -> dict[str, float]:
+    """Teacher-forced copy accuracy per drill kind: the share of probe drills whose generated segment (the think
+    line and the copied query or answer) the model predicts token for token (argmax at every generated position)."""
+    was_training = model.training
+    model.eval()
+    acc = {}
+    for kind, examples in probes.items():
+        if not examples:
             continue
-        stages[stage].append(tokenize_segments(renamer(segs, rng) if renamer else segs, tokenizer))
-    return stages
+        right = 0
+        for ids, attn, lmask in _batches(examples, batch_size, pad_id, random.Random(0)):
+            logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+            target, scored = ids[:, 1:], lmask[:, 1:] > 0
+            wrong = (logits.argmax(-1) != target) & scored
+            right += int((~wrong.any(dim=1)).sum())
+        acc[kind] = right / len(examples)
+    model.train(was_training)
+    return acc
 
 
 def _name_pool(rows: list[dict], results: list[list[dict]], passages: list[dict] | None) -> list[str]:
@@ -496,18 +535,29 @@ def _train_phase(model, opt, batches, steps: int, lr_at: Callable[[int], float],
 
 def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldConfig, *, pad_id: int,
                batch_size: int = 16, progress: bool = True,
-               drills: list[list[tuple[list[int], list[int]]]] = ()) -> dict[str, float]:
+               drills: list[list[tuple[list[int], list[int]]]] = (),
+               probes: dict[str, dict[str, list[tuple[list[int], list[int]]]]] | None = None) -> dict[str, Any]:
     """Supervised phase: copy drills (``build_copy_drills``) at lr ``cfg.warmstart_drill_lr``, then whole
     trajectories at peak lr ``cfg.warmstart_lr`` (lower: a high lr there undoes the copying), one AdamW.
 
     Drill phase: the curriculum's stages in order (``build_copy_drills``), batches of
-    ``cfg.warmstart_drill_batch_size``, linear warmup over the first 10% of all drill steps, then constant.
+    ``cfg.warmstart_drill_batch_size``, linear warmup over the first 10% of the drill-step budget (all drills once),
+    then constant. With ``probes`` (``build_drill_probes``) and ``cfg.warmstart_drill_check_every`` > 0 a stage
+    ends on evidence: every that many steps the teacher-forced copy accuracy (``copy_accuracy``) on the stage's
+    held-out probes (short / full context) is measured, and the stage ends once the subject-query accuracy reaches
+    ``cfg.warmstart_drill_subject_target`` and the answer accuracy ``cfg.warmstart_drill_answer_target``. The first
+    stage may use its own drills once; the last stage gets what is left of the budget, cycling over its drills.
+    (The copy circuit forms in a phase change whose step varies from run to run: a fixed count stopped some builds
+    before it, docs/lab/warm_start.md.)
     Trajectory phase: ``cfg.warmstart_epochs`` epochs of batches of ``batch_size``, cosine decay to 0 (with its own
-    warmup when there are no drills). The loss is the LM loss on generated tokens (weight 1) plus, at weight
-    ``cfg.warmstart_env_loss_weight``, on the prompt and observation tokens of the trajectories (a little
-    "pretraining" on copy-rich text; drills weight only their generated segment).
-    Returns ``{"first_loss", "final_loss", "steps", "tokens", "drill_steps", "drill_final_loss"}`` (final = mean of
-    the last 10% of the trajectory phase).
+    warmup when there are no drills); with ``cfg.warmstart_traj_drill_every`` = k > 0, one batch of the last stage's
+    drills after every k trajectory batches (so the copying is kept while the protocol is learnt). The loss is the
+    LM loss on generated tokens (weight 1) plus, at weight ``cfg.warmstart_env_loss_weight``, on the prompt and
+    observation tokens of the trajectories (a little "pretraining" on copy-rich text; drills weight only their
+    generated segment).
+    Returns ``{"first_loss", "final_loss", "steps", "tokens", "drill_steps", "drill_final_loss", "drill_stop",
+    "drill_checks"}`` (final = mean of the last 10% of the trajectory phase; ``drill_stop`` per stage:
+    ``targets met`` / ``budget used``; ``drill_checks``: every measurement, ``{step, context, <kind>: accuracy}``).
     """
     from tqdm.auto import tqdm
 
@@ -516,25 +566,56 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
     rng = random.Random(cfg.seed + 2)
     lr = cfg.warmstart_lr
     drill_bs = cfg.warmstart_drill_batch_size
-    drill_steps = sum(math.ceil(len(stage) / drill_bs) for stage in drills)
-    traj_steps = math.ceil(len(examples) / batch_size) * cfg.warmstart_epochs
+    drills = [stage for stage in drills if stage]
+    budget = sum(math.ceil(len(stage) / drill_bs) for stage in drills)
+    mix = cfg.warmstart_traj_drill_every
+    traj_batches_n = math.ceil(len(examples) / batch_size) * cfg.warmstart_epochs
+    traj_steps = traj_batches_n + (traj_batches_n // mix if mix > 0 and drills else 0)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     model.train()
-    bar = tqdm(total=drill_steps + traj_steps, desc="warm start", disable=not progress, leave=False)
+    bar = tqdm(total=budget + traj_steps, desc="warm start", disable=not progress, leave=False)
     drill_losses: list[float] = []
-    warmup = max(1, drill_steps // 10)
-    for stage in drills:
-        done = len(drill_losses)
-        drill_losses += _train_phase(model, opt, _batches(stage, drill_bs, pad_id, rng), math.ceil(len(stage) / drill_bs),
-                                     lambda s: cfg.warmstart_drill_lr * min(1.0, (done + s + 1) / warmup), bar)
-    warmup = 0 if drill_steps else max(1, traj_steps // 10)
+    checks: list[dict[str, Any]] = []
+    stops: list[str] = []
+    warmup = max(1, budget // 10)
+    check_every = cfg.warmstart_drill_check_every if probes else 0
+    for si, stage in enumerate(drills):
+        last = si == len(drills) - 1
+        context = "full" if last else "short"
+        stage_budget = (budget - len(drill_losses)) if last else math.ceil(len(stage) / drill_bs)
+        batches = _cycle(lambda: _batches(stage, drill_bs, pad_id, rng))
+        done, stop = 0, "budget used"
+        while done < stage_budget:
+            n = min(check_every or stage_budget, stage_budget - done)
+            start = len(drill_losses)
+            drill_losses += _train_phase(model, opt, batches, n,
+                                         lambda s: cfg.warmstart_drill_lr * min(1.0, (start + s + 1) / warmup), bar)
+            done += n
+            if check_every:
+                acc = copy_accuracy(model, probes[context], pad_id)
+                checks.append({"step": len(drill_losses), "context": context, **acc})
+                bar.set_postfix(**{k[:7]: f"{v:.2f}" for k, v in acc.items()})
+                if (acc.get("subject_query", 0.0) >= cfg.warmstart_drill_subject_target
+                        and acc.get("answer", 0.0) >= cfg.warmstart_drill_answer_target):
+                    stop = "targets met"
+                    break
+        stops.append(stop)
+    bar.total = len(drill_losses) + traj_steps
+    bar.refresh()
+    warmup = 0 if drills else max(1, traj_steps // 10)
 
     def traj_lr(s: int) -> float:
         return lr * min(1.0, (s + 1) / warmup if warmup else 1.0) * 0.5 * (1 + math.cos(math.pi * s / traj_steps))
 
     def traj_batches():
+        drill_batches = _cycle(lambda: _batches(drills[-1], drill_bs, pad_id, rng)) if mix > 0 and drills else None
+        k = 0
         for _ in range(cfg.warmstart_epochs):
-            yield from _batches(examples, batch_size, pad_id, rng, cfg.warmstart_env_loss_weight)
+            for batch in _batches(examples, batch_size, pad_id, rng, cfg.warmstart_env_loss_weight):
+                yield batch
+                k += 1
+                if drill_batches is not None and k % mix == 0:
+                    yield next(drill_batches)
 
     losses = _train_phase(model, opt, traj_batches(), traj_steps, traj_lr, bar)
     bar.close()
@@ -544,7 +625,14 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
     return {"first_loss": losses[0], "final_loss": sum(tail) / len(tail), "steps": len(losses),
             "tokens": sum(len(x) for x, _ in examples) * cfg.warmstart_epochs,
             "drill_steps": len(drill_losses),
-            "drill_final_loss": sum(drill_tail) / len(drill_tail) if drill_losses else float("nan")}
+            "drill_final_loss": sum(drill_tail) / len(drill_tail) if drill_losses else float("nan"),
+            "drill_stop": stops, "drill_checks": checks}
+
+
+def _cycle(make_iter: Callable[[], Any]):
+    """Endless iteration: ``make_iter()`` again each time it is exhausted (a new random batch order per pass)."""
+    while True:
+        yield from make_iter()
 
 
 def build_tiny_policy(out_dir: str | Path, passages: list[dict], train_rows: list[dict], search: SearchFn,
@@ -559,9 +647,11 @@ def build_tiny_policy(out_dir: str | Path, passages: list[dict], train_rows: lis
     with tqdm(total=1, desc="warm-start data", disable=not progress, leave=False) as bar:
         examples = build_warmstart_examples(train_rows, search, tokenizer, cfg, passages=passages)
         drills = build_copy_drills(train_rows, search, tokenizer, cfg, passages=passages)
+        probes = (build_drill_probes(train_rows, search, tokenizer, cfg, cfg.warmstart_drill_probes, passages=passages)
+                  if drills and cfg.warmstart_drill_check_every > 0 else None)
         bar.update(1)
     stats = warm_start(model, examples, cfg, pad_id=tokenizer.pad_token_id, batch_size=cfg.warmstart_batch_size,
-                       progress=progress, drills=drills)
+                       progress=progress, drills=drills, probes=probes)
     model.save_pretrained(str(model_dir))
     tokenizer.save_pretrained(str(model_dir))  # the model dir is self-contained too
     lengths = [len(x) for x, _ in examples]

@@ -261,6 +261,70 @@ def test_copy_drills_only_ask_for_what_the_context_holds(tiny_world: Path, tiny_
     assert renamed > queries // 2  # shuffled names: most queries are no real subject's or bridge's name
 
 
+def _drill_setup(tiny_world: Path, tiny_tokenizer, cfg):
+    from retriever.inprocess import InProcessRetriever
+
+    rows = read_jsonl(tiny_world / "qa" / "train.jsonl")
+    search = InProcessRetriever(tiny_world / "index").search
+    passages = read_jsonl(tiny_world / "corpus.jsonl")
+    drills = TP.build_copy_drills(rows, search, tiny_tokenizer, cfg, passages=passages)
+    probes = TP.build_drill_probes(rows, search, tiny_tokenizer, cfg, cfg.warmstart_drill_probes, passages=passages)
+    examples = TP.build_warmstart_examples(rows[:8], search, tiny_tokenizer, cfg, passages=passages)
+    return drills, probes, examples
+
+
+def test_drill_stages_end_on_evidence(tiny_world: Path, tiny_tokenizer, tiny_world_config) -> None:
+    """A drill stage ends at the first check whose copy accuracies meet the targets, and runs its whole budget when
+    they are out of reach; every check is recorded with the step it was made at."""
+    import dataclasses
+
+    cfg = dataclasses.replace(tiny_world_config, warmstart_drills=96, warmstart_drill_batch_size=8,
+                              warmstart_drill_prompt_share=0.5, warmstart_drill_check_every=2,
+                              warmstart_drill_probes=4)
+    drills, probes, examples = _drill_setup(tiny_world, tiny_tokenizer, cfg)
+    assert set(probes) == {"short", "full"} and all(len(v) == 4 for p in probes.values() for v in p.values())
+    budget = 12  # 96 drills / 8 per step
+
+    def run(**targets):
+        c = dataclasses.replace(cfg, **targets)
+        model = TP.make_model(c, tiny_tokenizer)
+        return TP.warm_start(model, examples, c, pad_id=tiny_tokenizer.pad_token_id, batch_size=4, progress=False,
+                             drills=drills, probes=probes)
+
+    met = run(warmstart_drill_subject_target=0.0, warmstart_drill_answer_target=0.0)
+    assert met["drill_stop"] == ["targets met", "targets met"] and met["drill_steps"] == 4
+    assert [(c["step"], c["context"]) for c in met["drill_checks"]] == [(2, "short"), (4, "full")]
+    unreachable = run(warmstart_drill_subject_target=1.0, warmstart_drill_answer_target=1.0)
+    assert unreachable["drill_stop"] == ["budget used", "budget used"] and unreachable["drill_steps"] == budget
+    checks = unreachable["drill_checks"]
+    assert [c["step"] for c in checks] == list(range(2, budget + 1, 2))
+    assert [c["context"] for c in checks] == ["short"] * 3 + ["full"] * 3
+    assert all(0 <= c[k] <= 1 for c in checks for k in TP.COPY_DRILL_KINDS)
+
+
+def test_copy_accuracy_is_one_for_a_model_that_copies(tiny_tokenizer) -> None:
+    """The teacher-forced copy accuracy counts a drill only when every generated token is the argmax."""
+
+    class Oracle(torch.nn.Module):  # predicts the next token of its input, or token 0 on the rows in wrong_rows
+
+        def __init__(self, wrong_rows=()):
+            super().__init__()
+            self.wrong_rows = set(wrong_rows)
+
+        def forward(self, input_ids, attention_mask):
+            logits = torch.full((*input_ids.shape, 50), -1.0)
+            nxt = torch.roll(input_ids, -1, dims=1)
+            logits.scatter_(2, nxt[..., None], 1.0)
+            for r in self.wrong_rows:
+                logits[r, :, :] = 0.0
+                logits[r, :, 0] = 1.0
+            return type("Out", (), {"logits": logits})()
+
+    probes = {"answer": [([5, 6, 7, 8], [0, 0, 1, 1]), ([9, 9, 7, 8, 3], [0, 0, 0, 1, 1])]}
+    assert TP.copy_accuracy(Oracle(), probes, pad_id=0) == {"answer": 1.0}
+    assert TP.copy_accuracy(Oracle(wrong_rows=[0]), probes, pad_id=0) == {"answer": 0.5}
+
+
 def test_no_drills_when_zero(tiny_world_config) -> None:
     import dataclasses
 
