@@ -310,8 +310,9 @@ def _drill_segments(row: dict, kind: str, hits_of: dict[str, list[dict]], eos: s
     """One copy drill: the prompt, the observation the step would see, and the one generated segment that copies.
 
     ``subject_query``: question -> ``<search> subject </search>``; ``bridge_query`` (multi-hop): question + the
-    subject's hits -> ``<search> bridge </search>``; ``answer``: question + the hits of the last hop ->
-    ``<answer> gold </answer>``. The context starts with the rollout's prompt (``full_prompt``) or with just
+    subject's search and hits -> ``<search> bridge </search>``; ``answer``: question + the last hop's search and
+    hits -> ``<answer> gold </answer>``. The search before an observation is context, as in a rollout: it names the
+    entity whose passage holds the target (without it, which of the three passages to read is a guess). The context starts with the rollout's prompt (``full_prompt``) or with just
     ``Question: ...`` (the curriculum's first stage). None when the observation does not contain what is to be copied
     (a drill must never teach to produce a name that is not in the context)."""
     meta = row["metadata"]
@@ -319,17 +320,20 @@ def _drill_segments(row: dict, kind: str, hits_of: dict[str, list[dict]], eos: s
                        generated=False)
     if kind == "subject_query":
         return [question, Segment(f"{_THINK_FIRST[0]}<search> {meta['subject']} </search>", generated=True)]
+    subject_query = Segment(f"{_THINK_FIRST[0]}<search> {meta['subject']} </search>", generated=False)
     if kind == "bridge_query":
         hits = hits_of[meta["subject"]]
         if not any(contains_phrase(h["contents"], meta["bridge"]) for h in hits):
             return None
-        return [question, Segment(format_observation(hits), generated=False, hits=hits),
+        return [question, subject_query, Segment(format_observation(hits), generated=False, hits=hits),
                 Segment(f"{_THINK_BRIDGE}<search> {meta['bridge']} </search>", generated=True)]
+    last_query = (Segment(f"{_THINK_BRIDGE}<search> {meta['bridge']} </search>", generated=False)
+                  if meta["hops"] == 2 else subject_query)
     hits = hits_of[meta["bridge"] if meta["hops"] == 2 else meta["subject"]]
     gold = next((g for g in row["golden_answers"] if any(contains_phrase(h["contents"], g) for h in hits)), None)
     if gold is None:
         return None
-    return [question, Segment(format_observation(hits), generated=False, hits=hits),
+    return [question, last_query, Segment(format_observation(hits), generated=False, hits=hits),
             Segment(f"{_THINK_ANSWER[0]}<answer> {gold} </answer>{eos}", generated=True)]
 
 
@@ -375,8 +379,9 @@ def build_drill_probes(rows: list[dict], search: SearchFn, tokenizer, cfg: World
 
 def _drill_drawer(rows, search: SearchFn, tokenizer, cfg: WorldConfig, topk: int, passages, rng: random.Random):
     """A function drawing one tokenised copy drill (``_drill_segments``, names shuffled as in the trajectories):
-    a random row, a random kind among those the row has (``bridge_query`` only for multi-hop rows) or the ``kind``
-    asked for; drills whose observation lacks the target are redrawn."""
+    a random row, a random kind among those the row has (``bridge_query`` only for multi-hop rows; ``answer`` with
+    probability ``cfg.warmstart_drill_answer_share`` when it is > 0) or the ``kind`` asked for; drills whose
+    observation lacks the target are redrawn."""
     queries = sorted({r["metadata"][k] for r in rows for k in ("subject", "bridge") if r["metadata"][k]})
     hits_of = dict(zip(queries, search(queries, topk)))
     renamer = NameShuffler(_name_pool(rows, list(hits_of.values()), passages)) if cfg.warmstart_shuffle_names else None
@@ -386,7 +391,10 @@ def _drill_drawer(rows, search: SearchFn, tokenizer, cfg: WorldConfig, topk: int
         for _ in range(1000):
             row = rng.choice(multi if kind == "bridge_query" else rows)
             kinds = COPY_DRILL_KINDS if row["metadata"]["hops"] == 2 else ("subject_query", "answer")
-            segs = _drill_segments(row, kind or rng.choice(kinds), hits_of, tokenizer.eos_token, full_prompt=full_prompt)
+            pick = kind
+            if pick is None and cfg.warmstart_drill_answer_share > 0:
+                pick = "answer" if rng.random() < cfg.warmstart_drill_answer_share else rng.choice(kinds[:-1])
+            segs = _drill_segments(row, pick or rng.choice(kinds), hits_of, tokenizer.eos_token, full_prompt=full_prompt)
             if segs is not None:
                 return tokenize_segments(renamer(segs, rng) if renamer else segs, tokenizer)
         raise ValueError("cannot build copy drills: the retriever almost never returns the passages the questions "
@@ -545,8 +553,9 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
     then constant. With ``probes`` (``build_drill_probes``) and ``cfg.warmstart_drill_check_every`` > 0 a stage
     ends on evidence: every that many steps the teacher-forced copy accuracy (``copy_accuracy``) on the stage's
     held-out probes (short / full context) is measured, and the stage ends once the subject-query accuracy reaches
-    ``cfg.warmstart_drill_subject_target`` and the answer accuracy ``cfg.warmstart_drill_answer_target``. The first
-    stage may use its own drills once; the last stage gets what is left of the budget, cycling over its drills.
+    ``cfg.warmstart_drill_subject_target`` (the short stage is there to form the copy circuit) and, in the last
+    stage, the answer accuracy ``cfg.warmstart_drill_answer_target`` too. The first stage may use its own drills
+    once; the last stage gets what is left of the budget, cycling over its drills.
     (The copy circuit forms in a phase change whose step varies from run to run: a fixed count stopped some builds
     before it, docs/lab/warm_start.md.)
     Trajectory phase: ``cfg.warmstart_epochs`` epochs of batches of ``batch_size``, cosine decay to 0 (with its own
@@ -595,8 +604,8 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
                 acc = copy_accuracy(model, probes[context], pad_id)
                 checks.append({"step": len(drill_losses), "context": context, **acc})
                 bar.set_postfix(**{k[:7]: f"{v:.2f}" for k, v in acc.items()})
-                if (acc.get("subject_query", 0.0) >= cfg.warmstart_drill_subject_target
-                        and acc.get("answer", 0.0) >= cfg.warmstart_drill_answer_target):
+                if acc.get("subject_query", 0.0) >= cfg.warmstart_drill_subject_target and (
+                        not last or acc.get("answer", 0.0) >= cfg.warmstart_drill_answer_target):
                     stop = "targets met"
                     break
         stops.append(stop)

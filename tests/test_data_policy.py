@@ -280,7 +280,7 @@ def test_drill_stages_end_on_evidence(tiny_world: Path, tiny_tokenizer, tiny_wor
 
     cfg = dataclasses.replace(tiny_world_config, warmstart_drills=96, warmstart_drill_batch_size=8,
                               warmstart_drill_prompt_share=0.5, warmstart_drill_check_every=2,
-                              warmstart_drill_probes=4)
+                              warmstart_drill_probes=4, warmstart_trajectories=8)
     drills, probes, examples = _drill_setup(tiny_world, tiny_tokenizer, cfg)
     assert set(probes) == {"short", "full"} and all(len(v) == 4 for p in probes.values() for v in p.values())
     budget = 12  # 96 drills / 8 per step
@@ -300,6 +300,10 @@ def test_drill_stages_end_on_evidence(tiny_world: Path, tiny_tokenizer, tiny_wor
     assert [c["step"] for c in checks] == list(range(2, budget + 1, 2))
     assert [c["context"] for c in checks] == ["short"] * 3 + ["full"] * 3
     assert all(0 <= c[k] <= 1 for c in checks for k in TP.COPY_DRILL_KINDS)
+    # the short stage needs the subject target only; the last stage gets the budget the first left over
+    subject_only = run(warmstart_drill_subject_target=0.0, warmstart_drill_answer_target=1.0)
+    assert subject_only["drill_stop"] == ["targets met", "budget used"] and subject_only["drill_steps"] == budget
+    assert [c["context"] for c in subject_only["drill_checks"]] == ["short"] + ["full"] * 5
 
 
 def test_copy_accuracy_is_one_for_a_model_that_copies(tiny_tokenizer) -> None:
