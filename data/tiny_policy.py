@@ -559,11 +559,9 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
     (The copy circuit forms in a phase change whose step varies from run to run: a fixed count stopped some builds
     before it, docs/lab/warm_start.md.)
     Trajectory phase: ``cfg.warmstart_epochs`` epochs of batches of ``batch_size``, cosine decay to 0 (with its own
-    warmup when there are no drills); with ``cfg.warmstart_traj_drill_every`` = k > 0, one batch of the last stage's
-    drills after every k trajectory batches (so the copying is kept while the protocol is learnt). The loss is the
-    LM loss on generated tokens (weight 1) plus, at weight ``cfg.warmstart_env_loss_weight``, on the prompt and
-    observation tokens of the trajectories (a little "pretraining" on copy-rich text; drills weight only their
-    generated segment).
+    warmup when there are no drills). The loss is the LM loss on generated tokens (weight 1) plus, at weight
+    ``cfg.warmstart_env_loss_weight``, on the prompt and observation tokens of the trajectories (a little
+    "pretraining" on copy-rich text; drills weight only their generated segment).
     Returns ``{"first_loss", "final_loss", "steps", "tokens", "drill_steps", "drill_final_loss", "drill_stop",
     "drill_checks"}`` (final = mean of the last 10% of the trajectory phase; ``drill_stop`` per stage:
     ``targets met`` / ``budget used``; ``drill_checks``: every measurement, ``{step, context, <kind>: accuracy}``).
@@ -577,9 +575,7 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
     drill_bs = cfg.warmstart_drill_batch_size
     drills = [stage for stage in drills if stage]
     budget = sum(math.ceil(len(stage) / drill_bs) for stage in drills)
-    mix = cfg.warmstart_traj_drill_every
-    traj_batches_n = math.ceil(len(examples) / batch_size) * cfg.warmstart_epochs
-    traj_steps = traj_batches_n + (traj_batches_n // mix if mix > 0 and drills else 0)
+    traj_steps = math.ceil(len(examples) / batch_size) * cfg.warmstart_epochs
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     model.train()
     bar = tqdm(total=budget + traj_steps, desc="warm start", disable=not progress, leave=False)
@@ -617,14 +613,8 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
         return lr * min(1.0, (s + 1) / warmup if warmup else 1.0) * 0.5 * (1 + math.cos(math.pi * s / traj_steps))
 
     def traj_batches():
-        drill_batches = _cycle(lambda: _batches(drills[-1], drill_bs, pad_id, rng)) if mix > 0 and drills else None
-        k = 0
         for _ in range(cfg.warmstart_epochs):
-            for batch in _batches(examples, batch_size, pad_id, rng, cfg.warmstart_env_loss_weight):
-                yield batch
-                k += 1
-                if drill_batches is not None and k % mix == 0:
-                    yield next(drill_batches)
+            yield from _batches(examples, batch_size, pad_id, rng, cfg.warmstart_env_loss_weight)
 
     losses = _train_phase(model, opt, traj_batches(), traj_steps, traj_lr, bar)
     bar.close()

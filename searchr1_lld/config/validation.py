@@ -102,5 +102,4 @@ def validate_world(w: Any) -> None:
         (0 <= w.warmstart_drill_answer_target <= 1, "warmstart_drill_answer_target", "must be in [0, 1]"),
         (w.warmstart_drill_probes >= 1, "warmstart_drill_probes", "must be >= 1"),
         (0 <= w.warmstart_drill_answer_share <= 1, "warmstart_drill_answer_share", "must be in [0, 1]"),
-        (w.warmstart_traj_drill_every >= 0, "warmstart_traj_drill_every", "must be >= 0"),
     ], w, prefix="world.")
