@@ -84,8 +84,9 @@ class Trainer:
         self.responses_per_step = tc.train_batch_size * cfg.rollout.n
         self.updates_per_step = tc.ppo_epochs * (self.responses_per_step // tc.ppo_mini_batch_size)
         self.total_updates = tc.total_steps * self.updates_per_step
-        self.run_dir = Path(run_dir) if run_dir else resume.run_dir_of(cfg)
         self.world_dir = Path(world_dir) if world_dir else factories.resolve_world(cfg)
+        self.world_hash = factories.world_hash(self.world_dir)
+        self.run_dir = Path(run_dir) if run_dir else resume.run_dir_of(cfg, self.world_hash)
         step.seed_everything(tc.seed)
         model, self.tokenizer = factories.load_policy_and_tokenizer(cfg, self.world_dir)
         ref = factories.make_reference(cfg, model, self.world_dir, acc)
@@ -248,12 +249,12 @@ class Trainer:
         """Train to ``trainer.total_steps`` (resuming per ``trainer.resume``). ``allow_changes``: config keys that may
         differ from the resumed run's saved config (see :data:`resume.RESUME_SAFE_KEYS`); any other is refused."""
         cfg, tc, main = self.cfg, self.cfg.trainer, self.accelerator.is_main_process
-        notes = resume.settle_run_dir(cfg, self.run_dir, main, allow_changes)
+        notes = resume.settle_run_dir(cfg, self.run_dir, main, allow_changes, self.world_hash)
         resumed = self.maybe_resume()
         tracker = Tracker(self.run_dir, cfg.logging, cfg.to_dict(), total_steps=tc.total_steps,
                           start_step=self.step, enabled=main)
         if self.world_dir is not None:
-            notes = [*notes, f"world: {self.world_dir} (config hash {factories.world_hash(self.world_dir)})"]
+            notes = [*notes, f"world: {self.world_dir} (config hash {self.world_hash})"]
         for note in notes + ([f"resumed from {resumed} at step {self.step}"] if resumed is not None else []) + (
                 [f"WARNING: {self.llds_warning}"] if self.llds_warning else []):
             tracker.write(note)

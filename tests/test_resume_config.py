@@ -43,6 +43,26 @@ def test_default_run_name_is_deterministic_and_ignores_safe_keys():
     assert default_run_name(a) == default_run_name(_cfg("trainer.total_steps=9", "trainer.output_dir=x"))
     assert default_run_name(a) != default_run_name(_cfg("trainer.total_steps=2", "trainer.lr=5e-3"))
     assert default_run_name(a).startswith(a.name + "-")
+    # the world is part of a run's identity: a rebuilt world under the same data.world_dir is a new run
+    assert default_run_name(a, "abc123") == default_run_name(_cfg("trainer.total_steps=2"), "abc123")
+    assert len({default_run_name(a), default_run_name(a, "abc123"), default_run_name(a, "def456")}) == 3
+
+
+def test_resuming_onto_another_world_is_refused(tmp_path, monkeypatch):
+    from searchr1_lld import resume
+
+    settle_run_dir = resume.settle_run_dir
+    cfg = _cfg("trainer.total_steps=2", "trainer.resume=auto")
+    settle_run_dir(cfg, tmp_path, True, (), world_hash="world-a")
+    assert (tmp_path / "world_hash.txt").read_text().strip() == "world-a"
+    step = tmp_path / "checkpoints" / "step_000001"  # a checkpoint to resume from (its contents are not read here)
+    step.mkdir(parents=True)
+    monkeypatch.setattr(resume.ckpt, "resolve_resume", lambda mode, run_dir: None if mode == "never" else step)
+    settle_run_dir(cfg, tmp_path, True, (), world_hash="world-a")  # same world: resumes
+    with pytest.raises(ConfigError, match="world-a.*world-b"):
+        settle_run_dir(cfg, tmp_path, True, (), world_hash="world-b")
+    settle_run_dir(_cfg("trainer.total_steps=2", "trainer.resume=never"), tmp_path, True, (), world_hash="world-b")
+    assert (tmp_path / "world_hash.txt").read_text().strip() == "world-b"  # started over on the new world
 
 
 def _trainer(cfg, tiny_world, retriever):
