@@ -312,9 +312,10 @@ def _drill_segments(row: dict, kind: str, hits_of: dict[str, list[dict]], eos: s
     ``subject_query``: question -> ``<search> subject </search>``; ``bridge_query`` (multi-hop): question + the
     subject's search and hits -> ``<search> bridge </search>``; ``answer``: question + the last hop's search and
     hits -> ``<answer> gold </answer>``. The search before an observation is context, as in a rollout: it names the
-    entity whose passage holds the target (without it, which of the three passages to read is a guess). The context starts with the rollout's prompt (``full_prompt``) or with just
-    ``Question: ...`` (the curriculum's first stage). None when the observation does not contain what is to be copied
-    (a drill must never teach to produce a name that is not in the context)."""
+    entity whose passage holds the target (without it, which of the three passages to read is a guess). The context
+    starts with the rollout's prompt (``full_prompt``) or with just ``Question: ...`` (the curriculum's first stage).
+    None when the observation does not contain what is to be copied (a drill must never teach to produce a name that
+    is not in the context)."""
     meta = row["metadata"]
     question = Segment(render_prompt(row["question"], "tiny") if full_prompt else f"Question: {row['question']}\n",
                        generated=False)
@@ -394,7 +395,8 @@ def _drill_drawer(rows, search: SearchFn, tokenizer, cfg: WorldConfig, topk: int
             pick = kind
             if pick is None and cfg.warmstart_drill_answer_share > 0:
                 pick = "answer" if rng.random() < cfg.warmstart_drill_answer_share else rng.choice(kinds[:-1])
-            segs = _drill_segments(row, pick or rng.choice(kinds), hits_of, tokenizer.eos_token, full_prompt=full_prompt)
+            segs = _drill_segments(row, pick or rng.choice(kinds), hits_of, tokenizer.eos_token,
+                                   full_prompt=full_prompt)
             if segs is not None:
                 return tokenize_segments(renamer(segs, rng) if renamer else segs, tokenizer)
         raise ValueError("cannot build copy drills: the retriever almost never returns the passages the questions "
@@ -634,6 +636,19 @@ def _cycle(make_iter: Callable[[], Any]):
         yield from make_iter()
 
 
+def _same_call_once(search: SearchFn) -> SearchFn:
+    """``search`` that retrieves each distinct (queries, topk) call once and returns its earlier result again (the
+    same call, so the same hits as retrieving anew)."""
+    done: dict[tuple[tuple[str, ...], int], list[list[dict]]] = {}
+
+    def cached(queries: list[str], topk: int) -> list[list[dict]]:
+        key = (tuple(queries), topk)
+        if key not in done:
+            done[key] = search(queries, topk)
+        return done[key]
+    return cached
+
+
 def build_tiny_policy(out_dir: str | Path, passages: list[dict], train_rows: list[dict], search: SearchFn,
                       cfg: WorldConfig, *, progress: bool = True) -> dict[str, Any]:
     """Train the tokenizer (``out_dir/tokenizer``) and the warm-started model (``out_dir/model``); return stats."""
@@ -643,6 +658,7 @@ def build_tiny_policy(out_dir: str | Path, passages: list[dict], train_rows: lis
     tok_dir, model_dir = out_dir / "tokenizer", out_dir / "model"
     tokenizer = train_tokenizer(tokenizer_training_texts(passages, train_rows), cfg.tokenizer_vocab_size, tok_dir)
     model = make_model(cfg, tokenizer)
+    search = _same_call_once(search)  # the drills and their probes retrieve the same queries
     with tqdm(total=1, desc="warm-start data", disable=not progress, leave=False) as bar:
         examples = build_warmstart_examples(train_rows, search, tokenizer, cfg, passages=passages)
         drills = build_copy_drills(train_rows, search, tokenizer, cfg, passages=passages)

@@ -18,9 +18,10 @@ RESUME_IGNORED_KEYS = ("trainer.resume", "trainer.run_name", "trainer.output_dir
 # covers a section. total_steps: the LR schedule is recomputed for the new length (warmup_ratio of the new total).
 RESUME_SAFE_KEYS = ("trainer.total_steps", "trainer.save_every", "trainer.keep_last_k", "trainer.eval_every",
                     "trainer.eval_limit", "trainer.probe_every", "logging.*", "eval.*")
+WORLD_FILE = "world_hash.txt"  # the config hash of the world a run trains on (resuming onto another is refused)
 # A run's own files: moved aside when a run starts over in a used directory.
 RUN_FILES = ("checkpoints", "metrics.jsonl", "eval_before.json", "eval.json", "eval.md", "plots", "config.yaml",
-             "world_hash.txt")
+             WORLD_FILE)
 
 
 def _matches(key: str, patterns: Sequence[str]) -> bool:
@@ -46,16 +47,14 @@ def run_dir_of(cfg: Config, world_hash: str | None = None) -> Path:
     return Path(cfg.trainer.output_dir) / (cfg.trainer.run_name or default_run_name(cfg, world_hash))
 
 
-WORLD_FILE = "world_hash.txt"  # the config hash of the world a run trains on (resuming onto another is refused)
-
-
 def check_world(run_dir: Path, world_hash: str | None, resuming: bool) -> None:
     """Refuse to resume a run in ``run_dir`` on another world than the one it started on (its ``world_hash.txt``):
     the checkpoint's policy and the rollouts would come from two different worlds."""
     path = run_dir / WORLD_FILE
-    if resuming and world_hash is not None and path.is_file() and path.read_text().strip() != world_hash:
+    recorded = path.read_text().strip() if path.is_file() else None
+    if resuming and world_hash is not None and recorded is not None and recorded != world_hash:
         raise ConfigError(
-            f"{run_dir} was trained on the world with config hash {path.read_text().strip()}, but data.world_dir now "
+            f"{run_dir} was trained on the world with config hash {recorded}, but data.world_dir now "
             f"holds {world_hash} (rebuilt?); resuming would mix the two. Use another trainer.run_name (or none: the "
             f"default run directory follows the world), or trainer.resume=never to start this one over.")
 

@@ -329,6 +329,20 @@ def test_copy_accuracy_is_one_for_a_model_that_copies(tiny_tokenizer) -> None:
     assert TP.copy_accuracy(Oracle(wrong_rows=[0]), probes, pad_id=0) == {"answer": 0.5}
 
 
+def test_same_search_call_is_retrieved_once() -> None:
+    calls = []
+
+    def search(queries, k):
+        calls.append((list(queries), k))
+        return [[{"q": q, "k": k}] for q in queries]
+
+    cached = TP._same_call_once(search)
+    first = cached(["a", "b"], 3)
+    assert cached(["a", "b"], 3) == first and len(calls) == 1
+    assert cached(["a", "b"], 2) == [[{"q": "a", "k": 2}], [{"q": "b", "k": 2}]] and len(calls) == 2
+    assert cached(["b"], 3) == [[{"q": "b", "k": 3}]] and len(calls) == 3  # another call: retrieved
+
+
 def test_no_drills_when_zero(tiny_world_config) -> None:
     import dataclasses
 

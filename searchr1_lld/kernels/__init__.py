@@ -94,8 +94,9 @@ def llds_update(neg_d: torch.Tensor, m: torch.Tensor, advantages: torch.Tensor, 
     inside ``torch.compile``, or no compiler): the caller then runs the torch formulation. Shapes are checked here,
     since the C code trusts them: a mismatch is an error, not a fallback."""
     if (neg_d.dtype, grad_logp.dtype, advantages.dtype, m.dtype) != _LLDS_DTYPES or gate < 0 or not (
-            neg_d.is_cpu and advantages.is_cpu and neg_d.is_contiguous() and m.is_contiguous()
-            and grad_logp.is_contiguous() and advantages.is_contiguous()) or torch.compiler.is_compiling():
+            neg_d.is_cpu and m.is_cpu and grad_logp.is_cpu and advantages.is_cpu and neg_d.is_contiguous()
+            and m.is_contiguous() and grad_logp.is_contiguous() and advantages.is_contiguous()
+    ) or torch.compiler.is_compiling():
         return None
     answer = None
     if c_answer is not None:
