@@ -340,10 +340,12 @@ def _drill_segments(row: dict, kind: str, hits_of: dict[str, list[dict]], eos: s
 
 def build_copy_drills(rows: list[dict], search: SearchFn, tokenizer, cfg: WorldConfig, topk: int = 3,
                       seed: int | None = None, passages: list[dict] | None = None
-                      ) -> list[list[tuple[list[int], list[int]]]]:
+                      ) -> dict[str, list[tuple[list[int], list[int]]]]:
     """``cfg.warmstart_drills`` copy exercises (``_drill_segments``), names shuffled like the trajectories, as a
-    two-stage curriculum ``[short, full]``: first with a ``Question: ...`` context only, then (the last
-    ``cfg.warmstart_drill_prompt_share`` of them) starting from the rollout's whole prompt.
+    curriculum of stages in order: ``answer`` (only when ``cfg.warmstart_drill_answer_first`` > 0: that share of
+    the drills, answer drills only, ``Question: ...`` context), ``short`` (every kind, ``Question: ...`` context),
+    ``full`` (the last ``cfg.warmstart_drill_prompt_share`` of the drills, every kind, starting from the rollout's
+    whole prompt).
 
     Why: a freshly initialised transformer learns to copy only after a phase change (measured on the default world,
     ``docs/lab/warm_start.md``: a question -> subject-query drill at lr 1e-3 goes from 0.00 to 1.00 first-token
@@ -354,16 +356,28 @@ def build_copy_drills(rows: list[dict], search: SearchFn, tokenizer, cfg: WorldC
     phase change did not come within 1,500 steps; with the short context it comes, but then transfers poorly to the
     real prompt (first subject token 0.2) until drills on the real prompt follow. Kinds are drawn uniformly among
     those the row has (``bridge_query`` only for multi-hop rows); drills whose observation lacks the target are
-    redrawn."""
+    redrawn.
+
+    Why an answer stage first: finding the answer in one of three passages (the one about the searched entity, the
+    word of the asked role) forms in its own phase change, and mixed with the query drills it came late (step
+    2,300 of 2,500 on the default world) while answer drills alone got there by step ~500 (docs/lab/warm_start.md).
+    """
     if cfg.warmstart_drills <= 0:
-        return []
-    if not 0 <= cfg.warmstart_drill_prompt_share <= 1:
-        raise ValueError(f"warmstart_drill_prompt_share must be in [0, 1] (got {cfg.warmstart_drill_prompt_share})")
+        return {}
+    for key in ("warmstart_drill_prompt_share", "warmstart_drill_answer_first"):
+        if not 0 <= getattr(cfg, key) <= 1:
+            raise ValueError(f"{key} must be in [0, 1] (got {getattr(cfg, key)})")
+    if cfg.warmstart_drill_prompt_share + cfg.warmstart_drill_answer_first > 1:
+        raise ValueError("warmstart_drill_prompt_share + warmstart_drill_answer_first must be <= 1 (shares of one "
+                         f"drill budget; got {cfg.warmstart_drill_prompt_share} + {cfg.warmstart_drill_answer_first})")
     seed = cfg.seed if seed is None else seed
     draw = _drill_drawer(rows, search, tokenizer, cfg, topk, passages, random.Random(seed + 3))
     n_full = round(cfg.warmstart_drills * cfg.warmstart_drill_prompt_share)
-    return [[draw(full_prompt=False) for _ in range(cfg.warmstart_drills - n_full)],
-            [draw(full_prompt=True) for _ in range(n_full)]]
+    n_answer = round(cfg.warmstart_drills * cfg.warmstart_drill_answer_first)
+    stages = {"answer": [draw(full_prompt=False, kind="answer") for _ in range(n_answer)],
+              "short": [draw(full_prompt=False) for _ in range(cfg.warmstart_drills - n_full - n_answer)],
+              "full": [draw(full_prompt=True) for _ in range(n_full)]}
+    return {name: drills for name, drills in stages.items() if drills}
 
 
 def build_drill_probes(rows: list[dict], search: SearchFn, tokenizer, cfg: WorldConfig, n_per_kind: int,
@@ -426,34 +440,59 @@ def copy_accuracy(model, probes: dict[str, list[tuple[list[int], list[int]]]], p
     return acc
 
 
-def _name_pool(rows: list[dict], results: list[list[dict]], passages: list[dict] | None) -> list[str]:
-    """Every entity-name word the renaming may use: retrieved titles, subjects and bridges, the whole corpus."""
-    return sorted({w for hits in results for h in hits for w in _title(h["contents"]).split()}
-                  | {w for r in rows for key in ("subject", "bridge") for w in r["metadata"][key].split()}
-                  | {w for p in (passages or []) for w in _title(p["contents"]).split()})
+def _name_pool(rows: list[dict], results: list[list[dict]], passages: list[dict] | None) -> dict[str, list[str]]:
+    """Every entity-name word the renaming may use, by role (``data.world.name_word_groups``): the titles of the
+    retrieved passages and of the whole corpus; subject/bridge words no passage at hand names go to ``other``."""
+    from data.world import name_word_groups
+
+    docs = {h["contents"]: h for hits in results for h in hits}
+    docs.update({p["contents"]: p for p in passages or []})
+    groups = name_word_groups(list(docs.values()))
+    typed = {w for words in groups.values() for w in words}
+    other = sorted({w for r in rows for key in ("subject", "bridge") for w in r["metadata"][key].split()} - typed)
+    return {**groups, "other": other} if other else groups
 
 
 class NameShuffler:
-    """Rename a trajectory consistently: every entity-name word -> a random other name word, every year -> a
-    random year (one bijection per trajectory, applied to prompt, generated text and retrieved documents alike).
+    """Rename a trajectory consistently: every entity-name word -> a random other name word *of the same role*
+    (a city for a city, a person's last name for a last name, ...), every year -> a random year (one bijection per
+    trajectory, applied to prompt, generated text and retrieved documents alike).
 
     A tiny model otherwise *memorises* the training entities (question -> query, entity -> fact) instead of
     learning to copy them from the context, and scores zero on the unseen test entities; after renaming, the only
     way to predict the query and the answer is to copy them from the question and the documents.
+
+    Why by role: a name word's embedding then says what it names, as a real LM's does ("Paris" is a city), and the
+    answer to "in which city ..." is the city-word in the right passage. Renamed across roles (one pool), a word
+    is a city in one trajectory and a founder in the next, its type lives only in its context, and the tiny model
+    did not learn to find the answer (measured, docs/lab/warm_start.md: teacher-forced answer accuracy 0.05-0.12
+    after 2,000 drill steps with one pool, 0.53 after 2,250 by role). Every role's words, test entities' included,
+    are in its group, so no fact leaks: the renaming is random per trajectory.
+
+    ``groups``: role -> name words (a plain list is one group); fixed words (company suffixes, "River") are kept.
     """
 
-    def __init__(self, pool: list[str]):
+    def __init__(self, groups: dict[str, list[str]] | list[str]):
         import re
 
-        words = sorted({w for w in pool if w not in _FIXED_WORDS}, key=lambda w: (-len(w), w))
-        if not words:
+        groups = {"names": groups} if isinstance(groups, list) else groups
+        seen: set[str] = set()
+        self.groups: list[list[str]] = []
+        for words in groups.values():
+            words = sorted({w for w in words if w not in _FIXED_WORDS} - seen)
+            seen.update(words)
+            if words:
+                self.groups.append(words)
+        if not seen:
             raise ValueError("no name words to shuffle")
-        self.words = words
-        self.name_re = re.compile(r"\b(" + "|".join(map(re.escape, words)) + r")\b")
+        self.words = sorted(seen, key=lambda w: (-len(w), w))
+        self.name_re = re.compile(r"\b(" + "|".join(map(re.escape, self.words)) + r")\b")
         self.year_re = re.compile(r"\b(1\d{3})\b")
 
     def __call__(self, segments: list[Segment], rng: random.Random) -> list[Segment]:
-        names = dict(zip(self.words, rng.sample(self.words, len(self.words))))
+        names: dict[str, str] = {}
+        for words in self.groups:
+            names.update(zip(words, rng.sample(words, len(words))))
         years: dict[str, str] = {}
 
         def rename(text: str) -> str:
@@ -554,10 +593,11 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
     ``cfg.warmstart_drill_batch_size``, linear warmup over the first 10% of the drill-step budget (all drills once),
     then constant. With ``probes`` (``build_drill_probes``) and ``cfg.warmstart_drill_check_every`` > 0 a stage
     ends on evidence: every that many steps the teacher-forced copy accuracy (``copy_accuracy``) on the stage's
-    held-out probes (short / full context) is measured, and the stage ends once the subject-query accuracy reaches
-    ``cfg.warmstart_drill_subject_target`` (the short stage is there to form the copy circuit) and, in the last
-    stage, the answer accuracy ``cfg.warmstart_drill_answer_target`` too. The first stage may use its own drills
-    once; the last stage gets what is left of the budget, cycling over its drills.
+    held-out probes (short / full context) is measured, and the stage ends once its targets are met: ``answer``
+    the answer accuracy ``cfg.warmstart_drill_answer_target``, ``short`` the subject-query accuracy
+    ``cfg.warmstart_drill_subject_target`` (the stage is there to form the query copy circuit), the last stage
+    (``full``) both. Every stage but the last may use its own drills once; the last stage gets what is left of the
+    budget, cycling over its drills.
     (The copy circuit forms in a phase change whose step varies from run to run: a fixed count stopped some builds
     before it, docs/lab/warm_start.md.)
     Trajectory phase: ``cfg.warmstart_epochs`` epochs of batches of ``batch_size``, cosine decay to 0 (with its own
@@ -565,8 +605,8 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
     ``cfg.warmstart_env_loss_weight``, on the prompt and observation tokens of the trajectories (a little
     "pretraining" on copy-rich text; drills weight only their generated segment).
     Returns ``{"first_loss", "final_loss", "steps", "tokens", "drill_steps", "drill_final_loss", "drill_stop",
-    "drill_checks"}`` (final = mean of the last 10% of the trajectory phase; ``drill_stop`` per stage:
-    ``targets met`` / ``budget used``; ``drill_checks``: every measurement, ``{step, context, <kind>: accuracy}``).
+    "drill_checks"}`` (final = mean of the last 10% of the trajectory phase; ``drill_stop``: stage name ->
+    ``targets met`` / ``budget used``; ``drill_checks``: every measurement, ``{step, stage, context, <kind>: accuracy}``).
     """
     from tqdm.auto import tqdm
 
@@ -575,20 +615,23 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
     rng = random.Random(cfg.seed + 2)
     lr = cfg.warmstart_lr
     drill_bs = cfg.warmstart_drill_batch_size
-    drills = [stage for stage in drills if stage]
-    budget = sum(math.ceil(len(stage) / drill_bs) for stage in drills)
+    drills = {name: stage for name, stage in (drills or {}).items() if stage}
+    budget = sum(math.ceil(len(stage) / drill_bs) for stage in drills.values())
     traj_steps = math.ceil(len(examples) / batch_size) * cfg.warmstart_epochs
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     model.train()
     bar = tqdm(total=budget + traj_steps, desc="warm start", disable=not progress, leave=False)
     drill_losses: list[float] = []
     checks: list[dict[str, Any]] = []
-    stops: list[str] = []
+    stops: dict[str, str] = {}
     warmup = max(1, budget // 10)
     check_every = cfg.warmstart_drill_check_every if probes else 0
-    for si, stage in enumerate(drills):
+    for si, (name, stage) in enumerate(drills.items()):
         last = si == len(drills) - 1
-        context = "full" if last else "short"
+        context = "full" if name == "full" else "short"
+        targets = {"subject_query": cfg.warmstart_drill_subject_target} if name != "answer" else {}
+        if name == "answer" or last:
+            targets["answer"] = cfg.warmstart_drill_answer_target
         stage_budget = (budget - len(drill_losses)) if last else math.ceil(len(stage) / drill_bs)
         batches = _cycle(lambda: _batches(stage, drill_bs, pad_id, rng))
         done, stop = 0, "budget used"
@@ -600,13 +643,12 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
             done += n
             if check_every:
                 acc = copy_accuracy(model, probes[context], pad_id)
-                checks.append({"step": len(drill_losses), "context": context, **acc})
+                checks.append({"step": len(drill_losses), "stage": name, "context": context, **acc})
                 bar.set_postfix(**{k[:7]: f"{v:.2f}" for k, v in acc.items()})
-                if acc.get("subject_query", 0.0) >= cfg.warmstart_drill_subject_target and (
-                        not last or acc.get("answer", 0.0) >= cfg.warmstart_drill_answer_target):
+                if all(acc.get(kind, 0.0) >= target for kind, target in targets.items()):
                     stop = "targets met"
                     break
-        stops.append(stop)
+        stops[name] = stop
     bar.total = len(drill_losses) + traj_steps
     bar.refresh()
     warmup = 0 if drills else max(1, traj_steps // 10)
@@ -675,7 +717,7 @@ def build_tiny_policy(out_dir: str | Path, passages: list[dict], train_rows: lis
         "parameters": count_parameters(model),
         "vocab_size": len(tokenizer),
         "examples": len(examples),
-        "drills": sum(len(stage) for stage in drills),
+        "drills": sum(len(stage) for stage in drills.values()),
         "mean_example_tokens": sum(lengths) / len(lengths),
         "max_example_tokens": max(lengths),
     }

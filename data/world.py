@@ -180,6 +180,40 @@ def _passage_text(entity: Person | City | Company | River) -> tuple[str, str]:
     raise TypeError(f"not an entity: {entity!r}")
 
 
+# How each kind of passage starts after its title (``_passage_text``): the reader of a passage's entity kind.
+_KIND_OPENINGS = {"river": "The {t} is a river", "city": "{t} is a city in", "company": "{t} is a", "person": "{t} was a"}
+
+
+def passage_kind(contents: str) -> str:
+    """The kind of entity a corpus passage is about (``person`` / ``city`` / ``company`` / ``river``), read from the
+    opening ``_passage_text`` gives each kind; ValueError for a passage this generator did not write."""
+    title, _, text = contents.partition("\n")
+    title = title.strip('"')
+    for kind, opening in _KIND_OPENINGS.items():
+        if text.startswith(opening.format(t=title)):
+            return kind
+    raise ValueError(f"not a passage of this world: {contents[:80]!r}")
+
+
+def name_word_groups(passages: list[dict[str, str]]) -> dict[str, list[str]]:
+    """The name words of the corpus' titles by role: ``person_first``, ``person_last``, ``city``, ``company``
+    (the stem; suffixes like "Works" are not names), ``river`` (the stem before "River"). Each list sorted, no
+    duplicates; a word is in the group of every role it plays (the generator keeps roles apart, so normally one)."""
+    groups: dict[str, set[str]] = {k: set() for k in ("person_first", "person_last", "city", "company", "river")}
+    for p in passages:
+        title = p["contents"].partition("\n")[0].strip('"')
+        kind = passage_kind(p["contents"])
+        words = title.split()
+        if kind == "person":
+            groups["person_first"].add(words[0])
+            groups["person_last"].update(words[1:])
+        elif kind == "city":
+            groups["city"].update(words)
+        else:  # company "<stem> <suffix>", river "<stem> River"
+            groups[kind].update(words[:-1])
+    return {k: sorted(v) for k, v in groups.items()}
+
+
 def _article(word: str) -> str:
     return "an" if word[0] in "aeiou" else "a"
 

@@ -157,6 +157,19 @@ def test_name_shuffler_renames_consistently() -> None:
     assert len(seen) > 2  # different trajectories get different names
 
 
+def test_name_shuffler_keeps_each_word_in_its_role() -> None:
+    """Renaming by role: a city is renamed to a city, a first name to a first name, in every trajectory."""
+    groups = {"city": ["Mora", "Kudan", "Velb"], "person_first": ["Ash", "Kol", "Tiv"], "person_last": ["Bren", "Dax"]}
+    shuffler = TP.NameShuffler(groups)
+    segs = [TP.Segment("Where was Ash Bren born? Ash Bren was born in Mora.", False)]
+    for k in range(30):
+        words = shuffler(segs, random.Random(k))[0].text.rstrip(".").replace("?", "").split()
+        assert words[2] in groups["person_first"] and words[3] in groups["person_last"]
+        assert words[-1] in groups["city"] and words[5:7] == words[2:4]
+    firsts = {shuffler(segs, random.Random(k))[0].text.split()[2] for k in range(30)}
+    assert firsts == set(groups["person_first"])  # every word of the role is used
+
+
 def test_plans_cover_every_kind() -> None:
     rows = [{"question": "In which year was A B born?", "golden_answers": ["1900"],
              "metadata": {"hops": 1, "family": "person_birth_year", "subject": "A B", "bridge": ""}},
@@ -229,8 +242,9 @@ def test_copy_drills_only_ask_for_what_the_context_holds(tiny_world: Path, tiny_
         hits = real_search(queries, k)
         return [hits[(i + 1) % len(hits)] if i % 2 else h for i, h in enumerate(hits)]
 
-    short, full = TP.build_copy_drills(rows, search, tiny_tokenizer, cfg,
-                                       passages=read_jsonl(tiny_world / "corpus.jsonl"))
+    stages = TP.build_copy_drills(rows, search, tiny_tokenizer, cfg, passages=read_jsonl(tiny_world / "corpus.jsonl"))
+    assert list(stages) == ["short", "full"]
+    short, full = stages["short"], stages["full"]
     assert (len(short), len(full)) == (60, 30)
     for ids, _ in short:  # the curriculum's first stage: no instruction in front of the question
         assert tiny_tokenizer.decode(ids).startswith("Question: ")
@@ -292,17 +306,17 @@ def test_drill_stages_end_on_evidence(tiny_world: Path, tiny_tokenizer, tiny_wor
                              drills=drills, probes=probes)
 
     met = run(warmstart_drill_subject_target=0.0, warmstart_drill_answer_target=0.0)
-    assert met["drill_stop"] == ["targets met", "targets met"] and met["drill_steps"] == 4
+    assert met["drill_stop"] == {"short": "targets met", "full": "targets met"} and met["drill_steps"] == 4
     assert [(c["step"], c["context"]) for c in met["drill_checks"]] == [(2, "short"), (4, "full")]
     unreachable = run(warmstart_drill_subject_target=1.0, warmstart_drill_answer_target=1.0)
-    assert unreachable["drill_stop"] == ["budget used", "budget used"] and unreachable["drill_steps"] == budget
+    assert unreachable["drill_stop"] == {"short": "budget used", "full": "budget used"} and unreachable["drill_steps"] == budget
     checks = unreachable["drill_checks"]
     assert [c["step"] for c in checks] == list(range(2, budget + 1, 2))
     assert [c["context"] for c in checks] == ["short"] * 3 + ["full"] * 3
     assert all(0 <= c[k] <= 1 for c in checks for k in TP.COPY_DRILL_KINDS)
     # the short stage needs the subject target only; the last stage gets the budget the first left over
     subject_only = run(warmstart_drill_subject_target=0.0, warmstart_drill_answer_target=1.0)
-    assert subject_only["drill_stop"] == ["targets met", "budget used"] and subject_only["drill_steps"] == budget
+    assert subject_only["drill_stop"] == {"short": "targets met", "full": "budget used"} and subject_only["drill_steps"] == budget
     assert [c["context"] for c in subject_only["drill_checks"]] == ["short"] + ["full"] * 5
 
 
@@ -347,10 +361,42 @@ def test_no_drills_when_zero(tiny_world_config) -> None:
     import dataclasses
 
     cfg = dataclasses.replace(tiny_world_config, warmstart_drills=0)
-    assert TP.build_copy_drills([], lambda q, k: [], None, cfg) == []
+    assert TP.build_copy_drills([], lambda q, k: [], None, cfg) == {}
     with pytest.raises(ValueError, match="warmstart_drill_prompt_share"):
         TP.build_copy_drills([], lambda q, k: [], None, dataclasses.replace(cfg, warmstart_drills=4,
                                                                            warmstart_drill_prompt_share=1.5))
+    with pytest.raises(ValueError, match="shares of one drill budget"):
+        TP.build_copy_drills([], lambda q, k: [], None, dataclasses.replace(
+            cfg, warmstart_drills=4, warmstart_drill_prompt_share=0.5, warmstart_drill_answer_first=0.6))
+
+
+def test_answer_stage_comes_first_and_ends_on_the_answer_target(tiny_world: Path, tiny_tokenizer,
+                                                                tiny_world_config) -> None:
+    """With ``warmstart_drill_answer_first`` the curriculum opens with answer drills alone (short context); that
+    stage ends on the answer target only, whatever the subject accuracy."""
+    import dataclasses
+
+    cfg = dataclasses.replace(tiny_world_config, warmstart_drills=96, warmstart_drill_batch_size=8,
+                              warmstart_drill_prompt_share=0.25, warmstart_drill_answer_first=0.25,
+                              warmstart_drill_check_every=2, warmstart_drill_probes=4, warmstart_trajectories=8)
+    drills, probes, examples = _drill_setup(tiny_world, tiny_tokenizer, cfg)
+    assert list(drills) == ["answer", "short", "full"] and [len(d) for d in drills.values()] == [24, 48, 24]
+    for ids, mask in drills["answer"]:
+        generated = tiny_tokenizer.decode([i for i, m in zip(ids, mask) if m])
+        assert P.ANSWER_OPEN in generated and P.SEARCH_OPEN not in generated
+        assert tiny_tokenizer.decode(ids).startswith("Question: ")
+
+    def run(**targets):
+        c = dataclasses.replace(cfg, **targets)
+        return TP.warm_start(TP.make_model(c, tiny_tokenizer), examples, c, pad_id=tiny_tokenizer.pad_token_id,
+                             batch_size=4, progress=False, drills=drills, probes=probes)
+
+    answer_met = run(warmstart_drill_subject_target=1.0, warmstart_drill_answer_target=0.0)
+    assert answer_met["drill_stop"] == {"answer": "targets met", "short": "budget used", "full": "budget used"}
+    assert [(c["step"], c["stage"]) for c in answer_met["drill_checks"]][:2] == [(2, "answer"), (4, "short")]
+    never = run(warmstart_drill_subject_target=0.0, warmstart_drill_answer_target=1.0)
+    assert never["drill_stop"] == {"answer": "budget used", "short": "targets met", "full": "budget used"}
+    assert [(c["step"], c["stage"]) for c in never["drill_checks"]][:3] == [(2, "answer"), (3, "answer"), (5, "short")]
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from data.build_world import ensure_world, parse_world_overrides, read_card, world_config_hash
-from data.world import generate_world, read_jsonl
+from data.world import generate_world, name_word_groups, passage_kind, read_jsonl
 from searchr1_lld.config import ConfigError, WorldConfig
 from searchr1_lld.rewards import normalize_answer
 
@@ -100,6 +100,27 @@ def test_distractors_have_similar_names(world) -> None:
         first, last = p.name.split(" ", 1)
         assert any(f.name.startswith(first + " ") or f.name.endswith(" " + last) for f in fake), p.name
     assert not {p.name for p in real} & {f.name for f in fake}
+
+
+def test_name_words_are_grouped_by_the_role_they_play(world) -> None:
+    """Every passage's kind is read back from its text, and every title word lands in the group of its entity's
+    role (what the warm start's renaming keeps apart)."""
+    kinds = {_title(p["contents"]): passage_kind(p["contents"]) for p in world.passages}
+    assert {n: kinds[n] for n in (world.people[0].name, world.cities[0].name, world.companies[0].name,
+                                  world.rivers[0].name)} == {world.people[0].name: "person",
+                                                             world.cities[0].name: "city",
+                                                             world.companies[0].name: "company",
+                                                             world.rivers[0].name: "river"}
+    groups = name_word_groups(world.passages)
+    expected = {"person_first": {p.name.split()[0] for p in world.people},
+                "person_last": {p.name.split()[1] for p in world.people},
+                "city": {c.name for c in world.cities},
+                "company": {c.name.split()[0] for c in world.companies},
+                "river": {r.name.split()[0] for r in world.rivers}}
+    assert {k: set(v) for k, v in groups.items()} == expected
+    assert sum(len(v) for v in groups.values()) == len(set().union(*expected.values()))  # roles are disjoint
+    with pytest.raises(ValueError, match="not a passage of this world"):
+        passage_kind('"Paris"\nParis is the capital of France.')
 
 
 def test_impossible_sizes_are_clear_errors() -> None:

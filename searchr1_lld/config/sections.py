@@ -50,6 +50,7 @@ class WorldConfig:
     warmstart_drill_subject_target: float = opt(0.9, "warm start: teacher-forced subject-query copy accuracy that ends a drill stage (the last: with the answer target)")
     warmstart_drill_answer_target: float = opt(0.6, "warm start: teacher-forced answer copy accuracy that ends the last drill stage (with the subject target)")
     warmstart_drill_probes: int = opt(48, "warm start: held-out drills per kind and context for the copy-accuracy checks")
+    warmstart_drill_answer_first: float = opt(0.0, "warm start: share of the drills spent first on answer drills alone (short context; the stage ends once the answer target is met)")
     warmstart_drill_answer_share: float = opt(0.0, "warm start: probability that a drill is an answer drill (0 = uniform over the kinds a question has)")
     warmstart_quality: float = opt(0.6, "warm start: share of trajectories that are fully correct")
     warmstart_batch_size: int = opt(8, "warm start: trajectories per optimiser step")
