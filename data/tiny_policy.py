@@ -358,9 +358,10 @@ def build_copy_drills(rows: list[dict], search: SearchFn, tokenizer, cfg: WorldC
     those the row has (``bridge_query`` only for multi-hop rows); drills whose observation lacks the target are
     redrawn.
 
-    Why an answer stage first: finding the answer in one of three passages (the one about the searched entity, the
-    word of the asked role) forms in its own phase change, and mixed with the query drills it came late (step
-    2,300 of 2,500 on the default world) while answer drills alone got there by step ~500 (docs/lab/warm_start.md).
+    The answer stage is an option (off by default): finding the answer in one of three passages forms in its own
+    phase change, late in the default build (step ~2,300 of 2,500), and answer drills alone reached it by step ~500
+    in one probe; but put first in real builds it did not bring the phase change forward (docs/lab/warm_start.md,
+    session 5).
     """
     if cfg.warmstart_drills <= 0:
         return {}
@@ -465,8 +466,9 @@ class NameShuffler:
     Why by role: a name word's embedding then says what it names, as a real LM's does ("Paris" is a city), and the
     answer to "in which city ..." is the city-word in the right passage. Renamed across roles (one pool), a word
     is a city in one trajectory and a founder in the next, its type lives only in its context, and the tiny model
-    did not learn to find the answer (measured, docs/lab/warm_start.md: teacher-forced answer accuracy 0.05-0.12
-    after 2,000 drill steps with one pool, 0.53 after 2,250 by role). Every role's words, test entities' included,
+    rarely found the answer (measured on the default world, docs/lab/warm_start.md: the whole build went from
+    test EM 0.04 to 0.12 and from a gold passage retrieved 0.57 to 0.80 of the time, greedy, when the renaming
+    kept roles). Every role's words, test entities' included,
     are in its group, so no fact leaks: the renaming is random per trajectory.
 
     ``groups``: role -> name words (a plain list is one group); fixed words (company suffixes, "River") are kept.

@@ -18,8 +18,10 @@ from searchr1_lld.config import load_config
 from searchr1_lld.distributed import is_deepspeed, zero_stage
 from searchr1_lld.trainer import Trainer
 world, out = sys.argv[1], sys.argv[2]
+# 4 prompts x 4 responses, half rewarded: 8 correct responses, so some action span's likelihood falls after the
+# first update and the LLDS term is active (with 2 x 2 none fell on the by-role warm start)
 cfg = load_config(None, [
-    "trainer.train_batch_size=2", "trainer.ppo_mini_batch_size=2", "trainer.ppo_epochs=2", "rollout.n=2",
+    "trainer.train_batch_size=4", "trainer.ppo_mini_batch_size=8", "trainer.ppo_epochs=2", "rollout.n=4",
     "rollout.max_turns=1", "rollout.max_tokens_per_turn=16", "rollout.max_obs_length=60", "rollout.max_total_length=1024",
     "trainer.lr=1e-3", "trainer.warmup_ratio=0", "trainer.weight_decay=0", "logging.progress_bar=false",
     "trainer.probe_every=0", f"trainer.output_dir={out}", "trainer.run_name=ds"])
