@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from data.world import contains_phrase
+from data.world import contains_phrase, passage_title
 from searchr1_lld.config import WorldConfig
 from searchr1_lld.prompts import (
     INVALID_ACTION_MESSAGE,
@@ -103,7 +103,7 @@ def tokenizer_training_texts(passages: list[dict], rows: list[dict]) -> list[str
     # BPE then merges each whole name word into ONE token, so copying a name is copying one token per word
     from data.world import COMPANY_SUFFIXES, INDUSTRIES, OCCUPATIONS
 
-    name_words = sorted({w for p in passages for w in _title(p["contents"]).split()}
+    name_words = sorted({w for p in passages for w in passage_title(p["contents"]).split()}
                         | set(OCCUPATIONS) | set(INDUSTRIES) | set(COMPANY_SUFFIXES))
     texts += [" ".join([w] * NAME_WORD_REPEATS) for w in name_words]
     texts += [w for w in name_words for _ in range(NAME_WORD_REPEATS // 4)]
@@ -112,10 +112,6 @@ def tokenizer_training_texts(passages: list[dict], rows: list[dict]) -> list[str
 
 _FIXED_WORDS = {"River", "Industries", "Works", "Company", "Holdings", "Trading", "Foundry"}  # kept by NameShuffler
 NAME_WORD_REPEATS = 64  # occurrences of each name word in the tokenizer's training text
-
-
-def _title(contents: str) -> str:
-    return contents.split("\n", 1)[0].strip().strip('"')
 
 
 def encode(tokenizer, text: str) -> list[int]:
@@ -608,7 +604,8 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
     "pretraining" on copy-rich text; drills weight only their generated segment).
     Returns ``{"first_loss", "final_loss", "steps", "tokens", "drill_steps", "drill_final_loss", "drill_stop",
     "drill_checks"}`` (final = mean of the last 10% of the trajectory phase; ``drill_stop``: stage name ->
-    ``targets met`` / ``budget used``; ``drill_checks``: every measurement, ``{step, stage, context, <kind>: accuracy}``).
+    ``targets met`` / ``budget used``; ``drill_checks``: every measurement,
+    ``{step, stage, context, <kind>: accuracy}``).
     """
     from tqdm.auto import tqdm
 

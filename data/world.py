@@ -181,14 +181,19 @@ def _passage_text(entity: Person | City | Company | River) -> tuple[str, str]:
 
 
 # How each kind of passage starts after its title (``_passage_text``): the reader of a passage's entity kind.
-_KIND_OPENINGS = {"river": "The {t} is a river", "city": "{t} is a city in", "company": "{t} is a", "person": "{t} was a"}
+_KIND_OPENINGS = {"river": "The {t} is a river", "city": "{t} is a city in", "company": "{t} is a",
+                  "person": "{t} was a"}
+
+
+def passage_title(contents: str) -> str:
+    """The title of a ``_contents`` string (``"Title"\\ntext``), without its quotes."""
+    return contents.split("\n", 1)[0].strip().strip('"')
 
 
 def passage_kind(contents: str) -> str:
     """The kind of entity a corpus passage is about (``person`` / ``city`` / ``company`` / ``river``), read from the
     opening ``_passage_text`` gives each kind; ValueError for a passage this generator did not write."""
-    title, _, text = contents.partition("\n")
-    title = title.strip('"')
+    title, text = passage_title(contents), contents.partition("\n")[2]
     for kind, opening in _KIND_OPENINGS.items():
         if text.startswith(opening.format(t=title)):
             return kind
@@ -201,9 +206,8 @@ def name_word_groups(passages: list[dict[str, str]]) -> dict[str, list[str]]:
     duplicates; a word is in the group of every role it plays (the generator keeps roles apart, so normally one)."""
     groups: dict[str, set[str]] = {k: set() for k in ("person_first", "person_last", "city", "company", "river")}
     for p in passages:
-        title = p["contents"].partition("\n")[0].strip('"')
         kind = passage_kind(p["contents"])
-        words = title.split()
+        words = passage_title(p["contents"]).split()
         if kind == "person":
             groups["person_first"].add(words[0])
             groups["person_last"].update(words[1:])

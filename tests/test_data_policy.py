@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from data import tiny_policy as TP
-from data.world import read_jsonl
+from data.world import passage_title, read_jsonl
 from searchr1_lld import prompts as P
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -64,7 +64,7 @@ def test_entity_names_are_single_tokens(tiny_world: Path, tiny_tokenizer) -> Non
     answers; at most 2 without), so the policy copies a name one token per word; non-numeric gold answers are at
     most 2 tokens."""
     corpus = read_jsonl(tiny_world / "corpus.jsonl")
-    words = {w for d in corpus for w in TP._title(d["contents"]).split()}
+    words = {w for d in corpus for w in passage_title(d["contents"]).split()}
     assert len(words) > 20
     for w in sorted(words):
         assert len(tiny_tokenizer.encode(" " + w, add_special_tokens=False)) == 1, w
@@ -309,14 +309,16 @@ def test_drill_stages_end_on_evidence(tiny_world: Path, tiny_tokenizer, tiny_wor
     assert met["drill_stop"] == {"short": "targets met", "full": "targets met"} and met["drill_steps"] == 4
     assert [(c["step"], c["context"]) for c in met["drill_checks"]] == [(2, "short"), (4, "full")]
     unreachable = run(warmstart_drill_subject_target=1.0, warmstart_drill_answer_target=1.0)
-    assert unreachable["drill_stop"] == {"short": "budget used", "full": "budget used"} and unreachable["drill_steps"] == budget
+    assert unreachable["drill_stop"] == {"short": "budget used", "full": "budget used"}
+    assert unreachable["drill_steps"] == budget
     checks = unreachable["drill_checks"]
     assert [c["step"] for c in checks] == list(range(2, budget + 1, 2))
     assert [c["context"] for c in checks] == ["short"] * 3 + ["full"] * 3
     assert all(0 <= c[k] <= 1 for c in checks for k in TP.COPY_DRILL_KINDS)
     # the short stage needs the subject target only; the last stage gets the budget the first left over
     subject_only = run(warmstart_drill_subject_target=0.0, warmstart_drill_answer_target=1.0)
-    assert subject_only["drill_stop"] == {"short": "targets met", "full": "budget used"} and subject_only["drill_steps"] == budget
+    assert subject_only["drill_stop"] == {"short": "targets met", "full": "budget used"}
+    assert subject_only["drill_steps"] == budget
     assert [c["context"] for c in subject_only["drill_checks"]] == ["short"] + ["full"] * 5
 
 
