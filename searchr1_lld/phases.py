@@ -92,17 +92,24 @@ class PhaseDetector:
 
     Also read when present: ``probe/logp_per_token`` (the fixed probe set of correct responses, re-measured every
     ``probe_every`` steps). It keeps measuring likelihood after the policy stops sampling correct responses, when the
-    correct-response series has no new points.
+    correct-response series has no new points, and it is the one likelihood series that sampling cannot confound: as
+    entropy falls the policy samples its own most likely responses, so the sampled correct responses' likelihood
+    rises even while the same responses' likelihood falls (measured on the default world: GRPO at lr 2e-3, probe
+    -0.11 -> -0.77 nats/token in 25 steps while the sampled series rose). Its trend (``probe_slope``: least-squares
+    slope per step over its last ``min_points`` measurements, at their steps) therefore takes part in the trend rules.
 
     Rules, evaluated on the last ``window`` steps, most severe first:
     - accelerated_collapse: correct likelihood (the correct-response series or the probe series) at least
       ``collapse_logp_drop`` nats/token below its peak AND (grad norm or entropy exploded vs their early baseline, or
       reward crashed to <= ``collapse_reward_ratio`` x its peak); or explosion and reward crash together; or reward
       still crashed after an explosion seen at any earlier step (collapse is sticky until reward recovers);
-    - steady_decay: correct likelihood slope < -flat while reward has not crashed;
-    - early_stagnation: correct likelihood flat (|slope| <= flat) while reward rises;
+    - steady_decay: correct likelihood falling (slope < -flat: the sampled correct responses' or the probe set's)
+      while reward has not crashed;
+    - early_stagnation: correct likelihood flat (|slope| <= flat; the probe set's slope when it has one, else the
+      sampled correct responses') while reward rises;
     - healthy: otherwise (likelihood of correct responses rising, or too little data to claim a trend).
-    Early warning: correct likelihood slope < -flat while reward slope > rising (the steady-decay signature).
+    Early warning: correct likelihood falling (as in steady_decay) while reward slope > rising (the steady-decay
+    signature).
 
     Evidence proportional to the run: the rules above give a *raw* phase per step; the reported phase is the least
     severe raw phase of the last ``thresholds.persistence()`` steps (a phase must hold that long before it is
@@ -159,6 +166,9 @@ class PhaseDetector:
         probe_all = _finite(series[self.PROBE_LOGP])
         ev["probe_logp_now"] = probe_all[-1] if probe_all else NAN
         ev["probe_drop_from_peak"] = max(probe_all) - probe_all[-1] if probe_all else NAN
+        probe_at = [i for i, v in enumerate(series[self.PROBE_LOGP]) if v is not None and math.isfinite(v)]
+        ev["probe_slope"] = (linear_slope(series[self.PROBE_LOGP][probe_at[-t.min_points]:])
+                             if len(probe_at) >= t.min_points else NAN)
         for key, name in ((self.GRAD_NORM, "grad_norm"), (self.ENTROPY, "entropy")):
             base = _median(_finite(series[key][: t.window]))
             now = _nanmean(_finite(win[key])[-2:])
@@ -183,8 +193,11 @@ class PhaseDetector:
             and ev["reward_now"] <= t.collapse_reward_ratio * ev["reward_peak"]
         )
         explosion = grad_blowup or entropy_blowup
-        logp_falling = ok(ev["logp_slope"]) and ev["logp_slope"] < -t.flat_logp_slope
-        logp_flat = ok(ev["logp_slope"]) and abs(ev["logp_slope"]) <= t.flat_logp_slope
+        falling = {name: ok(ev[key]) and ev[key] < -t.flat_logp_slope
+                   for name, key in (("correct", "logp_slope"), ("probe", "probe_slope"))}
+        logp_falling = falling["correct"] or falling["probe"]
+        trend_slope = ev["probe_slope"] if ok(ev["probe_slope"]) else ev["logp_slope"]
+        logp_flat = not logp_falling and ok(trend_slope) and abs(trend_slope) <= t.flat_logp_slope
         reward_rising = ok(ev["reward_slope"]) and ev["reward_slope"] > t.rising_reward_slope
 
         reasons: list[str] = []
@@ -205,12 +218,16 @@ class PhaseDetector:
                 reasons.append(f"reward {ev['reward_now']:.3f} vs peak {ev['reward_peak']:.3f}")
         elif logp_falling and not reward_crash:
             phase = "steady_decay"
-            reasons.append(f"correct log-likelihood falling {ev['logp_slope']:.4f} nats/token/step")
+            if falling["correct"]:
+                reasons.append(f"correct log-likelihood falling {ev['logp_slope']:.4f} nats/token/step")
+            if falling["probe"]:
+                reasons.append(f"probe-set log-likelihood falling {ev['probe_slope']:.4f} nats/token/step")
         elif logp_flat and reward_rising:
             phase = "early_stagnation"
+            which = "probe-set" if ok(ev["probe_slope"]) else "correct"
             reasons.append(
-                f"reward rising {ev['reward_slope']:.4f}/step while correct log-likelihood is flat "
-                f"({ev['logp_slope']:.4f} nats/token/step)"
+                f"reward rising {ev['reward_slope']:.4f}/step while {which} log-likelihood is flat "
+                f"({trend_slope:.4f} nats/token/step)"
             )
         else:
             phase = "healthy"
@@ -220,8 +237,9 @@ class PhaseDetector:
                 reasons.append(f"correct log-likelihood slope {ev['logp_slope']:.4f} nats/token/step")
         warning = None
         if logp_falling and reward_rising:
+            slope = ev["logp_slope"] if falling["correct"] else ev["probe_slope"]
             warning = (
-                f"early warning: correct-response likelihood trends down ({ev['logp_slope']:.4f} nats/token/step) "
+                f"early warning: correct-response likelihood trends down ({slope:.4f} nats/token/step) "
                 f"while reward still rises ({ev['reward_slope']:.4f}/step) - the LLD death spiral's precursor"
             )
         return PhaseReport(phase=phase, evidence=ev, reasons=reasons, warning=warning)

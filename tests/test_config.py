@@ -160,8 +160,11 @@ def test_world_config_lives_outside_the_run_config():
         load_config(None, ["data.world.seed=1"])
     from conftest import REPO_ROOT
 
+    # the lab trains in the default world (the warm start that copies); the first lab's small world still loads
     lab_world = load_world_config(load_config(REPO_ROOT / "configs/lab/lab.yaml").data.world_config)
-    assert (lab_world.num_people, lab_world.retriever) == (16, "bm25")
+    assert lab_world == load_world_config(None)
+    v1_world = load_world_config(REPO_ROOT / "configs/world/lab.yaml")
+    assert (v1_world.num_people, v1_world.retriever) == (16, "bm25")
     assert load_world_config("configs/world/default.yaml", ["seed=3"]).seed == 3
     with pytest.raises(ConfigError, match="world.multi_hop_fraction"):
         load_world_config(None, ["multi_hop_fraction=2"])

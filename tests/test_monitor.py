@@ -116,6 +116,47 @@ def test_phase_accelerated_collapse():
     assert any("grad norm" in s for s in r.reasons)
 
 
+def _with_probe(history, every, probe):
+    """Put ``probe(i)`` into every ``every``-th record (the trainer measures the probe set every probe_every steps)."""
+    for i, h in enumerate(history):
+        if i % every == 0:
+            h["probe/logp_per_token"] = probe(i)
+    return history
+
+
+def test_falling_probe_is_steady_decay_while_sampled_correct_likelihood_rises():
+    # the GRPO lr 2e-3 pilot's shape: entropy falls, so the sampled correct responses get likelier (+0.02/step) while
+    # the fixed probe set falls 0.1 nats/token per 5 steps (slope -0.02/step) and reward still rises
+    def history():
+        return _series(16, lambda i: 0.1 + 0.01 * i, lambda i: -0.3 + 0.02 * i, lambda i: 0.3, lambda i: 1.0 - 0.05 * i)
+
+    r = _final(_with_probe(history(), 5, lambda i: -0.1 - 0.02 * i))
+    assert r.evidence["logp_slope"] == pytest.approx(0.02)
+    # its last 3 measurements (steps 5, 10, 15: -0.2, -0.3, -0.4), at their positions
+    assert r.evidence["probe_slope"] == pytest.approx(-0.02)
+    assert r.phase == "steady_decay" and any("probe-set log-likelihood falling" in s for s in r.reasons)
+    assert r.warning is not None and "-0.0200" in r.warning
+    # the sampled series alone reads that run as healthy
+    assert _final(history()).phase == "healthy"
+
+
+def test_flat_probe_with_rising_reward_is_early_stagnation():
+    hist = _with_probe(_series(16, lambda i: 0.1 + 0.01 * i, lambda i: -0.3 + 0.02 * i, lambda i: 0.3, lambda i: 1.0),
+                       5, lambda i: -0.1 - 0.001 * i)
+    r = _final(hist)
+    assert r.evidence["probe_slope"] == pytest.approx(-0.001)
+    assert r.phase == "early_stagnation" and "probe-set log-likelihood is flat" in r.reasons[0]
+    assert r.warning is None
+
+
+def test_probe_trend_needs_min_points_measurements():
+    # two probe measurements are not a trend: the sampled series decides (rising: healthy)
+    hist = _with_probe(_series(8, lambda i: 0.1 + 0.01 * i, lambda i: -0.3 + 0.02 * i, lambda i: 0.3, lambda i: 1.0),
+                       5, lambda i: -0.1 - 0.05 * i)
+    r = _final(hist)
+    assert math.isnan(r.evidence["probe_slope"]) and r.phase == "healthy"
+
+
 def test_phase_too_few_points_is_not_a_trend():
     r = _final(_series(2, lambda i: 0.1 * i, lambda i: -float(i), lambda i: 1.0, lambda i: 1.0))
     assert r.phase == "healthy" and "no trend" in r.reasons[0]
