@@ -102,7 +102,9 @@ class PhaseDetector:
     - accelerated_collapse: correct likelihood (the correct-response series or the probe series) at least
       ``collapse_logp_drop`` nats/token below its peak AND (grad norm or entropy exploded vs their early baseline, or
       reward crashed to <= ``collapse_reward_ratio`` x its peak); or explosion and reward crash together; or reward
-      still crashed after an explosion seen at any earlier step (collapse is sticky until reward recovers);
+      still crashed after an explosion seen at any earlier step (collapse is sticky until reward recovers); or reward
+      crashed while correct likelihood is still falling (the decay ran into the crash without an explosion: measured
+      on the default world, GRPO at lr 2e-3 sharpened, entropy 1.0 -> 0.15, while the probe set fell 7x);
     - steady_decay: correct likelihood falling (slope < -flat: the sampled correct responses' or the probe set's)
       while reward has not crashed;
     - early_stagnation: correct likelihood flat (|slope| <= flat; the probe set's slope when it has one, else the
@@ -201,8 +203,14 @@ class PhaseDetector:
         reward_rising = ok(ev["reward_slope"]) and ev["reward_slope"] > t.rising_reward_slope
 
         reasons: list[str] = []
-        if (logp_low and (explosion or reward_crash)) or (reward_crash and (explosion or exploded_before)):
+        if (logp_low and (explosion or reward_crash)) or (
+                reward_crash and (explosion or exploded_before or logp_falling)):
             phase = "accelerated_collapse"
+            if logp_falling and not (logp_low or explosion or exploded_before):
+                reasons.append("correct log-likelihood still falling ("
+                               + ", ".join(f"{name} {ev[key]:.4f} nats/token/step" for name, key in
+                                           (("sampled", "logp_slope"), ("probe set", "probe_slope")) if ok(ev[key]))
+                               + ")")
             if correct_low:
                 reasons.append(f"correct log-likelihood {ev['logp_drop_from_peak']:.3f} nats/token below its peak")
             if probe_low:

@@ -140,6 +140,22 @@ def test_falling_probe_is_steady_decay_while_sampled_correct_likelihood_rises():
     assert _final(history()).phase == "healthy"
 
 
+def test_reward_crash_while_likelihood_still_falls_is_collapse_without_explosion():
+    # reward peaks at 0.32 (step 9) and crashes to 0.06; the probe set keeps falling; entropy falls (no explosion)
+    def reward(i):
+        return 0.1 + 0.02 * i if i < 10 else 0.06
+
+    def history(probe):
+        hist = _series(16, reward, lambda i: -0.1, lambda i: 0.3, lambda i: 1.0 - 0.05 * i)
+        return _with_probe(hist, 5, probe) if probe else hist
+
+    r = _final(history(lambda i: -0.1 - 0.03 * i))
+    assert r.evidence["probe_drop_from_peak"] == pytest.approx(0.45)  # below the 1 nat/token "likelihood low" bar
+    assert r.phase == "accelerated_collapse" and "still falling" in r.reasons[0] and "reward 0.060" in r.reasons[1]
+    # the same reward crash with a flat probe set is not a collapse (reward noise alone is not the death spiral)
+    assert _final(history(lambda i: -0.1)).phase == "healthy"
+
+
 def test_flat_probe_with_rising_reward_is_early_stagnation():
     hist = _with_probe(_series(16, lambda i: 0.1 + 0.01 * i, lambda i: -0.3 + 0.02 * i, lambda i: 0.3, lambda i: 1.0),
                        5, lambda i: -0.1 - 0.001 * i)
