@@ -21,6 +21,7 @@ epoch at a cosine learning rate; loss on the generated tokens. ``world.json`` is
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import importlib.util
 import json
@@ -48,11 +49,8 @@ def smollm2_dir() -> Path:
 
 def load_smollm2():
     """(tokenizer, model): SmolLM2-135M-Instruct from the package's GGUF file, fp32, eval mode (~30-50 s)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import copy
-
     import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = smollm2_dir()
     tokenizer = AutoTokenizer.from_pretrained(str(path), gguf_file=GGUF_FILE)
