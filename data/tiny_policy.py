@@ -200,8 +200,16 @@ def _wrong_answer(rng: random.Random, row: dict, pools: dict[str, list[str]]) ->
     return rng.choice(pool) if pool else "unknown"
 
 
-def plan_trajectories(rows: list[dict], n: int, quality: float, seed: int) -> list[TrajectoryPlan]:
-    """Sample ``n`` trajectory plans over ``rows`` (share ``quality`` fully correct)."""
+def plan_trajectories(rows: list[dict], n: int, quality: float, seed: int,
+                      one_hop_share: float = 0.0) -> list[TrajectoryPlan]:
+    """Sample ``n`` trajectory plans over ``rows`` (share ``quality`` fully correct).
+
+    ``one_hop_share``: share of the multi-hop rows' plans that stop after the first hop (``one_hop_only``), drawn
+    before the quality draw (so that many fewer multi-hop plans are correct): a warm start whose most likely move
+    after the first ``<information>`` of a multi-hop question is to answer, i.e. a decision RL can flip (search
+    again), as Search-R1's RL teaches a base model to use the search engine. 0 = the quality draw alone."""
+    if not 0 <= one_hop_share <= 1:
+        raise ValueError(f"one_hop_share must be in [0, 1] (got {one_hop_share})")
     rng = random.Random(seed)
     pools = _answer_pools(rows)
     kinds, weights = zip(*FLAWED_KINDS.items())
@@ -211,7 +219,10 @@ def plan_trajectories(rows: list[dict], n: int, quality: float, seed: int) -> li
         meta = row["metadata"]
         gold = row["golden_answers"][0]
         hop_queries = [meta["subject"]] + ([meta["bridge"]] if meta["hops"] == 2 else [])
-        kind = "correct" if rng.random() < quality else rng.choices(kinds, weights)[0]
+        if meta["hops"] == 2 and one_hop_share > 0 and rng.random() < one_hop_share:
+            kind = "one_hop_only"
+        else:
+            kind = "correct" if rng.random() < quality else rng.choices(kinds, weights)[0]
         if kind == "correct":
             plans.append(TrajectoryPlan(row, kind, hop_queries, gold))
         elif kind == "guess_after_search":
@@ -286,7 +297,8 @@ def build_warmstart_examples(rows: list[dict], search: SearchFn, tokenizer, cfg:
     copy them. No fact leaks: each trajectory's names and years are renamed at random, so no real name ever appears
     next to its real facts."""
     seed = cfg.seed if seed is None else seed
-    plans = plan_trajectories(rows, cfg.warmstart_trajectories, cfg.warmstart_quality, seed)
+    plans = plan_trajectories(rows, cfg.warmstart_trajectories, cfg.warmstart_quality, seed,
+                              cfg.warmstart_one_hop_share)
     queries = sorted({q for p in plans for q in p.queries})
     results = search(queries, topk) if queries else []
     hits_of = dict(zip(queries, results))

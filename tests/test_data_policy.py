@@ -191,6 +191,30 @@ def test_plans_cover_every_kind() -> None:
             assert p.queries[0] == p.row["metadata"]["subject"]
 
 
+def test_one_hop_share_makes_multi_hop_plans_stop_after_the_first_hop() -> None:
+    rows = [{"question": "In which year was A B born?", "golden_answers": ["1900"],
+             "metadata": {"hops": 1, "family": "person_birth_year", "subject": "A B", "bridge": ""}},
+            {"question": "In which year was the founder of C Works born?", "golden_answers": ["1850"],
+             "metadata": {"hops": 2, "family": "founder_birth_year", "subject": "C Works", "bridge": "D E"}}]
+
+    def one_hop_rate(plans, hops):
+        sel = [p for p in plans if p.row["metadata"]["hops"] == hops]
+        return sum(p.kind == "one_hop_only" for p in sel) / len(sel)
+
+    base = TP.plan_trajectories(rows, 2000, quality=0.6, seed=0)
+    skewed = TP.plan_trajectories(rows, 2000, quality=0.6, seed=0, one_hop_share=0.6)
+    # drawn before the quality draw: 0.6 + 0.4 x (0.4 x the flaw weight of one_hop_only) of the multi-hop plans
+    expected = 0.6 + 0.4 * 0.4 * TP.FLAWED_KINDS["one_hop_only"] / sum(TP.FLAWED_KINDS.values())
+    assert abs(one_hop_rate(skewed, 2) - expected) < 0.04
+    assert one_hop_rate(base, 2) < 0.25
+    assert abs(one_hop_rate(skewed, 1) - one_hop_rate(base, 1)) < 0.04  # single-hop plans are left alone
+    for p in skewed:
+        if p.kind == "one_hop_only":
+            assert p.queries == [p.row["metadata"]["subject"]]  # it still searches for the subject first
+    with pytest.raises(ValueError, match="one_hop_share"):
+        TP.plan_trajectories(rows, 10, quality=0.6, seed=0, one_hop_share=1.5)
+
+
 def test_segments_match_the_rollout_token_layout(tiny_world: Path, tiny_tokenizer, world_rows) -> None:
     """Prompt ids = agent_loop.encode_prompt; observation ids = ObservationTokenizer; loss only on generated text."""
     from retriever.inprocess import InProcessRetriever

@@ -53,6 +53,7 @@ class WorldConfig:
     warmstart_drill_answer_first: float = opt(0.0, "warm start: share of the drills spent first on answer drills alone (short context; the stage ends once the answer target is met)")
     warmstart_drill_answer_share: float = opt(0.0, "warm start: probability that a drill is an answer drill (0 = uniform over the kinds a question has)")
     warmstart_quality: float = opt(0.6, "warm start: share of trajectories that are fully correct")
+    warmstart_one_hop_share: float = opt(0.0, "warm start: share of multi-hop trajectories that answer after the first hop (drawn before warmstart_quality): the second hop is then what RL has to learn")
     warmstart_batch_size: int = opt(8, "warm start: trajectories per optimiser step")
     warmstart_shuffle_names: bool = opt(True, "warm start: rename entities/years per trajectory (copy, don't memorise)")
     warmstart_env_loss_weight: float = opt(0.3, "warm start: LM-loss weight of prompt/observation tokens (generated: 1)")
