@@ -16,7 +16,8 @@ Model
     ``warmstart_env_loss_weight`` (a little "pretraining" on copy-rich text). Each trajectory's entity names and
     years are consistently renamed at random (``NameShuffler``) so the model must *copy* queries and answers from
     the context instead of memorising training entities; every entity-name word is one token (the tokenizer sees
-    each many times), so copying a name is copying one or two tokens.
+    each many times), so copying a name is copying one or two tokens; every year of the corpus is one added token
+    (``WorldConfig.tokenizer_year_tokens``), so copying a year is copying one token too.
     Like a real base model it then follows the protocol often but not always, and answers correctly only sometimes.
 """
 
@@ -49,8 +50,14 @@ SearchFn = Callable[[list[str], int], list[list[dict]]]  # retriever.search(quer
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def train_tokenizer(texts: list[str], vocab_size: int, out_dir: str | Path | None = None):
+def train_tokenizer(texts: list[str], vocab_size: int, out_dir: str | Path | None = None,
+                    year_tokens: list[str] | tuple[str, ...] = ()):
     """Train the byte-level BPE tokenizer on ``texts``; return it as a ``Qwen2Tokenizer`` (saved to ``out_dir``).
+
+    ``vocab_size``: BPE tokens + the tags. ``year_tokens`` (``corpus_years``) are added on top, each with its
+    leading space (``" 1874"``, as a name word is ``" Mouxra"``), as single added non-special tokens like the tags:
+    Qwen's pre-tokenisation splits numbers into digits, so a year would otherwise be a four-token copy for the tiny
+    policy, a different and much less reliable circuit than a name's one-token copy (docs/lab/warm_start.md).
 
     Pre-tokenisation is Qwen2's (``PRETOKENIZE_REGEX`` split + ByteLevel(use_regex=False) + NFC): the class
     ``AutoTokenizer`` picks for this directory rebuilds exactly this pipeline, so ids survive save/load.
@@ -73,6 +80,7 @@ def train_tokenizer(texts: list[str], vocab_size: int, out_dir: str | Path | Non
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
+    tok.add_tokens([AddedToken(" " + y, special=False, normalized=False) for y in year_tokens])
     hf_tok = Qwen2Tokenizer(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, unk_token=None)
     check_tokenizer(hf_tok)
     if out_dir is not None:
@@ -108,6 +116,17 @@ def tokenizer_training_texts(passages: list[dict], rows: list[dict]) -> list[str
     texts += [" ".join([w] * NAME_WORD_REPEATS) for w in name_words]
     texts += [w for w in name_words for _ in range(NAME_WORD_REPEATS // 4)]
     return texts
+
+
+YEAR_PATTERN = r"\b([12]\d{3})\b"  # a four-digit year of the world (900-2000) as a whole word
+
+
+def corpus_years(texts: list[str]) -> list[str]:
+    """The distinct four-digit years ``YEAR_PATTERN`` finds in ``texts`` (e.g. the corpus passages), sorted."""
+    import re
+
+    pattern = re.compile(YEAR_PATTERN)
+    return sorted({m for t in texts for m in pattern.findall(t)})
 
 
 _FIXED_WORDS = {"River", "Industries", "Works", "Company", "Holdings", "Trading", "Foundry"}  # kept by NameShuffler
@@ -159,6 +178,7 @@ ANSWER_TYPE = {
     "person_birth_city": "city", "company_hq": "city", "founder_birth_city": "city",
     "person_occupation": "occupation", "founder_occupation": "occupation",
     "company_founder": "person", "city_river": "river", "hq_river": "river", "birthplace_river": "river",
+    "hq_founded_year": "year", "birthplace_founded_year": "year",
 }
 
 # kinds of warm-start trajectories; "correct" has probability cfg.warmstart_quality, the rest share the remainder.
@@ -305,7 +325,7 @@ def build_warmstart_examples(rows: list[dict], search: SearchFn, tokenizer, cfg:
     rng = random.Random(seed + 1)
     segments = [render_segments(p, hits_of, tokenizer.eos_token, rng) for p in plans]
     if cfg.warmstart_shuffle_names:
-        renamer = NameShuffler(_name_pool(rows, results, passages))
+        renamer = NameShuffler(_name_pool(rows, results, passages), years=_year_pool(cfg, results, passages))
         segments = [renamer(segs, rng) for segs in segments]
     return [tokenize_segments(segs, tokenizer) for segs in segments]
 
@@ -408,7 +428,9 @@ def _drill_drawer(rows, search: SearchFn, tokenizer, cfg: WorldConfig, topk: int
     observation lacks the target are redrawn."""
     queries = sorted({r["metadata"][k] for r in rows for k in ("subject", "bridge") if r["metadata"][k]})
     hits_of = dict(zip(queries, search(queries, topk)))
-    renamer = NameShuffler(_name_pool(rows, list(hits_of.values()), passages)) if cfg.warmstart_shuffle_names else None
+    results = list(hits_of.values())
+    renamer = (NameShuffler(_name_pool(rows, results, passages), years=_year_pool(cfg, results, passages))
+               if cfg.warmstart_shuffle_names else None)
     multi = [r for r in rows if r["metadata"]["hops"] == 2]
 
     def draw(full_prompt: bool, kind: str | None = None) -> tuple[list[int], list[int]]:
@@ -462,10 +484,20 @@ def _name_pool(rows: list[dict], results: list[list[dict]], passages: list[dict]
     return {**groups, "other": other} if other else groups
 
 
+def _year_pool(cfg: WorldConfig, results: list[list[dict]], passages: list[dict] | None) -> list[str] | None:
+    """The years the renaming maps onto: with ``cfg.tokenizer_year_tokens`` the years of the corpus (each one token),
+    else None (any year 1000-1999)."""
+    if not cfg.tokenizer_year_tokens:
+        return None
+    docs = passages if passages else [h for hits in results for h in hits]
+    return corpus_years([d["contents"] for d in docs]) or None
+
+
 class NameShuffler:
     """Rename a trajectory consistently: every entity-name word -> a random other name word *of the same role*
-    (a city for a city, a person's last name for a last name, ...), every year -> a random year (one bijection per
-    trajectory, applied to prompt, generated text and retrieved documents alike).
+    (a city for a city, a person's last name for a last name, ...), every year -> another year of ``years`` (the
+    corpus' years; without them, any year 1000-1999); one bijection per trajectory, applied to prompt, generated
+    text and retrieved documents alike.
 
     A tiny model otherwise *memorises* the training entities (question -> query, entity -> fact) instead of
     learning to copy them from the context, and scores zero on the unseen test entities; after renaming, the only
@@ -482,7 +514,7 @@ class NameShuffler:
     ``groups``: role -> name words (a plain list is one group); fixed words (company suffixes, "River") are kept.
     """
 
-    def __init__(self, groups: dict[str, list[str]] | list[str]):
+    def __init__(self, groups: dict[str, list[str]] | list[str], years: list[str] | None = None):
         import re
 
         groups = {"names": groups} if isinstance(groups, list) else groups
@@ -497,17 +529,25 @@ class NameShuffler:
             raise ValueError("no name words to shuffle")
         self.words = sorted(seen, key=lambda w: (-len(w), w))
         self.name_re = re.compile(r"\b(" + "|".join(map(re.escape, self.words)) + r")\b")
-        self.year_re = re.compile(r"\b(1\d{3})\b")
+        # years: with ``years`` (the corpus' years, one token each) a bijection onto those years, else any year
+        # 1000-1999 (digit tokens)
+        self.years = sorted(set(years)) if years else None
+        self.year_re = re.compile(YEAR_PATTERN if self.years else r"\b(1\d{3})\b")
 
     def __call__(self, segments: list[Segment], rng: random.Random) -> list[Segment]:
         names: dict[str, str] = {}
         for words in self.groups:
             names.update(zip(words, rng.sample(words, len(words))))
         years: dict[str, str] = {}
+        if self.years:
+            years.update(zip(self.years, rng.sample(self.years, len(self.years))))
+
+        def new_year() -> str:
+            return rng.choice(self.years) if self.years else str(rng.randint(1000, 1999))
 
         def rename(text: str) -> str:
             text = self.name_re.sub(lambda m: names[m.group(1)], text)
-            return self.year_re.sub(lambda m: years.setdefault(m.group(1), str(rng.randint(1000, 1999))), text)
+            return self.year_re.sub(lambda m: years.setdefault(m.group(1), new_year()), text)
 
         out = []
         for seg in segments:
@@ -709,7 +749,9 @@ def build_tiny_policy(out_dir: str | Path, passages: list[dict], train_rows: lis
 
     out_dir = Path(out_dir)
     tok_dir, model_dir = out_dir / "tokenizer", out_dir / "model"
-    tokenizer = train_tokenizer(tokenizer_training_texts(passages, train_rows), cfg.tokenizer_vocab_size, tok_dir)
+    years = corpus_years([p["contents"] for p in passages]) if cfg.tokenizer_year_tokens else []
+    tokenizer = train_tokenizer(tokenizer_training_texts(passages, train_rows), cfg.tokenizer_vocab_size, tok_dir,
+                                year_tokens=years)
     model = make_model(cfg, tokenizer)
     search = _same_call_once(search)  # the drills and their probes retrieve the same queries
     with tqdm(total=1, desc="warm-start data", disable=not progress, leave=False) as bar:

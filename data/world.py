@@ -248,15 +248,26 @@ MULTI_HOP = {
                  "On which river lies the headquarters city of {s}?"],
     "birthplace_river": ["Which river flows through the birthplace of {s}?",
                          "Which river flows through the city where {s} was born?"],
+    # year answers from the second passage (a city's founding year), not in the default world (see
+    # WorldConfig.multi_hop_families): the tiny policy copies years far better than names (docs/lab/warm_start.md)
+    "hq_founded_year": ["In which year was the headquarters city of {s} founded?",
+                        "When was the city where {s} is headquartered founded?"],
+    "birthplace_founded_year": ["In which year was the birthplace of {s} founded?",
+                                "When was the city where {s} was born founded?"],
 }
+DEFAULT_MULTI_HOP_FAMILIES = ("founder_birth_year", "founder_birth_city", "founder_occupation", "hq_river",
+                              "birthplace_river")
 
 
 def _river_golds(river: str) -> list[str]:
     return [river, river.removesuffix(" River")]
 
 
-def _candidates(world_parts: dict[str, Any], split: str) -> tuple[list[dict], list[dict]]:
-    """All (single-hop, multi-hop) question candidates whose subject lives in ``split``."""
+def _candidates(world_parts: dict[str, Any], split: str,
+                multi_hop_families: tuple[str, ...] | list[str] = DEFAULT_MULTI_HOP_FAMILIES
+                ) -> tuple[list[dict], list[dict]]:
+    """All (single-hop, multi-hop) question candidates whose subject lives in ``split``; multi-hop ones only of
+    ``multi_hop_families`` (in generation order, so a subset keeps the others' order)."""
     people = {p.name: p for p in world_parts["people"]}
     cities = {c.name: c for c in world_parts["cities"]}
     doc = world_parts["doc_id_of"]
@@ -277,6 +288,8 @@ def _candidates(world_parts: dict[str, Any], split: str) -> tuple[list[dict], li
         city = cities[p.birth_city]
         add(multi, "birthplace_river", MULTI_HOP["birthplace_river"], p.name, _river_golds(city.river),
             [doc[p.name], doc[city.name]], bridge=city.name)
+        add(multi, "birthplace_founded_year", MULTI_HOP["birthplace_founded_year"], p.name, [str(city.founded_year)],
+            [doc[p.name], doc[city.name]], bridge=city.name)
     for c in world_parts["companies"]:
         if c.split != split:
             continue
@@ -294,10 +307,13 @@ def _candidates(world_parts: dict[str, Any], split: str) -> tuple[list[dict], li
         hq = cities[c.hq_city]
         add(multi, "hq_river", MULTI_HOP["hq_river"], c.name, _river_golds(hq.river),
             [doc[c.name], doc[hq.name]], bridge=hq.name)
+        add(multi, "hq_founded_year", MULTI_HOP["hq_founded_year"], c.name, [str(hq.founded_year)],
+            [doc[c.name], doc[hq.name]], bridge=hq.name)
     for c in world_parts["cities"]:
         if c.split != split:
             continue
         add(single, "city_river", SINGLE_HOP["city_river"], c.name, _river_golds(c.river), [doc[c.name]])
+    multi = [q for q in multi if q["family"] in multi_hop_families]
     return single, multi
 
 
@@ -365,6 +381,10 @@ def validate_world_config(cfg: WorldConfig) -> None:
         raise ValueError(f"world.multi_hop_fraction must be in [0, 1] (got {cfg.multi_hop_fraction})")
     if cfg.num_train_questions < 1 or cfg.num_test_questions < 1:
         raise ValueError("world.num_train_questions and world.num_test_questions must be >= 1")
+    unknown = sorted(set(cfg.multi_hop_families) - set(MULTI_HOP))
+    if unknown or not cfg.multi_hop_families:
+        raise ValueError(f"world.multi_hop_families must be a non-empty list of {sorted(MULTI_HOP)} (got "
+                         f"{list(cfg.multi_hop_families)}; unknown: {unknown})")
 
 
 def generate_world(cfg: WorldConfig) -> World:
@@ -378,7 +398,7 @@ def generate_world(cfg: WorldConfig) -> World:
               for _ in range(cfg.num_rivers)]
     regions = [names.word((2, 2)) for _ in range(max(2, cfg.num_cities // 5))]
 
-    cities = [City(name=names.word(), founded_year=rng.randint(900, 1700), river=rng.choice(rivers).name,
+    cities = [City(name=names.word(), founded_year=rng.randint(1000, 1700), river=rng.choice(rivers).name,
                    region=rng.choice(regions), split=lab)
               for lab in _split_labels(rng, cfg.num_cities, share)]
     city_by_split = {s: [c.name for c in cities if c.split == s] for s in ("train", "test")}
@@ -413,7 +433,7 @@ def generate_world(cfg: WorldConfig) -> World:
                                  birth_city=rng.choice(real_cities).name, occupation=rng.choice(OCCUPATIONS),
                                  split="distractor"))
         for c in real_cities:
-            cities.append(City(name=names.similar(c.name), founded_year=rng.randint(900, 1700),
+            cities.append(City(name=names.similar(c.name), founded_year=rng.randint(1000, 1700),
                                river=rng.choice(rivers).name, region=rng.choice(regions), split="distractor"))
         for c in real_companies:
             stem, suffix = c.name.split(" ", 1)
@@ -446,8 +466,9 @@ def generate_world(cfg: WorldConfig) -> World:
         doc_id_of[entities[idx].name] = doc_id
 
     parts = {"people": people, "cities": cities, "doc_id_of": doc_id_of}
-    train_single, train_multi = _candidates({**parts, "companies": companies}, "train")
-    test_single, test_multi = _candidates({**parts, "companies": companies}, "test")
+    families = tuple(cfg.multi_hop_families)
+    train_single, train_multi = _candidates({**parts, "companies": companies}, "train", families)
+    test_single, test_multi = _candidates({**parts, "companies": companies}, "test", families)
     train_rows = _sample_questions(rng, train_single, train_multi, cfg.num_train_questions, cfg.multi_hop_fraction,
                                    passages, "train")
     test_rows = _sample_questions(rng, test_single, test_multi, cfg.num_test_questions, cfg.multi_hop_fraction,

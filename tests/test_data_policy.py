@@ -26,6 +26,19 @@ def _sample_texts(world: Path) -> list[str]:
                "<think> ok </think>\n<search> Café Ørsted 1873 </search><answer> naïve — ünïcode </answer>"])
 
 
+def test_every_corpus_year_is_one_token_with_its_space(tiny_world: Path, tiny_tokenizer) -> None:
+    """A year of the corpus is one token, like a name word (' 1874' after a space); other numbers stay digits."""
+    corpus = read_jsonl(tiny_world / "corpus.jsonl")
+    years = TP.corpus_years([p["contents"] for p in corpus])
+    assert years and all(len(y) == 4 for y in years)
+    for y in years:
+        assert len(tiny_tokenizer.encode(f" {y}", add_special_tokens=False)) == 1, y
+        ids = tiny_tokenizer.encode(f"<answer> {y} </answer>", add_special_tokens=False)
+        assert tiny_tokenizer.decode(ids) == f"<answer> {y} </answer>" and len(ids) == 4
+    assert len(tiny_tokenizer.encode(" 45", add_special_tokens=False)) == 3  # other numbers: space + digits
+    assert TP.corpus_years(["born in 1874, 450 km, in 2000 or 19999 and 0999"]) == ["1874", "2000"]
+
+
 def test_tags_are_single_non_special_tokens(tiny_tokenizer) -> None:
     for tag in P.TAG_TOKENS:
         ids = tiny_tokenizer.encode(tag, add_special_tokens=False)
@@ -46,7 +59,9 @@ def test_tokenizer_round_trip_ids_identical(tiny_world: Path, tiny_tokenizer, tm
     texts = _sample_texts(tiny_world)
     corpus = read_jsonl(tiny_world / "corpus.jsonl")
     rows = read_jsonl(tiny_world / "qa" / "train.jsonl")
-    fresh = TP.train_tokenizer(TP.tokenizer_training_texts(corpus, rows), len(tiny_tokenizer))
+    years = TP.corpus_years([p["contents"] for p in corpus])
+    fresh = TP.train_tokenizer(TP.tokenizer_training_texts(corpus, rows), len(tiny_tokenizer) - len(years),
+                               year_tokens=years)
     from_model_dir = AutoTokenizer.from_pretrained(str(tiny_world / "model"))
     tiny_tokenizer.save_pretrained(str(tmp_path / "again"))
     again = AutoTokenizer.from_pretrained(str(tmp_path / "again"))
@@ -61,14 +76,14 @@ def test_tokenizer_round_trip_ids_identical(tiny_world: Path, tiny_tokenizer, tm
 
 def test_entity_names_are_single_tokens(tiny_world: Path, tiny_tokenizer) -> None:
     """Every word of every entity name (passage titles) is ONE token after a space (as in questions, queries and
-    answers; at most 2 without), so the policy copies a name one token per word; non-numeric gold answers are at
+    answers; at most 3 without, e.g. after a title's opening quote), so the policy copies a name one token per word; non-numeric gold answers are at
     most 2 tokens."""
     corpus = read_jsonl(tiny_world / "corpus.jsonl")
     words = {w for d in corpus for w in passage_title(d["contents"]).split()}
     assert len(words) > 20
     for w in sorted(words):
         assert len(tiny_tokenizer.encode(" " + w, add_special_tokens=False)) == 1, w
-        assert len(tiny_tokenizer.encode(w, add_special_tokens=False)) <= 2, w  # no leading space: rarer
+        assert len(tiny_tokenizer.encode(w, add_special_tokens=False)) <= 3, w  # no leading space: rarer
     rows = read_jsonl(tiny_world / "qa" / "test.jsonl") + read_jsonl(tiny_world / "qa" / "train.jsonl")
     for g in {g for r in rows for g in r["golden_answers"] if not g.isdigit()}:
         assert len(tiny_tokenizer.encode(" " + g, add_special_tokens=False)) <= 2, g
@@ -155,6 +170,25 @@ def test_name_shuffler_renames_consistently() -> None:
     assert out[2].text == "obs" and [x.generated for x in out] == [False, True, False, True]
     seen = {tuple(shuffler(segs, random.Random(k))[1].text.split()[1:2]) for k in range(20)}
     assert len(seen) > 2  # different trajectories get different names
+
+
+def test_name_shuffler_maps_years_onto_the_year_pool() -> None:
+    """With a year pool (the corpus' years, one token each) every year becomes a pool year, one bijection per
+    trajectory: two different years never collide, the same year is renamed alike everywhere."""
+    pool = ["1021", "1340", "1788", "1874", "1902", "2000"]
+    shuffler = TP.NameShuffler(["Ash", "Bren"], years=pool)
+    segs = [TP.Segment("Ash was born in 1874; Bren founded it in 2000.", False),
+            TP.Segment("<answer> 1874 </answer>", True)]
+    seen = set()
+    for k in range(30):
+        out = shuffler(segs, random.Random(k))
+        words = out[0].text.replace(";", "").rstrip(".").split()
+        born, founded = words[4], words[-1]
+        assert born in pool and founded in pool and born != founded
+        assert out[1].text == f"<answer> {born} </answer>"
+        seen.add(born)
+    assert len(seen) >= 4
+    assert TP.NameShuffler(["Ash"], years=pool)([TP.Segment("in 1555", False)], random.Random(0))[0].text[3:] in pool
 
 
 def test_name_shuffler_keeps_each_word_in_its_role() -> None:

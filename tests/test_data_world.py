@@ -177,3 +177,28 @@ def test_ensure_world_reuses_a_finished_build(tiny_world: Path, tiny_world_confi
     assert ensure_world(tiny_world, tiny_world_config, progress=False) == tiny_world
     assert json.loads((tiny_world / "world.json").read_text()) == before  # nothing rebuilt
     assert (tiny_world / "model" / "config.json").stat().st_mtime_ns == model_mtime
+
+
+YEAR_HOPS = dataclasses.replace(DEFAULT, multi_hop_fraction=0.5, multi_hop_families=[
+    "founder_birth_year", "founder_occupation", "hq_founded_year", "birthplace_founded_year"])
+
+
+def test_multi_hop_families_choose_what_the_world_asks(world) -> None:
+    assert {r["metadata"]["family"] for r in world.test_rows if r["metadata"]["hops"] == 2} == {
+        "founder_birth_year", "founder_birth_city", "founder_occupation", "hq_river", "birthplace_river"}
+    chosen = generate_world(YEAR_HOPS)
+    multi = [r for r in chosen.train_rows + chosen.test_rows if r["metadata"]["hops"] == 2]
+    assert {r["metadata"]["family"] for r in multi} == set(YEAR_HOPS.multi_hop_families)
+    assert chosen.counts()["test_multi_hop"] == 50
+    # the city-year families: the bridge is the city, its passage states the founding year, the first one does not
+    cities = {c.name: c for c in chosen.cities}
+    for r in multi:
+        meta = r["metadata"]
+        first, second = (chosen.passage(i)["contents"] for i in meta["support_ids"])
+        if meta["family"] in ("hq_founded_year", "birthplace_founded_year"):
+            assert r["golden_answers"] == [str(cities[meta["bridge"]].founded_year)]
+            assert _norm_in(r["golden_answers"][0], second) and not _norm_in(r["golden_answers"][0], first)
+    with pytest.raises(ValueError, match="multi_hop_families"):
+        generate_world(dataclasses.replace(DEFAULT, multi_hop_families=["founder_birth_year", "moon_phase"]))
+    with pytest.raises(ValueError, match="multi_hop_families"):
+        generate_world(dataclasses.replace(DEFAULT, multi_hop_families=[]))

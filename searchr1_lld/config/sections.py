@@ -31,9 +31,17 @@ class WorldConfig:
     num_rivers: int = opt(8, "rivers in the world")
     distractors_per_entity: int = opt(1, "passages about similarly named entities, per entity")
     multi_hop_fraction: float = opt(0.4, "share of questions that need two chained searches")
+    multi_hop_families: list[str] = opt(
+        None, "multi-hop question families the world asks (data/world.py MULTI_HOP; hq_founded_year and "
+        "birthplace_founded_year, year answers, are there to be chosen)",
+        factory=lambda: ["founder_birth_year", "founder_birth_city", "founder_occupation", "hq_river",
+                         "birthplace_river"])
     num_train_questions: int = opt(400, "questions in the train split")
     num_test_questions: int = opt(100, "questions in the test split")
-    tokenizer_vocab_size: int = opt(2048, "vocabulary of the world's tokenizer")
+    tokenizer_vocab_size: int = opt(2048, "vocabulary of the world's tokenizer (BPE + tags; year tokens come on top)")
+    tokenizer_year_tokens: bool = opt(
+        True, "every year of the corpus is one token (' 1874', like a name word) and the warm start's renaming maps "
+        "years onto the corpus' years; false: years are digit tokens and renamed to any year 1000-1999")
     model_hidden_size: int = opt(128, "tiny policy (Qwen2): hidden size")
     model_layers: int = opt(2, "tiny policy: decoder layers")
     model_heads: int = opt(4, "tiny policy: attention heads")

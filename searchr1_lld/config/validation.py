@@ -92,7 +92,11 @@ def validate(cfg: Any) -> None:
 
 def validate_world(w: Any) -> None:
     """Reject impossible values of a :class:`~searchr1_lld.config.WorldConfig`."""
+    from data.world import MULTI_HOP  # lazy: data.world imports this package
+
     _raise_first([
+        (len(w.multi_hop_families) > 0 and set(w.multi_hop_families) <= set(MULTI_HOP), "multi_hop_families",
+         f"must be a non-empty list of {sorted(MULTI_HOP)}"),
         (0 <= w.multi_hop_fraction <= 1, "multi_hop_fraction", "must be in [0, 1]"),
         (0 <= w.warmstart_quality <= 1, "warmstart_quality", "must be in [0, 1]"),
         (0 <= w.warmstart_one_hop_share <= 1, "warmstart_one_hop_share", "must be in [0, 1]"),
