@@ -118,7 +118,7 @@ def tokenizer_training_texts(passages: list[dict], rows: list[dict]) -> list[str
     return texts
 
 
-YEAR_PATTERN = r"\b([12]\d{3})\b"  # a four-digit year of the world (900-2000) as a whole word
+YEAR_PATTERN = r"\b([12]\d{3})\b"  # a four-digit year of the world (1000-2008) as a whole word
 
 
 def corpus_years(texts: list[str]) -> list[str]:

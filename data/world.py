@@ -248,23 +248,20 @@ MULTI_HOP = {
                  "On which river lies the headquarters city of {s}?"],
     "birthplace_river": ["Which river flows through the birthplace of {s}?",
                          "Which river flows through the city where {s} was born?"],
-    # year answers from the second passage (a city's founding year), not in the default world (see
-    # WorldConfig.multi_hop_families): the tiny policy copies years far better than names (docs/lab/warm_start.md)
+    # year answers from the second passage (a city's founding year); not in the default world, chosen by
+    # WorldConfig.multi_hop_families (docs/lab/warm_start.md, session 9)
     "hq_founded_year": ["In which year was the headquarters city of {s} founded?",
                         "When was the city where {s} is headquartered founded?"],
     "birthplace_founded_year": ["In which year was the birthplace of {s} founded?",
                                 "When was the city where {s} was born founded?"],
 }
-DEFAULT_MULTI_HOP_FAMILIES = ("founder_birth_year", "founder_birth_city", "founder_occupation", "hq_river",
-                              "birthplace_river")
 
 
 def _river_golds(river: str) -> list[str]:
     return [river, river.removesuffix(" River")]
 
 
-def _candidates(world_parts: dict[str, Any], split: str,
-                multi_hop_families: tuple[str, ...] | list[str] = DEFAULT_MULTI_HOP_FAMILIES
+def _candidates(world_parts: dict[str, Any], split: str, multi_hop_families: tuple[str, ...]
                 ) -> tuple[list[dict], list[dict]]:
     """All (single-hop, multi-hop) question candidates whose subject lives in ``split``; multi-hop ones only of
     ``multi_hop_families`` (in generation order, so a subset keeps the others' order)."""
