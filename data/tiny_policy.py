@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -36,6 +37,7 @@ from searchr1_lld.config import WorldConfig
 from searchr1_lld.prompts import (
     INVALID_ACTION_MESSAGE,
     TAG_TOKENS,
+    doc_title_text,
     format_observation,
     render_prompt,
 )
@@ -267,21 +269,58 @@ _THINK_FIRST = ["<think> look it up </think>\n"]
 _THINK_BRIDGE = "<think> one more hop </think>\n"
 _THINK_ANSWER = ["<think> found it </think>\n"]
 _THINK_GUESS = "<think> I know it </think>\n"
+ANSWER_THINKS = ("fixed", "quote")
+
+
+def quote_think(answer: str, hits: list[dict]) -> str | None:
+    """The answer's think as a quote: in the first passage of ``hits`` whose text (title line dropped) names
+    ``answer``, from the last mention of the passage's title before the answer (its first word if none) up to and
+    including the answer: ``<think> Mera Ost was a baker born in 1874 in the city of Koste </think>``,
+    ``<think> Koste lies on the Drel River </think>``; None when no passage names it.
+
+    Why: a quote is a span copy, the circuit a small transformer learns most reliably (it starts with the searched
+    entity, which the policy already copies into its query, and each next word is the word that follows in the
+    passage). The answer is then the last words of the think, a few positions back. A one-word think ("found it")
+    leaves the answer a lookup across three passages, which the tiny model learnt type by type and by chance.
+    Starting at the title's last mention keeps the quote short: quoted from the passage's start, a city's river
+    came after 20 words of a template every city passage shares, and was not copied (docs/lab/warm_start.md,
+    session 10)."""
+    for hit in hits:
+        title, body = doc_title_text(hit["contents"])
+        found = re.search(r"(?<!\w)" + re.escape(answer) + r"(?!\w)", body)
+        if found:
+            start = max(body.rfind(title.strip('"'), 0, found.start()), 0)
+            return f"<think> {body[start:found.end()]} </think>\n"
+    return None
+
+
+def answer_think(style: str, answer: str, hits: list[dict] | None, rng: random.Random) -> str:
+    """The think line before ``<answer>``: ``quote`` (``quote_think``, when ``hits`` name the answer) or the fixed
+    ``found it``; ``hits`` None = answered without searching (``I know it``)."""
+    if style not in ANSWER_THINKS:
+        raise ValueError(f"answer think must be one of {ANSWER_THINKS} (got {style!r})")
+    if hits is None:
+        return _THINK_GUESS
+    fixed = rng.choice(_THINK_ANSWER)
+    return (quote_think(answer, hits) if style == "quote" else None) or fixed
 
 
 def render_segments(plan: TrajectoryPlan, hits_of: dict[str, list[dict]], eos: str, rng: random.Random,
-                    template: str = "tiny", tokenizer: Any = None) -> list[Segment]:
-    """The text pieces of one trajectory, exactly as the rollout would build them."""
+                    template: str = "tiny", tokenizer: Any = None, think: str = "fixed") -> list[Segment]:
+    """The text pieces of one trajectory, exactly as the rollout would build them; ``think``: the answer's think
+    line (``answer_think``; a guess after a search keeps ``found it``: it does not read the passages)."""
     segs = [Segment(render_prompt(plan.row["question"], template, tokenizer), generated=False)]
     if plan.malformed_turn is not None:
         segs.append(Segment(plan.malformed_turn + eos, generated=True))
         segs.append(Segment(INVALID_ACTION_MESSAGE, generated=False))
     for hop, query in enumerate(plan.queries):
-        think = rng.choice(_THINK_FIRST).format(s=query) if hop == 0 else _THINK_BRIDGE.format(b=query)
-        segs.append(Segment(f"{think}<search> {query} </search>", generated=True))
+        search_think = rng.choice(_THINK_FIRST).format(s=query) if hop == 0 else _THINK_BRIDGE.format(b=query)
+        segs.append(Segment(f"{search_think}<search> {query} </search>", generated=True))
         segs.append(Segment(format_observation(hits_of[query]), generated=False, hits=hits_of[query]))
-    think = rng.choice(_THINK_ANSWER) if plan.queries else _THINK_GUESS
-    segs.append(Segment(f"{think}<answer> {plan.answer} </answer>{eos}", generated=True))
+    hits = hits_of[plan.queries[-1]] if plan.queries else None
+    style = "fixed" if plan.kind == "guess_after_search" else think
+    segs.append(Segment(f"{answer_think(style, plan.answer, hits, rng)}<answer> {plan.answer} </answer>{eos}",
+                        generated=True))
     return segs
 
 
@@ -323,7 +362,8 @@ def build_warmstart_examples(rows: list[dict], search: SearchFn, tokenizer, cfg:
     results = search(queries, topk) if queries else []
     hits_of = dict(zip(queries, results))
     rng = random.Random(seed + 1)
-    segments = [render_segments(p, hits_of, tokenizer.eos_token, rng) for p in plans]
+    segments = [render_segments(p, hits_of, tokenizer.eos_token, rng, think=cfg.warmstart_answer_think)
+                for p in plans]
     if cfg.warmstart_shuffle_names:
         renamer = NameShuffler(_name_pool(rows, results, passages), years=_year_pool(cfg, results, passages))
         segments = [renamer(segs, rng) for segs in segments]
@@ -334,7 +374,7 @@ COPY_DRILL_KINDS = ("subject_query", "bridge_query", "answer")
 
 
 def _drill_segments(row: dict, kind: str, hits_of: dict[str, list[dict]], eos: str,
-                    full_prompt: bool = True) -> list[Segment] | None:
+                    full_prompt: bool = True, think: str = "fixed") -> list[Segment] | None:
     """One copy drill: the prompt, the observation the step would see, and the one generated segment that copies.
 
     ``subject_query``: question -> ``<search> subject </search>``; ``bridge_query`` (multi-hop): question + the
@@ -363,7 +403,8 @@ def _drill_segments(row: dict, kind: str, hits_of: dict[str, list[dict]], eos: s
     if gold is None:
         return None
     return [question, last_query, Segment(format_observation(hits), generated=False, hits=hits),
-            Segment(f"{_THINK_ANSWER[0]}<answer> {gold} </answer>{eos}", generated=True)]
+            Segment(f"{answer_think(think, gold, hits, random.Random(0))}<answer> {gold} </answer>{eos}",
+                    generated=True)]
 
 
 def build_copy_drills(rows: list[dict], search: SearchFn, tokenizer, cfg: WorldConfig, topk: int = 3,
@@ -441,7 +482,7 @@ def _drill_drawer(rows, search: SearchFn, tokenizer, cfg: WorldConfig, topk: int
             if pick is None and cfg.warmstart_drill_answer_share > 0:
                 pick = "answer" if rng.random() < cfg.warmstart_drill_answer_share else rng.choice(kinds[:-1])
             segs = _drill_segments(row, pick or rng.choice(kinds), hits_of, tokenizer.eos_token,
-                                   full_prompt=full_prompt)
+                                   full_prompt=full_prompt, think=cfg.warmstart_answer_think)
             if segs is not None:
                 return tokenize_segments(renamer(segs, rng) if renamer else segs, tokenizer)
         raise ValueError("cannot build copy drills: the retriever almost never returns the passages the questions "

@@ -283,10 +283,39 @@ def test_segments_match_the_rollout_token_layout(tiny_world: Path, tiny_tokenize
     assert sum(mask) == len(tiny_tokenizer.encode(generated, add_special_tokens=False))
 
 
+def test_quote_think_quotes_the_passage_up_to_the_answer() -> None:
+    """The quote starts at the last mention of the passage's title before the answer (the title line is not quoted),
+    ends with the first whole-word occurrence of the answer in the first passage that names it; a guess after a
+    search keeps the fixed think."""
+    hits = [{"contents": '"Koste"\nKoste is a city in the Greiru region, founded in 1127. Koste lies on the Drel River.'},
+            {"contents": '"Mera Ost"\nMera Ost was a baker born in 1874 in the city of Koste. Mera worked as a baker.'}]
+    assert TP.quote_think("1874", hits) == "<think> Mera Ost was a baker born in 1874 </think>\n"
+    assert TP.quote_think("Koste", hits) == "<think> Koste </think>\n"  # the first passage that names it
+    assert TP.quote_think("1127", hits) == "<think> Koste is a city in the Greiru region, founded in 1127 </think>\n"
+    assert TP.quote_think("Drel River", hits) == "<think> Koste lies on the Drel River </think>\n"  # last title mention
+    assert TP.quote_think("baker", hits[1:]) == "<think> Mera Ost was a baker </think>\n"
+    assert TP.quote_think("Dre", hits) is None  # whole words only
+    assert TP.quote_think("Ost", hits[:1]) is None
+    rng = random.Random(0)
+    assert TP.answer_think("quote", "Ost", hits[:1], rng) == "<think> found it </think>\n"
+    assert TP.answer_think("fixed", "1874", hits, rng) == "<think> found it </think>\n"
+    assert TP.answer_think("quote", "1874", None, rng) == "<think> I know it </think>\n"
+    with pytest.raises(ValueError, match="answer think"):
+        TP.answer_think("summary", "1874", hits, rng)
+
+    row = {"question": "In which year was Mera Ost born?", "golden_answers": ["1874"],
+           "metadata": {"hops": 1, "subject": "Mera Ost", "bridge": ""}}
+    quoted, guessed = (TP.render_segments(TP.TrajectoryPlan(row, kind, ["Mera Ost"], answer), {"Mera Ost": hits},
+                                          "<eos>", random.Random(0), think="quote")[-1].text
+                       for kind, answer in (("correct", "1874"), ("guess_after_search", "1874")))
+    assert quoted == "<think> Mera Ost was a baker born in 1874 </think>\n<answer> 1874 </answer><eos>"
+    assert guessed == "<think> found it </think>\n<answer> 1874 </answer><eos>"
+
+
 def test_copy_drills_only_ask_for_what_the_context_holds(tiny_world: Path, tiny_tokenizer, tiny_world_config) -> None:
     """Each drill's generated segment is one copy: the search query's words all occur in the question (subject) or
-    in the observation (bridge), the answer occurs in the observation; names are shuffled, so the copy is the only
-    way to predict it. Every kind occurs."""
+    in the observation (bridge), the answer occurs in the observation, after a think that quotes the observation up
+    to it; names are shuffled, so the copy is the only way to predict it. Every kind occurs."""
     import dataclasses
 
     from retriever.inprocess import InProcessRetriever
@@ -328,6 +357,8 @@ def test_copy_drills_only_ask_for_what_the_context_holds(tiny_world: Path, tiny_
             target = generated.split(P.ANSWER_OPEN)[1].split(P.ANSWER_CLOSE)[0].strip()
             where = observation
             kinds.add("answer")
+            quote = generated.split("<think>")[1].split("</think>")[0].strip()  # warmstart_answer_think: quote
+            assert quote in observation and quote.endswith(target), (quote, observation)
         assert all(w in where for w in target.split()), (target, where)
     assert kinds == set(TP.COPY_DRILL_KINDS)
     assert renamed > queries // 2  # shuffled names: most queries are no real subject's or bridge's name
