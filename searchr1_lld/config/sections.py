@@ -60,7 +60,7 @@ class WorldConfig:
     warmstart_drill_probes: int = opt(48, "warm start: held-out drills per kind and context for the copy-accuracy checks")
     warmstart_drill_answer_first: float = opt(0.0, "warm start: share of the drills spent first on answer drills alone (short context; the stage ends once the answer target is met)")
     warmstart_drill_answer_share: float = opt(0.0, "warm start: probability that a drill is an answer drill (0 = uniform over the kinds a question has)")
-    warmstart_answer_think: str = opt("quote", "warm start: the think before an answer: `quote` (the passage's words from its start up to the answer, a span copy) or `fixed` (`found it`: the answer is a lookup)")
+    warmstart_answer_think: str = opt("quote", "warm start: the think before an answer: `quote` (the passage's words from the last mention of its title up to the answer, a span copy; docs/lab/warm_start.md, session 10) or `fixed` (`found it`: the answer is a lookup)")
     warmstart_quality: float = opt(0.6, "warm start: share of trajectories that are fully correct")
     warmstart_one_hop_share: float = opt(0.5, "warm start: share of multi-hop trajectories that answer after the first hop (drawn before warmstart_quality): the second hop is then a decision RL learns (0.5: greedy multi-hop EM 0.33 vs single-hop 0.45, docs/lab/warm_start.md, session 10)")
     warmstart_batch_size: int = opt(8, "warm start: trajectories per optimiser step")
