@@ -173,6 +173,32 @@ def build_world(out_dir: Path, cfg: WorldConfig, *, progress: bool = True, measu
     return card
 
 
+# Issue 14's targets for the warm start (greedy rollouts on the test split): below them RL has little to start from.
+WARM_START_TARGETS = {"format_valid_rate": 0.95, "first_query_subject_rate": 0.8, "answer_copied_rate": 0.5}
+
+
+def warm_start_shortfalls(card: dict[str, Any]) -> list[str]:
+    """What a finished world's ``world.json`` says went short in its warm start, one sentence each (empty = none):
+    a drill stage that used its whole budget without meeting its copy targets (the copy circuit forms in a phase
+    change whose step depends on the machine's floating point, docs/lab/warm_start.md), and greedy warm-start
+    figures below ``WARM_START_TARGETS``."""
+    out: list[str] = []
+    policy = card.get("policy") or {}
+    checks = policy.get("drill_checks") or []
+    for stage, stop in (policy.get("drill_stop") or {}).items():
+        if stop != "budget used":
+            continue
+        last = [c for c in checks if c.get("stage") == stage][-1:]
+        acc = ", ".join(f"{k} {v:.2f}" for k, v in last[0].items() if isinstance(v, float)) if last else "not measured"
+        out.append(f"drill stage {stage!r} used its whole budget without meeting its copy targets (last check: {acc})")
+    greedy = (card.get("warm_start") or {}).get("greedy") or {}
+    for key, target in WARM_START_TARGETS.items():
+        value = greedy.get(key)
+        if isinstance(value, (int, float)) and value == value and value < target:
+            out.append(f"warm start {key} {value:.3f} < {target} (greedy, test split)")
+    return out
+
+
 def parse_world_overrides(items: list[str], config: str | Path | None = None) -> WorldConfig:
     """``["num_people=80", "seed=1"]`` (over the world YAML ``config``, if given) -> WorldConfig (types checked like
     the main config; unknown keys rejected)."""
@@ -206,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"world {'reused' if reused else 'built'}: {out} (config hash {card['config_hash']})")
     print(json.dumps({"counts": card["counts"], "warm_start": card["warm_start"], "timings_s": card["timings_s"]},
                      indent=2))
+    for line in warm_start_shortfalls(card):
+        print(f"WARNING: {line}", file=sys.stderr)
     return 0
 
 

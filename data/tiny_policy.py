@@ -125,8 +125,6 @@ YEAR_PATTERN = r"\b([12]\d{3})\b"  # a four-digit year of the world (1000-2008) 
 
 def corpus_years(texts: list[str]) -> list[str]:
     """The distinct four-digit years ``YEAR_PATTERN`` finds in ``texts`` (e.g. the corpus passages), sorted."""
-    import re
-
     pattern = re.compile(YEAR_PATTERN)
     return sorted({m for t in texts for m in pattern.findall(t)})
 
@@ -294,14 +292,15 @@ def quote_think(answer: str, hits: list[dict]) -> str | None:
     return None
 
 
-def answer_think(style: str, answer: str, hits: list[dict] | None, rng: random.Random) -> str:
+def answer_think(style: str, answer: str, hits: list[dict] | None, rng: random.Random | None = None) -> str:
     """The think line before ``<answer>``: ``quote`` (``quote_think``, when ``hits`` name the answer) or the fixed
-    ``found it``; ``hits`` None = answered without searching (``I know it``)."""
+    ``found it`` (drawn with ``rng`` from ``_THINK_ANSWER`` when given, else its first line); ``hits`` None =
+    answered without searching (``I know it``)."""
     if style not in ANSWER_THINKS:
         raise ValueError(f"answer think must be one of {ANSWER_THINKS} (got {style!r})")
     if hits is None:
         return _THINK_GUESS
-    fixed = rng.choice(_THINK_ANSWER)
+    fixed = rng.choice(_THINK_ANSWER) if rng is not None else _THINK_ANSWER[0]
     return (quote_think(answer, hits) if style == "quote" else None) or fixed
 
 
@@ -379,7 +378,8 @@ def _drill_segments(row: dict, kind: str, hits_of: dict[str, list[dict]], eos: s
 
     ``subject_query``: question -> ``<search> subject </search>``; ``bridge_query`` (multi-hop): question + the
     subject's search and hits -> ``<search> bridge </search>``; ``answer``: question + the last hop's search and
-    hits -> ``<answer> gold </answer>``. The search before an observation is context, as in a rollout: it names the
+    hits -> the answer's think (``answer_think`` with style ``think``: the quote that ends with the gold answer, or
+    ``found it``) then ``<answer> gold </answer>``. The search before an observation is context, as in a rollout: it names the
     entity whose passage holds the target (without it, which of the three passages to read is a guess). The context
     starts with the rollout's prompt (``full_prompt``) or with just ``Question: ...`` (the curriculum's first stage).
     None when the observation does not contain what is to be copied (a drill must never teach to produce a name that
@@ -403,7 +403,7 @@ def _drill_segments(row: dict, kind: str, hits_of: dict[str, list[dict]], eos: s
     if gold is None:
         return None
     return [question, last_query, Segment(format_observation(hits), generated=False, hits=hits),
-            Segment(f"{answer_think(think, gold, hits, random.Random(0))}<answer> {gold} </answer>{eos}",
+            Segment(f"{answer_think(think, gold, hits)}<answer> {gold} </answer>{eos}",
                     generated=True)]
 
 
@@ -556,8 +556,6 @@ class NameShuffler:
     """
 
     def __init__(self, groups: dict[str, list[str]] | list[str], years: list[str] | None = None):
-        import re
-
         groups = {"names": groups} if isinstance(groups, list) else groups
         seen: set[str] = set()
         self.groups: list[list[str]] = []

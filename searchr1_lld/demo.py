@@ -74,6 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[1/3] synthetic world in {cfg.data.world_dir}", flush=True)
     world = ensure_run_world(cfg)  # data.world_config (configs/world/default.yaml) -> data.world_dir
     t_world = time.time() - t0
+    from data.build_world import read_card, warm_start_shortfalls
+
+    for line in warm_start_shortfalls(read_card(world) or {}):
+        print(f"WARNING: {line}; RL starts from a weaker policy than the README's (docs/lab/warm_start.md)",
+              flush=True)
 
     print("[2/3] training GRPO + LLDS (configs: algorithm.llds.*)", flush=True)
     result = train(cfg, evaluate=False)

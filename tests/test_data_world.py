@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from data.build_world import ensure_world, parse_world_overrides, read_card, world_config_hash
+from data.build_world import ensure_world, parse_world_overrides, read_card, warm_start_shortfalls, world_config_hash
 from data.world import generate_world, name_word_groups, passage_kind, read_jsonl
 from searchr1_lld.config import ConfigError, WorldConfig
 from searchr1_lld.rewards import normalize_answer
@@ -202,3 +202,24 @@ def test_multi_hop_families_choose_what_the_world_asks(world) -> None:
         generate_world(dataclasses.replace(DEFAULT, multi_hop_families=["founder_birth_year", "moon_phase"]))
     with pytest.raises(ValueError, match="multi_hop_families"):
         generate_world(dataclasses.replace(DEFAULT, multi_hop_families=[]))
+
+
+def test_warm_start_shortfalls_name_unmet_drill_targets_and_weak_figures() -> None:
+    # the card of a build whose answer copy did not form (figures as measured on an AMD EPYC build of the default
+    # world, issue 14 session 11): the full stage ran out of budget at answer 0.31; greedy answer copy 0.082
+    card = {
+        "policy": {"drill_stop": {"short": "targets met", "full": "budget used"},
+                   "drill_checks": [{"step": 800, "stage": "short", "context": "short", "subject_query": 0.98},
+                                    {"step": 4000, "stage": "full", "context": "full", "subject_query": 1.0,
+                                     "answer": 0.3125}]},
+        "warm_start": {"greedy": {"format_valid_rate": 0.98, "first_query_subject_rate": 1.0,
+                                  "answer_copied_rate": 0.082}},
+    }
+    lines = warm_start_shortfalls(card)
+    assert len(lines) == 2
+    assert "'full'" in lines[0] and "answer 0.31" in lines[0] and "subject_query 1.00" in lines[0]
+    assert "answer_copied_rate 0.082 < 0.5" in lines[1]
+    card["policy"]["drill_stop"]["full"] = "targets met"
+    card["warm_start"]["greedy"]["answer_copied_rate"] = 0.5
+    assert warm_start_shortfalls(card) == []
+    assert warm_start_shortfalls({"warm_start": {"greedy": {"answer_copied_rate": float("nan")}}}) == []

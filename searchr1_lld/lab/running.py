@@ -234,10 +234,12 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
         "aggregate": aggregate(runs, methods), "warning_summary": warning_summary(runs),
         "pngs": [p.name for p in pngs],
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}",
-        "wall_s": round(time.time() - t_start, 1) if not report_only else
-        round(sum(r["train_s"] + r["eval_s"] for r in runs) + (warm.get("eval_s") or 0.0), 1),
+        # runs_s: every run's training + evaluation, whichever pass (resumed or not) did it; wall_s: this pass
+        "runs_s": round(sum(r["train_s"] + r["eval_s"] for r in runs) + (warm.get("eval_s") or 0.0), 1),
+        "wall_s": round(time.time() - t_start, 1),
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     report = write_report(out_dir, summary, pngs, notes_text)
-    print(f"[lab] report: {report} ({summary['wall_s'] / 60:.1f} min)", flush=True)
+    print(f"[lab] report: {report} (runs {summary['runs_s'] / 60:.1f} min, this pass {summary['wall_s'] / 60:.1f} min)",
+          flush=True)
     return summary
