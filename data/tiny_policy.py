@@ -378,12 +378,12 @@ def _drill_segments(row: dict, kind: str, hits_of: dict[str, list[dict]], eos: s
 
     ``subject_query``: question -> ``<search> subject </search>``; ``bridge_query`` (multi-hop): question + the
     subject's search and hits -> ``<search> bridge </search>``; ``answer``: question + the last hop's search and
-    hits -> the answer's think (``answer_think`` with style ``think``: the quote that ends with the gold answer, or
-    ``found it``) then ``<answer> gold </answer>``. The search before an observation is context, as in a rollout: it names the
-    entity whose passage holds the target (without it, which of the three passages to read is a guess). The context
-    starts with the rollout's prompt (``full_prompt``) or with just ``Question: ...`` (the curriculum's first stage).
-    None when the observation does not contain what is to be copied (a drill must never teach to produce a name that
-    is not in the context)."""
+    hits -> the answer's think (``answer_think`` in the style ``think`` names: the quote that ends with the gold
+    answer, or ``found it``) then ``<answer> gold </answer>``. The search before an observation is context, as in a
+    rollout: it names the entity whose passage holds the target (without it, which of the three passages to read is
+    a guess). The context starts with the rollout's prompt (``full_prompt``) or with just ``Question: ...`` (the
+    curriculum's first stage). None when the observation does not contain what is to be copied (a drill must never
+    teach to produce a name that is not in the context)."""
     meta = row["metadata"]
     question = Segment(render_prompt(row["question"], "tiny") if full_prompt else f"Question: {row['question']}\n",
                        generated=False)

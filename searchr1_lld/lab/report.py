@@ -100,7 +100,8 @@ def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path], n
         f"{s['world']['config'].get('multi_hop_fraction')}, model hidden {s['world']['config'].get('model_hidden_size')}"
         f" x {s['world']['config'].get('model_layers')} layers)  ",
         (f"Time: {s['runs_s'] / 60:.1f} min = sum of the runs' training + evaluation times ({s['machine']}), "
-         "as recorded by the pass that finished each run (a run resumed from a checkpoint counts its last segment only); "
+         "as recorded by the pass that finished each run (a run resumed from a checkpoint counts its last segment "
+         "only); "
          + ("this report was rebuilt with --report-only from finished runs." if s.get("report_only") else
             f"this pass took {s['wall_s'] / 60:.1f} min of wall time.")),
         "",
