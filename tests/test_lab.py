@@ -226,7 +226,7 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world):
         for cell, key in zip(row[2:5], ("em_single_hop", "em_multi_hop", "em")):
             mean, std = (float(x) for x in _MS.match(cell).groups())
             assert 0.0 <= mean <= 1.0 and std == 0.0  # one seed
-            assert mean == pytest.approx(syn[key], abs=5e-4)
+            assert mean == pytest.approx(syn[key], abs=5e-4 + 1e-9)  # printed with 3 decimals (0.0625 -> "0.062")
         searches = float(_MS.match(row[5]).group(1))
         assert searches == pytest.approx(syn["mean_valid_searches"], abs=5e-3 + 1e-9)  # printed with 2 decimals (0.125 -> "0.12")
 
