@@ -206,6 +206,7 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world):
     summary = json.loads((out / "summary.json").read_text())
     methods = list(lab.METHODS.values())
     assert [(r["method"], r["seed"]) for r in summary["runs"]] == [(m.key, 0) for m in methods]
+    assert summary["config_path"] == "configs/lab/quick.yaml"  # no machine's absolute path in a committed report
 
     # every PNG the report names exists and is a PNG
     for name in summary["pngs"]:

@@ -156,6 +156,13 @@ def load_run(cfg: Config, runs_dir: Path) -> dict[str, Any]:
     return rec
 
 
+def repo_relative(path: str | Path) -> str:
+    """``path`` as a reader can use it: relative to the repository root when it lies inside it (the report must not
+    name the machine that wrote it), else as given."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(REPO_ROOT)) if resolved.is_relative_to(REPO_ROOT) else str(path)
+
+
 def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequence[int], methods: Sequence[Method],
             out_dir: str | Path, runs_dir: str | Path, world_dir: str | None = None, notes: str | Path | None = None,
             quick: bool = False, command: str = "", report_only: bool = False, fresh: bool = False) -> dict[str, Any]:
@@ -226,7 +233,7 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
     pngs = plot_curves(records_by_run, methods, out_dir)
     notes_text = Path(notes).read_text() if notes and Path(notes).is_file() else None
     summary = {
-        "quick": quick, "report_only": report_only, "command": command, "config_path": str(config_path), "overrides": list(overrides),
+        "quick": quick, "report_only": report_only, "command": command, "config_path": repo_relative(config_path), "overrides": list(overrides),
         "seeds": list(seeds), "methods": [dataclasses.asdict(m) for m in methods],
         "world": {"dir": str(wdir), "counts": card.get("counts", {}), "config": card.get("config", {}),
                   "warm_start_card": card.get("warm_start", {})},
