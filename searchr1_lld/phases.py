@@ -36,6 +36,10 @@ class PhaseThresholds:
     collapse_entropy_ratio: float = 2.0  # entropy over its early baseline
     collapse_reward_ratio: float = 0.3  # reward at or below this share of its peak = crashed
     min_peak_reward: float = 0.05  # a peak below this is too small to crash from
+    # collapse alarm: the probe set's log-likelihood this many nats/token below its best measurement. Chosen on the
+    # labs of sessions 12-13 (v4, v5 at lr 2e-3: 0.5 / 0.75 / 1.0 warned 5 / 4 / 2 of 7 collapses with 6 / 3 / 2 false
+    # alarms in 17 runs) and then checked on the later labs (v5 at lr 1.5e-3 and 1e-3; docs/lab_notes.md, session 14)
+    drawdown_alarm_logp: float = 0.75
     # evidence proportional to the run: a phase (and the early warning) is reported only once its condition has held
     # on `persistence()` consecutive steps; a short run cannot be called collapsed on one noisy step
     persist: int = 2  # consecutive steps, at least
@@ -53,6 +57,7 @@ class PhaseReport:
     evidence: dict[str, float] = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)
     warning: str | None = None
+    drawdown_alarm: str | None = None
 
     @property
     def phase_id(self) -> int:
@@ -111,12 +116,15 @@ class PhaseDetector:
       sampled correct responses') while reward rises;
     - healthy: otherwise (likelihood of correct responses rising, or too little data to claim a trend).
     Early warning: correct likelihood falling (as in steady_decay) while reward slope > rising (the steady-decay
-    signature).
+    signature). It names LLD, which every run of the labs showed, collapsed or not.
+    Drawdown alarm (the collapse alarm): the probe set's latest log-likelihood per token at least
+    ``drawdown_alarm_logp`` below its best measurement so far, ``probe_best - probe_now >= drawdown_alarm_logp``. It
+    fires on far fewer runs that do not collapse (docs/lab_notes.md, session 14).
 
     Evidence proportional to the run: the rules above give a *raw* phase per step; the reported phase is the least
     severe raw phase of the last ``thresholds.persistence()`` steps (a phase must hold that long before it is
     reported), and the warning fires only when its condition held on all of those steps. Before that many steps,
-    everything is ``healthy``.
+    everything is ``healthy``. The drawdown alarm obeys the same persistence.
     """
 
     REWARD = "reward/em_mean"
@@ -147,7 +155,8 @@ class PhaseDetector:
         reasons = list(now.reasons) if phase == now.phase else (
             [f"raw phase {now.phase} not yet held for {k} steps"] + now.reasons)
         warning = now.warning if all(r.warning for r in raws) else None
-        return PhaseReport(phase, now.evidence, reasons, warning)
+        drawdown = now.drawdown_alarm if all(r.drawdown_alarm for r in raws) else None
+        return PhaseReport(phase, now.evidence, reasons, warning, drawdown)
 
     def raw(self, history: Sequence[dict[str, Any]]) -> PhaseReport:
         """The phase the rules name for the last step of ``history``, without persistence."""
@@ -250,7 +259,11 @@ class PhaseDetector:
                 f"early warning: correct-response likelihood trends down ({slope:.4f} nats/token/step) "
                 f"while reward still rises ({ev['reward_slope']:.4f}/step) - the LLD death spiral's precursor"
             )
-        return PhaseReport(phase=phase, evidence=ev, reasons=reasons, warning=warning)
+        drawdown = None
+        if ok(ev["probe_drop_from_peak"]) and ev["probe_drop_from_peak"] >= t.drawdown_alarm_logp:
+            drawdown = (f"collapse alarm: probe-set log-likelihood {ev['probe_drop_from_peak']:.3f} nats/token below its "
+                        f"best (alarm at {t.drawdown_alarm_logp})")
+        return PhaseReport(phase=phase, evidence=ev, reasons=reasons, warning=warning, drawdown_alarm=drawdown)
 
 
 # --------------------------------------------------------------------------------------------------------------------

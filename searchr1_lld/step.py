@@ -112,6 +112,7 @@ def train_step(tr: Any) -> dict[str, Any]:
     report = tr.detector.update(metrics)
     metrics["phase/name"] = report.phase
     metrics["phase/id"] = float(PHASE_ID[report.phase])
+    metrics["phase/drawdown_alarm"] = float(report.drawdown_alarm is not None)
     tr.phase_report = report
 
     # weights -> rollout engine, which takes its memory back

@@ -267,6 +267,7 @@ class Trainer:
             tracker.write(f"test EM before training: {em_before:.4f} ({len(test_rows)} questions)")
         last_metrics: dict[str, Any] = {}
         last_phase = "healthy"
+        last_drawdown: str | None = None
         while self.step < tc.total_steps:
             metrics = self.train_step()
             if tc.eval_every and evaluate and test_rows and self.step % tc.eval_every == 0 and self.step < tc.total_steps:
@@ -282,6 +283,9 @@ class Trainer:
                 last_phase = report.phase
             if report.warning:
                 tracker.write(f"step {self.step}: {report.warning}")
+            if report.drawdown_alarm and not last_drawdown:
+                tracker.write(f"step {self.step}: {report.drawdown_alarm}")
+            last_drawdown = report.drawdown_alarm
             if tc.save_every and self.step % tc.save_every == 0 and self.step < tc.total_steps:
                 self.save()
         latest = ckpt.latest_checkpoint(self.run_dir)

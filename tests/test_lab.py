@@ -207,6 +207,8 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world):
     methods = list(lab.METHODS.values())
     assert [(r["method"], r["seed"]) for r in summary["runs"]] == [(m.key, 0) for m in methods]
     assert summary["config_path"] == "configs/lab/quick.yaml"  # no machine's absolute path in a committed report
+    assert set(summary["drawdown_summary"]) == set(summary["warning_summary"])
+    assert "Collapse alarm: Runs whose reward collapsed" in md
 
     # every PNG the report names exists and is a PNG
     for name in summary["pngs"]:
@@ -244,6 +246,10 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world):
             assert int(count) == len(steps)
             assert first == (str(steps[0]) if steps else "-")
         assert row[1 + len(PHASES)] == logged[-1]["phase/name"]
+        # the collapse alarm: the trainer logs it every step; the report's column is the summary's first alarm step
+        assert all(r["phase/drawdown_alarm"] in (0.0, 1.0) for r in logged)
+        drawdown = next(r for r in summary["runs"] if r["method"] == m.key)["phases"]["drawdown_steps"]
+        assert row[5 + len(PHASES)] == (str(drawdown[0]) if drawdown else "none")
 
     assert "## Experiments tried" in md and "tried nothing yet" in md
     assert "LLDS-MA (action gate, adaptive MA)" in md

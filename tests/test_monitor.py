@@ -292,6 +292,28 @@ def test_alarm_lead_on_the_measured_lr3e3_pilot():
     steps = list(range(1, 11))
     acc = warning_accounting(steps, reward, alarm_steps(steps, phases, warnings), t)
     assert acc == {"collapse_step": 8, "first_alarm_step": 4, "lead_steps": 4, "outcome": "warned"}
+    # the collapse alarm: probe best -2.419 (step 2); -3.330 at step 4 is 0.911 below it (>= 0.75), held from step 4,
+    # so reported at step 5 (2 steps of persistence): 3 steps ahead of the crash
+    drawdown = [i + 1 for i in range(10) if det.detect(recs[: i + 1]).drawdown_alarm]
+    assert drawdown == [5, 6, 7, 8, 9, 10]
+    assert warning_accounting(steps, reward, drawdown, t)["lead_steps"] == 3
+
+
+def test_drawdown_alarm_by_hand():
+    """probe best -0.2; -0.94 is 0.74 below it (no alarm), -0.96 is 0.76 below (raw alarm), held 2 steps -> alarm."""
+    probe = [-0.3, -0.2, -0.5, -0.94, -0.96, -1.0]
+    recs = [{"reward/em_mean": 0.3, "lld/correct_logp_old_per_token": -0.5, "actor/grad_norm": 1.0,
+             "actor/entropy": 1.0, "probe/logp_per_token": p} for p in probe]
+    det = PhaseDetector(PhaseThresholds())
+    assert det.t.drawdown_alarm_logp == 0.75
+    assert det.raw(recs[:4]).evidence["probe_drop_from_peak"] == pytest.approx(0.74)
+    assert det.raw(recs[:4]).drawdown_alarm is None
+    assert det.raw(recs[:5]).drawdown_alarm and "0.760 nats/token below its best" in det.raw(recs[:5]).drawdown_alarm
+    assert det.detect(recs[:5]).drawdown_alarm is None  # held 1 step of the 2 needed
+    assert det.detect(recs[:6]).drawdown_alarm is not None
+    # a probe-less run never raises it
+    assert all(det.raw([{k: v for k, v in r.items() if k != "probe/logp_per_token"} for r in recs[: i + 1]])
+               .drawdown_alarm is None for i in range(6))
 
 
 def test_rollout_metrics_one_name_per_metric():

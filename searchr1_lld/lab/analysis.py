@@ -35,8 +35,9 @@ def phase_summary(records: Sequence[dict[str, Any]], run_steps: int | None = Non
 
     Returns ``{"first_step": {phase: step or None}, "steps_in": {phase: count}, "final": phase,
     "warning_steps": [steps where the early warning fired], "collapse_step": first accelerated_collapse step or None,
-    "persistence": steps, "warning": monitor.warning_accounting(...)}`` (alarm = early warning, or steady_decay /
-    accelerated_collapse reported).
+    "persistence": steps, "warning": monitor.warning_accounting(...), "drawdown_steps": [steps where the collapse
+    alarm fired], "drawdown": monitor.warning_accounting(...)}``. ``warning`` accounts the LLD alarm (early warning, or
+    steady_decay / accelerated_collapse reported), ``drawdown`` the collapse alarm (probe set far below its best).
     """
     from searchr1_lld.monitor import PhaseThresholds, alarm_steps, warning_accounting
 
@@ -45,6 +46,7 @@ def phase_summary(records: Sequence[dict[str, Any]], run_steps: int | None = Non
     first: dict[str, int | None] = {p: None for p in PHASES}
     count: dict[str, int] = {p: 0 for p in PHASES}
     warnings_at: list[int] = []
+    drawdown_at: list[int] = []
     reported: list[str] = []
     for i, r in enumerate(records):
         report = detector.detect(records[: i + 1])
@@ -54,14 +56,17 @@ def phase_summary(records: Sequence[dict[str, Any]], run_steps: int | None = Non
             first[report.phase] = step
         if report.warning:
             warnings_at.append(step)
+        if report.drawdown_alarm:
+            drawdown_at.append(step)
         reported.append(report.phase)
     steps = [int(r["step"]) for r in records]
-    accounting = warning_accounting(steps, [r.get("reward/em_mean") for r in records],
-                                    alarm_steps(steps, reported, warnings_at), thresholds)
+    rewards = [r.get("reward/em_mean") for r in records]
+    accounting = warning_accounting(steps, rewards, alarm_steps(steps, reported, warnings_at), thresholds)
     final = reported[-1] if reported else None
     return {"first_step": first, "steps_in": count, "final": final, "warning_steps": warnings_at,
             "collapse_step": first["accelerated_collapse"], "persistence": thresholds.persistence(),
-            "warning": accounting}
+            "warning": accounting, "drawdown_steps": drawdown_at,
+            "drawdown": warning_accounting(steps, rewards, drawdown_at, thresholds)}
 
 
 def window_mean(records: Sequence[dict[str, Any]], key: str, which: str, k: int = TREND_WINDOW) -> float:
@@ -135,11 +140,12 @@ def load_records(run_dir: str | Path) -> list[dict[str, Any]]:
     return read_metrics(path)
 
 
-def warning_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def warning_summary(runs: Sequence[dict[str, Any]], alarm: str = "warning") -> dict[str, Any]:
     """Alarm accounting over runs: collapsed runs warned / late / missed (+ lead times), non-collapsed runs with a
-    false alarm / quiet."""
-    outcomes = [r["phases"]["warning"]["outcome"] for r in runs]
-    leads = [r["phases"]["warning"]["lead_steps"] for r in runs if r["phases"]["warning"]["outcome"] == "warned"]
+    false alarm / quiet. ``alarm``: which accounting of :func:`phase_summary` (``warning`` = the LLD alarm,
+    ``drawdown`` = the collapse alarm)."""
+    outcomes = [r["phases"][alarm]["outcome"] for r in runs]
+    leads = [r["phases"][alarm]["lead_steps"] for r in runs if r["phases"][alarm]["outcome"] == "warned"]
     return {"collapsed_runs": sum(o in ("warned", "late", "missed") for o in outcomes),
             "warned": outcomes.count("warned"), "late": outcomes.count("late"), "missed": outcomes.count("missed"),
             "lead_steps": leads, "non_collapsed_runs": sum(o in ("false_alarm", "quiet") for o in outcomes),

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 from searchr1_lld.lab.analysis import finite
 from searchr1_lld.lab.methods import LLD_MARGIN, METHODS, REWARD_MARGIN, TREND_WINDOW, run_name
-from searchr1_lld.monitor import PHASES
+from searchr1_lld.monitor import PHASES, PhaseThresholds
 
 
 def fmt(x: Any, nd: int = 3) -> str:
@@ -47,8 +47,9 @@ def per_run_table(runs: Sequence[dict[str, Any]]) -> str:
 
 def phase_table(runs: Sequence[dict[str, Any]]) -> str:
     head = " | ".join(f"{p} (first step / steps)" for p in PHASES)
-    lines = [f"| run | {head} | final phase | early-warning steps | reward collapsed at | warning lead | verdict |",
-             "|---|" + "---|" * len(PHASES) + "---|---|---|---|---|"]
+    lines = [f"| run | {head} | final phase | early-warning steps | reward collapsed at | warning lead | "
+             "collapse alarm (first step) | collapse-alarm lead | verdict |",
+             "|---|" + "---|" * len(PHASES) + "---|---|---|---|---|---|---|"]
     for r in runs:
         ph = r["phases"]
         cells = [f"{'-' if ph['first_step'][p] is None else ph['first_step'][p]} / {ph['steps_in'][p]}" for p in PHASES]
@@ -56,11 +57,18 @@ def phase_table(runs: Sequence[dict[str, Any]]) -> str:
         warn_txt = "none" if not warn else f"{len(warn)} (first {warn[0]})"
         acc = ph["warning"]
         collapsed = "-" if acc["collapse_step"] is None else str(acc["collapse_step"])
-        lead = {"warned": f"{acc['lead_steps']} steps", "late": "late", "missed": "missed",
-                "false_alarm": "false alarm", "quiet": "-"}[acc["outcome"]]
+        drawdown = ph["drawdown_steps"]
+        drawdown_txt = "none" if not drawdown else str(drawdown[0])
         lines.append(f"| {run_name(METHODS[r['method']], r['seed'])} | " + " | ".join(cells) +
-                     f" | {ph['final']} | {warn_txt} | {collapsed} | {lead} | {r['verdict']} |")
+                     f" | {ph['final']} | {warn_txt} | {collapsed} | {lead_text(acc)} | {drawdown_txt} | "
+                     f"{lead_text(ph['drawdown'])} | {r['verdict']} |")
     return "\n".join(lines) + "\n"
+
+
+def lead_text(acc: dict[str, Any]) -> str:
+    """One run's alarm outcome (:func:`searchr1_lld.phases.warning_accounting`) as a table cell."""
+    return {"warned": f"{acc['lead_steps']} steps", "late": "late", "missed": "missed",
+            "false_alarm": "false alarm", "quiet": "-"}[acc["outcome"]]
 
 
 def warning_text(w: dict[str, Any]) -> str:
@@ -139,13 +147,17 @@ def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path], n
         "reward alone (two-step mean at or below 0.3 x its peak from that step to the end of the run, peak >= 0.05); "
         "*warning lead*: steps from the first alarm (early warning, or steady_decay / accelerated_collapse reported) "
         "to that collapse (`late` / `missed` when the alarm came at or after it / never; `false alarm` when a run "
-        "that did not collapse raised one). Verdict (computed): `collapse` "
+        "that did not collapse raised one). *Collapse alarm*: the probe set's log-likelihood per token at least "
+        f"{PhaseThresholds().drawdown_alarm_logp} nats below its best measurement (held as long as a phase must), "
+        "with its lead counted the same way. Verdict (computed): `collapse` "
         "(accelerated_collapse reported), `LLD` (mean of the last "
         f"{TREND_WINDOW} values vs the first {TREND_WINDOW}: reward up by more than {REWARD_MARGIN} while the "
         f"correct-response or probe-set log-likelihood per token is down by more than {LLD_MARGIN} nats), `none`.",
         "",
         phase_table(s["runs"]),
-        "Early warning: " + warning_text(s["warning_summary"]),
+        "Early warning (LLD alarm): " + warning_text(s["warning_summary"]),
+        "",
+        "Collapse alarm: " + warning_text(s["drawdown_summary"]),
         "",
         "## Trends (first / last " + str(TREND_WINDOW) + " logged values)",
         "",

@@ -239,6 +239,7 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
                   "warm_start_card": card.get("warm_start", {})},
         "shared_settings": shared_settings(base), "warm_start": warm, "runs": runs,
         "aggregate": aggregate(runs, methods), "warning_summary": warning_summary(runs),
+        "drawdown_summary": warning_summary(runs, "drawdown"),
         "pngs": [p.name for p in pngs],
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}",
         # runs_s: every run's training + evaluation, whichever pass (resumed or not) did it; wall_s: this pass
