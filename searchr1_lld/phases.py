@@ -116,7 +116,7 @@ class PhaseDetector:
       sampled correct responses') while reward rises;
     - healthy: otherwise (likelihood of correct responses rising, or too little data to claim a trend).
     Early warning: correct likelihood falling (as in steady_decay) while reward slope > rising (the steady-decay
-    signature). It names LLD, which every run of the labs showed, collapsed or not.
+    signature). It names LLD, which nearly every run of the labs showed, collapsed or not.
     Drawdown alarm (the collapse alarm): the probe set's latest log-likelihood per token at least
     ``drawdown_alarm_logp`` below its best measurement so far, ``probe_best - probe_now >= drawdown_alarm_logp``. It
     fires on far fewer runs that do not collapse (docs/lab_notes.md, session 14).
