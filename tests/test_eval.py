@@ -127,6 +127,37 @@ class ScriptedRollout:
         return [_traj(r, r["golden_answers"][0] if int(r["id"][1:]) % 2 == 0 else "wrong") for r in rows]
 
 
+def test_sampled_em_averages_every_sample_by_hand():
+    """3 questions x 4 samples; sample j of question i is right when (i + j) % 3 == 0: right answers
+    q0: j=0,3 (2/4), q1: j=2 (1/4), q2: j=1 (1/4) -> EM 4/12; single-hop (q0, q1) 3/8, multi-hop (q2) 1/4."""
+    rows = [_row(0, ["g0"], hops=1), _row(1, ["g1"], hops=1), _row(2, ["g2"], hops=2)]
+    calls = []
+
+    def rollout(batch, *, backend, tokenizer, retriever, cfg, n, greedy, template, chat_template, progress):
+        assert not greedy and n == 4
+        calls.append([r["id"] for r in batch])
+        return [_traj(r, r["golden_answers"][0] if (int(r["id"][1:]) + j) % 3 == 0 else "wrong")
+                for r in batch for j in range(n)]
+
+    cfg = ev.eval_rollout_config(RolloutConfig(temperature=0.7), max_turns=4, topk=3)
+    m = ev.sampled_em(rows, backend=None, tokenizer=None, retriever=None, rollout_cfg=cfg, samples=4, batch_size=2,
+                      progress=False, rollout_fn=rollout)
+    assert calls == [["r0", "r1"], ["r2"]]
+    assert m["em"] == pytest.approx(4 / 12) and m["n"] == 12 and m["questions"] == 3 and m["samples"] == 4
+    assert m["em_single_hop"] == pytest.approx(3 / 8) and m["em_multi_hop"] == pytest.approx(1 / 4)
+    assert m["temperature"] == 0.7
+    with pytest.raises(ev.EvalError):
+        ev.sampled_em(rows, backend=None, tokenizer=None, retriever=None, rollout_cfg=cfg, samples=0,
+                      progress=False, rollout_fn=rollout)
+
+    def short(batch, **kw):
+        return rollout(batch, **kw)[:-1]
+
+    with pytest.raises(ev.EvalError, match="trajectories"):
+        ev.sampled_em(rows, backend=None, tokenizer=None, retriever=None, rollout_cfg=cfg, samples=4,
+                      progress=False, rollout_fn=short)
+
+
 def _run(tmp_path, rollout, rows, **kw):
     cfg = ev.eval_rollout_config(RolloutConfig(), max_turns=4, topk=3)
     return ev.evaluate(rows, backend=None, tokenizer=None, retriever=None, rollout_cfg=cfg, out_dir=tmp_path,

@@ -232,6 +232,15 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world):
             assert mean == pytest.approx(syn[key], abs=5e-4 + 1e-9)  # printed with 3 decimals (0.0625 -> "0.062")
         searches = float(_MS.match(row[5]).group(1))
         assert searches == pytest.approx(syn["mean_valid_searches"], abs=5e-3 + 1e-9)  # printed with 2 decimals (0.125 -> "0.12")
+        # the sampled policy's EM (--sampled 4 by default): 4 rollouts per test question, stored in lab_run.json
+        stored = json.loads((runs_dir / f"{m.key}-seed0" / "lab_run.json").read_text())["eval_sampled"]
+        assert stored["samples"] == 4 and stored["n"] == 4 * syn["n"] and stored["questions"] == syn["n"]
+        assert stored["temperature"] == load_config(lab.QUICK_CONFIG).rollout.temperature
+        mean, std = (float(x) for x in _MS.match(row[6]).groups())
+        assert mean == pytest.approx(stored["em"], abs=5e-4 + 1e-9) and std == 0.0
+    warm_sampled = json.loads((runs_dir / "warm_start" / "sampled.json").read_text())
+    assert em_rows["warm start (untrained)"][6] == f"{warm_sampled['em']:.3f}" and warm_sampled["samples"] == 4
+    assert summary["sampled"] == 4
 
     # phase table: one row per run, matching the phases logged in that run's metrics.jsonl
     phase_rows = {r[0]: r for r in _table(md, "## Phases detected by the monitor")}
@@ -261,6 +270,41 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world):
     md2 = (out2 / "README.md").read_text()
     for heading in ("## Test exact match", "## Phases detected by the monitor"):
         assert _table(md2, heading) == _table(md, heading)
+    # another sample count: the finished runs are scored again from their last checkpoint (the final policy), which
+    # reproduces the in-memory score when the count is the same (one sampling seed for every policy)
+    first = {m.key: json.loads((runs_dir / f"{m.key}-seed0" / "lab_run.json").read_text())["eval_sampled"]
+             for m in methods}
+    assert lab.main(["--quick", "--report-only", "--sampled", "2", "--out", str(out2), "--runs-dir", str(runs_dir),
+                     "--world-dir", str(tiny_world), "--notes", str(notes)]) == 0
+    for m in methods:
+        again = json.loads((runs_dir / f"{m.key}-seed0" / "lab_run.json").read_text())["eval_sampled"]
+        assert again["samples"] == 2 and again["n"] == 2 * first[m.key]["questions"]
+    assert lab.main(["--quick", "--report-only", "--sampled", "4", "--out", str(out2), "--runs-dir", str(runs_dir),
+                     "--world-dir", str(tiny_world), "--notes", str(notes)]) == 0
+    for m in methods:
+        again = json.loads((runs_dir / f"{m.key}-seed0" / "lab_run.json").read_text())["eval_sampled"]
+        assert again["em"] == first[m.key]["em"] and again["samples"] == 4
+    assert lab.main(["--quick", "--report-only", "--sampled", "-1", "--out", str(out2), "--runs-dir", str(runs_dir),
+                     "--world-dir", str(tiny_world)]) == 2
+    # --extend-from: the finished 3-step runs, copied and trained on to 4 steps; the source is left as it was
+    steps = load_config(lab.QUICK_CONFIG).trainer.total_steps
+    longer = tmp_path / "runs-longer"
+    with pytest.raises(ConfigError, match="only trainer.total_steps may differ"):
+        lab.run_lab(config_path=lab.QUICK_CONFIG, overrides=[f"trainer.total_steps={steps + 1}", "trainer.lr=0.5"],
+                    seeds=[0], methods=methods[:1], out_dir=tmp_path / "report-bad", runs_dir=longer,
+                    world_dir=str(tiny_world), extend_from=runs_dir)
+    before = {m.key: (runs_dir / f"{m.key}-seed0" / "metrics.jsonl").read_text() for m in methods[:2]}
+    assert lab.main(["--quick", "--methods", ",".join(m.key for m in methods[:2]), "--sampled", "0", "--out", str(tmp_path / "report4"),
+                     "--runs-dir", str(longer), "--extend-from", str(runs_dir), "--world-dir", str(tiny_world),
+                     f"trainer.total_steps={steps + 1}"]) == 0
+    for m in methods[:2]:
+        src_rec = json.loads((runs_dir / f"{m.key}-seed0" / "lab_run.json").read_text())
+        new_rec = json.loads((longer / f"{m.key}-seed0" / "lab_run.json").read_text())
+        assert src_rec["steps"] == steps and new_rec["steps"] == steps + 1 and new_rec["train_s"] > src_rec["train_s"]
+        assert (runs_dir / f"{m.key}-seed0" / "metrics.jsonl").read_text() == before[m.key]  # source untouched
+        logged = (longer / f"{m.key}-seed0" / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(x)["step"] for x in logged] == list(range(1, steps + 2))
+        assert logged[:steps] == before[m.key].splitlines()  # the first steps are the source's, not retrained
     # ... and refuses runs trained with other settings
     with pytest.raises(ConfigError, match="trainer.lr"):
         lab.run_lab(config_path=lab.QUICK_CONFIG, overrides=["trainer.lr=0.5"], seeds=[0], methods=methods,

@@ -37,7 +37,7 @@ from searchr1_lld.evaluation.metrics import (BENCHMARKS, DISPLAY_NAMES, KNOWN_DA
                                              dataset_metrics, parse_datasets, record_from_trajectory, relative_gain,
                                              summarize)
 from searchr1_lld.evaluation.run import (benchmark_rows, compare, eval_rollout_config, evaluate, load_eval_rows,
-                                         load_tokenizer)
+                                         load_tokenizer, sampled_em)
 from searchr1_lld.evaluation.tables import (csv_table, detail_table, load_results, markdown_table, write_results,
                                             write_tables)
 
@@ -47,6 +47,6 @@ __all__ = [
     "sha256_file", "shard_rows", "trajectories_path", "BENCHMARKS", "DISPLAY_NAMES", "KNOWN_DATASETS", "RESULTS_CSV",
     "RESULTS_JSON", "RESULTS_MD", "SYNTHETIC", "TRAJECTORIES", "EvalError", "average_em", "dataset_metrics",
     "parse_datasets", "record_from_trajectory", "relative_gain", "summarize", "benchmark_rows", "compare",
-    "eval_rollout_config", "evaluate", "load_eval_rows", "load_tokenizer", "csv_table", "detail_table", "load_results",
-    "markdown_table", "write_results", "write_tables",
+    "eval_rollout_config", "evaluate", "load_eval_rows", "load_tokenizer", "sampled_em", "csv_table", "detail_table",
+    "load_results", "markdown_table", "write_results", "write_tables",
 ]

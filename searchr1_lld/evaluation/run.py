@@ -1,4 +1,5 @@
-"""Running an evaluation: the rows of each dataset, greedy rollouts into the trajectories file, comparisons."""
+"""Running an evaluation: the rows of each dataset, greedy rollouts into the trajectories file, the sampled policy's
+EM, comparisons."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from searchr1_lld.evaluation.files import TrajectoryLog, finalize, shard_rows, trajectories_path
-from searchr1_lld.evaluation.metrics import (SYNTHETIC, EvalError, parse_datasets, record_from_trajectory,
-                                             relative_gain, summarize)
+from searchr1_lld.evaluation.metrics import (SYNTHETIC, EvalError, dataset_metrics, parse_datasets,
+                                             record_from_trajectory, relative_gain, summarize)
 from searchr1_lld.evaluation.tables import markdown_table, write_tables
 from searchr1_lld.jsonl import read_jsonl
 
@@ -110,6 +111,44 @@ def evaluate(rows_by_dataset: dict[str, Sequence[dict[str, Any]]], *, backend: A
     if shard is not None:
         return None
     return finalize(out_dir, order=list(rows_by_dataset), name=name)
+
+
+def sampled_em(rows: Sequence[dict[str, Any]], *, backend: Any, tokenizer: Any, retriever: Any, rollout_cfg: Any,
+               samples: int, batch_size: int = 64, template: str = "tiny", chat_template: str = "never",
+               progress: bool = True, rollout_fn: Callable[..., list[Any]] | None = None) -> dict[str, Any]:
+    """EM of the *sampled* policy: ``samples`` rollouts per question at ``rollout_cfg.temperature`` (what GRPO
+    trains and what its reward measures), in memory, nothing written.
+
+        sampled em = mean over questions i and samples j of EM(pred_ij, golds_i)
+
+    Returns :func:`dataset_metrics` over all ``len(rows) * samples`` rollouts (``n`` counts rollouts) plus
+    ``questions``, ``samples`` and ``temperature``. Greedy decoding (:func:`evaluate`) scores the policy's mode; a
+    policy whose mode drifts from its samples scores differently on the two.
+    """
+    from tqdm.auto import tqdm
+
+    if rollout_fn is None:
+        from searchr1_lld.rollout.agent_loop import run_agent_loop as rollout_fn
+
+    if samples < 1:
+        raise EvalError(f"samples must be >= 1 (got {samples})")
+    if batch_size < 1:
+        raise EvalError(f"batch_size must be >= 1 (got {batch_size})")
+    if not rows:
+        raise EvalError("sampled_em: no rows")
+    records: list[dict[str, Any]] = []
+    bar = tqdm(total=len(rows), desc=f"sampled eval (x{samples})", unit="q", disable=not progress)
+    for start in range(0, len(rows), batch_size):
+        batch = list(rows[start:start + batch_size])
+        trajs = rollout_fn(batch, backend=backend, tokenizer=tokenizer, retriever=retriever, cfg=rollout_cfg,
+                           n=samples, greedy=False, template=template, chat_template=chat_template, progress=False)
+        if len(trajs) != len(batch) * samples:
+            raise EvalError(f"agent loop returned {len(trajs)} trajectories for {len(batch)} rows x {samples} samples")
+        records += [record_from_trajectory(t, "sampled") for t in trajs]
+        bar.update(len(batch))
+    bar.close()
+    return {**dataset_metrics(records), "questions": len(rows), "samples": samples,
+            "temperature": rollout_cfg.temperature}
 
 
 def compare(methods: Sequence[tuple[str, dict[str, Any]]], out_dir: str | Path) -> str:

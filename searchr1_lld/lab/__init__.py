@@ -4,6 +4,7 @@
     python -m searchr1_lld.lab --quick --out /tmp/lab   # a few minutes: configs/lab/quick.yaml, one seed
     python -m searchr1_lld.lab --seeds 0,1 --methods grpo,llds_action trainer.lr=1e-3 rollout.n=8   # exploration
     python -m searchr1_lld.lab --report-only --runs-dir runs/lab    # rebuild the report from finished runs
+    python -m searchr1_lld.lab --runs-dir runs/lab-90 --extend-from runs/lab trainer.total_steps=90   # 30 more steps
 
 What one lab does
     1. one synthetic world (``data.build_world.ensure_world``; ``--world-dir`` or ``.cache/lab-world-<config hash>``)
@@ -11,7 +12,9 @@ What one lab does
     2. the warm-started policy evaluated once (greedy, test split): the "warm start" row of the EM table;
     3. for every seed, for every method: ``searchr1_lld.trainer.Trainer(cfg).run()`` (metrics.jsonl, the monitor's
        phase per step) then the evaluator (``searchr1_lld.evaluation.evaluate``: greedy, test split, results.json with
-       single-hop / multi-hop EM and searches per question) on the trained policy, in memory;
+       single-hop / multi-hop EM and searches per question) on the trained policy, in memory, and with ``--sampled N``
+       (default 4) the sampled policy's EM (``searchr1_lld.evaluation.sampled_em``: N rollouts per test question at
+       the rollout temperature, one sampling seed for every policy; the warm start too);
     4. one markdown report (``OUT/README.md``) + ``OUT/summary.json`` + side-by-side curves (``OUT/*.png``).
 
 Methods (:data:`METHODS`) differ ONLY in ``algorithm.llds.{enabled, gate, ma}``; every other setting, the LLDS
@@ -21,7 +24,8 @@ anything trains ("never tune the two methods differently").
 Numbers in the report
     EM table: per method, mean ± sample std over seeds of the per-run test EM (all questions; single-hop; multi-hop)
     and of the mean number of valid searches per test question. "All" is the micro-average over every test question
-    (what ``results.json`` calls ``em``), not the mean of the two columns.
+    (what ``results.json`` calls ``em``), not the mean of the two columns. Sampled EM: mean EM over all N x questions
+    rollouts (what the training reward measures; greedy EM scores the policy's mode, which can drift from it).
     Phases: the trainer's phase detector (``phase/name`` per step in metrics.jsonl): first step and number of steps in
     each phase; early-warning steps are recomputed with the same detector (:class:`searchr1_lld.monitor.PhaseDetector`).
     Trends: means over the first / last ``TREND_WINDOW`` steps of reward, correct / incorrect log-likelihood per token,
@@ -42,8 +46,9 @@ from searchr1_lld.lab.methods import (DEFAULT_NOTES, FULL_CONFIG, LLD_MARGIN, ME
 from searchr1_lld.lab.plots import CURVES, METHOD_COLORS, plot_curves
 from searchr1_lld.lab.report import (em_table, fmt, fmt_ms, per_run_table, phase_table, trend_table, warning_text,
                                      write_report)
-from searchr1_lld.lab.running import (eval_summary, evaluate_policy, evaluate_warm_start, finished, load_run,
-                                      load_warm_start, prepare_world, resolve_world_dir, run_lab, run_one)
+from searchr1_lld.lab.running import (eval_summary, evaluate_policy, evaluate_sampled, evaluate_warm_start, finished,
+                                      load_run, load_warm_start, prepare_world, resolve_world_dir, run_lab, run_one,
+                                      sampled_of_run, warm_start_sampled)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -119,7 +119,8 @@ def lld_verdict(trend: dict[str, float], phases: dict[str, Any]) -> str:
 
 
 def aggregate(runs: Sequence[dict[str, Any]], methods: Sequence[Method]) -> list[dict[str, Any]]:
-    """Per method: mean ± std over its runs of EM (all / single-hop / multi-hop) and searches per question."""
+    """Per method: mean ± std over its runs of EM (all / single-hop / multi-hop) and searches per question, and of
+    the sampled EM (``sampled_em``) when every run of the method has one (``eval_sampled``)."""
     rows = []
     for m in methods:
         mine = [r for r in runs if r["method"] == m.key]
@@ -127,6 +128,9 @@ def aggregate(runs: Sequence[dict[str, Any]], methods: Sequence[Method]) -> list
         for key in ("em", "em_single_hop", "em_multi_hop", "mean_valid_searches"):
             mu, sd, n = mean_std([r["eval"][key] for r in mine])
             row[key] = {"mean": mu, "std": sd, "n": n}
+        if mine and all(r.get("eval_sampled") for r in mine):
+            mu, sd, n = mean_std([r["eval_sampled"]["em"] for r in mine])
+            row["sampled_em"] = {"mean": mu, "std": sd, "n": n}
         rows.append(row)
     return rows
 

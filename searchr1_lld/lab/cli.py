@@ -23,6 +23,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--world-dir", help="an existing world dir to use as is (default: .cache/lab-world-<hash>)")
     p.add_argument("--notes", default=str(DEFAULT_NOTES), help="markdown put under 'Experiments tried'")
     p.add_argument("--report-only", action="store_true", help="rebuild the report from the finished runs in --runs-dir")
+    p.add_argument("--sampled", type=int, default=4, metavar="N",
+                   help="also score every policy sampled: N rollouts per test question at the rollout temperature "
+                        "(0 = greedy EM only; finished runs are scored from their last checkpoint)")
+    p.add_argument("--extend-from", metavar="DIR",
+                   help="runs dir of this lab trained to fewer trainer.total_steps: missing runs are copied from there "
+                        "and trained on from their last checkpoint (DIR is not changed)")
     p.add_argument("--fresh", action="store_true", help="retrain runs that already finished with the same config")
     p.add_argument("overrides", nargs="*", help="key=value config overrides applied to every method")
     args = p.parse_args(argv)
@@ -35,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
             out_dir=args.out or ("runs/lab-quick/report" if args.quick else "docs/lab"),
             runs_dir=args.runs_dir or ("runs/lab-quick" if args.quick else "runs/lab"), world_dir=args.world_dir,
             notes=args.notes, quick=args.quick, report_only=args.report_only, fresh=args.fresh,
+            sampled=args.sampled, extend_from=args.extend_from,
             command="python -m searchr1_lld.lab " + " ".join(argv if argv is not None else sys.argv[1:]),
         )
     except ConfigError as e:

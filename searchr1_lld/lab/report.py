@@ -21,27 +21,37 @@ def fmt_ms(cell: dict[str, Any], nd: int = 3) -> str:
     return f"{cell['mean']:.{nd}f} ± {cell['std']:.{nd}f}"
 
 
-def em_table(agg: Sequence[dict[str, Any]], warm: dict[str, Any] | None) -> str:
-    lines = ["| Method | seeds | Single-hop EM | Multi-hop EM | All (avg.) EM | searches / question |",
-             "|---|---|---:|---:|---:|---:|"]
+def em_table(agg: Sequence[dict[str, Any]], warm: dict[str, Any] | None, sampled: bool = False) -> str:
+    """Per-method EM table; with ``sampled``, a last column with the sampled policy's EM."""
+    extra = (" Sampled EM |", "---:|") if sampled else ("", "")
+    lines = ["| Method | seeds | Single-hop EM | Multi-hop EM | All (avg.) EM | searches / question |" + extra[0],
+             "|---|---|---:|---:|---:|---:|" + extra[1]]
     if warm is not None:
         e = warm["eval"]
+        cell = f" {fmt((warm.get('eval_sampled') or {}).get('em'))} |" if sampled else ""
         lines.append(f"| warm start (untrained) | - | {fmt(e['em_single_hop'])} | {fmt(e['em_multi_hop'])} | "
-                     f"{fmt(e['em'])} | {fmt(e['mean_valid_searches'], 2)} |")
+                     f"{fmt(e['em'])} | {fmt(e['mean_valid_searches'], 2)} |" + cell)
     for row in agg:
+        cell = f" {fmt_ms(row.get('sampled_em') or {'mean': None})} |" if sampled else ""
         lines.append(f"| {row['label']} | {','.join(map(str, row['seeds']))} | {fmt_ms(row['em_single_hop'])} | "
-                     f"{fmt_ms(row['em_multi_hop'])} | {fmt_ms(row['em'])} | {fmt_ms(row['mean_valid_searches'], 2)} |")
+                     f"{fmt_ms(row['em_multi_hop'])} | {fmt_ms(row['em'])} | {fmt_ms(row['mean_valid_searches'], 2)} |"
+                     + cell)
     return "\n".join(lines) + "\n"
 
 
-def per_run_table(runs: Sequence[dict[str, Any]]) -> str:
-    lines = ["| run | single-hop EM | multi-hop EM | all EM | searches / q | answered | train s | eval s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+def per_run_table(runs: Sequence[dict[str, Any]], sampled: bool = False) -> str:
+    extra = (" sampled EM (1-hop / 2-hop) |", "---:|") if sampled else ("", "")
+    lines = ["| run | single-hop EM | multi-hop EM | all EM | searches / q | answered | train s | eval s |" + extra[0],
+             "|---|---:|---:|---:|---:|---:|---:|---:|" + extra[1]]
     for r in runs:
         e = r["eval"]
+        cell = ""
+        if sampled:
+            es = r.get("eval_sampled") or {}
+            cell = f" {fmt(es.get('em'))} ({fmt(es.get('em_single_hop'), 2)} / {fmt(es.get('em_multi_hop'), 2)}) |"
         lines.append(f"| {run_name(METHODS[r['method']], r['seed'])} | {fmt(e['em_single_hop'])} | "
                      f"{fmt(e['em_multi_hop'])} | {fmt(e['em'])} | {fmt(e['mean_valid_searches'], 2)} | "
-                     f"{fmt(e['answer_rate'], 2)} | {r['train_s']:.0f} | {r['eval_s']:.0f} |")
+                     f"{fmt(e['answer_rate'], 2)} | {r['train_s']:.0f} | {r['eval_s']:.0f} |" + cell)
     return "\n".join(lines) + "\n"
 
 
@@ -94,9 +104,15 @@ def trend_table(runs: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def sampled_temperature(summary: dict[str, Any]) -> str:
+    temps = {r["eval_sampled"]["temperature"] for r in summary["runs"] if r.get("eval_sampled")}
+    return ", ".join(map(str, sorted(temps))) or "-"
+
+
 def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path], notes: str | None) -> Path:
     """``OUT/README.md`` from the summary (everything in it is also in summary.json)."""
     s = summary
+    sampled = s.get("sampled") or 0
     lines = [f"# Death-spiral lab: GRPO vs LLDS on the synthetic world{' (quick mode)' if s['quick'] else ''}", ""]
     lines += [
         f"Command: `{s['command']}`  ",
@@ -120,15 +136,19 @@ def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path], n
         "| shared setting | value |", "|---|---|",
         *[f"| `{k}` | {v} |" for k, v in s["shared_settings"]],
         "",
-        "## Test exact match (greedy, world test split)",
+        "## Test exact match (world test split; greedy" + (", and sampled)" if sampled else ")"),
         "",
         "Mean ± sample std over seeds. *All* = EM over every test question (micro-average), not the mean of the two "
-        "columns. *searches / question* = mean valid searches per test question.",
+        "columns. *searches / question* = mean valid searches per test question."
+        + (f" *Sampled EM*: the policy sampled instead of decoded greedily, {sampled} rollouts per test question at "
+           f"temperature {sampled_temperature(s)} (the decoding its training reward measures; mean EM over all "
+           "rollouts, one fixed sampling seed for every policy). Greedy EM scores the policy's mode; the two part "
+           "when the mode drifts from the samples." if sampled else ""),
         "",
-        em_table(s["aggregate"], s.get("warm_start")),
+        em_table(s["aggregate"], s.get("warm_start"), sampled=bool(sampled)),
         "Per run:",
         "",
-        per_run_table(s["runs"]),
+        per_run_table(s["runs"], sampled=bool(sampled)),
         "## Curves",
         "",
         "Thin lines: one seed; bold: mean over seeds. `overview.png` has every curve side by side.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -46,32 +47,92 @@ def prepare_world(cfg: Config, world_dir: Path, explicit: bool) -> dict[str, Any
     return card
 
 
+SAMPLED_SEED = 0  # every policy's sampled evaluation draws from the same seed
+
+
+def _eval_engine(model: Any, tokenizer: Any, cfg: Config, seed: int | None = None) -> Any:
+    """The generation engine evaluations use: the in-memory policy, eval.batch_size questions per call."""
+    from searchr1_lld.rollout.backends import make_backend
+
+    engine_cfg = dataclasses.replace(cfg.rollout, backend="hf", generation_batch_size=cfg.eval.batch_size)
+    return make_backend(engine_cfg, model=model, tokenizer=tokenizer, seed=seed)
+
+
+@contextlib.contextmanager
+def _eval_mode(model: Any):
+    import torch
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
 def evaluate_policy(model: Any, tokenizer: Any, retriever: Any, cfg: Config, world_dir: Path, out_dir: Path,
                     name: str) -> dict[str, Any]:
     """Greedy test-split evaluation of an in-memory policy with the evaluator library; returns results.json."""
-    import torch
-
     from searchr1_lld import evaluation as ev
-    from searchr1_lld.rollout.backends import make_backend
 
     rows = ev.load_eval_rows([ev.SYNTHETIC], world_dir=world_dir, limit=cfg.eval.limit, split=cfg.data.test_split)
     rollout_cfg = ev.eval_rollout_config(cfg.rollout, max_turns=cfg.eval.max_turns, topk=cfg.eval.topk)
     if out_dir.exists():
         shutil.rmtree(out_dir)  # results always belong to this policy (the evaluator would resume otherwise)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            engine_cfg = dataclasses.replace(cfg.rollout, backend="hf", generation_batch_size=cfg.eval.batch_size)
-            res = ev.evaluate(rows, backend=make_backend(engine_cfg, model=model, tokenizer=tokenizer),
-                              tokenizer=tokenizer, retriever=retriever, rollout_cfg=rollout_cfg, out_dir=out_dir,
-                              batch_size=cfg.eval.batch_size, template=cfg.data.prompt_template,
-                              chat_template=cfg.data.chat_template, name=name,
-                              progress=False)
-    finally:
-        model.train(was_training)
+    with _eval_mode(model):
+        res = ev.evaluate(rows, backend=_eval_engine(model, tokenizer, cfg), tokenizer=tokenizer, retriever=retriever,
+                          rollout_cfg=rollout_cfg, out_dir=out_dir, batch_size=cfg.eval.batch_size,
+                          template=cfg.data.prompt_template, chat_template=cfg.data.chat_template, name=name,
+                          progress=False)
     assert res is not None
     return res
+
+
+def evaluate_sampled(model: Any, tokenizer: Any, retriever: Any, cfg: Config, world_dir: Path,
+                     samples: int) -> dict[str, Any]:
+    """The sampled policy's test EM (:func:`searchr1_lld.evaluation.sampled_em`): ``samples`` rollouts per test
+    question at ``rollout.temperature`` (what the training reward measures), seed ``SAMPLED_SEED``."""
+    from searchr1_lld import evaluation as ev
+
+    rows = ev.load_eval_rows([ev.SYNTHETIC], world_dir=world_dir, limit=cfg.eval.limit,
+                             split=cfg.data.test_split)[ev.SYNTHETIC]
+    rollout_cfg = ev.eval_rollout_config(cfg.rollout, max_turns=cfg.eval.max_turns, topk=cfg.eval.topk)
+    t0 = time.time()
+    with _eval_mode(model):
+        m = ev.sampled_em(rows, backend=_eval_engine(model, tokenizer, cfg, seed=SAMPLED_SEED), tokenizer=tokenizer,
+                          retriever=retriever, rollout_cfg=rollout_cfg, samples=samples,
+                          batch_size=cfg.eval.batch_size, template=cfg.data.prompt_template,
+                          chat_template=cfg.data.chat_template, progress=False)
+    keys = ("em", "em_single_hop", "em_multi_hop", "n", "questions", "samples", "temperature",
+            "mean_valid_searches", "invalid_action_rate", "answer_rate")
+    return {**{k: m.get(k) for k in keys}, "seed": SAMPLED_SEED, "eval_s": round(time.time() - t0, 1)}
+
+
+def _load_policy(policy_dir: Path, world_dir: Path) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import torch
+
+    tokenizer = AutoTokenizer.from_pretrained(str(world_dir / "tokenizer"))
+    return AutoModelForCausalLM.from_pretrained(str(policy_dir), dtype=torch.float32), tokenizer
+
+
+def sampled_of_run(cfg: Config, rec: dict[str, Any], world_dir: Path, retriever: Any, samples: int) -> dict[str, Any]:
+    """A finished run's sampled evaluation, from its last checkpoint's policy (the policy its greedy EM scored)."""
+    from searchr1_lld.checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(rec["run_dir"])
+    if ckpt is None or not (ckpt / "policy").is_dir():
+        raise ConfigError(f"--sampled: run {rec['run_dir']} kept no checkpoint with its final policy; rerun it "
+                          "(--fresh) or pass --sampled 0")
+    state = ckpt / "trainer_state.json"
+    step = json.loads(state.read_text()).get("step") if state.is_file() else None
+    if step != rec["steps"]:
+        raise ConfigError(f"--sampled: the last checkpoint of {rec['run_dir']} is step {step}, not the run's final "
+                          f"step {rec['steps']}")
+    model, tokenizer = _load_policy(ckpt / "policy", world_dir)
+    return evaluate_sampled(model, tokenizer, retriever, cfg, world_dir, samples)
 
 
 def eval_summary(results: dict[str, Any]) -> dict[str, Any]:
@@ -83,20 +144,71 @@ def eval_summary(results: dict[str, Any]) -> dict[str, Any]:
             "answer_rate": m["answer_rate"]}
 
 
-def run_one(cfg: Config, method: Method, seed: int, world_dir: Path, retriever: Any) -> dict[str, Any]:
-    """Train one (method, seed) from scratch, evaluate it, write RUN/lab_run.json; return that record."""
+def settings_diff(cfg: Config, trained: dict[str, Any]) -> list[str]:
+    """Dotted keys whose values differ between ``cfg`` and the config dict a run was ``trained`` with, bookkeeping
+    keys (:data:`RUN_KEYS`) aside. The world is not compared: the report describes the world actually used from its
+    card (world.json), and resuming onto another world is refused by the trainer."""
+    want, got = flatten_dict(cfg.to_dict()), flatten_dict(trained)
+    return sorted(k for k in want.keys() | got.keys()
+                  if k not in RUN_KEYS and not k.startswith("data.world") and want.get(k) != got.get(k))
+
+
+def shorter_run(run_dir: Path, cfg: Config) -> dict[str, Any] | None:
+    """The lab_run.json of a finished run in ``run_dir`` that ``cfg`` extends: trained with the same settings except
+    fewer ``trainer.total_steps`` (bookkeeping keys aside); None when there is no such run."""
+    path = run_dir / RUN_RECORD
+    if not path.is_file():
+        return None
+    rec = json.loads(path.read_text())
+    if settings_diff(cfg, rec["config"]) != ["trainer.total_steps"]:
+        return None
+    return rec if rec["config"]["trainer"]["total_steps"] < cfg.trainer.total_steps else None
+
+
+def copy_run_to_extend(src: Path, dst: Path, cfg: Config) -> None:
+    """Copy a finished run (``src``: its lab_run.json, metrics and checkpoints) that ``cfg`` lengthens to ``dst``, to
+    be trained on there; a ``dst`` that exists already (a copy made earlier, or a run of its own) is left alone."""
+    if dst.exists():
+        return
+    if not (src / RUN_RECORD).is_file():
+        raise ConfigError(f"--extend-from: {src / RUN_RECORD} missing (no finished run to extend)")
+    if shorter_run(src, cfg) is None:
+        raise ConfigError(f"--extend-from: {src} was not trained with these settings and fewer trainer.total_steps "
+                          f"(only trainer.total_steps may differ, and it must grow)")
+    tmp = dst.with_name(dst.name + ".copying")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("eval", "plots"))
+    tmp.rename(dst)
+
+
+def run_one(cfg: Config, method: Method, seed: int, world_dir: Path, retriever: Any,
+            sampled: int = 0, extend: bool = False) -> dict[str, Any]:
+    """Train one (method, seed), evaluate it (greedy; and sampled, ``sampled`` rollouts per question, when > 0),
+    write RUN/lab_run.json; return that record. From scratch, or from the last checkpoint of an interrupted run with
+    this config; with ``extend``, also from the last checkpoint of a finished run in the same directory that
+    ``cfg`` only lengthens (:func:`shorter_run`; ``train_s`` then adds up both passes)."""
     from searchr1_lld.trainer import Trainer
 
     run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.run_name
     plan = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
+    allow: tuple[str, ...] = ()
+    earlier_train_s = 0.0
     if run_dir.exists() and not ((run_dir / RUN_PLAN).is_file() and (run_dir / RUN_PLAN).read_text() == plan):
-        shutil.rmtree(run_dir)  # another config's (or a pre-resume) run: start over
+        shorter = shorter_run(run_dir, cfg) if extend else None
+        if shorter is None:
+            shutil.rmtree(run_dir)  # another config's (or a pre-resume) run: start over
+        else:  # the same run, trained to fewer steps: go on from its last checkpoint
+            allow = ("trainer.total_steps",)
+            earlier_train_s = shorter.get("train_s", 0.0)
+            print(f"[lab] {run_name(method, seed)}: extending {shorter['steps']} -> {cfg.trainer.total_steps} steps",
+                  flush=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / RUN_PLAN).write_text(plan)
     t0 = time.time()
     trainer = Trainer(cfg, run_dir=run_dir, retriever=retriever, world_dir=world_dir)
-    result = trainer.run(evaluate=False)
-    t_train = time.time() - t0
+    result = trainer.run(evaluate=False, allow_changes=allow)
+    t_train = time.time() - t0 + earlier_train_s
     t1 = time.time()
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
     results = evaluate_policy(unwrapped, trainer.tokenizer, retriever, cfg, world_dir, run_dir / "eval",
@@ -106,6 +218,8 @@ def run_one(cfg: Config, method: Method, seed: int, world_dir: Path, retriever: 
         "skipped_updates": result.skipped_steps, "train_s": round(t_train, 1), "eval_s": round(time.time() - t1, 1),
         "eval": eval_summary(results), "config": cfg.to_dict(),
     }
+    if sampled:
+        record["eval_sampled"] = evaluate_sampled(unwrapped, trainer.tokenizer, retriever, cfg, world_dir, sampled)
     (run_dir / RUN_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     return record
 
@@ -121,6 +235,24 @@ def evaluate_warm_start(cfg: Config, world_dir: Path, retriever: Any, out_dir: P
     t0 = time.time()
     results = evaluate_policy(model, tokenizer, retriever, cfg, world_dir, out_dir, name="warm start")
     return {"eval": eval_summary(results), "eval_s": round(time.time() - t0, 1), "run_dir": str(out_dir)}
+
+
+def warm_start_sampled(cfg: Config, world_dir: Path, retriever: Any, path: Path, samples: int,
+                       fresh: bool = False) -> dict[str, Any]:
+    """The warm start's sampled evaluation, cached in ``path`` (recomputed when the sample count or the world's
+    config hash differs, or ``fresh``)."""
+    from data.build_world import read_card
+
+    world_hash = (read_card(world_dir) or {}).get("config_hash")
+    if path.is_file() and not fresh:
+        cached = json.loads(path.read_text())
+        if cached.get("samples") == samples and cached.get("world_hash") == world_hash:
+            return cached
+    model, tokenizer = _load_policy(world_dir / "model", world_dir)
+    out = {**evaluate_sampled(model, tokenizer, retriever, cfg, world_dir, samples), "world_hash": world_hash}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    return out
 
 
 def load_warm_start(eval_dir: Path) -> dict[str, Any]:
@@ -145,11 +277,7 @@ def load_run(cfg: Config, runs_dir: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"--report-only: {path} missing (run {cfg.trainer.run_name} never finished)")
     rec = json.loads(path.read_text())
-    ignore = set(RUN_KEYS) | {"data.world_dir"}
-    want, got = flatten_dict(cfg.to_dict()), flatten_dict(rec["config"])
-    # the world is not compared: the report describes the world actually used from its card (world.json)
-    diff = sorted(k for k in want.keys() | got.keys()
-                  if k not in ignore and not k.startswith("data.world") and want.get(k) != got.get(k))
+    diff = settings_diff(cfg, rec["config"])
     if diff:
         raise ConfigError(f"--report-only: {path} was trained with different settings: {diff}")
     rec["run_dir"] = str(run_dir)
@@ -165,7 +293,8 @@ def repo_relative(path: str | Path) -> str:
 
 def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequence[int], methods: Sequence[Method],
             out_dir: str | Path, runs_dir: str | Path, world_dir: str | None = None, notes: str | Path | None = None,
-            quick: bool = False, command: str = "", report_only: bool = False, fresh: bool = False) -> dict[str, Any]:
+            quick: bool = False, command: str = "", report_only: bool = False, fresh: bool = False,
+            sampled: int = 0, extend_from: str | Path | None = None) -> dict[str, Any]:
     """Train and evaluate every (seed, method), then write the report. Returns the summary (also summary.json).
 
     Resumable and splittable: a run whose ``lab_run.json`` holds this exact config is reused (``fresh`` retrains
@@ -174,10 +303,20 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
     a last ``--report-only`` call over the whole grid writes the full report.
 
     ``report_only``: train nothing; rebuild the report from the finished runs in ``runs_dir`` (their lab_run.json must
-    hold the config this call would have trained with, bookkeeping keys aside)."""
+    hold the config this call would have trained with, bookkeeping keys aside).
+
+    ``sampled`` > 0: also score every policy sampled (``sampled`` rollouts per test question at the rollout
+    temperature, :func:`evaluate_sampled`); a finished run without that score gets it from its last checkpoint,
+    even with ``report_only`` (it evaluates, it does not train).
+
+    ``extend_from``: a runs dir of the same lab trained to fewer ``trainer.total_steps``. A run missing in
+    ``runs_dir`` is copied from there first and then trained on from its last checkpoint to the new length
+    (:func:`run_one` with ``extend``); ``extend_from`` itself is left as it was, so its report still rebuilds."""
     import os
     import platform
 
+    if sampled < 0:
+        raise ConfigError(f"--sampled must be >= 0 (got {sampled})")
     t_start = time.time()
     out_dir, runs_dir = Path(out_dir), Path(runs_dir)
     base = load_config(config_path, list(overrides))
@@ -185,18 +324,23 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
     configs = {(m.key, s): method_config(config_path, overrides, m, s, world_dir=wdir, runs_dir=runs_dir)
                for s in seeds for m in methods}
     check_only_llds_differs(list(configs.values()))
+    from retriever import make_retriever
+
+    retrievers: list[Any] = []
+
+    def retriever_of_world() -> Any:
+        """One retriever shared by every run: the config's (in-process by default: the world's index)."""
+        if not retrievers:
+            retrievers.append(make_retriever(base.retriever, default_index_dir=wdir / "index"))
+        return retrievers[0]
+
     if report_only:
         from data.build_world import read_card
 
         card = read_card(wdir) or {}
-        retriever = None
         warm = load_warm_start(runs_dir / "warm_start" / "eval")
     else:
         card = prepare_world(base, wdir, explicit=world_dir is not None)
-        from retriever import make_retriever
-
-        # one retriever shared by every run: the config's (in-process by default: the world's index)
-        retriever = make_retriever(base.retriever, default_index_dir=wdir / "index")
         print(f"[lab] world {wdir}; {len(configs)} runs; runs in {runs_dir}", flush=True)
         warm_dir = runs_dir / "warm_start" / "eval"
         from searchr1_lld.evaluation import EvalError
@@ -205,8 +349,12 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
             warm = load_warm_start(warm_dir) if not fresh else None
         except EvalError:  # no finished warm-start evaluation there yet
             warm = None
-        warm = warm or evaluate_warm_start(base, wdir, retriever, warm_dir)
-    print(f"[lab] warm start: test EM {warm['eval']['em']:.3f}", flush=True)
+        warm = warm or evaluate_warm_start(base, wdir, retriever_of_world(), warm_dir)
+    if sampled:
+        warm["eval_sampled"] = warm_start_sampled(base, wdir, retriever_of_world(),
+                                                  runs_dir / "warm_start" / "sampled.json", sampled, fresh)
+    print(f"[lab] warm start: test EM {warm['eval']['em']:.3f}"
+          + (f", sampled {warm['eval_sampled']['em']:.3f}" if sampled else ""), flush=True)
     runs = []
     for s in seeds:
         for m in methods:
@@ -217,7 +365,15 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
                 rec = load_run(cfg, runs_dir)
                 print(f"[lab] {run_name(m, s)}: finished earlier, reused ({runs_dir / cfg.trainer.run_name})", flush=True)
             else:
-                rec = run_one(cfg, m, s, wdir, retriever)
+                if extend_from is not None:
+                    copy_run_to_extend(Path(extend_from) / cfg.trainer.run_name, runs_dir / cfg.trainer.run_name, cfg)
+                rec = run_one(cfg, m, s, wdir, retriever_of_world(), sampled=sampled, extend=extend_from is not None)
+            if sampled and (rec.get("eval_sampled") or {}).get("samples") != sampled:
+                rec["eval_sampled"] = sampled_of_run(cfg, rec, wdir, retriever_of_world(), sampled)
+                path = Path(rec["run_dir"]) / RUN_RECORD
+                stored = json.loads(path.read_text())
+                stored["eval_sampled"] = rec["eval_sampled"]
+                path.write_text(json.dumps(stored, indent=2) + "\n")
             records = load_records(rec["run_dir"])
             rec["phases"] = phase_summary(records, run_steps=cfg.trainer.total_steps)
             rec["trend"] = trend_summary(records)
@@ -225,8 +381,9 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
             rec["test_em"] = rec["eval"]["em"]
             rec.pop("config")
             runs.append(rec)
+            sampled_txt = f", sampled {rec['eval_sampled']['em']:.3f}" if sampled else ""
             print(f"[lab] {run_name(m, s)}: test EM {rec['eval']['em']:.3f} (single {fmt(rec['eval']['em_single_hop'])},"
-                  f" multi {fmt(rec['eval']['em_multi_hop'])}), final phase {rec['phases']['final']}, "
+                  f" multi {fmt(rec['eval']['em_multi_hop'])}){sampled_txt}, final phase {rec['phases']['final']}, "
                   f"verdict {rec['verdict']}, train {rec['train_s']:.0f}s eval {rec['eval_s']:.0f}s", flush=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     records_by_run = {(r["method"], r["seed"]): load_records(r["run_dir"]) for r in runs}
@@ -239,7 +396,7 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
                   "warm_start_card": card.get("warm_start", {})},
         "shared_settings": shared_settings(base), "warm_start": warm, "runs": runs,
         "aggregate": aggregate(runs, methods), "warning_summary": warning_summary(runs),
-        "drawdown_summary": warning_summary(runs, "drawdown"),
+        "drawdown_summary": warning_summary(runs, "drawdown"), "sampled": sampled,
         "pngs": [p.name for p in pngs],
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}",
         # runs_s: every run's training + evaluation, whichever pass (resumed or not) did it; wall_s: this pass
