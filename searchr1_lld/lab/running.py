@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import shutil
 import time
@@ -326,13 +327,11 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
     check_only_llds_differs(list(configs.values()))
     from retriever import make_retriever
 
-    retrievers: list[Any] = []
-
+    @functools.cache
     def retriever_of_world() -> Any:
-        """One retriever shared by every run: the config's (in-process by default: the world's index)."""
-        if not retrievers:
-            retrievers.append(make_retriever(base.retriever, default_index_dir=wdir / "index"))
-        return retrievers[0]
+        """One retriever shared by every run, made on first use: the config's (in-process by default: the world's
+        index)."""
+        return make_retriever(base.retriever, default_index_dir=wdir / "index")
 
     if report_only:
         from data.build_world import read_card
