@@ -111,6 +111,7 @@ def evaluate_sampled(model: Any, tokenizer: Any, retriever: Any, cfg: Config, wo
 
 
 def _load_policy(policy_dir: Path, world_dir: Path) -> tuple[Any, Any]:
+    """A policy saved in ``policy_dir`` (fp32) and the world's tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import torch
@@ -227,12 +228,7 @@ def run_one(cfg: Config, method: Method, seed: int, world_dir: Path, retriever: 
 
 def evaluate_warm_start(cfg: Config, world_dir: Path, retriever: Any, out_dir: Path) -> dict[str, Any]:
     """The untrained (warm-started) policy's test EM: the common starting point of every run."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import torch
-
-    tokenizer = AutoTokenizer.from_pretrained(str(world_dir / "tokenizer"))
-    model = AutoModelForCausalLM.from_pretrained(str(world_dir / "model"), dtype=torch.float32)
+    model, tokenizer = _load_policy(world_dir / "model", world_dir)
     t0 = time.time()
     results = evaluate_policy(model, tokenizer, retriever, cfg, world_dir, out_dir, name="warm start")
     return {"eval": eval_summary(results), "eval_s": round(time.time() - t0, 1), "run_dir": str(out_dir)}
