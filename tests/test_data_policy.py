@@ -541,5 +541,7 @@ def test_copy_metrics_by_hand() -> None:
     assert m["first_query_subject_rate"] == pytest.approx(2 / 4)
     assert m["gold_retrieved_rate"] == pytest.approx(2 / 4)
     assert m["answer_copied_rate"] == pytest.approx(1 / 2)
+    assert m["answer_in_passages_rate"] == pytest.approx(1 / 4)  # only the first answer is in what it retrieved
+    assert m["right_without_gold_rate"] == pytest.approx(2 / 4)  # the third (wrong entity) and the fourth (no search)
     assert m["em"] == pytest.approx(3 / 4)
     assert "answer_copied_rate" not in TP.summarize_trajectories(trajs)  # without the corpus: not measured

@@ -242,6 +242,30 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world):
     assert em_rows["warm start (untrained)"][6] == f"{warm_sampled['em']:.3f}" and warm_sampled["samples"] == 4
     assert summary["sampled"] == 4
 
+    # copy or recall (--train-eval 100 by default): every policy also evaluated greedily on the first training
+    # questions (RUN/eval_train); the table holds the provenance of each evaluation's own trajectories
+    n_test = load_config(lab.QUICK_CONFIG).eval.limit
+    n_train = min(100, len((tiny_world / "qa" / "train.jsonl").read_text().splitlines()))
+    prov_rows = _table(md, "## Copy or recall")
+    assert [r[:2] for r in prov_rows] == [
+        ["warm start", f"test ({n_test} q)"], *[[m.label, "test"] for m in methods],
+        ["warm start", f"train ({n_train} q)"], *[[m.label, "train"] for m in methods]]
+    assert summary["train_eval"] == 100
+    for m in methods:
+        rec = next(r for r in summary["runs"] if r["method"] == m.key)
+        train_res = json.loads((runs_dir / f"{m.key}-seed0" / "eval_train" / "results.json").read_text())
+        assert train_res["datasets"]["synthetic"]["n"] == n_train == rec["provenance"]["train"]["n"]
+        assert rec["provenance"]["train"]["em"] == pytest.approx(train_res["datasets"]["synthetic"]["em"])
+        assert rec["provenance"]["test"]["em"] == pytest.approx(rec["eval"]["em"])
+        for split in ("test", "train"):
+            prov = rec["provenance"][split]
+            assert prov["right_without_gold_rate"] <= prov["em"] + 1e-9  # a subset of the right answers
+            row = next(r for r in prov_rows if r[:2] == [m.label, split])
+            for cell, key in zip(row[2:], ("em", "gold_retrieved_rate", "answer_copied_rate",
+                                           "right_without_gold_rate", "answer_in_passages_rate")):
+                if cell != "-":  # NaN (no gold passage retrieved) prints as "-"
+                    assert float(_MS.match(cell).group(1)) == pytest.approx(prov[key], abs=5e-4 + 1e-9)
+
     # phase table: one row per run, matching the phases logged in that run's metrics.jsonl
     phase_rows = {r[0]: r for r in _table(md, "## Phases detected by the monitor")}
     assert set(phase_rows) == {f"{m.key}-seed0" for m in methods}
@@ -268,7 +292,7 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world):
     assert lab.main(["--quick", "--report-only", "--out", str(out2), "--runs-dir", str(runs_dir), "--world-dir",
                      str(tiny_world), "--notes", str(notes)]) == 0
     md2 = (out2 / "README.md").read_text()
-    for heading in ("## Test exact match", "## Phases detected by the monitor"):
+    for heading in ("## Test exact match", "## Phases detected by the monitor", "## Copy or recall"):
         assert _table(md2, heading) == _table(md, heading)
     # another sample count: the finished runs are scored again from their last checkpoint (the final policy), which
     # reproduces the in-memory score when the count is the same (one sampling seed for every policy)
@@ -305,6 +329,9 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world):
         logged = (longer / f"{m.key}-seed0" / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(x)["step"] for x in logged] == list(range(1, steps + 2))
         assert logged[:steps] == before[m.key].splitlines()  # the first steps are the source's, not retrained
+        # the source's train-split evaluation is not copied: the longer run's is its own final policy's
+        assert (longer / f"{m.key}-seed0" / "eval_train" / "results.json").stat().st_mtime > \
+            (runs_dir / f"{m.key}-seed0" / "eval_train" / "results.json").stat().st_mtime
     # ... and refuses runs trained with other settings
     with pytest.raises(ConfigError, match="trainer.lr"):
         lab.run_lab(config_path=lab.QUICK_CONFIG, overrides=["trainer.lr=0.5"], seeds=[0], methods=methods,

@@ -14,7 +14,8 @@ What one lab does
        phase per step) then the evaluator (``searchr1_lld.evaluation.evaluate``: greedy, test split, results.json with
        single-hop / multi-hop EM and searches per question) on the trained policy, in memory, and with ``--sampled N``
        (default 4) the sampled policy's EM (``searchr1_lld.evaluation.sampled_em``: N rollouts per test question at
-       the rollout temperature, one sampling seed for every policy; the warm start too);
+       the rollout temperature, one sampling seed for every policy; the warm start too), and with ``--train-eval N``
+       (default 100) greedy on the first N training questions (RUN/eval_train);
     4. one markdown report (``OUT/README.md``) + ``OUT/summary.json`` + side-by-side curves (``OUT/*.png``).
 
 Methods (:data:`METHODS`) differ ONLY in ``algorithm.llds.{enabled, gate, ma}``; every other setting, the LLDS
@@ -26,6 +27,9 @@ Numbers in the report
     and of the mean number of valid searches per test question. "All" is the micro-average over every test question
     (what ``results.json`` calls ``em``), not the mean of the two columns. Sampled EM: mean EM over all N x questions
     rollouts (what the training reward measures; greedy EM scores the policy's mode, which can drift from it).
+    Copy or recall: per split (test; the first N training questions), EM and where the answers came from, judged from
+    the passages each trajectory retrieved (``running.provenance``; ``data.tiny_policy.answer_provenance``): a gold
+    passage retrieved, the answer copied from one, right without one (recalled, or guessed).
     Phases: the trainer's phase detector (``phase/name`` per step in metrics.jsonl): first step and number of steps in
     each phase; early-warning steps are recomputed with the same detector (:class:`searchr1_lld.monitor.PhaseDetector`).
     Trends: means over the first / last ``TREND_WINDOW`` steps of reward, correct / incorrect log-likelihood per token,
@@ -46,9 +50,10 @@ from searchr1_lld.lab.methods import (DEFAULT_NOTES, FULL_CONFIG, LLD_MARGIN, ME
 from searchr1_lld.lab.plots import CURVES, METHOD_COLORS, plot_curves
 from searchr1_lld.lab.report import (em_table, fmt, fmt_ms, per_run_table, phase_table, trend_table, warning_text,
                                      write_report)
-from searchr1_lld.lab.running import (eval_summary, evaluate_policy, evaluate_sampled, evaluate_warm_start, finished,
-                                      load_run, load_warm_start, prepare_world, resolve_world_dir, run_lab, run_one,
-                                      sampled_of_run, warm_start_sampled)
+from searchr1_lld.lab.running import (eval_summary, evaluate_policy, evaluate_sampled, evaluate_train,
+                                      evaluate_warm_start, final_policy, finished, load_run, load_warm_start,
+                                      prepare_world, provenance, resolve_world_dir, run_lab, run_one, sampled_of_run,
+                                      warm_start_sampled)
 
 
 def main(argv: list[str] | None = None) -> int:

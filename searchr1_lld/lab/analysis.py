@@ -118,9 +118,15 @@ def lld_verdict(trend: dict[str, float], phases: dict[str, Any]) -> str:
     return "none"
 
 
+PROVENANCE_SPLITS = ("test", "train")
+# where the answers came from (running.provenance; data.tiny_policy.provenance_rates), in the report's column order
+PROVENANCE_KEYS = ("em", "gold_retrieved_rate", "answer_copied_rate", "right_without_gold_rate", "answer_in_passages_rate")
+
+
 def aggregate(runs: Sequence[dict[str, Any]], methods: Sequence[Method]) -> list[dict[str, Any]]:
-    """Per method: mean ± std over its runs of EM (all / single-hop / multi-hop) and searches per question, and of
-    the sampled EM (``sampled_em``) when every run of the method has one (``eval_sampled``)."""
+    """Per method: mean ± std over its runs of EM (all / single-hop / multi-hop) and searches per question, of
+    the sampled EM (``sampled_em``) when every run of the method has one (``eval_sampled``), and of the provenance
+    rates per split (``provenance``: split -> key -> cell) when every run has them."""
     rows = []
     for m in methods:
         mine = [r for r in runs if r["method"] == m.key]
@@ -131,6 +137,11 @@ def aggregate(runs: Sequence[dict[str, Any]], methods: Sequence[Method]) -> list
         if mine and all(r.get("eval_sampled") for r in mine):
             mu, sd, n = mean_std([r["eval_sampled"]["em"] for r in mine])
             row["sampled_em"] = {"mean": mu, "std": sd, "n": n}
+        for split in PROVENANCE_SPLITS:
+            cells = [(r.get("provenance") or {}).get(split) for r in mine]
+            if mine and all(cells):
+                row.setdefault("provenance", {})[split] = {
+                    key: dict(zip(("mean", "std", "n"), mean_std([c[key] for c in cells]))) for key in PROVENANCE_KEYS}
         rows.append(row)
     return rows
 

@@ -26,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sampled", type=int, default=4, metavar="N",
                    help="also score every policy sampled: N rollouts per test question at the rollout temperature "
                         "(0 = greedy EM only; finished runs are scored from their last checkpoint)")
+    p.add_argument("--train-eval", type=int, default=100, metavar="N",
+                   help="also evaluate every policy greedily on the first N training questions and report, for both "
+                        "splits, whether the answers were copied from a retrieved passage (0 = off; finished runs are "
+                        "evaluated from their last checkpoint)")
     p.add_argument("--extend-from", metavar="DIR",
                    help="runs dir of this lab trained to fewer trainer.total_steps: missing runs are copied from there "
                         "and trained on from their last checkpoint (DIR is not changed)")
@@ -41,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
             out_dir=args.out or ("runs/lab-quick/report" if args.quick else "docs/lab"),
             runs_dir=args.runs_dir or ("runs/lab-quick" if args.quick else "runs/lab"), world_dir=args.world_dir,
             notes=args.notes, quick=args.quick, report_only=args.report_only, fresh=args.fresh,
-            sampled=args.sampled, extend_from=args.extend_from,
+            sampled=args.sampled, extend_from=args.extend_from, train_eval=args.train_eval,
             command="python -m searchr1_lld.lab " + " ".join(argv if argv is not None else sys.argv[1:]),
         )
     except ConfigError as e:

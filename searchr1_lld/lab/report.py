@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from searchr1_lld.lab.analysis import finite
+from searchr1_lld.lab.analysis import PROVENANCE_KEYS, PROVENANCE_SPLITS, finite
 from searchr1_lld.lab.methods import LLD_MARGIN, METHODS, REWARD_MARGIN, TREND_WINDOW, run_name
 from searchr1_lld.monitor import PHASES, PhaseThresholds
 
@@ -104,9 +104,51 @@ def trend_table(runs: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+PROVENANCE_HEADS = ("EM", "gold passage retrieved", "answer copied, given a gold passage",
+                    "right without a gold passage", "answer in a retrieved passage")
+
+
+def provenance_table(agg: Sequence[dict[str, Any]], warm: dict[str, Any] | None) -> str:
+    """Per policy and split: EM and where the answers came from (mean ± std over seeds; the warm start's values)."""
+    lines = ["| policy | split | " + " | ".join(PROVENANCE_HEADS) + " |", "|---|---|" + "---:|" * len(PROVENANCE_HEADS)]
+    for split in PROVENANCE_SPLITS:
+        cell = ((warm or {}).get("provenance") or {}).get(split)
+        if cell:
+            lines.append(f"| warm start | {split} ({cell['n']} q) | "
+                         + " | ".join(fmt(cell[k]) for k in PROVENANCE_KEYS) + " |")
+        for row in agg:
+            cells = (row.get("provenance") or {}).get(split)
+            if cells:
+                lines.append(f"| {row['label']} | {split} | " + " | ".join(fmt_ms(cells[k]) for k in PROVENANCE_KEYS)
+                             + " |")
+    return "\n".join(lines) + "\n"
+
+
 def sampled_temperature(summary: dict[str, Any]) -> str:
     temps = {r["eval_sampled"]["temperature"] for r in summary["runs"] if r.get("eval_sampled")}
     return ", ".join(map(str, sorted(temps))) or "-"
+
+
+def provenance_section(s: dict[str, Any]) -> list[str]:
+    """'Copy or recall': the provenance table with its legend; empty when no run has the rates."""
+    if not any(r.get("provenance") for r in s["runs"]):
+        return []
+    train = s.get("train_eval")
+    return [
+        "## Copy or recall: where the answers come from",
+        "",
+        "Greedy decoding; *test*: the test split evaluated above; *train*: the first "
+        f"{train or 'all'} training questions, the questions the policy was trained on (`--train-eval`). Judged from "
+        "the passages each answer's trajectory retrieved (any turn): *gold passage retrieved*: one of them contains a "
+        "gold answer; *answer copied*: among those questions, the answer is right and in such a passage; *right "
+        "without a gold passage*: right although no retrieved passage held a gold answer (recalled from training, or "
+        "a guess; over all questions); *answer in a retrieved passage*: the answer, right or wrong, is in one of "
+        "them (over all questions). The test split asks about subjects no training question names, so there only "
+        "copying carries over."
+        + ("" if train else " (Train rows: pass `--train-eval N`.)"),
+        "",
+        provenance_table(s["aggregate"], s.get("warm_start")),
+    ]
 
 
 def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path], notes: str | None) -> Path:
@@ -149,6 +191,7 @@ def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path], n
         "Per run:",
         "",
         per_run_table(s["runs"], sampled=bool(sampled)),
+        *provenance_section(s),
         "## Curves",
         "",
         "Thin lines: one seed; bold: mean over seeds. `overview.png` has every curve side by side.",

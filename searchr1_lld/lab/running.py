@@ -73,11 +73,13 @@ def _eval_mode(model: Any):
 
 
 def evaluate_policy(model: Any, tokenizer: Any, retriever: Any, cfg: Config, world_dir: Path, out_dir: Path,
-                    name: str) -> dict[str, Any]:
-    """Greedy test-split evaluation of an in-memory policy with the evaluator library; returns results.json."""
+                    name: str, split: str | None = None, limit: int | None = None) -> dict[str, Any]:
+    """Greedy evaluation of an in-memory policy with the evaluator library on the world's ``split`` (default:
+    ``data.test_split``), first ``limit`` questions (default ``eval.limit``; 0 = all); returns results.json."""
     from searchr1_lld import evaluation as ev
 
-    rows = ev.load_eval_rows([ev.SYNTHETIC], world_dir=world_dir, limit=cfg.eval.limit, split=cfg.data.test_split)
+    rows = ev.load_eval_rows([ev.SYNTHETIC], world_dir=world_dir, limit=cfg.eval.limit if limit is None else limit,
+                             split=split or cfg.data.test_split)
     rollout_cfg = ev.eval_rollout_config(cfg.rollout, max_turns=cfg.eval.max_turns, topk=cfg.eval.topk)
     if out_dir.exists():
         shutil.rmtree(out_dir)  # results always belong to this policy (the evaluator would resume otherwise)
@@ -120,21 +122,63 @@ def _load_policy(policy_dir: Path, world_dir: Path) -> tuple[Any, Any]:
     return AutoModelForCausalLM.from_pretrained(str(policy_dir), dtype=torch.float32), tokenizer
 
 
-def sampled_of_run(cfg: Config, rec: dict[str, Any], world_dir: Path, retriever: Any, samples: int) -> dict[str, Any]:
-    """A finished run's sampled evaluation, from its last checkpoint's policy (the policy its greedy EM scored)."""
+def final_policy(rec: dict[str, Any], world_dir: Path) -> tuple[Any, Any]:
+    """A finished run's final policy (the one its greedy EM scored), from its last checkpoint, and the tokenizer."""
     from searchr1_lld.checkpoint import latest_checkpoint
 
     ckpt = latest_checkpoint(rec["run_dir"])
     if ckpt is None or not (ckpt / "policy").is_dir():
-        raise ConfigError(f"--sampled: run {rec['run_dir']} kept no checkpoint with its final policy; rerun it "
-                          "(--fresh) or pass --sampled 0")
+        raise ConfigError(f"run {rec['run_dir']} kept no checkpoint with its final policy; rerun it (--fresh), or "
+                          "pass --sampled 0 / --train-eval 0")
     state = ckpt / "trainer_state.json"
     step = json.loads(state.read_text()).get("step") if state.is_file() else None
     if step != rec["steps"]:
-        raise ConfigError(f"--sampled: the last checkpoint of {rec['run_dir']} is step {step}, not the run's final "
-                          f"step {rec['steps']}")
-    model, tokenizer = _load_policy(ckpt / "policy", world_dir)
+        raise ConfigError(f"the last checkpoint of {rec['run_dir']} is step {step}, not the run's final step "
+                          f"{rec['steps']}")
+    return _load_policy(ckpt / "policy", world_dir)
+
+
+def sampled_of_run(cfg: Config, rec: dict[str, Any], world_dir: Path, retriever: Any, samples: int) -> dict[str, Any]:
+    """A finished run's sampled evaluation, from its last checkpoint's policy (the policy its greedy EM scored)."""
+    model, tokenizer = final_policy(rec, world_dir)
     return evaluate_sampled(model, tokenizer, retriever, cfg, world_dir, samples)
+
+
+TRAIN_EVAL_DIR = "eval_train"  # a run's (and the warm start's) greedy evaluation on the first training questions
+
+
+def train_eval_done(eval_dir: Path, questions: int, world_dir: Path) -> bool:
+    """True when ``eval_dir`` holds a finished greedy evaluation of the first ``questions`` training questions
+    (0 = all) of the world in ``world_dir``."""
+    from searchr1_lld import evaluation as ev
+
+    path = eval_dir / "results.json"
+    if not path.is_file():
+        return False
+    rows = ev.load_eval_rows([ev.SYNTHETIC], world_dir=world_dir, limit=questions, split="train")[ev.SYNTHETIC]
+    return ev.load_results(eval_dir)["datasets"][ev.SYNTHETIC]["n"] == len(rows)
+
+
+def evaluate_train(model: Any, tokenizer: Any, retriever: Any, cfg: Config, world_dir: Path, eval_dir: Path,
+                   questions: int, name: str) -> None:
+    """Greedy evaluation on the first ``questions`` questions of the train split (0 = all) into ``eval_dir``: what
+    the policy answers on the questions it was trained on, against the held-out test split."""
+    evaluate_policy(model, tokenizer, retriever, cfg, world_dir, eval_dir, name=name, split="train", limit=questions)
+
+
+def provenance(eval_dir: Path, contents_of: dict[str, str]) -> dict[str, Any] | None:
+    """EM and where the answers came from (:func:`data.tiny_policy.provenance_rates`) over the trajectories of the
+    evaluation in ``eval_dir``; None when there is none."""
+    from data.tiny_policy import answer_provenance, provenance_rates
+    from searchr1_lld.evaluation.files import read_records
+    from searchr1_lld.evaluation.metrics import TRAJECTORIES
+
+    recs = read_records(eval_dir / TRAJECTORIES)
+    if not recs:
+        return None
+    flags = [answer_provenance(r["retrieved_ids"], r["golden_answers"], r["prediction"], r["em"] > 0.5, contents_of)
+             for r in recs]
+    return {"em": sum(r["em"] for r in recs) / len(recs), "n": len(recs), **provenance_rates(flags)}
 
 
 def eval_summary(results: dict[str, Any]) -> dict[str, Any]:
@@ -180,14 +224,15 @@ def copy_run_to_extend(src: Path, dst: Path, cfg: Config) -> None:
     tmp = dst.with_name(dst.name + ".copying")
     if tmp.exists():
         shutil.rmtree(tmp)
-    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("eval", "plots"))
+    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("eval", TRAIN_EVAL_DIR, "plots"))
     tmp.rename(dst)
 
 
 def run_one(cfg: Config, method: Method, seed: int, world_dir: Path, retriever: Any,
-            sampled: int = 0, extend: bool = False) -> dict[str, Any]:
-    """Train one (method, seed), evaluate it (greedy; and sampled, ``sampled`` rollouts per question, when > 0),
-    write RUN/lab_run.json; return that record. From scratch, or from the last checkpoint of an interrupted run with
+            sampled: int = 0, extend: bool = False, train_eval: int = 0) -> dict[str, Any]:
+    """Train one (method, seed), evaluate it (greedy; and sampled, ``sampled`` rollouts per question, when > 0; and
+    greedy on the first ``train_eval`` training questions into RUN/eval_train, when > 0), write RUN/lab_run.json;
+    return that record. From scratch, or from the last checkpoint of an interrupted run with
     this config; with ``extend``, also from the last checkpoint of a finished run in the same directory that
     ``cfg`` only lengthens (:func:`shorter_run`; ``train_s`` then adds up both passes)."""
     from searchr1_lld.trainer import Trainer
@@ -206,6 +251,7 @@ def run_one(cfg: Config, method: Method, seed: int, world_dir: Path, retriever: 
             print(f"[lab] {run_name(method, seed)}: extending {shorter['steps']} -> {cfg.trainer.total_steps} steps",
                   flush=True)
     run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(run_dir / TRAIN_EVAL_DIR, ignore_errors=True)  # an earlier policy's; this one's is written below
     (run_dir / RUN_PLAN).write_text(plan)
     t0 = time.time()
     trainer = Trainer(cfg, run_dir=run_dir, retriever=retriever, world_dir=world_dir)
@@ -222,6 +268,9 @@ def run_one(cfg: Config, method: Method, seed: int, world_dir: Path, retriever: 
     }
     if sampled:
         record["eval_sampled"] = evaluate_sampled(unwrapped, trainer.tokenizer, retriever, cfg, world_dir, sampled)
+    if train_eval:
+        evaluate_train(unwrapped, trainer.tokenizer, retriever, cfg, world_dir, run_dir / TRAIN_EVAL_DIR, train_eval,
+                       name=run_name(method, seed))
     (run_dir / RUN_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     return record
 
@@ -291,7 +340,7 @@ def repo_relative(path: str | Path) -> str:
 def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequence[int], methods: Sequence[Method],
             out_dir: str | Path, runs_dir: str | Path, world_dir: str | None = None, notes: str | Path | None = None,
             quick: bool = False, command: str = "", report_only: bool = False, fresh: bool = False,
-            sampled: int = 0, extend_from: str | Path | None = None) -> dict[str, Any]:
+            sampled: int = 0, extend_from: str | Path | None = None, train_eval: int = 0) -> dict[str, Any]:
     """Train and evaluate every (seed, method), then write the report. Returns the summary (also summary.json).
 
     Resumable and splittable: a run whose ``lab_run.json`` holds this exact config is reused (``fresh`` retrains
@@ -306,14 +355,18 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
     temperature, :func:`evaluate_sampled`); a finished run without that score gets it from its last checkpoint,
     even with ``report_only`` (it evaluates, it does not train).
 
+    ``train_eval`` > 0: also evaluate every policy greedily on the first ``train_eval`` training questions
+    (RUN/eval_train; finished runs from their last checkpoint, like ``sampled``), and report for both splits where
+    the answers came from (:func:`provenance`: copied from a retrieved passage, or right without one).
+
     ``extend_from``: a runs dir of the same lab trained to fewer ``trainer.total_steps``. A run missing in
     ``runs_dir`` is copied from there first and then trained on from its last checkpoint to the new length
     (:func:`run_one` with ``extend``); ``extend_from`` itself is left as it was, so its report still rebuilds."""
     import os
     import platform
 
-    if sampled < 0:
-        raise ConfigError(f"--sampled must be >= 0 (got {sampled})")
+    if sampled < 0 or train_eval < 0:
+        raise ConfigError(f"--sampled and --train-eval must be >= 0 (got {sampled}, {train_eval})")
     t_start = time.time()
     out_dir, runs_dir = Path(out_dir), Path(runs_dir)
     base = load_config(config_path, list(overrides))
@@ -328,6 +381,18 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
         """One retriever shared by every run, made on first use: the config's (in-process by default: the world's
         index)."""
         return make_retriever(base.retriever, default_index_dir=wdir / "index")
+
+    @functools.cache
+    def corpus_of_world() -> dict[str, str]:
+        """The world's passages (doc id -> contents), read on first use: what the provenance tables check against."""
+        from searchr1_lld.jsonl import read_jsonl
+
+        return {str(d["id"]): d["contents"] for d in read_jsonl(wdir / "corpus.jsonl")}
+
+    def provenance_of(policy_dir: Path) -> dict[str, Any]:
+        """Where the answers of a run's (or the warm start's) evaluations came from: test split, train split."""
+        return {"test": provenance(policy_dir / "eval", corpus_of_world()),
+                "train": provenance(policy_dir / TRAIN_EVAL_DIR, corpus_of_world()) if train_eval else None}
 
     if report_only:
         from data.build_world import read_card
@@ -348,6 +413,11 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
     if sampled:
         warm["eval_sampled"] = warm_start_sampled(base, wdir, retriever_of_world(),
                                                   runs_dir / "warm_start" / "sampled.json", sampled, fresh)
+    warm_train_dir = runs_dir / "warm_start" / TRAIN_EVAL_DIR
+    if train_eval and (fresh or not train_eval_done(warm_train_dir, train_eval, wdir)):
+        model, tokenizer = _load_policy(wdir / "model", wdir)
+        evaluate_train(model, tokenizer, retriever_of_world(), base, wdir, warm_train_dir, train_eval, "warm start")
+    warm["provenance"] = provenance_of(runs_dir / "warm_start")
     print(f"[lab] warm start: test EM {warm['eval']['em']:.3f}"
           + (f", sampled {warm['eval_sampled']['em']:.3f}" if sampled else ""), flush=True)
     runs = []
@@ -362,13 +432,19 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
             else:
                 if extend_from is not None:
                     copy_run_to_extend(Path(extend_from) / cfg.trainer.run_name, runs_dir / cfg.trainer.run_name, cfg)
-                rec = run_one(cfg, m, s, wdir, retriever_of_world(), sampled=sampled, extend=extend_from is not None)
+                rec = run_one(cfg, m, s, wdir, retriever_of_world(), sampled=sampled, extend=extend_from is not None,
+                              train_eval=train_eval)
             if sampled and (rec.get("eval_sampled") or {}).get("samples") != sampled:
                 rec["eval_sampled"] = sampled_of_run(cfg, rec, wdir, retriever_of_world(), sampled)
                 path = Path(rec["run_dir"]) / RUN_RECORD
                 stored = json.loads(path.read_text())
                 stored["eval_sampled"] = rec["eval_sampled"]
                 path.write_text(json.dumps(stored, indent=2) + "\n")
+            train_dir = Path(rec["run_dir"]) / TRAIN_EVAL_DIR
+            if train_eval and not train_eval_done(train_dir, train_eval, wdir):
+                model, tokenizer = final_policy(rec, wdir)
+                evaluate_train(model, tokenizer, retriever_of_world(), cfg, wdir, train_dir, train_eval, run_name(m, s))
+            rec["provenance"] = provenance_of(Path(rec["run_dir"]))
             records = load_records(rec["run_dir"])
             rec["phases"] = phase_summary(records, run_steps=cfg.trainer.total_steps)
             rec["trend"] = trend_summary(records)
@@ -391,7 +467,7 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
                   "warm_start_card": card.get("warm_start", {})},
         "shared_settings": shared_settings(base), "warm_start": warm, "runs": runs,
         "aggregate": aggregate(runs, methods), "warning_summary": warning_summary(runs),
-        "drawdown_summary": warning_summary(runs, "drawdown"), "sampled": sampled,
+        "drawdown_summary": warning_summary(runs, "drawdown"), "sampled": sampled, "train_eval": train_eval,
         "pngs": [p.name for p in pngs],
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}",
         # runs_s: every run's training + evaluation, whichever pass (resumed or not) did it; wall_s: this pass
