@@ -336,3 +336,12 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world):
     with pytest.raises(ConfigError, match="trainer.lr"):
         lab.run_lab(config_path=lab.QUICK_CONFIG, overrides=["trainer.lr=0.5"], seeds=[0], methods=methods,
                     out_dir=tmp_path / "report3", runs_dir=runs_dir, world_dir=str(tiny_world), report_only=True)
+
+
+def test_repo_relative_keeps_machine_paths_out_of_reports(tmp_path) -> None:
+    """Paths inside the repository are written relative to it (a committed report must not name the machine that
+    wrote it: the world dir the lab resolves is absolute); paths outside it are kept as given."""
+    from searchr1_lld.lab.running import repo_relative
+
+    assert repo_relative(lab.REPO_ROOT / ".cache" / "world-large") == ".cache/world-large"
+    assert repo_relative(tmp_path / "world") == str(tmp_path / "world")

@@ -463,7 +463,7 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
     summary = {
         "quick": quick, "report_only": report_only, "command": command, "config_path": repo_relative(config_path), "overrides": list(overrides),
         "seeds": list(seeds), "methods": [dataclasses.asdict(m) for m in methods],
-        "world": {"dir": str(wdir), "counts": card.get("counts", {}), "config": card.get("config", {}),
+        "world": {"dir": repo_relative(wdir), "counts": card.get("counts", {}), "config": card.get("config", {}),
                   "warm_start_card": card.get("warm_start", {})},
         "shared_settings": shared_settings(base), "warm_start": warm, "runs": runs,
         "aggregate": aggregate(runs, methods), "warning_summary": warning_summary(runs),
