@@ -329,7 +329,8 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world):
         logged = (longer / f"{m.key}-seed0" / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(x)["step"] for x in logged] == list(range(1, steps + 2))
         assert logged[:steps] == before[m.key].splitlines()  # the first steps are the source's, not retrained
-        # the source's train-split evaluation is not copied: the longer run's is its own final policy's
+        # the longer run's train-split evaluation is its own final policy's, written after the source's (a copy of
+        # the source's would keep its modification time)
         assert (longer / f"{m.key}-seed0" / "eval_train" / "results.json").stat().st_mtime > \
             (runs_dir / f"{m.key}-seed0" / "eval_train" / "results.json").stat().st_mtime
     # ... and refuses runs trained with other settings

@@ -137,15 +137,16 @@ def provenance_section(s: dict[str, Any]) -> list[str]:
     return [
         "## Copy or recall: where the answers come from",
         "",
-        "Greedy decoding; *test*: the test split evaluated above; *train*: the first "
-        f"{train or 'all'} training questions, the questions the policy was trained on (`--train-eval`). Judged from "
+        "Greedy decoding; *test*: the test split evaluated above"
+        + (f"; *train*: the first {train} training questions, the questions the policy was trained on "
+           "(`--train-eval`)" if train else " (train-split rows: pass `--train-eval N`)")
+        + ". Judged from "
         "the passages each answer's trajectory retrieved (any turn): *gold passage retrieved*: one of them contains a "
         "gold answer; *answer copied*: among those questions, the answer is right and in such a passage; *right "
         "without a gold passage*: right although no retrieved passage held a gold answer (recalled from training, or "
         "a guess; over all questions); *answer in a retrieved passage*: the answer, right or wrong, is in one of "
         "them (over all questions). The test split asks about subjects no training question names, so there only "
-        "copying carries over."
-        + ("" if train else " (Train rows: pass `--train-eval N`.)"),
+        "copying carries over.",
         "",
         provenance_table(s["aggregate"], s.get("warm_start")),
     ]
