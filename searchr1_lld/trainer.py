@@ -246,8 +246,11 @@ class Trainer:
 
     # ---------------------------------------------------------------- the loop
     def run(self, *, evaluate: bool = True, allow_changes: Sequence[str] = ()) -> RunResult:
-        """Train to ``trainer.total_steps`` (resuming per ``trainer.resume``). ``allow_changes``: config keys that may
-        differ from the resumed run's saved config (see :data:`resume.RESUME_SAFE_KEYS`); any other is refused."""
+        """Train to ``trainer.total_steps`` (resuming per ``trainer.resume``). ``evaluate``: greedy test EM before and
+        after training (eval.md); the evaluations every ``trainer.eval_every`` steps (``eval/em``, and the benchmarks'
+        ``eval/<name>/em``, also at the last step) follow the config alone. Greedy decoding draws no random numbers, so
+        they leave the training itself unchanged. ``allow_changes``: config keys that may differ from the resumed
+        run's saved config (see :data:`resume.RESUME_SAFE_KEYS`); any other is refused."""
         cfg, tc, main = self.cfg, self.cfg.trainer, self.accelerator.is_main_process
         notes = resume.settle_run_dir(cfg, self.run_dir, main, allow_changes, self.world_hash)
         resumed = self.maybe_resume()
@@ -259,7 +262,7 @@ class Trainer:
                 [f"WARNING: {self.llds_warning}"] if self.llds_warning else []):
             tracker.write(note)
         test_rows = factories.load_test_rows(cfg, self.world_dir) if cfg.data.source == "synthetic" else []
-        bench_rows = evaluation.benchmark_rows(cfg) if evaluate and tc.eval_every and cfg.data.source != "synthetic" else {}
+        bench_rows = evaluation.benchmark_rows(cfg) if tc.eval_every and cfg.data.source != "synthetic" else {}
         test_rows = test_rows[: tc.eval_limit] if tc.eval_limit else test_rows
         em_before = em_after = None
         if evaluate and test_rows:
@@ -270,7 +273,7 @@ class Trainer:
         last_drawdown: str | None = None
         while self.step < tc.total_steps:
             metrics = self.train_step()
-            if tc.eval_every and evaluate and test_rows and self.step % tc.eval_every == 0 and self.step < tc.total_steps:
+            if tc.eval_every and test_rows and (self.step % tc.eval_every == 0 or self.step == tc.total_steps):
                 metrics["eval/em"] = self.evaluate(test_rows)["em"]
             if bench_rows and (self.step % tc.eval_every == 0 or self.step == tc.total_steps):
                 metrics.update(self.evaluate_benchmarks(bench_rows))
@@ -293,7 +296,8 @@ class Trainer:
             self.save()
         table = ""
         if evaluate and test_rows:
-            em_after = self.evaluate(test_rows)["em"]
+            # the last step's in-loop evaluation already scored this policy
+            em_after = last_metrics["eval/em"] if "eval/em" in last_metrics else self.evaluate(test_rows)["em"]
             table = eval_table(em_before, em_after, len(test_rows))
             if main:
                 (self.run_dir / "eval.md").write_text(table + "\n")

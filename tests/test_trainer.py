@@ -147,6 +147,24 @@ def test_resume_reproduces_the_next_step(tmp_path, tiny_world, shared_retriever)
         assert ma[key] == mb[key] or (math.isnan(ma[key]) and math.isnan(mb[key])), key
 
 
+def test_evaluation_during_training_leaves_the_training_unchanged(tmp_path, tiny_world, shared_retriever):
+    """trainer.eval_every scores the policy greedily (eval/em) every N steps and at the last one; greedy decoding
+    draws no random numbers, so the trained weights and every training metric equal those of a run without it."""
+    common = ["trainer.total_steps=3", "trainer.save_every=0", "trainer.resume=never", "trainer.eval_limit=4"]
+    a = _trainer(_cfg(tmp_path / "a", *common), tiny_world, shared_retriever)
+    res_a = a.run(evaluate=False)
+    b = _trainer(_cfg(tmp_path / "b", *common, "trainer.eval_every=2"), tiny_world, shared_retriever)
+    res_b = b.run(evaluate=True)
+    assert [("eval/em" in m) for m in res_b.history] == [False, True, True]  # step 2, and the last step (3)
+    assert not any("eval/em" in m for m in res_a.history)
+    assert res_b.em_after == res_b.history[-1]["eval/em"]  # the last in-loop evaluation is the final one
+    for pa, pb in zip(a.model.parameters(), b.model.parameters()):
+        assert torch.equal(pa, pb)
+    for ma, mb in zip(res_a.history, res_b.history):
+        for key in (k for k in ma if not k.startswith("time/")):  # wall-clock times differ, nothing else
+            assert ma[key] == mb[key] or (math.isnan(ma[key]) and math.isnan(mb[key])), key
+
+
 @pytest.mark.slow
 def test_train_py_end_to_end_over_http(tmp_path, tiny_world):
     """train.py through the real retriever service on loopback: 2 steps, before/after EM table written."""

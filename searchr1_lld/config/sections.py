@@ -195,7 +195,8 @@ class TrainerConfig:
     save_every: int = opt(50, "checkpoint every N steps (0 = only at the end)")
     keep_last_k: int = opt(2, "checkpoints kept")
     resume: str = opt("auto", "auto | never | path to a checkpoint dir")
-    eval_every: int = opt(0, "evaluate every N steps (0 = only before and after training)")
+    eval_every: int = opt(0, "greedy test EM (eval/em; benchmarks' eval/<name>/em with data.source=files) every N "
+                                "steps and at the last one (0 = off; runs evaluate before and after training anyway)")
     eval_limit: int = opt(0, "questions evaluated during training (0 = whole test split / eval.limit)")
     probe_every: int = opt(5, "re-measure the probe set every N steps (0 = never)")
     probe_size: int = opt(16, "correct responses kept in the probe set")

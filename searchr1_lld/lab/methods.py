@@ -76,8 +76,8 @@ def method_config(config_path: str | Path, overrides: Sequence[str], method: Met
         *overrides, *method.overrides, f"trainer.seed={seed}", f"data.world_dir={world_dir}",
         f"trainer.output_dir={runs_dir}", f"trainer.run_name={run_name(method, seed)}",
         # resumable: an interrupted run continues from its last checkpoint (trainer.save_every of the lab config);
-        # the trained policy is evaluated in memory
-        "trainer.resume=auto", "trainer.eval_every=0", "logging.wandb=false",
+        # the trained policy is evaluated in memory (and every trainer.eval_every steps, when the config sets it)
+        "trainer.resume=auto", "logging.wandb=false",
     ])
 
 
