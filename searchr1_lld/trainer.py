@@ -263,7 +263,8 @@ class Trainer:
             tracker.write(note)
         test_rows = factories.load_test_rows(cfg, self.world_dir) if cfg.data.source == "synthetic" else []
         bench_rows = evaluation.benchmark_rows(cfg) if tc.eval_every and cfg.data.source != "synthetic" else {}
-        test_rows = test_rows[: tc.eval_limit] if tc.eval_limit else test_rows
+        limit = tc.eval_limit or cfg.eval.limit  # as the benchmarks (evaluation.benchmark_rows)
+        test_rows = test_rows[:limit] if limit else test_rows
         em_before = em_after = None
         if evaluate and test_rows:
             em_before = self._em_before(test_rows)

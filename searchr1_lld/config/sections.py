@@ -197,7 +197,7 @@ class TrainerConfig:
     resume: str = opt("auto", "auto | never | path to a checkpoint dir")
     eval_every: int = opt(0, "greedy test EM (eval/em; benchmarks' eval/<name>/em with data.source=files) every N "
                                 "steps and at the last one (0 = off; runs evaluate before and after training anyway)")
-    eval_limit: int = opt(0, "questions evaluated during training (0 = whole test split / eval.limit)")
+    eval_limit: int = opt(0, "questions evaluated during training (first N; 0 = eval.limit, both 0 = all)")
     probe_every: int = opt(5, "re-measure the probe set every N steps (0 = never)")
     probe_size: int = opt(16, "correct responses kept in the probe set")
     logprob_chunk_size: int = opt(256, "sequence chunk of the chunked log-prob / entropy kernel")

@@ -41,16 +41,17 @@ verdicts), plots.py (curves), report.py (README.md), cli.py (the command line).
 
 from __future__ import annotations
 
-from searchr1_lld.lab.analysis import (aggregate, finite, lld_verdict, load_records, mean_std, phase_summary,
-                                       trend_summary, warning_summary, window_mean)
+from searchr1_lld.lab.analysis import (aggregate, aggregate_curves, curve_summary, finite, lld_verdict, load_records,
+                                       mean_std, phase_summary, test_em_curve, trend_summary, warning_summary,
+                                       window_mean)
 from searchr1_lld.lab.methods import (DEFAULT_NOTES, FULL_CONFIG, LLD_MARGIN, METHOD_KEYS, METHODS, QUICK_CONFIG,
                                       REPO_ROOT, REWARD_MARGIN, RUN_KEYS, RUN_PLAN, RUN_RECORD, TREND_WINDOW, Method,
                                       check_only_llds_differs, config_differences, method_config, parse_methods,
                                       parse_seeds, run_name, shared_settings)
 from searchr1_lld.lab.plots import CURVES, METHOD_COLORS, plot_curves
-from searchr1_lld.lab.report import (em_table, fmt, fmt_ms, per_run_table, phase_table, trend_table, warning_text,
-                                     write_report)
-from searchr1_lld.lab.running import (eval_summary, evaluate_policy, evaluate_sampled, evaluate_train,
+from searchr1_lld.lab.report import (curve_columns, em_table, fmt, fmt_ms, per_run_table, phase_table, trend_table,
+                                     warning_text, write_report)
+from searchr1_lld.lab.running import (eval_summary, evaluate_policy, exclusive, evaluate_sampled, evaluate_train,
                                       evaluate_warm_start, final_policy, finished, load_run, load_warm_start,
                                       prepare_world, provenance, resolve_world_dir, run_lab, run_one, sampled_of_run,
                                       warm_start_sampled)

@@ -146,6 +146,41 @@ def aggregate(runs: Sequence[dict[str, Any]], methods: Sequence[Method]) -> list
     return rows
 
 
+TEST_EM_KEY = "eval/em"  # the trainer's greedy test EM every trainer.eval_every steps
+
+
+def test_em_curve(records: Sequence[dict[str, Any]]) -> list[list[float]]:
+    """``[[step, test EM], ...]``: the greedy held-out EM the trainer measured during the run (``eval/em``, every
+    ``trainer.eval_every`` steps and at the last one); empty when the run did not evaluate while training."""
+    return [[int(r["step"]), float(r[TEST_EM_KEY])] for r in records if finite(r.get(TEST_EM_KEY))]
+
+
+def curve_summary(curve: Sequence[Sequence[float]], warm_em: float | None) -> dict[str, Any]:
+    """One run's held-out EM curve in three numbers: its peak (first step reaching it), its last value, and how many
+    of its evaluations scored at least the warm start's ``warm_em`` (None when unknown)."""
+    if not curve:
+        return {"evaluations": 0}
+    peak_step, peak = max(curve, key=lambda c: (c[1], -c[0]))
+    at_least_warm = sum(em >= warm_em for _, em in curve) if finite(warm_em) else None
+    return {"evaluations": len(curve), "peak_em": peak, "peak_step": int(peak_step), "last_em": curve[-1][1],
+            "last_step": int(curve[-1][0]), "at_least_warm": at_least_warm}
+
+
+def aggregate_curves(runs: Sequence[dict[str, Any]], methods: Sequence[Method]) -> list[dict[str, Any]]:
+    """Per method: ``cells``, one ``{step, mean, std, n}`` per step that all its runs evaluated (mean ± std over them
+    of ``test_em_curve``); methods whose runs have no curve are left out."""
+    rows = []
+    for m in methods:
+        curves = [dict((int(s), em) for s, em in r.get("test_em_curve") or []) for r in runs if r["method"] == m.key]
+        if not curves or not all(curves):
+            continue
+        steps = sorted(set.intersection(*(set(c) for c in curves)))
+        cells = [{"step": step, **dict(zip(("mean", "std", "n"), mean_std([c[step] for c in curves])))}
+                 for step in steps]
+        rows.append({"method": m.key, "label": m.label, "cells": cells})
+    return rows
+
+
 def load_records(run_dir: str | Path) -> list[dict[str, Any]]:
     from searchr1_lld.tracking import read_metrics
 

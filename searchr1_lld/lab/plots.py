@@ -21,7 +21,10 @@ CURVES: dict[str, tuple[str, str, str]] = {
     "grad_norm": ("gradient norm before clipping (max over updates)", "actor/grad_norm", "L2 norm"),
     "llds_active": ("LLDS activity: share of tokens penalised", "llds/active_token_frac", "fraction"),
     "valid_searches": ("valid searches per training response", "rollout/valid_searches_mean", "searches"),
+    "test_em": ("held-out test EM (greedy, every trainer.eval_every steps)", "eval/em", "EM"),
 }
+# drawn only when some run logged them (eval/em: runs with trainer.eval_every > 0); the others always are
+OPTIONAL_CURVES = ("test_em",)
 METHOD_COLORS = {"grpo": "#d62728", "llds_response": "#1f77b4", "llds_action": "#2ca02c", "llds_ma": "#9467bd"}
 
 
@@ -55,20 +58,33 @@ def _draw(ax: Any, records_by_run: dict[tuple[str, int], list[dict]], methods: S
             ax.plot(xs, ys, color=color, lw=1.8, marker="o", ms=2.5, label=m.label)
 
 
-def plot_curves(records_by_run: dict[tuple[str, int], list[dict]], methods: Sequence[Method],
-                out_dir: Path) -> list[Path]:
-    """One PNG per curve of :data:`CURVES` (methods overlaid: thin = one seed, bold = mean over seeds) and
-    ``overview.png`` with every curve side by side. Returns the paths written."""
+def _reference(ax: Any, references: dict[str, tuple[float, str]], key: str) -> None:
+    if key in references and finite(references[key][0]):
+        value, label = references[key]
+        ax.axhline(value, color="black", ls="--", lw=1.0, label=f"{label} ({value:.3f})")
+
+
+def plot_curves(records_by_run: dict[tuple[str, int], list[dict]], methods: Sequence[Method], out_dir: Path,
+                references: dict[str, tuple[float, str]] | None = None) -> list[Path]:
+    """One PNG per curve of :data:`CURVES` (of :data:`OPTIONAL_CURVES` only those some run logged; methods
+    overlaid: thin = one seed, bold = mean over seeds) and ``overview.png`` with every such curve side by side. ``references``: metric name -> (value, label),
+    drawn as a dashed horizontal line (e.g. the warm start's test EM). Returns the paths written."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    references = references or {}
+    curves = {stem: spec for stem, spec in CURVES.items() if stem not in OPTIONAL_CURVES
+              or any(finite(r.get(spec[1])) for recs in records_by_run.values() for r in recs)}
     out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in (out_dir / f"{stem}.png" for stem in CURVES.keys() - curves.keys()):
+        stale.unlink(missing_ok=True)  # a curve an earlier report of this dir drew
     written = []
-    for stem, (title, key, ylabel) in CURVES.items():
+    for stem, (title, key, ylabel) in curves.items():
         fig, ax = plt.subplots(figsize=(6, 3.4))
         _draw(ax, records_by_run, methods, key)
+        _reference(ax, references, key)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel, fontsize=8)
@@ -80,14 +96,15 @@ def plot_curves(records_by_run: dict[tuple[str, int], list[dict]], methods: Sequ
         plt.close(fig)
         written.append(path)
     cols = 3
-    rows = math.ceil(len(CURVES) / cols)
+    rows = math.ceil(len(curves) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3 * rows), squeeze=False)
-    for ax, (stem, (title, key, ylabel)) in zip(axes.flat, CURVES.items()):
+    for ax, (stem, (title, key, ylabel)) in zip(axes.flat, curves.items()):
         _draw(ax, records_by_run, methods, key)
+        _reference(ax, references, key)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.set_ylabel(ylabel, fontsize=8)
-    for ax in list(axes.flat)[len(CURVES):]:
+    for ax in list(axes.flat)[len(curves):]:
         ax.axis("off")
     handles, labels = [], []
     for ax in axes.flat:

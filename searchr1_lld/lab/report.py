@@ -152,6 +152,47 @@ def provenance_section(s: dict[str, Any]) -> list[str]:
     ]
 
 
+CURVE_COLUMNS = 10  # at most this many evaluation steps in the held-out EM table (the last one always)
+
+
+def curve_columns(steps: Sequence[int], at_most: int = CURVE_COLUMNS) -> list[int]:
+    """Evenly thinned ``steps`` (every k-th, k as small as fits ``at_most``), always ending with the last one."""
+    if len(steps) <= at_most:
+        return list(steps)
+    k = -(-len(steps) // (at_most - 1))
+    picked = list(steps[k - 1::k])
+    return picked if picked[-1] == steps[-1] else [*picked[: at_most - 1], steps[-1]]
+
+
+def curve_section(s: dict[str, Any]) -> list[str]:
+    """'Held-out EM during training' (runs with trainer.eval_every > 0): mean ± std per method at the evaluated
+    steps, and per run its peak, its last value and how often it scored at least the warm start."""
+    rows = s.get("test_em_curves") or []
+    if not rows:
+        return []
+    warm = (s.get("warm_start") or {}).get("eval", {}).get("em")
+    steps = curve_columns(sorted({c["step"] for row in rows for c in row["cells"]}))
+    lines = ["## Held-out EM during training", "",
+             "Greedy test EM of the policy while it trains (the trainer's evaluation every `trainer.eval_every` "
+             "steps and at the last one, on the questions of the table above; step 0: the warm start). Mean ± std "
+             "over seeds; `test_em.png` draws every seed.", "",
+             "| method | 0 (warm start) | " + " | ".join(f"step {st}" for st in steps) + " |",
+             "|---|---:|" + "---:|" * len(steps)]
+    for row in rows:
+        by_step = {c["step"]: c for c in row["cells"]}
+        cells = [fmt_ms(by_step[st], 2) if st in by_step else "-" for st in steps]
+        lines.append(f"| {row['label']} | {fmt(warm, 2)} | " + " | ".join(cells) + " |")
+    lines += ["", "| run | peak EM (step) | last EM (step) | evaluations at or above the warm start |",
+              "|---|---:|---:|---:|"]
+    for r in s["runs"]:
+        c = r.get("test_em_curve_summary") or {}
+        if c.get("evaluations"):
+            lines.append(f"| {run_name(METHODS[r['method']], r['seed'])} | {fmt(c['peak_em'])} ({c['peak_step']}) | "
+                         f"{fmt(c['last_em'])} ({c['last_step']}) | "
+                         f"{'-' if c['at_least_warm'] is None else c['at_least_warm']} of {c['evaluations']} |")
+    return [*lines, ""]
+
+
 def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path], notes: str | None) -> Path:
     """``OUT/README.md`` from the summary (everything in it is also in summary.json)."""
     s = summary
@@ -193,6 +234,7 @@ def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path], n
         "",
         per_run_table(s["runs"], sampled=bool(sampled)),
         *provenance_section(s),
+        *curve_section(s),
         "## Curves",
         "",
         "Thin lines: one seed; bold: mean over seeds. `overview.png` has every curve side by side.",

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from searchr1_lld.config import Config, ConfigError, flatten_dict, load_config, load_world_config
-from searchr1_lld.lab.analysis import aggregate, lld_verdict, load_records, phase_summary, trend_summary, warning_summary
+from searchr1_lld.lab.analysis import (TEST_EM_KEY, aggregate, aggregate_curves, curve_summary, lld_verdict,
+                                       load_records, phase_summary, test_em_curve, trend_summary, warning_summary)
 from searchr1_lld.lab.methods import (REPO_ROOT, RUN_KEYS, RUN_PLAN, RUN_RECORD, Method, check_only_llds_differs,
                                       method_config, run_name, shared_settings)
 from searchr1_lld.lab.plots import plot_curves
@@ -70,6 +71,22 @@ def _eval_mode(model: Any):
             yield
     finally:
         model.train(was_training)
+
+
+@contextlib.contextmanager
+def exclusive(lock_path: Path):
+    """Hold an exclusive lock on ``lock_path`` (created if missing) for the block: two lab jobs sharing a runs dir
+    (split by --methods or --seeds) would otherwise both write the warm start's evaluation logs, one after the other
+    into the same files (duplicate rows, and a score read from the other's half-written log)."""
+    import fcntl
+
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def evaluate_policy(model: Any, tokenizer: Any, retriever: Any, cfg: Config, world_dir: Path, out_dir: Path,
@@ -394,30 +411,34 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
         return {"test": provenance(policy_dir / "eval", corpus_of_world()),
                 "train": provenance(policy_dir / TRAIN_EVAL_DIR, corpus_of_world()) if train_eval else None}
 
-    if report_only:
-        from data.build_world import read_card
-
-        card = read_card(wdir) or {}
-        warm = load_warm_start(runs_dir / "warm_start" / "eval")
-    else:
+    if not report_only:
         card = prepare_world(base, wdir, explicit=world_dir is not None)
         print(f"[lab] world {wdir}; {len(configs)} runs; runs in {runs_dir}", flush=True)
-        warm_dir = runs_dir / "warm_start" / "eval"
-        from searchr1_lld.evaluation import EvalError
+    # one job evaluates the warm start, the others wait and read it (--report-only writes nothing there)
+    with exclusive(runs_dir / "warm_start.lock") if not report_only else contextlib.nullcontext():
+        if report_only:
+            from data.build_world import read_card
 
-        try:
-            warm = load_warm_start(warm_dir) if not fresh else None
-        except EvalError:  # no finished warm-start evaluation there yet
-            warm = None
-        warm = warm or evaluate_warm_start(base, wdir, retriever_of_world(), warm_dir)
-    if sampled:
-        warm["eval_sampled"] = warm_start_sampled(base, wdir, retriever_of_world(),
-                                                  runs_dir / "warm_start" / "sampled.json", sampled, fresh)
-    warm_train_dir = runs_dir / "warm_start" / TRAIN_EVAL_DIR
-    if train_eval and (fresh or not train_eval_done(warm_train_dir, train_eval, wdir)):
-        model, tokenizer = _load_policy(wdir / "model", wdir)
-        evaluate_train(model, tokenizer, retriever_of_world(), base, wdir, warm_train_dir, train_eval, "warm start")
-    warm["provenance"] = provenance_of(runs_dir / "warm_start")
+            card = read_card(wdir) or {}
+            warm = load_warm_start(runs_dir / "warm_start" / "eval")
+        else:
+            warm_dir = runs_dir / "warm_start" / "eval"
+            from searchr1_lld.evaluation import EvalError
+
+            try:
+                warm = load_warm_start(warm_dir) if not fresh else None
+            except EvalError:  # no finished warm-start evaluation there yet
+                warm = None
+            warm = warm or evaluate_warm_start(base, wdir, retriever_of_world(), warm_dir)
+        if sampled:
+            warm["eval_sampled"] = warm_start_sampled(base, wdir, retriever_of_world(),
+                                                      runs_dir / "warm_start" / "sampled.json", sampled, fresh)
+        warm_train_dir = runs_dir / "warm_start" / TRAIN_EVAL_DIR
+        if train_eval and (fresh or not train_eval_done(warm_train_dir, train_eval, wdir)):
+            model, tokenizer = _load_policy(wdir / "model", wdir)
+            evaluate_train(model, tokenizer, retriever_of_world(), base, wdir, warm_train_dir, train_eval,
+                           "warm start")
+        warm["provenance"] = provenance_of(runs_dir / "warm_start")
     print(f"[lab] warm start: test EM {warm['eval']['em']:.3f}"
           + (f", sampled {warm['eval_sampled']['em']:.3f}" if sampled else ""), flush=True)
     runs = []
@@ -450,6 +471,8 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
             rec["trend"] = trend_summary(records)
             rec["verdict"] = lld_verdict(rec["trend"], rec["phases"])
             rec["test_em"] = rec["eval"]["em"]
+            rec["test_em_curve"] = test_em_curve(records)
+            rec["test_em_curve_summary"] = curve_summary(rec["test_em_curve"], warm["eval"]["em"])
             rec.pop("config")
             runs.append(rec)
             sampled_txt = f", sampled {rec['eval_sampled']['em']:.3f}" if sampled else ""
@@ -458,7 +481,7 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
                   f"verdict {rec['verdict']}, train {rec['train_s']:.0f}s eval {rec['eval_s']:.0f}s", flush=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     records_by_run = {(r["method"], r["seed"]): load_records(r["run_dir"]) for r in runs}
-    pngs = plot_curves(records_by_run, methods, out_dir)
+    pngs = plot_curves(records_by_run, methods, out_dir, references={TEST_EM_KEY: (warm["eval"]["em"], "warm start")})
     notes_text = Path(notes).read_text() if notes and Path(notes).is_file() else None
     summary = {
         "quick": quick, "report_only": report_only, "command": command, "config_path": repo_relative(config_path), "overrides": list(overrides),
@@ -466,7 +489,8 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
         "world": {"dir": repo_relative(wdir), "counts": card.get("counts", {}), "config": card.get("config", {}),
                   "warm_start_card": card.get("warm_start", {})},
         "shared_settings": shared_settings(base), "warm_start": warm, "runs": runs,
-        "aggregate": aggregate(runs, methods), "warning_summary": warning_summary(runs),
+        "aggregate": aggregate(runs, methods), "test_em_curves": aggregate_curves(runs, methods),
+        "warning_summary": warning_summary(runs),
         "drawdown_summary": warning_summary(runs, "drawdown"), "sampled": sampled, "train_eval": train_eval,
         "pngs": [p.name for p in pngs],
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}",
