@@ -213,8 +213,10 @@ def test_held_out_em_curves_by_hand():
     assert row["cells"][0]["mean"] == pytest.approx(0.3) and row["cells"][0]["std"] == pytest.approx(math.sqrt(0.02))
     assert row["cells"][1]["mean"] == pytest.approx(0.4) and row["cells"][1]["n"] == 2
     assert lab.curve_columns([5, 10, 15]) == [5, 10, 15]
-    assert lab.curve_columns(list(range(5, 95, 5))) == [10, 20, 30, 40, 50, 60, 70, 80, 90]  # 18 steps, every 2nd
-    assert lab.curve_columns(list(range(1, 22)), at_most=5) == [6, 12, 18, 21]  # the last one always
+    # 18 steps: the first, then every 2nd
+    assert lab.curve_columns(list(range(5, 95, 5))) == [5, 10, 20, 30, 40, 50, 60, 70, 80, 90]
+    assert lab.curve_columns(list(range(1, 22)), at_most=5) == [1, 6, 12, 18, 21]  # the first and the last always
+    assert lab.curve_columns(list(range(1, 25)), at_most=5) == [1, 6, 12, 18, 24]
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -156,12 +156,15 @@ CURVE_COLUMNS = 10  # at most this many evaluation steps in the held-out EM tabl
 
 
 def curve_columns(steps: Sequence[int], at_most: int = CURVE_COLUMNS) -> list[int]:
-    """Evenly thinned ``steps`` (every k-th, k as small as fits ``at_most``), always ending with the last one."""
+    """Evenly thinned ``steps``: the first one (where the early peak shows), then every k-th (k as small as fits
+    ``at_most``), always ending with the last one."""
     if len(steps) <= at_most:
         return list(steps)
     k = -(-len(steps) // (at_most - 1))
     picked = list(steps[k - 1::k])
-    return picked if picked[-1] == steps[-1] else [*picked[: at_most - 1], steps[-1]]
+    if picked[-1] != steps[-1]:
+        picked = [*picked[: at_most - 2], steps[-1]]
+    return picked if picked[0] == steps[0] else [steps[0], *picked]
 
 
 def curve_section(s: dict[str, Any]) -> list[str]:
