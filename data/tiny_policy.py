@@ -304,16 +304,32 @@ def answer_think(style: str, answer: str, hits: list[dict] | None, rng: random.R
     return (quote_think(answer, hits) if style == "quote" else None) or fixed
 
 
+def bridge_think(style: str, bridge: str, hits: list[dict]) -> str:
+    """The think line before the second hop's ``<search> bridge </search>``: ``quote`` (``quote_think``: the first
+    hop's passage from its title up to the bridge entity, ``<think> Sadraes Works is a railway company founded in
+    1794 by Mera Ost </think>``, when ``hits`` name it) or the fixed ``one more hop``.
+
+    Why: with the fixed think the bridge is a lookup across three passages (the city after "headquarters are in" in
+    the titled one), the circuit that formed on one CPU and not on another; quoted, the query repeats the think's
+    last words, as the answer does after ``answer_think``'s quote (docs/lab/warm_start.md, session 18)."""
+    if style not in ANSWER_THINKS:
+        raise ValueError(f"bridge think must be one of {ANSWER_THINKS} (got {style!r})")
+    return (quote_think(bridge, hits) if style == "quote" else None) or _THINK_BRIDGE
+
+
 def render_segments(plan: TrajectoryPlan, hits_of: dict[str, list[dict]], eos: str, rng: random.Random,
-                    template: str = "tiny", tokenizer: Any = None, think: str = "fixed") -> list[Segment]:
+                    template: str = "tiny", tokenizer: Any = None, think: str = "fixed",
+                    bridge: str = "fixed") -> list[Segment]:
     """The text pieces of one trajectory, exactly as the rollout would build them; ``think``: the answer's think
-    line (``answer_think``; a guess after a search keeps ``found it``: it does not read the passages)."""
+    line (``answer_think``; a guess after a search keeps ``found it``: it does not read the passages); ``bridge``:
+    the second search's think line (``bridge_think``)."""
     segs = [Segment(render_prompt(plan.row["question"], template, tokenizer), generated=False)]
     if plan.malformed_turn is not None:
         segs.append(Segment(plan.malformed_turn + eos, generated=True))
         segs.append(Segment(INVALID_ACTION_MESSAGE, generated=False))
     for hop, query in enumerate(plan.queries):
-        search_think = rng.choice(_THINK_FIRST).format(s=query) if hop == 0 else _THINK_BRIDGE.format(b=query)
+        search_think = (rng.choice(_THINK_FIRST) if hop == 0
+                        else bridge_think(bridge, query, hits_of[plan.queries[hop - 1]]))
         segs.append(Segment(f"{search_think}<search> {query} </search>", generated=True))
         segs.append(Segment(format_observation(hits_of[query]), generated=False, hits=hits_of[query]))
     hits = hits_of[plan.queries[-1]] if plan.queries else None
@@ -361,7 +377,8 @@ def build_warmstart_examples(rows: list[dict], search: SearchFn, tokenizer, cfg:
     results = search(queries, topk) if queries else []
     hits_of = dict(zip(queries, results))
     rng = random.Random(seed + 1)
-    segments = [render_segments(p, hits_of, tokenizer.eos_token, rng, think=cfg.warmstart_answer_think)
+    segments = [render_segments(p, hits_of, tokenizer.eos_token, rng, think=cfg.warmstart_answer_think,
+                                bridge=cfg.warmstart_bridge_think)
                 for p in plans]
     if cfg.warmstart_shuffle_names:
         renamer = NameShuffler(_name_pool(rows, results, passages), years=_year_pool(cfg, results, passages))
@@ -373,13 +390,14 @@ COPY_DRILL_KINDS = ("subject_query", "bridge_query", "answer")
 
 
 def _drill_segments(row: dict, kind: str, hits_of: dict[str, list[dict]], eos: str,
-                    full_prompt: bool = True, think: str = "fixed") -> list[Segment] | None:
+                    full_prompt: bool = True, think: str = "fixed", bridge: str = "fixed") -> list[Segment] | None:
     """One copy drill: the prompt, the observation the step would see, and the one generated segment that copies.
 
     ``subject_query``: question -> ``<search> subject </search>``; ``bridge_query`` (multi-hop): question + the
     subject's search and hits -> ``<search> bridge </search>``; ``answer``: question + the last hop's search and
     hits -> the answer's think (``answer_think`` in the style ``think`` names: the quote that ends with the gold
-    answer, or ``found it``) then ``<answer> gold </answer>``. The search before an observation is context, as in a
+    answer, or ``found it``) then ``<answer> gold </answer>``; the bridge query's think is ``bridge_think`` in the
+    style ``bridge`` names. The search before an observation is context, as in a
     rollout: it names the entity whose passage holds the target (without it, which of the three passages to read is
     a guess). The context starts with the rollout's prompt (``full_prompt``) or with just ``Question: ...`` (the
     curriculum's first stage). None when the observation does not contain what is to be copied (a drill must never
@@ -395,8 +413,10 @@ def _drill_segments(row: dict, kind: str, hits_of: dict[str, list[dict]], eos: s
         if not any(contains_phrase(h["contents"], meta["bridge"]) for h in hits):
             return None
         return [question, subject_query, Segment(format_observation(hits), generated=False, hits=hits),
-                Segment(f"{_THINK_BRIDGE}<search> {meta['bridge']} </search>", generated=True)]
-    last_query = (Segment(f"{_THINK_BRIDGE}<search> {meta['bridge']} </search>", generated=False)
+                Segment(f"{bridge_think(bridge, meta['bridge'], hits)}<search> {meta['bridge']} </search>",
+                        generated=True)]
+    last_query = (Segment(f"{bridge_think(bridge, meta['bridge'], hits_of[meta['subject']])}"
+                          f"<search> {meta['bridge']} </search>", generated=False)
                   if meta["hops"] == 2 else subject_query)
     hits = hits_of[meta["bridge"] if meta["hops"] == 2 else meta["subject"]]
     gold = next((g for g in row["golden_answers"] if any(contains_phrase(h["contents"], g) for h in hits)), None)
@@ -482,7 +502,8 @@ def _drill_drawer(rows, search: SearchFn, tokenizer, cfg: WorldConfig, topk: int
             if pick is None and cfg.warmstart_drill_answer_share > 0:
                 pick = "answer" if rng.random() < cfg.warmstart_drill_answer_share else rng.choice(kinds[:-1])
             segs = _drill_segments(row, pick or rng.choice(kinds), hits_of, tokenizer.eos_token,
-                                   full_prompt=full_prompt, think=cfg.warmstart_answer_think)
+                                   full_prompt=full_prompt, think=cfg.warmstart_answer_think,
+                                   bridge=cfg.warmstart_bridge_think)
             if segs is not None:
                 return tokenize_segments(renamer(segs, rng) if renamer else segs, tokenizer)
         raise ValueError("cannot build copy drills: the retriever almost never returns the passages the questions "
@@ -685,8 +706,9 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
     held-out probes (short / full context) is measured, and the stage ends once its targets are met: ``answer``
     the answer accuracy ``cfg.warmstart_drill_answer_target``, ``short`` the subject-query accuracy
     ``cfg.warmstart_drill_subject_target`` (the stage is there to form the query copy circuit), the last stage
-    (``full``) both. Every stage but the last may use its own drills once; the last stage gets what is left of the
-    budget, cycling over its drills.
+    (``full``) both, and the bridge-query accuracy ``cfg.warmstart_drill_bridge_target`` when it is > 0. Every stage
+    but the last may use its own drills once; the last stage gets what is left of the budget, cycling over its
+    drills.
     (The copy circuit forms in a phase change whose step varies from run to run: a fixed count stopped some builds
     before it, docs/lab/warm_start.md.)
     Trajectory phase: ``cfg.warmstart_epochs`` epochs of batches of ``batch_size``, cosine decay to 0 (with its own
@@ -722,6 +744,8 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
         targets = {"subject_query": cfg.warmstart_drill_subject_target} if name != "answer" else {}
         if name == "answer" or last:
             targets["answer"] = cfg.warmstart_drill_answer_target
+        if last and cfg.warmstart_drill_bridge_target > 0:
+            targets["bridge_query"] = cfg.warmstart_drill_bridge_target
         stage_budget = (budget - len(drill_losses)) if last else math.ceil(len(stage) / drill_bs)
         batches = _cycle(lambda: _batches(stage, drill_bs, pad_id, rng))
         done, stop = 0, "budget used"

@@ -160,7 +160,7 @@ def test_world_config_lives_outside_the_run_config():
         load_config(None, ["data.world.seed=1"])
     from conftest import REPO_ROOT
 
-    # the lab trains in the default world (the warm start that copies); the first lab's small world still loads
+    # the lab trains in the default world of labs v4-v5 (WorldConfig's defaults); the first lab's small world still loads
     lab_world = load_world_config(load_config(REPO_ROOT / "configs/lab/lab.yaml").data.world_config)
     assert lab_world == load_world_config(None)
     v1_world = load_world_config(REPO_ROOT / "configs/world/lab.yaml")

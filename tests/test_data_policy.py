@@ -312,6 +312,33 @@ def test_quote_think_quotes_the_passage_up_to_the_answer() -> None:
     assert guessed == "<think> found it </think>\n<answer> 1874 </answer><eos>"
 
 
+def test_bridge_think_quotes_the_first_hop_up_to_the_bridge() -> None:
+    """``bridge_think("quote")`` quotes the first hop's passage up to the bridge entity (the second search then
+    repeats the think's last words); the fixed think, or a bridge the passages do not name, gives ``one more hop``;
+    a trajectory's second search carries it, its first search keeps ``look it up``."""
+    company = {"contents": '"Sadraes Works"\nSadraes Works is a railway company founded in 1794 by Mera Ost. '
+                           'Its headquarters are in Koste.'}
+    city = {"contents": '"Koste"\nKoste is a city in the Greiru region, founded in 1127. Koste lies on the Drel River.'}
+    quote = "<think> Sadraes Works is a railway company founded in 1794 by Mera Ost. Its headquarters are in Koste </think>\n"
+    assert TP.bridge_think("quote", "Koste", [company]) == quote
+    assert TP.bridge_think("quote", "Mera Ost", [company]) == (
+        "<think> Sadraes Works is a railway company founded in 1794 by Mera Ost </think>\n")
+    assert TP.bridge_think("fixed", "Koste", [company]) == "<think> one more hop </think>\n"
+    assert TP.bridge_think("quote", "Bunae", [company]) == "<think> one more hop </think>\n"  # not in the passages
+    with pytest.raises(ValueError, match="bridge think"):
+        TP.bridge_think("summary", "Koste", [company])
+
+    row = {"question": "Which river flows through the city where Sadraes Works is headquartered?",
+           "golden_answers": ["Drel River"], "metadata": {"hops": 2, "subject": "Sadraes Works", "bridge": "Koste"}}
+    plan = TP.TrajectoryPlan(row, "correct", ["Sadraes Works", "Koste"], "Drel River")
+    hits_of = {"Sadraes Works": [company], "Koste": [city]}
+    generated = [seg.text for seg in TP.render_segments(plan, hits_of, "<eos>", random.Random(0), think="quote",
+                                                        bridge="quote") if seg.generated]
+    assert generated == ["<think> look it up </think>\n<search> Sadraes Works </search>",
+                         quote + "<search> Koste </search>",
+                         "<think> Koste lies on the Drel River </think>\n<answer> Drel River </answer><eos>"]
+
+
 def test_copy_drills_only_ask_for_what_the_context_holds(tiny_world: Path, tiny_tokenizer, tiny_world_config) -> None:
     """Each drill's generated segment is one copy: the search query's words all occur in the question (subject) or
     in the observation (bridge), the answer occurs in the observation, after a think that quotes the observation up
@@ -321,7 +348,7 @@ def test_copy_drills_only_ask_for_what_the_context_holds(tiny_world: Path, tiny_
     from retriever.inprocess import InProcessRetriever
 
     rows = read_jsonl(tiny_world / "qa" / "train.jsonl")
-    cfg = dataclasses.replace(tiny_world_config, warmstart_drills=90)
+    cfg = dataclasses.replace(tiny_world_config, warmstart_drills=90, warmstart_bridge_think="quote")
     cfg = dataclasses.replace(cfg, warmstart_drill_prompt_share=1 / 3)
     real_search = InProcessRetriever(tiny_world / "index").search
 
@@ -351,6 +378,9 @@ def test_copy_drills_only_ask_for_what_the_context_holds(tiny_world: Path, tiny_
             target = generated.split(P.SEARCH_OPEN)[1].split(P.SEARCH_CLOSE)[0].strip()
             where = observation or question
             kinds.add("bridge_query" if observation else "subject_query")
+            if observation:  # warmstart_bridge_think: quote
+                quote = generated.split("<think>")[1].split("</think>")[0].strip()
+                assert quote in observation and quote.endswith(target), (quote, observation)
             queries += 1
             renamed += target not in names
         else:
@@ -409,6 +439,11 @@ def test_drill_stages_end_on_evidence(tiny_world: Path, tiny_tokenizer, tiny_wor
     assert subject_only["drill_stop"] == {"short": "targets met", "full": "budget used"}
     assert subject_only["drill_steps"] == budget
     assert [c["context"] for c in subject_only["drill_checks"]] == ["short"] + ["full"] * 5
+    # a bridge target holds the last stage (only it) until the bridge query is copied too
+    bridge_unreachable = run(warmstart_drill_subject_target=0.0, warmstart_drill_answer_target=0.0,
+                             warmstart_drill_bridge_target=1.0)
+    assert bridge_unreachable["drill_stop"] == {"short": "targets met", "full": "budget used"}
+    assert bridge_unreachable["drill_steps"] == budget
 
 
 def test_copy_accuracy_is_one_for_a_model_that_copies(tiny_tokenizer) -> None:

@@ -101,11 +101,13 @@ def validate_world(w: Any) -> None:
         (0 <= w.warmstart_quality <= 1, "warmstart_quality", "must be in [0, 1]"),
         (0 <= w.warmstart_one_hop_share <= 1, "warmstart_one_hop_share", "must be in [0, 1]"),
         (w.warmstart_answer_think in ("fixed", "quote"), "warmstart_answer_think", "must be `fixed` or `quote`"),
+        (w.warmstart_bridge_think in ("fixed", "quote"), "warmstart_bridge_think", "must be `fixed` or `quote`"),
         (w.warmstart_env_loss_weight >= 0, "warmstart_env_loss_weight", "must be >= 0"),
         (0 <= w.warmstart_drill_prompt_share <= 1, "warmstart_drill_prompt_share", "must be in [0, 1]"),
         (w.warmstart_drill_check_every >= 0, "warmstart_drill_check_every", "must be >= 0"),
         (0 <= w.warmstart_drill_subject_target <= 1, "warmstart_drill_subject_target", "must be in [0, 1]"),
         (0 <= w.warmstart_drill_answer_target <= 1, "warmstart_drill_answer_target", "must be in [0, 1]"),
+        (0 <= w.warmstart_drill_bridge_target <= 1, "warmstart_drill_bridge_target", "must be in [0, 1]"),
         (w.warmstart_drill_probes >= 1, "warmstart_drill_probes", "must be >= 1"),
         (0 <= w.warmstart_drill_answer_share <= 1, "warmstart_drill_answer_share", "must be in [0, 1]"),
     ], w, prefix="world.")
