@@ -555,6 +555,30 @@ def _year_pool(cfg: WorldConfig, results: list[list[dict]], passages: list[dict]
     return corpus_years([d["contents"] for d in docs]) or None
 
 
+def permutation(rng: random.Random, items: list[str]) -> list[str]:
+    """``rng.sample(items, len(items))``: the same permutation from the same draws, ~3x faster.
+
+    CPython's ``Random.sample`` takes its pool branch when k = n: item ``i`` of the result is drawn uniformly from
+    the ``n - i`` items not yet taken (``getrandbits`` of the bit length, rejected until below ``n - i``), and the
+    last untaken item fills the gap. The warm start renames every name group per drill (64,000 drills, ~70 words a
+    group): inlining the draw saves ~10 s of the default world's build and keeps its drills, hence the world, as
+    they were (tests/test_data_policy.py checks the equality against ``Random.sample``).
+    """
+    pool = list(items)
+    n = len(pool)
+    getrandbits = rng.getrandbits
+    out = [None] * n
+    for i in range(n):
+        left = n - i
+        bits = left.bit_length()
+        j = getrandbits(bits)
+        while j >= left:
+            j = getrandbits(bits)
+        out[i] = pool[j]
+        pool[j] = pool[left - 1]
+    return out
+
+
 class NameShuffler:
     """Rename a trajectory consistently: every entity-name word -> a random other name word *of the same role*
     (a city for a city, a person's last name for a last name, ...), every year -> another year of ``years`` (the
@@ -597,10 +621,10 @@ class NameShuffler:
     def __call__(self, segments: list[Segment], rng: random.Random) -> list[Segment]:
         names: dict[str, str] = {}
         for words in self.groups:
-            names.update(zip(words, rng.sample(words, len(words))))
+            names.update(zip(words, permutation(rng, words)))
         years: dict[str, str] = {}
         if self.years:
-            years.update(zip(self.years, rng.sample(self.years, len(self.years))))
+            years.update(zip(self.years, permutation(rng, self.years)))
 
         def new_year() -> str:
             return rng.choice(self.years) if self.years else str(rng.randint(1000, 1999))
