@@ -28,11 +28,13 @@ def _read_trajectories(eval_dir: Path) -> dict[str, dict]:
 
 
 def pick_example(before: dict[str, dict], after: dict[str, dict]) -> str | None:
-    """The id of one test question the trained policy answers and the warm start does not (multi-hop first, then
-    the first id in order); None if there is none."""
+    """The id of one test question the trained policy answers and the warm start does not: a multi-hop one answered
+    after one search per hop first (a right answer after fewer searches is a lucky guess, not the second hop), then
+    any multi-hop one, then the first id in order; None if there is none."""
     won = [i for i in sorted(after) if i in before and after[i]["em"] > before[i]["em"]]
     multi = [i for i in won if after[i].get("hops") == 2]
-    return (multi or won or [None])[0]
+    searched = [i for i in multi if len(after[i].get("queries") or []) >= 2]
+    return (searched or multi or won or [None])[0]
 
 
 def format_example(rid: str, before: dict, after: dict, width: int = 600) -> str:
