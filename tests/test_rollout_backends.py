@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 from searchr1_lld.config import RolloutConfig
 from searchr1_lld.rollout.backends.base import GenerationOutput, StopDetector
-from searchr1_lld.rollout.backends.hf import HFBackend, sample_next_token, top_p_mask
+from searchr1_lld.rollout.backends.hf import HFBackend, cache_keyword, sample_next_token, top_p_mask
 from searchr1_lld.rollout.backends.vllm import (
     VLLMBackend,
     build_llm_kwargs,
@@ -96,6 +97,35 @@ def test_hf_greedy_batch_matches_single_prompt_and_forward_pass():
         ref, logits = _forward_logprobs(model, p, out.token_ids)
         assert torch.allclose(torch.tensor(out.logprobs), ref, atol=1e-4)
         assert out.token_ids[0] == int(logits[len(p) - 1].argmax())
+
+
+def test_hf_passes_the_kv_cache_by_the_name_the_model_takes():
+    class Old(torch.nn.Module):  # transformers 4.x: past_key_values
+        def forward(self, input_ids, attention_mask=None, past_key_values=None, use_cache=None):
+            return input_ids
+
+    class New(torch.nn.Module):  # transformers 5.x: cache (past_key_values deprecated, removed in 5.40)
+        def forward(self, input_ids, attention_mask=None, cache=None, use_cache=None, **kwargs):
+            return input_ids
+
+    class Wrapper(torch.nn.Module):  # passes **kwargs on to what it wraps (PEFT's models do)
+        def __init__(self, inner=None):
+            super().__init__()
+            self.model = inner
+
+        def forward(self, *args, **kwargs):
+            return self.model(*args, **kwargs)
+
+    assert cache_keyword(Old()) == "past_key_values" and cache_keyword(New()) == "cache"
+    assert cache_keyword(Wrapper(Old())) == "past_key_values" and cache_keyword(Wrapper(Wrapper(New()))) == "cache"
+    with pytest.raises(TypeError, match="neither"):
+        cache_keyword(Wrapper())
+    tok, model = make_tokenizer(), make_model()
+    with warnings.catch_warnings():  # the installed transformers' model: no deprecated keyword on any call
+        warnings.simplefilter("error", FutureWarning)
+        outs = HFBackend(model, tok).generate([enc("Where is Lake Varo?")], max_new_tokens=4, stop_strings=[],
+                                              temperature=1.0, top_p=1.0, greedy=True)
+    assert len(outs[0].token_ids) == 4
 
 
 def test_hf_stops_each_sequence_on_its_own_stop_string():

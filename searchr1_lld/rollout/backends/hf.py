@@ -13,6 +13,7 @@ Sampling (pure function :func:`sample_next_token`, the log-prob convention of ba
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Iterable, Optional
 
 import torch
@@ -56,6 +57,25 @@ def sample_next_token(
     return tokens, logp_all.gather(-1, tokens[:, None]).squeeze(-1)
 
 
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword ``model.forward`` takes its KV cache by: ``cache`` (transformers >= 5.x names it so and drops
+    ``past_key_values`` in 5.40) or ``past_key_values`` (the name before; the project supports transformers >= 4.51).
+
+    A wrapper whose forward passes ``**kwargs`` on (a PEFT model, a test harness) is looked through: the keyword is
+    that of the module it wraps (its ``module``, ``base_model`` or ``model`` attribute)."""
+    params = inspect.signature(model.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        for attr in ("module", "base_model", "model"):
+            inner = getattr(model, attr, None)
+            if isinstance(inner, torch.nn.Module) and inner is not model:
+                return cache_keyword(inner)
+    raise TypeError(f"{type(model).__name__}.forward takes neither `cache` nor `past_key_values` (nor wraps a module "
+                    "that does): cannot decode with a KV cache")
+
+
 class HFBackend(BackendBase):
     """Generation with a transformers causal LM (CPU or GPU), the learner's own module or a copy of it."""
 
@@ -75,6 +95,7 @@ class HFBackend(BackendBase):
         self.eos_ids = eos_token_ids(tokenizer, getattr(model, "generation_config", None))
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_id = int(pad if pad is not None else (min(self.eos_ids) if self.eos_ids else 0))
+        self.cache_keyword = cache_keyword(model)
 
     @property
     def device(self) -> torch.device:
@@ -144,8 +165,8 @@ class HFBackend(BackendBase):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
             use_cache=True,
+            **{self.cache_keyword: cache},
             logits_to_keep=1,
         )
         next_pos = position_ids[:, -1] + 1  # [B]
@@ -178,8 +199,8 @@ class HFBackend(BackendBase):
                 input_ids=tokens[:, None],
                 attention_mask=attention_mask,
                 position_ids=next_pos[:, None],
-                past_key_values=cache,
                 use_cache=True,
+                **{self.cache_keyword: cache},
             )
             next_pos = next_pos + 1
         return [GenerationOutput(tokens_out[b], logps_out[b], finish[b]) for b in range(B)]
