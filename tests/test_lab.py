@@ -405,3 +405,24 @@ def test_repo_relative_keeps_machine_paths_out_of_reports(tmp_path) -> None:
 
     assert repo_relative(lab.REPO_ROOT / ".cache" / "world-large") == ".cache/world-large"
     assert repo_relative(tmp_path / "world") == str(tmp_path / "world")
+
+
+def test_lab_grad_norm_panel_is_log_scaled_and_the_others_linear():
+    """One gradient-norm spike (695 before clipping on docs/lab/default-world's LLDS-MA seed 1) must not flatten the
+    other runs: that panel is drawn on a log axis, every other panel on a linear one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from searchr1_lld.lab.plots import LOG_SCALE_CURVES, _panel
+
+    recs = [{"step": s, "actor/grad_norm": g, "reward/em_mean": 0.1 * s} for s, g in ((1, 0.8), (2, 695.0), (3, 1.2))]
+    methods = [lab.METHODS["grpo"]]
+    fig, (ax_gn, ax_rw) = plt.subplots(1, 2)
+    _panel(ax_gn, {("grpo", 0): recs}, methods, "grad_norm", {}, fontsize=8)
+    _panel(ax_rw, {("grpo", 0): recs}, methods, "reward", {}, fontsize=8)
+    assert LOG_SCALE_CURVES == ("grad_norm",)
+    assert ax_gn.get_yscale() == "log" and ax_rw.get_yscale() == "linear"
+    assert list(ax_gn.lines[0].get_ydata()) == [0.8, 695.0, 1.2]
+    plt.close(fig)

@@ -25,6 +25,9 @@ CURVES: dict[str, tuple[str, str, str]] = {
 }
 # drawn only when some run logged them (eval/em: runs with trainer.eval_every > 0); the others always are
 OPTIONAL_CURVES = ("test_em",)
+# drawn on a log axis: one spike before clipping (695 on LLDS-MA seed 1 in docs/lab/default-world, others at 1-10)
+# flattens every other run on a linear axis
+LOG_SCALE_CURVES = ("grad_norm",)
 METHOD_COLORS = {"grpo": "#d62728", "llds_response": "#1f77b4", "llds_action": "#2ca02c", "llds_ma": "#9467bd"}
 
 
@@ -64,10 +67,23 @@ def _reference(ax: Any, references: dict[str, tuple[float, str]], key: str) -> N
         ax.axhline(value, color="black", ls="--", lw=1.0, label=f"{label} ({value:.3f})")
 
 
+def _panel(ax: Any, records_by_run: dict[tuple[str, int], list[dict]], methods: Sequence[Method], stem: str,
+           references: dict[str, tuple[float, str]], fontsize: int) -> None:
+    """One curve of :data:`CURVES` on ``ax``: the runs, the reference line, the titles and the axis scale."""
+    title, key, ylabel = CURVES[stem]
+    _draw(ax, records_by_run, methods, key)
+    _reference(ax, references, key)
+    if stem in LOG_SCALE_CURVES and ax.has_data():
+        ax.set_yscale("log")
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("step", fontsize=fontsize)
+    ax.set_ylabel(ylabel, fontsize=8)
+
+
 def plot_curves(records_by_run: dict[tuple[str, int], list[dict]], methods: Sequence[Method], out_dir: Path,
                 references: dict[str, tuple[float, str]] | None = None) -> list[Path]:
     """One PNG per curve of :data:`CURVES` (of :data:`OPTIONAL_CURVES` only those some run logged; methods
-    overlaid: thin = one seed, bold = mean over seeds) and ``overview.png`` with every such curve side by side. ``references``: metric name -> (value, label),
+    overlaid: thin = one seed, bold = mean over seeds; :data:`LOG_SCALE_CURVES` on a log axis) and ``overview.png`` with every such curve side by side. ``references``: metric name -> (value, label),
     drawn as a dashed horizontal line (e.g. the warm start's test EM). Returns the paths written."""
     import matplotlib
 
@@ -81,13 +97,9 @@ def plot_curves(records_by_run: dict[tuple[str, int], list[dict]], methods: Sequ
     for stale in (out_dir / f"{stem}.png" for stem in CURVES.keys() - curves.keys()):
         stale.unlink(missing_ok=True)  # a curve an earlier report of this dir drew
     written = []
-    for stem, (title, key, ylabel) in curves.items():
+    for stem in curves:
         fig, ax = plt.subplots(figsize=(6, 3.4))
-        _draw(ax, records_by_run, methods, key)
-        _reference(ax, references, key)
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("step")
-        ax.set_ylabel(ylabel, fontsize=8)
+        _panel(ax, records_by_run, methods, stem, references, fontsize=10)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
         fig.tight_layout()
@@ -98,12 +110,8 @@ def plot_curves(records_by_run: dict[tuple[str, int], list[dict]], methods: Sequ
     cols = 3
     rows = math.ceil(len(curves) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3 * rows), squeeze=False)
-    for ax, (stem, (title, key, ylabel)) in zip(axes.flat, curves.items()):
-        _draw(ax, records_by_run, methods, key)
-        _reference(ax, references, key)
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("step", fontsize=8)
-        ax.set_ylabel(ylabel, fontsize=8)
+    for ax, stem in zip(axes.flat, curves):
+        _panel(ax, records_by_run, methods, stem, references, fontsize=8)
     for ax in list(axes.flat)[len(curves):]:
         ax.axis("off")
     handles, labels = [], []
