@@ -160,6 +160,12 @@ def test_trend_and_verdict():
     # the trainer's online label alone (phase/name) does not make a verdict: the phases are recomputed
     online = lab.phase_summary(_records([0.1] * 3, [-1.0] * 3, ["healthy", "healthy", "accelerated_collapse"]))
     assert lab.lld_verdict(flat, online) == "none"
+    # the reward falling to nothing is a collapse even when the detector, which reads the likelihood, stays healthy
+    fell = _records([0.4] * 6 + [0.0] * 6, [-1.0] * 12, ["healthy"] * 12)
+    fell_phases = lab.phase_summary(fell)
+    # step 8: the first whose two-step mean (steps 7-8: 0.0) is at or below 0.3 x the peak 0.4 (step 7: 0.2 is not)
+    assert fell_phases["collapse_step"] is None and fell_phases["warning"]["collapse_step"] == 8
+    assert lab.lld_verdict(lab.trend_summary(fell), fell_phases) == "collapse"
 
 
 def test_aggregate_mean_std_per_method():

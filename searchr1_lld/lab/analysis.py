@@ -98,13 +98,16 @@ def trend_summary(records: Sequence[dict[str, Any]]) -> dict[str, float]:
 def lld_verdict(trend: dict[str, float], phases: dict[str, Any]) -> str:
     """The run's verdict, computed (never written by hand): one of ``collapse``, ``LLD``, ``none``.
 
-    ``collapse``: the detector reported accelerated_collapse, held for the run-proportional persistence;
+    ``collapse``: the detector reported accelerated_collapse, held for the run-proportional persistence, or the
+    training reward collapsed (``phases["warning"]["collapse_step"]``: judged from the reward alone; a run whose
+    reward falls to nothing while the likelihood of its few correct responses holds, as the LLDS action gate's seed 0
+    at lr 1e-3 in docs/lab/pilot-large-quoted-lr1e-3, has collapsed all the same);
     ``LLD``: reward ended higher than it started (by more than ``REWARD_MARGIN``) while the likelihood of correct
     responses ended lower (by more than ``LLD_MARGIN`` nats/token): the sampled correct responses' per-token
     log-likelihood, or the probe set's (the same correct responses re-measured, which sampling noise cannot fake);
     ``none``: otherwise (a steady_decay report without that end-to-end pattern is not called LLD).
     """
-    if phases["collapse_step"] is not None:
+    if phases["collapse_step"] is not None or phases["warning"]["collapse_step"] is not None:
         return "collapse"
     r0, r1 = trend["reward_start"], trend["reward_end"]
     reward_up = finite(r0) and finite(r1) and r1 > r0 + REWARD_MARGIN

@@ -259,7 +259,7 @@ def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path], n
         "that did not collapse raised one). *Collapse alarm*: the probe set's log-likelihood per token at least "
         f"{PhaseThresholds().drawdown_alarm_logp} nats below its best measurement (held as long as a phase must), "
         "with its lead counted the same way. Verdict (computed): `collapse` "
-        "(accelerated_collapse reported), `LLD` (mean of the last "
+        "(accelerated_collapse reported, or the reward collapsed as judged above), `LLD` (mean of the last "
         f"{TREND_WINDOW} values vs the first {TREND_WINDOW}: reward up by more than {REWARD_MARGIN} while the "
         f"correct-response or probe-set log-likelihood per token is down by more than {LLD_MARGIN} nats), `none`.",
         "",
