@@ -432,3 +432,20 @@ def test_lab_grad_norm_panel_is_log_scaled_and_the_others_linear():
     assert ax_gn.get_yscale() == "log" and ax_rw.get_yscale() == "linear"
     assert list(ax_gn.lines[0].get_ydata()) == [0.8, 695.0, 1.2]
     plt.close(fig)
+
+
+def test_notes_links_are_rewritten_to_resolve_from_the_report(tmp_path):
+    """The notes are written from docs/ but embedded in docs/lab/<report>/README.md: their relative links must still
+    point at the same files (they did not before: every report's 'Experiments tried' links were broken)."""
+    from searchr1_lld.lab.report import relink
+
+    docs, out = tmp_path / "docs", tmp_path / "docs" / "lab" / "large-quoted-lr7e-4"
+    notes = ("see [the pilot](lab/pilot-x/README.md), ![curve](lab/large-curve/test_em.png), "
+             "[design](../README.md#the-lab), [paper](https://arxiv.org/abs/2512.04220), [up](#session-23), "
+             "[abs](/etc/x) and `code](not a link`")
+    assert relink(notes, docs, out) == (
+        "see [the pilot](../pilot-x/README.md), ![curve](../large-curve/test_em.png), "
+        "[design](../../../README.md#the-lab), [paper](https://arxiv.org/abs/2512.04220), [up](#session-23), "
+        "[abs](/etc/x) and `code](not a link`")
+    # the same folder: nothing moves
+    assert relink(notes, docs, docs) == notes

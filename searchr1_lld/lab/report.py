@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -194,6 +196,27 @@ def curve_section(s: dict[str, Any]) -> list[str]:
                          f"{fmt(c['last_em'])} ({c['last_step']}) | "
                          f"{'-' if c['at_least_warm'] is None else c['at_least_warm']} of {c['evaluations']} |")
     return [*lines, ""]
+
+
+_MD_LINK = re.compile(r"(\]\()([^)\s]+)(\))")
+
+
+def relink(markdown: str, from_dir: str | Path, to_dir: str | Path) -> str:
+    """``markdown`` written in ``from_dir`` (the notes file's folder) with every relative link and image path rewritten
+    to resolve from ``to_dir`` (the report's folder): ``[x](lab/large/README.md)`` read from ``docs/`` becomes
+    ``[x](../large/README.md)`` in ``docs/lab/large-quoted-lr7e-4``. URLs, anchors (``#...``) and absolute paths are
+    kept; an anchor after a path is carried along."""
+    src, dst = Path(from_dir).resolve(), Path(to_dir).resolve()
+
+    def fix(m: re.Match) -> str:
+        target = m.group(2)
+        if re.match(r"^([a-z][a-z0-9+.-]*:|#|/)", target, flags=re.IGNORECASE):
+            return m.group(0)
+        path, sep, anchor = target.partition("#")
+        moved = os.path.relpath(os.path.normpath(src / path), dst).replace(os.sep, "/")
+        return f"{m.group(1)}{moved}{sep}{anchor}{m.group(3)}"
+
+    return _MD_LINK.sub(fix, markdown)
 
 
 def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path], notes: str | None) -> Path:

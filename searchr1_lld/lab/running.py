@@ -17,7 +17,7 @@ from searchr1_lld.lab.analysis import (TEST_EM_KEY, aggregate, aggregate_curves,
 from searchr1_lld.lab.methods import (REPO_ROOT, RUN_KEYS, RUN_PLAN, RUN_RECORD, Method, check_only_llds_differs,
                                       method_config, run_name, shared_settings)
 from searchr1_lld.lab.plots import plot_curves
-from searchr1_lld.lab.report import fmt, write_report
+from searchr1_lld.lab.report import fmt, relink, write_report
 
 
 def resolve_world_dir(cfg: Config, world_dir: str | None) -> Path:
@@ -482,7 +482,8 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
     out_dir.mkdir(parents=True, exist_ok=True)
     records_by_run = {(r["method"], r["seed"]): load_records(r["run_dir"]) for r in runs}
     pngs = plot_curves(records_by_run, methods, out_dir, references={TEST_EM_KEY: (warm["eval"]["em"], "warm start")})
-    notes_text = Path(notes).read_text() if notes and Path(notes).is_file() else None
+    # the notes' links are written from the notes file's folder; the report lives in out_dir
+    notes_text = relink(Path(notes).read_text(), Path(notes).parent, out_dir) if notes and Path(notes).is_file() else None
     summary = {
         "quick": quick, "report_only": report_only, "command": command, "config_path": repo_relative(config_path), "overrides": list(overrides),
         "seeds": list(seeds), "methods": [dataclasses.asdict(m) for m in methods],
