@@ -204,7 +204,7 @@ _MD_LINK = re.compile(r"(\]\()([^)\s]+)(\))")
 def relink(markdown: str, from_dir: str | Path, to_dir: str | Path) -> str:
     """``markdown`` written in ``from_dir`` (the notes file's folder) with every relative link and image path rewritten
     to resolve from ``to_dir`` (the report's folder): ``[x](lab/large/README.md)`` read from ``docs/`` becomes
-    ``[x](../large/README.md)`` in ``docs/lab/large-quoted-lr7e-4``. URLs, anchors (``#...``) and absolute paths are
+    ``[x](../large/README.md)`` in ``docs/lab/large-curve``. URLs, anchors (``#...``) and absolute paths are
     kept; an anchor after a path is carried along."""
     src, dst = Path(from_dir).resolve(), Path(to_dir).resolve()
 
