@@ -295,6 +295,41 @@ def test_segments_match_the_rollout_token_layout(tiny_world: Path, tiny_tokenize
     assert sum(mask) == len(tiny_tokenizer.encode(generated, add_special_tokens=False))
 
 
+def test_batched_tokenisation_equals_one_call_per_piece(tiny_world: Path, tiny_tokenizer, world_rows) -> None:
+    """tokenize_many over many trajectories (every plan kind, names shuffled) gives, trajectory by trajectory, the
+    ids of encoding each piece on its own: the prompt with special tokens, an observation through
+    ObservationTokenizer (cut when it is longer than max_obs_length: here 40 tokens, so some are), the rest without."""
+    from retriever.inprocess import InProcessRetriever
+    from searchr1_lld.rollout.agent_loop import ObservationTokenizer
+
+    plans = TP.plan_trajectories(world_rows, 24, quality=0.5, seed=3, one_hop_share=0.5)
+    queries = sorted({q for p in plans for q in p.queries})
+    hits_of = dict(zip(queries, InProcessRetriever(tiny_world / "index").search(queries, 3)))
+    rng = random.Random(0)
+    renamer = TP.NameShuffler(TP._name_pool(world_rows, list(hits_of.values()), None))
+    trajectories = [renamer(TP.render_segments(p, hits_of, tiny_tokenizer.eos_token, rng), rng) for p in plans]
+    observe = ObservationTokenizer(tiny_tokenizer, 40)
+
+    def one_by_one(segments):
+        ids, mask = [], []
+        for k, seg in enumerate(segments):
+            if k == 0 and not seg.generated:
+                piece = tiny_tokenizer.encode(seg.text, add_special_tokens=True)
+            elif seg.hits is not None:
+                piece = observe(seg.hits)
+            else:
+                piece = tiny_tokenizer.encode(seg.text, add_special_tokens=False)
+            ids += piece
+            mask += [int(seg.generated)] * len(piece)
+        return ids, mask
+
+    expected = [one_by_one(segs) for segs in trajectories]
+    assert TP.tokenize_many(trajectories, tiny_tokenizer, max_obs_length=40) == expected
+    assert any(len(tiny_tokenizer.encode(TP.format_observation(s.hits), add_special_tokens=False)) > 40
+               for segs in trajectories for s in segs if s.hits is not None)  # the cut path ran
+    assert TP.tokenize_many([], tiny_tokenizer) == []
+
+
 def test_quote_think_quotes_the_passage_up_to_the_answer() -> None:
     """The quote starts at the last mention of the passage's title before the answer (the title line is not quoted),
     ends with the first whole-word occurrence of the answer in the first passage that names it; a guess after a
