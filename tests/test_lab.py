@@ -248,7 +248,7 @@ def _table(md: str, heading: str) -> list[list[str]]:
 
 
 @pytest.mark.slow
-def test_quick_lab_report_is_consistent(tmp_path, tiny_world):
+def test_quick_lab_report_is_consistent(tmp_path, tiny_world, monkeypatch):
     out, runs_dir = tmp_path / "report", tmp_path / "runs"
     notes = tmp_path / "notes.md"
     notes.write_text("tried nothing yet\n")
@@ -359,6 +359,19 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world):
     md2 = (out2 / "README.md").read_text()
     for heading in ("## Test exact match", "## Phases detected by the monitor", "## Copy or recall"):
         assert _table(md2, heading) == _table(md, heading)
+    # ... also when the world the config names is not built (a recipe edit renames the world dir): the report then
+    # reads the world the runs recorded, and says so
+    from searchr1_lld.lab import running
+
+    monkeypatch.setattr(running, "resolve_world_dir", lambda cfg, world_dir: tmp_path / "world-not-built")
+    assert running.trained_world_dir(runs_dir) == tiny_world
+    out3 = tmp_path / "report-trained-world"
+    assert lab.main(["--quick", "--report-only", "--out", str(out3), "--runs-dir", str(runs_dir),
+                     "--notes", str(notes)]) == 0
+    md3 = (out3 / "README.md").read_text()
+    for heading in ("## Test exact match", "## Copy or recall"):
+        assert _table(md3, heading) == _table(md, heading)
+    monkeypatch.undo()
     # another sample count: the finished runs are scored again from their last checkpoint (the final policy), which
     # reproduces the in-memory score when the count is the same (one sampling seed for every policy)
     first = {m.key: json.loads((runs_dir / f"{m.key}-seed0" / "lab_run.json").read_text())["eval_sampled"]

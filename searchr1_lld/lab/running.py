@@ -36,6 +36,18 @@ def resolve_world_dir(cfg: Config, world_dir: str | None) -> Path:
     return REPO_ROOT / ".cache" / f"lab-world-{world_config_hash(world)}"
 
 
+def trained_world_dir(runs_dir: Path) -> Path | None:
+    """The one world dir the finished runs in ``runs_dir`` record (their lab_run.json's ``data.world_dir``) when it
+    still holds a world (world.json); None when the runs name none, several, or one that is gone."""
+    from data.build_world import read_card
+
+    recorded = {json.loads(p.read_text())["config"]["data"]["world_dir"] for p in runs_dir.glob(f"*/{RUN_RECORD}")}
+    if len(recorded) != 1:
+        return None
+    path = Path(recorded.pop())
+    return path if read_card(path) is not None else None
+
+
 def prepare_world(cfg: Config, world_dir: Path, explicit: bool) -> dict[str, Any]:
     """Build the world if needed and return its card. An explicit ``--world-dir`` that holds a world is used as is."""
     from data.build_world import ensure_world, read_card
@@ -388,6 +400,16 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
     out_dir, runs_dir = Path(out_dir), Path(runs_dir)
     base = load_config(config_path, list(overrides))
     wdir = resolve_world_dir(base, world_dir)
+    from data.build_world import read_card
+
+    if report_only and world_dir is None and read_card(wdir) is None:
+        # the world hash covers the recipe's source, so an edit of it (even one that builds the same weights) names
+        # another dir: a report of finished runs reads the world they trained on
+        trained = trained_world_dir(runs_dir)
+        if trained is not None:
+            print(f"[lab] --report-only: {wdir} holds no world; reading the one the runs trained on, {trained}",
+                  flush=True)
+            wdir = trained
     configs = {(m.key, s): method_config(config_path, overrides, m, s, world_dir=wdir, runs_dir=runs_dir)
                for s in seeds for m in methods}
     check_only_llds_differs(list(configs.values()))
