@@ -133,11 +133,6 @@ _FIXED_WORDS = {"River", "Industries", "Works", "Company", "Holdings", "Trading"
 NAME_WORD_REPEATS = 64  # occurrences of each name word in the tokenizer's training text
 
 
-def encode(tokenizer, text: str) -> list[int]:
-    """How the rollout tokenises one piece of text (no special tokens added)."""
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Model
 # ----------------------------------------------------------------------------------------------------------------
@@ -350,8 +345,9 @@ def tokenize_many(segment_lists: list[list[Segment]], tokenizer, max_obs_length:
                   ) -> list[tuple[list[int], list[int]]]:
     """``tokenize_segments`` of every trajectory in ``segment_lists``, each piece still encoded on its own but all
     pieces of a kind in one batched tokenizer call (the prompts with special tokens, every other piece without):
-    the same ids as a call per piece, without the per-call overhead that was ~40 s of the default world's 64,000
-    drills. An observation longer than ``max_obs_length`` tokens is cut by ``ObservationTokenizer``."""
+    the same ids as a call per piece, with less overhead (8,000 of the default world's 64,000 drills: 3.9 s against
+    5.4 s, docs/lab/warm_start.md, session 24). An observation longer than ``max_obs_length`` tokens is cut by
+    ``ObservationTokenizer``."""
     from searchr1_lld.rollout.agent_loop import ObservationTokenizer
 
     observe = ObservationTokenizer(tokenizer, max_obs_length)
