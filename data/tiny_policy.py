@@ -347,33 +347,33 @@ def tokenize_many(segment_lists: list[list[Segment]], tokenizer, max_obs_length:
     pieces of a kind in one batched tokenizer call (the prompts with special tokens, every other piece without):
     the same ids as a call per piece, with less overhead (8,000 of the default world's 64,000 drills: 3.9 s against
     5.4 s, docs/lab/warm_start.md, session 24). An observation longer than ``max_obs_length`` tokens is cut by
-    ``ObservationTokenizer``."""
+    ``ObservationTokenizer.fit``."""
     from searchr1_lld.rollout.agent_loop import ObservationTokenizer
 
     observe = ObservationTokenizer(tokenizer, max_obs_length)
-    prompts: list[str] = []
-    pieces: list[str] = []
-    where: list[list[tuple[bool, int]]] = []  # per trajectory, per segment: (is the prompt, index in its list)
+
+    def is_prompt(k: int, seg: Segment) -> bool:
+        return k == 0 and not seg.generated
+
+    prompts, pieces = [], []  # in order of appearance: the prompts, every other piece (an observation as its block)
     for segments in segment_lists:
-        slots = []
         for k, seg in enumerate(segments):
-            if k == 0 and not seg.generated:  # the prompt
-                slots.append((True, len(prompts)))
+            if is_prompt(k, seg):
                 prompts.append(seg.text)
             else:
-                slots.append((False, len(pieces)))
                 pieces.append(seg.text if seg.hits is None else format_observation(seg.hits))
-        where.append(slots)
-    prompt_ids = tokenizer(prompts, add_special_tokens=True)["input_ids"] if prompts else []
-    piece_ids = tokenizer(pieces, add_special_tokens=False)["input_ids"] if pieces else []
+    prompt_ids = iter(tokenizer(prompts, add_special_tokens=True)["input_ids"] if prompts else [])
+    piece_ids = iter(zip(pieces, tokenizer(pieces, add_special_tokens=False)["input_ids"] if pieces else []))
     out = []
-    for segments, slots in zip(segment_lists, where):
+    for segments in segment_lists:
         ids: list[int] = []
         mask: list[int] = []
-        for seg, (is_prompt, i) in zip(segments, slots):
-            piece = list(prompt_ids[i] if is_prompt else piece_ids[i])
-            if seg.hits is not None and len(piece) > max_obs_length:
-                piece = observe(seg.hits)
+        for k, seg in enumerate(segments):
+            if is_prompt(k, seg):
+                piece = list(next(prompt_ids))
+            else:
+                text, piece = next(piece_ids)
+                piece = observe.fit(text, piece) if seg.hits is not None else list(piece)
             ids += piece
             mask += [int(seg.generated)] * len(piece)
         out.append((ids, mask))

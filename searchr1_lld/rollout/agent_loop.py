@@ -104,7 +104,11 @@ class ObservationTokenizer:
 
     def __call__(self, hits: list[dict]) -> list[int]:
         text = P.format_observation(hits)
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return self.fit(text, self.tokenizer.encode(text, add_special_tokens=False))
+
+    def fit(self, text: str, ids: list[int]) -> list[int]:
+        """The block's ids from ``ids``, the encoding of the whole block ``text``: as they are when they fit, else
+        the documents cut and the closing tag kept."""
         if len(ids) <= self.max_obs_length:
             return list(ids)
         cut = text.rfind(P.INFO_CLOSE)
