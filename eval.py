@@ -1,8 +1,9 @@
 """Evaluate Search-R1 checkpoints: greedy multi-turn rollouts -> EM per benchmark -> paper-style tables.
 
 Examples
-    # the synthetic world's test split (built on demand), its index, its tiny policy
-    python eval.py --datasets synthetic --out runs/eval-tiny
+    # the synthetic world's test split, its index, its tiny policy (python -m searchr1_lld.world build --out .cache/world)
+    python eval.py --model .cache/world/model --index .cache/world/index --template tiny \
+        --datasets synthetic=.cache/world/qa/test.jsonl --out runs/eval-tiny
     # a trained checkpoint on the seven FlashRAG benchmarks through the retriever service (the run's own config.yaml
     # supplies the prompt template, rollout lengths, datasets and the tokenizer of its base model)
     python eval.py --model RUN/checkpoints/step_001005/policy --config RUN/config.yaml \
@@ -14,7 +15,7 @@ Examples
     # four processes, then merge
     for i in 0 1 2 3; do python eval.py ... --shard $i/4 & done; wait; python eval.py --merge --out DIR
     # compare checkpoints (evaluated here, into OUT/NAME) or finished eval dirs; gain is relative to the first
-    python eval.py --compare grpo=PATH1 llds=PATH2 --datasets synthetic --out runs/cmp
+    python eval.py --compare grpo=PATH1 llds=PATH2 --config RUN/config.yaml --out runs/cmp
     python eval.py --compare-dirs runs/grpo/eval runs/llds/eval --out runs/cmp
 
 Outputs in --out: results.json, results.md, results.csv, trajectories.jsonl (resumable: finished rows are skipped)
@@ -40,10 +41,10 @@ from searchr1_lld.config import load_config
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", help="checkpoint dir or hub id (default for synthetic: WORLD_DIR/model)")
-    p.add_argument("--tokenizer", help="tokenizer dir or hub id (default: the model's; synthetic: WORLD_DIR/tokenizer)")
-    p.add_argument("--datasets", help="comma list of nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,musique,bamboogle,"
-                                      "synthetic, or 'all' (default: eval.datasets of the config)")
+    p.add_argument("--model", help="checkpoint dir or hub id (default: model.path of the config)")
+    p.add_argument("--tokenizer", help="tokenizer dir or hub id (default: the model's, else model.tokenizer_path)")
+    p.add_argument("--datasets", help="comma list of nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,musique,bamboogle, "
+                                      "'all', or NAME=PATH rows files (default: eval.datasets of the config)")
     p.add_argument("--split", help="dataset split (default: test, else dev)")
     p.add_argument("--flashrag-dir", help="local mirror of the FlashRAG files, DIR/<name>/<split>.jsonl "
                                           "(default: $FLASHRAG_LOCAL_DIR, else the HF hub)")
@@ -51,8 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retriever-token", default=os.environ.get("SEARCHR1_RETRIEVER_TOKEN") or None,
                    help="bearer token of a service started with --token (default: $SEARCHR1_RETRIEVER_TOKEN, else "
                         "retriever.token of the config)")
-    p.add_argument("--index", help="index dir for an in-process retriever (default for synthetic: WORLD_DIR/index)")
-    p.add_argument("--world-dir", default=None, help="synthetic world dir (default: data.world_dir, .cache/world)")
+    p.add_argument("--index", help="index dir for an in-process retriever (default: retriever.index_dir of the config)")
     p.add_argument("--out", required=True, help="output dir")
     p.add_argument("--name", default="", help="row label in the tables (default: the output dir's name)")
     p.add_argument("--config", help="YAML config whose rollout/data/eval settings apply (default: built-in defaults)")
@@ -81,12 +81,12 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
     """Config + flags -> the settings of this evaluation (flags win over the config's eval section)."""
     cfg = load_config(args.config, args.set)
     e = cfg.eval
+    if not (args.datasets or e.datasets):
+        raise ev.EvalError("no dataset: --datasets (or eval.datasets in --config)")
     datasets = ev.parse_datasets(args.datasets if args.datasets else e.datasets)
-    world_dir = Path(args.world_dir or cfg.data.world_dir)
     return {
         "cfg": cfg,
         "datasets": datasets,
-        "world_dir": world_dir,
         "limit": e.limit if args.limit is None else args.limit,
         "batch_size": e.batch_size if args.batch_size is None else args.batch_size,
         "rollout_cfg": ev.eval_rollout_config(cfg.rollout, max_turns=args.max_turns or e.max_turns,
@@ -98,29 +98,16 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _ensure_world(world_dir: Path, cfg: Any) -> None:
-    """Build the synthetic world (from data.world_config) when WORLD_DIR has none; an existing world is used as it is."""
-    from data.build_world import ensure_world, read_card
-
-    from searchr1_lld.config import load_world_config
-
-    if read_card(world_dir) is None:
-        print(f"building the synthetic world in {world_dir} ...", file=sys.stderr)
-        ensure_world(world_dir, load_world_config(cfg.data.world_config or None))
-
-
-def _default_tokenizer(model_path: str, cfg: Any, world_dir: Path, synthetic: bool) -> str:
+def _default_tokenizer(model_path: str, cfg: Any) -> str:
     """The model dir when it holds a tokenizer; a hub id (no such local path: a released checkpoint carries its
     tokenizer); else the config's model.tokenizer_path / model.path (a run's saved config.yaml names its base model);
-    else the synthetic world's tokenizer; else the model path itself."""
+    else the model path itself."""
     if Path(model_path).is_dir() and any((Path(model_path) / f).exists()
                                          for f in ("tokenizer.json", "tokenizer_config.json")):
         return model_path
     if not Path(model_path).exists():
         return model_path
-    if cfg.model.tokenizer_path or cfg.model.path:
-        return cfg.model.tokenizer_path or cfg.model.path
-    return str(world_dir / "tokenizer") if synthetic else model_path
+    return cfg.model.tokenizer_path or cfg.model.path or model_path
 
 
 def _retriever_config(cfg: Any, args: argparse.Namespace, index: str | None) -> Any:
@@ -136,13 +123,11 @@ def _retriever_config(cfg: Any, args: argparse.Namespace, index: str | None) -> 
 
 def evaluate_checkpoint(model: str | None, out_dir: Path, name: str, s: dict[str, Any], args: argparse.Namespace,
                         get_retriever: Callable[[], Any]) -> dict[str, Any] | None:
-    synthetic = ev.SYNTHETIC in s["datasets"]
-    model_path = model or (str(s["world_dir"] / "model") if synthetic else None)
+    model_path = model or s["cfg"].model.path
     if not model_path:
-        raise ev.EvalError("--model is required for benchmark datasets")
-    tok_path = args.tokenizer or _default_tokenizer(model_path, s["cfg"], s["world_dir"], synthetic)
-    rows = ev.load_eval_rows(s["datasets"], world_dir=s["world_dir"], limit=s["limit"], split=args.split,
-                             flashrag_dir=args.flashrag_dir)
+        raise ev.EvalError("no model: --model (or model.path in --config)")
+    tok_path = args.tokenizer or _default_tokenizer(model_path, s["cfg"])
+    rows = ev.load_eval_rows(s["datasets"], limit=s["limit"], split=args.split, flashrag_dir=args.flashrag_dir)
     shard = ev.parse_shard(args.shard)
     provenance = ev.eval_provenance(model_path=model_path, tokenizer_path=tok_path, rows_by_dataset=rows,
                                     rollout_cfg=s["rollout_cfg"], template=s["template"], backend=s["backend"],
@@ -175,15 +160,13 @@ def _main(argv: list[str] | None = None) -> int:
         res = ev.merge_shards(out, order=s["datasets"], name=args.name)
         print(ev.markdown_table([(res["name"], res)]))
         return 0
-    if ev.SYNTHETIC in s["datasets"]:
-        _ensure_world(s["world_dir"], s["cfg"])  # first: a model path may point into the world
     # a missing model dir is named now, not as a hub-id error after the index is loaded
     models = [("--model", args.model)]
     models += [(f"--compare {item.partition('=')[0]}", item.partition("=")[2]) for item in args.compare or []]
     for what, path in models:
         check_model_source(path or "", what)
     check_model_source(args.tokenizer or "", "--tokenizer", tokenizer=True)
-    index = args.index or (str(s["world_dir"] / "index") if ev.SYNTHETIC in s["datasets"] else None)
+    index = args.index or (s["cfg"].retriever.index_dir if s["cfg"].retriever.mode == "inprocess" else None)
     s["retriever_source"] = args.retriever_url or (str(Path(index).resolve()) if index else "")
     cache: list[Any] = []
 

@@ -3,14 +3,18 @@
     python train.py --config configs/tiny.yaml [dotted.key=value ...]
     accelerate launch --config_file configs/accelerate/zero2_8gpu.yaml train.py --config configs/... [overrides]
 
+``--world configs/world/default.yaml [--world-dir .cache/world]`` first builds the synthetic world there if it is not
+built yet (one process per machine builds, the others wait), then trains on it: its policy, index and splits are
+named through the run config's own keys (model.path, retriever.index_dir, data.train_files, data.test_files).
+
 The run directory is trainer.output_dir/trainer.run_name; without a run_name it is derived from the config
 (``runs/<config name>-<hash of the settings>``), so rerunning the same command resumes the same run from its last
 checkpoint. ``--resume RUN_DIR`` (or a checkpoint dir) continues a run with the config it was started with. A resumed
 run whose config differs from its saved config.yaml is refused (the differing keys are listed); keys that are safe to
 change (trainer.total_steps, ...) may be changed with ``--allow-change KEY``.
 
-Prints the run directory at start and end; evaluates greedy test EM before and after training (synthetic world test
-split) and writes the before/after table to RUN/eval.md. The Python API is ``searchr1_lld.trainer.train(cfg)``.
+Prints the run directory at start and end; evaluates greedy EM on data.test_files before and after training and
+writes the before/after table to RUN/eval.md. The Python API is ``searchr1_lld.trainer.train(cfg)``.
 """
 
 from __future__ import annotations
@@ -40,11 +44,21 @@ def _resume_target(path: str) -> tuple[Path, str]:
 
 
 def config_reference() -> str:
-    """The run config's keys, then the synthetic world's (configs/world/*.yaml, data.world_config)."""
-    from searchr1_lld.config import WorldConfig, format_help
+    """The run config's keys, then the synthetic world's (configs/world/*.yaml, train.py --world)."""
+    from searchr1_lld.config import format_help
+    from searchr1_lld.world import WorldConfig
 
-    return (format_help() + "\n# The synthetic world (configs/world/*.yaml, named by data.world_config):\n\n"
+    return (format_help() + "\n# The synthetic world (configs/world/*.yaml, train.py --world FILE):\n\n"
             + format_help(WorldConfig, prefix="world."))
+
+
+def world_overrides(world_config: str, world_dir: str) -> list[str]:
+    """Build (local rank 0) or wait for (the other ranks) the world of ``world_config`` in ``world_dir``; return
+    the run-config overrides that train on it."""
+    from searchr1_lld.world import ensure_world_on_ranks, load_world_config, trainer_overrides
+
+    ensure_world_on_ranks(world_dir, load_world_config(world_config))
+    return trainer_overrides(world_dir)
 
 
 def _main(argv: list[str] | None = None) -> int:
@@ -55,6 +69,9 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-change", action="append", default=[], metavar="KEY",
                         help="on resume, accept a changed value of KEY (only keys that are safe to change, e.g. "
                              "trainer.total_steps; repeat for several)")
+    parser.add_argument("--world", metavar="FILE", help="train on the synthetic world of this world config "
+                        "(configs/world/*.yaml), built into --world-dir first if needed")
+    parser.add_argument("--world-dir", default=".cache/world", help="where the --world world lives (default: %(default)s)")
     parser.add_argument("--no-eval", action="store_true", help="skip the before/after test evaluation")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of user errors too")
     parser.add_argument("--help-config", action="store_true",
@@ -72,12 +89,16 @@ def _main(argv: list[str] | None = None) -> int:
         if config is None and (run_dir / "config.yaml").is_file():
             config = str(run_dir / "config.yaml")
         overrides.append(f"trainer.resume={resume}")
+    if args.world:
+        overrides = world_overrides(args.world, args.world_dir) + overrides  # the command line's own keys win
     cfg = load_config(config or DEFAULT_CONFIG, overrides)
-    world = Path(cfg.data.world_dir).resolve()
     for value, key, is_tok in ((cfg.model.path, "model.path", False),
                                (cfg.model.tokenizer_path, "model.tokenizer_path", True)):
-        if value and world not in Path(value).expanduser().resolve().parents:  # (the world may not be built yet)
+        try:
             check_model_source(value, key, tokenizer=is_tok)
+        except UserError as e:
+            raise UserError(f"{e} (a synthetic world's policy and tokenizer: train.py --world "
+                            f"configs/world/default.yaml, or python -m searchr1_lld.world build)") from None
 
     from searchr1_lld.tracking import quiet_library_output
     from searchr1_lld.trainer import Trainer

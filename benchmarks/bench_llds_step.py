@@ -41,7 +41,7 @@ import torch
 
 from searchr1_lld import policy_logprobs
 from searchr1_lld.algo.objective import ObjectiveSpec, mini_batch_denominators, objective
-from searchr1_lld.config import WorldConfig
+from searchr1_lld.world.config import WorldConfig
 
 SPEC = ObjectiveSpec(policy_loss="ppo_clip", kl_coef=0.001, kl_type="low_var_kl", entropy_coef=0.001,
                      llds_gate="action")

@@ -35,7 +35,7 @@ def find_world(arg: str | None) -> Path:
     sys.path.insert(0, str(ROOT / "tests"))
     from conftest import TEST_WORLD_CONFIG, test_world_dir  # noqa: E402
 
-    from data.build_world import ensure_world
+    from searchr1_lld.world import ensure_world
 
     return ensure_world(test_world_dir(), TEST_WORLD_CONFIG, progress=True)
 

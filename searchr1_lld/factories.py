@@ -1,5 +1,6 @@
-"""Set-up of the learner, one factory per thing: the accelerator, the synthetic world (when needed), the policy and
-its tokenizer, the frozen reference, the rollout engine's module, the retriever, the QA rows."""
+"""Set-up of the learner, one factory per thing: the accelerator, the policy and its tokenizer, the frozen reference,
+the rollout engine's module, the retriever, the QA rows. Everything is named by the config (``model.path``,
+``retriever.*``, ``data.*``); nothing here builds data, indexes or models."""
 
 from __future__ import annotations
 
@@ -54,50 +55,15 @@ def configure_deepspeed(accelerator: Any, tc: Any) -> None:
     ds_config["train_micro_batch_size_per_gpu"] = 1
 
 
-def resolve_world(cfg: Config) -> Path | None:
-    """The synthetic world dir (built on demand) when the run needs it, else None."""
-    needs = cfg.data.source == "synthetic" or not cfg.model.path or (
-        cfg.retriever.mode == "inprocess" and not cfg.retriever.index_dir
-    )
-    return ensure_run_world(cfg) if needs else None
-
-
-def ensure_run_world(cfg: Config) -> Path:
-    """``data.world_dir`` holding the world of ``data.world_config`` (built there, or rebuilt when its world.json has
-    another config hash); ``data.world_config`` '' = the finished world already in ``data.world_dir``, as it is."""
-    from data.build_world import ensure_world, read_card
-
-    from searchr1_lld.config import ConfigError, load_world_config
-
-    world_dir = Path(cfg.data.world_dir)
-    if cfg.data.world_config:
-        return Path(ensure_world(world_dir, load_world_config(cfg.data.world_config), progress=True))
-    if read_card(world_dir) is None:
-        raise ConfigError(f"data.world_config is '' (use the world as it is) but {world_dir} holds no finished world "
-                          f"(no world.json); build one with `python -m data.build_world --out {world_dir}`")
-    return world_dir
-
-
-def world_hash(world_dir: Path | None) -> str | None:
-    """The config hash recorded in the world's manifest (world.json); None without a world."""
-    from data.build_world import read_card
-
-    card = read_card(world_dir) if world_dir is not None else None
-    return card.get("config_hash") if card else None
-
-
-def policy_path(cfg: Config, world_dir: Path | None) -> str:
-    return cfg.model.path or (str(world_dir / "model") if world_dir else "")
-
-
-def load_policy_and_tokenizer(cfg: Config, world_dir: Path | None):
-    """(policy in fp32 master weights, tokenizer with a pad token) from model.path or the world's tiny policy."""
+def load_policy_and_tokenizer(cfg: Config):
+    """(policy in fp32 master weights, tokenizer with a pad token) from model.path (and model.tokenizer_path)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model_path = policy_path(cfg, world_dir)
-    tok_path = cfg.model.tokenizer_path or (cfg.model.path if cfg.model.path else (str(world_dir / "tokenizer") if world_dir else ""))
+    model_path = cfg.model.path
     if not model_path:
-        raise ValueError("model.path is empty and there is no synthetic world to take the tiny policy from")
+        raise ValueError("model.path is empty: name the policy (an HF hub id or a local dir), e.g. "
+                         "model.path=.cache/world/model for the synthetic world (python -m searchr1_lld.world build)")
+    tok_path = cfg.model.tokenizer_path or model_path
     tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=cfg.model.trust_remote_code)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -111,13 +77,13 @@ def load_policy_and_tokenizer(cfg: Config, world_dir: Path | None):
     return model, tokenizer
 
 
-def make_reference(cfg: Config, policy: torch.nn.Module, world_dir: Path | None, accelerator: Any) -> Any:
+def make_reference(cfg: Config, policy: torch.nn.Module, accelerator: Any) -> Any:
     """The frozen reference of the KL term (None when kl_coef == 0): a copy of the initial policy. Under ZeRO-3 the
     policy was loaded partitioned (transformers loads under deepspeed.zero.Init), so the reference is loaded the same
     way; placed later by :func:`place_reference`."""
     if cfg.algorithm.kl_coef <= 0:
         return None
-    ref = load_policy_and_tokenizer(cfg, world_dir)[0] if zero_stage(accelerator) == 3 else copy.deepcopy(policy)
+    ref = load_policy_and_tokenizer(cfg)[0] if zero_stage(accelerator) == 3 else copy.deepcopy(policy)
     return ref.eval().requires_grad_(False)
 
 
@@ -167,25 +133,38 @@ def make_rollout_backend(cfg: Config, module: torch.nn.Module, tokenizer: Any, m
     return make_backend(cfg.rollout, model=module, tokenizer=tokenizer, shares_learner_weights=True)
 
 
-def make_retriever(cfg: Config, world_dir: Path | None):
-    """retriever.make_retriever on ``cfg.retriever`` (in-process default: the world's index)."""
+def make_retriever(cfg: Config):
+    """retriever.make_retriever on ``cfg.retriever`` (in-process: ``retriever.index_dir``; http: ``retriever.url``)."""
     from retriever import make_retriever as build
 
-    return build(cfg.retriever, default_index_dir=(world_dir / "index") if world_dir else None)
+    return build(cfg.retriever)
 
 
-def load_train_rows(cfg: Config, world_dir: Path | None) -> list[dict]:
-    """The training prompts of ``data.source``: the world's train split, JSONL/parquet files, or FlashRAG's mix."""
-    if cfg.data.source == "synthetic":
-        return read_rows(world_dir / "qa" / "train.jsonl")
+def load_train_rows(cfg: Config) -> list[dict]:
+    """The training prompts of ``data.source``: the rows of ``data.train_files``, or FlashRAG's ``data.train_mix``."""
     if cfg.data.source == "files":
-        rows: list[dict] = []
-        for f in cfg.data.train_files:
-            rows += read_rows(f)
-        return rows
-    from data import flashrag  # FlashRAG preparation module (hub access required)
+        if not cfg.data.train_files:
+            raise ValueError("data.train_files is empty: name the training rows (JSONL/parquet), e.g. "
+                             ".cache/world/qa/train.jsonl of the synthetic world, or set data.source=flashrag")
+        return read_rows_files(cfg.data.train_files)
+    from searchr1_lld.data import flashrag  # FlashRAG preparation module (hub access required)
 
     return flashrag.load_train_rows(cfg.data.train_mix)
+
+
+def load_test_rows(cfg: Config) -> list[dict]:
+    """The held-out rows of ``data.test_files`` ([] when none)."""
+    return read_rows_files(cfg.data.test_files)
+
+
+def read_rows_files(paths: list[str]) -> list[dict]:
+    """The rows of JSONL/parquet files, in order; a missing file is an error naming it."""
+    rows: list[dict] = []
+    for f in paths:
+        if not Path(f).is_file():
+            raise FileNotFoundError(f"rows file {f} not found")
+        rows += read_rows(f)
+    return rows
 
 
 def check_prompt_lengths(rows: list[dict], tokenizer: Any, cfg: Config) -> None:
@@ -205,11 +184,3 @@ def check_prompt_lengths(rows: list[dict], tokenizer: Any, cfg: Config) -> None:
         raise ValueError(f"data.max_prompt_length={d.max_prompt_length}: the training prompt of row "
                          f"{worst.get('id')!r} is {longest} tokens (the longest of {len(rows)}); raise "
                          f"data.max_prompt_length (below rollout.max_total_length) or drop the long rows")
-
-
-def load_test_rows(cfg: Config, world_dir: Path | None) -> list[dict]:
-    """The world's ``data.test_split`` rows ([] without a world or without that split)."""
-    if world_dir is None:
-        return []
-    path = world_dir / "qa" / f"{cfg.data.test_split}.jsonl"
-    return read_rows(path) if path.is_file() else []

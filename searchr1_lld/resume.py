@@ -18,45 +18,62 @@ RESUME_IGNORED_KEYS = ("trainer.resume", "trainer.run_name", "trainer.output_dir
 # covers a section. total_steps: the LR schedule is recomputed for the new length (warmup_ratio of the new total).
 RESUME_SAFE_KEYS = ("trainer.total_steps", "trainer.save_every", "trainer.keep_last_k", "trainer.eval_every",
                     "trainer.eval_limit", "trainer.probe_every", "logging.*", "eval.*")
-WORLD_FILE = "world_hash.txt"  # the config hash of the world a run trains on (resuming onto another is refused)
+INPUTS_FILE = "inputs_fingerprint.txt"  # what the run's local inputs held (resuming onto other contents is refused)
 # A run's own files: moved aside when a run starts over in a used directory.
 RUN_FILES = ("checkpoints", "metrics.jsonl", "eval_before.json", "eval.json", "eval.md", "plots", "config.yaml",
-             WORLD_FILE)
+             INPUTS_FILE)
 
 
 def _matches(key: str, patterns: Sequence[str]) -> bool:
     return any(key == p or (p.endswith(".*") and key.startswith(p[:-1])) for p in patterns)
 
 
-def default_run_name(cfg: Config, world_hash: str | None = None) -> str:
+def inputs_fingerprint(cfg: Config) -> str:
+    """A short hash of what the run's local inputs hold: the JSON files (config, tokenizer, index manifest) of a
+    local ``model.path``, ``model.tokenizer_path`` and ``retriever.index_dir``, and the contents of the rows files
+    (``data.train_files``, ``data.test_files``). Hub ids and absent paths enter by name. A model or index rebuilt
+    in place (same paths, other contents) changes it."""
+    h = hashlib.sha256()
+    for path in [cfg.model.path, cfg.model.tokenizer_path, cfg.retriever.index_dir, *cfg.data.train_files,
+                 *cfg.data.test_files]:
+        p = Path(path) if path else None
+        h.update(str(path).encode())
+        files = sorted(p.glob("*.json")) if p is not None and p.is_dir() else [p] if p is not None and p.is_file() else []
+        for f in files:
+            h.update(f.name.encode())
+            h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()[:12]
+
+
+def default_run_name(cfg: Config, inputs: str | None = None) -> str:
     """``<config name>-<8 hex>``: a hash of every setting except those of :data:`RESUME_IGNORED_KEYS` and
-    :data:`RESUME_SAFE_KEYS`, and of the world's config hash (its world.json) when the run trains on a world, so the
-    same command (or one that only extends it) on the same world maps to the same run directory, and a rebuilt world
-    (another policy and index under the same ``data.world_dir``) to a new one."""
+    :data:`RESUME_SAFE_KEYS`, and of the inputs' fingerprint (:func:`inputs_fingerprint`), so the same command (or
+    one that only extends it) on the same inputs maps to the same run directory, and rebuilt inputs (another policy
+    and index under the same paths) to a new one."""
     flat = {k: v for k, v in flatten_dict(cfg.to_dict()).items()
             if not _matches(k, RESUME_IGNORED_KEYS + RESUME_SAFE_KEYS)}
-    if world_hash is not None:
-        flat["world.config_hash"] = world_hash
+    if inputs is not None:
+        flat["inputs"] = inputs
     digest = hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:8]
     return f"{cfg.name}-{digest}"
 
 
-def run_dir_of(cfg: Config, world_hash: str | None = None) -> Path:
-    """``output_dir/run_name``; without a run_name ``output_dir/<config name>-<hash of the config and world>``, so
+def run_dir_of(cfg: Config, inputs: str | None = None) -> Path:
+    """``output_dir/run_name``; without a run_name ``output_dir/<config name>-<hash of the config and inputs>``, so
     rerunning the same command finds (and resumes) the same run (see :func:`default_run_name`)."""
-    return Path(cfg.trainer.output_dir) / (cfg.trainer.run_name or default_run_name(cfg, world_hash))
+    return Path(cfg.trainer.output_dir) / (cfg.trainer.run_name or default_run_name(cfg, inputs))
 
 
-def check_world(run_dir: Path, world_hash: str | None, resuming: bool) -> None:
-    """Refuse to resume a run in ``run_dir`` on another world than the one it started on (its ``world_hash.txt``):
-    the checkpoint's policy and the rollouts would come from two different worlds."""
-    path = run_dir / WORLD_FILE
+def check_inputs(run_dir: Path, inputs: str | None, resuming: bool) -> None:
+    """Refuse to resume a run in ``run_dir`` on other inputs than those it started on (its
+    ``inputs_fingerprint.txt``): the checkpoint's policy and the rollouts would come from two different setups."""
+    path = run_dir / INPUTS_FILE
     recorded = path.read_text().strip() if path.is_file() else None
-    if resuming and world_hash is not None and recorded is not None and recorded != world_hash:
+    if resuming and inputs is not None and recorded is not None and recorded != inputs:
         raise ConfigError(
-            f"{run_dir} was trained on the world with config hash {recorded}, but data.world_dir now "
-            f"holds {world_hash} (rebuilt?); resuming would mix the two. Use another trainer.run_name (or none: the "
-            f"default run directory follows the world), or trainer.resume=never to start this one over.")
+            f"{run_dir} was trained on inputs with fingerprint {recorded}, but the model, index or rows files at "
+            f"the same paths now hold {inputs} (rebuilt?); resuming would mix the two. Use another trainer.run_name "
+            f"(or none: the default run directory follows the inputs), or trainer.resume=never to start over.")
 
 
 def check_resume_config(saved: dict[str, Any], cfg: Config, allow: Sequence[str] = ()) -> dict[str, tuple[Any, Any]]:
@@ -82,13 +99,13 @@ def check_resume_config(saved: dict[str, Any], cfg: Config, allow: Sequence[str]
 
 
 def settle_run_dir(cfg: Config, run_dir: Path, is_main: bool, allow_changes: Sequence[str],
-                   world_hash: str | None = None) -> list[str]:
+                   inputs: str | None = None) -> list[str]:
     """Before (re)starting a run in ``run_dir``: refuse a config that differs from the one the checkpoint's run was
-    started with (except keys in ``allow_changes``), or another world (:func:`check_world`); starting over in a used
+    started with (except keys in ``allow_changes``), or other inputs (:func:`check_inputs`); starting over in a used
     directory moves the earlier run's files to ``previous-<time>/``; then write config.yaml (an accepted change keeps
-    the old file as ``config.before-step_N.yaml``) and ``world_hash.txt``. Returns the lines to log."""
+    the old file as ``config.before-step_N.yaml``) and ``inputs_fingerprint.txt``. Returns the lines to log."""
     resume_from = ckpt.resolve_resume(cfg.trainer.resume, run_dir)
-    check_world(run_dir, world_hash, resuming=resume_from is not None)
+    check_inputs(run_dir, inputs, resuming=resume_from is not None)
     path = run_dir / "config.yaml"
     saved_path = (resume_from.parent.parent / "config.yaml") if resume_from is not None else path
     notes: list[str] = []
@@ -117,6 +134,6 @@ def settle_run_dir(cfg: Config, run_dir: Path, is_main: bool, allow_changes: Seq
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, path.with_name(path.name + ".part"))  # atomic: other ranks may be reading it
         path.with_name(path.name + ".part").rename(path)
-        if world_hash is not None:
-            (run_dir / WORLD_FILE).write_text(world_hash + "\n")
+        if inputs is not None:
+            (run_dir / INPUTS_FILE).write_text(inputs + "\n")
     return notes

@@ -68,8 +68,7 @@ class RunResult:
 class Trainer:
     """GRPO + LLDS learner. Build with a validated Config; ``run()`` trains ``trainer.total_steps`` steps."""
 
-    def __init__(self, cfg: Config, *, run_dir: str | Path | None = None, retriever: Any = None,
-                 world_dir: str | Path | None = None):
+    def __init__(self, cfg: Config, *, run_dir: str | Path | None = None, retriever: Any = None):
         self.cfg = cfg
         tc = cfg.trainer
         self.accelerator = acc = factories.make_accelerator(cfg)
@@ -84,23 +83,21 @@ class Trainer:
         self.responses_per_step = tc.train_batch_size * cfg.rollout.n
         self.updates_per_step = tc.ppo_epochs * (self.responses_per_step // tc.ppo_mini_batch_size)
         self.total_updates = tc.total_steps * self.updates_per_step
-        self.world_dir = Path(world_dir) if world_dir else factories.resolve_world(cfg)
-        self.world_hash = factories.world_hash(self.world_dir)
-        self.run_dir = Path(run_dir) if run_dir else resume.run_dir_of(cfg, self.world_hash)
+        self.inputs = resume.inputs_fingerprint(cfg)
+        self.run_dir = Path(run_dir) if run_dir else resume.run_dir_of(cfg, self.inputs)
         step.seed_everything(tc.seed)
-        model, self.tokenizer = factories.load_policy_and_tokenizer(cfg, self.world_dir)
-        ref = factories.make_reference(cfg, model, self.world_dir, acc)
+        model, self.tokenizer = factories.load_policy_and_tokenizer(cfg)
+        ref = factories.make_reference(cfg, model, acc)
         engine_copy = factories.engine_copy(cfg, model, acc)
         optimizer, self.scheduler = optim.make_optimizer(model, tc, self.total_updates)  # scheduler: stepped by us
         factories.configure_deepspeed(acc, tc)
         self.model, self.optimizer = acc.prepare(model, optimizer)
         self.policy_dtype = next(acc.unwrap_model(self.model).parameters()).dtype
         self.ref_model = factories.place_reference(ref, acc, self.policy_dtype) if ref is not None else None
-        self.retriever = retriever if retriever is not None else factories.make_retriever(cfg, self.world_dir)
+        self.retriever = retriever if retriever is not None else factories.make_retriever(cfg)
         module = engine_copy.to(acc.device, self.policy_dtype) if engine_copy is not None else acc.unwrap_model(self.model)
-        self.backend = factories.make_rollout_backend(cfg, module, self.tokenizer,
-                                                      factories.policy_path(cfg, self.world_dir))
-        self.train_rows = factories.load_train_rows(cfg, self.world_dir)
+        self.backend = factories.make_rollout_backend(cfg, module, self.tokenizer, cfg.model.path)
+        self.train_rows = factories.load_train_rows(cfg)
         factories.check_prompt_lengths(self.train_rows, self.tokenizer, cfg)
         self.sampler = PromptSampler(self.train_rows, tc.train_batch_size, tc.seed, cfg.data.shuffle)
         self.detector = PhaseDetector()
@@ -252,17 +249,15 @@ class Trainer:
         they leave the training itself unchanged. ``allow_changes``: config keys that may differ from the resumed
         run's saved config (see :data:`resume.RESUME_SAFE_KEYS`); any other is refused."""
         cfg, tc, main = self.cfg, self.cfg.trainer, self.accelerator.is_main_process
-        notes = resume.settle_run_dir(cfg, self.run_dir, main, allow_changes, self.world_hash)
+        notes = resume.settle_run_dir(cfg, self.run_dir, main, allow_changes, self.inputs)
         resumed = self.maybe_resume()
         tracker = Tracker(self.run_dir, cfg.logging, cfg.to_dict(), total_steps=tc.total_steps,
                           start_step=self.step, enabled=main)
-        if self.world_dir is not None:
-            notes = [*notes, f"world: {self.world_dir} (config hash {self.world_hash})"]
         for note in notes + ([f"resumed from {resumed} at step {self.step}"] if resumed is not None else []) + (
                 [f"WARNING: {self.llds_warning}"] if self.llds_warning else []):
             tracker.write(note)
-        test_rows = factories.load_test_rows(cfg, self.world_dir) if cfg.data.source == "synthetic" else []
-        bench_rows = evaluation.benchmark_rows(cfg) if tc.eval_every and cfg.data.source != "synthetic" else {}
+        test_rows = factories.load_test_rows(cfg)
+        bench_rows = evaluation.benchmark_rows(cfg) if tc.eval_every else {}
         limit = tc.eval_limit or cfg.eval.limit  # as the benchmarks (evaluation.benchmark_rows)
         test_rows = test_rows[:limit] if limit else test_rows
         em_before = em_after = None
@@ -329,7 +324,7 @@ def eval_table(em_before: float | None, em_after: float | None, n: int) -> str:
     return "\n".join([
         f"| test EM (n={n}) | before | after | change |",
         "| --- | --- | --- | --- |",
-        f"| synthetic world | {fmt(em_before)} | {fmt(em_after)} | {delta} |",
+        f"| data.test_files | {fmt(em_before)} | {fmt(em_after)} | {delta} |",
     ])
 
 

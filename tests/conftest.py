@@ -13,7 +13,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from searchr1_lld.config import WorldConfig  # noqa: E402
+from searchr1_lld.world.config import WorldConfig  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,7 +58,7 @@ TEST_WORLD_CONFIG = WorldConfig(
 
 def test_world_dir(cfg: WorldConfig = TEST_WORLD_CONFIG) -> Path:
     """Where the test world for ``cfg`` is cached: ``<repo>/.cache/test-world-<confighash>``."""
-    from data.build_world import world_config_hash
+    from searchr1_lld.world.build import world_config_hash
 
     return REPO_ROOT / ".cache" / f"test-world-{world_config_hash(cfg)}"
 
@@ -66,10 +66,24 @@ def test_world_dir(cfg: WorldConfig = TEST_WORLD_CONFIG) -> Path:
 test_world_dir.__test__ = False  # not a test, despite the name
 
 
+def world_args(world_dir: Path) -> list[str]:
+    """The run-config overrides that train on the world in ``world_dir`` (its policy, index and splits)."""
+    from searchr1_lld.world import trainer_overrides
+
+    return trainer_overrides(world_dir)
+
+
+def on_world(cfg, world_dir: Path, *overrides: str):
+    """``cfg`` trained on the world in ``world_dir`` (:func:`world_args`), then ``overrides``."""
+    from searchr1_lld.config import apply_overrides, config_from_dict
+
+    return config_from_dict(apply_overrides(cfg.to_dict(), [*world_args(world_dir), *overrides]))
+
+
 @pytest.fixture(scope="session")
 def tiny_world() -> Path:
     """The test world's directory (corpus.jsonl, index/, qa/, tokenizer/, model/, world.json); built once, reused."""
-    from data.build_world import ensure_world
+    from searchr1_lld.world.build import ensure_world
 
     return ensure_world(test_world_dir(), TEST_WORLD_CONFIG, progress=False)
 
@@ -97,7 +111,7 @@ def tiny_model(tiny_world: Path):
 @pytest.fixture(scope="session")
 def world_rows(tiny_world: Path) -> list[dict]:
     """The test world's test-split QA rows."""
-    from data.world import read_jsonl
+    from searchr1_lld.jsonl import read_jsonl
 
     return read_jsonl(tiny_world / "qa" / "test.jsonl")
 
@@ -108,7 +122,7 @@ def world_rows(tiny_world: Path) -> list[dict]:
 @pytest.fixture(scope="session")
 def smollm2():
     """(tokenizer, model) of SmolLM2-135M-Instruct, de-quantised to fp32, loaded once per session (~30-50 s)."""
-    from data.smollm2_policy import load_smollm2
+    from searchr1_lld.world.smollm2 import load_smollm2
 
     return load_smollm2()
 

@@ -99,7 +99,7 @@ def test_wrong_types_rejected(override, key):
         (["rollout.top_p=1.5"], "rollout.top_p"),
         (["rollout.n=0"], "rollout.n"),
         (["trainer.warmup_ratio=1.0"], "trainer.warmup_ratio"),
-        (["data.source=files"], "data.train_files"),
+        (["data.train_mix=nq+triviaqa"], "data.train_mix"),
     ],
 )
 def test_impossible_values_rejected(overrides, key):
@@ -124,7 +124,8 @@ def test_save_and_reload_round_trip(tmp_path):
 
 
 def test_every_config_field_has_a_help_text_and_help_config_prints_it():
-    from searchr1_lld.config import Config, WorldConfig, format_help, iter_fields
+    from searchr1_lld.config import Config, format_help, iter_fields
+    from searchr1_lld.world import WorldConfig
 
     for cls, prefix in ((Config, ""), (WorldConfig, "world.")):
         fields = list(iter_fields(cls, prefix))
@@ -153,15 +154,19 @@ def test_train_py_help_config_prints_every_section(capsys):
 
 
 def test_world_config_lives_outside_the_run_config():
-    from searchr1_lld.config import ConfigError, load_config, load_world_config
+    from searchr1_lld.config import ConfigError, load_config
+    from searchr1_lld.lab.methods import read_lab_config
+    from searchr1_lld.world import load_world_config
 
     assert not hasattr(load_config(None).data, "world")
-    with pytest.raises(ConfigError, match="unknown key data.world"):
-        load_config(None, ["data.world.seed=1"])
+    for key in ("data.world.seed=1", "data.world_dir=x", "data.world_config=x"):
+        with pytest.raises(ConfigError, match="unknown key data.world"):
+            load_config(None, [key])
     from conftest import REPO_ROOT
 
-    # the lab trains in the default world of labs v4-v5 (WorldConfig's defaults); the first lab's small world still loads
-    lab_world = load_world_config(load_config(REPO_ROOT / "configs/lab/lab.yaml").data.world_config)
+    # the lab trains in the world of configs/world/v5.yaml (WorldConfig's defaults); the first lab's small world
+    # still loads
+    lab_world = load_world_config(read_lab_config(REPO_ROOT / "configs/lab/lab.yaml", [])[1])
     assert lab_world == load_world_config(None)
     v1_world = load_world_config(REPO_ROOT / "configs/world/lab.yaml")
     assert (v1_world.num_people, v1_world.retriever) == (16, "bm25")

@@ -7,10 +7,12 @@ from pathlib import Path
 import pytest
 
 from searchr1_lld.config import load_config
+from searchr1_lld.lab.methods import lab_config, read_lab_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # accelerate / DeepSpeed launcher configs are not run configs; world configs are checked below
 ALL_YAML = sorted(p for p in CONFIGS.rglob("*.y*ml") if not {"accelerate", "world"} & set(p.relative_to(CONFIGS).parts))
+LAB_YAML = sorted((CONFIGS / "lab").glob("*.yaml"))  # run configs plus `world: FILE` (searchr1_lld.lab.methods)
 WORLD_YAML = sorted((CONFIGS / "world").glob("*.yaml"))
 
 
@@ -20,18 +22,19 @@ def test_there_are_configs():
 
 @pytest.mark.parametrize("path", ALL_YAML, ids=lambda p: str(p.relative_to(CONFIGS)))
 def test_config_loads_and_validates(path):
-    cfg = load_config(path)
+    cfg = lab_config(path, [], ".cache/world") if path in LAB_YAML else load_config(path)
     assert cfg.name and cfg.name != "default", f"{path} should set a name"
 
 
 @pytest.mark.parametrize("path", WORLD_YAML, ids=lambda p: p.name)
 def test_world_config_loads_and_every_run_config_names_one_that_exists(path):
-    from searchr1_lld.config import load_world_config, resolve_repo_path
+    from searchr1_lld.config import resolve_repo_path
+    from searchr1_lld.world import load_world_config
 
     load_world_config(path)
-    for run in ALL_YAML:
-        named = load_config(run).data.world_config
-        assert not named or resolve_repo_path(named).is_file(), f"{run}: data.world_config {named} is missing"
+    for lab in LAB_YAML:
+        named = read_lab_config(lab, [])[1]
+        assert not named or resolve_repo_path(named).is_file(), f"{lab}: world {named} is missing"
 
 
 def _paper():
@@ -93,7 +96,7 @@ def test_eval_section_validation():
     from searchr1_lld.config import ConfigError
 
     assert load_config(None, ["eval.datasets=[nq,hotpotqa]"]).eval.datasets == ["nq", "hotpotqa"]
-    for bad, key in (("eval.datasets=[nq,webq]", "eval.datasets"), ("eval.datasets=[]", "eval.datasets"),
+    for bad, key in (("eval.datasets=[nq,webq]", "eval.datasets"), ("eval.datasets=[nq,nq]", "eval.datasets"),
                      ("eval.batch_size=0", "eval.batch_size"), ("eval.topk=0", "eval.topk"),
                      ("eval.max_turns=0", "eval.max_turns"), ("eval.backend=sglang", "eval.backend")):
         with pytest.raises(ConfigError, match=key):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from data import flashrag
-from data.flashrag import EVAL_DATASETS, FlashRAGError
+from searchr1_lld.data import flashrag
+from searchr1_lld.data.flashrag import EVAL_DATASETS, FlashRAGError
 
 # split layout of the real collection: which splits each dataset ships
 SPLITS = {"nq": ["train", "dev", "test"], "triviaqa": ["train", "dev", "test"], "popqa": ["test"],

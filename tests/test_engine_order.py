@@ -19,6 +19,7 @@ from searchr1_lld.distributed import iter_gathered_named_parameters, sync_weight
 from searchr1_lld.rollout.backends.hf import HFBackend
 from searchr1_lld.trainer import Trainer
 
+from conftest import on_world
 from test_trainer import SMALL
 
 
@@ -94,7 +95,7 @@ def test_trainer_drives_the_engine_in_order(tmp_path, tiny_world, shared_retriev
     monkeypatch.setattr(distributed, "sync_weights_to_engine",
                         lambda acc, model, backend: real_sync(acc, model, backend, gather=recording_gather(events)))
     cfg = load_config(None, SMALL + [f"trainer.output_dir={tmp_path}", "trainer.run_name=run", "trainer.probe_every=0"])
-    tr = Trainer(cfg, world_dir=tiny_world, retriever=shared_retriever)
+    tr = Trainer(on_world(cfg, tiny_world), retriever=shared_retriever)
     # the sync path of that ZeRO stage (patched after set-up: a real ZeRO-3 set-up needs a DeepSpeed engine)
     monkeypatch.setattr(distributed, "zero_stage", lambda acc: stage)
     learner = tr.accelerator.unwrap_model(tr.model)
@@ -174,12 +175,13 @@ import json, sys
 sys.path.insert(0, "tests")
 from searchr1_lld.config import load_config
 from searchr1_lld.trainer import Trainer
+from conftest import on_world
 from test_engine_order import _collapse, attach_recording_engine
 from test_trainer import SMALL
 world, out = sys.argv[1], sys.argv[2]
 cfg = load_config(None, SMALL + [f"trainer.output_dir={out}", "trainer.run_name=r", "trainer.probe_every=0",
                                  "trainer.device=cpu", "trainer.train_batch_size=4", "trainer.ppo_mini_batch_size=2"])
-tr = Trainer(cfg, world_dir=world)
+tr = Trainer(on_world(cfg, world))
 events = []
 learner = tr.accelerator.unwrap_model(tr.model)
 engine = attach_recording_engine(tr, events)
@@ -238,7 +240,7 @@ def test_trainer_applies_rollout_correction(tmp_path, tiny_world, shared_retriev
     monkeypatch.setattr(step, "objective", spy)
     cfg = load_config(None, SMALL + [f"trainer.output_dir={tmp_path}", "trainer.run_name=run", "trainer.probe_every=0",
                                      "algorithm.rollout_correction.mode=token", "algorithm.rollout_correction.cap=1.5"])
-    tr = Trainer(cfg, world_dir=tiny_world, retriever=shared_retriever)
+    tr = Trainer(on_world(cfg, tiny_world), retriever=shared_retriever)
     m = tr.train_step()
     # the HF engine samples with the learner's own fp32 module: the two log-probs agree, the weights are ~1
     assert m["rollout/engine_learner_logp_gap"] < 1e-3

@@ -31,19 +31,19 @@ def _one_line_error(proc, prog):
 
 def test_eval_missing_model_dir_is_one_clear_line(tiny_world, tmp_path):
     missing = "runs/no-such-run/checkpoints/step_000020/policy"
-    proc = _run("eval.py", "--model", missing, "--datasets", "synthetic", "--world-dir", str(tiny_world),
+    proc = _run("eval.py", "--model", missing, "--datasets", f"synthetic={tiny_world / 'qa' / 'test.jsonl'}", "--index", str(tiny_world / "index"),
                 "--out", str(tmp_path / "e"), "--limit", "2", "--no-progress")
     line = _one_line_error(proc, "eval.py")
     assert f"--model: {missing} does not exist" in line and "Repo id" not in line
     # --debug: the same error with its traceback
-    proc = _run("eval.py", "--model", missing, "--datasets", "synthetic", "--world-dir", str(tiny_world),
+    proc = _run("eval.py", "--model", missing, "--datasets", f"synthetic={tiny_world / 'qa' / 'test.jsonl'}", "--index", str(tiny_world / "index"),
                 "--out", str(tmp_path / "e"), "--debug")
     assert proc.returncode != 0 and "Traceback" in proc.stderr and "does not exist" in proc.stderr
 
 
 def test_eval_compare_with_a_missing_checkpoint(tiny_world, tmp_path):
     proc = _run("eval.py", "--compare", f"warm={tiny_world / 'model'}", f"trained={tmp_path / 'nope' / 'policy'}",
-                "--datasets", "synthetic", "--world-dir", str(tiny_world), "--out", str(tmp_path / "c"))
+                "--datasets", f"synthetic={tiny_world / 'qa' / 'test.jsonl'}", "--index", str(tiny_world / "index"), "--out", str(tmp_path / "c"))
     assert "--compare trained:" in _one_line_error(proc, "eval.py")
 
 

@@ -99,9 +99,12 @@ def test_tables_paper_layout_and_gain():
 def test_parse_datasets_and_shard():
     assert ev.parse_datasets("nq, HotpotQA") == ["nq", "hotpotqa"]
     assert ev.parse_datasets("all") == list(ev.BENCHMARKS)
-    for bad in ("nq,webq", "", "nq,nq"):
+    for bad in ("nq,webq", "", "nq,nq", "synthetic", "=a.jsonl", "x=", "nq,nq=a.jsonl"):
         with pytest.raises(ev.EvalError):
             ev.parse_datasets(bad)
+    # a rows file: NAME=PATH, reported as NAME, the path's case kept
+    assert ev.parse_datasets("nq,Held=Dir/Test.jsonl") == ["nq", "Held=Dir/Test.jsonl"]
+    assert [ev.dataset_name(s) for s in ev.parse_datasets(["bamboogle", "held=a.jsonl"])] == ["bamboogle", "held"]
     assert ev.parse_shard("1/4") == (1, 4) and ev.parse_shard(None) is None
     for bad in ("4/4", "x", "1/0", "-1/2"):
         with pytest.raises(ev.EvalError):
@@ -255,16 +258,16 @@ def test_cli_default_tokenizer(tmp_path):
     spec = importlib.util.spec_from_file_location("eval_cli", Path(__file__).resolve().parents[1] / "eval.py")
     cli = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cli)
-    world = tmp_path / "world"
     ckpt = tmp_path / "policy"
     ckpt.mkdir()
     plain = load_config()
-    assert cli._default_tokenizer(str(ckpt), plain, world, synthetic=True) == str(world / "tokenizer")
-    assert cli._default_tokenizer(str(ckpt), plain, world, synthetic=False) == str(ckpt)
+    assert cli._default_tokenizer(str(ckpt), plain) == str(ckpt)
+    tok = load_config(None, [f"model.tokenizer_path={tmp_path / 'tok'}"])  # a world's run names its tokenizer
+    assert cli._default_tokenizer(str(ckpt), tok) == str(tmp_path / "tok")
     hub = load_config(None, ["model.path=Qwen/Qwen2.5-3B"])  # a run's config names its base model
-    assert cli._default_tokenizer(str(ckpt), hub, world, synthetic=False) == "Qwen/Qwen2.5-3B"
+    assert cli._default_tokenizer(str(ckpt), hub) == "Qwen/Qwen2.5-3B"
     (ckpt / "tokenizer.json").write_text("{}")
-    assert cli._default_tokenizer(str(ckpt), hub, world, synthetic=False) == str(ckpt)
+    assert cli._default_tokenizer(str(ckpt), hub) == str(ckpt)
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -31,7 +31,8 @@ def _cli():
 
 
 def _args(world: Path, out: Path, *extra: str) -> list[str]:
-    return ["--datasets", "synthetic", "--world-dir", str(world), "--out", str(out), "--limit", str(LIMIT),
+    return ["--datasets", f"synthetic={world / 'qa' / 'test.jsonl'}", "--model", str(world / "model"), "--index",
+            str(world / "index"), "--out", str(out), "--limit", str(LIMIT),
             "--batch-size", "4", "--no-progress", "--set", "rollout.max_tokens_per_turn=32", *extra]
 
 
@@ -118,7 +119,7 @@ def _oracle_eval(world: Path, out: Path, retriever) -> tuple[dict, list[dict]]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(world / "tokenizer"))
-    rows = ev.load_eval_rows(["synthetic"], world_dir=world, limit=8)
+    rows = ev.load_eval_rows([f"synthetic={world / 'qa' / 'test.jsonl'}"], limit=8)
     cfg = ev.eval_rollout_config(RolloutConfig(max_tokens_per_turn=64), max_turns=4, topk=3)
     res = ev.evaluate(rows, backend=ScriptedBackend(_oracle(tok, rows["synthetic"]), tok), tokenizer=tok,
                       retriever=retriever, rollout_cfg=cfg, out_dir=out, batch_size=3, progress=False)
@@ -133,7 +134,7 @@ def test_eval_oracle_policy_real_retriever(tiny_world, tmp_path):
     m = res["datasets"]["synthetic"]
     assert (m["mean_valid_searches"], m["mean_turns"], m["invalid_action_rate"]) == (1.0, 2.0, 0.0)
     # the real index finds a supporting passage of most questions in the top 3
-    rows = {r["id"]: r for r in ev.load_eval_rows(["synthetic"], world_dir=tiny_world, limit=8)["synthetic"]}
+    rows = {r["id"]: r for r in ev.load_eval_rows([f"synthetic={tiny_world / 'qa' / 'test.jsonl'}"], limit=8)["synthetic"]}
     found = [bool(set(r["retrieved_ids"][0]) & set(rows[r["id"]]["metadata"]["support_ids"])) for r in recs]
     assert sum(found) >= len(found) // 2
 

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from searchr1_lld.config import WorldConfig
+from searchr1_lld.world.config import WorldConfig
 
 
 def test_world_build_shows_one_bar(tmp_path, monkeypatch, capsys):
-    import data.build_world as bw
-    import data.tiny_policy as tp
-    import data.world as dw
     import retriever.index as ri
     import retriever.inprocess as rp
+    import searchr1_lld.world.build as bw
+    import searchr1_lld.world.generate as dw
+    import searchr1_lld.world.measure as tm
+    import searchr1_lld.world.warm_start as tp
 
     seen = {}
 
@@ -25,7 +26,7 @@ def test_world_build_shows_one_bar(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(ri, "build_index", lambda *a, show_progress=True, **k: record("index", show_progress))
     monkeypatch.setattr(rp, "InProcessRetriever", lambda path: SimpleNamespace(search=None))
     monkeypatch.setattr(tp, "build_tiny_policy", lambda *a, progress=True, **k: record("policy", progress) or {})
-    monkeypatch.setattr(tp, "measure_warm_start", lambda *a, progress=False, **k: record("measure", progress) or {})
+    monkeypatch.setattr(tm, "measure_warm_start", lambda *a, progress=False, **k: record("measure", progress) or {})
     (tmp_path / "w").mkdir()
     bw.build_world(tmp_path / "w", WorldConfig(), progress=True, measure=True)
     assert seen == {"index": False, "policy": False, "measure": False}  # the stages draw no bars of their own

@@ -164,8 +164,8 @@ def test_eval_released_checkpoint_with_the_paper_protocol(tiny_world, tmp_path, 
 
     monkeypatch.setattr(agent_loop, "run_agent_loop", recording)
     out = tmp_path / "eval"
-    rc = eval_cli.main(["--model", str(release), "--config", "configs/paper/eval.yaml", "--datasets", "synthetic",
-                        "--world-dir", str(tiny_world), "--index", str(tiny_world / "index"), "--backend", "hf",
+    rc = eval_cli.main(["--model", str(release), "--config", "configs/paper/eval.yaml", "--datasets",
+                        f"synthetic={tiny_world / 'qa' / 'test.jsonl'}", "--index", str(tiny_world / "index"), "--backend", "hf",
                         "--limit", "2", "--out", str(out), "--no-progress",
                         "--set", "rollout.max_tokens_per_turn=12", "rollout.max_obs_length=100"])  # CPU-sized turns
     assert rc == 0 and seen

@@ -9,7 +9,7 @@ import yaml
 from searchr1_lld.config import ConfigError, load_config, read_yaml
 from searchr1_lld.trainer import Trainer
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, on_world, world_args
 from test_trainer import SMALL
 
 
@@ -43,30 +43,51 @@ def test_default_run_name_is_deterministic_and_ignores_safe_keys():
     assert default_run_name(a) == default_run_name(_cfg("trainer.total_steps=9", "trainer.output_dir=x"))
     assert default_run_name(a) != default_run_name(_cfg("trainer.total_steps=2", "trainer.lr=5e-3"))
     assert default_run_name(a).startswith(a.name + "-")
-    # the world is part of a run's identity: a rebuilt world under the same data.world_dir is a new run
+    # the inputs are part of a run's identity: a model or index rebuilt under the same paths is a new run
     assert default_run_name(a, "abc123") == default_run_name(_cfg("trainer.total_steps=2"), "abc123")
     assert len({default_run_name(a), default_run_name(a, "abc123"), default_run_name(a, "def456")}) == 3
 
 
-def test_resuming_onto_another_world_is_refused(tmp_path, monkeypatch):
+def test_resuming_onto_other_inputs_is_refused(tmp_path, monkeypatch):
     from searchr1_lld import resume
 
     settle_run_dir = resume.settle_run_dir
     cfg = _cfg("trainer.total_steps=2", "trainer.resume=auto")
-    settle_run_dir(cfg, tmp_path, True, (), world_hash="world-a")
-    assert (tmp_path / "world_hash.txt").read_text().strip() == "world-a"
+    settle_run_dir(cfg, tmp_path, True, (), inputs="inputs-a")
+    assert (tmp_path / "inputs_fingerprint.txt").read_text().strip() == "inputs-a"
     step = tmp_path / "checkpoints" / "step_000001"  # a checkpoint to resume from (its contents are not read here)
     step.mkdir(parents=True)
     monkeypatch.setattr(resume.ckpt, "resolve_resume", lambda mode, run_dir: None if mode == "never" else step)
-    settle_run_dir(cfg, tmp_path, True, (), world_hash="world-a")  # same world: resumes
-    with pytest.raises(ConfigError, match="world-a.*world-b"):
-        settle_run_dir(cfg, tmp_path, True, (), world_hash="world-b")
-    settle_run_dir(_cfg("trainer.total_steps=2", "trainer.resume=never"), tmp_path, True, (), world_hash="world-b")
-    assert (tmp_path / "world_hash.txt").read_text().strip() == "world-b"  # started over on the new world
+    settle_run_dir(cfg, tmp_path, True, (), inputs="inputs-a")  # same inputs: resumes
+    with pytest.raises(ConfigError, match="inputs-a.*inputs-b"):
+        settle_run_dir(cfg, tmp_path, True, (), inputs="inputs-b")
+    settle_run_dir(_cfg("trainer.total_steps=2", "trainer.resume=never"), tmp_path, True, (), inputs="inputs-b")
+    assert (tmp_path / "inputs_fingerprint.txt").read_text().strip() == "inputs-b"  # started over on the new inputs
+
+
+def test_the_inputs_fingerprint_follows_the_contents_of_local_inputs(tmp_path):
+    """A model dir rebuilt in place (same path, another config or tokenizer) changes the fingerprint; a hub id enters
+    by name; an untouched tree gives the same fingerprint."""
+    from searchr1_lld.resume import inputs_fingerprint
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_size": 64}')
+    rows = tmp_path / "train.jsonl"
+    rows.write_text('{"id": "1", "question": "q", "golden_answers": ["a"]}\n')
+    cfg = _cfg(f"model.path={model}", f"data.train_files=[{rows}]")
+    first = inputs_fingerprint(cfg)
+    assert inputs_fingerprint(cfg) == first
+    (model / "config.json").write_text('{"hidden_size": 128}')
+    second = inputs_fingerprint(cfg)
+    assert second != first
+    rows.write_text('{"id": "1", "question": "q", "golden_answers": ["b"]}\n')
+    assert inputs_fingerprint(cfg) != second
+    assert inputs_fingerprint(_cfg("model.path=Qwen/Qwen2.5-3B")) != inputs_fingerprint(_cfg("model.path=Qwen/Qwen2.5-7B"))
 
 
 def _trainer(cfg, tiny_world, retriever):
-    return Trainer(cfg, world_dir=tiny_world, retriever=retriever)
+    return Trainer(on_world(cfg, tiny_world), retriever=retriever)
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +139,7 @@ def test_rerunning_the_same_train_command_resumes(tmp_path, tiny_world, capsys):
     spec = importlib.util.spec_from_file_location("train_cli", REPO_ROOT / "train.py")
     cli = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cli)
-    world = ["data.world_config="]  # the test world in data.world_dir, as it is
-    argv = ["--no-eval", *SMALL, *world, f"data.world_dir={tiny_world}", f"trainer.output_dir={tmp_path}",
+    argv = ["--no-eval", *SMALL, *world_args(tiny_world), f"trainer.output_dir={tmp_path}",
             "trainer.total_steps=1", "trainer.save_every=1"]
     assert cli.main(argv) == 0
     first = capsys.readouterr().out

@@ -11,6 +11,8 @@ import pytest
 from searchr1_lld import sweep
 from searchr1_lld.config import ConfigError, load_config
 
+from conftest import world_args
+
 ABLATION_BASE = Path(__file__).resolve().parents[1] / "configs" / "ablations" / "base.yaml"
 
 
@@ -101,15 +103,14 @@ def test_collect_table_and_figure(tmp_path):
 def test_local_sweep_trains_each_run_and_collects(tiny_world, tmp_path, capsys):
     """Two 1-step runs on the tiny world through searchr1_lld.trainer.train, then the table and figure."""
     tiny = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
-    world = ["data.world_config="]  # the test world in data.world_dir, as it is
     small = ["trainer.total_steps=1", "trainer.train_batch_size=2", "trainer.ppo_mini_batch_size=1", "rollout.n=2",
              "rollout.max_turns=1", "rollout.max_tokens_per_turn=16", "rollout.max_obs_length=60",
              "trainer.micro_batch_token_budget=400", "logging.progress_bar=false", "logging.plot_every=0",
              "trainer.probe_every=1", "trainer.probe_size=2", "trainer.eval_limit=2", "trainer.save_every=0",
-             "trainer.resume=never", f"trainer.output_dir={tmp_path / 'runs'}", f"data.world_dir={tiny_world}"]
+             "trainer.resume=never", f"trainer.output_dir={tmp_path / 'runs'}", *world_args(tiny_world)]
     out = tmp_path / "sweep"
     assert sweep.main(["expand", "--base", str(tiny), "--grid", "algorithm.llds.lam=0,0.2", "--local",
-                       "--out", str(out), "--set", *world, *small]) == 0
+                       "--out", str(out), "--set", *small]) == 0
     runs = json.loads((out / "sweep.json").read_text())
     assert [r["run"] for r in runs] == ["tiny-lam=0", "tiny-lam=0.2"]
     assert [r["lam"] for r in runs] == [0.0, 0.2]  # read back from each run's saved config

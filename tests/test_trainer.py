@@ -17,7 +17,7 @@ from searchr1_lld.batching import micro_batches_by_tokens
 from searchr1_lld.optim import lr_factor
 from searchr1_lld.trainer import Trainer
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, on_world, world_args
 
 SMALL = [
     "trainer.train_batch_size=2", "trainer.ppo_mini_batch_size=2", "trainer.ppo_epochs=2", "rollout.n=2",
@@ -40,7 +40,7 @@ def _cfg(tmp_path, *extra):
 
 
 def _trainer(cfg, tiny_world, retriever, reward_of_index=lambda i: float(i % 2 == 0)):
-    tr = Trainer(cfg, world_dir=tiny_world, retriever=retriever)
+    tr = Trainer(on_world(cfg, tiny_world), retriever=retriever)
     real_rollout = tr.rollout
 
     def rollout_with_mixed_rewards(rows, **kw):
@@ -117,11 +117,11 @@ def test_nonfinite_gradient_is_skipped(tmp_path, tiny_world, shared_retriever):
 def test_llds_noop_warning(tmp_path, tiny_world, shared_retriever):
     cfg = _cfg(tmp_path, "trainer.ppo_epochs=1", "trainer.ppo_mini_batch_size=4")
     with pytest.warns(UserWarning, match="permanent no-op"):
-        Trainer(cfg, world_dir=tiny_world, retriever=shared_retriever)
+        Trainer(on_world(cfg, tiny_world), retriever=shared_retriever)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
-        Trainer(_cfg(tmp_path, "trainer.ppo_epochs=1", "trainer.ppo_mini_batch_size=2", "algorithm.llds.enabled=false"),
-                world_dir=tiny_world, retriever=shared_retriever)
+        Trainer(on_world(_cfg(tmp_path, "trainer.ppo_epochs=1", "trainer.ppo_mini_batch_size=2",
+                              "algorithm.llds.enabled=false"), tiny_world), retriever=shared_retriever)
 
 
 def test_resume_reproduces_the_next_step(tmp_path, tiny_world, shared_retriever):
@@ -180,9 +180,8 @@ def test_train_py_end_to_end_over_http(tmp_path, tiny_world):
                 url = found.group(1)
                 break
         assert url, "retriever service did not start"
-        world = ["data.world_config="]  # the test world in data.world_dir, as it is
-        args = ["--config", str(REPO_ROOT / "configs" / "tiny.yaml"), *SMALL, *world,
-                f"data.world_dir={tiny_world}", "retriever.mode=http", f"retriever.url={url}",
+        args = ["--config", str(REPO_ROOT / "configs" / "tiny.yaml"), *SMALL, *world_args(tiny_world),
+                "retriever.mode=http", f"retriever.url={url}",
                 "trainer.total_steps=2", f"trainer.output_dir={tmp_path}", "trainer.run_name=e2e",
                 "trainer.eval_limit=4", "trainer.save_every=1"]
         out = subprocess.run([sys.executable, "train.py", *args], cwd=REPO_ROOT, capture_output=True, text=True,
@@ -190,7 +189,7 @@ def test_train_py_end_to_end_over_http(tmp_path, tiny_world):
         assert out.returncode == 0, out.stderr[-3000:]
         run_dir = tmp_path / "e2e"
         assert out.stdout.count(f"run directory: {run_dir}") == 2
-        assert "| synthetic world |" in (run_dir / "eval.md").read_text()
+        assert "| data.test_files |" in (run_dir / "eval.md").read_text()
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
         assert len(lines) == 2
         assert (run_dir / "checkpoints" / "step_000002" / "COMPLETE").is_file()
@@ -200,18 +199,28 @@ def test_train_py_end_to_end_over_http(tmp_path, tiny_world):
         server.wait(timeout=30)
 
 
-def test_non_synthetic_run_evaluates_configured_benchmarks(tmp_path, tiny_world, shared_retriever):
-    """data.source=files: evaluation during training runs on eval.datasets (here the world's test split as a local
-    stand-in for a benchmark), eval_limit questions each, every eval_every steps and at the end."""
-    cfg = _cfg(tmp_path, "data.source=files", f"data.train_files=[{tiny_world / 'qa' / 'train.jsonl'}]",
-               f"data.world_dir={tiny_world}", "eval.datasets=[synthetic]", "trainer.eval_every=1",
+def test_a_run_evaluates_its_configured_datasets(tmp_path, tiny_world, shared_retriever):
+    """Evaluation during training runs on eval.datasets (here the world's test split as a NAME=PATH rows file, a
+    local stand-in for a benchmark), eval_limit questions each, every eval_every steps and at the end; without
+    data.test_files there is no before/after table."""
+    test_file = tiny_world / "qa" / "test.jsonl"
+    cfg = _cfg(tmp_path, f"eval.datasets=[heldout={test_file}]", "trainer.eval_every=1",
                "trainer.eval_limit=2", "trainer.total_steps=1", "trainer.save_every=0", "trainer.resume=never",
                "trainer.ppo_epochs=1")
-    tr = _trainer(cfg, tiny_world, shared_retriever)
+    tr = Trainer(on_world(cfg, tiny_world, "data.test_files=[]"), retriever=shared_retriever)
     res = tr.run(evaluate=True)
     m = res.history[-1]
-    assert 0.0 <= m["eval/synthetic/em"] <= 1.0 and m["eval/avg_em"] == m["eval/synthetic/em"]
-    assert res.em_before is None  # the synthetic before/after table belongs to synthetic runs
+    assert 0.0 <= m["eval/heldout/em"] <= 1.0 and m["eval/avg_em"] == m["eval/heldout/em"]
+    assert res.em_before is None and "eval/em" not in m  # no data.test_files: no before/after EM
+
+
+def test_training_rows_must_be_named():
+    from searchr1_lld.factories import load_train_rows
+
+    with pytest.raises(ValueError, match="data.train_files is empty"):
+        load_train_rows(load_config(None))
+    with pytest.raises(FileNotFoundError, match="rows file nowhere.jsonl not found"):
+        load_train_rows(load_config(None, ["data.train_files=[nowhere.jsonl]"]))
 
 
 def test_max_prompt_length_is_enforced_on_the_training_prompts(tiny_world):
@@ -220,8 +229,7 @@ def test_max_prompt_length_is_enforced_on_the_training_prompts(tiny_world):
     from searchr1_lld.factories import check_prompt_lengths, load_train_rows
     from searchr1_lld.rollout.agent_loop import encode_prompt
 
-    cfg = load_config(None, ["data.world_config="])
-    rows = load_train_rows(cfg, tiny_world)
+    rows = load_train_rows(load_config(None, world_args(tiny_world)))
     tok = AutoTokenizer.from_pretrained(str(tiny_world / "tokenizer"))
     longest = max(len(encode_prompt(tok, r["question"], "tiny")) for r in rows)
     check_prompt_lengths(rows, tok, load_config(None, [f"data.max_prompt_length={longest}"]))  # fits exactly

@@ -17,6 +17,7 @@ sys.path.insert(0, "tests")
 from searchr1_lld.config import load_config
 from searchr1_lld.distributed import is_deepspeed, zero_stage
 from searchr1_lld.trainer import Trainer
+from conftest import on_world
 world, out = sys.argv[1], sys.argv[2]
 # 4 prompts x 4 responses, half rewarded: 8 correct responses, so some action span's likelihood falls after the
 # first update and the LLDS term is active (with 2 x 2 none fell on the by-role warm start)
@@ -25,7 +26,7 @@ cfg = load_config(None, [
     "rollout.max_turns=1", "rollout.max_tokens_per_turn=16", "rollout.max_obs_length=60", "rollout.max_total_length=1024",
     "trainer.lr=1e-3", "trainer.warmup_ratio=0", "trainer.weight_decay=0", "logging.progress_bar=false",
     "trainer.probe_every=0", f"trainer.output_dir={out}", "trainer.run_name=ds"])
-tr = Trainer(cfg, world_dir=world)
+tr = Trainer(on_world(cfg, world))
 real = tr.rollout
 def mixed(rows, **kw):
     trajs = real(rows, **kw)

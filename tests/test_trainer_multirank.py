@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from conftest import REPO_ROOT, free_port
+from conftest import REPO_ROOT, free_port, world_args
 
 OVERRIDES = [
     "trainer.train_batch_size=4", "rollout.n=2", "trainer.ppo_mini_batch_size=4", "trainer.ppo_epochs=1",
@@ -32,13 +32,12 @@ TIMEOUT_S = 540
 
 
 def _launch(kind: str, out_dir, world_dir) -> tuple[dict, float]:
-    world = ["data.world_config="]  # the test world in data.world_dir, as it is
     env = dict(os.environ)
     env.update({"PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1",
                 "TORCH_EXTENSIONS_DIR": str(REPO_ROOT / ".cache" / "torch_extensions")})
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
            str(REPO_ROOT / "configs" / "accelerate" / f"cpu_2proc_{kind}.yaml"), "--main_process_port",
-           str(free_port()), "tests/multirank_run.py", str(out_dir), *OVERRIDES, *world, f"data.world_dir={world_dir}"]
+           str(free_port()), "tests/multirank_run.py", str(out_dir), *OVERRIDES, *world_args(world_dir)]
     t0 = time.time()
     out = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     wall = time.time() - t0

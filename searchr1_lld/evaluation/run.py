@@ -9,28 +9,28 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from searchr1_lld.evaluation.files import TrajectoryLog, finalize, shard_rows, trajectories_path
-from searchr1_lld.evaluation.metrics import (SYNTHETIC, EvalError, dataset_metrics, parse_datasets,
+from searchr1_lld.evaluation.metrics import (EvalError, dataset_metrics, dataset_name, parse_datasets,
                                              record_from_trajectory, relative_gain, summarize)
 from searchr1_lld.evaluation.tables import markdown_table, write_tables
-from searchr1_lld.jsonl import read_jsonl
+from searchr1_lld.jsonl import read_rows
 
 
-def load_eval_rows(datasets: Sequence[str], *, world_dir: str | Path = ".cache/world", limit: int = 0,
-                   split: str | None = None, flashrag_dir: str | Path | None = None) -> dict[str, list[dict[str, Any]]]:
-    """Rows of each dataset (first ``limit`` rows when limit > 0).
+def load_eval_rows(datasets: Sequence[str], *, limit: int = 0, split: str | None = None,
+                   flashrag_dir: str | Path | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Rows of each dataset spec (:func:`~searchr1_lld.evaluation.metrics.parse_datasets`), keyed by its name; the
+    first ``limit`` rows when limit > 0.
 
-    ``synthetic``: ``world_dir/qa/test.jsonl``; a benchmark name: the FlashRAG loader in :mod:`data.flashrag`
-    (split = test if it exists, else dev, unless ``split`` is given; from the local mirror ``flashrag_dir`` or
-    $FLASHRAG_LOCAL_DIR when set, else the hub).
+    ``NAME=PATH``: the rows file at PATH; a benchmark name: the FlashRAG loader in
+    :mod:`searchr1_lld.data.flashrag` (split = test if it exists, else dev, unless ``split`` is given; from the local
+    mirror ``flashrag_dir`` or $FLASHRAG_LOCAL_DIR when set, else the hub).
     """
     out: dict[str, list[dict[str, Any]]] = {}
-    for name in datasets:
-        if name == SYNTHETIC:
-            path = Path(world_dir) / "qa" / f"{split or 'test'}.jsonl"
-            if not path.is_file():
-                raise EvalError(f"synthetic test split not found at {path}; build it with "
-                                f"`python -m data.build_world --out {world_dir}`")
-            rows = read_jsonl(path)
+    for spec in datasets:
+        name, sep, path = spec.partition("=")
+        if sep:
+            if not Path(path).is_file():
+                raise EvalError(f"dataset {name}: rows file {path} not found")
+            rows = read_rows(path)
         else:
             rows = _load_benchmark(name, split, flashrag_dir)
         if limit > 0:
@@ -38,19 +38,21 @@ def load_eval_rows(datasets: Sequence[str], *, world_dir: str | Path = ".cache/w
         ids = [str(r["id"]) for r in rows]
         if len(set(ids)) != len(ids):
             raise EvalError(f"dataset {name}: row ids are not unique (resume and sharding need unique ids)")
-        out[name] = rows
+        out[dataset_name(spec)] = rows
     return out
 
 
 def benchmark_rows(cfg: Any) -> dict[str, list[dict[str, Any]]]:
-    """The benchmarks a training run evaluates on (eval.datasets, first trainer.eval_limit or else eval.limit
-    questions of each); loaded once at the start so a missing dataset fails before training."""
-    return load_eval_rows(parse_datasets(cfg.eval.datasets), world_dir=cfg.data.world_dir,
-                          limit=cfg.trainer.eval_limit or cfg.eval.limit)
+    """The datasets a training run evaluates on every trainer.eval_every steps (eval.datasets, first
+    trainer.eval_limit or else eval.limit questions of each); loaded once at the start so a missing dataset fails
+    before training. {} when eval.datasets is empty."""
+    if not cfg.eval.datasets:
+        return {}
+    return load_eval_rows(parse_datasets(cfg.eval.datasets), limit=cfg.trainer.eval_limit or cfg.eval.limit)
 
 
 def _load_benchmark(name: str, split: str | None, flashrag_dir: str | Path | None) -> list[dict[str, Any]]:
-    from data import flashrag  # the FlashRAG loader (hub or local mirror)
+    from searchr1_lld.data import flashrag  # the FlashRAG loader (hub or local mirror)
 
     try:
         return list(flashrag.load_eval_rows(name, split, local_dir=flashrag_dir))

@@ -7,7 +7,8 @@
     python -m searchr1_lld.lab --runs-dir runs/lab-90 --extend-from runs/lab trainer.total_steps=90   # 30 more steps
 
 What one lab does
-    1. one synthetic world (``data.build_world.ensure_world``; ``--world-dir`` or ``.cache/lab-world-<config hash>``)
+    1. one synthetic world (``searchr1_lld.world.ensure_world`` of the lab config's ``world: FILE``; ``--world-dir`` or
+       ``.cache/lab-world-<config hash>``)
        and one in-process retriever shared by every run;
     2. the warm-started policy evaluated once (greedy, test split): the "warm start" row of the EM table;
     3. for every seed, for every method: ``searchr1_lld.trainer.Trainer(cfg).run()`` (metrics.jsonl, the monitor's
@@ -28,7 +29,7 @@ Numbers in the report
     (what ``results.json`` calls ``em``), not the mean of the two columns. Sampled EM: mean EM over all N x questions
     rollouts (what the training reward measures; greedy EM scores the policy's mode, which can drift from it).
     Copy or recall: per split (test; the first N training questions), EM and where the answers came from, judged from
-    the passages each trajectory retrieved (``running.provenance``; ``data.tiny_policy.answer_provenance``): a gold
+    the passages each trajectory retrieved (``running.provenance``; ``world.measure.answer_provenance``): a gold
     passage retrieved, the answer copied from one, right without one (recalled, or guessed).
     Phases: the trainer's phase detector (``phase/name`` per step in metrics.jsonl): first step and number of steps in
     each phase; early-warning steps are recomputed with the same detector (:class:`searchr1_lld.monitor.PhaseDetector`).

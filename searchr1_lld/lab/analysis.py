@@ -122,7 +122,7 @@ def lld_verdict(trend: dict[str, float], phases: dict[str, Any]) -> str:
 
 
 PROVENANCE_SPLITS = ("test", "train")
-# where the answers came from (running.provenance; data.tiny_policy.provenance_rates), in the report's column order
+# where the answers came from (running.provenance; world.measure.provenance_rates), in the report's column order
 PROVENANCE_KEYS = ("em", "gold_retrieved_rate", "answer_copied_rate", "right_without_gold_rate", "answer_in_passages_rate")
 
 

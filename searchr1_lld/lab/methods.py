@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from searchr1_lld.config import Config, ConfigError, flatten_dict, load_config
+from searchr1_lld.config import (Config, ConfigError, apply_overrides, config_from_dict, flatten_dict, read_yaml,
+                                 resolve_repo_path)
 from searchr1_lld.config import config_differences as differences
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -69,16 +70,41 @@ def run_name(method: Method, seed: int) -> str:
     return f"{method.key}-seed{seed}"
 
 
+def read_lab_config(config_path: str | Path, overrides: Sequence[str]) -> tuple[dict[str, Any], str, list[str]]:
+    """A lab config is a run config plus ``world: FILE`` (the synthetic world's config, configs/world/*.yaml, which
+    the lab builds and trains on). Returns (the run settings, the world config file, the overrides that are not
+    ``world=FILE``)."""
+    values = read_yaml(resolve_repo_path(config_path))
+    world = str(values.pop("world", "") or "")
+    rest = []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if sep and key.strip() == "world":
+            world = value.strip()
+        else:
+            rest.append(item)
+    return values, world, rest
+
+
+def lab_config(config_path: str | Path, overrides: Sequence[str], world_dir: str | Path) -> Config:
+    """The lab config's run settings on the world in ``world_dir`` (its policy, index and splits: the world's
+    ``trainer_overrides``) with ``overrides`` on top."""
+    from searchr1_lld.world import trainer_overrides
+
+    values, _, rest = read_lab_config(config_path, overrides)
+    return config_from_dict(apply_overrides(values, [*trainer_overrides(world_dir), *rest]))
+
+
 def method_config(config_path: str | Path, overrides: Sequence[str], method: Method, seed: int, *,
                   world_dir: str | Path, runs_dir: str | Path) -> Config:
     """The full config of one run: lab config + user overrides + the method's LLDS switches + seed and bookkeeping."""
-    return load_config(config_path, [
-        *overrides, *method.overrides, f"trainer.seed={seed}", f"data.world_dir={world_dir}",
+    return lab_config(config_path, [
+        *overrides, *method.overrides, f"trainer.seed={seed}",
         f"trainer.output_dir={runs_dir}", f"trainer.run_name={run_name(method, seed)}",
         # resumable: an interrupted run continues from its last checkpoint (trainer.save_every of the lab config);
         # the trained policy is evaluated in memory (and every trainer.eval_every steps, when the config sets it)
         "trainer.resume=auto", "logging.wandb=false",
-    ])
+    ], world_dir)
 
 
 def config_differences(a: Config, b: Config) -> list[str]:

@@ -11,50 +11,56 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from searchr1_lld.config import Config, ConfigError, flatten_dict, load_config, load_world_config
+from searchr1_lld.config import Config, ConfigError, flatten_dict
 from searchr1_lld.lab.analysis import (TEST_EM_KEY, aggregate, aggregate_curves, curve_summary, lld_verdict,
                                        load_records, phase_summary, test_em_curve, trend_summary, warning_summary)
 from searchr1_lld.lab.methods import (REPO_ROOT, RUN_KEYS, RUN_PLAN, RUN_RECORD, Method, check_only_llds_differs,
-                                      method_config, run_name, shared_settings)
+                                      lab_config, method_config, read_lab_config, run_name, shared_settings)
 from searchr1_lld.lab.plots import plot_curves
 from searchr1_lld.lab.report import fmt, relink, write_report
 
 
-def resolve_world_dir(cfg: Config, world_dir: str | None) -> Path:
-    """``--world-dir`` as given; else ``data.world_dir`` when it already holds a finished world built from exactly
-    ``data.world_config`` (no second build of the same world); else ``.cache/lab-world-<hash of that world>``. The lab never
-    builds into the shared default dir, which other tools rebuild when their world config differs."""
+# the run-config keys the world's trainer_overrides set (paths into the world dir)
+WORLD_KEYS = ("model.path", "model.tokenizer_path", "retriever.mode", "retriever.index_dir", "data.source",
+              "data.train_files", "data.test_files")
+SHARED_WORLD_DIR = REPO_ROOT / ".cache" / "world"  # the demo's world dir
+
+
+def resolve_world_dir(world_config: str, world_dir: str | None) -> Path:
+    """``--world-dir`` as given; else the demo's ``.cache/world`` when it already holds a finished world built from
+    exactly ``world_config`` (no second build of the same world); else ``.cache/lab-world-<hash of that world>``. The
+    lab never builds into the shared default dir, which other tools rebuild when their world config differs."""
     if world_dir:
         return Path(world_dir)
-    from data.build_world import is_built, world_config_hash
+    from searchr1_lld.world import is_built, load_world_config, world_config_hash
 
-    shared = Path(cfg.data.world_dir)
-    shared = shared if shared.is_absolute() else REPO_ROOT / shared
-    world = load_world_config(cfg.data.world_config or None)
-    if is_built(shared, world):
-        return shared
+    world = load_world_config(world_config or None)
+    if is_built(SHARED_WORLD_DIR, world):
+        return SHARED_WORLD_DIR
     return REPO_ROOT / ".cache" / f"lab-world-{world_config_hash(world)}"
 
 
 def trained_world_dir(runs_dir: Path) -> Path | None:
-    """The one world dir the finished runs in ``runs_dir`` record (their lab_run.json's ``data.world_dir``) when it
-    still holds a world (world.json); None when the runs name none, several, or one that is gone."""
-    from data.build_world import read_card
+    """The one world dir the finished runs in ``runs_dir`` record (the parent of their lab_run.json's
+    ``model.path``) when it still holds a world (world.json); None when the runs name none, several, or one that is
+    gone."""
+    from searchr1_lld.world import read_card
 
-    recorded = {json.loads(p.read_text())["config"]["data"]["world_dir"] for p in runs_dir.glob(f"*/{RUN_RECORD}")}
+    recorded = {str(Path(json.loads(p.read_text())["config"]["model"]["path"]).parent)
+                for p in runs_dir.glob(f"*/{RUN_RECORD}")}
     if len(recorded) != 1:
         return None
     path = Path(recorded.pop())
     return path if read_card(path) is not None else None
 
 
-def prepare_world(cfg: Config, world_dir: Path, explicit: bool) -> dict[str, Any]:
+def prepare_world(world_config: str, world_dir: Path, explicit: bool) -> dict[str, Any]:
     """Build the world if needed and return its card. An explicit ``--world-dir`` that holds a world is used as is."""
-    from data.build_world import ensure_world, read_card
+    from searchr1_lld.world import ensure_world, load_world_config, read_card
 
     card = read_card(world_dir)
     if card is None or not explicit:
-        ensure_world(world_dir, load_world_config(cfg.data.world_config or None), progress=True)
+        ensure_world(world_dir, load_world_config(world_config or None), progress=True)
         card = read_card(world_dir)
     if card is None:
         raise RuntimeError(f"no world card in {world_dir} after building")
@@ -62,6 +68,14 @@ def prepare_world(cfg: Config, world_dir: Path, explicit: bool) -> dict[str, Any
 
 
 SAMPLED_SEED = 0  # every policy's sampled evaluation draws from the same seed
+WORLD_DATASET = "synthetic"  # the name the world's splits are evaluated under
+
+
+def world_rows(world_dir: Path, split: str, limit: int) -> dict[str, list[dict[str, Any]]]:
+    """``{"synthetic": rows}`` of the world's ``split`` (qa/<split>.jsonl), the first ``limit`` (0 = all)."""
+    from searchr1_lld import evaluation as ev
+
+    return ev.load_eval_rows([f"{WORLD_DATASET}={Path(world_dir) / 'qa' / f'{split}.jsonl'}"], limit=limit)
 
 
 def _eval_engine(model: Any, tokenizer: Any, cfg: Config, seed: int | None = None) -> Any:
@@ -103,12 +117,11 @@ def exclusive(lock_path: Path):
 
 def evaluate_policy(model: Any, tokenizer: Any, retriever: Any, cfg: Config, world_dir: Path, out_dir: Path,
                     name: str, split: str | None = None, limit: int | None = None) -> dict[str, Any]:
-    """Greedy evaluation of an in-memory policy with the evaluator library on the world's ``split`` (default:
-    ``data.test_split``), first ``limit`` questions (default ``eval.limit``; 0 = all); returns results.json."""
+    """Greedy evaluation of an in-memory policy with the evaluator library on the world's ``split`` (default: test),
+    first ``limit`` questions (default ``eval.limit``; 0 = all); returns results.json."""
     from searchr1_lld import evaluation as ev
 
-    rows = ev.load_eval_rows([ev.SYNTHETIC], world_dir=world_dir, limit=cfg.eval.limit if limit is None else limit,
-                             split=split or cfg.data.test_split)
+    rows = world_rows(world_dir, split or "test", cfg.eval.limit if limit is None else limit)
     rollout_cfg = ev.eval_rollout_config(cfg.rollout, max_turns=cfg.eval.max_turns, topk=cfg.eval.topk)
     if out_dir.exists():
         shutil.rmtree(out_dir)  # results always belong to this policy (the evaluator would resume otherwise)
@@ -127,8 +140,7 @@ def evaluate_sampled(model: Any, tokenizer: Any, retriever: Any, cfg: Config, wo
     question at ``rollout.temperature`` (what the training reward measures), seed ``SAMPLED_SEED``."""
     from searchr1_lld import evaluation as ev
 
-    rows = ev.load_eval_rows([ev.SYNTHETIC], world_dir=world_dir, limit=cfg.eval.limit,
-                             split=cfg.data.test_split)[ev.SYNTHETIC]
+    rows = world_rows(world_dir, "test", cfg.eval.limit)[WORLD_DATASET]
     rollout_cfg = ev.eval_rollout_config(cfg.rollout, max_turns=cfg.eval.max_turns, topk=cfg.eval.topk)
     t0 = time.time()
     with _eval_mode(model):
@@ -184,8 +196,8 @@ def train_eval_done(eval_dir: Path, questions: int, world_dir: Path) -> bool:
     path = eval_dir / "results.json"
     if not path.is_file():
         return False
-    rows = ev.load_eval_rows([ev.SYNTHETIC], world_dir=world_dir, limit=questions, split="train")[ev.SYNTHETIC]
-    return ev.load_results(eval_dir)["datasets"][ev.SYNTHETIC]["n"] == len(rows)
+    rows = world_rows(world_dir, "train", questions)[WORLD_DATASET]
+    return ev.load_results(eval_dir)["datasets"][WORLD_DATASET]["n"] == len(rows)
 
 
 def evaluate_train(model: Any, tokenizer: Any, retriever: Any, cfg: Config, world_dir: Path, eval_dir: Path,
@@ -196,9 +208,9 @@ def evaluate_train(model: Any, tokenizer: Any, retriever: Any, cfg: Config, worl
 
 
 def provenance(eval_dir: Path, contents_of: dict[str, str]) -> dict[str, Any] | None:
-    """EM and where the answers came from (:func:`data.tiny_policy.provenance_rates`) over the trajectories of the
+    """EM and where the answers came from (:func:`searchr1_lld.world.measure.provenance_rates`) over the trajectories of the
     evaluation in ``eval_dir``; None when there is none."""
-    from data.tiny_policy import answer_provenance, provenance_rates
+    from searchr1_lld.world.measure import answer_provenance, provenance_rates
     from searchr1_lld.evaluation.files import read_records
     from searchr1_lld.evaluation.metrics import TRAJECTORIES
 
@@ -221,11 +233,11 @@ def eval_summary(results: dict[str, Any]) -> dict[str, Any]:
 
 def settings_diff(cfg: Config, trained: dict[str, Any]) -> list[str]:
     """Dotted keys whose values differ between ``cfg`` and the config dict a run was ``trained`` with, bookkeeping
-    keys (:data:`RUN_KEYS`) aside. The world is not compared: the report describes the world actually used from its
-    card (world.json), and resuming onto another world is refused by the trainer."""
+    keys (:data:`RUN_KEYS`) aside. The world's paths are not compared (:data:`WORLD_KEYS`): the report describes the
+    world actually used from its card (world.json), and resuming onto other inputs is refused by the trainer."""
     want, got = flatten_dict(cfg.to_dict()), flatten_dict(trained)
     return sorted(k for k in want.keys() | got.keys()
-                  if k not in RUN_KEYS and not k.startswith("data.world") and want.get(k) != got.get(k))
+                  if k not in RUN_KEYS and k not in WORLD_KEYS and want.get(k) != got.get(k))
 
 
 def shorter_run(run_dir: Path, cfg: Config) -> dict[str, Any] | None:
@@ -283,7 +295,7 @@ def run_one(cfg: Config, method: Method, seed: int, world_dir: Path, retriever: 
     shutil.rmtree(run_dir / TRAIN_EVAL_DIR, ignore_errors=True)  # an earlier policy's; this one's is written below
     (run_dir / RUN_PLAN).write_text(plan)
     t0 = time.time()
-    trainer = Trainer(cfg, run_dir=run_dir, retriever=retriever, world_dir=world_dir)
+    trainer = Trainer(cfg, run_dir=run_dir, retriever=retriever)
     result = trainer.run(evaluate=False, allow_changes=allow)
     t_train = time.time() - t0 + earlier_train_s
     t1 = time.time()
@@ -316,7 +328,7 @@ def warm_start_sampled(cfg: Config, world_dir: Path, retriever: Any, path: Path,
                        fresh: bool = False) -> dict[str, Any]:
     """The warm start's sampled evaluation, cached in ``path`` (recomputed when the sample count or the world's
     config hash differs, or ``fresh``)."""
-    from data.build_world import read_card
+    from searchr1_lld.world import read_card
 
     world_hash = (read_card(world_dir) or {}).get("config_hash")
     if path.is_file() and not fresh:
@@ -398,13 +410,12 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
         raise ConfigError(f"--sampled and --train-eval must be >= 0 (got {sampled}, {train_eval})")
     t_start = time.time()
     out_dir, runs_dir = Path(out_dir), Path(runs_dir)
-    base = load_config(config_path, list(overrides))
-    wdir = resolve_world_dir(base, world_dir)
-    from data.build_world import read_card
+    _, world_config, _ = read_lab_config(config_path, overrides)
+    wdir = resolve_world_dir(world_config, world_dir)
+    from searchr1_lld.world import read_card
 
     if report_only and world_dir is None and read_card(wdir) is None:
-        # the world hash covers the recipe's source, so an edit of it (even one that builds the same weights) names
-        # another dir: a report of finished runs reads the world they trained on
+        # a report of finished runs reads the world they trained on (e.g. one built with --world-dir)
         trained = trained_world_dir(runs_dir)
         if trained is not None:
             print(f"[lab] --report-only: {wdir} holds no world; reading the one the runs trained on, {trained}",
@@ -412,6 +423,7 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
             wdir = trained
     configs = {(m.key, s): method_config(config_path, overrides, m, s, world_dir=wdir, runs_dir=runs_dir)
                for s in seeds for m in methods}
+    base = lab_config(config_path, overrides, wdir)
     check_only_llds_differs(list(configs.values()))
     from retriever import make_retriever
 
@@ -419,7 +431,7 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
     def retriever_of_world() -> Any:
         """One retriever shared by every run, made on first use: the config's (in-process by default: the world's
         index)."""
-        return make_retriever(base.retriever, default_index_dir=wdir / "index")
+        return make_retriever(base.retriever)
 
     @functools.cache
     def corpus_of_world() -> dict[str, str]:
@@ -434,13 +446,11 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
                 "train": provenance(policy_dir / TRAIN_EVAL_DIR, corpus_of_world()) if train_eval else None}
 
     if not report_only:
-        card = prepare_world(base, wdir, explicit=world_dir is not None)
+        card = prepare_world(world_config, wdir, explicit=world_dir is not None)
         print(f"[lab] world {wdir}; {len(configs)} runs; runs in {runs_dir}", flush=True)
     # one job evaluates the warm start, the others wait and read it (--report-only writes nothing there)
     with exclusive(runs_dir / "warm_start.lock") if not report_only else contextlib.nullcontext():
         if report_only:
-            from data.build_world import read_card
-
             card = read_card(wdir) or {}
             warm = load_warm_start(runs_dir / "warm_start" / "eval")
         else:

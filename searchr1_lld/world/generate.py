@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from searchr1_lld.config import WorldConfig
-from searchr1_lld.jsonl import read_jsonl  # noqa: F401  (re-exported: data.world.read_jsonl)
+from searchr1_lld.world.config import MULTI_HOP_FAMILIES, WorldConfig, validate_world
 from searchr1_lld.prompts import normalize_question
 from searchr1_lld.rewards import normalize_answer
 
@@ -249,12 +248,13 @@ MULTI_HOP = {
     "birthplace_river": ["Which river flows through the birthplace of {s}?",
                          "Which river flows through the city where {s} was born?"],
     # year answers from the second passage (a city's founding year); not in the default world, chosen by
-    # WorldConfig.multi_hop_families (docs/lab/warm_start.md, session 9)
+    # WorldConfig.multi_hop_families
     "hq_founded_year": ["In which year was the headquarters city of {s} founded?",
                         "When was the city where {s} is headquartered founded?"],
     "birthplace_founded_year": ["In which year was the birthplace of {s} founded?",
                                 "When was the city where {s} was born founded?"],
 }
+assert tuple(MULTI_HOP) == MULTI_HOP_FAMILIES, "config.MULTI_HOP_FAMILIES names the families of MULTI_HOP"
 
 
 def _river_golds(river: str) -> list[str]:
@@ -367,26 +367,9 @@ def _split_labels(rng: random.Random, n: int, share: float) -> list[str]:
     return labels
 
 
-def validate_world_config(cfg: WorldConfig) -> None:
-    """Clear errors for sizes the generator cannot honour."""
-    for key in ("num_people", "num_cities", "num_companies", "num_rivers"):
-        if getattr(cfg, key) < 2:
-            raise ValueError(f"world.{key} must be >= 2 (got {getattr(cfg, key)})")
-    if cfg.distractors_per_entity < 0:
-        raise ValueError(f"world.distractors_per_entity must be >= 0 (got {cfg.distractors_per_entity})")
-    if not 0 <= cfg.multi_hop_fraction <= 1:
-        raise ValueError(f"world.multi_hop_fraction must be in [0, 1] (got {cfg.multi_hop_fraction})")
-    if cfg.num_train_questions < 1 or cfg.num_test_questions < 1:
-        raise ValueError("world.num_train_questions and world.num_test_questions must be >= 1")
-    unknown = sorted(set(cfg.multi_hop_families) - set(MULTI_HOP))
-    if unknown or not cfg.multi_hop_families:
-        raise ValueError(f"world.multi_hop_families must be a non-empty list of {sorted(MULTI_HOP)} (got "
-                         f"{list(cfg.multi_hop_families)}; unknown: {unknown})")
-
-
 def generate_world(cfg: WorldConfig) -> World:
     """Deterministically build the whole world (entities, corpus, QA splits) from ``cfg``."""
-    validate_world_config(cfg)
+    validate_world(cfg)
     rng = random.Random(cfg.seed)
     names = _NameMaker(rng)
     share = _test_share(cfg)

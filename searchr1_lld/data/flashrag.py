@@ -15,7 +15,7 @@ dataset has one, else ``dev`` (nq/triviaqa/popqa/bamboogle: test; hotpotqa/2wiki
 
 CLI::
 
-    python -m data.flashrag --out DIR [--local-dir DIR] [--datasets nq hotpotqa ...] [--train-mix nq+hotpotqa]
+    python -m searchr1_lld.data.flashrag --out DIR [--local-dir DIR] [--datasets nq hotpotqa ...] [--train-mix nq+hotpotqa]
            [--format jsonl|parquet]
 
 writes ``DIR/train.<fmt>`` (the mix), ``DIR/test/<name>.<fmt>`` per evaluation set and ``DIR/data_card.json``
@@ -164,7 +164,7 @@ def load_split(name: str, split: str, *, local_dir: Optional[str | Path] = None,
     except Exception as e:  # offline, unknown config, missing split: say which and how to work offline
         raise FlashRAGError(f"cannot load {repo} config {name!r} split {split!r} from the hub ({type(e).__name__}: "
                             f"{e}). Offline? Mirror the FlashRAG files as <dir>/{name}/{split}.jsonl and pass "
-                            f"<dir> as the local mirror (eval.py --flashrag-dir, python -m data.flashrag --local-dir; "
+                            f"<dir> as the local mirror (eval.py --flashrag-dir, python -m searchr1_lld.data.flashrag --local-dir; "
                             f"or set {LOCAL_DIR_ENV})") from e
     return convert(ds, name, split)
 
@@ -298,7 +298,7 @@ def prepare(out_dir: str | Path, *, local_dir: Optional[str | Path] = None, data
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data.flashrag", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m searchr1_lld.data.flashrag", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--local-dir", default=None, help=f"FlashRAG-format mirror <dir>/<name>/<split>.jsonl "
                                                      f"(default ${LOCAL_DIR_ENV}; unset = the HF hub)")

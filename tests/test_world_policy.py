@@ -9,8 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from data import tiny_policy as TP
-from data.world import passage_title, read_jsonl
+from searchr1_lld.world import drills as DR
+from searchr1_lld.world import measure as ME
+from searchr1_lld.world import tokenizer as TOK
+from searchr1_lld.world import trajectories as TR
+from searchr1_lld.world import warm_start as WS
+from searchr1_lld.world.generate import passage_title
+from searchr1_lld.jsonl import read_jsonl
 from searchr1_lld import prompts as P
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -29,14 +34,14 @@ def _sample_texts(world: Path) -> list[str]:
 def test_every_corpus_year_is_one_token_with_its_space(tiny_world: Path, tiny_tokenizer) -> None:
     """A year of the corpus is one token, like a name word (' 1874' after a space); other numbers stay digits."""
     corpus = read_jsonl(tiny_world / "corpus.jsonl")
-    years = TP.corpus_years([p["contents"] for p in corpus])
+    years = TOK.corpus_years([p["contents"] for p in corpus])
     assert years and all(len(y) == 4 for y in years)
     for y in years:
         assert len(tiny_tokenizer.encode(f" {y}", add_special_tokens=False)) == 1, y
         ids = tiny_tokenizer.encode(f"<answer> {y} </answer>", add_special_tokens=False)
         assert tiny_tokenizer.decode(ids) == f"<answer> {y} </answer>" and len(ids) == 4
     assert len(tiny_tokenizer.encode(" 45", add_special_tokens=False)) == 3  # other numbers: space + digits
-    assert TP.corpus_years(["born in 1874, 450 km, in 2000 or 19999 and 0999"]) == ["1874", "2000"]
+    assert TOK.corpus_years(["born in 1874, 450 km, in 2000 or 19999 and 0999"]) == ["1874", "2000"]
 
 
 def test_tags_are_single_non_special_tokens(tiny_tokenizer) -> None:
@@ -47,7 +52,7 @@ def test_tags_are_single_non_special_tokens(tiny_tokenizer) -> None:
     text = "<think> a </think><search> b </search><answer> c </answer>"
     ids = tiny_tokenizer.encode(text, add_special_tokens=False) + [tiny_tokenizer.eos_token_id]
     assert tiny_tokenizer.decode(ids, skip_special_tokens=True) == text  # tags survive, eos does not
-    assert tiny_tokenizer.eos_token == TP.EOS_TOKEN and tiny_tokenizer.pad_token == TP.PAD_TOKEN
+    assert tiny_tokenizer.eos_token == TOK.EOS_TOKEN and tiny_tokenizer.pad_token == TOK.PAD_TOKEN
     assert tiny_tokenizer.pad_token_id != tiny_tokenizer.eos_token_id
 
 
@@ -59,8 +64,8 @@ def test_tokenizer_round_trip_ids_identical(tiny_world: Path, tiny_tokenizer, tm
     texts = _sample_texts(tiny_world)
     corpus = read_jsonl(tiny_world / "corpus.jsonl")
     rows = read_jsonl(tiny_world / "qa" / "train.jsonl")
-    years = TP.corpus_years([p["contents"] for p in corpus])
-    fresh = TP.train_tokenizer(TP.tokenizer_training_texts(corpus, rows), len(tiny_tokenizer) - len(years),
+    years = TOK.corpus_years([p["contents"] for p in corpus])
+    fresh = TOK.train_tokenizer(TOK.tokenizer_training_texts(corpus, rows), len(tiny_tokenizer) - len(years),
                                year_tokens=years)
     from_model_dir = AutoTokenizer.from_pretrained(str(tiny_world / "model"))
     tiny_tokenizer.save_pretrained(str(tmp_path / "again"))
@@ -98,9 +103,9 @@ def test_a_foreign_pre_tokenizer_would_break_the_round_trip(tiny_world: Path, tm
     corpus = [d["contents"] for d in read_jsonl(tiny_world / "corpus.jsonl")]
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=[TP.EOS_TOKEN],
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=[TOK.EOS_TOKEN],
                                                         show_progress=False))
-    hf = Qwen2Tokenizer(tokenizer_object=tok, eos_token=TP.EOS_TOKEN, pad_token=TP.EOS_TOKEN, unk_token=None)
+    hf = Qwen2Tokenizer(tokenizer_object=tok, eos_token=TOK.EOS_TOKEN, pad_token=TOK.EOS_TOKEN, unk_token=None)
     hf.save_pretrained(str(tmp_path / "bad"))
     reloaded = AutoTokenizer.from_pretrained(str(tmp_path / "bad"))
     assert any(hf.encode(t, add_special_tokens=False) != reloaded.encode(t, add_special_tokens=False)
@@ -131,7 +136,7 @@ def test_make_model_rejects_bad_shapes(tiny_tokenizer, tiny_world_config) -> Non
     import dataclasses
 
     with pytest.raises(ValueError, match="divisible by model_heads"):
-        TP.make_model(dataclasses.replace(tiny_world_config, model_hidden_size=66), tiny_tokenizer)
+        WS.make_model(dataclasses.replace(tiny_world_config, model_hidden_size=66), tiny_tokenizer)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -144,20 +149,20 @@ def test_masked_lm_loss_by_hand() -> None:
     logits = torch.zeros(1, 3, 2)
     ids = torch.tensor([[0, 1, 0]])
     mask = torch.tensor([[1, 0, 1]])  # mask[0, 0] is ignored (no prediction for the first token)
-    assert TP.masked_lm_loss(logits, ids, mask).item() == pytest.approx(math.log(2))
+    assert WS.masked_lm_loss(logits, ids, mask).item() == pytest.approx(math.log(2))
     # a confident correct prediction at t=2: logits[0, 1] favour token 0 by 10 nats
     logits[0, 1] = torch.tensor([10.0, 0.0])
-    assert TP.masked_lm_loss(logits, ids, mask).item() == pytest.approx(math.log1p(math.exp(-10)), abs=1e-6)
+    assert WS.masked_lm_loss(logits, ids, mask).item() == pytest.approx(math.log1p(math.exp(-10)), abs=1e-6)
 
 
 def test_name_shuffler_renames_consistently() -> None:
     """One bijection per trajectory over name words (suffixes like 'Works' kept) and years, applied to the prompt,
     the generated text and the retrieved documents alike: the trajectory stays self-consistent."""
-    segs = [TP.Segment("Question: Who founded Velmora Works in 1850?", False),
-            TP.Segment("<search> Velmora Works </search>", True),
-            TP.Segment("obs", False, hits=[{"id": "0", "contents": '"Velmora Works"\nfounded in 1850 by Ash Bren.'}]),
-            TP.Segment("<answer> Ash Bren </answer>", True)]
-    shuffler = TP.NameShuffler(["Velmora", "Works", "Ash", "Bren", "Kol", "Tiv"])
+    segs = [TR.Segment("Question: Who founded Velmora Works in 1850?", False),
+            TR.Segment("<search> Velmora Works </search>", True),
+            TR.Segment("obs", False, hits=[{"id": "0", "contents": '"Velmora Works"\nfounded in 1850 by Ash Bren.'}]),
+            TR.Segment("<answer> Ash Bren </answer>", True)]
+    shuffler = TR.NameShuffler(["Velmora", "Works", "Ash", "Bren", "Kol", "Tiv"])
     assert "Works" not in shuffler.words
     out = shuffler(segs, random.Random(3))
     query = out[1].text.split()[1]
@@ -180,7 +185,7 @@ def test_permutation_draws_what_random_sample_draws() -> None:
         items = [f"w{i}" for i in range(n)]
         for seed in range(5):
             a, b = random.Random(seed), random.Random(seed)
-            assert TP.permutation(a, items) == b.sample(items, n)
+            assert TR.permutation(a, items) == b.sample(items, n)
             assert a.getrandbits(64) == b.getrandbits(64)
 
 
@@ -188,9 +193,9 @@ def test_name_shuffler_maps_years_onto_the_year_pool() -> None:
     """With a year pool (the corpus' years, one token each) every year becomes a pool year, one bijection per
     trajectory: two different years never collide, the same year is renamed alike everywhere."""
     pool = ["1021", "1340", "1788", "1874", "1902", "2000"]
-    shuffler = TP.NameShuffler(["Ash", "Bren"], years=pool)
-    segs = [TP.Segment("Ash was born in 1874; Bren founded it in 2000.", False),
-            TP.Segment("<answer> 1874 </answer>", True)]
+    shuffler = TR.NameShuffler(["Ash", "Bren"], years=pool)
+    segs = [TR.Segment("Ash was born in 1874; Bren founded it in 2000.", False),
+            TR.Segment("<answer> 1874 </answer>", True)]
     seen = set()
     for k in range(30):
         out = shuffler(segs, random.Random(k))
@@ -200,14 +205,14 @@ def test_name_shuffler_maps_years_onto_the_year_pool() -> None:
         assert out[1].text == f"<answer> {born} </answer>"
         seen.add(born)
     assert len(seen) >= 4
-    assert TP.NameShuffler(["Ash"], years=pool)([TP.Segment("in 1555", False)], random.Random(0))[0].text[3:] in pool
+    assert TR.NameShuffler(["Ash"], years=pool)([TR.Segment("in 1555", False)], random.Random(0))[0].text[3:] in pool
 
 
 def test_name_shuffler_keeps_each_word_in_its_role() -> None:
     """Renaming by role: a city is renamed to a city, a first name to a first name, in every trajectory."""
     groups = {"city": ["Mora", "Kudan", "Velb"], "person_first": ["Ash", "Kol", "Tiv"], "person_last": ["Bren", "Dax"]}
-    shuffler = TP.NameShuffler(groups)
-    segs = [TP.Segment("Where was Ash Bren born? Ash Bren was born in Mora.", False)]
+    shuffler = TR.NameShuffler(groups)
+    segs = [TR.Segment("Where was Ash Bren born? Ash Bren was born in Mora.", False)]
     for k in range(30):
         words = shuffler(segs, random.Random(k))[0].text.rstrip(".").replace("?", "").split()
         assert words[2] in groups["person_first"] and words[3] in groups["person_last"]
@@ -221,7 +226,7 @@ def test_plans_cover_every_kind() -> None:
              "metadata": {"hops": 1, "family": "person_birth_year", "subject": "A B", "bridge": ""}},
             {"question": "In which year was the founder of C Works born?", "golden_answers": ["1850"],
              "metadata": {"hops": 2, "family": "founder_birth_year", "subject": "C Works", "bridge": "D E"}}]
-    plans = TP.plan_trajectories(rows, 400, quality=0.5, seed=0)
+    plans = TR.plan_trajectories(rows, 400, quality=0.5, seed=0)
     kinds = {p.kind for p in plans}
     assert kinds == {"correct", "guess_after_search", "no_search", "one_hop_only", "malformed"}
     share_correct = sum(p.kind == "correct" for p in plans) / len(plans)
@@ -247,10 +252,10 @@ def test_one_hop_share_makes_multi_hop_plans_stop_after_the_first_hop() -> None:
         sel = [p for p in plans if p.row["metadata"]["hops"] == hops]
         return sum(p.kind == "one_hop_only" for p in sel) / len(sel)
 
-    base = TP.plan_trajectories(rows, 2000, quality=0.6, seed=0)
-    skewed = TP.plan_trajectories(rows, 2000, quality=0.6, seed=0, one_hop_share=0.6)
+    base = TR.plan_trajectories(rows, 2000, quality=0.6, seed=0)
+    skewed = TR.plan_trajectories(rows, 2000, quality=0.6, seed=0, one_hop_share=0.6)
     # drawn before the quality draw: 0.6 + 0.4 x (0.4 x the flaw weight of one_hop_only) of the multi-hop plans
-    expected = 0.6 + 0.4 * 0.4 * TP.FLAWED_KINDS["one_hop_only"] / sum(TP.FLAWED_KINDS.values())
+    expected = 0.6 + 0.4 * 0.4 * TR.FLAWED_KINDS["one_hop_only"] / sum(TR.FLAWED_KINDS.values())
     assert abs(one_hop_rate(skewed, 2) - expected) < 0.04
     assert one_hop_rate(base, 2) < 0.25
     assert abs(one_hop_rate(skewed, 1) - one_hop_rate(base, 1)) < 0.04  # single-hop plans are left alone
@@ -258,7 +263,7 @@ def test_one_hop_share_makes_multi_hop_plans_stop_after_the_first_hop() -> None:
         if p.kind == "one_hop_only":
             assert p.queries == [p.row["metadata"]["subject"]]  # it still searches for the subject first
     with pytest.raises(ValueError, match="one_hop_share"):
-        TP.plan_trajectories(rows, 10, quality=0.6, seed=0, one_hop_share=1.5)
+        TR.plan_trajectories(rows, 10, quality=0.6, seed=0, one_hop_share=1.5)
 
 
 def test_segments_match_the_rollout_token_layout(tiny_world: Path, tiny_tokenizer, world_rows) -> None:
@@ -267,13 +272,13 @@ def test_segments_match_the_rollout_token_layout(tiny_world: Path, tiny_tokenize
     from searchr1_lld.rollout.agent_loop import ObservationTokenizer, encode_prompt
 
     row = next(r for r in world_rows if r["metadata"]["hops"] == 2)
-    plan = TP.TrajectoryPlan(row, "malformed", [row["metadata"]["subject"], row["metadata"]["bridge"]],
+    plan = TR.TrajectoryPlan(row, "malformed", [row["metadata"]["subject"], row["metadata"]["bridge"]],
                              row["golden_answers"][0], malformed_turn="<answer> guess")
     retriever = InProcessRetriever(tiny_world / "index")
     hits = retriever.search(plan.queries, 3)
     hits_of = dict(zip(plan.queries, hits))
-    segs = TP.render_segments(plan, hits_of, tiny_tokenizer.eos_token, random.Random(0))
-    ids, mask = TP.tokenize_segments(segs, tiny_tokenizer)
+    segs = TR.render_segments(plan, hits_of, tiny_tokenizer.eos_token, random.Random(0))
+    ids, mask = TR.tokenize_segments(segs, tiny_tokenizer)
 
     observe = ObservationTokenizer(tiny_tokenizer, 500)
     prompt = encode_prompt(tiny_tokenizer, row["question"], "tiny")
@@ -290,7 +295,7 @@ def test_segments_match_the_rollout_token_layout(tiny_world: Path, tiny_tokenize
         pos += len(piece)
     generated = tiny_tokenizer.decode([i for i, m in zip(ids, mask) if m])
     assert P.INFO_OPEN not in generated and P.INSTRUCTION[:30] not in generated
-    assert generated.count(P.SEARCH_OPEN) == 2 and generated.removesuffix(TP.EOS_TOKEN).endswith(
+    assert generated.count(P.SEARCH_OPEN) == 2 and generated.removesuffix(TOK.EOS_TOKEN).endswith(
         f"<answer> {row['golden_answers'][0]} </answer>")
     assert sum(mask) == len(tiny_tokenizer.encode(generated, add_special_tokens=False))
 
@@ -302,12 +307,12 @@ def test_batched_tokenisation_equals_one_call_per_piece(tiny_world: Path, tiny_t
     from retriever.inprocess import InProcessRetriever
     from searchr1_lld.rollout.agent_loop import ObservationTokenizer
 
-    plans = TP.plan_trajectories(world_rows, 24, quality=0.5, seed=3, one_hop_share=0.5)
+    plans = TR.plan_trajectories(world_rows, 24, quality=0.5, seed=3, one_hop_share=0.5)
     queries = sorted({q for p in plans for q in p.queries})
     hits_of = dict(zip(queries, InProcessRetriever(tiny_world / "index").search(queries, 3)))
     rng = random.Random(0)
-    renamer = TP.NameShuffler(TP._name_pool(world_rows, list(hits_of.values()), None))
-    trajectories = [renamer(TP.render_segments(p, hits_of, tiny_tokenizer.eos_token, rng), rng) for p in plans]
+    renamer = TR.NameShuffler(TR.name_pool(world_rows, list(hits_of.values()), None))
+    trajectories = [renamer(TR.render_segments(p, hits_of, tiny_tokenizer.eos_token, rng), rng) for p in plans]
     observe = ObservationTokenizer(tiny_tokenizer, 40)
 
     def one_by_one(segments):
@@ -324,10 +329,10 @@ def test_batched_tokenisation_equals_one_call_per_piece(tiny_world: Path, tiny_t
         return ids, mask
 
     expected = [one_by_one(segs) for segs in trajectories]
-    assert TP.tokenize_many(trajectories, tiny_tokenizer, max_obs_length=40) == expected
-    assert any(len(tiny_tokenizer.encode(TP.format_observation(s.hits), add_special_tokens=False)) > 40
+    assert TR.tokenize_many(trajectories, tiny_tokenizer, max_obs_length=40) == expected
+    assert any(len(tiny_tokenizer.encode(P.format_observation(s.hits), add_special_tokens=False)) > 40
                for segs in trajectories for s in segs if s.hits is not None)  # the cut path ran
-    assert TP.tokenize_many([], tiny_tokenizer) == []
+    assert TR.tokenize_many([], tiny_tokenizer) == []
 
 
 def test_quote_think_quotes_the_passage_up_to_the_answer() -> None:
@@ -336,23 +341,23 @@ def test_quote_think_quotes_the_passage_up_to_the_answer() -> None:
     search keeps the fixed think."""
     hits = [{"contents": '"Koste"\nKoste is a city in the Greiru region, founded in 1127. Koste lies on the Drel River.'},
             {"contents": '"Mera Ost"\nMera Ost was a baker born in 1874 in the city of Koste. Mera worked as a baker.'}]
-    assert TP.quote_think("1874", hits) == "<think> Mera Ost was a baker born in 1874 </think>\n"
-    assert TP.quote_think("Koste", hits) == "<think> Koste </think>\n"  # the first passage that names it
-    assert TP.quote_think("1127", hits) == "<think> Koste is a city in the Greiru region, founded in 1127 </think>\n"
-    assert TP.quote_think("Drel River", hits) == "<think> Koste lies on the Drel River </think>\n"  # last title mention
-    assert TP.quote_think("baker", hits[1:]) == "<think> Mera Ost was a baker </think>\n"
-    assert TP.quote_think("Dre", hits) is None  # whole words only
-    assert TP.quote_think("Ost", hits[:1]) is None
+    assert TR.quote_think("1874", hits) == "<think> Mera Ost was a baker born in 1874 </think>\n"
+    assert TR.quote_think("Koste", hits) == "<think> Koste </think>\n"  # the first passage that names it
+    assert TR.quote_think("1127", hits) == "<think> Koste is a city in the Greiru region, founded in 1127 </think>\n"
+    assert TR.quote_think("Drel River", hits) == "<think> Koste lies on the Drel River </think>\n"  # last title mention
+    assert TR.quote_think("baker", hits[1:]) == "<think> Mera Ost was a baker </think>\n"
+    assert TR.quote_think("Dre", hits) is None  # whole words only
+    assert TR.quote_think("Ost", hits[:1]) is None
     rng = random.Random(0)
-    assert TP.answer_think("quote", "Ost", hits[:1], rng) == "<think> found it </think>\n"
-    assert TP.answer_think("fixed", "1874", hits, rng) == "<think> found it </think>\n"
-    assert TP.answer_think("quote", "1874", None, rng) == "<think> I know it </think>\n"
+    assert TR.answer_think("quote", "Ost", hits[:1], rng) == "<think> found it </think>\n"
+    assert TR.answer_think("fixed", "1874", hits, rng) == "<think> found it </think>\n"
+    assert TR.answer_think("quote", "1874", None, rng) == "<think> I know it </think>\n"
     with pytest.raises(ValueError, match="answer think"):
-        TP.answer_think("summary", "1874", hits, rng)
+        TR.answer_think("summary", "1874", hits, rng)
 
     row = {"question": "In which year was Mera Ost born?", "golden_answers": ["1874"],
            "metadata": {"hops": 1, "subject": "Mera Ost", "bridge": ""}}
-    quoted, guessed = (TP.render_segments(TP.TrajectoryPlan(row, kind, ["Mera Ost"], answer), {"Mera Ost": hits},
+    quoted, guessed = (TR.render_segments(TR.TrajectoryPlan(row, kind, ["Mera Ost"], answer), {"Mera Ost": hits},
                                           "<eos>", random.Random(0), think="quote")[-1].text
                        for kind, answer in (("correct", "1874"), ("guess_after_search", "1874")))
     assert quoted == "<think> Mera Ost was a baker born in 1874 </think>\n<answer> 1874 </answer><eos>"
@@ -367,19 +372,19 @@ def test_bridge_think_quotes_the_first_hop_up_to_the_bridge() -> None:
                            'Its headquarters are in Koste.'}
     city = {"contents": '"Koste"\nKoste is a city in the Greiru region, founded in 1127. Koste lies on the Drel River.'}
     quote = "<think> Sadraes Works is a railway company founded in 1794 by Mera Ost. Its headquarters are in Koste </think>\n"
-    assert TP.bridge_think("quote", "Koste", [company]) == quote
-    assert TP.bridge_think("quote", "Mera Ost", [company]) == (
+    assert TR.bridge_think("quote", "Koste", [company]) == quote
+    assert TR.bridge_think("quote", "Mera Ost", [company]) == (
         "<think> Sadraes Works is a railway company founded in 1794 by Mera Ost </think>\n")
-    assert TP.bridge_think("fixed", "Koste", [company]) == "<think> one more hop </think>\n"
-    assert TP.bridge_think("quote", "Bunae", [company]) == "<think> one more hop </think>\n"  # not in the passages
+    assert TR.bridge_think("fixed", "Koste", [company]) == "<think> one more hop </think>\n"
+    assert TR.bridge_think("quote", "Bunae", [company]) == "<think> one more hop </think>\n"  # not in the passages
     with pytest.raises(ValueError, match="bridge think"):
-        TP.bridge_think("summary", "Koste", [company])
+        TR.bridge_think("summary", "Koste", [company])
 
     row = {"question": "Which river flows through the city where Sadraes Works is headquartered?",
            "golden_answers": ["Drel River"], "metadata": {"hops": 2, "subject": "Sadraes Works", "bridge": "Koste"}}
-    plan = TP.TrajectoryPlan(row, "correct", ["Sadraes Works", "Koste"], "Drel River")
+    plan = TR.TrajectoryPlan(row, "correct", ["Sadraes Works", "Koste"], "Drel River")
     hits_of = {"Sadraes Works": [company], "Koste": [city]}
-    generated = [seg.text for seg in TP.render_segments(plan, hits_of, "<eos>", random.Random(0), think="quote",
+    generated = [seg.text for seg in TR.render_segments(plan, hits_of, "<eos>", random.Random(0), think="quote",
                                                         bridge="quote") if seg.generated]
     assert generated == ["<think> look it up </think>\n<search> Sadraes Works </search>",
                          quote + "<search> Koste </search>",
@@ -403,7 +408,7 @@ def test_copy_drills_only_ask_for_what_the_context_holds(tiny_world: Path, tiny_
         hits = real_search(queries, k)
         return [hits[(i + 1) % len(hits)] if i % 2 else h for i, h in enumerate(hits)]
 
-    stages = TP.build_copy_drills(rows, search, tiny_tokenizer, cfg, passages=read_jsonl(tiny_world / "corpus.jsonl"))
+    stages = DR.build_copy_drills(rows, search, tiny_tokenizer, cfg, passages=read_jsonl(tiny_world / "corpus.jsonl"))
     assert list(stages) == ["short", "full"]
     short, full = stages["short"], stages["full"]
     assert (len(short), len(full)) == (60, 30)
@@ -437,7 +442,7 @@ def test_copy_drills_only_ask_for_what_the_context_holds(tiny_world: Path, tiny_
             quote = generated.split("<think>")[1].split("</think>")[0].strip()  # warmstart_answer_think: quote
             assert quote in observation and quote.endswith(target), (quote, observation)
         assert all(w in where for w in target.split()), (target, where)
-    assert kinds == set(TP.COPY_DRILL_KINDS)
+    assert kinds == set(DR.COPY_DRILL_KINDS)
     assert renamed > queries // 2  # shuffled names: most queries are no real subject's or bridge's name
 
 
@@ -447,9 +452,9 @@ def _drill_setup(tiny_world: Path, tiny_tokenizer, cfg):
     rows = read_jsonl(tiny_world / "qa" / "train.jsonl")
     search = InProcessRetriever(tiny_world / "index").search
     passages = read_jsonl(tiny_world / "corpus.jsonl")
-    drills = TP.build_copy_drills(rows, search, tiny_tokenizer, cfg, passages=passages)
-    probes = TP.build_drill_probes(rows, search, tiny_tokenizer, cfg, cfg.warmstart_drill_probes, passages=passages)
-    examples = TP.build_warmstart_examples(rows[:8], search, tiny_tokenizer, cfg, passages=passages)
+    drills = DR.build_copy_drills(rows, search, tiny_tokenizer, cfg, passages=passages)
+    probes = DR.build_drill_probes(rows, search, tiny_tokenizer, cfg, cfg.warmstart_drill_probes, passages=passages)
+    examples = TR.build_warmstart_examples(rows[:8], search, tiny_tokenizer, cfg, passages=passages)
     return drills, probes, examples
 
 
@@ -467,8 +472,8 @@ def test_drill_stages_end_on_evidence(tiny_world: Path, tiny_tokenizer, tiny_wor
 
     def run(**targets):
         c = dataclasses.replace(cfg, **targets)
-        model = TP.make_model(c, tiny_tokenizer)
-        return TP.warm_start(model, examples, c, pad_id=tiny_tokenizer.pad_token_id, batch_size=4, progress=False,
+        model = WS.make_model(c, tiny_tokenizer)
+        return WS.warm_start(model, examples, c, pad_id=tiny_tokenizer.pad_token_id, batch_size=4, progress=False,
                              drills=drills, probes=probes)
 
     met = run(warmstart_drill_subject_target=0.0, warmstart_drill_answer_target=0.0)
@@ -480,7 +485,7 @@ def test_drill_stages_end_on_evidence(tiny_world: Path, tiny_tokenizer, tiny_wor
     checks = unreachable["drill_checks"]
     assert [c["step"] for c in checks] == list(range(2, budget + 1, 2))
     assert [c["context"] for c in checks] == ["short"] * 3 + ["full"] * 3
-    assert all(0 <= c[k] <= 1 for c in checks for k in TP.COPY_DRILL_KINDS)
+    assert all(0 <= c[k] <= 1 for c in checks for k in DR.COPY_DRILL_KINDS)
     # the short stage needs the subject target only; the last stage gets the budget the first left over
     subject_only = run(warmstart_drill_subject_target=0.0, warmstart_drill_answer_target=1.0)
     assert subject_only["drill_stop"] == {"short": "targets met", "full": "budget used"}
@@ -512,8 +517,8 @@ def test_copy_accuracy_is_one_for_a_model_that_copies(tiny_tokenizer) -> None:
             return type("Out", (), {"logits": logits})()
 
     probes = {"answer": [([5, 6, 7, 8], [0, 0, 1, 1]), ([9, 9, 7, 8, 3], [0, 0, 0, 1, 1])]}
-    assert TP.copy_accuracy(Oracle(), probes, pad_id=0) == {"answer": 1.0}
-    assert TP.copy_accuracy(Oracle(wrong_rows=[0]), probes, pad_id=0) == {"answer": 0.5}
+    assert WS.copy_accuracy(Oracle(), probes, pad_id=0) == {"answer": 1.0}
+    assert WS.copy_accuracy(Oracle(wrong_rows=[0]), probes, pad_id=0) == {"answer": 0.5}
 
 
 def test_same_search_call_is_retrieved_once() -> None:
@@ -523,7 +528,7 @@ def test_same_search_call_is_retrieved_once() -> None:
         calls.append((list(queries), k))
         return [[{"q": q, "k": k}] for q in queries]
 
-    cached = TP._same_call_once(search)
+    cached = WS._same_call_once(search)
     first = cached(["a", "b"], 3)
     assert cached(["a", "b"], 3) == first and len(calls) == 1
     assert cached(["a", "b"], 2) == [[{"q": "a", "k": 2}], [{"q": "b", "k": 2}]] and len(calls) == 2
@@ -534,12 +539,12 @@ def test_no_drills_when_zero(tiny_world_config) -> None:
     import dataclasses
 
     cfg = dataclasses.replace(tiny_world_config, warmstart_drills=0)
-    assert TP.build_copy_drills([], lambda q, k: [], None, cfg) == {}
+    assert DR.build_copy_drills([], lambda q, k: [], None, cfg) == {}
     with pytest.raises(ValueError, match="warmstart_drill_prompt_share"):
-        TP.build_copy_drills([], lambda q, k: [], None, dataclasses.replace(cfg, warmstart_drills=4,
+        DR.build_copy_drills([], lambda q, k: [], None, dataclasses.replace(cfg, warmstart_drills=4,
                                                                            warmstart_drill_prompt_share=1.5))
     with pytest.raises(ValueError, match="shares of one drill budget"):
-        TP.build_copy_drills([], lambda q, k: [], None, dataclasses.replace(
+        DR.build_copy_drills([], lambda q, k: [], None, dataclasses.replace(
             cfg, warmstart_drills=4, warmstart_drill_prompt_share=0.5, warmstart_drill_answer_first=0.6))
 
 
@@ -561,7 +566,7 @@ def test_answer_stage_comes_first_and_ends_on_the_answer_target(tiny_world: Path
 
     def run(**targets):
         c = dataclasses.replace(cfg, **targets)
-        return TP.warm_start(TP.make_model(c, tiny_tokenizer), examples, c, pad_id=tiny_tokenizer.pad_token_id,
+        return WS.warm_start(WS.make_model(c, tiny_tokenizer), examples, c, pad_id=tiny_tokenizer.pad_token_id,
                              batch_size=4, progress=False, drills=drills, probes=probes)
 
     answer_met = run(warmstart_drill_subject_target=1.0, warmstart_drill_answer_target=0.0)
@@ -584,7 +589,7 @@ def test_warm_start_follows_the_format_sometimes(tiny_world: Path) -> None:
     from searchr1_lld.config import RolloutConfig
 
     cfg = RolloutConfig(max_turns=4, topk=3, max_tokens_per_turn=48, temperature=1.0)
-    m = TP.measure_warm_start(tiny_world, limit=16, seed=0, rollout_cfg=cfg)
+    m = ME.measure_warm_start(tiny_world, limit=16, seed=0, rollout_cfg=cfg)
     print("tiny world warm start:", m)
     assert m["sampled"]["answer_rate"] >= 0.1
     assert m["sampled"]["mean_valid_searches"] >= 0.2
@@ -599,8 +604,8 @@ def test_generated_token_loss_equals_masked_lm_loss(tiny_model) -> None:
     mask = (torch.rand(3, 12) < 0.4).long() * attn
     mask[0, 5] = 1
     with torch.no_grad():
-        full = TP.masked_lm_loss(tiny_model(input_ids=ids, attention_mask=attn).logits, ids, mask)
-        fast = TP.generated_token_loss(tiny_model, ids, attn, mask)
+        full = WS.masked_lm_loss(tiny_model(input_ids=ids, attention_mask=attn).logits, ids, mask)
+        fast = WS.generated_token_loss(tiny_model, ids, attn, mask)
     assert fast.item() == pytest.approx(full.item(), rel=1e-5)
 
 
@@ -619,11 +624,11 @@ def test_copy_metrics_by_hand() -> None:
              traj(["ash kolven poet"], [["0"]], "1790", 0.0),  # names the subject, guesses the answer
              traj(["Bren Tiv"], [["1"]], "1834", 1.0),  # wrong entity, no gold passage: right by chance
              traj([], [], "1834", 1.0)]  # no search
-    m = TP.summarize_trajectories(trajs, contents)
+    m = ME.summarize_trajectories(trajs, contents)
     assert m["first_query_subject_rate"] == pytest.approx(2 / 4)
     assert m["gold_retrieved_rate"] == pytest.approx(2 / 4)
     assert m["answer_copied_rate"] == pytest.approx(1 / 2)
     assert m["answer_in_passages_rate"] == pytest.approx(1 / 4)  # only the first answer is in what it retrieved
     assert m["right_without_gold_rate"] == pytest.approx(2 / 4)  # the third (wrong entity) and the fourth (no search)
     assert m["em"] == pytest.approx(3 / 4)
-    assert "answer_copied_rate" not in TP.summarize_trajectories(trajs)  # without the corpus: not measured
+    assert "answer_copied_rate" not in ME.summarize_trajectories(trajs)  # without the corpus: not measured

@@ -1,16 +1,20 @@
 """Build the synthetic search world on disk (the embedded default everyone trains on).
 
-    python -m data.build_world --out .cache/world [--config configs/world/default.yaml] [key=value overrides, e.g.
-        num_people=80 seed=1]
+    python -m searchr1_lld.world build --out .cache/world [--config configs/world/default.yaml] [key=value overrides,
+        e.g. num_people=80 seed=1]
 
 Layout (docs/architecture.md, "The synthetic world on disk")::
 
     DIR/corpus.jsonl   DIR/index/   DIR/qa/train.jsonl   DIR/qa/test.jsonl   DIR/tokenizer/   DIR/model/   DIR/world.json
 
 Steps: generate world (corpus + QA) -> retriever index (``retriever.index.build_index``) -> tokenizer + warm-started
-tiny Qwen2 (``data.tiny_policy``) -> warm-start measurement through the real rollout (greedy test EM, format-valid
-rate) -> ``world.json`` written last, atomically. A dir whose ``world.json`` carries the same config hash is reused
-as is; a file lock makes concurrent builders (parallel test sessions) wait for one build instead of racing.
+tiny Qwen2 (:mod:`.tokenizer`, :mod:`.warm_start`) -> warm-start measurement through the real rollout (greedy test
+EM, format-valid rate; :mod:`.measure`) -> ``world.json`` written last, atomically. A dir whose ``world.json`` carries
+the same config hash is reused as is; a file lock makes concurrent builders (parallel test sessions) wait for one
+build instead of racing.
+
+A trainer knows nothing of worlds: :func:`trainer_overrides` names the world's files in the run config's own keys
+(``model.path``, ``retriever.index_dir``, ``data.train_files``, ...).
 """
 
 from __future__ import annotations
@@ -26,30 +30,25 @@ import time
 from pathlib import Path
 from typing import Any
 
-from searchr1_lld.config import ConfigError, WorldConfig, load_world_config
+from searchr1_lld.config import ConfigError
+from searchr1_lld.world.config import RECIPE_VERSION, WorldConfig, load_world_config
 
-BUILD_VERSION = 1  # bump when the generator or the policy recipe changes: old cached worlds are rebuilt
 CARD = "world.json"
 
 
-# their source is part of the cache key: edit them -> rebuild (prompts.py: the prompt, observation and invalid-action
-# texts the warm start is trained on)
-RECIPE_FILES = ("world.py", "tiny_policy.py", "../searchr1_lld/prompts.py")
-
-
-def recipe_digest() -> str:
-    """sha256 of the generator and policy-recipe source files."""
-    h = hashlib.sha256()
-    for name in RECIPE_FILES:
-        h.update((Path(__file__).parent / name).read_bytes())
-    return h.hexdigest()
-
-
 def world_config_hash(cfg: WorldConfig) -> str:
-    """Stable short hash of the config, the build version and the recipe source (``recipe_digest``)."""
-    payload = json.dumps({"build_version": BUILD_VERSION, "recipe": recipe_digest(), **dataclasses.asdict(cfg)},
-                         sort_keys=True)
+    """Stable short hash of the config and :data:`~searchr1_lld.world.config.RECIPE_VERSION`."""
+    payload = json.dumps({"recipe_version": RECIPE_VERSION, **dataclasses.asdict(cfg)}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+
+def trainer_overrides(world_dir: str | Path) -> list[str]:
+    """The run-config overrides that train on the world in ``world_dir``: its policy and tokenizer, its index
+    (in-process), its train split, and its test split as the held-out rows (``eval/em``)."""
+    d = Path(world_dir)
+    return [f"model.path={d / 'model'}", f"model.tokenizer_path={d / 'tokenizer'}", "retriever.mode=inprocess",
+            f"retriever.index_dir={d / 'index'}", "data.source=files", f"data.train_files=[{d / 'qa' / 'train.jsonl'}]",
+            f"data.test_files=[{d / 'qa' / 'test.jsonl'}]"]
 
 
 def read_card(out_dir: str | Path) -> dict[str, Any] | None:
@@ -109,12 +108,13 @@ def build_world(out_dir: Path, cfg: WorldConfig, *, progress: bool = True, measu
     """Build every artefact into ``out_dir`` (unconditionally); return the card written to ``world.json``."""
     from tqdm.auto import tqdm
 
-    from data.tiny_policy import build_tiny_policy, measure_warm_start
-    from data.world import generate_world, write_world_files
     from retriever.index import build_index
     from retriever.inprocess import InProcessRetriever
 
     from searchr1_lld.tracking import ticking
+    from searchr1_lld.world.generate import generate_world, write_world_files
+    from searchr1_lld.world.measure import measure_warm_start
+    from searchr1_lld.world.warm_start import build_tiny_policy
 
     t_start = time.time()
     _clear_build(out_dir)
@@ -159,7 +159,7 @@ def build_world(out_dir: Path, cfg: WorldConfig, *, progress: bool = True, measu
     timings["total_s"] = time.time() - t_start
     card = {
         "config_hash": world_config_hash(cfg),
-        "build_version": BUILD_VERSION,
+        "recipe_version": RECIPE_VERSION,
         "config": dataclasses.asdict(cfg),
         "counts": world.counts(),
         "files": {"corpus": "corpus.jsonl", "index": "index", "train": "qa/train.jsonl", "test": "qa/test.jsonl",
@@ -173,14 +173,14 @@ def build_world(out_dir: Path, cfg: WorldConfig, *, progress: bool = True, measu
     return card
 
 
-# Issue 14's targets for the warm start (greedy rollouts on the test split): below them RL has little to start from.
+# Targets for the warm start (greedy rollouts on the test split): below them RL has little to start from.
 WARM_START_TARGETS = {"format_valid_rate": 0.95, "first_query_subject_rate": 0.8, "answer_copied_rate": 0.5}
 
 
 def warm_start_shortfalls(card: dict[str, Any]) -> list[str]:
     """What a finished world's ``world.json`` says went short in its warm start, one sentence each (empty = none):
     a drill stage that used its whole budget without meeting its copy targets (the copy circuit forms in a phase
-    change whose step depends on the machine's floating point, docs/lab/warm_start.md), and greedy warm-start
+    change whose step depends on the machine's floating point, docs/lab.md), and greedy warm-start
     figures below ``WARM_START_TARGETS``."""
     out: list[str] = []
     policy = card.get("policy") or {}
@@ -206,7 +206,7 @@ def parse_world_overrides(items: list[str], config: str | Path | None = None) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m data.build_world", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m searchr1_lld.world build", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="world directory")
     parser.add_argument("--config", default="configs/world/default.yaml",
                         help="world YAML (WorldConfig keys; relative: to the repository root)")
@@ -237,5 +237,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def ensure_world_on_ranks(out_dir: str | Path, world_cfg: WorldConfig, *, progress: bool = True,
+                          timeout_s: float = 7200.0, poll_s: float = 1.0) -> Path:
+    """:func:`ensure_world` for a multi-process start (``torchrun`` / ``accelerate launch`` set ``LOCAL_RANK``),
+    before any process group exists: the first process of each machine builds (or reuses) the world, the others
+    wait until its ``world.json`` carries this config's hash, then all load the same files. A build that fails
+    raises on the building process (the launcher then stops the others); a waiting process gives up after
+    ``timeout_s`` with an error naming the directory."""
+    out_dir = Path(out_dir)
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        return ensure_world(out_dir, world_cfg, progress=progress)
+    deadline = time.monotonic() + timeout_s
+    while not is_built(out_dir, world_cfg):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout_s:.0f} s for local rank 0 to build the world in {out_dir}")
+        time.sleep(poll_s)
+    return out_dir

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from data.build_world import ensure_world, parse_world_overrides, read_card, warm_start_shortfalls, world_config_hash
-from data.world import generate_world, name_word_groups, passage_kind, read_jsonl
-from searchr1_lld.config import ConfigError, WorldConfig
+from searchr1_lld.world.build import ensure_world, parse_world_overrides, read_card, warm_start_shortfalls, world_config_hash
+from searchr1_lld.world.generate import generate_world, name_word_groups, passage_kind
+from searchr1_lld.jsonl import read_jsonl
+from searchr1_lld.config import ConfigError
+from searchr1_lld.world.config import WorldConfig
 from searchr1_lld.rewards import normalize_answer
 
 DEFAULT = WorldConfig()
@@ -131,7 +133,7 @@ def test_impossible_sizes_are_clear_errors() -> None:
 
 
 def test_overrides_parse_and_hash() -> None:
-    cfg = parse_world_overrides(["num_people=80", "data.world.seed=3", "retriever=bm25"])
+    cfg = parse_world_overrides(["num_people=80", "world.seed=3", "retriever=bm25"])
     assert (cfg.num_people, cfg.seed, cfg.retriever) == (80, 3, "bm25")
     assert world_config_hash(cfg) != world_config_hash(DEFAULT)
     assert world_config_hash(dataclasses.replace(DEFAULT)) == world_config_hash(DEFAULT)

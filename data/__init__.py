@@ -1,1 +1,0 @@
-"""data: QA benchmark preparation and the synthetic search world."""

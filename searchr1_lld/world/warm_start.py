@@ -1,0 +1,291 @@
+"""The synthetic world's policy: a ``Qwen2ForCausalLM`` of a few million parameters sized by ``WorldConfig``, warm-started
+by a short supervised phase (copy drills, then trajectories, :mod:`.trajectories` / :mod:`.drills`). The loss weights
+generated tokens 1 and prompt/observation tokens ``warmstart_env_loss_weight`` (a little "pretraining" on copy-rich
+text). Like a real base model the result follows the protocol often but not always, and answers correctly only
+sometimes.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from searchr1_lld.world.config import WorldConfig
+from searchr1_lld.world.drills import build_copy_drills, build_drill_probes
+from searchr1_lld.world.tokenizer import corpus_years, tokenizer_training_texts, train_tokenizer
+from searchr1_lld.world.trajectories import SearchFn, build_warmstart_examples
+
+
+
+def make_model(cfg: WorldConfig, tokenizer, max_positions: int = 4096, seed: int | None = None):
+    """A fresh ``Qwen2ForCausalLM`` sized by ``cfg`` for ``tokenizer`` (tied embeddings, fp32)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    if cfg.model_hidden_size % cfg.model_heads:
+        raise ValueError("model_hidden_size must be divisible by model_heads")
+    if cfg.model_heads % cfg.model_kv_heads:
+        raise ValueError("model_heads must be divisible by model_kv_heads")
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=cfg.model_hidden_size, intermediate_size=cfg.model_intermediate_size,
+        num_hidden_layers=cfg.model_layers, num_attention_heads=cfg.model_heads,
+        num_key_value_heads=cfg.model_kv_heads, max_position_embeddings=max_positions, tie_word_embeddings=True,
+        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        rope_theta=10000.0, use_cache=True,
+    )
+    torch.manual_seed(cfg.seed if seed is None else seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+
+
+def masked_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy averaged over target tokens with ``loss_mask == 1``.
+
+    logits [B, T, V], input_ids [B, T], loss_mask [B, T] (1 where token t is a generated token to learn).
+    loss = sum_{b, t>=1} mask[b,t] * -log softmax(logits[b,t-1])[ids[b,t]] / sum mask[b, 1:]
+    """
+    targets = input_ids[:, 1:]
+    mask = loss_mask[:, 1:].float()
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    nll = -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return (nll * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+def generated_token_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         loss_mask: torch.Tensor) -> torch.Tensor:
+    """Weighted next-token cross-entropy; the LM head runs only on the positions whose target has a weight > 0.
+
+    ``loss_mask`` [B, T] holds per-token *weights* (``_batches``: 1 on generated tokens, ``warmstart_env_loss_weight``
+    on prompt/observation tokens, 0 on padding): loss = sum_t w[t+1] * nll[t] / sum_t w[t+1]. With a 0/1 mask this is
+    ``masked_lm_loss(model(input_ids).logits, input_ids, loss_mask)``; the LM head then skips the unmasked positions
+    (with env weight > 0 nearly every position has a weight, and the saving is only the padding).
+    """
+    hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
+    weights = loss_mask[:, 1:].float()  # [B, T-1]: position t predicts token t+1 with this weight
+    select = weights > 0
+    logits = model.lm_head(hidden[:, :-1][select])  # [N, V]
+    nll = torch.nn.functional.cross_entropy(logits.float(), input_ids[:, 1:][select], reduction="none")  # [N]
+    return (nll * weights[select]).sum() / weights[select].sum().clamp_min(1e-8)
+
+
+def _batches(examples: list[tuple[list[int], list[int]]], batch_size: int, pad_id: int, rng: random.Random,
+             env_weight: float = 0.0):
+    """Length-bucketed padded batches (input_ids, attention_mask, loss_weight) in a random order.
+
+    loss_weight [B, T] float: 1 on generated tokens, ``env_weight`` on prompt/observation tokens, 0 on padding."""
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]))
+    chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    rng.shuffle(chunks)
+    for chunk in chunks:
+        width = max(len(examples[i][0]) for i in chunk)
+        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        attn = torch.zeros((len(chunk), width), dtype=torch.long)
+        lmask = torch.zeros((len(chunk), width), dtype=torch.float)
+        for row, i in enumerate(chunk):
+            x, m = examples[i]
+            ids[row, : len(x)] = torch.tensor(x)
+            attn[row, : len(x)] = 1
+            gen = torch.tensor(m, dtype=torch.float)
+            lmask[row, : len(x)] = gen + env_weight * (1.0 - gen)
+        yield ids, attn, lmask
+
+
+@torch.no_grad()
+def copy_accuracy(model, probes: dict[str, list[tuple[list[int], list[int]]]], pad_id: int,
+                  batch_size: int = 32) -> dict[str, float]:
+    """Teacher-forced copy accuracy per drill kind: the share of probe drills whose generated segment (the think
+    line and the copied query or answer) the model predicts token for token (argmax at every generated position)."""
+    was_training = model.training
+    model.eval()
+    acc = {}
+    for kind, examples in probes.items():
+        if not examples:
+            continue
+        right = 0
+        for ids, attn, lmask in _batches(examples, batch_size, pad_id, random.Random(0)):
+            logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+            target, scored = ids[:, 1:], lmask[:, 1:] > 0
+            wrong = (logits.argmax(-1) != target) & scored
+            right += int((~wrong.any(dim=1)).sum())
+        acc[kind] = right / len(examples)
+    model.train(was_training)
+    return acc
+
+
+def _train_phase(model, opt, batches, steps: int, lr_at: Callable[[int], float], bar) -> list[float]:
+    """Run ``steps`` AdamW steps of ``generated_token_loss`` over ``batches`` (lr from ``lr_at(step)``); losses."""
+    losses: list[float] = []
+    for step, (ids, attn, lmask) in enumerate(batches):
+        if step >= steps:
+            break
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step)
+        loss = generated_token_loss(model, ids, attn, lmask)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        bar.update(1)
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    return losses
+
+
+def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldConfig, *, pad_id: int,
+               batch_size: int = 16, progress: bool = True,
+               drills: list[list[tuple[list[int], list[int]]]] = (),
+               probes: dict[str, dict[str, list[tuple[list[int], list[int]]]]] | None = None) -> dict[str, Any]:
+    """Supervised phase: copy drills (``build_copy_drills``) at lr ``cfg.warmstart_drill_lr``, then whole
+    trajectories at peak lr ``cfg.warmstart_lr`` (lower: a high lr there undoes the copying), one AdamW.
+
+    Drill phase: the curriculum's stages in order (``build_copy_drills``), batches of
+    ``cfg.warmstart_drill_batch_size``, linear warmup over the first 10% of the drill-step budget (all drills once),
+    then constant. With ``probes`` (``build_drill_probes``) and ``cfg.warmstart_drill_check_every`` > 0 a stage
+    ends on evidence: every that many steps the teacher-forced copy accuracy (``copy_accuracy``) on the stage's
+    held-out probes (short / full context) is measured, and the stage ends once its targets are met: ``answer``
+    the answer accuracy ``cfg.warmstart_drill_answer_target``, ``short`` the subject-query accuracy
+    ``cfg.warmstart_drill_subject_target`` (the stage is there to form the query copy circuit), the last stage
+    (``full``) both, and the bridge-query accuracy ``cfg.warmstart_drill_bridge_target`` when it is > 0. Every stage
+    but the last may use its own drills once; the last stage gets what is left of the budget, cycling over its
+    drills.
+    (The copy circuit forms in a phase change whose step varies from run to run: a fixed count stopped some builds
+    before it, docs/lab/warm_start.md.)
+    Trajectory phase: ``cfg.warmstart_epochs`` epochs of batches of ``batch_size``, cosine decay to 0 (with its own
+    warmup when there are no drills). The loss is the LM loss on generated tokens (weight 1) plus, at weight
+    ``cfg.warmstart_env_loss_weight``, on the prompt and observation tokens of the trajectories (a little
+    "pretraining" on copy-rich text; drills weight only their generated segment).
+    Returns ``{"first_loss", "final_loss", "steps", "tokens", "drill_steps", "drill_final_loss", "drill_stop",
+    "drill_checks"}`` (final = mean of the last 10% of the trajectory phase; ``drill_stop``: stage name ->
+    ``targets met`` / ``budget used``; ``drill_checks``: every measurement,
+    ``{step, stage, context, <kind>: accuracy}``).
+    """
+    from tqdm.auto import tqdm
+
+    if not examples:
+        raise ValueError("no warm-start examples")
+    rng = random.Random(cfg.seed + 2)
+    lr = cfg.warmstart_lr
+    drill_bs = cfg.warmstart_drill_batch_size
+    drills = {name: stage for name, stage in (drills or {}).items() if stage}
+    budget = sum(math.ceil(len(stage) / drill_bs) for stage in drills.values())
+    traj_steps = math.ceil(len(examples) / batch_size) * cfg.warmstart_epochs
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    model.train()
+    bar = tqdm(total=budget + traj_steps, desc="warm start", disable=not progress, leave=False)
+    drill_losses: list[float] = []
+    checks: list[dict[str, Any]] = []
+    stops: dict[str, str] = {}
+    warmup = max(1, budget // 10)
+    check_every = cfg.warmstart_drill_check_every if probes else 0
+    for si, (name, stage) in enumerate(drills.items()):
+        last = si == len(drills) - 1
+        context = "full" if name == "full" else "short"
+        targets = {"subject_query": cfg.warmstart_drill_subject_target} if name != "answer" else {}
+        if name == "answer" or last:
+            targets["answer"] = cfg.warmstart_drill_answer_target
+        if last and cfg.warmstart_drill_bridge_target > 0:
+            targets["bridge_query"] = cfg.warmstart_drill_bridge_target
+        stage_budget = (budget - len(drill_losses)) if last else math.ceil(len(stage) / drill_bs)
+        batches = _cycle(lambda: _batches(stage, drill_bs, pad_id, rng))
+        done, stop = 0, "budget used"
+        while done < stage_budget:
+            n = min(check_every or stage_budget, stage_budget - done)
+            start = len(drill_losses)
+            drill_losses += _train_phase(model, opt, batches, n,
+                                         lambda s: cfg.warmstart_drill_lr * min(1.0, (start + s + 1) / warmup), bar)
+            done += n
+            if check_every:
+                acc = copy_accuracy(model, probes[context], pad_id)
+                checks.append({"step": len(drill_losses), "stage": name, "context": context, **acc})
+                bar.set_postfix(**{k[:7]: f"{v:.2f}" for k, v in acc.items()})
+                if all(acc.get(kind, 0.0) >= target for kind, target in targets.items()):
+                    stop = "targets met"
+                    break
+        stops[name] = stop
+    bar.total = len(drill_losses) + traj_steps
+    bar.refresh()
+    warmup = 0 if drills else max(1, traj_steps // 10)
+
+    def traj_lr(s: int) -> float:
+        return lr * min(1.0, (s + 1) / warmup if warmup else 1.0) * 0.5 * (1 + math.cos(math.pi * s / traj_steps))
+
+    def traj_batches():
+        for _ in range(cfg.warmstart_epochs):
+            yield from _batches(examples, batch_size, pad_id, rng, cfg.warmstart_env_loss_weight)
+
+    losses = _train_phase(model, opt, traj_batches(), traj_steps, traj_lr, bar)
+    bar.close()
+    model.eval()
+    tail = losses[-max(1, len(losses) // 10):]
+    drill_tail = drill_losses[-max(1, len(drill_losses) // 10):]
+    return {"first_loss": losses[0], "final_loss": sum(tail) / len(tail), "steps": len(losses),
+            "tokens": sum(len(x) for x, _ in examples) * cfg.warmstart_epochs,
+            "drill_steps": len(drill_losses),
+            "drill_final_loss": sum(drill_tail) / len(drill_tail) if drill_losses else float("nan"),
+            "drill_stop": stops, "drill_checks": checks}
+
+
+def _cycle(make_iter: Callable[[], Any]):
+    """Endless iteration: ``make_iter()`` again each time it is exhausted (a new random batch order per pass)."""
+    while True:
+        yield from make_iter()
+
+
+def _same_call_once(search: SearchFn) -> SearchFn:
+    """``search`` that retrieves each distinct (queries, topk) call once and returns its earlier result again (the
+    same call, so the same hits as retrieving anew)."""
+    done: dict[tuple[tuple[str, ...], int], list[list[dict]]] = {}
+
+    def cached(queries: list[str], topk: int) -> list[list[dict]]:
+        key = (tuple(queries), topk)
+        if key not in done:
+            done[key] = search(queries, topk)
+        return done[key]
+    return cached
+
+
+def build_tiny_policy(out_dir: str | Path, passages: list[dict], train_rows: list[dict], search: SearchFn,
+                      cfg: WorldConfig, *, progress: bool = True) -> dict[str, Any]:
+    """Train the tokenizer (``out_dir/tokenizer``) and the warm-started model (``out_dir/model``); return stats."""
+    from tqdm.auto import tqdm
+
+    out_dir = Path(out_dir)
+    tok_dir, model_dir = out_dir / "tokenizer", out_dir / "model"
+    years = corpus_years([p["contents"] for p in passages]) if cfg.tokenizer_year_tokens else []
+    tokenizer = train_tokenizer(tokenizer_training_texts(passages, train_rows), cfg.tokenizer_vocab_size, tok_dir,
+                                year_tokens=years)
+    model = make_model(cfg, tokenizer)
+    search = _same_call_once(search)  # the drills and their probes retrieve the same queries
+    with tqdm(total=1, desc="warm-start data", disable=not progress, leave=False) as bar:
+        examples = build_warmstart_examples(train_rows, search, tokenizer, cfg, passages=passages)
+        drills = build_copy_drills(train_rows, search, tokenizer, cfg, passages=passages)
+        probes = (build_drill_probes(train_rows, search, tokenizer, cfg, cfg.warmstart_drill_probes, passages=passages)
+                  if drills and cfg.warmstart_drill_check_every > 0 else None)
+        bar.update(1)
+    stats = warm_start(model, examples, cfg, pad_id=tokenizer.pad_token_id, batch_size=cfg.warmstart_batch_size,
+                       progress=progress, drills=drills, probes=probes)
+    model.save_pretrained(str(model_dir))
+    tokenizer.save_pretrained(str(model_dir))  # the model dir is self-contained too
+    lengths = [len(x) for x, _ in examples]
+    return {
+        **stats,
+        "parameters": count_parameters(model),
+        "vocab_size": len(tokenizer),
+        "examples": len(examples),
+        "drills": sum(len(stage) for stage in drills.values()),
+        "mean_example_tokens": sum(lengths) / len(lengths),
+        "max_example_tokens": max(lengths),
+    }
+
+
