@@ -9,13 +9,13 @@ retriever (``retriever.*``); it knows nothing of how they were made (the synthet
 """
 
 from searchr1_lld.config.help import format_help, iter_fields
-from searchr1_lld.config.loading import (REPO_ROOT, ConfigError, _coerce, apply_overrides, config_differences,
-                                         config_from_dict, flatten_dict, get_dotted, load_config,
+from searchr1_lld.config.loading import (REPO_ROOT, _coerce, apply_overrides, config_differences,
+                                         config_from_dict, flatten_dict, load_config,
                                          parse_override, read_yaml, resolve_repo_path, save_config)
 from searchr1_lld.config.sections import (AlgorithmConfig, Config, DataConfig, EvalConfig, LLDSConfig, LoggingConfig,
                                           ModelConfig, RetrieverConfig, RolloutConfig, RolloutCorrectionConfig,
                                           TrainerConfig)
-from searchr1_lld.config.validation import validate
+from searchr1_lld.config.validation import ConfigError, get_dotted, validate
 
 __all__ = [
     "REPO_ROOT", "ConfigError", "_coerce", "apply_overrides", "config_differences", "config_from_dict", "flatten_dict",

@@ -19,11 +19,9 @@ from typing import Any, Literal
 
 import yaml
 
+from searchr1_lld.config.validation import ConfigError
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-class ConfigError(ValueError):
-    """A configuration problem; the message names the offending key."""
 
 
 class _ConfigLoader(yaml.SafeLoader):
@@ -45,12 +43,6 @@ _ConfigLoader.add_implicit_resolver(
 
 def _yaml_load(text: Any) -> Any:
     return yaml.load(text, Loader=_ConfigLoader)
-
-
-def get_dotted(obj: Any, key: str) -> Any:
-    for part in key.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def _type_name(tp: Any) -> str:

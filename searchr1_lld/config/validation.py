@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from searchr1_lld.config.loading import ConfigError, get_dotted
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the offending key."""
+
+
+def get_dotted(obj: Any, key: str) -> Any:
+    """``get_dotted(cfg, "trainer.lr")`` = ``cfg.trainer.lr``."""
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 

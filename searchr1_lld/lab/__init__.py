@@ -36,8 +36,9 @@ Numbers in the report
     Trends: means over the first / last ``TREND_WINDOW`` steps of reward, correct / incorrect log-likelihood per token,
     the probe set's log-likelihood (the same correct responses re-measured), entropy, and the largest grad norm.
 
-Layout: methods.py (the arms and their configs), running.py (world, runs, summary), analysis.py (phases, trends,
-verdicts), plots.py (curves), report.py (README.md), cli.py (the command line).
+Layout: methods.py (the arms and their configs), running.py (world, runs, summary), evaluating.py (greedy and
+sampled EM of a policy, provenance), analysis.py (phases, trends, verdicts), plots.py (curves), report.py
+(README.md), cli.py (the command line).
 """
 
 from __future__ import annotations
@@ -52,14 +53,14 @@ from searchr1_lld.lab.methods import (DEFAULT_NOTES, FULL_CONFIG, LLD_MARGIN, ME
 from searchr1_lld.lab.plots import CURVES, METHOD_COLORS, plot_curves
 from searchr1_lld.lab.report import (curve_columns, em_table, fmt, fmt_ms, per_run_table, phase_table, trend_table,
                                      warning_text, write_report)
-from searchr1_lld.lab.running import (eval_summary, evaluate_policy, exclusive, evaluate_sampled, evaluate_train,
-                                      evaluate_warm_start, final_policy, finished, load_run, load_warm_start,
-                                      prepare_world, provenance, resolve_world_dir, run_lab, run_one, sampled_of_run,
-                                      warm_start_sampled)
+from searchr1_lld.lab.evaluating import (eval_summary, evaluate_policy, evaluate_sampled, evaluate_train,
+                                         evaluate_warm_start, final_policy, load_warm_start, provenance, sampled_of_run,
+                                         warm_start_sampled)
+from searchr1_lld.lab.running import exclusive, finished, load_run, prepare_world, resolve_world_dir, run_lab, run_one
 
 
 def main(argv: list[str] | None = None) -> int:
     """The command line (:mod:`searchr1_lld.lab.cli`)."""
     from searchr1_lld.lab.cli import main as cli_main
 
-    return cli_main(argv)
+    return cli_main(argv, description=__doc__)

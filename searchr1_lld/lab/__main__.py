@@ -2,6 +2,6 @@
 
 import sys
 
-from searchr1_lld.lab.cli import main
+from searchr1_lld.lab import main
 
 sys.exit(main())

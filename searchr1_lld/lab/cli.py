@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from searchr1_lld import lab
 from searchr1_lld.config import ConfigError
 from searchr1_lld.lab.methods import DEFAULT_NOTES, FULL_CONFIG, METHODS, QUICK_CONFIG, parse_methods, parse_seeds
 from searchr1_lld.lab.running import run_lab
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m searchr1_lld.lab", description=lab.__doc__,
+def main(argv: list[str] | None = None, description: str | None = None) -> int:
+    """The command line; ``description``: its help text (the package's docstring)."""
+    p = argparse.ArgumentParser(prog="python -m searchr1_lld.lab", description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="the few-minute mode (configs/lab/quick.yaml, seed 0)")
     p.add_argument("--config", help="lab config (default: configs/lab/lab.yaml, or quick.yaml with --quick)")

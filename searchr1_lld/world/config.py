@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from searchr1_lld.config.loading import (ConfigError, apply_overrides, build_dataclass, read_yaml,
-                                         resolve_repo_path)
+from searchr1_lld.config.loading import apply_overrides, build_dataclass, read_yaml, resolve_repo_path
 from searchr1_lld.config.sections import opt
-from searchr1_lld.config.validation import raise_first
+from searchr1_lld.config.validation import ConfigError, raise_first
 
 # Bump when the generator (generate.py), the warm-start recipe (tokenizer, trajectories, drills, renaming,
 # warm_start) or the prompt texts it trains on (searchr1_lld/prompts.py) change what a build produces.
