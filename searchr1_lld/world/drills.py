@@ -64,7 +64,7 @@ def build_copy_drills(rows: list[dict], search: SearchFn, tokenizer, cfg: WorldC
     whole prompt).
 
     Why: a freshly initialised transformer learns to copy only after a phase change (measured on the default world,
-    ``docs/lab/warm_start.md``: a question -> subject-query drill at lr 1e-3 goes from 0.00 to 1.00 first-token
+    ``docs/lab.md``: a question -> subject-query drill at lr 1e-3 goes from 0.00 to 1.00 first-token
     accuracy between steps 400 and 600; at lr 1e-2 it never does; 600 steps of whole trajectories at 1e-3 never
     get there either, the copy targets are 1% of their tokens). Drills are ~50-150 tokens, a third of them copy
     targets, so the phase change happens within the world's build budget; the trajectory phase then teaches the
@@ -76,8 +76,7 @@ def build_copy_drills(rows: list[dict], search: SearchFn, tokenizer, cfg: WorldC
 
     The answer stage is an option (off by default): finding the answer in one of three passages forms in its own
     phase change, late in the default build (step ~2,300 of 2,500), and answer drills alone reached it by step ~500
-    in one probe; but put first in real builds it did not bring the phase change forward (docs/lab/warm_start.md,
-    session 5).
+    in one probe; but put first in real builds it did not bring the phase change forward (docs/lab.md).
     """
     if cfg.warmstart_drills <= 0:
         return {}

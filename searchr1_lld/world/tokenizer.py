@@ -27,7 +27,7 @@ def train_tokenizer(texts: list[str], vocab_size: int, out_dir: str | Path | Non
     ``vocab_size``: BPE tokens + the tags. ``year_tokens`` (``corpus_years``) are added on top, each with its
     leading space (``" 1874"``, as a name word is ``" Mouxra"``), as single added non-special tokens like the tags:
     Qwen's pre-tokenisation splits numbers into digits, so a year would otherwise be a four-token copy for the tiny
-    policy, a different and much less reliable circuit than a name's one-token copy (docs/lab/warm_start.md).
+    policy, a different and much less reliable circuit than a name's one-token copy (docs/lab.md).
 
     Pre-tokenisation is Qwen2's (``PRETOKENIZE_REGEX`` split + ByteLevel(use_regex=False) + NFC): the class
     ``AutoTokenizer`` picks for this directory rebuilds exactly this pipeline, so ids survive save/load.

@@ -129,8 +129,7 @@ def quote_think(answer: str, hits: list[dict]) -> str | None:
     passage). The answer is then the last words of the think, a few positions back. A one-word think ("found it")
     leaves the answer a lookup across three passages, which the tiny model learnt type by type and by chance.
     Starting at the title's last mention keeps the quote short: quoted from the passage's start, a city's river
-    came after 20 words of a template every city passage shares, and was not copied (docs/lab/warm_start.md,
-    session 10)."""
+    came after 20 words of a template every city passage shares, and was not copied (docs/lab.md)."""
     for hit in hits:
         title, body = doc_title_text(hit["contents"])
         found = re.search(r"(?<!\w)" + re.escape(answer) + r"(?!\w)", body)
@@ -159,7 +158,7 @@ def bridge_think(style: str, bridge: str, hits: list[dict]) -> str:
 
     Why: with the fixed think the bridge is a lookup across three passages (the city after "headquarters are in" in
     the titled one), the circuit that formed on one CPU and not on another; quoted, the query repeats the think's
-    last words, as the answer does after ``answer_think``'s quote (docs/lab/warm_start.md, session 18)."""
+    last words, as the answer does after ``answer_think``'s quote (docs/lab.md)."""
     if style not in ANSWER_THINKS:
         raise ValueError(f"bridge think must be one of {ANSWER_THINKS} (got {style!r})")
     return (quote_think(bridge, hits) if style == "quote" else None) or _THINK_BRIDGE
@@ -199,7 +198,7 @@ def tokenize_many(segment_lists: list[list[Segment]], tokenizer, max_obs_length:
     """``tokenize_segments`` of every trajectory in ``segment_lists``, each piece still encoded on its own but all
     pieces of a kind in one batched tokenizer call (the prompts with special tokens, every other piece without):
     the same ids as a call per piece, with less overhead (8,000 of the default world's 64,000 drills: 3.9 s against
-    5.4 s, docs/lab/warm_start.md, session 24). An observation longer than ``max_obs_length`` tokens is cut by
+    5.4 s). An observation longer than ``max_obs_length`` tokens is cut by
     ``ObservationTokenizer.fit``."""
     from searchr1_lld.rollout.agent_loop import ObservationTokenizer
 
@@ -323,7 +322,7 @@ class NameShuffler:
     Why by role: a name word's embedding then says what it names, as a real LM's does ("Paris" is a city), and the
     answer to "in which city ..." is the city-word in the right passage. Renamed across roles (one pool), a word
     is a city in one trajectory and a founder in the next, its type lives only in its context, and the tiny model
-    rarely found the answer (measured on the default world, docs/lab/warm_start.md: the whole build went from
+    rarely found the answer (measured on the default world, docs/lab.md: the whole build went from
     test EM 0.04 to 0.12 and from a gold passage retrieved 0.57 to 0.80 of the time, greedy, when the renaming
     kept roles). Every role's words, test entities' included,
     are in its group, so no fact leaks: the renaming is random per trajectory.

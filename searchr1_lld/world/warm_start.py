@@ -160,7 +160,7 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
     but the last may use its own drills once; the last stage gets what is left of the budget, cycling over its
     drills.
     (The copy circuit forms in a phase change whose step varies from run to run: a fixed count stopped some builds
-    before it, docs/lab/warm_start.md.)
+    before it, docs/lab.md.)
     Trajectory phase: ``cfg.warmstart_epochs`` epochs of batches of ``batch_size``, cosine decay to 0 (with its own
     warmup when there are no drills). The loss is the LM loss on generated tokens (weight 1) plus, at weight
     ``cfg.warmstart_env_loss_weight``, on the prompt and observation tokens of the trajectories (a little
