@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     from data.build_world import read_card, warm_start_shortfalls
 
     for line in warm_start_shortfalls(read_card(world) or {}):
-        print(f"WARNING: {line} (issue 14's warm-start targets; what it means for RL: docs/lab/warm_start.md)",
+        print(f"WARNING: {line} (the warm start's targets; what it means for RL: docs/lab.md)",
               flush=True)
 
     print("[2/3] training GRPO + LLDS (configs: algorithm.llds.*)", flush=True)
