@@ -135,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     ensure_world(world, world_cfg)
     t_world = time.time() - t0
     for line in warm_start_shortfalls(read_card(world) or {}):
-        print(f"WARNING: {line} (the warm start's targets; what it means for RL: docs/lab.md)", flush=True)
+        print(f"WARNING: {line} (the warm start's targets; what it means for RL: docs/lab.md)",
+              flush=True)
 
     print("[2/3] training GRPO + LLDS (configs: algorithm.llds.*)", flush=True)
     result = train(cfg, evaluate=False)

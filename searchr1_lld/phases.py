@@ -36,9 +36,10 @@ class PhaseThresholds:
     collapse_entropy_ratio: float = 2.0  # entropy over its early baseline
     collapse_reward_ratio: float = 0.3  # reward at or below this share of its peak = crashed
     min_peak_reward: float = 0.05  # a peak below this is too small to crash from
-    # collapse alarm: the probe set's log-likelihood this many nats/token below its best measurement. Chosen on the
-    # labs of sessions 12-13 (v4, v5 at lr 2e-3: 0.5 / 0.75 / 1.0 warned 5 / 4 / 2 of 7 collapses with 6 / 3 / 2 false
-    # alarms in 17 runs) and then checked on the later labs (v5 at lr 1.5e-3 and 1e-3; docs/lab_notes.md, session 14)
+    # collapse alarm: the probe set's log-likelihood this many nats/token below its best measurement. Chosen on two
+    # labs on the v5 world (8 updates as 4 epochs, and one pass at lr 2e-3: 0.5 / 0.75 / 1.0 warned 5 / 4 / 2 of 7
+    # collapses with 6 / 3 / 2 false alarms in 17 runs) and then checked on two later ones (lr 1.5e-3 and 1e-3;
+    # docs/lab.md, "The alarms")
     drawdown_alarm_logp: float = 0.75
     # evidence proportional to the run: a phase (and the early warning) is reported only once its condition has held
     # on `persistence()` consecutive steps; a short run cannot be called collapsed on one noisy step
@@ -119,7 +120,7 @@ class PhaseDetector:
     signature). It names LLD, which nearly every run of the labs showed, collapsed or not.
     Drawdown alarm (the collapse alarm): the probe set's latest log-likelihood per token at least
     ``drawdown_alarm_logp`` below its best measurement so far, ``probe_best - probe_now >= drawdown_alarm_logp``. It
-    fires on far fewer runs that do not collapse (docs/lab_notes.md, session 14).
+    fires on far fewer runs that do not collapse (docs/lab.md, "The alarms").
 
     Evidence proportional to the run: the rules above give a *raw* phase per step; the reported phase is the least
     severe raw phase of the last ``thresholds.persistence()`` steps (a phase must hold that long before it is

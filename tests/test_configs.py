@@ -68,7 +68,7 @@ def test_paper_configs_carry_the_authors_run_settings():
             0.001, "low_var_kl", 0.001, 0.2, "ppo_clip")
         assert (a.clip_low, a.clip_high, a.dual_clip, a.loss_agg_mode) == (None, None, None, "token-mean")
         assert (t.lr, t.warmup_ratio, t.lr_schedule, t.grad_clip, t.ppo_epochs) == (1e-6, 0.285, "constant", 1.0, 1)
-        # 512 prompts per step; mini-batch 256 *responses* (issue 11: verl's counting, 10 optimiser steps per step)
+        # 512 prompts per step; mini-batch 256 *responses* (verl's counting: 10 optimiser steps per step)
         assert (t.train_batch_size, t.ppo_mini_batch_size, t.total_steps) == (512, 256, 1005)
         assert (t.save_every, t.eval_every) == (50, 50)
         assert (r.n, r.temperature, r.top_p, r.max_turns, r.topk) == (5, 1.0, 0.95, 3, 3)

@@ -250,10 +250,7 @@ def _table(md: str, heading: str) -> list[list[str]]:
 @pytest.mark.slow
 def test_quick_lab_report_is_consistent(tmp_path, tiny_world, monkeypatch):
     out, runs_dir = tmp_path / "report", tmp_path / "runs"
-    notes = tmp_path / "notes.md"
-    notes.write_text("tried nothing yet\n")
-    rc = lab.main(["--quick", "--out", str(out), "--runs-dir", str(runs_dir), "--world-dir", str(tiny_world),
-                   "--notes", str(notes)])
+    rc = lab.main(["--quick", "--out", str(out), "--runs-dir", str(runs_dir), "--world-dir", str(tiny_world)])
     assert rc == 0
     md = (out / "README.md").read_text()
     summary = json.loads((out / "summary.json").read_text())
@@ -349,13 +346,13 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world, monkeypatch):
         drawdown = next(r for r in summary["runs"] if r["method"] == m.key)["phases"]["drawdown_steps"]
         assert row[5 + len(PHASES)] == (str(drawdown[0]) if drawdown else "none")
 
-    assert "## Experiments tried" in md and "tried nothing yet" in md
+    assert "Experiments tried" not in md  # the report holds what the runs measured, no notes file
     assert "LLDS-MA (action gate, adaptive MA)" in md
 
     # --report-only rebuilds the same tables from the finished runs without training
     out2 = tmp_path / "report2"
     assert lab.main(["--quick", "--report-only", "--out", str(out2), "--runs-dir", str(runs_dir), "--world-dir",
-                     str(tiny_world), "--notes", str(notes)]) == 0
+                     str(tiny_world)]) == 0
     md2 = (out2 / "README.md").read_text()
     for heading in ("## Test exact match", "## Phases detected by the monitor", "## Copy or recall"):
         assert _table(md2, heading) == _table(md, heading)
@@ -366,8 +363,7 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world, monkeypatch):
     monkeypatch.setattr(running, "resolve_world_dir", lambda cfg, world_dir: tmp_path / "world-not-built")
     assert running.trained_world_dir(runs_dir) == tiny_world
     out3 = tmp_path / "report-trained-world"
-    assert lab.main(["--quick", "--report-only", "--out", str(out3), "--runs-dir", str(runs_dir),
-                     "--notes", str(notes)]) == 0
+    assert lab.main(["--quick", "--report-only", "--out", str(out3), "--runs-dir", str(runs_dir)]) == 0
     md3 = (out3 / "README.md").read_text()
     for heading in ("## Test exact match", "## Copy or recall"):
         assert _table(md3, heading) == _table(md, heading)
@@ -377,12 +373,12 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world, monkeypatch):
     first = {m.key: json.loads((runs_dir / f"{m.key}-seed0" / "lab_run.json").read_text())["eval_sampled"]
              for m in methods}
     assert lab.main(["--quick", "--report-only", "--sampled", "2", "--out", str(out2), "--runs-dir", str(runs_dir),
-                     "--world-dir", str(tiny_world), "--notes", str(notes)]) == 0
+                     "--world-dir", str(tiny_world)]) == 0
     for m in methods:
         again = json.loads((runs_dir / f"{m.key}-seed0" / "lab_run.json").read_text())["eval_sampled"]
         assert again["samples"] == 2 and again["n"] == 2 * first[m.key]["questions"]
     assert lab.main(["--quick", "--report-only", "--sampled", "4", "--out", str(out2), "--runs-dir", str(runs_dir),
-                     "--world-dir", str(tiny_world), "--notes", str(notes)]) == 0
+                     "--world-dir", str(tiny_world)]) == 0
     for m in methods:
         again = json.loads((runs_dir / f"{m.key}-seed0" / "lab_run.json").read_text())["eval_sampled"]
         assert again["em"] == first[m.key]["em"] and again["samples"] == 4
@@ -427,7 +423,7 @@ def test_repo_relative_keeps_machine_paths_out_of_reports(tmp_path) -> None:
 
 
 def test_lab_grad_norm_panel_is_log_scaled_and_the_others_linear():
-    """One gradient-norm spike (695 before clipping on docs/lab/default-world's LLDS-MA seed 1) must not flatten the
+    """One gradient-norm spike (695 before clipping, measured on an LLDS-MA run of the lab) must not flatten the
     other runs: that panel is drawn on a log axis, every other panel on a linear one."""
     import matplotlib
 
@@ -445,20 +441,3 @@ def test_lab_grad_norm_panel_is_log_scaled_and_the_others_linear():
     assert ax_gn.get_yscale() == "log" and ax_rw.get_yscale() == "linear"
     assert list(ax_gn.lines[0].get_ydata()) == [0.8, 695.0, 1.2]
     plt.close(fig)
-
-
-def test_notes_links_are_rewritten_to_resolve_from_the_report(tmp_path):
-    """The notes are written from docs/ but embedded in docs/lab/<report>/README.md: their relative links must still
-    point at the same files (they did not before: every report's 'Experiments tried' links were broken)."""
-    from searchr1_lld.lab.report import relink
-
-    docs, out = tmp_path / "docs", tmp_path / "docs" / "lab" / "large-quoted-lr7e-4"
-    notes = ("see [the pilot](lab/pilot-x/README.md), ![curve](lab/large-curve/test_em.png), "
-             "[design](../README.md#the-lab), [paper](https://arxiv.org/abs/2512.04220), [up](#session-23), "
-             "[abs](/etc/x) and `code](not a link`")
-    assert relink(notes, docs, out) == (
-        "see [the pilot](../pilot-x/README.md), ![curve](../large-curve/test_em.png), "
-        "[design](../../../README.md#the-lab), [paper](https://arxiv.org/abs/2512.04220), [up](#session-23), "
-        "[abs](/etc/x) and `code](not a link`")
-    # the same folder: nothing moves
-    assert relink(notes, docs, docs) == notes

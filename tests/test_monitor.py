@@ -268,7 +268,7 @@ def test_warning_accounting_outcomes():
 
 
 def test_alarm_lead_on_the_measured_lr3e3_pilot():
-    """GRPO, lr 3e-3, seed 0 (docs/lab_notes.md section 2b, numbers copied from that run's metrics): reward crashes to
+    """GRPO, lr 3e-3, seed 0 on the first lab's world (numbers copied from that run's metrics): reward crashes to
     0 for good at step 8; the correct / probe likelihood fell and entropy jumped from step 2-3, so the detector
     reports accelerated_collapse from step 4 (raw from step 3, held 2 steps): an alarm 4 steps ahead."""
     nan = float("nan")

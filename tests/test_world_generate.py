@@ -208,7 +208,7 @@ def test_multi_hop_families_choose_what_the_world_asks(world) -> None:
 
 def test_warm_start_shortfalls_name_unmet_drill_targets_and_weak_figures() -> None:
     # the card of a build whose answer copy did not form (figures as measured on an AMD EPYC build of the default
-    # world, issue 14 session 11): the full stage ran out of budget at answer 0.31; greedy answer copy 0.082
+    # world's earlier recipe): the full stage ran out of budget at answer 0.31; greedy answer copy 0.082
     card = {
         "policy": {"drill_stop": {"short": "targets met", "full": "budget used"},
                    "drill_checks": [{"step": 800, "stage": "short", "context": "short", "subject_query": 0.98},

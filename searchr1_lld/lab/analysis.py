@@ -100,8 +100,8 @@ def lld_verdict(trend: dict[str, float], phases: dict[str, Any]) -> str:
 
     ``collapse``: the detector reported accelerated_collapse, held for the run-proportional persistence, or the
     training reward collapsed (``phases["warning"]["collapse_step"]``: judged from the reward alone; a run whose
-    reward falls to nothing while the likelihood of its few correct responses holds, as the LLDS action gate's seed 0
-    at lr 1e-3 in docs/lab/pilot-large-quoted-lr1e-3, has collapsed all the same);
+    reward falls to nothing while the likelihood of its few correct responses holds, as an LLDS action-gate run at
+    lr 1e-3 on the large-quoted world did, has collapsed all the same);
     ``LLD``: reward ended higher than it started (by more than ``REWARD_MARGIN``) while the likelihood of correct
     responses ended lower (by more than ``LLD_MARGIN`` nats/token): the sampled correct responses' per-token
     log-likelihood, or the probe set's (the same correct responses re-measured, which sampling noise cannot fake);

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from searchr1_lld.config import ConfigError
-from searchr1_lld.lab.methods import DEFAULT_NOTES, FULL_CONFIG, METHODS, QUICK_CONFIG, parse_methods, parse_seeds
+from searchr1_lld.lab.methods import FULL_CONFIG, METHODS, QUICK_CONFIG, parse_methods, parse_seeds
 from searchr1_lld.lab.running import run_lab
 
 
@@ -21,7 +21,6 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
     p.add_argument("--out", help="report dir (default: docs/lab; runs/lab-quick/report with --quick)")
     p.add_argument("--runs-dir", help="where the runs go (default: runs/lab or runs/lab-quick)")
     p.add_argument("--world-dir", help="an existing world dir to use as is (default: .cache/lab-world-<hash>)")
-    p.add_argument("--notes", default=str(DEFAULT_NOTES), help="markdown put under 'Experiments tried'")
     p.add_argument("--report-only", action="store_true", help="rebuild the report from the finished runs in --runs-dir")
     p.add_argument("--sampled", type=int, default=4, metavar="N",
                    help="also score every policy sampled: N rollouts per test question at the rollout temperature "
@@ -44,7 +43,7 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
             config_path=config, overrides=args.overrides, seeds=seeds, methods=methods,
             out_dir=args.out or ("runs/lab-quick/report" if args.quick else "docs/lab"),
             runs_dir=args.runs_dir or ("runs/lab-quick" if args.quick else "runs/lab"), world_dir=args.world_dir,
-            notes=args.notes, quick=args.quick, report_only=args.report_only, fresh=args.fresh,
+            quick=args.quick, report_only=args.report_only, fresh=args.fresh,
             sampled=args.sampled, extend_from=args.extend_from, train_eval=args.train_eval,
             command="python -m searchr1_lld.lab " + " ".join(argv if argv is not None else sys.argv[1:]),
         )

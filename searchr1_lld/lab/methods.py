@@ -13,7 +13,6 @@ from searchr1_lld.config import config_differences as differences
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FULL_CONFIG = REPO_ROOT / "configs" / "lab" / "lab.yaml"
 QUICK_CONFIG = REPO_ROOT / "configs" / "lab" / "quick.yaml"
-DEFAULT_NOTES = REPO_ROOT / "docs" / "lab_notes.md"
 RUN_RECORD = "lab_run.json"
 TREND_WINDOW = 3
 LLD_MARGIN = 0.05  # nats/token: a likelihood drop smaller than this is not called LLD

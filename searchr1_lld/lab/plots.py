@@ -25,7 +25,7 @@ CURVES: dict[str, tuple[str, str, str]] = {
 }
 # drawn only when some run logged them (eval/em: runs with trainer.eval_every > 0); the others always are
 OPTIONAL_CURVES = ("test_em",)
-# drawn on a log axis: one spike before clipping (695 on LLDS-MA seed 1 in docs/lab/default-world, others at 1-10)
+# drawn on a log axis: one spike before clipping (695 on one LLDS-MA run of the lab, others at 1-10)
 # flattens every other run on a linear axis
 LOG_SCALE_CURVES = ("grad_norm",)
 METHOD_COLORS = {"grpo": "#d62728", "llds_response": "#1f77b4", "llds_action": "#2ca02c", "llds_ma": "#9467bd"}

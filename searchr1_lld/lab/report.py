@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -198,28 +196,7 @@ def curve_section(s: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
-_MD_LINK = re.compile(r"(\]\()([^)\s]+)(\))")
-
-
-def relink(markdown: str, from_dir: str | Path, to_dir: str | Path) -> str:
-    """``markdown`` written in ``from_dir`` (the notes file's folder) with every relative link and image path rewritten
-    to resolve from ``to_dir`` (the report's folder): ``[x](lab/large/README.md)`` read from ``docs/`` becomes
-    ``[x](../large/README.md)`` in ``docs/lab/large-curve``. URLs, anchors (``#...``) and absolute paths are
-    kept; an anchor after a path is carried along."""
-    src, dst = Path(from_dir).resolve(), Path(to_dir).resolve()
-
-    def fix(m: re.Match) -> str:
-        target = m.group(2)
-        if re.match(r"^([a-z][a-z0-9+.-]*:|#|/)", target, flags=re.IGNORECASE):
-            return m.group(0)
-        path, sep, anchor = target.partition("#")
-        moved = os.path.relpath(os.path.normpath(src / path), dst).replace(os.sep, "/")
-        return f"{m.group(1)}{moved}{sep}{anchor}{m.group(3)}"
-
-    return _MD_LINK.sub(fix, markdown)
-
-
-def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path], notes: str | None) -> Path:
+def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path]) -> Path:
     """``OUT/README.md`` from the summary (everything in it is also in summary.json)."""
     s = summary
     sampled = s.get("sampled") or 0
@@ -295,8 +272,6 @@ def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path], n
         "",
         trend_table(s["runs"]),
     ]
-    lines += ["## Experiments tried", ""]
-    lines += [notes.strip(), ""] if notes else ["(no notes file given)", ""]
     path = out_dir / "README.md"
     path.write_text("\n".join(lines))
     return path

@@ -21,7 +21,7 @@ from searchr1_lld.lab.evaluating import (TRAIN_EVAL_DIR, eval_summary, evaluate_
 from searchr1_lld.lab.methods import (REPO_ROOT, RUN_KEYS, RUN_PLAN, RUN_RECORD, Method, check_only_llds_differs,
                                       lab_config, method_config, read_lab_config, run_name, shared_settings)
 from searchr1_lld.lab.plots import plot_curves
-from searchr1_lld.lab.report import fmt, relink, write_report
+from searchr1_lld.lab.report import fmt, write_report
 
 
 # the run-config keys the world's trainer_overrides set (paths into the world dir)
@@ -203,9 +203,9 @@ def repo_relative(path: str | Path) -> str:
 
 
 def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequence[int], methods: Sequence[Method],
-            out_dir: str | Path, runs_dir: str | Path, world_dir: str | None = None, notes: str | Path | None = None,
-            quick: bool = False, command: str = "", report_only: bool = False, fresh: bool = False,
-            sampled: int = 0, extend_from: str | Path | None = None, train_eval: int = 0) -> dict[str, Any]:
+            out_dir: str | Path, runs_dir: str | Path, world_dir: str | None = None, quick: bool = False,
+            command: str = "", report_only: bool = False, fresh: bool = False, sampled: int = 0,
+            extend_from: str | Path | None = None, train_eval: int = 0) -> dict[str, Any]:
     """Train and evaluate every (seed, method), then write the report. Returns the summary (also summary.json).
 
     Resumable and splittable: a run whose ``lab_run.json`` holds this exact config is reused (``fresh`` retrains
@@ -338,8 +338,6 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
     out_dir.mkdir(parents=True, exist_ok=True)
     records_by_run = {(r["method"], r["seed"]): load_records(r["run_dir"]) for r in runs}
     pngs = plot_curves(records_by_run, methods, out_dir, references={TEST_EM_KEY: (warm["eval"]["em"], "warm start")})
-    # the notes' links are written from the notes file's folder; the report lives in out_dir
-    notes_text = relink(Path(notes).read_text(), Path(notes).parent, out_dir) if notes and Path(notes).is_file() else None
     summary = {
         "quick": quick, "report_only": report_only, "command": command, "config_path": repo_relative(config_path), "overrides": list(overrides),
         "seeds": list(seeds), "methods": [dataclasses.asdict(m) for m in methods],
@@ -356,7 +354,7 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
         "wall_s": round(time.time() - t_start, 1),
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    report = write_report(out_dir, summary, pngs, notes_text)
+    report = write_report(out_dir, summary, pngs)
     print(f"[lab] report: {report} (runs {summary['runs_s'] / 60:.1f} min, this pass {summary['wall_s'] / 60:.1f} min)",
           flush=True)
     return summary
