@@ -19,7 +19,8 @@ Atomicity (a kill at any point leaves only complete ``step_*`` directories):
 The next save removes leftover ``.tmp-*`` / ``.trash-*`` directories; a ``.tmp-*`` directory that is complete and whose
 ``step_*`` is missing (killed between the two renames of a re-save) is renamed into place first (by the next save, or
 by ``resolve_resume("auto")``).
-:func:`_crash_point` marks every phase of a save (tests kill the process there).
+tests/test_checkpoint.py kills a save after each of its steps on disk (the temporary directory made, each file written,
+each rename, the first file deleted from an old checkpoint, the return) and resumes from what is left.
 """
 
 from __future__ import annotations
@@ -40,11 +41,6 @@ from searchr1_lld.distributed import is_deepspeed
 COMPLETE = "COMPLETE"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _TMP, _TRASH = ".tmp-", ".trash-"
-
-
-def _crash_point(phase: str) -> None:
-    """Called at each phase of :func:`save_checkpoint` (tests replace it to kill the process there); a no-op."""
-    return None
 
 
 def checkpoint_root(run_dir: str | Path) -> Path:
@@ -183,7 +179,6 @@ def save_checkpoint(
         root.mkdir(parents=True, exist_ok=True)
         _clean_leftovers(root)
         tmp.mkdir(parents=True)
-        _crash_point("tmp_created")
     _barrier(accelerator)
 
     if is_deepspeed(accelerator):
@@ -202,30 +197,21 @@ def save_checkpoint(
                 unwrapped.save_pretrained(tmp / "policy")
             else:
                 torch.save(unwrapped.state_dict(), tmp / "policy_state.pt")
-            _crash_point("policy_written")
             torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-            _crash_point("optimizer_written")
     if is_main:
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        _crash_point("scheduler_written")
         with open(tmp / "trainer_state.json", "w") as f:
             json.dump({"step": step, **trainer_state}, f, default=_json_default)
-        _crash_point("trainer_state_written")
     torch.save(capture_rng_state(), tmp / f"rng_rank{rank}.pt")
-    _crash_point("rng_written")
     _barrier(accelerator)
     if is_main:
         _write_atomic(tmp / COMPLETE, _marker_text(step, tmp))
-        _crash_point("marker_written")
         if final.exists():  # re-saving the same step (e.g. after a resume): move the old one out of the way first
             final.rename(root / f"{_TRASH}{final.name}")
-            _crash_point("old_same_step_moved")
         tmp.rename(final)
-        _crash_point("renamed")
         for old in list_checkpoints(run_dir)[:-keep_last_k]:
             _remove(old)
         _remove_trash(root)
-        _crash_point("pruned")
     _barrier(accelerator)
     return final
 
@@ -246,18 +232,13 @@ def _remove(checkpoint: Path) -> None:
     if trash.exists():
         _rmtree(trash)
     checkpoint.rename(trash)
-    _crash_point("prune_renamed")
     _rmtree(trash)
 
 
 def _rmtree(path: Path) -> None:
-    """``shutil.rmtree`` file by file (with a crash point after the first file: a kill in the middle of a delete)."""
-    first = True
+    """Delete ``path``: its files one at a time (reverse path order), then what is left."""
     for f in sorted((p for p in path.rglob("*") if not p.is_dir()), reverse=True):
         f.unlink()
-        if first:
-            _crash_point("prune_deleting")
-            first = False
     shutil.rmtree(path, ignore_errors=True)
 
 

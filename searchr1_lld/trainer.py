@@ -6,7 +6,7 @@ One training step (:func:`searchr1_lld.step.train_step`)::
     rollout: n responses per prompt, policy in eval mode, no grad             run_agent_loop  (reward = EM)
     engine.sleep(): the rollout engine hands its GPU memory to the update     rollout/backends (contract: base.py)
     advantages A_i (GRPO, per group)                                          algo.advantages
-    logp_old under the current policy, logp_ref under the frozen initial one  Trainer.batch_logp -> algo.logprobs
+    logp_old under the current policy, logp_ref under the frozen initial one  step.batch_logprobs -> algo.logprobs
     rollout-correction weights (truncated IS, engine vs learner), if enabled  algo.rollout_correction
     for epoch in ppo_epochs, for mini-batch of ppo_mini_batch_size *responses* (over all ranks; groups may straddle):
         for micro-batch (token budget, sorted by length; every rank runs the max count, padding ones weigh 0):
@@ -44,8 +44,8 @@ from typing import Any, Sequence
 import torch
 
 from searchr1_lld import checkpoint as ckpt
-from searchr1_lld import distributed, evaluation, factories, optim, policy_logprobs, resume, step
-from searchr1_lld.batching import PromptSampler, micro_batches_by_tokens, pad_cols, select_rows
+from searchr1_lld import distributed, evaluation, factories, optim, resume, step
+from searchr1_lld.batching import PromptSampler
 from searchr1_lld.config import Config, RolloutConfig
 from searchr1_lld.monitor import PhaseDetector, ProbeSet
 from searchr1_lld.tracking import Tracker
@@ -102,57 +102,33 @@ class Trainer:
         self.sampler = PromptSampler(self.train_rows, tc.train_batch_size, tc.seed, cfg.data.shuffle)
         self.detector = PhaseDetector()
         self.probe = ProbeSet(tc.probe_size)
-        self.step = 0
-        self.skipped_steps = 0
         self.history: list[dict[str, Any]] = []
-        self.phase_report: Any = None  # the phase detector's report of the last step
         self.llds_warning = step.llds_noop_warning(cfg, self.updates_per_step)
         if self.llds_warning and acc.is_main_process:
             warnings.warn(self.llds_warning)
+        self.step_context = step.StepContext(
+            cfg=cfg, accelerator=acc, model=self.model, ref_model=self.ref_model, optimizer=self.optimizer,
+            scheduler=self.scheduler, backend=self.backend, rollout=self.rollout,
+            pad_token_id=self.tokenizer.pad_token_id, sampler=self.sampler, probe=self.probe, detector=self.detector)
 
-    # ---------------------------------------------------------------- log-probs
-    def _forward_logp(self, model: torch.nn.Module, rows: dict[str, Any], compute_entropy: bool):
-        """Token log-probs [b, t] (and entropy) of rows' responses: log_softmax(logits / temperature), computed from
-        the final hidden states through the LM head chunk by chunk (full logits never exist; policy_logprobs)."""
-        dev = self.accelerator.device
-        return policy_logprobs.response_logprobs(
-            model, rows["input_ids"][:, :-1].to(dev), rows["attention_mask"][:, :-1].to(dev),
-            rows["position_ids"][:, :-1].to(dev), rows["responses"].to(dev), rows["p"] - 1,
-            chunk_size=self.cfg.trainer.logprob_chunk_size,
-            temperature=self.cfg.rollout.temperature if self.cfg.rollout.temperature > 0 else 1.0,
-            compute_entropy=compute_entropy,
-        )
+    # the counters live in the step context: the step advances them, save / maybe_resume read and restore them
+    @property
+    def step(self) -> int:
+        """Training steps done."""
+        return self.step_context.step
 
-    def agree_max(self, counts: Sequence[int]) -> list[int]:
-        """Element-wise max of ``counts`` over all processes (distributed.agree_max)."""
-        return distributed.agree_max(self.accelerator, counts)
+    @step.setter
+    def step(self, value: int) -> None:
+        self.step_context.step = value
 
-    @torch.no_grad()
-    def batch_logp(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
-        """[B, T] token log-probs of a whole TrajectoryBatch (micro-batched, no grad), on CPU. Every rank runs the same
-        number of forwards (the missing ones re-run this rank's shortest row and are discarded)."""
-        was_training = model.training
-        model.eval()
-        B, T = batch.responses.shape
-        out = torch.zeros(B, T)
-        lengths = batch.attention_mask.sum(1).tolist()
-        micro = micro_batches_by_tokens(lengths, range(B), self.cfg.trainer.micro_batch_token_budget)
-        (n_micro,) = self.agree_max([len(micro)])
-        ctx = self.accelerator.autocast() if model is self.ref_model else contextlib.nullcontext()
-        with ctx:  # the reference runs under the same autocast as the (prepared) policy
-            for k in range(n_micro):
-                mb = micro[k] if k < len(micro) else micro[0][:1]
-                lp, _ = self._forward_logp(model, select_rows(batch, mb), compute_entropy=False)
-                if k < len(micro):
-                    out[torch.as_tensor(mb)] = pad_cols(lp.float().cpu(), T)
-        model.train(was_training)
-        return out * batch.response_mask
+    @property
+    def skipped_steps(self) -> int:
+        """Optimiser steps skipped over the run for a non-finite gradient."""
+        return self.step_context.skipped_updates
 
-    def _probe_logp(self, trajectories: list[Any]):
-        from searchr1_lld.rollout.types import to_batch
-
-        batch = to_batch(trajectories, self.tokenizer.pad_token_id)
-        return self.batch_logp(self.model, batch), batch.response_mask
+    @skipped_steps.setter
+    def skipped_steps(self, value: int) -> None:
+        self.step_context.skipped_updates = value
 
     # ---------------------------------------------------------------- rollout and the step
     def rollout(self, rows: list[dict], *, greedy: bool = False, n: int | None = None,
@@ -179,11 +155,8 @@ class Trainer:
             unwrapped.train(was_training)
 
     def train_step(self) -> dict[str, Any]:
-        """One GRPO(+LLDS) step (:func:`searchr1_lld.step.train_step`); returns its metrics."""
-        return step.train_step(self)
-
-    def _backward(self, loss: torch.Tensor, last: bool) -> None:  # (a method: tests/multirank_run.py wraps it)
-        optim.backward(self.accelerator, self.model, loss, last)
+        """One GRPO(+LLDS) step (:func:`searchr1_lld.step.train_step` on the step context); returns its metrics."""
+        return step.train_step(self.step_context)
 
     # ---------------------------------------------------------------- evaluation
     def evaluate(self, rows: list[dict], desc: str = "eval") -> dict[str, float]:
@@ -276,7 +249,7 @@ class Trainer:
             tracker.log(self.step, metrics)
             self.history.append({"step": self.step, **metrics})
             last_metrics = metrics
-            report = self.phase_report
+            report = self.step_context.phase_report
             if report.phase != last_phase:
                 tracker.write(f"step {self.step}: phase {last_phase} -> {report.phase}: {'; '.join(report.reasons)}")
                 last_phase = report.phase

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from searchr1_lld import batching, trainer as trainer_mod
+from searchr1_lld import batching, step
 from searchr1_lld.config import load_config
 from searchr1_lld.distributed import iter_gathered_named_parameters, zero_stage
 from searchr1_lld.trainer import Trainer
@@ -31,19 +31,32 @@ overrides = sys.argv[2:]
 
 if RANK == 1:  # rank 1: one response per micro-batch -> more micro-batches than rank 0
     one_each = lambda lengths, indices, budget: [[i] for i in sorted(indices)]  # noqa: E731
-    batching.micro_batches_by_tokens = trainer_mod.micro_batches_by_tokens = one_each  # updates and log-prob passes
+    batching.micro_batches_by_tokens = one_each  # the updates' plan and the no-grad log-prob passes call it here
 
-_real_backward = Trainer._backward
-
-
-def _backward_nan_once(self, loss, last):
-    if RANK == 1 and self.step == 1 and not getattr(self, "_nan_done", False) and not os.environ.get("MULTIRANK_NO_NAN"):
-        self._nan_done = True
-        loss = loss * float("nan")
-    return _real_backward(self, loss, last)
+_train_step, _backward = step.train_step, step.backward
 
 
-Trainer._backward = _backward_nan_once
+def _train_step_nan_once_at_step_1(ctx: step.StepContext) -> dict:
+    """Rank 1, step 1 (of each run): the step's first micro-batch loss is NaN, so its first update is non-finite."""
+    if RANK != 1 or ctx.step != 1 or os.environ.get("MULTIRANK_NO_NAN"):
+        return _train_step(ctx)
+    nan_pending = True
+
+    def backward_nan_first(accelerator, model, loss, last):
+        nonlocal nan_pending
+        if nan_pending:
+            nan_pending = False
+            loss = loss * float("nan")
+        return _backward(accelerator, model, loss, last)
+
+    step.backward = backward_nan_first
+    try:
+        return _train_step(ctx)
+    finally:
+        step.backward = _backward
+
+
+step.train_step = _train_step_nan_once_at_step_1
 
 
 def flat_params(tr: Trainer) -> torch.Tensor:

@@ -1,7 +1,9 @@
 """Checkpoints: atomic write (half-written ones ignored), keep-last-k, exact restore of weights/optimiser/RNG."""
 
+import json
 import random
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -88,6 +90,56 @@ def test_keep_last_k(tmp_path):
 
 SAVE_PHASES = ["tmp_created", "policy_written", "optimizer_written", "scheduler_written", "trainer_state_written",
                "rng_written", "marker_written", "renamed", "prune_renamed", "prune_deleting", "pruned"]
+WRITTEN_PHASES = {"policy_state.pt": "policy_written", "optimizer.pt": "optimizer_written",
+                  "scheduler.pt": "scheduler_written", "trainer_state.json": "trainer_state_written",
+                  "rng_rank0.pt": "rng_written"}
+
+
+def _watch_save_phases(monkeypatch, step, on_phase):
+    """Call ``on_phase(name)`` right after each step on disk that ends a phase of saving checkpoint ``step`` (the
+    torch.save / json.dump / Path calls checkpoint.py makes, wrapped in this process). "pruned", the return of
+    save_checkpoint, is the caller's to report."""
+    real_save, real_dump = torch.save, json.dump
+    real_mkdir, real_rename, real_unlink = Path.mkdir, Path.rename, Path.unlink
+    emptied = set()  # directories of checkpoints/ a file was deleted from
+
+    def save(obj, f, *args, **kwargs):
+        real_save(obj, f, *args, **kwargs)
+        if isinstance(f, (str, Path)) and Path(f).name in WRITTEN_PHASES:
+            on_phase(WRITTEN_PHASES[Path(f).name])
+
+    def dump(obj, fp, *args, **kwargs):
+        real_dump(obj, fp, *args, **kwargs)
+        if Path(fp.name).name in WRITTEN_PHASES:
+            fp.flush()  # as the file's close would: the phase ends with the whole file on disk
+            on_phase(WRITTEN_PHASES[Path(fp.name).name])
+
+    def mkdir(self, *args, **kwargs):
+        real_mkdir(self, *args, **kwargs)
+        if self.name == f".tmp-step_{step:06d}":
+            on_phase("tmp_created")
+
+    def rename(self, target):
+        moved = real_rename(self, target)
+        if self.name == f"{ckpt.COMPLETE}.part":
+            on_phase("marker_written")
+        elif self.name.startswith(".tmp-"):
+            on_phase("renamed")
+        elif Path(target).name.startswith(".trash-"):
+            on_phase("old_same_step_moved" if self.name == f"step_{step:06d}" else "prune_renamed")
+        return moved
+
+    def unlink(self, *args, **kwargs):
+        real_unlink(self, *args, **kwargs)
+        deleting = next((d for d in self.parents if d.parent.name == "checkpoints"), None)
+        if deleting is not None and deleting not in emptied:
+            emptied.add(deleting)
+            on_phase("prune_deleting")
+
+    monkeypatch.setattr(torch, "save", save)
+    monkeypatch.setattr(json, "dump", dump)
+    for name, fn in (("mkdir", mkdir), ("rename", rename), ("unlink", unlink)):
+        monkeypatch.setattr(Path, name, fn)
 
 
 def _killed_child(fn):
@@ -123,6 +175,24 @@ def _assert_resumable(run_dir, model, opt, sched, allowed_steps):
     assert state["step"] == int(latest.name.split("_")[1])
 
 
+@pytest.mark.parametrize("resave", [False, True], ids=["new", "resave"])
+def test_a_save_passes_its_phases_in_order(tmp_path, monkeypatch, resave):
+    """The phases the kill test below stops at: each seen once, in the order save_checkpoint takes them."""
+    model, opt, sched = _setup()
+    for step in (1, 2):
+        _save(tmp_path, step, model, opt, sched, k=1)
+    target = 2 if resave else 3
+    seen = []
+    _watch_save_phases(monkeypatch, target, seen.append)
+    _save(tmp_path, target, model, opt, sched, k=1)
+    monkeypatch.undo()
+    written = SAVE_PHASES[:SAVE_PHASES.index("marker_written") + 1]
+    # a re-save moves the old directory away (its files are deleted as trash); a new step prunes the oldest
+    expected = written + (["old_same_step_moved", "renamed", "prune_deleting"] if resave
+                          else ["renamed", "prune_renamed", "prune_deleting"])
+    assert seen == expected
+
+
 # (phase, re-save the newest step instead of saving a new one): a re-save moves the old directory away first and
 # prunes nothing with keep_last_k=1; a new step prunes the oldest.
 KILL_CASES = [(p, False) for p in SAVE_PHASES] + [
@@ -141,8 +211,12 @@ def test_kill_at_every_phase_of_save_and_prune(tmp_path, monkeypatch, phase, res
         if name == phase:
             _kill_self()
 
-    monkeypatch.setattr(ckpt, "_crash_point", crash)
-    assert _killed_child(lambda: _save(tmp_path, target, model, opt, sched, k=1)), f"never reached phase {phase}"
+    def save_and_report_the_end():
+        _save(tmp_path, target, model, opt, sched, k=1)
+        crash("pruned")
+
+    _watch_save_phases(monkeypatch, target, crash)
+    assert _killed_child(save_and_report_the_end), f"never reached phase {phase}"
     monkeypatch.undo()
     _assert_resumable(tmp_path, *_setup(seed=7), allowed_steps={2, target})
     # the next save cleans up and leaves exactly the last k complete checkpoints

@@ -81,7 +81,8 @@ def attach_recording_engine(tr, events: list):
     learner = tr.accelerator.unwrap_model(tr.model)
     engine_model = type(learner)(learner.config)
     engine_model.load_state_dict(learner.state_dict())
-    tr.backend = RecordingBackend(HFBackend(engine_model, tr.tokenizer), events)
+    # the trainer generates through its backend, the step puts it to sleep, streams it the weights and wakes it
+    tr.backend = tr.step_context.backend = RecordingBackend(HFBackend(engine_model, tr.tokenizer), events)
     opt = getattr(tr.optimizer, "optimizer", tr.optimizer)
     opt.register_step_post_hook(lambda *a: events.append("update"))
     return engine_model

@@ -41,7 +41,7 @@ def _cfg(tmp_path, *extra):
 
 def _trainer(cfg, tiny_world, retriever, reward_of_index=lambda i: float(i % 2 == 0)):
     tr = Trainer(on_world(cfg, tiny_world), retriever=retriever)
-    real_rollout = tr.rollout
+    real_rollout = tr.step_context.rollout
 
     def rollout_with_mixed_rewards(rows, **kw):
         # the untrained tiny test policy rarely answers right: set the rewards by hand (default: every group one
@@ -52,7 +52,7 @@ def _trainer(cfg, tiny_world, retriever, reward_of_index=lambda i: float(i % 2 =
                 t.reward = reward_of_index(i)
         return trajs
 
-    tr.rollout = rollout_with_mixed_rewards
+    tr.step_context.rollout = rollout_with_mixed_rewards  # what the step rolls out with
     return tr
 
 

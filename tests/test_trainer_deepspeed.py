@@ -27,13 +27,13 @@ cfg = load_config(None, [
     "trainer.lr=1e-3", "trainer.warmup_ratio=0", "trainer.weight_decay=0", "logging.progress_bar=false",
     "trainer.probe_every=0", f"trainer.output_dir={out}", "trainer.run_name=ds"])
 tr = Trainer(on_world(cfg, world))
-real = tr.rollout
+real = tr.step_context.rollout
 def mixed(rows, **kw):
     trajs = real(rows, **kw)
     for i, t in enumerate(trajs):
         t.reward = float(i % 2 == 0)
     return trajs
-tr.rollout = mixed
+tr.step_context.rollout = mixed
 before = [p.detach().clone() for p in tr.model.parameters()]
 m = tr.train_step()
 changed = any(not torch.equal(a, b) for a, b in zip(before, tr.model.parameters()))
