@@ -13,7 +13,7 @@ Metrics of one dataset (``n`` questions, one greedy response each):
     invalid_action_rate = sum_i invalid_actions_i / sum_i num_turns_i     (share of turns that were invalid actions)
     truncation_rate     = mean_i 1[truncated_i]                            (ran out of token budget)
     answer_rate         = mean_i 1[prediction_i is not None]
-Synthetic world rows carry ``metadata.hops``; then em_single_hop / em_multi_hop (and their n) are reported too.
+Datasets whose rows carry ``metadata.hops`` (the synthetic world's) also get em_single_hop / em_multi_hop (and their n).
 Average over datasets (the paper's "Avg."): unweighted mean of the per-dataset EM.
 Relative gain of a method over the base (the first row of a comparison): (avg_new - avg_base) / avg_base.
 

@@ -21,12 +21,12 @@ from searchr1_lld.lab.evaluating import (TRAIN_EVAL_DIR, eval_summary, evaluate_
 from searchr1_lld.lab.methods import (REPO_ROOT, RUN_KEYS, RUN_PLAN, RUN_RECORD, Method, check_only_llds_differs,
                                       lab_config, method_config, read_lab_config, run_name, shared_settings)
 from searchr1_lld.lab.plots import plot_curves
+from searchr1_lld.world import trainer_overrides
 from searchr1_lld.lab.report import fmt, write_report
 
 
 # the run-config keys the world's trainer_overrides set (paths into the world dir)
-WORLD_KEYS = ("model.path", "model.tokenizer_path", "retriever.mode", "retriever.index_dir", "data.source",
-              "data.train_files", "data.test_files")
+WORLD_KEYS = tuple(item.partition("=")[0] for item in trainer_overrides("."))
 SHARED_WORLD_DIR = REPO_ROOT / ".cache" / "world"  # the demo's world dir
 
 
