@@ -14,9 +14,7 @@ variation of the rollout; the order within a pair alternates. One untimed pair f
 and wall-clock of its update phase (``step.update_policy``: the ppo_epochs x mini-batches x micro-batches of forward,
 objective, backward and optimiser step). The machine may be shared: only ratios within one run mean anything.
 
-Variants: ``llds_on`` (the config: LLDS lam 0.2, action gate) and ``llds_off`` (``algorithm.llds.enabled=false``);
-``fused`` and ``composed`` (both LLDS on): the objective's fused pass (``objective``) against the composed
-reference (``composed_objective``), whichever ``step.micro_step`` calls.
+Variants: ``llds_on`` (the config: LLDS lam 0.2, action gate) and ``llds_off`` (``algorithm.llds.enabled=false``).
 Prints one line per timed run, then, with the first variant as the numerator and the second as the denominator:
 ``RESULT step_ratio_<a>_over_<b>_wall X`` (median of the per-pair ratios of whole-step wall time),
 ``RESULT step_ratio_<a>_over_<b>_cpu X`` (the same in CPU time), ``RESULT update_ratio_<a>_over_<b>_wall X``
@@ -33,24 +31,17 @@ import time
 from typing import Any, Callable
 
 from searchr1_lld import checkpoint, distributed, factories, step
-from searchr1_lld.algo.objective import composed_objective, objective
 from searchr1_lld.config import load_config
 
 
-def _variant(llds_enabled: bool, objective_fn: Callable[..., Any]) -> Callable[[Any], None]:
+def _llds(enabled: bool) -> Callable[[Any], None]:
     def apply(tr: Any) -> None:
-        tr.cfg.algorithm.llds.enabled = llds_enabled
-        step.objective = objective_fn  # what step.micro_step calls
+        tr.cfg.algorithm.llds.enabled = enabled  # read by step.objective_spec at every update
 
     return apply
 
 
-VARIANTS: dict[str, Callable[[Any], None]] = {
-    "llds_on": _variant(True, objective),
-    "llds_off": _variant(False, objective),
-    "fused": _variant(True, objective),  # the fused no-grad pass with hand-derived gradients
-    "composed": _variant(True, composed_objective),  # the registered functions, autograd
-}
+VARIANTS: dict[str, Callable[[Any], None]] = {"llds_on": _llds(True), "llds_off": _llds(False)}
 
 
 def snapshot(tr: Any) -> dict[str, Any]:
