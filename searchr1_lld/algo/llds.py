@@ -61,23 +61,6 @@ def _preserving_rows(advantages: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return torch.where(m, advantages.detach(), 0.0).amin(dim=1) >= 0
 
 
-class _WeightedDisplacementMean(torch.autograd.Function):
-    """L = sum(w * d) / den with d = logp_old - logp_new given (detached) and w constant; dL/dlogp_new = -w / den.
-
-    Same value and gradient as autograd through ``(w * (logp_old - logp_new)).sum() / den``, with one multiply in
-    backward instead of four tensor ops (this keeps LLDS cheap next to the policy loss)."""
-
-    @staticmethod
-    def forward(ctx, logp_new: torch.Tensor, displacement: torch.Tensor, weight: torch.Tensor, den: torch.Tensor):
-        ctx.save_for_backward(weight, den)
-        return (weight * displacement).sum() / den
-
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):
-        weight, den = ctx.saved_tensors
-        return weight * (-grad_out / den), None, None, None
-
-
 @torch.no_grad()
 def _gate(d_masked: torch.Tensor, m: torch.Tensor, in_p: torch.Tensor, gate: str, tau: float):
     """Gate from the masked displacement d*m, the bool mask m and P membership ``[B]``: (g ``[B, T]`` bool, and the
@@ -176,9 +159,9 @@ def llds_loss(
         llds/mean_displacement   mean of d over all response tokens
         llds/loss                the loss value
 
-    Implementation: the constant weight w = m g c 1[d > 0] is built without gradient, then L = sum(w d) / sum(m)
-    (identical value and gradient to sum(m g c relu(d)) / sum(m)) through a tiny autograd Function whose backward is
-    one multiply. P for ``[B, T]`` advantages: every response token's advantage >= 0 (= A_i >= 0 when broadcast).
+    Implementation: the constant weight w = m g c 1[d > 0] is built without gradient, then L = sum(w d) / sum(m),
+    differentiated by autograd (identical value and gradient to sum(m g c relu(d)) / sum(m)). P for ``[B, T]``
+    advantages: every response token's advantage >= 0 (= A_i >= 0 when broadcast).
     """
     _check_args(logp_new, logp_old, response_mask, gate, lam, answer_mask, lam_answer)
     m = response_mask.detach()
@@ -187,7 +170,7 @@ def llds_loss(
     weight, den, stats = llds_weight_and_stats(dd, m, advantages, gate=gate, lam=lam, tau=tau, answer_mask=answer_mask,
                                                lam_answer=lam_answer, denominator=denominator)
     # = sum(m g c relu(d)) / den; 0 when the mask is empty (weight is 0 there), graph intact
-    loss = _WeightedDisplacementMean.apply(logp_new, dd, weight, den)
+    loss = (weight * (logp_old.detach() - logp_new)).sum() / den
     values = torch.cat([stats, loss.detach().reshape(1)]).tolist()
     return loss, {f"llds/{k}": float(v) for k, v in zip(STAT_NAMES, values)}
 
