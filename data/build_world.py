@@ -7,7 +7,7 @@ Layout (docs/architecture.md, "The synthetic world on disk")::
 
     DIR/corpus.jsonl   DIR/index/   DIR/qa/train.jsonl   DIR/qa/test.jsonl   DIR/tokenizer/   DIR/model/   DIR/world.json
 
-Steps: generate world (corpus + QA) -> retriever index (``retriever.index.build_index``) -> tokenizer + warm-started
+Steps: generate world (corpus + QA) -> retriever index (``retriever.build.build_index``) -> tokenizer + warm-started
 tiny Qwen2 (``data.tiny_policy``) -> warm-start measurement through the real rollout (greedy test EM, format-valid
 rate) -> ``world.json`` written last, atomically. A dir whose ``world.json`` carries the same config hash is reused
 as is; a file lock makes concurrent builders (parallel test sessions) wait for one build instead of racing.
@@ -111,7 +111,7 @@ def build_world(out_dir: Path, cfg: WorldConfig, *, progress: bool = True, measu
 
     from data.tiny_policy import build_tiny_policy, measure_warm_start
     from data.world import generate_world, write_world_files
-    from retriever.index import build_index
+    from retriever.build import build_index
     from retriever.inprocess import InProcessRetriever
 
     from searchr1_lld.tracking import ticking
