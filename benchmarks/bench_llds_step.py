@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import shutil
 import statistics
 import tempfile
 import time
@@ -139,6 +140,7 @@ def main() -> None:
     for n in names:
         print(f"RESULT step_wall_s_{n} {statistics.median(wall[n]):.3f}")
         print(f"RESULT update_wall_s_{n} {statistics.median(upd[n]):.3f}")
+    shutil.rmtree(out, ignore_errors=True)
 
 
 if __name__ == "__main__":
