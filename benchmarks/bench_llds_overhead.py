@@ -3,15 +3,9 @@ micro-batch, ``algo.objective.objective`` (PPO-clip + low_var_kl [+ LLDS], metri
 T=1024 tokens with ``[B]`` advantages (as step.micro_step passes them; ``--token-advantages`` for ``[B, T]``).
 Same code path with and without LLDS (``llds_lam`` 0.2 vs 0). Each repeat runs both, in alternating order; the ratio
 is the median of the per-repeat ratios (a pair shares the machine's state, which drifts by tens of percent here).
-On CPU float32 the LLDS term runs the C kernel ``searchr1_lld/kernels/llds_cpu.c`` (``SEARCHR1_KERNELS=0``: the torch
-formulation).
-
-Runs the eager fused objective (``--mode eager``, the default the trainer uses), the ``torch.compile``d one
-(``--mode compiled``) and the composed reference (``--mode composed``: policy_loss, kl, llds one after the other);
-``--mode all`` runs the three. Ends with ``RESULT llds_overhead_ratio X`` (with / without LLDS of the first mode
-run; target <= 1.05) and ``RESULT llds_added_ms Y`` (the absolute added time per call), plus one
-``RESULT llds_overhead_ratio_<mode>`` line per mode. The model forward/backward (which dominates a real step) is not
-included: this is the loss-only worst case (benchmarks/bench_llds_step.py measures a whole update).
+Ends with ``RESULT llds_overhead_ratio X`` (with / without LLDS) and ``RESULT llds_added_ms Y`` (the absolute added
+time per call). The model forward/backward (which dominates a real step) is not included: this is the loss-only
+worst case (benchmarks/bench_llds_step.py measures whole training steps).
 Metric dicts are part of the timed work (the trainer logs them every step). Times are the process's CPU time by
 default (``--clock cpu``; the machine is shared, and a descheduled process does not accrue CPU time), ``--clock wall``
 for wall-clock time.
@@ -26,7 +20,7 @@ import time
 
 import torch
 
-from searchr1_lld.algo.objective import ObjectiveSpec, composed_objective, mini_batch_denominators, objective
+from searchr1_lld.algo.objective import ObjectiveSpec, mini_batch_denominators, objective
 
 
 def make_batch(b: int, t: int, seed: int = 0, token_advantages: bool = False) -> dict[str, torch.Tensor]:
@@ -54,27 +48,26 @@ def make_batch(b: int, t: int, seed: int = 0, token_advantages: bool = False) ->
 SPEC = ObjectiveSpec(policy_loss="ppo_clip", kl_coef=0.001, kl_type="low_var_kl", llds_gate="action")
 
 
-def step(batch: dict[str, torch.Tensor], with_llds: bool, mode: str) -> None:
+def step(batch: dict[str, torch.Tensor], with_llds: bool) -> None:
     """One micro-batch as the trainer runs it: objective forward (metrics converted to floats) + backward."""
-    spec = dataclasses.replace(SPEC, llds_lam=0.2 if with_llds else 0.0, compile=mode == "compiled")
-    fn = composed_objective if mode == "composed" else objective
+    spec = dataclasses.replace(SPEC, llds_lam=0.2 if with_llds else 0.0)
     logp_new = batch["logp_new_data"].clone().requires_grad_(True)
-    loss, metrics = fn(spec, logp_new, batch["logp_old"], batch["adv"], batch["mask"], mini_tokens=batch["n_tok"],
+    loss, metrics = objective(spec, logp_new, batch["logp_old"], batch["adv"], batch["mask"], mini_tokens=batch["n_tok"],
                        mini_responses=batch["n_resp"], logp_ref=batch["ref_logp"])
     loss.backward()
 
 
-def measure(batch: dict[str, torch.Tensor], mode: str, repeats: int, clock) -> tuple[float, float, float]:
+def measure(batch: dict[str, torch.Tensor], repeats: int, clock) -> tuple[float, float, float]:
     """(median time without LLDS, median time with LLDS, median of the paired ratios with / without): each repeat
     runs both, in alternating order, so a pair shares the machine's state; the paired median is the headline."""
-    for _ in range(5):  # warm-up (and compilation for --mode compiled)
-        step(batch, False, mode)
-        step(batch, True, mode)
+    for _ in range(5):  # warm-up
+        step(batch, False)
+        step(batch, True)
     times: dict[bool, list[float]] = {False: [], True: []}
     for r in range(repeats):
         for with_llds in ((False, True) if r % 2 == 0 else (True, False)):  # interleave to share machine noise
             t0 = clock()
-            step(batch, with_llds, mode)
+            step(batch, with_llds)
             times[with_llds].append(clock() - t0)
     ratios = [w / b for w, b in zip(times[True], times[False]) if b > 0]
     return statistics.median(times[False]), statistics.median(times[True]), statistics.median(ratios)
@@ -87,26 +80,20 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=300)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--token-advantages", action="store_true", help="[B, T] token-broadcast advantages instead of [B]")
-    ap.add_argument("--mode", default="eager", choices=["eager", "compiled", "composed", "all"])
     ap.add_argument("--clock", default="cpu", choices=["cpu", "wall"],
                     help="cpu: the process's CPU time (time.process_time; robust on a shared machine), wall: perf_counter")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     batch = make_batch(args.batch, args.tokens, token_advantages=args.token_advantages)
-    modes = ["eager", "compiled", "composed"] if args.mode == "all" else [args.mode]
     print(f"B={args.batch} T={args.tokens} threads={args.threads} repeats={args.repeats} clock={args.clock} "
           f"advantages={'[B, T]' if args.token_advantages else '[B]'}")
-    results = {}
-    for mode in modes:
-        clock = time.process_time if args.clock == "cpu" else time.perf_counter
-        base, full, _ = results[mode] = measure(batch, mode, args.repeats, clock)
-        print(f"[{mode:8s}] objective PPO-clip + KL           fwd+bwd median {base * 1e3:.3f} ms")
-        print(f"[{mode:8s}] objective PPO-clip + KL + LLDS(A) fwd+bwd median {full * 1e3:.3f} ms", flush=True)
-    for mode in modes:
-        print(f"RESULT llds_overhead_ratio_{mode} {results[mode][2]:.3f}")
-    base, full, ratio = results[modes[0]]
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    base, full, ratio = measure(batch, args.repeats, clock)
+    print(f"objective PPO-clip + KL           fwd+bwd median {base * 1e3:.3f} ms")
+    print(f"objective PPO-clip + KL + LLDS(A) fwd+bwd median {full * 1e3:.3f} ms")
     print(f"RESULT llds_overhead_ratio {ratio:.3f}")
     print(f"RESULT llds_added_ms {(full - base) * 1e3:.3f}")
+
 
 if __name__ == "__main__":
     main()

@@ -1,171 +1,152 @@
-"""Share of LLDS in a whole policy update: (model forward + objective with LLDS + backward) / (the same without LLDS).
+"""What LLDS costs in a whole training step: ``Trainer.train_step`` on the tiny config, LLDS on vs off.
 
-One update of one micro-batch, exactly as the trainer runs it: the policy's log-probs and entropies through
-``policy_logprobs.response_logprobs`` (final hidden states -> LM head, chunked), ``algo.objective.objective``
-(PPO-clip + low_var_kl + entropy [+ LLDS action gate, lam 0.2], metrics converted to floats) and ``backward``.
-The optimiser step is not timed (it does not depend on LLDS; leaving it out makes the ratio larger, not smaller).
-Random-init Qwen2 models (no world build, no hub), CPU, torch's default thread count:
+The demo's learner as ``make demo`` runs it (configs/tiny.yaml: 16 prompts x 8 responses, 4 optimiser steps a step,
+micro-batch token budget 4096, LLDS lam 0.2 with the action gate, HF rollout backend, in-process retriever) on the
+synthetic world in ``--world-dir`` (default ``.cache/world``, the demo's; built there from
+configs/world/default.yaml first if it is not, as ``make demo`` does).
 
-- tiny: the tiny world's policy (sizes from ``WorldConfig`` defaults: hidden 128, 2 layers, 4 heads, 2 KV heads,
-  intermediate 384, vocab = tokenizer_vocab_size, tied embeddings); B=16 sequences of 128 prompt + 384 response
-  tokens = 8,192 tokens, the tiny config's ``micro_batch_token_budget``.
-- qwen0.5b: a Qwen2.5-0.5B-shaped model (hidden 896, 24 layers, 14 heads, 2 KV heads, intermediate 4864, vocab
-  151,936, tied embeddings), at a short length: B=2 sequences of 16 prompt + 48 response tokens (one update is
-  about 20 s of CPU time on the 2-core machine; the whole benchmark runs in a few minutes on idle cores, about 11
-  minutes when they are shared).
+Paired steps: before each step the trainer's state (policy weights, optimiser and scheduler state, data position,
+RNG, monitor state) is saved in memory; the step runs with one variant, the state is restored and the *same* step
+runs with the other variant (same prompts, same sampled responses: the rollout is seeded per step), and the second
+run's state is kept. The two runs of a pair differ only in the variant, so their ratio is free of the step-to-step
+variation of the rollout; the order within a pair alternates. One untimed pair first (warm-up). Times are wall-clock
+(``time.perf_counter``) and the process's CPU time (``time.process_time``, all threads) of the whole ``train_step``,
+and wall-clock of its update phase (``step.update_policy``: the ppo_epochs x mini-batches x micro-batches of forward,
+objective, backward and optimiser step). The machine may be shared: only ratios within one run mean anything.
 
-Responses have two action spans separated by an ``<information>`` block (mask 0); logp_old = logp_new + noise so
-that the LLDS gate is really active. Repeats are interleaved (with / without LLDS alternate, the order flipping
-every repeat) and medians taken. Times are the process's CPU time (all threads; ``--clock cpu``, the default: the
-machine is shared) or wall-clock time (``--clock wall``).
-
-Two estimates of the ratio per model:
-- direct: median update with LLDS / median update without, ``RESULT llds_step_overhead_ratio_direct_<model> X``,
-  printed with the spread of the step times (interquartile range / median). On a shared CPU machine that spread is
-  several percent, far above the effect measured, so the direct ratio cannot resolve 1%.
-- from parts: 1 + (objective with LLDS - objective without) / (median update without LLDS), with the objective timed
-  alone on the step's shapes (many repeats; low noise). This is exact by construction: the two updates differ only in
-  the objective's no-grad pass (the model forward, the fused loss's backward -- one multiply by the precomputed
-  dL/dlogp -- and the model backward are the same work with or without LLDS).
-  ``RESULT llds_step_overhead_ratio_<model> X``, and ``RESULT llds_step_overhead_ratio X`` = their max (target <= 1.01).
+Variants: ``llds_on`` (the config: LLDS lam 0.2, action gate) and ``llds_off`` (``algorithm.llds.enabled=false``).
+Prints one line per timed run, then, with the first variant as the numerator and the second as the denominator:
+``RESULT step_ratio_<a>_over_<b>_wall X`` (median of the per-pair ratios of whole-step wall time),
+``RESULT step_ratio_<a>_over_<b>_cpu X`` (the same in CPU time), ``RESULT update_ratio_<a>_over_<b>_wall X``
+(the update phase alone), and the medians ``RESULT step_wall_s_<variant> X`` / ``RESULT update_wall_s_<variant> X``.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import copy
+import shutil
 import statistics
+import tempfile
 import time
+from typing import Any, Callable
 
-import torch
-
-from searchr1_lld import policy_logprobs
-from searchr1_lld.algo.objective import ObjectiveSpec, mini_batch_denominators, objective
-from searchr1_lld.world.config import WorldConfig
-
-SPEC = ObjectiveSpec(policy_loss="ppo_clip", kl_coef=0.001, kl_type="low_var_kl", entropy_coef=0.001,
-                     llds_gate="action")
+from searchr1_lld import checkpoint, distributed, step
+from searchr1_lld.config import load_config
 
 
-def build_model(kind: str) -> torch.nn.Module:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def _llds(enabled: bool) -> Callable[[Any], None]:
+    def apply(tr: Any) -> None:
+        tr.cfg.algorithm.llds.enabled = enabled  # read by step.objective_spec at every update
 
-    if kind == "tiny":
-        w = WorldConfig()
-        cfg = Qwen2Config(vocab_size=w.tokenizer_vocab_size, hidden_size=w.model_hidden_size,
-                          intermediate_size=w.model_intermediate_size, num_hidden_layers=w.model_layers,
-                          num_attention_heads=w.model_heads, num_key_value_heads=w.model_kv_heads,
-                          max_position_embeddings=2048, tie_word_embeddings=True)
-    elif kind == "qwen0.5b":
-        cfg = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                          num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=2048,
-                          tie_word_embeddings=True)
-    else:
-        raise ValueError(kind)
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(cfg).float().train()
+    return apply
 
 
-def make_rows(model: torch.nn.Module, b: int, prompt: int, response: int, seed: int = 0) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    vocab = model.config.vocab_size
-    ids = torch.randint(0, vocab, (b, prompt + response), generator=g)
-    mask = torch.ones(b, response)
-    gap = response // 3
-    mask[:, gap : gap + max(response // 8, 1)] = 0  # an <information> block between two action spans
-    rows = {
-        "input_ids": ids[:, :-1], "attention_mask": torch.ones_like(ids[:, :-1]),
-        "position_ids": torch.arange(prompt + response - 1).expand(b, -1), "responses": ids[:, prompt:],
-        "start": prompt - 1, "mask": mask, "adv": torch.randn(b, generator=g),
+VARIANTS: dict[str, Callable[[Any], None]] = {"llds_on": _llds(True), "llds_off": _llds(False)}
+
+
+def snapshot(tr: Any) -> dict[str, Any]:
+    """Everything one train_step reads and changes, copied."""
+    return {
+        "model": {k: v.detach().clone() for k, v in tr.model.state_dict().items()},
+        "optimizer": copy.deepcopy(tr.optimizer.state_dict()),
+        "scheduler": copy.deepcopy(tr.scheduler.state_dict()),
+        "sampler": dict(tr.sampler.state()),
+        "step": tr.step,
+        "skipped_steps": tr.skipped_steps,
+        "detector": copy.deepcopy(tr.detector),
+        "probe": copy.deepcopy(tr.probe),
+        "rng": checkpoint.capture_rng_state(),
     }
-    with torch.no_grad():
-        logp, _ = forward(model, rows, compute_entropy=False)
-    rows["logp_old"] = logp + 0.05 * torch.randn(logp.shape, generator=g)
-    rows["logp_ref"] = logp + 0.05 * torch.randn(logp.shape, generator=g)
-    rows["n_tok"], rows["n_resp"] = mini_batch_denominators(mask)
-    return rows
 
 
-def forward(model: torch.nn.Module, rows: dict, compute_entropy: bool = True):
-    return policy_logprobs.response_logprobs(
-        model, rows["input_ids"], rows["attention_mask"], rows["position_ids"], rows["responses"], rows["start"],
-        chunk_size=256, temperature=1.0, compute_entropy=compute_entropy)
+def restore(tr: Any, state: dict[str, Any]) -> None:
+    tr.model.load_state_dict(state["model"])
+    tr.optimizer.load_state_dict(state["optimizer"])
+    tr.scheduler.load_state_dict(state["scheduler"])
+    tr.sampler.load_state(state["sampler"])
+    tr.step, tr.skipped_steps = state["step"], state["skipped_steps"]
+    # the step reads them from its context: both names must hold the restored objects
+    tr.detector = tr.step_context.detector = copy.deepcopy(state["detector"])
+    tr.probe = tr.step_context.probe = copy.deepcopy(state["probe"])
+    checkpoint.restore_rng_state(state["rng"])
+    distributed.sync_weights_to_engine(tr.accelerator, tr.model, tr.backend)
 
 
-def loss_of(rows: dict, logp: torch.Tensor, entropy: torch.Tensor, with_llds: bool) -> torch.Tensor:
-    spec = dataclasses.replace(SPEC, llds_lam=0.2 if with_llds else 0.0)
-    loss, _metrics = objective(spec, logp, rows["logp_old"], rows["adv"], rows["mask"], mini_tokens=rows["n_tok"],
-                               mini_responses=rows["n_resp"], logp_ref=rows["logp_ref"], entropy=entropy)
-    return loss
-
-
-def update(model: torch.nn.Module, rows: dict, with_llds: bool) -> None:
-    logp, entropy = forward(model, rows)
-    loss_of(rows, logp, entropy, with_llds).backward()
-    model.zero_grad(set_to_none=True)
-
-
-def objective_only(rows: dict, with_llds: bool) -> None:
-    logp = (rows["logp_old"] - 0.05).clone().requires_grad_(True)
-    entropy = torch.ones_like(logp).requires_grad_(True)
-    loss_of(rows, logp, entropy, with_llds).backward()
-
-
-CLOCK = time.process_time
-
-
-def interleaved_medians(fn, repeats: int, spread: dict | None = None) -> tuple[float, float]:
-    fn(False), fn(True)  # warm-up
-    times: dict[bool, list[float]] = {False: [], True: []}
-    for r in range(repeats):
-        for with_llds in ((False, True) if r % 2 == 0 else (True, False)):
-            t0 = CLOCK()
-            fn(with_llds)
-            times[with_llds].append(CLOCK() - t0)
-    if spread is not None and repeats >= 4:  # interquartile range / median of the step times
-        for k, v in times.items():
-            q = statistics.quantiles(v, n=4)
-            spread[k] = (q[2] - q[0]) / statistics.median(v)
-    return statistics.median(times[False]), statistics.median(times[True])
-
-
-SHAPES = {"tiny": (16, 128, 384), "qwen0.5b": (2, 16, 48)}  # (B, prompt tokens, response tokens)
+def timed_step(tr: Any) -> tuple[float, float, dict[str, Any]]:
+    """(wall s, CPU s, metrics) of one train_step."""
+    w0, c0 = time.perf_counter(), time.process_time()
+    metrics = tr.train_step()
+    return time.perf_counter() - w0, time.process_time() - c0, metrics
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="tiny,qwen0.5b")
-    ap.add_argument("--repeats", default="tiny=15,qwen0.5b=5", help="interleaved whole-step repeats per model")
-    ap.add_argument("--objective-repeats", type=int, default=200)
-    ap.add_argument("--clock", default="cpu", choices=["cpu", "wall"])
+    ap.add_argument("--config", default="configs/tiny.yaml")
+    ap.add_argument("--world-dir", default=".cache/world", help="the synthetic world (built there if missing)")
+    ap.add_argument("--world", default="configs/world/default.yaml", help="its world config")
+    ap.add_argument("--pairs", type=int, default=5, help="timed pairs (after one untimed warm-up pair)")
+    ap.add_argument("--variants", default="llds_on,llds_off", help=f"two of {sorted(VARIANTS)}: numerator,denominator")
+    ap.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = ap.parse_args()
-    global CLOCK
-    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
-    repeats = {k: int(v) for k, v in (kv.split("=") for kv in args.repeats.split(","))}
-    ratios, from_parts = {}, {}
-    for kind in args.models.split(","):
-        b, p, r = SHAPES[kind]
-        model = build_model(kind)
-        rows = make_rows(model, b, p, r)
-        n_params = sum(x.numel() for x in model.parameters())
+    names = args.variants.split(",")
+    if len(names) != 2 or not set(names) <= set(VARIANTS):
+        raise SystemExit(f"--variants needs two of {sorted(VARIANTS)}; got {args.variants!r}")
+
+    from searchr1_lld.trainer import Trainer
+    from searchr1_lld.world import ensure_world, load_world_config, trainer_overrides
+
+    ensure_world(args.world_dir, load_world_config(args.world))
+
+    out = tempfile.mkdtemp(prefix="bench_llds_step-")
+    overrides = [f"trainer.output_dir={out}", "logging.progress_bar=false", "logging.plot_every=0",
+                 "trainer.total_steps=1000",  # (the LR schedule: nearly constant over the few steps run here)
+                 *trainer_overrides(args.world_dir), *args.overrides]
+    cfg = load_config(args.config, overrides)
+    tr = Trainer(cfg, run_dir=out)
+
+    update_times: list[float] = []
+    real_update = step.update_policy
+
+    def timed_update(*a: Any, **k: Any) -> Any:
         t0 = time.perf_counter()
-        spread: dict = {}
-        base, full = interleaved_medians(lambda w: update(model, rows, w), repeats.get(kind, 5), spread)
-        obj_base, obj_full = interleaved_medians(lambda w: objective_only(rows, w), args.objective_repeats)
-        ratios[kind] = full / base
-        from_parts[kind] = 1 + (obj_full - obj_base) / base
-        print(f"[{kind}] {n_params / 1e6:.1f}M params, B={b} prompt={p} response={r}, threads={torch.get_num_threads()}, "
-              f"clock={args.clock} "
-              f"({time.perf_counter() - t0:.0f} s)")
-        print(f"[{kind}] update median: without LLDS {base * 1e3:.1f} ms, with LLDS {full * 1e3:.1f} ms "
-              f"(IQR / median: {spread.get(False, float('nan')):.3f}, {spread.get(True, float('nan')):.3f})")
-        print(f"[{kind}] objective alone median: without LLDS {obj_base * 1e3:.3f} ms, with {obj_full * 1e3:.3f} ms",
-              flush=True)
-        del model
-    for kind in ratios:
-        print(f"RESULT llds_step_overhead_ratio_direct_{kind} {ratios[kind]:.4f}")
-        print(f"RESULT llds_step_overhead_ratio_{kind} {from_parts[kind]:.4f}")
-    print(f"RESULT llds_step_overhead_ratio {max(from_parts.values()):.4f}")
+        result = real_update(*a, **k)
+        update_times.append(time.perf_counter() - t0)
+        return result
+
+    step.update_policy = timed_update
+    wall: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
+    upd: dict[str, list[float]] = {n: [] for n in names}
+    print(f"config {args.config}, world {args.world_dir}, {tr.updates_per_step} updates a step, "
+          f"variants {names[0]} / {names[1]}, {args.pairs} timed pairs after 1 warm-up pair", flush=True)
+    for pair in range(args.pairs + 1):
+        order = names if pair % 2 == 0 else names[::-1]
+        state = snapshot(tr)
+        for k, name in enumerate(order):
+            if k:
+                restore(tr, state)
+            VARIANTS[name](tr)
+            w, c, m = timed_step(tr)
+            label = "warm-up" if pair == 0 else f"pair {pair}"
+            print(f"{label} {name:9s} step {w:6.2f} s wall, {c:6.2f} s CPU, update {update_times[-1]:6.2f} s wall; "
+                  f"reward {m.get('reward/em_mean', float('nan')):.4f}, "
+                  f"response tokens {m.get('rollout/response_length_mean', float('nan')):.2f}, "
+                  f"pg_loss {m.get('actor/pg_loss', float('nan')):.6f}, llds/loss {m.get('llds/loss', 0.0):.6f}",
+                  flush=True)
+            if pair:
+                wall[name].append(w)
+                cpu[name].append(c)
+                upd[name].append(update_times[-1])
+    a, b = names
+    ratio = lambda xs, ys: statistics.median(x / y for x, y in zip(xs, ys))  # noqa: E731
+    print(f"RESULT step_ratio_{a}_over_{b}_wall {ratio(wall[a], wall[b]):.4f}")
+    print(f"RESULT step_ratio_{a}_over_{b}_cpu {ratio(cpu[a], cpu[b]):.4f}")
+    print(f"RESULT update_ratio_{a}_over_{b}_wall {ratio(upd[a], upd[b]):.4f}")
+    for n in names:
+        print(f"RESULT step_wall_s_{n} {statistics.median(wall[n]):.3f}")
+        print(f"RESULT update_wall_s_{n} {statistics.median(upd[n]):.3f}")
+    shutil.rmtree(out, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,10 @@
 Data (stated, synthetic): N unit vectors of dim D with low intrinsic dimension, like real text embeddings:
 a latent z in R^64 drawn from a mixture of 1,000 Gaussians, mapped to R^D by a fixed random matrix, plus small
 isotropic noise, L2-normalised. Queries are 1,000 fresh draws from the same distribution (not in the index).
-Ground truth = Flat (exact inner product) top-3. Every index is built through ``retriever.index.make_faiss_index``
-(the same factory strings the CLI takes) and built and searched single-threaded (``omp_set_num_threads(1)``) with all
-queries in one call, so q/s are comparable. Memory = size of the serialized index.
+Ground truth = Flat (exact inner product) top-3. Every index is built through
+``retriever.faiss_index.make_faiss_index`` (the same factory strings the CLI takes) and built and searched
+single-threaded (``omp_set_num_threads(1)``) with all queries in one call, so q/s are comparable. Memory = size of
+the serialized index.
 
     .venv/bin/python benchmarks/bench_retriever_ann.py [--n 100000] [--dim 768]
 
@@ -25,7 +26,7 @@ import time
 import faiss
 import numpy as np
 
-from retriever.index import make_faiss_index, set_search_params
+from retriever.faiss_index import make_faiss_index, set_search_params
 
 WIKI18_ROWS = 21_015_324  # passages in Search-R1's wiki-18 corpus
 WIKI18_BUDGET_GIB = 32.0

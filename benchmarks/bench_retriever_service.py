@@ -75,7 +75,8 @@ def clustered(n: int, dim: int, seed: int = 0) -> np.ndarray:
 
 
 def child_serve(args) -> None:
-    from retriever.index import DenseBackend, make_faiss_index
+    from retriever.faiss_index import make_faiss_index
+    from retriever.index import DenseBackend
     from retriever.inprocess import InProcessRetriever
     from retriever.service import ServiceSettings, serve
 

@@ -38,7 +38,7 @@ def make_retriever(cfg: Any, default_index_dir: str | Path | None = None):
 
 def __getattr__(name: str):  # lazy: keep `import retriever` light
     if name == "build_index":
-        from retriever.index import build_index
+        from retriever.build import build_index
 
         return build_index
     if name == "InProcessRetriever":

@@ -102,7 +102,7 @@ def _load(args) -> "object":
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that describe a problem the user can fix (their message says how): shown as one line."""
     from retriever.corpus import CorpusError
-    from retriever.index import IndexMismatchError
+    from retriever.manifest import IndexMismatchError
     from retriever.service import PortInUseError
 
     return (FileNotFoundError, IndexMismatchError, CorpusError, PortInUseError)
@@ -128,7 +128,7 @@ def _run(args) -> int:
             raise FileNotFoundError(f"index dir {args.index} does not exist; build one with `python -m retriever "
                                     "build --corpus CORPUS.jsonl --out DIR` or pass the dir that holds manifest.json")
     if args.command == "build":
-        from retriever.index import build_index
+        from retriever.build import build_index
 
         out = build_index(args.corpus, args.out, encoder=args.encoder, retriever=args.retriever,
                           index_type=args.index_type, batch_size=args.batch_size, max_length=args.max_length,

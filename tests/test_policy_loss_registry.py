@@ -41,3 +41,37 @@ def test_a_new_loss_reaches_the_objective_and_the_config_without_other_edits(mon
     assert load_config(None, ["algorithm.policy_loss=minus_logp"]).algorithm.policy_loss == "minus_logp"
     with pytest.raises(ConfigError, match="algorithm.policy_loss"):
         load_config(None, ["algorithm.policy_loss=not_registered"])
+
+
+def test_the_objective_runs_the_loss_registered_under_the_configured_name(monkeypatch):
+    """The default config's policy loss is looked up in the registry on every call: whatever is registered under
+    that name is the loss (and gradient) the objective returns, the default PPO-clip included."""
+    from searchr1_lld.step import objective_spec
+
+    spec = objective_spec(load_config(None, []).algorithm)
+    assert spec.policy_loss == "ppo_clip"
+    real = policy_loss.get_policy_loss_fn(spec.policy_loss)
+    calls = []
+
+    def tripled(logp_new, logp_old, advantages, response_mask, **kw):
+        calls.append(logp_new.requires_grad)
+        loss, metrics = real(logp_new, logp_old, advantages, response_mask, **kw)
+        return 3 * loss, {**metrics, "pg_loss": 3 * metrics["pg_loss"]}
+
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, -0.25]], requires_grad=True)
+    old = torch.tensor([[-1.1, -1.8], [-0.5, -0.4]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    adv = torch.tensor([1.0, -2.0])
+    plain = ObjectiveSpec(policy_loss=spec.policy_loss, clip_low=spec.clip_low, clip_high=spec.clip_high)
+
+    def loss_and_grad():
+        loss, m = objective(plain, logp, old, adv, mask, mini_tokens=3.0, mini_responses=2.0)
+        return float(loss.detach()), torch.autograd.grad(loss, logp)[0], m
+
+    base, base_grad, base_m = loss_and_grad()
+    monkeypatch.setitem(policy_loss.POLICY_LOSSES, spec.policy_loss, tripled)
+    value, grad, m = loss_and_grad()
+    assert calls == [True]
+    assert value == pytest.approx(3 * base) and m["pg_loss"] == pytest.approx(3 * base_m["pg_loss"])
+    torch.testing.assert_close(grad, 3 * base_grad)
+    assert float(base_grad.abs().sum()) > 0

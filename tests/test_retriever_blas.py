@@ -5,7 +5,8 @@ at a time."""
 import faiss
 import numpy as np
 
-from retriever.index import FLAT_BLAS_MIN_QUERIES, DenseBackend, read_faiss_index
+from retriever.faiss_index import FLAT_BLAS_MIN_QUERIES, read_faiss_index
+from retriever.index import DenseBackend
 
 
 def test_dense_backend_enables_blas_for_batches(tmp_path):

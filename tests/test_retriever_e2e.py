@@ -20,9 +20,10 @@ import pytest
 
 from conftest import free_port
 from retriever import RetrieverError
+from retriever.build import build_index
 from retriever.client import RetrieverClient
-from retriever.index import IndexMismatchError, build_index
 from retriever.inprocess import InProcessRetriever
+from retriever.manifest import IndexMismatchError
 
 pytestmark = pytest.mark.slow
 
@@ -435,7 +436,7 @@ def _flip_byte(path: Path, offset_from_end: int = 100) -> None:
 
 
 def test_flipped_or_swapped_index_files_fail_loudly(world, tmp_path):
-    from retriever.index import IndexIntegrityError
+    from retriever.manifest import IndexIntegrityError
 
     m = json.loads((world["flat"] / "manifest.json").read_text())
     assert set(m["checksums"]) == {"index.faiss", "docs.jsonl", "offsets.npy"}

@@ -17,7 +17,7 @@ from retriever import RetrieverError, make_retriever
 from retriever.client import RetrieverClient
 from retriever.corpus import CorpusError, DocStore, DocStoreWriter, count_rows, file_sha256, iter_corpus
 from retriever.encoders import l2_normalize, mean_pool, resolve_encoder_path
-from retriever.index import check_trainable, make_faiss_index
+from retriever.faiss_index import check_trainable, make_faiss_index
 from retriever.service import BadRequest, ServiceSettings, create_app, format_result, parse_retrieve_body
 from searchr1_lld.config import RetrieverConfig
 
@@ -310,7 +310,7 @@ def test_retriever_error_importable_from_both_places():
 
 def test_shard_size_follows_the_corpus_size():
     """A killed build keeps its finished shards; a shard is a few minutes of encoding at any corpus size."""
-    from retriever.index import auto_shard_size
+    from retriever.build import auto_shard_size
 
     assert auto_shard_size(120, "cpu") == 1_000  # one shard
     assert auto_shard_size(20_000, "cpu") == 1_000  # 20 shards (the old default 100k was one shard: kill = lose all)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from searchr1_lld.algo import policy_loss
 from searchr1_lld.config import load_config
 from searchr1_lld.batching import micro_batches_by_tokens
 from searchr1_lld.optim import lr_factor
@@ -100,6 +101,25 @@ def test_one_real_step(tmp_path, tiny_world, shared_retriever, variant):
         assert m["llds/lam_answer_effective"] == pytest.approx(0.2)
     else:
         assert "llds/active_token_frac" not in m
+
+
+def test_training_runs_the_policy_loss_registered_under_the_configured_name(tmp_path, tiny_world, shared_retriever,
+                                                                            monkeypatch):
+    """Every micro-batch's loss comes from the policy-loss registry: re-registering the configured name (here a
+    recording wrapper around the real loss) reaches training without any other edit."""
+    cfg = _cfg(tmp_path, "trainer.ppo_epochs=1")
+    tr = _trainer(cfg, tiny_world, shared_retriever)
+    real = policy_loss.get_policy_loss_fn(cfg.algorithm.policy_loss)
+    calls = []
+
+    def recording(logp_new, *args, **kwargs):
+        calls.append(logp_new.requires_grad)
+        return real(logp_new, *args, **kwargs)
+
+    monkeypatch.setitem(policy_loss.POLICY_LOSSES, cfg.algorithm.policy_loss, recording)
+    m = tr.train_step()
+    assert calls and all(calls)
+    assert len(calls) == m["actor/micro_batches"]
 
 
 def test_nonfinite_gradient_is_skipped(tmp_path, tiny_world, shared_retriever):

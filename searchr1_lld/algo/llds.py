@@ -16,15 +16,14 @@ For response i and token t (all tensors ``[B, T]``):
 The gradient flows only through ``logp_new`` (``logp_old``, the advantages and the gate are constants). It is a no-op
 while logp_new == logp_old (the first mini-batch after a rollout): the trainer must report ``llds/active_token_frac``.
 Fully vectorised, static shapes: no Python loop over responses or spans and no tensor whose size depends on the data
-(the action gate's span sums are one ``scatter_add`` by span number and one gather back to the tokens), so the fused
-objective compiles as one graph.
+(the action gate's span sums are one ``scatter_add`` by span number and one gather back to the tokens), so the gate
+needs no host synchronisation on a GPU.
 """
 
 from __future__ import annotations
 
 import torch
 
-from searchr1_lld import kernels  # the C kernel of llds_update (its build is the kernels package's I/O)
 from searchr1_lld.algo import spans
 
 GATES = ("none", "response", "action")
@@ -62,33 +61,15 @@ def _preserving_rows(advantages: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return torch.where(m, advantages.detach(), 0.0).amin(dim=1) >= 0
 
 
-class _WeightedDisplacementMean(torch.autograd.Function):
-    """L = sum(w * d) / den with d = logp_old - logp_new given (detached) and w constant; dL/dlogp_new = -w / den.
-
-    Same value and gradient as autograd through ``(w * (logp_old - logp_new)).sum() / den``, with one multiply in
-    backward instead of four tensor ops (this keeps LLDS cheap next to the policy loss)."""
-
-    @staticmethod
-    def forward(ctx, logp_new: torch.Tensor, displacement: torch.Tensor, weight: torch.Tensor, den: torch.Tensor):
-        ctx.save_for_backward(weight, den)
-        return (weight * displacement).sum() / den
-
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):
-        weight, den = ctx.saved_tensors
-        return weight * (-grad_out / den), None, None, None
-
-
 @torch.no_grad()
 def _gate(d_masked: torch.Tensor, m: torch.Tensor, in_p: torch.Tensor, gate: str, tau: float):
     """Gate from the masked displacement d*m, the bool mask m and P membership ``[B]``: (g ``[B, T]`` bool, and the
     action spans' first tokens ``[B, T]`` bool, :func:`searchr1_lld.algo.spans.span_starts`).
 
-    Static shapes only (no ``nonzero``, no per-span tensors whose length depends on the data), so that
-    ``torch.compile`` fuses the gate with the rest of the objective: the action gate numbers the spans of the
-    flattened batch by a cumulative sum of their first tokens (1-based; 0 for the tokens before the first span),
-    sums d*m per span number into a ``[B*T + 1]`` buffer (``scatter_add``; tokens outside m add 0) and reads each
-    token's span sum back with one gather. Tokens outside m read some span's sum, and are masked out by ``m``.
+    Static shapes only (no ``nonzero``, no per-span tensors whose length depends on the data): the action gate
+    numbers the spans of the flattened batch by a cumulative sum of their first tokens (1-based; 0 for the tokens
+    before the first span), sums d*m per span number into a ``[B*T + 1]`` buffer (``scatter_add``; tokens outside m
+    add 0) and reads each token's span sum back with one gather. Tokens outside m read some span's sum, and are masked out by ``m``.
     """
     on = m & in_p[:, None]
     starts = spans.span_starts(m)
@@ -121,9 +102,9 @@ def llds_gate(
     return _gate(d_masked, m, response_advantage >= 0, gate, tau)[0]
 
 
-def check_llds_args(logp_new: torch.Tensor, logp_old: torch.Tensor, response_mask: torch.Tensor, gate: str, lam: float,
-                    answer_mask: torch.Tensor | None, lam_answer: float | None) -> None:
-    """The argument checks of :func:`llds_loss` (also run by the fused objective)."""
+def _check_args(logp_new: torch.Tensor, logp_old: torch.Tensor, response_mask: torch.Tensor, gate: str, lam: float,
+                answer_mask: torch.Tensor | None, lam_answer: float | None) -> None:
+    """The argument checks of :func:`llds_loss`."""
     if not (logp_new.shape == logp_old.shape == response_mask.shape) or logp_new.dim() != 2:
         raise ValueError(
             f"logp_new, logp_old, response_mask must all be [B, T]; got {tuple(logp_new.shape)}, "
@@ -178,18 +159,18 @@ def llds_loss(
         llds/mean_displacement   mean of d over all response tokens
         llds/loss                the loss value
 
-    Implementation: the constant weight w = m g c 1[d > 0] is built without gradient, then L = sum(w d) / sum(m)
-    (identical value and gradient to sum(m g c relu(d)) / sum(m)) through a tiny autograd Function whose backward is
-    one multiply. P for ``[B, T]`` advantages: every response token's advantage >= 0 (= A_i >= 0 when broadcast).
+    Implementation: the constant weight w = m g c 1[d > 0] is built without gradient, then L = sum(w d) / sum(m),
+    differentiated by autograd (identical value and gradient to sum(m g c relu(d)) / sum(m)). P for ``[B, T]``
+    advantages: every response token's advantage >= 0 (= A_i >= 0 when broadcast).
     """
-    check_llds_args(logp_new, logp_old, response_mask, gate, lam, answer_mask, lam_answer)
+    _check_args(logp_new, logp_old, response_mask, gate, lam, answer_mask, lam_answer)
     m = response_mask.detach()
     m = m if m.dtype == torch.bool else m != 0
     dd = logp_old.detach() - logp_new.detach()  # d, [B, T]
     weight, den, stats = llds_weight_and_stats(dd, m, advantages, gate=gate, lam=lam, tau=tau, answer_mask=answer_mask,
                                                lam_answer=lam_answer, denominator=denominator)
     # = sum(m g c relu(d)) / den; 0 when the mask is empty (weight is 0 there), graph intact
-    loss = _WeightedDisplacementMean.apply(logp_new, dd, weight, den)
+    loss = (weight * (logp_old.detach() - logp_new)).sum() / den
     values = torch.cat([stats, loss.detach().reshape(1)]).tolist()
     return loss, {f"llds/{k}": float(v) for k, v in zip(STAT_NAMES, values)}
 
@@ -215,8 +196,7 @@ def llds_weight_and_stats(
 
     ``dd`` is d = logp_old - logp_new (detached), ``m`` the bool response mask. L_LLDS = sum(w d) / normaliser; its
     gradient w.r.t. logp_new is -w / normaliser. ``stats`` are the first seven of :data:`STAT_NAMES` (the loss value
-    is the caller's), as one tensor so that callers convert all metrics with one ``.tolist()``. Shared by
-    :func:`llds_loss` and the fused objective (algo/objective.py).
+    is the caller's), as one tensor so that all metrics are converted with one ``.tolist()``.
     """
     d_masked = torch.where(m, dd, 0.0)
     in_p = _preserving_rows(advantages, m)  # [B]
@@ -243,44 +223,6 @@ def llds_weight_and_stats(
         ]
     ).to(dd.dtype)
     return weight, safe_den, stats
-
-
-def llds_update(
-    neg_d: torch.Tensor,
-    m: torch.Tensor,
-    advantages: torch.Tensor,
-    grad_logp: torch.Tensor,
-    *,
-    gate: str,
-    lam: float,
-    tau: float,
-    answer_mask: torch.Tensor | None,
-    lam_answer: float | None,
-    inv_den: float,
-) -> torch.Tensor:
-    """The LLDS term of the fused objective (algo/objective.py): adds dL_LLDS/dlogp_new = -w * inv_den to
-    ``grad_logp`` ``[B, T]`` in place and returns stats ``[8]``: the :data:`STAT_NAMES` values, ending with
-    L_LLDS = inv_den * sum(w d).
-
-    ``neg_d`` is logp_new - logp_old ``[B, T]`` (the policy loss's log-ratio before its clamp, so d = -neg_d),
-    ``m`` the bool response mask, w = m g c 1[d > 0] (:func:`llds_weight_and_stats`), ``inv_den`` = 1 / N_tok of the
-    mini-batch. On CPU float32 tensors outside ``torch.compile`` this runs the C kernel
-    ``searchr1_lld/kernels/llds_cpu.c`` (per row: the spans and their sums, then the gated spans' weights, each span
-    read while it is in cache; no ``[B, T]`` temporaries); otherwise, or without a C compiler, the torch formulation
-    below. Both agree within float rounding (tests/test_kernels.py).
-    """
-    c_answer = min(float(lam_answer), float(lam)) if (answer_mask is not None and lam_answer is not None) else None
-    stats = kernels.llds_update(neg_d, m, advantages, grad_logp, gate=GATES.index(gate) if gate in GATES else -1,
-                                lam=float(lam), tau=float(tau), answer_mask=answer_mask, c_answer=c_answer,
-                                inv_den=float(inv_den))
-    if stats is not None:
-        return stats
-    with torch.no_grad():  # (not a decorator: the kernel path above needs none, and runs between large tensor ops)
-        d = -neg_d
-        weight, _den, stats = llds_weight_and_stats(d, m, advantages, gate=gate, lam=lam, tau=tau,
-                                                    answer_mask=answer_mask, lam_answer=lam_answer, denominator=None)
-        grad_logp.add_(weight, alpha=-inv_den)
-        return torch.cat([stats, (torch.dot(weight.reshape(-1), d.reshape(-1)) * inv_den).reshape(1)])
 
 
 def adaptive_lam_answer(lam_answer: float, mean_valid_searches: float, rule: str = "code") -> float:

@@ -7,7 +7,7 @@ Layout (docs/architecture.md, "The synthetic world on disk")::
 
     DIR/corpus.jsonl   DIR/index/   DIR/qa/train.jsonl   DIR/qa/test.jsonl   DIR/tokenizer/   DIR/model/   DIR/world.json
 
-Steps: generate world (corpus + QA) -> retriever index (``retriever.index.build_index``) -> tokenizer + warm-started
+Steps: generate world (corpus + QA) -> retriever index (``retriever.build.build_index``) -> tokenizer + warm-started
 tiny Qwen2 (:mod:`.tokenizer`, :mod:`.warm_start`) -> warm-start measurement through the real rollout (greedy test
 EM, format-valid rate; :mod:`.measure`) -> ``world.json`` written last, atomically. A dir whose ``world.json`` carries
 the same config hash is reused as is; a file lock makes concurrent builders (parallel test sessions) wait for one
@@ -108,7 +108,7 @@ def build_world(out_dir: Path, cfg: WorldConfig, *, progress: bool = True, measu
     """Build every artefact into ``out_dir`` (unconditionally); return the card written to ``world.json``."""
     from tqdm.auto import tqdm
 
-    from retriever.index import build_index
+    from retriever.build import build_index
     from retriever.inprocess import InProcessRetriever
 
     from searchr1_lld.tracking import ticking
