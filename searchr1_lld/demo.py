@@ -96,8 +96,9 @@ def write_report(report_dir: Path, summary: dict, table: str, example: str) -> N
         f"({summary['method']}), {summary['test_questions']} test questions, greedy",
         f"- test EM: warm start {em['warm_start']['all']:.2f} -> trained {em['trained']['all']:.2f} "
         f"({em['trained']['all'] - em['warm_start']['all']:+.2f})",
-        f"- wall time: world {summary['time_s']['world']:.0f} s, training {summary['time_s']['training']:.0f} s, "
-        f"evaluation {summary['time_s']['eval']:.0f} s", "",
+        f"- wall time: world {summary['time_s']['world']:.0f} s"
+        f"{' (built earlier, reused)' if summary['world_reused'] else ''}, training {summary['time_s']['training']:.0f} s, "
+        f"evaluation {summary['time_s']['eval']:.0f} s; world config hash {summary['world_config_hash']}", "",
         "| test EM | warm start | trained |", "| --- | --- | --- |",
         *[f"| {k} | {em['warm_start'][k]:.2f} | {em['trained'].get(k, float('nan')):.2f} |" for k in em["warm_start"]],
         "", "## The evaluator's table", "", table, "", "## One test question", "", "```", example, "```", "",
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", help="also write summary.json and README.md of the result into this dir")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.total_steps=10")
     args = parser.parse_args(argv)
-    from searchr1_lld.world import ensure_world, load_world_config, read_card, trainer_overrides
+    from searchr1_lld.world import ensure_world, is_built, load_world_config, read_card, trainer_overrides
     from searchr1_lld.world.build import warm_start_shortfalls
 
     world = Path(args.world_dir)
@@ -131,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_library_output()
     t0 = time.time()
-    print(f"[1/3] synthetic world in {world}", flush=True)
+    world_reused = is_built(world, world_cfg)
+    print(f"[1/3] synthetic world in {world}{' (built earlier)' if world_reused else ''}", flush=True)
     ensure_world(world, world_cfg)
     t_world = time.time() - t0
     for line in warm_start_shortfalls(read_card(world) or {}):
@@ -185,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = {"machine": machine(), "torch": torch.__version__, "seed": cfg.trainer.seed, "steps": result.steps,
                    "method": method, "test_questions": len(after),
                    "test_em": {"warm_start": em_by_hops(before), "trained": em_by_hops(after)},
+                   "world_reused": world_reused, "world_config_hash": (read_card(world) or {}).get("config_hash"),
                    "time_s": {"world": round(t_world), "training": round(t_train), "eval": round(t_eval)}}
         write_report(Path(args.report), summary, table, example)
         print(f"report: {Path(args.report) / 'README.md'}")

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import copy
 import os
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from searchr1_lld.config import Config
 from searchr1_lld.distributed import is_deepspeed, zero_stage
-from searchr1_lld.jsonl import read_rows
+from searchr1_lld.jsonl import read_rows_files
 
 
 def make_accelerator(cfg: Config):
@@ -155,16 +154,6 @@ def load_train_rows(cfg: Config) -> list[dict]:
 def load_test_rows(cfg: Config) -> list[dict]:
     """The held-out rows of ``data.test_files`` ([] when none)."""
     return read_rows_files(cfg.data.test_files)
-
-
-def read_rows_files(paths: list[str]) -> list[dict]:
-    """The rows of JSONL/parquet files, in order; a missing file is an error naming it."""
-    rows: list[dict] = []
-    for f in paths:
-        if not Path(f).is_file():
-            raise FileNotFoundError(f"rows file {f} not found")
-        rows += read_rows(f)
-    return rows
 
 
 def check_prompt_lengths(rows: list[dict], tokenizer: Any, cfg: Config) -> None:

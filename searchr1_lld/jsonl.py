@@ -49,3 +49,13 @@ def read_rows(path: str | Path) -> list[dict]:
         if missing:
             raise ValueError(f"{path}: row {r.get('id')!r} lacks {missing}")
     return rows
+
+
+def read_rows_files(paths: list[str]) -> list[dict]:
+    """The rows of JSONL/parquet files, in order; a missing file is an error naming it."""
+    rows: list[dict] = []
+    for f in paths:
+        if not Path(f).is_file():
+            raise FileNotFoundError(f"rows file {f} not found")
+        rows += read_rows(f)
+    return rows
