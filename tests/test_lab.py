@@ -10,12 +10,17 @@ from pathlib import Path
 import pytest
 
 from searchr1_lld import lab
-from searchr1_lld.config import ConfigError, load_config
+from searchr1_lld.config import ConfigError
 from searchr1_lld.monitor import PHASES
 
 # ----------------------------------------------------------------------------------------------------------------
 # Configs
 # ----------------------------------------------------------------------------------------------------------------
+
+
+def _lab_cfg(path):
+    """A lab config's run settings (on a world in .cache/world: the paths are only named, not read)."""
+    return lab.lab_config(path, [], ".cache/world")
 
 
 def _method_configs(config_path, tmp_path, overrides=()):
@@ -63,7 +68,7 @@ def test_check_rejects_methods_tuned_differently(tmp_path):
 
 def test_lab_config_makes_llds_act():
     """Several updates per rollout batch: logp_new moves away from logp_old, so LLDS is not a no-op."""
-    cfg = load_config(lab.FULL_CONFIG)
+    cfg = _lab_cfg(lab.FULL_CONFIG)
     tc = cfg.trainer
     assert tc.ppo_epochs * (tc.train_batch_size * cfg.rollout.n // tc.ppo_mini_batch_size) > 1  # responses
 
@@ -285,7 +290,7 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world, monkeypatch):
     for m in methods:
         results = json.loads((runs_dir / f"{m.key}-seed0" / "eval" / "results.json").read_text())
         syn = results["datasets"]["synthetic"]
-        assert syn["n"] == load_config(lab.QUICK_CONFIG).eval.limit
+        assert syn["n"] == _lab_cfg(lab.QUICK_CONFIG).eval.limit
         row = em_rows[m.label]
         assert row[1] == "0"
         for cell, key in zip(row[2:5], ("em_single_hop", "em_multi_hop", "em")):
@@ -297,7 +302,7 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world, monkeypatch):
         # the sampled policy's EM (--sampled 4 by default): 4 rollouts per test question, stored in lab_run.json
         stored = json.loads((runs_dir / f"{m.key}-seed0" / "lab_run.json").read_text())["eval_sampled"]
         assert stored["samples"] == 4 and stored["n"] == 4 * syn["n"] and stored["questions"] == syn["n"]
-        assert stored["temperature"] == load_config(lab.QUICK_CONFIG).rollout.temperature
+        assert stored["temperature"] == _lab_cfg(lab.QUICK_CONFIG).rollout.temperature
         mean, std = (float(x) for x in _MS.match(row[6]).groups())
         assert mean == pytest.approx(stored["em"], abs=5e-4 + 1e-9) and std == 0.0
     warm_sampled = json.loads((runs_dir / "warm_start" / "sampled.json").read_text())
@@ -306,7 +311,7 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world, monkeypatch):
 
     # copy or recall (--train-eval 100 by default): every policy also evaluated greedily on the first training
     # questions (RUN/eval_train); the table holds the provenance of each evaluation's own trajectories
-    n_test = load_config(lab.QUICK_CONFIG).eval.limit
+    n_test = _lab_cfg(lab.QUICK_CONFIG).eval.limit
     n_train = min(100, len((tiny_world / "qa" / "train.jsonl").read_text().splitlines()))
     prov_rows = _table(md, "## Copy or recall")
     assert [r[:2] for r in prov_rows] == [
@@ -333,7 +338,7 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world, monkeypatch):
     assert set(phase_rows) == {f"{m.key}-seed0" for m in methods}
     for m in methods:
         logged = [json.loads(line) for line in (runs_dir / f"{m.key}-seed0" / "metrics.jsonl").read_text().splitlines()]
-        assert len(logged) == load_config(lab.QUICK_CONFIG).trainer.total_steps
+        assert len(logged) == _lab_cfg(lab.QUICK_CONFIG).trainer.total_steps
         row = phase_rows[f"{m.key}-seed0"]
         for i, phase in enumerate(PHASES):
             steps = [r["step"] for r in logged if r["phase/name"] == phase]
@@ -385,7 +390,7 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world, monkeypatch):
     assert lab.main(["--quick", "--report-only", "--sampled", "-1", "--out", str(out2), "--runs-dir", str(runs_dir),
                      "--world-dir", str(tiny_world)]) == 2
     # --extend-from: the finished 3-step runs, copied and trained on to 4 steps; the source is left as it was
-    steps = load_config(lab.QUICK_CONFIG).trainer.total_steps
+    steps = _lab_cfg(lab.QUICK_CONFIG).trainer.total_steps
     longer = tmp_path / "runs-longer"
     with pytest.raises(ConfigError, match="only trainer.total_steps may differ"):
         lab.run_lab(config_path=lab.QUICK_CONFIG, overrides=[f"trainer.total_steps={steps + 1}", "trainer.lr=0.5"],

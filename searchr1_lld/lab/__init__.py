@@ -46,10 +46,10 @@ from __future__ import annotations
 from searchr1_lld.lab.analysis import (aggregate, aggregate_curves, curve_summary, finite, lld_verdict, load_records,
                                        mean_std, phase_summary, test_em_curve, trend_summary, warning_summary,
                                        window_mean)
-from searchr1_lld.lab.methods import (FULL_CONFIG, LLD_MARGIN, METHOD_KEYS, METHODS, QUICK_CONFIG, REPO_ROOT,
+from searchr1_lld.lab.methods import (FULL_CONFIG, LLD_MARGIN, METHODS, METHOD_KEYS, QUICK_CONFIG, REPO_ROOT,
                                       REWARD_MARGIN, RUN_KEYS, RUN_PLAN, RUN_RECORD, TREND_WINDOW, Method,
-                                      check_only_llds_differs, config_differences, method_config, parse_methods,
-                                      parse_seeds, run_name, shared_settings)
+                                      check_only_llds_differs, config_differences, lab_config, method_config,
+                                      parse_methods, parse_seeds, read_lab_config, run_name, shared_settings)
 from searchr1_lld.lab.plots import CURVES, METHOD_COLORS, plot_curves
 from searchr1_lld.lab.report import (curve_columns, em_table, fmt, fmt_ms, per_run_table, phase_table, trend_table,
                                      warning_text, write_report)
