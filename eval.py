@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "retriever.token of the config)")
     p.add_argument("--index", help="index dir for an in-process retriever (default: retriever.index_dir of the config)")
     p.add_argument("--out", required=True, help="output dir")
-    p.add_argument("--name", default="", help="row label in the tables (default: the output dir's name)")
+    p.add_argument("--name", default="", help="row label in the tables (default: from the model path, e.g. "
+                                               "RUN-step_000100 for RUN/checkpoints/step_000100/policy)")
     p.add_argument("--config", help="YAML config whose rollout/data/eval settings apply (default: built-in defaults)")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides, e.g. eval.topk=5")
     p.add_argument("--limit", type=int, help="first N questions of each dataset (0 = all)")
@@ -149,15 +150,18 @@ def _main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     out = Path(args.out)
     if args.compare_dirs:
-        methods = [(ev.load_results(d).get("name") or Path(d).name, ev.load_results(d)) for d in args.compare_dirs]
-        print(ev.compare(methods, out))
+        results = [ev.load_results(d) for d in args.compare_dirs]
+        labels = ev.distinct_labels([r.get("name") or Path(d).name for r, d in zip(results, args.compare_dirs)],
+                                    list(args.compare_dirs))
+        print(ev.compare(list(zip(labels, results)), out))
         return 0
     s = _resolve(args)
     from searchr1_lld.tracking import quiet_library_output
 
     quiet_library_output()
     if args.merge:
-        res = ev.merge_shards(out, order=s["datasets"], name=args.name)
+        model = args.model or s["cfg"].model.path
+        res = ev.merge_shards(out, order=s["datasets"], name=args.name or (ev.model_label(model) if model else ""))
         print(ev.markdown_table([(res["name"], res)]))
         return 0
     # a missing model dir is named now, not as a hub-id error after the index is loaded
@@ -187,7 +191,8 @@ def _main(argv: list[str] | None = None) -> int:
             methods.append((name, res))
         print(ev.compare(methods, out))
         return 0
-    res = evaluate_checkpoint(args.model, out, args.name, s, args, get_retriever)
+    res = evaluate_checkpoint(args.model, out, args.name or ev.model_label(args.model or s["cfg"].model.path), s, args,
+                              get_retriever)
     if res is None:
         print(f"shard {args.shard} done -> {ev.trajectories_path(out, ev.parse_shard(args.shard))}; "
               f"merge with: python eval.py --merge --out {out}")

@@ -162,8 +162,13 @@ def save_checkpoint(
     accelerator: Any = None,
     keep_last_k: int = 2,
     save_policy: bool = True,
+    tokenizer: Any = None,
 ) -> Path:
     """Write checkpoint ``step`` atomically and prune to the last ``keep_last_k``; returns its final path.
+
+    ``policy/`` is a complete HF model directory: the weights and config, the generation config, and (given a
+    ``tokenizer``) the tokenizer with its chat template, so ``from_pretrained(policy_dir)`` and
+    ``eval.py --model STEP/policy`` need nothing else.
 
     With an ``accelerator`` every process must call this (DeepSpeed writes one shard per rank); only the main
     process renames and prunes.
@@ -190,11 +195,13 @@ def save_checkpoint(
                 for name in _tied_duplicate_names(unwrapped):
                     state_dict.pop(name, None)  # tied weights once, as save_pretrained writes them without DeepSpeed
                 unwrapped.save_pretrained(tmp / "policy", state_dict=state_dict)
+                _save_tokenizer(tokenizer, tmp / "policy")
     else:
         unwrapped = accelerator.unwrap_model(model) if accelerator is not None else model
         if is_main:
             if save_policy:
                 unwrapped.save_pretrained(tmp / "policy")
+                _save_tokenizer(tokenizer, tmp / "policy")
             else:
                 torch.save(unwrapped.state_dict(), tmp / "policy_state.pt")
             torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
@@ -214,6 +221,12 @@ def save_checkpoint(
         _remove_trash(root)
     _barrier(accelerator)
     return final
+
+
+def _save_tokenizer(tokenizer: Any, policy_dir: Path) -> None:
+    """The tokenizer (its chat template included) beside the weights; nothing without one."""
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(policy_dir))
 
 
 def _write_atomic(path: Path, text: str) -> None:

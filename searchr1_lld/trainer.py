@@ -195,6 +195,7 @@ class Trainer:
         return ckpt.save_checkpoint(
             self.run_dir, self.step, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
             trainer_state=state, accelerator=self.accelerator, keep_last_k=self.cfg.trainer.keep_last_k,
+            tokenizer=self.tokenizer,
         )
 
     def maybe_resume(self) -> Path | None:

@@ -233,6 +233,25 @@ def test_compare_dirs_cli(tmp_path):
     summary = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
     assert summary["base"] == "grpo" and summary["methods"]["llds"]["relative_gain"] == pytest.approx(0.5)
     assert cli.main(["--compare-dirs", str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2
+    # two result dirs under one name (e.g. both RUN/eval of runs evaluated without --name): two rows, not one
+    for run, ems in (("run-a", {"nq": 0.25, "hotpotqa": 0.25}), ("run-b", {"nq": 0.75, "hotpotqa": 0.25})):
+        (tmp_path / run / "eval").mkdir(parents=True)
+        ev.write_results(tmp_path / run / "eval", _res("eval", ems)[1])
+    dirs = [str(tmp_path / "run-a" / "eval"), str(tmp_path / "run-b" / "eval")]
+    assert cli.main(["--compare-dirs", *dirs, "--out", str(tmp_path / "cmp2")]) == 0
+    methods = json.loads((tmp_path / "cmp2" / "comparison.json").read_text())["methods"]
+    assert sorted(methods) == sorted(f"eval ({d})" for d in dirs)
+    assert methods[f"eval ({dirs[1]})"]["average_em"] == pytest.approx(0.5)
+
+
+def test_model_labels_name_the_run_and_step():
+    assert ev.model_label("runs/tiny-ab12/checkpoints/step_000026/policy") == "tiny-ab12-step_000026"
+    assert ev.model_label("/abs/runs/lab/grpo-seed0/checkpoints/step_000060/policy") == "grpo-seed0-step_000060"
+    assert ev.model_label(".cache/world/model") == "world-model"
+    assert ev.model_label("SEGAgentRL/LLDS-A-GRPO-Qwen2.5-7B-Ins") == "LLDS-A-GRPO-Qwen2.5-7B-Ins"
+    assert ev.distinct_labels(["a", "b", "a"], ["x", "y", "z"]) == ["a (x)", "b", "a (z)"]
+    with pytest.raises(ev.EvalError, match="same label and the same source"):
+        ev.distinct_labels(["a", "a"], ["x", "x"])
 
 
 def test_benchmark_rows_from_a_local_flashrag_mirror(tmp_path):

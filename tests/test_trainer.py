@@ -234,6 +234,22 @@ def test_a_run_evaluates_its_configured_datasets(tmp_path, tiny_world, shared_re
     assert res.em_before is None and "eval/em" not in m  # no data.test_files: no before/after EM
 
 
+def test_a_checkpoint_policy_is_a_complete_model_dir(tmp_path, tiny_world, shared_retriever):
+    """policy/ holds the weights, the generation config and the tokenizer: from_pretrained needs nothing else."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tr = _trainer(_cfg(tmp_path, "trainer.total_steps=1", "trainer.save_every=0", "trainer.probe_every=0"), tiny_world,
+                  shared_retriever)
+    policy = tr.save() / "policy"
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+            "tokenizer_config.json"} <= {p.name for p in policy.iterdir()}
+    tok = AutoTokenizer.from_pretrained(str(policy))
+    assert tok.get_vocab() == tr.tokenizer.get_vocab() and tok.pad_token_id == tr.tokenizer.pad_token_id
+    assert tok.chat_template == tr.tokenizer.chat_template
+    model = AutoModelForCausalLM.from_pretrained(str(policy))
+    assert model.generation_config.eos_token_id == tr.tokenizer.eos_token_id
+
+
 def test_training_rows_must_be_named():
     from searchr1_lld.factories import load_train_rows
 

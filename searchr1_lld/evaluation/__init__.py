@@ -36,8 +36,8 @@ from searchr1_lld.evaluation.metrics import (BENCHMARKS, DISPLAY_NAMES, KNOWN_DA
                                              RESULTS_MD, TRAJECTORIES, EvalError, average_em,
                                              dataset_metrics, dataset_name, parse_datasets, record_from_trajectory, relative_gain,
                                              summarize)
-from searchr1_lld.evaluation.run import (benchmark_rows, compare, eval_rollout_config, evaluate, load_eval_rows,
-                                         load_tokenizer, sampled_em)
+from searchr1_lld.evaluation.run import (benchmark_rows, compare, distinct_labels, eval_rollout_config, evaluate,
+                                         load_eval_rows, load_tokenizer, model_label, sampled_em)
 from searchr1_lld.evaluation.tables import (csv_table, detail_table, load_results, markdown_table, write_results,
                                             write_tables)
 
@@ -46,7 +46,7 @@ __all__ = [
     "finalize", "merge_shards", "model_fingerprint", "parse_shard", "provenance_path", "read_records", "rows_sha256",
     "sha256_file", "shard_rows", "trajectories_path", "BENCHMARKS", "DISPLAY_NAMES", "KNOWN_DATASETS", "RESULTS_CSV",
     "RESULTS_JSON", "RESULTS_MD", "TRAJECTORIES", "EvalError", "average_em", "dataset_metrics", "dataset_name",
-    "parse_datasets", "record_from_trajectory", "relative_gain", "summarize", "benchmark_rows", "compare",
+    "parse_datasets", "record_from_trajectory", "relative_gain", "summarize", "benchmark_rows", "compare", "distinct_labels", "model_label",
     "eval_rollout_config", "evaluate", "load_eval_rows", "load_tokenizer", "sampled_em", "csv_table", "detail_table",
     "load_results", "markdown_table", "write_results", "write_tables",
 ]

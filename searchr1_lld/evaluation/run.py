@@ -153,6 +153,29 @@ def sampled_em(rows: Sequence[dict[str, Any]], *, backend: Any, tokenizer: Any, 
             "temperature": rollout_cfg.temperature}
 
 
+def model_label(model_path: str) -> str:
+    """A table row label for a model: ``RUN/checkpoints/step_N/policy`` -> ``RUN-step_N`` (the run's directory
+    name); ``DIR/policy`` or ``DIR/model`` -> ``DIR-policy`` / ``DIR-model``; a hub id ``owner/name`` -> ``name``;
+    else the last path component."""
+    parts = Path(model_path).parts
+    if "checkpoints" in parts[1:-1]:
+        i = len(parts) - 1 - parts[::-1].index("checkpoints")
+        return f"{parts[i - 1]}-{parts[i + 1]}"
+    if len(parts) > 1 and parts[-1] in ("policy", "model"):
+        return f"{parts[-2].lstrip('.')}-{parts[-1]}"
+    return parts[-1] if parts else str(model_path)
+
+
+def distinct_labels(labels: Sequence[str], sources: Sequence[str]) -> list[str]:
+    """``labels`` with every label that occurs more than once suffixed by its source (``name (source)``), so that
+    no two rows of a table, or two entries of comparison.json, collapse into one."""
+    counts = {x: labels.count(x) for x in labels}
+    out = [f"{x} ({s})" if counts[x] > 1 else x for x, s in zip(labels, sources)]
+    if len(set(out)) != len(out):
+        raise EvalError(f"two rows have the same label and the same source: {out}")
+    return out
+
+
 def compare(methods: Sequence[tuple[str, dict[str, Any]]], out_dir: str | Path) -> str:
     """One comparison table (rows = methods, Gain relative to the first) -> out_dir/results.md/.csv/.json."""
     out_dir = Path(out_dir)
