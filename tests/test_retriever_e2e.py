@@ -480,3 +480,18 @@ def test_malformed_manifest_names_file_and_key(world, tmp_path):
     (broken / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(IndexMismatchError, match=r"manifest.json lacks key\(s\) \['dim'\]"):
         InProcessRetriever(broken)
+
+
+def test_a_dense_build_without_an_encoder_is_refused(tmp_path):
+    """No silent default encoder: `build` of an e5 index without --encoder exits 2 with one line naming the flag."""
+    import subprocess
+    import sys
+
+    from conftest import REPO_ROOT
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "0", "contents": "\\"A\\"\\ntext"}\n')
+    r = subprocess.run([sys.executable, "-m", "retriever", "build", "--corpus", str(corpus), "--out",
+                        str(tmp_path / "idx")], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "--encoder" in r.stderr, r.stderr
+    assert not (tmp_path / "idx").exists()
