@@ -76,7 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard", help="i/k: evaluate every k-th row starting at i into a shard file")
     p.add_argument("--merge", action="store_true", help="merge the shard files in --out and write the tables")
     p.add_argument("--compare", nargs="+", metavar="NAME=PATH", help="evaluate several checkpoints, one table")
-    p.add_argument("--compare-dirs", nargs="+", metavar="DIR", help="tabulate finished eval output dirs")
+    p.add_argument("--compare-dirs", nargs="+", metavar="DIR", help="tabulate finished eval output dirs (the "
+                                                                      "paper's layout: rows = runs, the benchmarks + "
+                                                                      "Avg., relative gain)")
+    p.add_argument("--baseline", help="with --compare / --compare-dirs: the row the Gain column is relative to "
+                                      "(default: the first)")
     p.add_argument("--overwrite", action="store_true",
                    help="delete earlier results in --out (of this shard) and start over, even if they came from "
                         "another model or other settings (without it such a rerun is refused)")
@@ -169,7 +173,7 @@ def _main(argv: list[str] | None = None) -> int:
         results = [ev.load_results(d) for d in args.compare_dirs]
         labels = ev.distinct_labels([r.get("name") or Path(d).name for r, d in zip(results, args.compare_dirs)],
                                     list(args.compare_dirs))
-        print(ev.compare(list(zip(labels, results)), out))
+        print(ev.compare(list(zip(labels, results)), out, baseline=args.baseline))
         return 0
     s = _resolve(args)
     from searchr1_lld.tracking import quiet_library_output
@@ -205,7 +209,7 @@ def _main(argv: list[str] | None = None) -> int:
             if res is None:
                 raise ev.EvalError("--compare cannot be combined with --shard")
             methods.append((name, res))
-        print(ev.compare(methods, out))
+        print(ev.compare(methods, out, baseline=args.baseline))
         return 0
     res = evaluate_checkpoint(args.model, out, args.name or ev.model_label(args.model or s["cfg"].model.path), s, args,
                               get_retriever)

@@ -242,6 +242,14 @@ def test_compare_dirs_cli(tmp_path):
     methods = json.loads((tmp_path / "cmp2" / "comparison.json").read_text())["methods"]
     assert sorted(methods) == sorted(f"eval ({d})" for d in dirs)
     assert methods[f"eval ({dirs[1]})"]["average_em"] == pytest.approx(0.5)
+    # --baseline: the gain column relative to a named row, which comes first
+    assert cli.main(["--compare-dirs", str(tmp_path / "grpo"), str(tmp_path / "llds"), "--baseline", "llds",
+                     "--out", str(tmp_path / "cmp3")]) == 0
+    summary = json.loads((tmp_path / "cmp3" / "comparison.json").read_text())
+    assert summary["base"] == "llds" and summary["methods"]["grpo"]["relative_gain"] == pytest.approx((0.25 - 0.375) / 0.375)
+    md = (tmp_path / "cmp3" / ev.RESULTS_MD).read_text()
+    assert md.index("| llds |") < md.index("| grpo |")
+    assert cli.main(["--compare-dirs", str(tmp_path / "grpo"), "--baseline", "ppo", "--out", str(tmp_path / "x")]) == 2
 
 
 def test_model_labels_name_the_run_and_step():

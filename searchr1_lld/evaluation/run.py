@@ -176,8 +176,14 @@ def distinct_labels(labels: Sequence[str], sources: Sequence[str]) -> list[str]:
     return out
 
 
-def compare(methods: Sequence[tuple[str, dict[str, Any]]], out_dir: str | Path) -> str:
-    """One comparison table (rows = methods, Gain relative to the first) -> out_dir/results.md/.csv/.json."""
+def compare(methods: Sequence[tuple[str, dict[str, Any]]], out_dir: str | Path, baseline: str | None = None) -> str:
+    """One comparison table (rows = methods, Gain relative to the first, or to the row named ``baseline``, which then
+    comes first) -> out_dir/results.md/.csv and comparison.json."""
+    if baseline is not None:
+        names = [name for name, _ in methods]
+        if baseline not in names:
+            raise EvalError(f"baseline {baseline!r} is none of the rows {names}")
+        methods = sorted(methods, key=lambda m: m[0] != baseline)  # stable: the others keep their order
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_tables(out_dir, methods)
