@@ -48,6 +48,8 @@ class AdoptMismatchError(IndexMismatchError):
 
 def _place(src: Path, dst: Path) -> str:
     """Put ``src`` at ``dst`` without copying where possible: a hard link, else a symbolic link. Returns which."""
+    if dst.exists() and os.path.samefile(src, dst):
+        return "in place"
     if dst.is_symlink() or dst.exists():
         dst.unlink()
     try:
