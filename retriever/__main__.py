@@ -1,9 +1,10 @@
-"""CLI: ``python -m retriever {build,import,serve,search}`` (also the console script ``searchr1-retriever``).
+"""CLI: ``python -m retriever {build,import,download,serve,search}`` (also the console script ``searchr1-retriever``).
 
     python -m retriever build --corpus wiki-18.jsonl --encoder intfloat/e5-base-v2 --out indexes/e5_flat
     python -m retriever build --corpus wiki-18.jsonl --retriever bm25 --out indexes/bm25
     python -m retriever import --faiss-index e5_Flat.index --corpus wiki-18.jsonl --encoder intfloat/e5-base-v2 \
         --out indexes/wiki18_e5                                        # adopt a prebuilt index, no re-encoding
+    python -m retriever download wiki18 --out data/wiki18 --index e5  # Search-R1's corpus + prebuilt e5 index
     python -m retriever serve --index indexes/e5_flat --port 8000        # prints "retriever ready on http://..."
     python -m retriever search --index indexes/e5_flat "who wrote hamlet"   # one-off query, no server
 
@@ -65,6 +66,13 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--quiet", action="store_true")
     a.add_argument("--debug", action="store_true", help="show tracebacks")
 
+    d = sub.add_parser("download", help="fetch Search-R1's wiki-18 corpus (and prebuilt e5 index) from the HF hub")
+    d.add_argument("dataset", choices=["wiki18"])
+    d.add_argument("--out", required=True, help="dir for wiki-18.jsonl.gz (and e5_Flat.index)")
+    d.add_argument("--index", choices=["e5"], default=None, help="also fetch the prebuilt e5 Flat index (~65 GB)")
+    d.add_argument("--quiet", action="store_true")
+    d.add_argument("--debug", action="store_true", help="show tracebacks")
+
     s = sub.add_parser("serve", help="serve an index dir over HTTP (Search-R1 /retrieve protocol)")
     s.add_argument("--index", required=True)
     s.add_argument("--host", default="127.0.0.1")
@@ -124,10 +132,11 @@ class UsageError(ValueError):
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that describe a problem the user can fix (their message says how): shown as one line."""
     from retriever.corpus import CorpusError
+    from retriever.download import DownloadError
     from retriever.manifest import IndexMismatchError
     from retriever.service import PortInUseError
 
-    return (FileNotFoundError, IndexMismatchError, CorpusError, PortInUseError, UsageError)
+    return (FileNotFoundError, IndexMismatchError, CorpusError, PortInUseError, UsageError, DownloadError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,6 +171,12 @@ def _run(args) -> int:
                           passage_prefix=args.passage_prefix, shard_size=args.shard_size,
                           train_sample=args.train_sample, use_gpu=False if args.no_gpu_index else None)
         print(f"index written to {out}", flush=True)
+        return 0
+    if args.command == "download":
+        from retriever.download import download_wiki18
+
+        for what, path in download_wiki18(args.out, index=args.index, show_progress=not args.quiet).items():
+            print(f"{what}: {path}", flush=True)
         return 0
     if args.command == "import":
         from retriever.adopt import adopt_index
