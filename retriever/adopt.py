@@ -181,7 +181,7 @@ def adopt_index(faiss_index: str | Path, corpus: str | Path, out_dir: str | Path
     check = check_convention(index, texts, rows, enc, what=what)
     _place(faiss_index, out_dir / FAISS_FILE)
     manifest: dict[str, Any] = {
-        "format_version": FORMAT_VERSION, "retriever": "e5", "corpus_sha256": file_sha256(corpus), "num_docs": num_rows,
+        "format_version": FORMAT_VERSION, "retriever": "e5", "num_docs": num_rows,
         "encoder": encoder, "encoder_path": enc.path, "dim": enc.dim, "index_type": type(index).__name__,
         "max_length": int(max_length), "pooling": pooling, "query_prefix": query_prefix,
         "passage_prefix": passage_prefix, "normalize": True, "metric": "inner_product",
@@ -192,6 +192,9 @@ def adopt_index(faiss_index: str | Path, corpus: str | Path, out_dir: str | Path
         "files": {"index": FAISS_FILE, "docs": DOCS_FILE, "offsets": OFFSETS_FILE},
     }
     manifest["checksums"] = file_checksums(out_dir, "e5", show_progress=show_progress)
+    linked = corpus_placement != "decompressed"  # docs.jsonl is the corpus file itself: hashed once, not twice
+    manifest["corpus_sha256"] = (manifest["checksums"][DOCS_FILE]["sha256"] if linked
+                                 else file_sha256(corpus, show_progress=show_progress))
     manifest["build_seconds"] = round(time.time() - t0, 2)
     write_json_atomic(out_dir / MANIFEST_FILE, manifest)
     if show_progress:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from retriever.__main__ import main
+from retriever.corpus import file_sha256
 from retriever.inprocess import InProcessRetriever
 from retriever.manifest import read_manifest
 
@@ -83,7 +84,7 @@ def test_import_then_search_like_a_built_index(searchr1_files, tmp_path, capsys)
     assert check["method"] == "reconstruct" and check["min_cosine"] > 0.999 and len(check["rows"]) == 8
     assert (out / "index.faiss").read_bytes() == index.read_bytes()
 
-    r = InProcessRetriever(out, device="cpu")
+    r = InProcessRetriever(out, device="cpu", corpus_path=corpus)  # the manifest names this corpus (rows + sha256)
     hits = r.search(["Zanzibar Spice Trade", "which island traded cloves"], 3)
     assert hits[0][0]["id"] == "123" and hits[1][0]["id"] == "123"
     assert hits[0][0]["contents"].startswith('"Zanzibar Spice Trade"\n')
@@ -107,6 +108,7 @@ def test_gz_corpus_and_blank_lines(searchr1_files, tmp_path):
         f.write(text)
     out = tmp_path / "adopted_gz"
     assert _import(index, gz, out) == 0
+    assert read_manifest(out)["corpus_sha256"] == file_sha256(gz)
     r = InProcessRetriever(out, device="cpu")
     assert [r.docstore.get(i)["id"] for i in range(4)] == ["0", "1", "2", "3"]
     assert r.search(["Zanzibar Spice Trade"], 1)[0][0]["id"] == "123"
