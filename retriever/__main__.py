@@ -1,7 +1,10 @@
-"""CLI: ``python -m retriever {build,serve,search}`` (also the console script ``searchr1-retriever``).
+"""CLI: ``python -m retriever {build,import,download,serve,search}`` (also the console script ``searchr1-retriever``).
 
     python -m retriever build --corpus wiki-18.jsonl --encoder intfloat/e5-base-v2 --out indexes/e5_flat
     python -m retriever build --corpus wiki-18.jsonl --retriever bm25 --out indexes/bm25
+    python -m retriever import --faiss-index e5_Flat.index --corpus wiki-18.jsonl --encoder intfloat/e5-base-v2 \
+        --out indexes/wiki18_e5                                        # adopt a prebuilt index, no re-encoding
+    python -m retriever download wiki18 --out data/wiki18 --index e5  # Search-R1's corpus + prebuilt e5 index
     python -m retriever serve --index indexes/e5_flat --port 8000        # prints "retriever ready on http://..."
     python -m retriever search --index indexes/e5_flat "who wrote hamlet"   # one-off query, no server
 
@@ -48,6 +51,27 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--no-gpu-index", action="store_true", help="build the FAISS index on CPU even with faiss-gpu")
     b.add_argument("--quiet", action="store_true")
     b.add_argument("--debug", action="store_true", help="show tracebacks")
+
+    a = sub.add_parser("import", help="adopt an existing FAISS index + its JSONL corpus (no re-encoding)")
+    a.add_argument("--faiss-index", required=True, help="FAISS index file, row i = corpus row i (e.g. e5_Flat.index)")
+    a.add_argument("--corpus", required=True, help="JSONL rows {\"id\", \"contents\"} (.jsonl or .jsonl.gz)")
+    a.add_argument("--encoder", required=True, help="the encoder the index was built with (e.g. intfloat/e5-base-v2)")
+    a.add_argument("--out", required=True, help="index dir to write (manifest.json inside)")
+    a.add_argument("--query-prefix", default="query: ")
+    a.add_argument("--passage-prefix", default="passage: ")
+    a.add_argument("--pooling", choices=["mean", "cls"], default="mean")
+    a.add_argument("--max-length", type=int, default=256)
+    a.add_argument("--sample", type=int, default=8, help="passages re-encoded to check the encoder convention")
+    a.add_argument("--device", default=None, help="encoder device (default: cuda if available)")
+    a.add_argument("--quiet", action="store_true")
+    a.add_argument("--debug", action="store_true", help="show tracebacks")
+
+    d = sub.add_parser("download", help="fetch Search-R1's wiki-18 corpus (and prebuilt e5 index) from the HF hub")
+    d.add_argument("dataset", choices=["wiki18"])
+    d.add_argument("--out", required=True, help="dir for wiki-18.jsonl.gz (and e5_Flat.index)")
+    d.add_argument("--index", choices=["e5"], default=None, help="also fetch the prebuilt e5 Flat index (~65 GB)")
+    d.add_argument("--quiet", action="store_true")
+    d.add_argument("--debug", action="store_true", help="show tracebacks")
 
     s = sub.add_parser("serve", help="serve an index dir over HTTP (Search-R1 /retrieve protocol)")
     s.add_argument("--index", required=True)
@@ -108,10 +132,11 @@ class UsageError(ValueError):
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that describe a problem the user can fix (their message says how): shown as one line."""
     from retriever.corpus import CorpusError
+    from retriever.download import DownloadError
     from retriever.manifest import IndexMismatchError
     from retriever.service import PortInUseError
 
-    return (FileNotFoundError, IndexMismatchError, CorpusError, PortInUseError, UsageError)
+    return (FileNotFoundError, IndexMismatchError, CorpusError, PortInUseError, UsageError, DownloadError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,6 +170,21 @@ def _run(args) -> int:
                           show_progress=not args.quiet, device=args.device, query_prefix=args.query_prefix,
                           passage_prefix=args.passage_prefix, shard_size=args.shard_size,
                           train_sample=args.train_sample, use_gpu=False if args.no_gpu_index else None)
+        print(f"index written to {out}", flush=True)
+        return 0
+    if args.command == "download":
+        from retriever.download import download_wiki18
+
+        for what, path in download_wiki18(args.out, index=args.index, show_progress=not args.quiet).items():
+            print(f"{what}: {path}", flush=True)
+        return 0
+    if args.command == "import":
+        from retriever.adopt import adopt_index
+
+        out = adopt_index(args.faiss_index, args.corpus, args.out, encoder=args.encoder,
+                          query_prefix=args.query_prefix, passage_prefix=args.passage_prefix, pooling=args.pooling,
+                          max_length=args.max_length, device=args.device, sample=args.sample,
+                          show_progress=not args.quiet)
         print(f"index written to {out}", flush=True)
         return 0
     if args.command == "serve":

@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 DEFAULT_QUERY_PREFIX = "query: "
 DEFAULT_PASSAGE_PREFIX = "passage: "
+POOLINGS = ("mean", "cls")  # mean over the attention mask (e5), or the first token's vector (BERT [CLS] style)
 
 
 def _model_dirs_under(root: Path) -> list[Path]:
@@ -88,15 +89,19 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
 
 
 class E5Encoder:
-    """Transformers encoder with e5 conventions. ``encode(texts, kind=...) -> float32 [N, D]``, unit rows."""
+    """Transformers encoder with e5 conventions. ``encode(texts, kind=...) -> float32 [N, D]``, unit rows.
 
-    pooling = "mean"
+    ``pooling``: ``"mean"`` (e5's, the default) or ``"cls"`` (the first token), for indexes built that way.
+    """
 
     def __init__(self, name: str, *, device: str | None = None, max_length: int = 256,
                  query_prefix: str = DEFAULT_QUERY_PREFIX, passage_prefix: str = DEFAULT_PASSAGE_PREFIX,
-                 fp16: bool | None = None):
+                 fp16: bool | None = None, pooling: str = "mean"):
         from transformers import AutoModel, AutoTokenizer
 
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS} (got {pooling!r})")
+        self.pooling = pooling
         self.name = name
         self.path = resolve_encoder_path(name)
         self.device = device or default_device()
@@ -160,7 +165,12 @@ class E5Encoder:
                           disable=not show_progress, leave=False):
             idx = order[start:start + batch_size]
             batch = self.tokenize([prefixed[i] for i in idx])
-            out[idx] = self.pool(self.forward(batch), batch["attention_mask"]).numpy()
+            hidden = self.forward(batch)
+            if self.pooling == "cls":
+                pooled = l2_normalize(hidden[:, 0].float()).cpu()
+            else:
+                pooled = self.pool(hidden, batch["attention_mask"])
+            out[idx] = pooled.numpy()
         return out
 
     def describe(self) -> dict:
@@ -173,11 +183,13 @@ _ENCODERS: dict[tuple, E5Encoder] = {}
 
 
 def get_encoder(name: str, *, device: str | None = None, max_length: int = 256,
-                query_prefix: str = DEFAULT_QUERY_PREFIX, passage_prefix: str = DEFAULT_PASSAGE_PREFIX) -> E5Encoder:
+                query_prefix: str = DEFAULT_QUERY_PREFIX, passage_prefix: str = DEFAULT_PASSAGE_PREFIX,
+                pooling: str = "mean") -> E5Encoder:
     """A shared E5Encoder per (model, device, settings) in this process: loading the weights once is enough for any
     number of builds and retrievers (inference is read-only, so sharing across threads is safe)."""
-    key = (resolve_encoder_path(name), device or default_device(), int(max_length), query_prefix, passage_prefix)
+    key = (resolve_encoder_path(name), device or default_device(), int(max_length), query_prefix, passage_prefix,
+           pooling)
     if key not in _ENCODERS:
         _ENCODERS[key] = E5Encoder(name, device=device, max_length=max_length, query_prefix=query_prefix,
-                                   passage_prefix=passage_prefix)
+                                   passage_prefix=passage_prefix, pooling=pooling)
     return _ENCODERS[key]

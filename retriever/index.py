@@ -89,7 +89,7 @@ def open_index(index_dir: str | Path, *, device: str | None = None, encoder: str
     applied = set_search_params(index, {**manifest.get("search_params", {}), **(search_params or {})})
     enc = get_encoder(manifest["encoder_path"] if Path(manifest.get("encoder_path", "")).is_dir() else manifest["encoder"],
                     device=device, max_length=manifest["max_length"], query_prefix=manifest["query_prefix"],
-                    passage_prefix=manifest["passage_prefix"])
+                    passage_prefix=manifest["passage_prefix"], pooling=manifest.get("pooling", "mean"))
     if enc.dim != manifest["dim"]:
         raise IndexMismatchError(f"{index_dir}: encoder {manifest['encoder']!r} now gives dim {enc.dim}, index has "
                                  f"dim {manifest['dim']}; the encoder changed since the build")

@@ -66,7 +66,7 @@ class InProcessRetriever:
                 if row < 0:  # FAISS pads with -1 when fewer than k vectors were reachable
                     continue
                 doc = self.docstore.get(int(row))
-                hits.append({"id": doc["id"], "contents": doc["contents"], "score": float(score)})
+                hits.append({"id": str(doc["id"]), "contents": doc["contents"], "score": float(score)})
             results.append(hits)
         if len(results) != len(queries):
             raise RuntimeError(f"backend returned {len(results)} result lists for {len(queries)} queries")
