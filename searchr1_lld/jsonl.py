@@ -75,10 +75,5 @@ def from_search_r1(row: dict, index: int, source: str) -> dict:
 
 
 def read_rows_files(paths: list[str]) -> list[dict]:
-    """The rows of JSONL/parquet files, in order; a missing file is an error naming it."""
-    rows: list[dict] = []
-    for f in paths:
-        if not Path(f).is_file():
-            raise FileNotFoundError(f"rows file {f} not found")
-        rows += read_rows(f)
-    return rows
+    """The rows of JSONL/parquet files, in order (:func:`read_rows` each: a missing file is an error naming it)."""
+    return [row for f in paths for row in read_rows(f)]

@@ -255,7 +255,7 @@ def test_training_rows_must_be_named():
 
     with pytest.raises(ValueError, match="data.train_files is empty"):
         load_train_rows(load_config(None))
-    with pytest.raises(FileNotFoundError, match="rows file nowhere.jsonl not found"):
+    with pytest.raises(FileNotFoundError, match="rows file not found: nowhere.jsonl"):
         load_train_rows(load_config(None, ["data.train_files=[nowhere.jsonl]"]))
 
 
