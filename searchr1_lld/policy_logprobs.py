@@ -68,7 +68,7 @@ def response_logprobs(
     labels: torch.Tensor,
     start: int,
     *,
-    chunk_size: int,
+    chunk_size: int | None,
     temperature: float,
     compute_entropy: bool,
     fused: bool = True,
@@ -76,7 +76,8 @@ def response_logprobs(
     """log_softmax(logits[:, start:] / temperature) at ``labels`` ``[B, T']`` (and the entropy), fp32.
 
     ``input_ids``, ``attention_mask``, ``position_ids`` ``[B, L]`` go to the model; positions ``start..L-1`` predict
-    ``labels``. ``fused=False`` (or a model without a plain head, or ZeRO-3) takes the logits path.
+    ``labels``. ``fused=False`` (or a model without a plain head, or ZeRO-3) takes the logits path. ``chunk_size``: rows
+    of a log-prob tile (None = sized to the device, algo.logprobs.tile_shape).
     """
     head = fused_output_head(model) if fused else None
     kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)

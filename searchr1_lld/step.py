@@ -139,8 +139,11 @@ def train_step(ctx: StepContext) -> dict[str, Any]:
     # ppo_epochs x mini-batches x micro-batches of objective + backward; one guarded optimiser step per mini-batch
     metrics.update(update_policy(ctx, batch, advantages, logp_old, logp_ref, tis_weights, lam_answer))
 
-    # the LLD monitor: likelihoods after the step's updates
+    # the LLD monitor: likelihoods after the step's updates. Its own forward: every forward of the update ran with
+    # the weights before some optimiser step (the last mini-batch's included), none with the weights after the last
+    t_monitor = time.time()
     logp_new = batch_logprobs(ctx, ctx.model, batch)
+    metrics["time/monitor_forward_s"] = time.time() - t_monitor
     metrics.update(likelihood_metrics(logp_old, logp_new, batch.response_mask, batch.rewards))
     metrics["lld/shared_first_action_frac"] = shared_first_action_fraction(
         [first_action_ids(t.response_ids, t.response_mask) for t in trajs], [t.reward for t in trajs],
@@ -313,7 +316,7 @@ def rows_logprobs(ctx: StepContext, model: torch.nn.Module, rows: dict[str, torc
     return policy_logprobs.response_logprobs(
         model, rows["input_ids"][:, :-1].to(dev), rows["attention_mask"][:, :-1].to(dev),
         rows["position_ids"][:, :-1].to(dev), rows["responses"].to(dev), rows["p"] - 1,
-        chunk_size=ctx.cfg.trainer.logprob_chunk_size, temperature=temperature if temperature > 0 else 1.0,
+        chunk_size=ctx.cfg.trainer.logprob_chunk_size or None, temperature=temperature if temperature > 0 else 1.0,
         compute_entropy=compute_entropy,
     )
 

@@ -164,3 +164,35 @@ def test_linear_logprobs_large_logits_are_stable():
     torch.testing.assert_close(logp, ref_logp, atol=1e-5, rtol=0)
     torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=0)
     torch.testing.assert_close(fused[0], naive[0], atol=1e-5, rtol=0)
+
+
+def test_tile_shape_by_device():
+    from searchr1_lld.algo.logprobs import CUDA_TILE_BYTES, tile_shape
+
+    assert tile_shape(151936, "cpu") == (256, 8192) and tile_shape(53, "cpu") == (256, 53)
+    # CUDA: whole vocabulary; rows = 256 MiB / (4 B x 151,936) = 441.7 -> 384 (a multiple of 64)
+    assert CUDA_TILE_BYTES == 256 * 2**20 and tile_shape(151936, "cuda") == (384, 151936)
+    assert tile_shape(151936, "cuda", tile_bytes=2**30) == (1728, 151936)  # 1766.9 -> 1728
+    assert tile_shape(10**9, "cuda") == (64, 10**9)  # at least 64 rows
+    with pytest.raises(ValueError, match="vocab"):
+        tile_shape(0, "cuda")
+
+
+def test_default_tiles_equal_naive():
+    """chunk sizes left to the device (None): the CPU tile, the same values and gradients as the reference."""
+    from searchr1_lld.algo.logprobs import linear_logprobs_entropy
+
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(2, 300, 8, generator=g, dtype=torch.float64).requires_grad_(True)  # 600 rows: 3 row tiles
+    weight = torch.randn(9000, 8, generator=g, dtype=torch.float64).requires_grad_(True)  # 2 vocabulary tiles
+    labels = torch.randint(0, 9000, (2, 300), generator=g)
+    logp, ent = linear_logprobs_entropy(hidden, weight, labels)
+    (logp.sum() + 0.3 * ent.sum()).backward()
+    grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    ref_logp, ref_ent = naive_logprobs_entropy(torch.nn.functional.linear(hidden, weight), labels)
+    (ref_logp.sum() + 0.3 * ref_ent.sum()).backward()
+    torch.testing.assert_close(logp, ref_logp.float(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, ref_ent.float(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(grads[0], hidden.grad, atol=5e-5, rtol=0)  # fp32 tiles
+    torch.testing.assert_close(grads[1], weight.grad, atol=5e-5, rtol=0)

@@ -32,11 +32,36 @@ and the backward recomputes each tile, where with G = dL/dz of the tile (the for
 so the only tensors with a vocabulary dimension are two fp32 tiles and dL/dW ``[V, H]`` (the parameter's own
 gradient, accumulated in fp32). Tied embeddings need nothing special: W is the embedding matrix and its gradient adds
 to the embedding's.
+
+Tile shape (:func:`tile_shape`, used when the caller gives none): on CPU 256 rows x 8,192 vocabulary columns, the
+tile whose peak memory benchmarks/bench_logprob_memory.py measures (on a 2-core CPU, forward + backward of 512 rows at
+V = 151,936, H = 256: 7-8 s with it, 6-10 s with whole-vocabulary tiles of 128-512 rows, no clear gain). On CUDA
+the whole vocabulary per tile and as many rows as fit a fixed fp32 tile budget (``CUDA_TILE_BYTES``): a 256 x 8,192
+tile costs 10-15 kernel launches for ~0.1 ms of matrix work, so a 16k-token micro-batch over a 151,936-word vocabulary
+(~1,200 tiles, forward and backward) is launch-bound; whole-vocabulary tiles of ~400 rows make it ~40 tiles of
+bandwidth-bound work. The CUDA budget is not yet measured on a GPU (benchmarks/gpu_check.py measures it and a sweep
+around it).
 """
 
 from __future__ import annotations
 
 import torch
+
+
+# fp32 bytes of one [rows, vocabulary] buffer of a CUDA tile (a tile's forward and backward hold ~3 such buffers)
+CUDA_TILE_BYTES = 256 * 2**20
+CPU_TILE = (256, 8192)  # rows, vocabulary columns
+
+
+def tile_shape(vocab: int, device_type: str, *, tile_bytes: int = CUDA_TILE_BYTES) -> tuple[int, int]:
+    """(rows, vocabulary columns) of one tile on a ``device_type`` device (module docstring): CPU ``CPU_TILE``;
+    CUDA the whole vocabulary and rows = tile_bytes / (4 vocab), rounded down to a multiple of 64 (at least 64)."""
+    if vocab < 1:
+        raise ValueError(f"vocab must be >= 1, got {vocab}")
+    if device_type != "cuda":
+        return CPU_TILE[0], min(CPU_TILE[1], vocab)
+    rows = tile_bytes // (4 * vocab) // 64 * 64
+    return max(rows, 64), vocab
 
 
 def _check(logits: torch.Tensor, labels: torch.Tensor, temperature: float, chunk_size: int) -> None:
@@ -129,12 +154,15 @@ def chunked_logprobs_entropy(
     logits: torch.Tensor,
     labels: torch.Tensor,
     *,
-    chunk_size: int = 256,
+    chunk_size: int | None = None,
     temperature: float = 1.0,
     compute_entropy: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token log-prob ``[B, T]`` (fp32) and entropy ``[B, T]`` (fp32, or None), chunked over the B*T rows in forward
-    and backward (module docstring). Equal to :func:`naive_logprobs_entropy` up to float rounding, gradients too."""
+    and backward (module docstring; ``chunk_size`` None = the rows of :func:`tile_shape`). Equal to
+    :func:`naive_logprobs_entropy` up to float rounding, gradients too."""
+    if chunk_size is None:
+        chunk_size = tile_shape(logits.shape[-1], logits.device.type)[0]
     _check(logits, labels, temperature, chunk_size)
     b, t, v = logits.shape
     logits2d = logits.reshape(b * t, v)
@@ -258,15 +286,16 @@ def linear_logprobs_entropy(
     labels: torch.Tensor,
     *,
     bias: torch.Tensor | None = None,
-    chunk_size: int = 256,
-    vocab_chunk_size: int = 8192,
+    chunk_size: int | None = None,
+    vocab_chunk_size: int | None = None,
     temperature: float = 1.0,
     compute_entropy: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token log-prob ``[B, T]`` and entropy ``[B, T]`` (fp32; entropy None unless asked) of the logits
     z = hidden W^T + bias (hidden ``[B, T, H]``, weight ``[V, H]``, bias ``[V]``), divided by ``temperature``,
     without ever materialising ``[B, T, V]`` (module docstring). Gradients flow to hidden, weight and bias; equal
-    to ``naive_logprobs_entropy(F.linear(hidden, weight, bias), labels)`` up to float rounding."""
+    to ``naive_logprobs_entropy(F.linear(hidden, weight, bias), labels)`` up to float rounding. ``chunk_size`` (rows)
+    and ``vocab_chunk_size`` (columns) of a tile: None = :func:`tile_shape` for the device of ``hidden``."""
     if hidden.dim() != 3 or labels.shape != hidden.shape[:2]:
         raise ValueError(f"expected hidden [B, T, H] and labels [B, T]; got {tuple(hidden.shape)} and {tuple(labels.shape)}")
     if weight.dim() != 2 or weight.shape[1] != hidden.shape[2]:
@@ -275,6 +304,9 @@ def linear_logprobs_entropy(
         raise ValueError(f"bias must be [V={weight.shape[0]}]; got {tuple(bias.shape)}")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    auto_rows, auto_cols = tile_shape(max(weight.shape[0], 1), hidden.device.type)
+    chunk_size = auto_rows if chunk_size is None else chunk_size
+    vocab_chunk_size = auto_cols if vocab_chunk_size is None else vocab_chunk_size
     if chunk_size < 1 or vocab_chunk_size < 1:
         raise ValueError(f"chunk_size and vocab_chunk_size must be >= 1, got {chunk_size}, {vocab_chunk_size}")
     v = weight.shape[0]

@@ -146,7 +146,9 @@ class TrainerConfig:
     eval_limit: int = opt(0, "questions evaluated during training (first N; 0 = eval.limit, both 0 = all)")
     probe_every: int = opt(5, "re-measure the probe set every N steps (0 = never)")
     probe_size: int = opt(16, "correct responses kept in the probe set")
-    logprob_chunk_size: int = opt(256, "sequence chunk of the chunked log-prob / entropy kernel")
+    logprob_chunk_size: int = opt(0, "rows of one tile of the log-prob / entropy kernel (0 = sized to the device: "
+                                     "256 rows x 8,192 vocabulary columns on CPU, whole-vocabulary tiles of a 256 MiB "
+                                     "fp32 budget on CUDA; algo/logprobs.tile_shape)")
 
 
 @dataclass

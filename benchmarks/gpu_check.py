@@ -1,0 +1,178 @@
+"""The GPU check: rollout, learner, log-prob and agreement figures at Qwen2.5 shapes, in one command.
+
+    python benchmarks/gpu_check.py [--out gpu_check.json]          # a GPU machine: <= 8 minutes on one H100
+    python benchmarks/gpu_check.py --smoke [--out PATH]            # the same code on CPU at toy shapes
+
+Needs only torch, transformers, accelerate (triton comes with CUDA torch; DeepSpeed, when importable, adds the
+ZeRO-2 section). No download: the models are random-initialised from benchmarks/model_configs/qwen2.5-*.json.
+Each section runs in its own process under its own time budget, so one failure (an out-of-memory error, a hang)
+is recorded in the JSON and the others still run; inside a section each part is guarded the same way.
+
+Sections (benchmarks/gpu_check_parts.py):
+- rollout: HF-backend + agent-loop generated tokens/s at batch 64 and 256 (0.5B, 1.5B; bf16 engine), the share of
+  the wall time outside the engine's generate (``rollout_loop_overhead_share_*``); random models never emit a closed
+  search, so every turn is an invalid action and ``rollout_searches_*`` says how many searches ran; then
+  ``logp_gap_{bf16,fp32}_{max,mean}``: |engine log-prob - learner log-prob| on the sampled tokens, bf16 engine vs
+  the learner's fp32 master weights under bf16 autocast, and fp32 vs fp32;
+- learner: ``step.update_policy`` at 0.5B / 1.5B / 3B, fp32 master weights + bf16 autocast, gradient checkpointing,
+  AdamW, the frozen reference (KL 0.001) as the paper's configs have it, micro-batch 8 x 4,096 tokens, 2 optimiser
+  steps per call (LLDS acts on the second): time per optimiser step with and without LLDS (paired runs, order
+  alternating), ``llds_step_overhead_ratio`` (median of the pair ratios), peak and persistent GPU memory, and the
+  monitor's forward after the update as a share of the update phase (logp_old + logp_ref + update + monitor);
+- zero2: the 1.5B update under DeepSpeed ZeRO-2 on one rank (skipped when DeepSpeed is not importable);
+- logprobs: peak memory and time of forward + backward of log-prob + entropy, fused tiles vs naive, V = 151,936,
+  T = 4,096 / 8,192 / 16,384, H = 1,536, and a sweep of the CUDA tile budget at T = 16,384.
+Prints ``RESULT <name> <value>`` per figure and writes one JSON: device, versions, shapes, per-section status and
+wall time, and every result (null with the section's error when it failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b")
+FULL = {
+    "rollout_batches": [64, 256], "agreement_batch": 64, "max_turns": 2, "max_tokens_per_turn": 128,
+    "rows": 16, "rows_per_mini": 8, "micro_rows": 8, "tokens_per_row": 4096, "reference": True,
+    "pairs": {"qwen2.5-0.5b": 3, "qwen2.5-1.5b": 3, "qwen2.5-3b": 1},
+    "vocab": 151936, "logprob_hidden": 1536, "logprob_tokens": [4096, 8192, 16384], "tile_sweep_mib": [64, 1024],
+    "budget_s": {"rollout": 110, "learner": 200, "zero2": 60, "logprobs": 80},
+}
+SMOKE = {
+    "rollout_batches": [4, 8], "agreement_batch": 8, "max_turns": 1, "max_tokens_per_turn": 6,
+    "rows": 4, "rows_per_mini": 2, "micro_rows": 2, "tokens_per_row": 32, "reference": True,
+    "pairs": {"qwen2.5-0.5b": 1, "qwen2.5-1.5b": 1, "qwen2.5-3b": 1},
+    "vocab": 4096, "logprob_hidden": 32, "logprob_tokens": [64, 128], "tile_sweep_mib": [1],
+    "budget_s": {"rollout": 120, "learner": 120, "zero2": 300, "logprobs": 120},
+}
+SECTION_ORDER = ("logprobs", "learner", "rollout", "zero2")
+
+
+def expected_results(shapes: dict) -> dict[str, list[str]]:
+    """The result names each section must report (the JSON holds every one; null when its section failed)."""
+    rollout = [f"rollout_{k}_{m}_b{b}" for m in MODELS[:2] for b in shapes["rollout_batches"]
+               for k in ("tokens_per_s", "loop_overhead_share", "searches")]
+    rollout += [f"logp_gap_{d}_{k}" for d in ("bf16", "fp32") for k in ("max", "mean", "tokens")]
+    learner = [f"learner_{m}_{k}" for m in MODELS for k in (
+        "optimizer_step_s_llds_on", "optimizer_step_s_llds_off", "llds_step_overhead_ratio", "monitor_forward_s",
+        "monitor_forward_share", "peak_gib", "persistent_gib", "tokens_per_micro_batch")]
+    zero2 = [f"zero2_{MODELS[1]}_{k}" for k in ("optimizer_step_s_llds_on", "peak_gib")]
+    logprobs = [f"logprob_{k}_T{t}_{mode}" for t in shapes["logprob_tokens"] for mode in ("bf16", "autocast")
+                for k in ("fused_peak_gib", "naive_peak_gib", "fused_s", "naive_s", "peak_ratio", "time_ratio")]
+    t_max = max(shapes["logprob_tokens"])
+    logprobs += [f"logprob_tile_{mib}mib_{k}" for mib in shapes["tile_sweep_mib"]
+                 for k in ("rows", f"s_T{t_max}", f"peak_gib_T{t_max}")]
+    logprobs += ["logprob_tile_rows_chosen", "logprob_tile_vocab_chosen"]
+    return {"rollout": rollout, "learner": learner, "zero2": zero2, "logprobs": logprobs}
+
+
+def environment() -> dict:
+    import torch
+
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    for mod in ("transformers", "accelerate", "triton", "deepspeed", "tokenizers"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except Exception:  # not installed (or broken): recorded as absent
+            versions[mod] = None
+    cuda = torch.cuda.is_available()
+    return {"device": torch.cuda.get_device_name(0) if cuda else f"cpu ({platform.processor() or platform.machine()})",
+            "cuda": torch.version.cuda if cuda else None,
+            "gpu_memory_gib": torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else None,
+            "cpu_count": os.cpu_count(), "versions": versions}
+
+
+def run_child(section: str, smoke: bool, out_path: Path) -> None:
+    import torch
+
+    from gpu_check_parts import SECTIONS
+
+    device = torch.device("cuda" if torch.cuda.is_available() and not smoke else "cpu")
+    shapes = SMOKE if smoke else FULL
+    results = SECTIONS[section](device, shapes, smoke)
+    out_path.write_text(json.dumps(results, default=float))
+
+
+def run_section(section: str, smoke: bool, budget_s: float) -> dict:
+    """One section in a child process under ``budget_s``: {"status", "wall_s", "results", "error"}."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path = Path(tmp) / "results.json"
+        cmd = [sys.executable, __file__, "--child", section, "--child-out", str(out_path)] + (["--smoke"] * smoke)
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=budget_s)
+        except subprocess.TimeoutExpired as err:
+            tail = (err.stderr or b"")[-1500:]
+            return {"status": "timeout", "wall_s": time.perf_counter() - t0, "results": {},
+                    "error": f"over its {budget_s:.0f} s budget; stderr tail: "
+                             f"{tail.decode(errors='replace') if isinstance(tail, bytes) else tail}"}
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0 or not out_path.exists():
+            return {"status": "error", "wall_s": wall, "results": {},
+                    "error": f"exit {proc.returncode}: {proc.stderr[-1500:]}"}
+        results = json.loads(out_path.read_text())
+    part_errors = {k: v for k, v in results.items() if k.endswith("_error")}
+    return {"status": "partial" if part_errors else "ok", "wall_s": wall, "results": results,
+            "error": "; ".join(f"{k}: {v}" for k, v in part_errors.items()) or None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--smoke", action="store_true", help="CPU, toy shapes (what tests/test_gpu_check.py runs)")
+    ap.add_argument("--out", default="gpu_check.json", help="the JSON written at the end")
+    ap.add_argument("--sections", default=",".join(SECTION_ORDER), help=f"comma list of {SECTION_ORDER}")
+    ap.add_argument("--child", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--child-out", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        run_child(args.child, args.smoke, Path(args.child_out))
+        return
+    sections = [s for s in args.sections.split(",") if s]
+    unknown = sorted(set(sections) - set(SECTION_ORDER))
+    if unknown:
+        print(f"gpu_check: unknown section(s) {unknown}; choose from {SECTION_ORDER}", file=sys.stderr)
+        sys.exit(2)
+    shapes = SMOKE if args.smoke else FULL
+    t_start = time.perf_counter()
+    report = {"smoke": args.smoke, **environment(), "models": list(MODELS), "shapes": shapes, "sections": {},
+              "results": {}}
+    print(f"device {report['device']}  versions {report['versions']}", flush=True)
+    expected = expected_results(shapes)
+    for section in sections:
+        res = run_section(section, args.smoke, shapes["budget_s"][section])
+        report["sections"][section] = {k: res[k] for k in ("status", "wall_s", "error")}
+        skipped = res["results"].get("zero2_skipped")
+        if skipped:
+            report["sections"][section].update(status="skipped", error=skipped)
+        for name in expected[section]:
+            report["results"][name] = res["results"].get(name)
+        report["results"].update({k: v for k, v in res["results"].items() if k not in report["results"]})
+        print(f"section {section}: {report['sections'][section]['status']} in {res['wall_s']:.1f} s"
+              + (f"  ({report['sections'][section]['error'][:300]})" if report['sections'][section]['error'] else ""),
+              flush=True)
+        for name in expected[section]:
+            value = report["results"][name]
+            print(f"RESULT {name} {'null' if value is None else (f'{value:.6g}' if isinstance(value, float) else value)}",
+                  flush=True)
+    report["wall_s"] = time.perf_counter() - t_start
+    Path(args.out).write_text(json.dumps(report, indent=1, default=float) + "\n")
+    print(f"wrote {args.out} ({report['wall_s']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,423 @@
+"""The measurements of benchmarks/gpu_check.py, one function per section; each returns {result name: value} and
+records a failed part as {"<part>_error": message} so that the rest of its section still runs.
+
+Models are random-initialised from the Qwen2.5 configs in benchmarks/model_configs/ (``--smoke``: the same configs
+shrunk to toy width, depth and vocabulary); nothing is downloaded. Every measurement goes through the project's own
+code: the HF rollout backend and agent loop (rollout), ``step.update_policy`` / ``step.batch_logprobs`` on a
+:class:`~searchr1_lld.step.StepContext` (learner, monitor), ``algo.logprobs`` (log-probs).
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import json
+import os
+import statistics
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+CONFIG_DIR = Path(__file__).resolve().parent / "model_configs"
+MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b")
+GIB = 2**30
+
+
+def model_config(name: str, smoke: bool):
+    """The HF Qwen2 config of ``name`` (benchmarks/model_configs/<name>.json); smoke: width 32-64, 2 layers, V 512."""
+    from transformers import Qwen2Config
+
+    values = json.loads((CONFIG_DIR / f"{name}.json").read_text())
+    if smoke:
+        width = 32 * (1 + MODELS.index(name) % 2)
+        values.update(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=512, max_window_layers=2, bos_token_id=0, eos_token_id=1)
+    return Qwen2Config(**values)
+
+
+def random_model(name: str, smoke: bool, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """A random-initialised Qwen2ForCausalLM of config ``name``, built on ``device`` in ``dtype``."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(model_config(name, smoke), dtype=dtype)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def guarded(out: dict[str, Any], part: str, fn: Callable[[], dict[str, Any]], device: torch.device) -> None:
+    """Run one part; its results go into ``out``, or its error as ``out[part + "_error"]`` (OOM included)."""
+    t0 = time.perf_counter()
+    try:
+        out.update(fn())
+    except Exception as err:  # one part failing (out of memory, ...) must not stop the others
+        out[f"{part}_error"] = f"{type(err).__name__}: {err}"[:2000]
+        traceback.print_exc()
+    finally:
+        out[f"{part}_wall_s"] = round(time.perf_counter() - t0, 3)
+        free(device)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# rollout: HF backend + agent loop; bf16 agreement of engine and learner log-probs
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def word_tokenizer(vocab_size: int):
+    """A word-level tokenizer whose ids cover a random model's whole vocabulary (``w<id>``; ``<eos>`` and ``<pad>``
+    are ids 1 and 2), so that every sampled id decodes and the agent loop's text work is real."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(vocab_size)}
+    for i, tok in enumerate(("<unk>", "<eos>", "<pad>")):
+        del vocab[f"w{i}"]
+        vocab[tok] = i
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    core.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", eos_token="<eos>", pad_token="<pad>")
+
+
+class PassageRetriever:
+    """In-process stand-in of the search service: the same ``search(queries, topk)`` contract over a few fixed
+    passages (the query's words pick them), at no encoder cost."""
+
+    def __init__(self, n_passages: int = 32):
+        self.docs = [{"id": str(i), "contents": f"\"Title {i}\"\nw{100 + i} w{200 + i} w{300 + i} w{400 + i}"}
+                     for i in range(n_passages)]
+
+    def search(self, queries: list[str], topk: int) -> list[list[dict]]:
+        return [[self.docs[(hash(q) + k) % len(self.docs)] for k in range(topk)] for q in queries]
+
+
+def qa_rows(n: int) -> list[dict]:
+    return [{"id": f"q{i}", "question": f"w{10 + i % 50} w{60 + i % 40} w{5 + i % 7}", "golden_answers": [f"w{i}"],
+             "data_source": "nq"} for i in range(n)]
+
+
+def run_rollout(model: torch.nn.Module, tok: Any, rows: list[dict], n: int, shapes: dict, batch_size: int):
+    from searchr1_lld.config import RolloutConfig
+    from searchr1_lld.rollout import run_agent_loop
+    from searchr1_lld.rollout.backends.hf import HFBackend
+
+    cfg = RolloutConfig(max_turns=shapes["max_turns"], max_tokens_per_turn=shapes["max_tokens_per_turn"],
+                        max_obs_length=128, max_total_length=4096, topk=3, generation_batch_size=batch_size,
+                        temperature=1.0, top_p=1.0)
+    backend = HFBackend(model, tok, batch_size=batch_size, seed=0)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        trajs = run_agent_loop(rows, backend=backend, tokenizer=tok, retriever=PassageRetriever(), cfg=cfg, n=n,
+                               timings=timings)
+    sync(next(model.parameters()).device)
+    return trajs, timings, time.perf_counter() - t0
+
+
+def section_rollout(device: torch.device, shapes: dict, smoke: bool) -> dict[str, Any]:
+    """HF-backend rollout throughput and the agent loop's share of the wall time (0.5B, 1.5B at two batch sizes);
+    then the engine-vs-learner log-prob gap of sampled responses, bf16 and fp32."""
+    out: dict[str, Any] = {}
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    for name in MODELS[:2]:
+        def throughput(name=name) -> dict[str, Any]:
+            model = random_model(name, smoke, device, dtype).eval()
+            tok = word_tokenizer(model.config.vocab_size)
+            run_rollout(model, tok, qa_rows(2), 2, shapes, 4)  # warm-up
+            res: dict[str, Any] = {}
+            for b in shapes["rollout_batches"]:
+                trajs, t, wall = run_rollout(model, tok, qa_rows(b // 4), 4, shapes, b)
+                res[f"rollout_tokens_per_s_{name}_b{b}"] = t["generated_tokens"] / wall
+                res[f"rollout_loop_overhead_share_{name}_b{b}"] = (wall - t["generate_s"]) / wall
+                res[f"rollout_searches_{name}_b{b}"] = sum(tr.valid_searches for tr in trajs)
+            return res
+        guarded(out, f"rollout_{name}", throughput, device)
+    guarded(out, "agreement", lambda: logp_agreement(device, shapes, smoke), device)
+    return out
+
+
+def logp_agreement(device: torch.device, shapes: dict, smoke: bool) -> dict[str, Any]:
+    """max and mean |engine log-prob - learner log-prob| over generated tokens of sampled responses (0.5B):
+    bf16 engine vs the learner's fp32 master weights under bf16 autocast (the GPU learner), and fp32 vs fp32."""
+    from searchr1_lld import policy_logprobs
+    from searchr1_lld.rollout.types import to_batch
+
+    res: dict[str, Any] = {}
+    name = MODELS[0]
+    for tag, engine_dtype, autocast in (("bf16", torch.bfloat16, True), ("fp32", torch.float32, False)):
+        learner = random_model(name, smoke, device, torch.float32).eval()
+        engine = copy.deepcopy(learner).to(engine_dtype)  # the learner's weights, rounded to the engine's dtype
+        tok = word_tokenizer(engine.config.vocab_size)
+        b = shapes["agreement_batch"]
+        trajs, _, _ = run_rollout(engine, tok, qa_rows(b // 4), 4, shapes, b)
+        del engine
+        batch = to_batch(trajs, tok.pad_token_id)
+        p = batch.prompt_length
+        ctx = torch.autocast(device.type, dtype=torch.bfloat16) if autocast else torch.autocast(device.type,
+                                                                                                 enabled=False)
+        with torch.no_grad(), ctx:
+            logp, _ = policy_logprobs.response_logprobs(
+                learner, batch.input_ids[:, :-1].to(device), batch.attention_mask[:, :-1].to(device),
+                batch.position_ids[:, :-1].to(device), batch.responses.to(device), p - 1, chunk_size=None,
+                temperature=1.0, compute_entropy=False)
+        gap = (logp.float().cpu() - batch.engine_logprobs).abs()[batch.response_mask > 0]
+        res[f"logp_gap_{tag}_max"] = float(gap.max())
+        res[f"logp_gap_{tag}_mean"] = float(gap.mean())
+        res[f"logp_gap_{tag}_tokens"] = int(gap.numel())
+        del learner
+        free(device)
+    return res
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# learner: one update (step.update_policy) with and without LLDS, peak memory, the monitor's forward
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def synthetic_batch(rows: int, tokens: int, vocab: int, group: int = 4):
+    """``rows`` trajectories of ``tokens`` tokens each (prompt 1/8; response: generated, observation, generated,
+    answer), rewards alternating 1/0 within groups of ``group``."""
+    from searchr1_lld.rollout.types import Trajectory, to_batch
+
+    g = torch.Generator().manual_seed(0)
+    p = max(tokens // 8, 2)
+    r = tokens - p
+    obs0, obs1 = r // 3, r // 3 + r // 4
+    mask = [1] * obs0 + [0] * (obs1 - obs0) + [1] * (r - obs1)
+    answer = [0] * (r - max(r // 16, 1)) + [1] * max(r // 16, 1)
+    trajs = []
+    for i in range(rows):
+        ids = torch.randint(3, vocab, (tokens,), generator=g).tolist()
+        trajs.append(Trajectory(row={"id": str(i)}, group_id=i // group, prompt_ids=ids[:p], response_ids=ids[p:],
+                                response_mask=mask, answer_mask=answer, engine_logprobs=[-1.0 * m for m in mask],
+                                action_spans=[(0, obs0), (obs1, r)], valid_searches=1, reward=float(i % 2 == 0)))
+    return to_batch(trajs, pad_token_id=2)
+
+
+def learner_context(model_name: str, smoke: bool, shapes: dict, accelerator: Any, with_reference: bool):
+    from searchr1_lld import optim
+    from searchr1_lld.config import Config
+    from searchr1_lld.step import StepContext
+
+    cfg = Config()
+    tc = cfg.trainer
+    tc.ppo_epochs, tc.ppo_mini_batch_size = 1, shapes["rows_per_mini"]
+    tc.micro_batch_token_budget = shapes["micro_rows"] * shapes["tokens_per_row"]
+    tc.logprob_chunk_size = 0
+    cfg.algorithm.kl_coef = 0.001 if with_reference else 0.0
+    cfg.rollout.temperature = 1.0
+    dev = accelerator.device
+    model = random_model(model_name, smoke, dev, torch.float32)  # fp32 master weights; bf16 via autocast on GPU
+    model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    ref = None
+    if with_reference:
+        ref = random_model(model_name, smoke, dev, torch.float32).eval().requires_grad_(False)
+    optimizer, scheduler = optim.make_optimizer(model, tc, total_updates=1000)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    from searchr1_lld import factories
+
+    factories.configure_deepspeed(accelerator, tc)
+    ctx = StepContext(cfg=cfg, accelerator=accelerator, model=model, ref_model=ref, optimizer=optimizer,
+                      scheduler=scheduler, backend=None, rollout=None, pad_token_id=2, sampler=None, probe=None,
+                      detector=None)
+    return ctx, model_config(model_name, smoke).vocab_size
+
+
+def timed(fn: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
+    sync(device)
+    t0 = time.perf_counter()
+    result = fn()
+    sync(device)
+    return result, time.perf_counter() - t0
+
+
+def learner_update(ctx: Any, batch: Any, llds_on: bool, logp_old, logp_ref, advantages) -> float:
+    from searchr1_lld import step
+
+    ctx.cfg.algorithm.llds.enabled = llds_on  # read by step.objective_spec at every update
+    _, seconds = timed(lambda: step.update_policy(ctx, batch, advantages, logp_old, logp_ref, None, None),
+                       ctx.accelerator.device)
+    return seconds
+
+
+def measure_learner(model_name: str, smoke: bool, shapes: dict, accelerator: Any, pairs: int,
+                    with_reference: bool, label: str) -> dict[str, Any]:
+    """One model: logp_old (and logp_ref), paired update_policy timings LLDS on / off, peak memory, monitor forward."""
+    from searchr1_lld import step
+    from searchr1_lld.algo import advantages as adv_fns
+
+    dev = accelerator.device
+    ctx, vocab = learner_context(model_name, smoke, shapes, accelerator, with_reference)
+    batch = synthetic_batch(shapes["rows"], shapes["tokens_per_row"], vocab)
+    advantages = adv_fns.grpo_outcome_advantages(batch.rewards, batch.group_ids)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    persistent = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
+    logp_old, t_old = timed(lambda: step.batch_logprobs(ctx, ctx.model, batch), dev)
+    logp_ref, t_ref = (timed(lambda: step.batch_logprobs(ctx, ctx.ref_model, batch), dev) if with_reference
+                       else (None, 0.0))
+    learner_update(ctx, batch, True, logp_old, logp_ref, advantages)  # warm-up (also allocates AdamW's state)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for k in range(pairs):
+        for llds_on in ((True, False) if k % 2 == 0 else (False, True)):
+            times[llds_on].append(learner_update(ctx, batch, llds_on, logp_old, logp_ref, advantages))
+    _, t_monitor = timed(lambda: step.batch_logprobs(ctx, ctx.model, batch), dev)
+    updates = shapes["rows"] // shapes["rows_per_mini"]  # optimiser steps per update_policy call
+    on, off = statistics.median(times[True]), statistics.median(times[False])
+    res = {f"{label}_optimizer_step_s_llds_on": on / updates, f"{label}_optimizer_step_s_llds_off": off / updates,
+           f"{label}_llds_step_overhead_ratio": statistics.median(a / b for a, b in zip(times[True], times[False])),
+           f"{label}_monitor_forward_s": t_monitor,
+           f"{label}_monitor_forward_share": t_monitor / (t_old + t_ref + on + t_monitor),
+           f"{label}_tokens_per_micro_batch": shapes["micro_rows"] * shapes["tokens_per_row"]}
+    if dev.type == "cuda":
+        res[f"{label}_peak_gib"] = torch.cuda.max_memory_allocated(dev) / GIB
+        res[f"{label}_persistent_gib"] = persistent / GIB
+    else:
+        res[f"{label}_peak_gib"] = None  # no allocator statistics on CPU
+        res[f"{label}_persistent_gib"] = None
+    return res
+
+
+def section_learner(device: torch.device, shapes: dict, smoke: bool) -> dict[str, Any]:
+    """0.5B / 1.5B / 3B, single process (accelerate, bf16 autocast on GPU, gradient checkpointing, AdamW)."""
+    from accelerate import Accelerator
+
+    acc = Accelerator(cpu=device.type == "cpu", mixed_precision="bf16" if device.type == "cuda" else "no")
+    out: dict[str, Any] = {}
+    for name in MODELS:
+        guarded(out, f"learner_{name}", lambda name=name: measure_learner(
+            name, smoke, shapes, acc, shapes["pairs"][name], shapes["reference"], f"learner_{name}"), device)
+    return out
+
+
+def section_zero2(device: torch.device, shapes: dict, smoke: bool) -> dict[str, Any]:
+    """1.5B under DeepSpeed ZeRO-2 on one rank (accelerate's DeepSpeed plugin), when DeepSpeed is importable."""
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError as err:
+        return {"zero2_skipped": f"deepspeed not importable ({err})"}
+    from accelerate import Accelerator
+    from accelerate.utils import DeepSpeedPlugin, InitProcessGroupKwargs
+
+    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
+                       ("LOCAL_WORLD_SIZE", "1")):
+        os.environ.setdefault(key, value)
+    if "MASTER_PORT" not in os.environ:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    plugin = DeepSpeedPlugin(zero_stage=2, gradient_accumulation_steps=1, offload_optimizer_device="none",
+                             offload_param_device="none")
+    handlers = [InitProcessGroupKwargs(backend="gloo")] if device.type == "cpu" else []
+    acc = Accelerator(deepspeed_plugin=plugin, mixed_precision="bf16" if device.type == "cuda" else "no",
+                      kwargs_handlers=handlers)
+    out: dict[str, Any] = {}
+    guarded(out, "zero2", lambda: measure_learner(MODELS[1], smoke, shapes, acc, 1, False, "zero2_" + MODELS[1]),
+            device)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# log-probs: the fused (tiled) path against the naive one, memory and time; a tile-budget sweep
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _rss(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def peak_and_time(fn: Callable[[], None], device: torch.device) -> tuple[int, float]:
+    """(peak bytes allocated above the start, seconds) of ``fn``: CUDA allocator peak, or on CPU the peak RSS."""
+    sync(device)
+    if device.type == "cuda":
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        base = _rss("VmRSS")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # VmHWM := current RSS
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    seconds = time.perf_counter() - t0
+    peak = (torch.cuda.max_memory_allocated(device) if device.type == "cuda" else _rss("VmHWM")) - base
+    return peak, seconds
+
+
+def section_logprobs(device: torch.device, shapes: dict, smoke: bool) -> dict[str, Any]:
+    """Forward + backward of token log-prob + entropy from hidden states [1, T, H] and the LM head [V, H] (both
+    requiring grad): fused tiles (``linear_logprobs_entropy``, tile sized to the device) vs naive (logits, then the
+    full fp32 log-softmax), in the GPU learner's bf16 (``_bf16``) and with fp32 master weights under bf16 autocast
+    (``_autocast``, the accelerate learner); then the CUDA tile budget swept at the largest T."""
+    from searchr1_lld.algo import logprobs as lp
+
+    v, h = shapes["vocab"], shapes["logprob_hidden"]
+    out: dict[str, Any] = {}
+
+    def run(t: int, variant: str, mode: str, tile_rows: int | None = None) -> tuple[int, float]:
+        torch.manual_seed(0)
+        dtype = torch.bfloat16 if mode == "bf16" else torch.float32
+        hidden = torch.randn(1, t, h, device=device, dtype=dtype).requires_grad_(True)
+        weight = (torch.randn(v, h, device=device, dtype=dtype) / h**0.5).requires_grad_(True)
+        labels = torch.randint(0, v, (1, t), device=device)
+        amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=mode == "autocast")
+
+        def fwd_bwd() -> None:
+            with amp:
+                if variant == "naive":
+                    logp, ent = lp.naive_logprobs_entropy(torch.nn.functional.linear(hidden, weight), labels)
+                else:
+                    logp, ent = lp.linear_logprobs_entropy(hidden, weight, labels, chunk_size=tile_rows)
+            (logp.sum() + 0.1 * ent.sum()).backward()
+
+        fwd_bwd()  # warm-up: kernels, allocator
+        hidden.grad = weight.grad = None
+        result = peak_and_time(fwd_bwd, device)
+        del hidden, weight, labels
+        free(device)
+        return result
+
+    for t in shapes["logprob_tokens"]:
+        for mode in ("bf16", "autocast"):
+            def compare(t=t, mode=mode) -> dict[str, Any]:
+                (pf, tf), (pn, tn) = run(t, "fused", mode), run(t, "naive", mode)
+                return {f"logprob_fused_peak_gib_T{t}_{mode}": pf / GIB, f"logprob_naive_peak_gib_T{t}_{mode}": pn / GIB,
+                        f"logprob_fused_s_T{t}_{mode}": tf, f"logprob_naive_s_T{t}_{mode}": tn,
+                        f"logprob_peak_ratio_T{t}_{mode}": pf / max(pn, 1), f"logprob_time_ratio_T{t}_{mode}": tf / tn}
+            guarded(out, f"logprob_T{t}_{mode}", compare, device)
+    t_max = max(shapes["logprob_tokens"])
+    for mib in shapes["tile_sweep_mib"]:
+        rows = lp.tile_shape(v, "cuda", tile_bytes=mib * 2**20)[0]
+
+        def sweep(mib=mib, rows=rows) -> dict[str, Any]:
+            peak, seconds = run(t_max, "fused", "bf16", tile_rows=rows)
+            return {f"logprob_tile_{mib}mib_rows": rows, f"logprob_tile_{mib}mib_s_T{t_max}": seconds,
+                    f"logprob_tile_{mib}mib_peak_gib_T{t_max}": peak / GIB}
+        guarded(out, f"logprob_tile_{mib}mib", sweep, device)
+    out["logprob_tile_rows_chosen"], out["logprob_tile_vocab_chosen"] = lp.tile_shape(v, device.type)
+    return out
+
+
+SECTIONS: dict[str, Callable[[torch.device, dict, bool], dict[str, Any]]] = {
+    "rollout": section_rollout, "learner": section_learner, "zero2": section_zero2, "logprobs": section_logprobs}

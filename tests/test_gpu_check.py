@@ -1,0 +1,71 @@
+"""benchmarks/gpu_check.py --smoke: the GPU check's code runs end to end on CPU at toy shapes and its JSON holds
+every figure the GPU run reports."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import gpu_check  # noqa: E402
+
+CPU_NULL = ("_peak_gib", "_persistent_gib")  # no allocator statistics on CPU: present, null
+
+
+@pytest.fixture(scope="module")
+def smoke_report(tmp_path_factory) -> tuple[dict, str]:
+    out = tmp_path_factory.mktemp("gpu_check") / "gpu_check.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--smoke", "--sections",
+                           "logprobs,learner,rollout", "--out", str(out)], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text()), proc.stdout
+
+
+def test_smoke_json_has_every_field(smoke_report):
+    report, stdout = smoke_report
+    assert report["smoke"] is True and report["device"].startswith("cpu")
+    for mod in ("torch", "transformers", "accelerate", "triton", "deepspeed"):
+        assert mod in report["versions"]
+    assert report["versions"]["torch"] and report["versions"]["transformers"]
+    expected = gpu_check.expected_results(gpu_check.SMOKE)
+    for section in ("logprobs", "learner", "rollout"):
+        assert report["sections"][section]["status"] == "ok", report["sections"][section]
+        for name in expected[section]:
+            assert name in report["results"], name
+            assert f"RESULT {name} " in stdout, name
+            value = report["results"][name]
+            if name.endswith(CPU_NULL):
+                assert value is None, name
+            else:
+                assert isinstance(value, (int, float)) and math.isfinite(value), (name, value)
+
+
+def test_smoke_figures_are_sane(smoke_report):
+    r = smoke_report[0]["results"]
+    for m in gpu_check.MODELS:
+        assert r[f"learner_{m}_optimizer_step_s_llds_on"] > 0 and r[f"learner_{m}_llds_step_overhead_ratio"] > 0
+        assert 0 < r[f"learner_{m}_monitor_forward_share"] < 1
+    for m in gpu_check.MODELS[:2]:
+        for b in gpu_check.SMOKE["rollout_batches"]:
+            assert r[f"rollout_tokens_per_s_{m}_b{b}"] > 0
+            assert 0 <= r[f"rollout_loop_overhead_share_{m}_b{b}"] < 1
+    # fp32 engine and fp32 learner compute the same log-probs up to rounding; a bf16 engine differs more
+    assert r["logp_gap_fp32_max"] < 1e-4 and r["logp_gap_fp32_tokens"] > 0
+    assert r["logp_gap_bf16_mean"] > r["logp_gap_fp32_mean"]
+    assert r["logprob_tile_rows_chosen"] == 256 and r["logprob_tile_vocab_chosen"] == gpu_check.SMOKE["vocab"]
+
+
+def test_unknown_section_is_one_line_exit_2():
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--smoke", "--sections", "nope"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "unknown section" in proc.stderr
