@@ -137,7 +137,7 @@ def section_rollout(device: torch.device, shapes: dict, smoke: bool) -> dict[str
         def throughput(name=name) -> dict[str, Any]:
             model = random_model(name, smoke, device, dtype).eval()
             tok = word_tokenizer(model.config.vocab_size)
-            run_rollout(model, tok, qa_rows(2), 2, shapes, 4)  # warm-up
+            run_rollout(model, tok, qa_rows(2), 2, {**shapes, "max_tokens_per_turn": 4}, 4)  # warm-up
             res: dict[str, Any] = {}
             for b in shapes["rollout_batches"]:
                 trajs, t, wall = run_rollout(model, tok, qa_rows(b // 4), 4, shapes, b)
@@ -209,7 +209,7 @@ def synthetic_batch(rows: int, tokens: int, vocab: int, group: int = 4):
 
 
 def learner_context(model_name: str, smoke: bool, shapes: dict, accelerator: Any, with_reference: bool):
-    from searchr1_lld import optim
+    from searchr1_lld import factories, optim
     from searchr1_lld.config import Config
     from searchr1_lld.step import StepContext
 
@@ -228,10 +228,8 @@ def learner_context(model_name: str, smoke: bool, shapes: dict, accelerator: Any
     if with_reference:
         ref = random_model(model_name, smoke, dev, torch.float32).eval().requires_grad_(False)
     optimizer, scheduler = optim.make_optimizer(model, tc, total_updates=1000)
+    factories.configure_deepspeed(accelerator, tc)  # DeepSpeed: one micro-batch per engine call, clipping
     model, optimizer = accelerator.prepare(model, optimizer)
-    from searchr1_lld import factories
-
-    factories.configure_deepspeed(accelerator, tc)
     ctx = StepContext(cfg=cfg, accelerator=accelerator, model=model, ref_model=ref, optimizer=optimizer,
                       scheduler=scheduler, backend=None, rollout=None, pad_token_id=2, sampler=None, probe=None,
                       detector=None)
@@ -283,7 +281,8 @@ def measure_learner(model_name: str, smoke: bool, shapes: dict, accelerator: Any
            f"{label}_llds_step_overhead_ratio": statistics.median(a / b for a, b in zip(times[True], times[False])),
            f"{label}_monitor_forward_s": t_monitor,
            f"{label}_monitor_forward_share": t_monitor / (t_old + t_ref + on + t_monitor),
-           f"{label}_tokens_per_micro_batch": shapes["micro_rows"] * shapes["tokens_per_row"]}
+           f"{label}_tokens_per_micro_batch": shapes["micro_rows"] * shapes["tokens_per_row"],
+           f"{label}_with_reference": int(with_reference)}
     if dev.type == "cuda":
         res[f"{label}_peak_gib"] = torch.cuda.max_memory_allocated(dev) / GIB
         res[f"{label}_persistent_gib"] = persistent / GIB
@@ -301,7 +300,7 @@ def section_learner(device: torch.device, shapes: dict, smoke: bool) -> dict[str
     out: dict[str, Any] = {}
     for name in MODELS:
         guarded(out, f"learner_{name}", lambda name=name: measure_learner(
-            name, smoke, shapes, acc, shapes["pairs"][name], shapes["reference"], f"learner_{name}"), device)
+            name, smoke, shapes, acc, shapes["pairs"][name], shapes["reference"][name], f"learner_{name}"), device)
     return out
 
 
@@ -394,9 +393,8 @@ def section_logprobs(device: torch.device, shapes: dict, smoke: bool) -> dict[st
         fwd_bwd()  # warm-up: kernels, allocator
         hidden.grad = weight.grad = None
         result = peak_and_time(fwd_bwd, device)
-        del hidden, weight, labels
-        free(device)
-        return result
+        hidden.grad = weight.grad = None
+        return result  # the tensors go with this frame; the caller's guard frees the cache
 
     for t in shapes["logprob_tokens"]:
         for mode in ("bf16", "autocast"):

@@ -69,3 +69,18 @@ def test_unknown_section_is_one_line_exit_2():
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--smoke", "--sections", "nope"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "unknown section" in proc.stderr
+
+
+@pytest.mark.slow
+def test_smoke_zero2_section(tmp_path):
+    """The ZeRO-2 section on one CPU rank (DeepSpeed builds its CPU communication extension once, cached)."""
+    pytest.importorskip("deepspeed")
+    out = tmp_path / "gpu_check.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
+           "TORCH_EXTENSIONS_DIR": str(REPO / ".cache" / "torch_extensions")}
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--smoke", "--sections", "zero2",
+                           "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["sections"]["zero2"]["status"] == "ok", report["sections"]["zero2"]
+    assert report["results"]["zero2_qwen2.5-1.5b_optimizer_step_s_llds_on"] > 0
