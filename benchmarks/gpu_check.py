@@ -16,10 +16,11 @@ Sections (benchmarks/gpu_check_parts.py):
   the learner's fp32 master weights under bf16 autocast, and fp32 vs fp32;
 - learner: ``step.update_policy`` at 0.5B / 1.5B / 3B, fp32 master weights + bf16 autocast, gradient checkpointing,
   AdamW, the frozen fp32 reference (KL 0.001, as the paper's configs; not at 3B, whose target is the learner alone:
-  ``*_with_reference``), micro-batch 8 x 4,096 tokens, 2 optimiser
-  steps per call (LLDS acts on the second): time per optimiser step with and without LLDS (paired runs, order
-  alternating), ``llds_step_overhead_ratio`` (median of the pair ratios), peak and persistent GPU memory, and the
-  monitor's forward after the update as a share of the update phase (logp_old + logp_ref + update + monitor);
+  ``*_with_reference``), micro-batch 8 x 4,096 tokens, 2 optimiser steps per call (LLDS acts on the second): time
+  per optimiser step with and without LLDS (paired runs, order alternating), ``llds_step_overhead_ratio`` (median
+  of the pair ratios), peak GPU memory and what stays allocated between steps (weights, AdamW state, reference:
+  ``*_persistent_gib``), and the monitor's forward after the update as a share of the update phase (logp_old +
+  logp_ref + update + monitor);
 - zero2: the 1.5B update under DeepSpeed ZeRO-2 on one rank (skipped when DeepSpeed is not importable);
 - logprobs: peak memory and time of forward + backward of log-prob + entropy, fused tiles vs naive, V = 151,936,
   T = 4,096 / 8,192 / 16,384, H = 1,536, and a sweep of the CUDA tile budget at T = 16,384.

@@ -265,11 +265,11 @@ def measure_learner(model_name: str, smoke: bool, shapes: dict, accelerator: Any
     advantages = adv_fns.grpo_outcome_advantages(batch.rewards, batch.group_ids)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    persistent = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
     logp_old, t_old = timed(lambda: step.batch_logprobs(ctx, ctx.model, batch), dev)
     logp_ref, t_ref = (timed(lambda: step.batch_logprobs(ctx, ctx.ref_model, batch), dev) if with_reference
                        else (None, 0.0))
     learner_update(ctx, batch, True, logp_old, logp_ref, advantages)  # warm-up (also allocates AdamW's state)
+    persistent = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0  # weights, AdamW state, reference
     times: dict[bool, list[float]] = {True: [], False: []}
     for k in range(pairs):
         for llds_on in ((True, False) if k % 2 == 0 else (False, True)):
@@ -368,7 +368,9 @@ def section_logprobs(device: torch.device, shapes: dict, smoke: bool) -> dict[st
     """Forward + backward of token log-prob + entropy from hidden states [1, T, H] and the LM head [V, H] (both
     requiring grad): fused tiles (``linear_logprobs_entropy``, tile sized to the device) vs naive (logits, then the
     full fp32 log-softmax), in the GPU learner's bf16 (``_bf16``) and with fp32 master weights under bf16 autocast
-    (``_autocast``, the accelerate learner); then the CUDA tile budget swept at the largest T."""
+    (``_autocast``, the accelerate learner; the fused path's products then run in fp32, the weight's dtype, so that
+    its backward recomputes the forward's logits bit for bit, while the naive path's head runs in bf16); then the
+    CUDA tile budget swept at the largest T."""
     from searchr1_lld.algo import logprobs as lp
 
     v, h = shapes["vocab"], shapes["logprob_hidden"]
