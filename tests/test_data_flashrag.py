@@ -116,7 +116,10 @@ def test_prepare_writes_files_and_card(mirror: Path, tmp_path: Path, fmt: str) -
     assert card["eval_splits"]["2wikimultihopqa"] == "dev" and card["eval_splits"]["popqa"] == "test"
     assert card["source_revision"].startswith("local:")
     assert json.loads((out / "data_card.json").read_text()) == card
-    train = flashrag.load_rows(out / f"train.{fmt}")
+    # one file per training set: the mix nq+hotpotqa is train/nq + train/hotpotqa, the mix nq is train/nq alone
+    assert card["files"]["train/nq"] == f"train/nq.{fmt}" and card["files"]["test/musique"] == f"test/musique.{fmt}"
+    train = [r for name in ("nq", "hotpotqa") for r in flashrag.load_rows(out / "train" / f"{name}.{fmt}")]
+    assert train == flashrag.load_train_rows("nq+hotpotqa", local_dir=mirror)
     assert len(train) == 6 and train[0]["metadata"]["split"] == "train"
     bamboogle = flashrag.load_rows(out / "test" / f"bamboogle.{fmt}")
     assert bamboogle == flashrag.load_eval_rows("bamboogle", local_dir=mirror)  # lossless round trip

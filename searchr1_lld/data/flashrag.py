@@ -18,8 +18,11 @@ CLI::
     python -m searchr1_lld.data.flashrag --out DIR [--local-dir DIR] [--datasets nq hotpotqa ...] [--train-mix nq+hotpotqa]
            [--format jsonl|parquet]
 
-writes ``DIR/train.<fmt>`` (the mix), ``DIR/test/<name>.<fmt>`` per evaluation set and ``DIR/data_card.json``
-(counts per source/split, date, source revision).
+writes ``DIR/train/<name>.<fmt>`` per training set of the mix (``nq+hotpotqa``: ``train/nq`` and ``train/hotpotqa``;
+the mix ``nq`` is the first file alone), ``DIR/test/<name>.<fmt>`` per evaluation set and ``DIR/data_card.json``
+(counts per source/split, date, the hub dataset's revision). ``train.py`` reads them with ``data.source: files`` and
+``data.train_files`` (the paper configs name ``data/flashrag/train/*.jsonl``), ``eval.py`` with ``--data FILE ...`` or
+``eval.datasets: [NAME=PATH, ...]`` (the paper configs name ``data/flashrag/test/<name>.jsonl``).
 """
 
 from __future__ import annotations
@@ -267,17 +270,17 @@ def prepare(out_dir: str | Path, *, local_dir: Optional[str | Path] = None, data
     jobs = (["train"] if train_mix else []) + datasets
     for job in tqdm(jobs, desc="flashrag", disable=not progress):
         if job == "train":
-            rows = load_train_rows(train_mix, local_dir=local, repo=repo, revision=revision)
-            for r in rows:
-                counts.setdefault(r["data_source"], {}).setdefault("train", 0)
-                counts[r["data_source"]]["train"] += 1
-            path = write_rows(rows, out_dir / f"train.{fmt}")
+            if train_mix not in TRAIN_MIXES:
+                raise FlashRAGError(f"unknown train mix {train_mix!r}; expected one of {sorted(TRAIN_MIXES)}")
+            for name in TRAIN_MIXES[train_mix]:
+                rows = load_split(name, "train", local_dir=local, repo=repo, revision=revision)
+                counts.setdefault(name, {})["train"] = len(rows)
+                files[f"train/{name}"] = str(write_rows(rows, out_dir / "train" / f"{name}.{fmt}").relative_to(out_dir))
         else:
             rows = load_eval_rows(job, local_dir=local, repo=repo, revision=revision)
             split = rows[0]["metadata"]["split"] if rows else resolve_eval_split(job)
             counts.setdefault(job, {})[split] = len(rows)
-            path = write_rows(rows, out_dir / "test" / f"{job}.{fmt}")
-        files[job] = str(path.relative_to(out_dir))
+            files[f"test/{job}"] = str(write_rows(rows, out_dir / "test" / f"{job}.{fmt}").relative_to(out_dir))
     card = {
         "source": repo if local is None else "local FlashRAG-format files",
         "source_revision": _source_revision(local, repo, revision),
