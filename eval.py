@@ -18,9 +18,10 @@ Examples
         --retriever-url http://127.0.0.1:8000 --out RUN/eval
     # four processes, then merge
     for i in 0 1 2 3; do python eval.py ... --shard $i/4 & done; wait; python eval.py --merge --out DIR
-    # compare checkpoints (evaluated here, into OUT/NAME) or finished eval dirs; gain is relative to the first
+    # compare checkpoints (evaluated here, into OUT/NAME) or finished eval dirs in the paper's table; gain is
+    # relative to the first row or to --baseline; the paper's average next to the runs it quotes one for
     python eval.py --compare grpo=PATH1 llds=PATH2 --config RUN/config.yaml --out runs/cmp
-    python eval.py --compare-dirs runs/grpo/eval runs/llds/eval --out runs/cmp
+    python eval.py --compare-dirs RUN_A/eval RUN_B/eval --baseline RUN_A-step_001005 --out runs/table
 
 Outputs in --out: results.json, results.md, results.csv, trajectories.jsonl (resumable: finished rows are skipped)
 and trajectories.provenance.json (model path + weights hash, data, decoding settings, retriever): a rerun into the
@@ -76,9 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard", help="i/k: evaluate every k-th row starting at i into a shard file")
     p.add_argument("--merge", action="store_true", help="merge the shard files in --out and write the tables")
     p.add_argument("--compare", nargs="+", metavar="NAME=PATH", help="evaluate several checkpoints, one table")
-    p.add_argument("--compare-dirs", nargs="+", metavar="DIR", help="tabulate finished eval output dirs (the "
-                                                                      "paper's layout: rows = runs, the benchmarks + "
-                                                                      "Avg., relative gain)")
+    p.add_argument("--compare-dirs", nargs="+", metavar="DIR",
+                   help="the paper's table from finished eval output dirs: rows = runs, the seven benchmarks + Avg., "
+                        "relative gain, and the paper's average where docs/design.md quotes one (results.md, "
+                        "results.csv, comparison.json in --out)")
     p.add_argument("--baseline", help="with --compare / --compare-dirs: the row the Gain column is relative to "
                                       "(default: the first)")
     p.add_argument("--overwrite", action="store_true",
@@ -173,7 +175,7 @@ def _main(argv: list[str] | None = None) -> int:
         results = [ev.load_results(d) for d in args.compare_dirs]
         labels = ev.distinct_labels([r.get("name") or Path(d).name for r, d in zip(results, args.compare_dirs)],
                                     list(args.compare_dirs))
-        print(ev.compare(list(zip(labels, results)), out, baseline=args.baseline))
+        print(ev.compare(list(zip(labels, results)), out, baseline=args.baseline, result_dirs=args.compare_dirs))
         return 0
     s = _resolve(args)
     from searchr1_lld.tracking import quiet_library_output
@@ -209,7 +211,7 @@ def _main(argv: list[str] | None = None) -> int:
             if res is None:
                 raise ev.EvalError("--compare cannot be combined with --shard")
             methods.append((name, res))
-        print(ev.compare(methods, out, baseline=args.baseline))
+        print(ev.compare(methods, out, baseline=args.baseline, result_dirs=[out / name for name, _ in methods]))
         return 0
     res = evaluate_checkpoint(args.model, out, args.name or ev.model_label(args.model or s["cfg"].model.path), s, args,
                               get_retriever)
