@@ -98,10 +98,14 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
     if not (args.datasets or args.data or e.datasets):
         raise ev.EvalError("no dataset: --datasets or --data (or eval.datasets in --config)")
     named = ev.parse_datasets(args.datasets) if args.datasets else [] if args.data else ev.parse_datasets(e.datasets)
-    datasets = ev.parse_datasets(named + [f"{_file_dataset_name(f)}={f}" for f in args.data])
+    from searchr1_lld.jsonl import read_rows
+
+    files = {f: read_rows(f) for f in args.data}  # each --data file read once, here
+    datasets = ev.parse_datasets(named + [f"{_file_dataset_name(f, rows)}={f}" for f, rows in files.items()])
     return {
         "cfg": cfg,
         "datasets": datasets,
+        "file_rows": files,
         "limit": e.limit if args.limit is None else args.limit,
         "batch_size": e.batch_size if args.batch_size is None else args.batch_size,
         "rollout_cfg": ev.eval_rollout_config(cfg.rollout, max_turns=args.max_turns or e.max_turns,
@@ -113,11 +117,9 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _file_dataset_name(path: str) -> str:
+def _file_dataset_name(path: str, rows: list[dict[str, Any]]) -> str:
     """The benchmark name of a rows file: its rows' one ``data_source``, else the file's name without suffix."""
-    from searchr1_lld.jsonl import read_rows
-
-    sources = {str(r["data_source"]) for r in read_rows(path) if r.get("data_source")}
+    sources = {str(r["data_source"]) for r in rows if r.get("data_source")}
     return sources.pop() if len(sources) == 1 else Path(path).name.split(".")[0]
 
 
@@ -150,7 +152,8 @@ def evaluate_checkpoint(model: str | None, out_dir: Path, name: str, s: dict[str
     if not model_path:
         raise ev.EvalError("no model: --model (or model.path in --config)")
     tok_path = args.tokenizer or _default_tokenizer(model_path, s["cfg"])
-    rows = ev.load_eval_rows(s["datasets"], limit=s["limit"], split=args.split, flashrag_dir=args.flashrag_dir)
+    rows = ev.load_eval_rows(s["datasets"], limit=s["limit"], split=args.split, flashrag_dir=args.flashrag_dir,
+                             file_rows=s["file_rows"])
     shard = ev.parse_shard(args.shard)
     provenance = ev.eval_provenance(model_path=model_path, tokenizer_path=tok_path, rows_by_dataset=rows,
                                     rollout_cfg=s["rollout_cfg"], template=s["template"], backend=s["backend"],

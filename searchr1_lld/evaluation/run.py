@@ -15,18 +15,22 @@ from searchr1_lld.jsonl import read_rows
 
 
 def load_eval_rows(datasets: Sequence[str], *, limit: int = 0, split: str | None = None,
-                   flashrag_dir: str | Path | None = None) -> dict[str, list[dict[str, Any]]]:
+                   flashrag_dir: str | Path | None = None,
+                   file_rows: dict[str, list[dict[str, Any]]] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Rows of each dataset spec (:func:`~searchr1_lld.evaluation.metrics.parse_datasets`), keyed by its name; the
     first ``limit`` rows when limit > 0.
 
     ``NAME=PATH``: the rows file at PATH; a benchmark name: the FlashRAG loader in
     :mod:`searchr1_lld.data.flashrag` (split = test if it exists, else dev, unless ``split`` is given; from the local
-    mirror ``flashrag_dir`` or $FLASHRAG_LOCAL_DIR when set, else the hub).
+    mirror ``flashrag_dir`` or $FLASHRAG_LOCAL_DIR when set, else the hub). ``file_rows``: rows already read, by
+    path (a PATH found there is not read again).
     """
     out: dict[str, list[dict[str, Any]]] = {}
     for spec in datasets:
         name, sep, path = spec.partition("=")
-        if sep:
+        if sep and file_rows is not None and path in file_rows:
+            rows = list(file_rows[path])
+        elif sep:
             if not Path(path).is_file():
                 raise EvalError(f"dataset {name}: rows file {path} not found")
             rows = read_rows(path)
