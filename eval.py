@@ -12,8 +12,9 @@ Examples
     # the model's chat template, greedy, 4 turns, top-3 e5 documents, the seven benchmarks
     python eval.py --model SEGAgentRL/LLDS-A-GRPO-Qwen2.5-7B-Ins --config configs/paper/eval.yaml \
         --retriever-url http://127.0.0.1:8000 --out runs/eval/LLDS-A-GRPO-Qwen2.5-7B-Ins
-    # rows files as users have them (Search-R1's test.parquet, FlashRAG JSONL): one benchmark per file, named by its
-    # data_source; the row label comes from the model path (RUN-step_001005) unless --name is given
+    # rows files as users have them (Search-R1's test.parquet, FlashRAG JSONL): one benchmark per data_source (the
+    # merged test.parquet of Search-R1 holds all seven); the row label comes from the model path (RUN-step_001005)
+    # unless --name is given
     python eval.py --model RUN/checkpoints/step_001005/policy --config RUN/config.yaml --data test.parquet \
         --retriever-url http://127.0.0.1:8000 --out RUN/eval
     # four processes, then merge
@@ -51,8 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--datasets", help="comma list of nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,musique,bamboogle, "
                                       "'all', or NAME=PATH rows files (default: eval.datasets of the config)")
     p.add_argument("--data", nargs="+", metavar="FILE", default=[],
-                   help="rows files (JSONL/parquet: the project's, FlashRAG's or Search-R1's test.parquet), one "
-                        "benchmark each, named by its data_source (else the file name); with --datasets: both")
+                   help="rows files (JSONL/parquet: the project's, FlashRAG's or Search-R1's test.parquet): one "
+                        "benchmark per data_source in a file (else per file, named by its file name); with "
+                        "--datasets: both")
     p.add_argument("--split", help="dataset split (default: test, else dev)")
     p.add_argument("--flashrag-dir", help="local mirror of the FlashRAG files, DIR/<name>/<split>.jsonl "
                                           "(default: $FLASHRAG_LOCAL_DIR, else the HF hub)")
@@ -100,12 +102,13 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
     named = ev.parse_datasets(args.datasets) if args.datasets else [] if args.data else ev.parse_datasets(e.datasets)
     from searchr1_lld.jsonl import read_rows
 
-    files = {f: read_rows(f) for f in args.data}  # each --data file read once, here
-    datasets = ev.parse_datasets(named + [f"{_file_dataset_name(f, rows)}={f}" for f, rows in files.items()])
+    file_rows = {f"{name}={f}": rows for f in args.data  # each --data file read once, here
+                 for name, rows in _file_benchmarks(f, read_rows(f)).items()}
+    datasets = ev.parse_datasets(named + list(file_rows))
     return {
         "cfg": cfg,
         "datasets": datasets,
-        "file_rows": files,
+        "file_rows": file_rows,
         "limit": e.limit if args.limit is None else args.limit,
         "batch_size": e.batch_size if args.batch_size is None else args.batch_size,
         "rollout_cfg": ev.eval_rollout_config(cfg.rollout, max_turns=args.max_turns or e.max_turns,
@@ -117,10 +120,15 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _file_dataset_name(path: str, rows: list[dict[str, Any]]) -> str:
-    """The benchmark name of a rows file: its rows' one ``data_source``, else the file's name without suffix."""
-    sources = {str(r["data_source"]) for r in rows if r.get("data_source")}
-    return sources.pop() if len(sources) == 1 else Path(path).name.split(".")[0]
+def _file_benchmarks(path: str, rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The benchmarks of a rows file, by name: one per ``data_source`` when every row has one (Search-R1's merged
+    test.parquet holds all seven), else the whole file named by the file's name without suffix."""
+    if rows and all(r.get("data_source") for r in rows):
+        by_source: dict[str, list[dict[str, Any]]] = {}
+        for r in rows:
+            by_source.setdefault(str(r["data_source"]), []).append(r)
+        return by_source
+    return {Path(path).name.split(".")[0]: rows}
 
 
 def _default_tokenizer(model_path: str, cfg: Any) -> str:

@@ -393,3 +393,40 @@ def test_paper_table_quotes_the_papers_averages_next_to_their_runs(tmp_path):
     # a table without any of the seven benchmarks (the synthetic world) has no paper column
     world = ev.paper_table([("a", _res("a", {"synthetic": 0.5})[1])])
     assert world["header"] == ["Method", "synthetic", "Avg."] and not world["notes"]
+
+
+def test_data_file_gives_one_benchmark_per_data_source_read_once(tmp_path, monkeypatch):
+    """eval.py --data: Search-R1's merged test.parquet (several data_source values) is one benchmark per source; a
+    file without data_source is one benchmark named by the file; each file is read once."""
+    import importlib.util
+    from pathlib import Path
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import searchr1_lld.jsonl as jsonl
+
+    merged = tmp_path / "test.parquet"
+    pq.write_table(pa.Table.from_pylist([
+        {"data_source": src, "question": f"q{i}", "golden_answers": [f"a{i}"],
+         "reward_model": {"style": "rule", "ground_truth": {"target": [f"a{i}"]}},
+         "extra_info": {"split": "test", "index": i}}
+        for i, src in enumerate(["nq", "bamboogle", "nq", "musique", "bamboogle"])]), merged)
+    plain = tmp_path / "mine.jsonl"
+    plain.write_text(json.dumps({"id": "x", "question": "q", "golden_answers": ["a"]}) + "\n")
+    spec = importlib.util.spec_from_file_location("eval_cli", Path(__file__).resolve().parents[1] / "eval.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    reads = []
+    real = jsonl.read_rows
+    counting = lambda path: reads.append(str(path)) or real(path)  # noqa: E731
+    monkeypatch.setattr(jsonl, "read_rows", counting)
+    monkeypatch.setattr("searchr1_lld.evaluation.run.read_rows", counting)
+    args = cli.build_parser().parse_args(["--data", str(merged), str(plain), "--out", str(tmp_path / "o")])
+    s = cli._resolve(args)
+    assert s["datasets"] == [f"nq={merged}", f"bamboogle={merged}", f"musique={merged}", f"mine={plain}"]
+    rows = ev.load_eval_rows(s["datasets"], file_rows=s["file_rows"])
+    assert {k: [r["id"] for r in v] for k, v in rows.items()} == {
+        "nq": ["nq-test-0", "nq-test-2"], "bamboogle": ["bamboogle-test-1", "bamboogle-test-4"],
+        "musique": ["musique-test-3"], "mine": ["x"]}
+    assert reads == [str(merged), str(plain)]  # once each

@@ -23,13 +23,13 @@ def load_eval_rows(datasets: Sequence[str], *, limit: int = 0, split: str | None
     ``NAME=PATH``: the rows file at PATH; a benchmark name: the FlashRAG loader in
     :mod:`searchr1_lld.data.flashrag` (split = test if it exists, else dev, unless ``split`` is given; from the local
     mirror ``flashrag_dir`` or $FLASHRAG_LOCAL_DIR when set, else the hub). ``file_rows``: rows already read, by
-    path (a PATH found there is not read again).
+    spec (a ``NAME=PATH`` found there is not read again; eval.py reads each file once and splits it by data_source).
     """
     out: dict[str, list[dict[str, Any]]] = {}
     for spec in datasets:
         name, sep, path = spec.partition("=")
-        if sep and file_rows is not None and path in file_rows:
-            rows = list(file_rows[path])
+        if file_rows is not None and spec in file_rows:
+            rows = list(file_rows[spec])
         elif sep:
             if not Path(path).is_file():
                 raise EvalError(f"dataset {name}: rows file {path} not found")
