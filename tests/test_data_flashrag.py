@@ -162,3 +162,27 @@ def test_hub_failure_explains_offline_use(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(FlashRAGError, match="--local-dir"):
         flashrag.load_eval_rows("nq")
+
+
+def test_prepare_from_the_hub_pins_and_records_the_revision(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Every split is loaded at the commit the hub reports first, and data_card.json records it (stubbed hub)."""
+    import datasets
+    import huggingface_hub
+
+    calls = []
+
+    class Api:
+        def dataset_info(self, repo):
+            return type("Info", (), {"sha": "0123abc"})()
+
+    def fake_load_dataset(repo, name, split=None, revision=None):
+        calls.append((name, split, revision))
+        return [{"id": "0", "question": "who is it", "golden_answers": ["x"]}]
+
+    monkeypatch.delenv(flashrag.LOCAL_DIR_ENV, raising=False)
+    monkeypatch.setattr(huggingface_hub, "HfApi", Api)
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    card = flashrag.prepare(tmp_path / "out", datasets=["bamboogle"], train_mix="nq", progress=False)
+    assert calls == [("nq", "train", "0123abc"), ("bamboogle", "test", "0123abc")]
+    assert card["source_revision"] == "RUC-NLPIR/FlashRAG_datasets@0123abc"
+    assert sorted(card["files"]) == ["test/bamboogle", "train/nq"]

@@ -238,17 +238,14 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
     return read_jsonl(path)
 
 
-def _source_revision(local_dir: Optional[Path], repo: str, revision: Optional[str]) -> str:
-    if local_dir is not None:
-        return f"local:{local_dir.resolve()}"
-    if revision:
-        return f"{repo}@{revision}"
+def hub_revision(repo: str = HUB_REPO) -> Optional[str]:
+    """The commit the hub's dataset ``repo`` is at now (None when the hub cannot be asked: offline)."""
     try:
         from huggingface_hub import HfApi
 
-        return f"{repo}@{HfApi().dataset_info(repo).sha}"
-    except Exception:  # offline: the revision is unknown, say so
-        return f"{repo}@unknown"
+        return HfApi().dataset_info(repo).sha
+    except Exception:  # offline or no such repo: the loads that follow say which
+        return None
 
 
 def prepare(out_dir: str | Path, *, local_dir: Optional[str | Path] = None, datasets: Optional[list[str]] = None,
@@ -265,6 +262,8 @@ def prepare(out_dir: str | Path, *, local_dir: Optional[str | Path] = None, data
         raise FlashRAGError(f"unknown dataset(s) {unknown}; known: {EVAL_DATASETS}")
     out_dir = Path(out_dir)
     local = _resolve_local_dir(local_dir)
+    if local is None and revision is None:
+        revision = hub_revision(repo)  # pinned: every split comes from the commit the card records
     counts: dict[str, dict[str, int]] = {}
     files: dict[str, str] = {}
     jobs = (["train"] if train_mix else []) + datasets
@@ -283,7 +282,7 @@ def prepare(out_dir: str | Path, *, local_dir: Optional[str | Path] = None, data
             files[f"test/{job}"] = str(write_rows(rows, out_dir / "test" / f"{job}.{fmt}").relative_to(out_dir))
     card = {
         "source": repo if local is None else "local FlashRAG-format files",
-        "source_revision": _source_revision(local, repo, revision),
+        "source_revision": f"local:{local.resolve()}" if local is not None else f"{repo}@{revision or 'unknown'}",
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "train_mix": train_mix,
         "eval_datasets": datasets,
