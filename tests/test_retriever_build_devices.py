@@ -48,7 +48,7 @@ def test_two_devices_give_the_vectors_of_one_in_corpus_order(monkeypatch):
     from retriever.encoders import E5Encoder
 
     texts = _texts(64)
-    one = EncoderPool(ENCODER, ["cpu"]).encode(texts, kind="passage", batch_size=8)
+    one = EncoderPool(ENCODER, ["cpu"]).encode(texts, kind="passage", batch_size=16)
     workers = []
     real = E5Encoder.encode_batch
 
@@ -57,11 +57,11 @@ def test_two_devices_give_the_vectors_of_one_in_corpus_order(monkeypatch):
         return real(self, prefixed)
 
     monkeypatch.setattr(E5Encoder, "encode_batch", recorded)
-    two = EncoderPool(ENCODER, ["cpu", "cpu"]).encode(texts, kind="passage", batch_size=8)
+    two = EncoderPool(ENCODER, ["cpu", "cpu"]).encode(texts, kind="passage", batch_size=16)
     monkeypatch.undo()
-    assert len(workers) == 8 and len(set(workers)) == 2  # 8 batches, taken by both device threads
+    assert len(workers) == 4 and len(set(workers)) == 2  # 4 batches, taken by both device threads
     assert np.array_equal(one, two)  # bit-identical: every batch holds the same texts whichever device runs it
-    direct = get_encoder(ENCODER, device="cpu").encode(texts, kind="passage", batch_size=8)
+    direct = get_encoder(ENCODER, device="cpu").encode(texts, kind="passage", batch_size=16)
     assert np.array_equal(one, direct)
     alone = get_encoder(ENCODER, device="cpu").encode([texts[37]], kind="passage")[0]  # row i is text i
     assert float(one[37] @ alone) > 0.9999 and float(one[36] @ alone) < 0.999
