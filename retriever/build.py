@@ -3,9 +3,9 @@
 Build steps (e5): checksum + count the corpus -> stream rows, writing the doc store and encoding one shard of
 ``shard_size`` rows at a time on every device (retriever/encode_pool.py: all visible GPUs in fp16 by default, or the
 listed devices; the CPU in fp32), with one passages/s + ETA bar (a shard already on disk from an interrupted build
-with the same corpus/encoder is reused) -> train the FAISS index on a random sample if it needs training (IVF, PQ, SQ) -> add the shards -> write
-``index.faiss.tmp`` and rename -> hash every file the index is served from -> write the manifest (the dir's layout
-and the manifest: retriever/manifest.py).
+with the same corpus/encoder is reused) -> train the FAISS index on a random sample if it needs training (IVF, PQ,
+SQ) -> add the shards -> write ``index.faiss.tmp`` and rename -> hash every file the index is served from -> write
+the manifest (the dir's layout and the manifest: retriever/manifest.py).
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, *, encoder: str = 
     corpus_path, out_dir = Path(corpus_path), Path(out_dir)
     if retriever not in ("e5", "bm25"):
         raise ValueError(f"retriever must be 'e5' or 'bm25' (got {retriever!r})")
-    for name, value in (("batch_size", batch_size or 1), ("max_length", max_length),
+    for name, value in (("batch_size", 1 if batch_size is None else batch_size), ("max_length", max_length),
                         ("shard_size", 1 if shard_size is None else shard_size)):
         if int(value) < 1:
             raise ValueError(f"{name} must be >= 1 (got {value})")

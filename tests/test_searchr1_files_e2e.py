@@ -122,7 +122,8 @@ def test_searchr1_files_to_the_papers_table(tiny_world, tmp_path, capsys):
     t0 = time.time()
     corpus_rows = _corpus(tiny_world, tmp_path / "wiki-18.jsonl")
     _searchr1_index(corpus_rows, tmp_path / "e5_Flat.index")
-    train_rows, test_rows = read_jsonl(tiny_world / "qa" / "train.jsonl")[:8], read_jsonl(tiny_world / "qa" / "test.jsonl")[:8]
+    train_rows = read_jsonl(tiny_world / "qa" / "train.jsonl")[:8]
+    test_rows = read_jsonl(tiny_world / "qa" / "test.jsonl")[:8]
     _searchr1_parquet(train_rows, tmp_path / "train.parquet", "train", with_id=True)
     _searchr1_parquet(test_rows, tmp_path / "test.parquet", "test", with_id=False)
 
@@ -181,12 +182,13 @@ def test_searchr1_files_to_the_papers_table(tiny_world, tmp_path, capsys):
     print(md)
     assert "| Method | NQ | TriviaQA | PopQA | HotpotQA | 2Wiki | Musique | Bamboogle | Avg. | Gain | Paper Avg. |" in md
     gain = ev.relative_gain(trained["average_em"], warm["average_em"])
-    assert f"| {warm['name']} | {warm['average_em']:.3f} | - | - | - | - | - | - | {warm['average_em']:.3f}† | base | — |" in md
+    em = f"{warm['average_em']:.3f}"
+    assert f"| {warm['name']} | {em} | - | - | - | - | - | - | {em}† | base | — |" in md
     assert f"| {trained['name']} | {trained['average_em']:.3f} |" in md
     summary = json.loads((tmp_path / "table" / "comparison.json").read_text())
     assert summary["base"] == warm["name"] and list(summary["methods"]) == [warm["name"], trained["name"]]
     assert summary["methods"][trained["name"]]["relative_gain"] == (pytest.approx(gain) if gain is not None else None)
-    assert summary["methods"][trained["name"]]["paper_average_em"] is None  # the tiny config: the paper has no number
+    assert summary["methods"][trained["name"]]["paper_average_em"] is None  # the tiny config: no paper number
     csv = (tmp_path / "table" / ev.RESULTS_CSV).read_text().splitlines()
     assert len(csv) == 3 and csv[0].endswith("Avg.,Gain,Paper Avg.")
     print(f"Search-R1 files -> table: {time.time() - t0:.1f} s")
