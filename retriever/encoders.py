@@ -115,7 +115,8 @@ class E5Encoder:
         self.model = AutoModel.from_pretrained(self.path, local_files_only=local, dtype=dtype).to(self.device).eval()
         self.dim = int(self.model.config.hidden_size)
 
-    def _prefix(self, kind: Literal["query", "passage"]) -> str:
+    def prefix(self, kind: Literal["query", "passage"]) -> str:
+        """The text put before every ``kind`` text (e5: ``query: `` / ``passage: ``)."""
         if kind not in ("query", "passage"):
             raise ValueError(f"kind must be 'query' or 'passage' (got {kind!r})")
         return self.query_prefix if kind == "query" else self.passage_prefix
@@ -153,24 +154,30 @@ class E5Encoder:
             return_token_type_ids=False)["input_ids"]]
         return sorted(range(len(texts)), key=lambda i: lengths[i], reverse=True)
 
+    def batches(self, prefixed: list[str], batch_size: int) -> list[list[int]]:
+        """Indices of ``prefixed`` in batches of ``batch_size``, longest texts first (:meth:`length_order`), so each
+        batch pads little. The batches depend on the texts alone, never on who encodes them."""
+        order = self.length_order(prefixed) if len(prefixed) > batch_size else list(range(len(prefixed)))
+        return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+
     @torch.inference_mode()
+    def encode_batch(self, prefixed: list[str]) -> np.ndarray:
+        """One batch of already prefixed texts -> float32 [b, D], L2-normalised."""
+        batch = self.tokenize(prefixed)
+        hidden = self.forward(batch)
+        if self.pooling == "cls":
+            return l2_normalize(hidden[:, 0].float()).cpu().numpy()
+        return self.pool(hidden, batch["attention_mask"]).numpy()
+
     def encode(self, texts: list[str], *, kind: Literal["query", "passage"], batch_size: int = 64,
                show_progress: bool = False) -> np.ndarray:
         """Encode ``texts`` -> float32 [N, D], L2-normalised. Batches are token-length-sorted to pad little."""
-        prefix = self._prefix(kind)
+        prefix = self.prefix(kind)
         prefixed = [prefix + t for t in texts]
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        order = self.length_order(prefixed) if len(texts) > batch_size else list(range(len(texts)))
-        for start in tqdm(range(0, len(texts), batch_size), desc=f"encode {kind}s", unit="batch",
-                          disable=not show_progress, leave=False):
-            idx = order[start:start + batch_size]
-            batch = self.tokenize([prefixed[i] for i in idx])
-            hidden = self.forward(batch)
-            if self.pooling == "cls":
-                pooled = l2_normalize(hidden[:, 0].float()).cpu()
-            else:
-                pooled = self.pool(hidden, batch["attention_mask"])
-            out[idx] = pooled.numpy()
+        for idx in tqdm(self.batches(prefixed, batch_size), desc=f"encode {kind}s", unit="batch",
+                        disable=not show_progress, leave=False):
+            out[idx] = self.encode_batch([prefixed[i] for i in idx])
         return out
 
     def describe(self) -> dict:

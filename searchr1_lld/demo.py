@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from searchr1_lld.config import ConfigError, load_config
+from searchr1_lld.tracking import describe_machine
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -57,21 +57,6 @@ def format_example(rid: str, before: dict, after: dict, width: int = 600) -> str
         f"--- trained (EM {after['em']:.0f}, queries {after['queries']}, answer {after['prediction']!r}):",
         body(after),
     ])
-
-
-def machine() -> str:
-    """This CPU's model name and core count (a CPU run's figures depend on the CPU)."""
-    import os
-
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name}, {os.cpu_count()} cores"
 
 
 def em_by_hops(records: dict[str, dict]) -> dict[str, float]:
@@ -184,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         import torch
 
-        summary = {"machine": machine(), "torch": torch.__version__, "seed": cfg.trainer.seed, "steps": result.steps,
+        summary = {"machine": describe_machine(), "torch": torch.__version__, "seed": cfg.trainer.seed, "steps": result.steps,
                    "method": method, "test_questions": len(after),
                    "test_em": {"warm_start": em_by_hops(before), "trained": em_by_hops(after)},
                    "world_reused": world_reused, "world_config_hash": (read_card(world) or {}).get("config_hash"),

@@ -20,6 +20,22 @@ from typing import Any, Sequence
 
 from searchr1_lld.monitor import PHASES
 
+def describe_machine() -> str:
+    """This CPU's model name and core count, e.g. ``AMD EPYC 7B13, 2 cores`` (a CPU run's figures depend on the CPU;
+    the demo's and the lab's summaries record it)."""
+    import platform
+
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name}, {os.cpu_count()} cores"
+
+
 # Key figures shown on the progress bar (short label -> metric name).
 BAR_FIGURES = {
     "em": "reward/em_mean",

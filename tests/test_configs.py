@@ -75,9 +75,22 @@ def test_paper_configs_carry_the_authors_run_settings():
         assert (r.max_tokens_per_turn, r.max_obs_length, r.max_total_length, cfg.data.max_prompt_length) == (
             500, 500, 4096, 2048)
         assert r.backend == "vllm" and cfg.retriever.mode == "http"
-        assert cfg.data.source == "flashrag"
-        # evaluation: greedy (the evaluator always decodes greedily), the paper's 4 turns, top-3, seven benchmarks
-        assert (cfg.eval.max_turns, cfg.eval.topk, len(cfg.eval.datasets)) == (4, 3, 7)
+        _reads_prepared_files(cfg)
+
+
+PREPARED = "data/flashrag"  # where `python -m searchr1_lld.data.flashrag --out data/flashrag` writes
+
+
+def _reads_prepared_files(cfg):
+    """Training reads the prepared train splits of its mix, evaluation the seven benchmarks' prepared files, so no
+    rank calls the hub at start; the benchmarks keep their names. Greedy (the evaluator always decodes greedily),
+    the paper's 4 turns, top-3."""
+    from searchr1_lld.data.flashrag import EVAL_DATASETS, TRAIN_MIXES
+
+    assert cfg.data.source == "files"
+    assert cfg.data.train_files == [f"{PREPARED}/train/{name}.jsonl" for name in TRAIN_MIXES[cfg.data.train_mix]]
+    assert cfg.eval.datasets == [f"{name}={PREPARED}/test/{name}.jsonl" for name in EVAL_DATASETS]
+    assert (cfg.eval.max_turns, cfg.eval.topk) == (4, 3)
 
 
 def test_ablation_grid():
@@ -90,6 +103,7 @@ def test_ablation_grid():
         assert cfg.model.path == "Qwen/Qwen2.5-3B" and cfg.data.train_mix == "nq+hotpotqa"
         assert (cfg.data.prompt_template, cfg.data.chat_template) == ("search-r1", "auto")
         assert cfg.algorithm.llds.enabled
+        _reads_prepared_files(cfg)
 
 
 def test_eval_section_validation():
@@ -106,6 +120,6 @@ def test_eval_section_validation():
 def test_paper_eval_config_is_the_papers_protocol():
     cfg = load_config(CONFIGS / "paper" / "eval.yaml")
     assert (cfg.data.prompt_template, cfg.data.chat_template, cfg.model.path) == ("search-r1", "auto", "")
-    assert (cfg.eval.max_turns, cfg.eval.topk, len(cfg.eval.datasets)) == (4, 3, 7)
+    _reads_prepared_files(cfg)
     assert (cfg.rollout.max_tokens_per_turn, cfg.rollout.max_obs_length, cfg.rollout.max_total_length) == (
         500, 500, 4096)

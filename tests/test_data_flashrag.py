@@ -116,7 +116,10 @@ def test_prepare_writes_files_and_card(mirror: Path, tmp_path: Path, fmt: str) -
     assert card["eval_splits"]["2wikimultihopqa"] == "dev" and card["eval_splits"]["popqa"] == "test"
     assert card["source_revision"].startswith("local:")
     assert json.loads((out / "data_card.json").read_text()) == card
-    train = flashrag.load_rows(out / f"train.{fmt}")
+    # one file per training set: the mix nq+hotpotqa is train/nq + train/hotpotqa, the mix nq is train/nq alone
+    assert card["files"]["train/nq"] == f"train/nq.{fmt}" and card["files"]["test/musique"] == f"test/musique.{fmt}"
+    train = [r for name in ("nq", "hotpotqa") for r in flashrag.load_rows(out / "train" / f"{name}.{fmt}")]
+    assert train == flashrag.load_train_rows("nq+hotpotqa", local_dir=mirror)
     assert len(train) == 6 and train[0]["metadata"]["split"] == "train"
     bamboogle = flashrag.load_rows(out / "test" / f"bamboogle.{fmt}")
     assert bamboogle == flashrag.load_eval_rows("bamboogle", local_dir=mirror)  # lossless round trip
@@ -159,3 +162,27 @@ def test_hub_failure_explains_offline_use(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(FlashRAGError, match="--local-dir"):
         flashrag.load_eval_rows("nq")
+
+
+def test_prepare_from_the_hub_pins_and_records_the_revision(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Every split is loaded at the commit the hub reports first, and data_card.json records it (stubbed hub)."""
+    import datasets
+    import huggingface_hub
+
+    calls = []
+
+    class Api:
+        def dataset_info(self, repo):
+            return type("Info", (), {"sha": "0123abc"})()
+
+    def fake_load_dataset(repo, name, split=None, revision=None):
+        calls.append((name, split, revision))
+        return [{"id": "0", "question": "who is it", "golden_answers": ["x"]}]
+
+    monkeypatch.delenv(flashrag.LOCAL_DIR_ENV, raising=False)
+    monkeypatch.setattr(huggingface_hub, "HfApi", Api)
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    card = flashrag.prepare(tmp_path / "out", datasets=["bamboogle"], train_mix="nq", progress=False)
+    assert calls == [("nq", "train", "0123abc"), ("bamboogle", "test", "0123abc")]
+    assert card["source_revision"] == "RUC-NLPIR/FlashRAG_datasets@0123abc"
+    assert sorted(card["files"]) == ["test/bamboogle", "train/nq"]

@@ -229,7 +229,12 @@ def test_compare_dirs_cli(tmp_path):
     assert cli.main(["--compare-dirs", str(tmp_path / "grpo"), str(tmp_path / "llds"), "--out",
                      str(tmp_path / "cmp")]) == 0
     md = (tmp_path / "cmp" / ev.RESULTS_MD).read_text()
-    assert "| llds | 0.500 | 0.250 | 0.375 | +50.0% |" in md
+    # the paper's layout: the seven benchmarks (a row's Avg. over fewer is marked), gain, the paper's column
+    assert "| Method | NQ | TriviaQA | PopQA | HotpotQA | 2Wiki | Musique | Bamboogle | Avg. | Gain | Paper Avg. |" in md
+    assert "| llds | 0.500 | - | - | 0.250 | - | - | - | 0.375† | +50.0% | — |" in md
+    assert "†: averaged over the datasets the row has" in md and "—: the design notes quote no paper number" in md
+    assert (tmp_path / "cmp" / ev.RESULTS_CSV).read_text().splitlines()[2] == (
+        "llds,0.500,-,-,0.250,-,-,-,0.375†,+50.0%,—")
     summary = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
     assert summary["base"] == "grpo" and summary["methods"]["llds"]["relative_gain"] == pytest.approx(0.5)
     assert cli.main(["--compare-dirs", str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2
@@ -357,3 +362,71 @@ def test_merge_refuses_shards_of_different_evaluations(tmp_path):
         _run(tmp_path, ScriptedRollout(), rows, shard=(i, 2))
     with pytest.raises(ev.EvalError, match="different evaluations"):
         ev.merge_shards(tmp_path)
+
+
+def test_paper_table_quotes_the_papers_averages_next_to_their_runs(tmp_path):
+    """A run of a paper config gets the average docs/design.md quotes for it: found through the evaluation's
+    provenance (model RUN/checkpoints/step_N/policy -> RUN/config.yaml's name) or the row label; others get —."""
+    import yaml
+
+    seven = {d: 0.4 for d in ev.BENCHMARKS}
+    run = tmp_path / "runs" / "paper" / "renamed-run"
+    (run / "checkpoints" / "step_001005" / "policy").mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump({"name": "qwen2.5-7b-base_nq-hotpotqa_llds-ma"}))
+    by_provenance = tmp_path / "eval-a"
+    ev.write_results(by_provenance, _res("mine", {**seven, "nq": 0.54})[1])
+    (by_provenance / "trajectories.provenance.json").write_text(
+        json.dumps({"model": str(run / "checkpoints" / "step_001005" / "policy")}))
+    methods = [("qwen2.5-3b-base_nq-hotpotqa_grpo-1a2b3c-step_001005", _res("x", seven)[1]),
+               ("mine", _res("mine", {**seven, "nq": 0.54})[1]),
+               ("qwen2.5-3b-base_nq_grpo-9f-step_000050", _res("y", seven)[1])]
+    table = ev.paper_table(methods, [None, by_provenance, None])
+    assert table["header"][-3:] == ["Avg.", "Gain", "Paper Avg."]
+    assert [r[-1] for r in table["rows"]] == ["0.312", "0.462", "—"]  # NQ-only 3B: not quoted
+    assert [r[-3] for r in table["rows"]] == ["0.400", "0.420", "0.400"]  # all seven: no † mark
+    assert table["rows"][1][-2] == "+5.0%"
+    m = table["methods"]
+    assert m["mine"]["paper_config"] == "qwen2.5-7b-base_nq-hotpotqa_llds-ma"
+    assert m["mine"]["paper_average_em"] == 0.462 and m["qwen2.5-3b-base_nq_grpo-9f-step_000050"]["paper_average_em"] is None
+    assert ev.paper_config("qwen2.5-3b-base_nq-hotpotqa_llds-ma") == "qwen2.5-3b-base_nq-hotpotqa_llds-ma"
+    assert ev.paper_config("qwen2.5-3b-base_nq-hotpotqa_llds-1-step_2") is None  # LLDS without MA: not quoted
+    # a table without any of the seven benchmarks (the synthetic world) has no paper column
+    world = ev.paper_table([("a", _res("a", {"synthetic": 0.5})[1])])
+    assert world["header"] == ["Method", "synthetic", "Avg."] and not world["notes"]
+
+
+def test_data_file_gives_one_benchmark_per_data_source_read_once(tmp_path, monkeypatch):
+    """eval.py --data: Search-R1's merged test.parquet (several data_source values) is one benchmark per source; a
+    file without data_source is one benchmark named by the file; each file is read once."""
+    import importlib.util
+    from pathlib import Path
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import searchr1_lld.jsonl as jsonl
+
+    merged = tmp_path / "test.parquet"
+    pq.write_table(pa.Table.from_pylist([
+        {"data_source": src, "question": f"q{i}", "golden_answers": [f"a{i}"],
+         "reward_model": {"style": "rule", "ground_truth": {"target": [f"a{i}"]}},
+         "extra_info": {"split": "test", "index": i}}
+        for i, src in enumerate(["nq", "bamboogle", "nq", "musique", "bamboogle"])]), merged)
+    plain = tmp_path / "mine.jsonl"
+    plain.write_text(json.dumps({"id": "x", "question": "q", "golden_answers": ["a"]}) + "\n")
+    spec = importlib.util.spec_from_file_location("eval_cli", Path(__file__).resolve().parents[1] / "eval.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    reads = []
+    real = jsonl.read_rows
+    counting = lambda path: reads.append(str(path)) or real(path)  # noqa: E731
+    monkeypatch.setattr(jsonl, "read_rows", counting)
+    monkeypatch.setattr("searchr1_lld.evaluation.run.read_rows", counting)
+    args = cli.build_parser().parse_args(["--data", str(merged), str(plain), "--out", str(tmp_path / "o")])
+    s = cli._resolve(args)
+    assert s["datasets"] == [f"nq={merged}", f"bamboogle={merged}", f"musique={merged}", f"mine={plain}"]
+    rows = ev.load_eval_rows(s["datasets"], file_rows=s["file_rows"])
+    assert {k: [r["id"] for r in v] for k, v in rows.items()} == {
+        "nq": ["nq-test-0", "nq-test-2"], "bamboogle": ["bamboogle-test-1", "bamboogle-test-4"],
+        "musique": ["musique-test-3"], "mine": ["x"]}
+    assert reads == [str(merged), str(plain)]  # once each

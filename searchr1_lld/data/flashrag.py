@@ -18,8 +18,11 @@ CLI::
     python -m searchr1_lld.data.flashrag --out DIR [--local-dir DIR] [--datasets nq hotpotqa ...] [--train-mix nq+hotpotqa]
            [--format jsonl|parquet]
 
-writes ``DIR/train.<fmt>`` (the mix), ``DIR/test/<name>.<fmt>`` per evaluation set and ``DIR/data_card.json``
-(counts per source/split, date, source revision).
+writes ``DIR/train/<name>.<fmt>`` per training set of the mix (``nq+hotpotqa``: ``train/nq`` and ``train/hotpotqa``;
+the mix ``nq`` is the first file alone), ``DIR/test/<name>.<fmt>`` per evaluation set and ``DIR/data_card.json``
+(counts per source/split, date, the hub dataset's revision). ``train.py`` reads them with ``data.source: files`` and
+``data.train_files`` (the paper configs name ``data/flashrag/train/*.jsonl``), ``eval.py`` with ``--data FILE ...`` or
+``eval.datasets: [NAME=PATH, ...]`` (the paper configs name ``data/flashrag/test/<name>.jsonl``).
 """
 
 from __future__ import annotations
@@ -235,17 +238,14 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
     return read_jsonl(path)
 
 
-def _source_revision(local_dir: Optional[Path], repo: str, revision: Optional[str]) -> str:
-    if local_dir is not None:
-        return f"local:{local_dir.resolve()}"
-    if revision:
-        return f"{repo}@{revision}"
+def hub_revision(repo: str = HUB_REPO) -> Optional[str]:
+    """The commit the hub's dataset ``repo`` is at now (None when the hub cannot be asked: offline)."""
     try:
         from huggingface_hub import HfApi
 
-        return f"{repo}@{HfApi().dataset_info(repo).sha}"
-    except Exception:  # offline: the revision is unknown, say so
-        return f"{repo}@unknown"
+        return HfApi().dataset_info(repo).sha
+    except Exception:  # offline or no such repo: the loads that follow say which
+        return None
 
 
 def prepare(out_dir: str | Path, *, local_dir: Optional[str | Path] = None, datasets: Optional[list[str]] = None,
@@ -262,25 +262,27 @@ def prepare(out_dir: str | Path, *, local_dir: Optional[str | Path] = None, data
         raise FlashRAGError(f"unknown dataset(s) {unknown}; known: {EVAL_DATASETS}")
     out_dir = Path(out_dir)
     local = _resolve_local_dir(local_dir)
+    if local is None and revision is None:
+        revision = hub_revision(repo)  # pinned: every split comes from the commit the card records
     counts: dict[str, dict[str, int]] = {}
     files: dict[str, str] = {}
     jobs = (["train"] if train_mix else []) + datasets
     for job in tqdm(jobs, desc="flashrag", disable=not progress):
         if job == "train":
-            rows = load_train_rows(train_mix, local_dir=local, repo=repo, revision=revision)
-            for r in rows:
-                counts.setdefault(r["data_source"], {}).setdefault("train", 0)
-                counts[r["data_source"]]["train"] += 1
-            path = write_rows(rows, out_dir / f"train.{fmt}")
+            if train_mix not in TRAIN_MIXES:
+                raise FlashRAGError(f"unknown train mix {train_mix!r}; expected one of {sorted(TRAIN_MIXES)}")
+            for name in TRAIN_MIXES[train_mix]:
+                rows = load_split(name, "train", local_dir=local, repo=repo, revision=revision)
+                counts.setdefault(name, {})["train"] = len(rows)
+                files[f"train/{name}"] = str(write_rows(rows, out_dir / "train" / f"{name}.{fmt}").relative_to(out_dir))
         else:
             rows = load_eval_rows(job, local_dir=local, repo=repo, revision=revision)
             split = rows[0]["metadata"]["split"] if rows else resolve_eval_split(job)
             counts.setdefault(job, {})[split] = len(rows)
-            path = write_rows(rows, out_dir / "test" / f"{job}.{fmt}")
-        files[job] = str(path.relative_to(out_dir))
+            files[f"test/{job}"] = str(write_rows(rows, out_dir / "test" / f"{job}.{fmt}").relative_to(out_dir))
     card = {
         "source": repo if local is None else "local FlashRAG-format files",
-        "source_revision": _source_revision(local, repo, revision),
+        "source_revision": f"local:{local.resolve()}" if local is not None else f"{repo}@{revision or 'unknown'}",
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "train_mix": train_mix,
         "eval_datasets": datasets,

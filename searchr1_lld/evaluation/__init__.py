@@ -25,7 +25,8 @@ models or settings are never mixed. Sharding: ``shard=(i, k)`` evaluates rows i,
 dataset into ``trajectories.shard-i-of-k.jsonl``; :func:`merge_shards` combines the shard files and writes the tables.
 
 Layout: metrics.py (records, metrics; pure), tables.py (markdown / CSV / results files), files.py (trajectories file,
-provenance, shards), run.py (rows of each dataset, :func:`evaluate`, :func:`compare`).
+provenance, shards), run.py (rows of each dataset, :func:`evaluate`, :func:`compare`), paper_table.py (the paper's
+table over several runs, with the paper's quoted averages).
 """
 
 from searchr1_lld.evaluation.files import (DECODING_KEYS, MODEL_FILE_PATTERNS, TrajectoryLog, check_provenance,
@@ -36,6 +37,7 @@ from searchr1_lld.evaluation.metrics import (BENCHMARKS, DISPLAY_NAMES, KNOWN_DA
                                              RESULTS_MD, TRAJECTORIES, EvalError, average_em,
                                              dataset_metrics, dataset_name, parse_datasets, record_from_trajectory, relative_gain,
                                              summarize)
+from searchr1_lld.evaluation.paper_table import PAPER_AVERAGE_EM, paper_config, paper_table, write_paper_table
 from searchr1_lld.evaluation.run import (benchmark_rows, compare, distinct_labels, eval_rollout_config, evaluate,
                                          load_eval_rows, load_tokenizer, model_label, sampled_em)
 from searchr1_lld.evaluation.tables import (csv_table, detail_table, load_results, markdown_table, write_results,
@@ -48,5 +50,6 @@ __all__ = [
     "RESULTS_JSON", "RESULTS_MD", "TRAJECTORIES", "EvalError", "average_em", "dataset_metrics", "dataset_name",
     "parse_datasets", "record_from_trajectory", "relative_gain", "summarize", "benchmark_rows", "compare", "distinct_labels", "model_label",
     "eval_rollout_config", "evaluate", "load_eval_rows", "load_tokenizer", "sampled_em", "csv_table", "detail_table",
-    "load_results", "markdown_table", "write_results", "write_tables",
+    "load_results", "markdown_table", "write_results", "write_tables", "PAPER_AVERAGE_EM", "paper_config",
+    "paper_table", "write_paper_table",
 ]

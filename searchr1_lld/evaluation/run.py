@@ -4,30 +4,33 @@ EM, comparisons."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from searchr1_lld.evaluation.files import TrajectoryLog, finalize, shard_rows, trajectories_path
 from searchr1_lld.evaluation.metrics import (EvalError, dataset_metrics, dataset_name, parse_datasets,
-                                             record_from_trajectory, relative_gain, summarize)
-from searchr1_lld.evaluation.tables import markdown_table, write_tables
+                                             record_from_trajectory, summarize)
+from searchr1_lld.evaluation.paper_table import write_paper_table
 from searchr1_lld.jsonl import read_rows
 
 
 def load_eval_rows(datasets: Sequence[str], *, limit: int = 0, split: str | None = None,
-                   flashrag_dir: str | Path | None = None) -> dict[str, list[dict[str, Any]]]:
+                   flashrag_dir: str | Path | None = None,
+                   file_rows: dict[str, list[dict[str, Any]]] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Rows of each dataset spec (:func:`~searchr1_lld.evaluation.metrics.parse_datasets`), keyed by its name; the
     first ``limit`` rows when limit > 0.
 
     ``NAME=PATH``: the rows file at PATH; a benchmark name: the FlashRAG loader in
     :mod:`searchr1_lld.data.flashrag` (split = test if it exists, else dev, unless ``split`` is given; from the local
-    mirror ``flashrag_dir`` or $FLASHRAG_LOCAL_DIR when set, else the hub).
+    mirror ``flashrag_dir`` or $FLASHRAG_LOCAL_DIR when set, else the hub). ``file_rows``: rows already read, by
+    spec (a ``NAME=PATH`` found there is not read again; eval.py reads each file once and splits it by data_source).
     """
     out: dict[str, list[dict[str, Any]]] = {}
     for spec in datasets:
         name, sep, path = spec.partition("=")
-        if sep:
+        if file_rows is not None and spec in file_rows:
+            rows = list(file_rows[spec])
+        elif sep:
             if not Path(path).is_file():
                 raise EvalError(f"dataset {name}: rows file {path} not found")
             rows = read_rows(path)
@@ -176,21 +179,17 @@ def distinct_labels(labels: Sequence[str], sources: Sequence[str]) -> list[str]:
     return out
 
 
-def compare(methods: Sequence[tuple[str, dict[str, Any]]], out_dir: str | Path, baseline: str | None = None) -> str:
-    """One comparison table (rows = methods, Gain relative to the first, or to the row named ``baseline``, which then
-    comes first) -> out_dir/results.md/.csv and comparison.json."""
+def compare(methods: Sequence[tuple[str, dict[str, Any]]], out_dir: str | Path, baseline: str | None = None,
+            result_dirs: Sequence[str | Path | None] | None = None) -> str:
+    """The paper's table over ``methods`` (rows = runs, the seven benchmarks + Avg., Gain relative to the first row,
+    or to the row named ``baseline``, which then comes first; the paper's average where quoted) -> out_dir/results.md,
+    results.csv and comparison.json (:mod:`~searchr1_lld.evaluation.paper_table`). ``result_dirs``: each row's
+    evaluation dir, where its provenance names the run it evaluated. Returns the Markdown."""
+    dirs = list(result_dirs) if result_dirs is not None else [None] * len(methods)
     if baseline is not None:
         names = [name for name, _ in methods]
         if baseline not in names:
             raise EvalError(f"baseline {baseline!r} is none of the rows {names}")
-        methods = sorted(methods, key=lambda m: m[0] != baseline)  # stable: the others keep their order
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_tables(out_dir, methods)
-    base_avg = methods[0][1]["average_em"]
-    summary = {
-        "base": methods[0][0],
-        "methods": {name: {**res, "relative_gain": relative_gain(res["average_em"], base_avg)} for name, res in methods},
-    }
-    (out_dir / "comparison.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return markdown_table(methods)
+        order = sorted(range(len(methods)), key=lambda i: methods[i][0] != baseline)  # stable: the others keep order
+        methods, dirs = [methods[i] for i in order], [dirs[i] for i in order]
+    return write_paper_table(out_dir, methods, dirs)

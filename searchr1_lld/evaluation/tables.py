@@ -12,16 +12,21 @@ from searchr1_lld.evaluation.metrics import (DISPLAY_NAMES, KNOWN_DATASETS, RESU
                                              relative_gain)
 
 
-def _table_rows(methods: Sequence[tuple[str, dict[str, Any]]]) -> tuple[list[str], list[list[str]]]:
-    """Shared layout of the markdown and CSV tables: rows = methods, columns = datasets + Avg. (+ gain vs row 0)."""
+def table_cells(methods: Sequence[tuple[str, dict[str, Any]]],
+                columns: Sequence[str] | None = None) -> tuple[list[str], list[list[str]]]:
+    """Shared layout of the markdown and CSV tables: rows = methods, columns = datasets + Avg. (+ gain vs row 0).
+
+    ``columns``: the datasets to show, in order (default: every dataset of any row, the benchmarks first in the
+    paper's order); a row without one shows ``-``."""
     if not methods:
         raise EvalError("no results to tabulate")
-    columns: list[str] = []
+    present: list[str] = []
     for _, res in methods:
         for d in res["datasets"]:
-            if d not in columns:
-                columns.append(d)
-    order = [d for d in KNOWN_DATASETS if d in columns] + [d for d in columns if d not in KNOWN_DATASETS]
+            if d not in present:
+                present.append(d)
+    order = list(columns) if columns is not None else (
+        [d for d in KNOWN_DATASETS if d in present] + [d for d in present if d not in KNOWN_DATASETS])
     with_gain = len(methods) > 1
     header = ["Method"] + [DISPLAY_NAMES.get(d, d) for d in order] + ["Avg."] + (["Gain"] if with_gain else [])
     base_avg = methods[0][1]["average_em"]
@@ -39,12 +44,24 @@ def _table_rows(methods: Sequence[tuple[str, dict[str, Any]]]) -> tuple[list[str
     return header, rows
 
 
-def markdown_table(methods: Sequence[tuple[str, dict[str, Any]]]) -> str:
-    """Paper layout (EM): rows = methods/checkpoints, columns = datasets + Avg.; Gain = relative to the first row."""
-    header, rows = _table_rows(methods)
+def render_markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A Markdown table: the first column left-aligned, the rest right-aligned."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def render_csv(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def markdown_table(methods: Sequence[tuple[str, dict[str, Any]]]) -> str:
+    """Paper layout (EM): rows = methods/checkpoints, columns = datasets + Avg.; Gain = relative to the first row."""
+    return render_markdown(*table_cells(methods))
 
 
 def detail_table(results: dict[str, Any]) -> str:
@@ -63,12 +80,7 @@ def detail_table(results: dict[str, Any]) -> str:
 
 
 def csv_table(methods: Sequence[tuple[str, dict[str, Any]]]) -> str:
-    header, rows = _table_rows(methods)
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(header)
-    writer.writerows(rows)
-    return buf.getvalue()
+    return render_csv(*table_cells(methods))
 
 
 def write_tables(out_dir: str | Path, methods: Sequence[tuple[str, dict[str, Any]]], detail: dict | None = None) -> None:

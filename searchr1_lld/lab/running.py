@@ -227,8 +227,7 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
     ``extend_from``: a runs dir of the same lab trained to fewer ``trainer.total_steps``. A run missing in
     ``runs_dir`` is copied from there first and then trained on from its last checkpoint to the new length
     (:func:`run_one` with ``extend``); ``extend_from`` itself is left as it was, so its report still rebuilds."""
-    import os
-    import platform
+    from searchr1_lld.tracking import describe_machine
 
     if sampled < 0 or train_eval < 0:
         raise ConfigError(f"--sampled and --train-eval must be >= 0 (got {sampled}, {train_eval})")
@@ -348,7 +347,7 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
         "warning_summary": warning_summary(runs),
         "drawdown_summary": warning_summary(runs, "drawdown"), "sampled": sampled, "train_eval": train_eval,
         "pngs": [p.name for p in pngs],
-        "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}",
+        "machine": describe_machine(),
         # runs_s: every run's training + evaluation, whichever pass (resumed or not) did it; wall_s: this pass
         "runs_s": round(sum(r["train_s"] + r["eval_s"] for r in runs) + (warm.get("eval_s") or 0.0), 1),
         "wall_s": round(time.time() - t_start, 1),
