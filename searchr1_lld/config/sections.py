@@ -139,7 +139,10 @@ class TrainerConfig:
     output_dir: str = opt("runs", "runs are written to output_dir/run_name")
     run_name: str = opt("", "'' = <config name>-<hash of the settings>: rerunning the same command resumes it")
     save_every: int = opt(50, "checkpoint every N steps (0 = only at the end)")
-    keep_last_k: int = opt(2, "checkpoints kept")
+    keep_last_k: int = opt(2, "checkpoints kept (the last k; the best one of trainer.keep_best comes on top)")
+    keep_best: str = opt("", "a logged metric (e.g. eval/avg_em, eval/em): also keep the checkpoint of its best "
+                             "value, exempt from pruning (RUN/best_checkpoint.json; survives resume); '' = off")
+    keep_best_mode: Literal["max", "min"] = opt("max", "trainer.keep_best: best = the largest (max) or smallest (min)")
     resume: str = opt("auto", "auto | never | path to a checkpoint dir")
     eval_every: int = opt(0, "greedy test EM (eval/em; benchmarks' eval/<name>/em with data.source=files) every N "
                                 "steps and at the last one (0 = off; runs evaluate before and after training anyway)")
