@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 from searchr1_lld import checkpoint as ckpt
 from searchr1_lld.best_checkpoint import BEST_FILE
+from searchr1_lld.tracking import WANDB_RUN_FILE
 from searchr1_lld.config import Config, ConfigError, config_differences, flatten_dict, read_yaml, save_config
 
 # Keys that say where a run lives, not what it does: never compared on resume.
@@ -23,7 +24,7 @@ RESUME_SAFE_KEYS = ("trainer.total_steps", "trainer.save_every", "trainer.keep_l
 INPUTS_FILE = "inputs_fingerprint.txt"  # what the run's local inputs held (resuming onto other contents is refused)
 # A run's own files: moved aside when a run starts over in a used directory.
 RUN_FILES = ("checkpoints", "metrics.jsonl", "eval_before.json", "eval.json", "eval.md", "plots", "config.yaml",
-             INPUTS_FILE, BEST_FILE)
+             INPUTS_FILE, BEST_FILE, WANDB_RUN_FILE, "wandb")
 
 
 def _matches(key: str, patterns: Sequence[str]) -> bool:

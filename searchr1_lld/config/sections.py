@@ -154,9 +154,16 @@ class TrainerConfig:
 
 @dataclass
 class LoggingConfig:
-    wandb: bool = opt(False, "also log to Weights & Biases")
+    wandb: bool = opt(False, "also log to Weights & Biases (credentials: `wandb login` or $WANDB_API_KEY; the run "
+                             "id is kept in RUN/wandb_run.json, so a resumed run continues the same wandb run)")
     wandb_project: str = opt("searchr1-lld", "W&B project")
-    wandb_mode: Literal["offline", "online", "disabled"] = opt("offline", "W&B mode")
+    wandb_entity: Optional[str] = opt(None, "W&B entity (user or team); null = your default entity")
+    wandb_group: str = opt("", "W&B group (e.g. one per paper cell, its seeds inside); '' = none")
+    wandb_tags: list[str] = opt(None, "W&B tags", factory=list)
+    wandb_name: str = opt("", "W&B run name; '' = the run directory's name")
+    wandb_mode: Literal["offline", "online", "disabled"] = opt(
+        "offline", "W&B mode ($WANDB_MODE wins when set); online falls back to offline, with a warning, when wandb "
+        "cannot log in")
     plot_every: int = opt(10, "redraw the run's plots every N steps")
     progress_bar: bool = opt(True, "show a progress bar")
 
