@@ -251,7 +251,7 @@ def _log_wandb(args: argparse.Namespace, cfg: Any, out: Path, methods: list[tupl
         return
     from searchr1_lld.tracking import init_wandb, log_eval_results
 
-    settings = {"model": args.model or cfg.model.path, "datasets": [n for n in methods[0][1]["datasets"]],
+    settings = {"model": args.model or cfg.model.path, "datasets": list(methods[0][1]["datasets"]),
                 "eval": dataclasses.asdict(cfg.eval), "max_turns": args.max_turns or cfg.eval.max_turns,
                 "topk": args.topk or cfg.eval.topk}
     run = init_wandb(out, cfg.logging, settings, name=args.name or methods[0][0] or out.name, job_type="eval")

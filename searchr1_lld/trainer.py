@@ -191,7 +191,9 @@ class Trainer:
         """Checkpoint this step (pruned to the last trainer.keep_last_k, the best one exempt). ``best_value``: this
         step is the new best of trainer.keep_best, recorded in RUN/best_checkpoint.json once the checkpoint is
         complete; the earlier best is then pruned unless it is among the last k."""
-        keep = self.best.kept_steps() | ({self.step} if best_value is not None else set()) if self.best else set()
+        keep = set() if self.best is None else self.best.kept_steps()
+        if best_value is not None:
+            keep.add(self.step)
         state = {
             "data": self.sampler.state(),
             "skipped_steps": self.skipped_steps,
