@@ -26,8 +26,8 @@ stage, b = bytes of a training weight (2 with DeepSpeed bf16, else 4: the learne
     CUDA context       1 GiB per process
     rollout per GPU  = weights + optimiser + (z >= 2: gradient partition) + reference + engine copy + engine + context
     update per GPU   = weights + optimiser + gradients + reference + engine copy + activations + engine asleep + context
-    host RAM / node  = max(loading: W_node x (4 P policy + 4 P reference), divided by W with zero3_init_flag;
-                           steady: offloaded optimiser + sleep level 1 weights (2 P per rank) + in-process index per rank)
+    host RAM / node  = loading: W_node x (4 P policy + 4 P reference), divided by W with zero3_init_flag; steady:
+                       offloaded optimiser + sleep level 1 weights (2 P per rank) + in-process index per rank
     disk / checkpoint= policy/ (b P) + optimiser state (DeepSpeed: b P module + 12 P; else 8 P), times
                        trainer.keep_last_k (+1 with trainer.keep_best)
     evaluation       = questions per evaluation (limits applied), at most (eval.max_turns + 1) x max_tokens_per_turn

@@ -70,3 +70,19 @@ def test_gpus_spawns_shards_and_merges_to_the_unsharded_result(tiny_world, tmp_p
 
 def test_gpus_refuses_shard_flags(tiny_world, tmp_path):
     assert _cli().main(_args(tiny_world, tmp_path, "--gpus", "2", "--shard", "0/2")) == 2
+
+
+def test_a_failing_shard_stops_the_others_and_is_named(tmp_path):
+    """run_shards with a stand-in script: shard 1 fails at once, shard 0 would run for a minute; the error names
+    shard 1 and its last log line, and shard 0 is stopped instead of waited for."""
+    import time
+
+    script = tmp_path / "fake_eval.py"
+    script.write_text("import sys, time\n"
+                      "i = sys.argv[sys.argv.index('--shard') + 1].split('/')[0]\n"
+                      "if i == '1':\n    print('boom: out of memory'); sys.exit(3)\n"
+                      "time.sleep(60)\n")
+    start = time.monotonic()
+    with pytest.raises(ev.EvalError, match=r"shard 1/2 failed \(exit status 3\): boom: out of memory"):
+        shards.run_shards(["--out", str(tmp_path)], 2, tmp_path, script, poll_s=0.1)
+    assert time.monotonic() - start < 30

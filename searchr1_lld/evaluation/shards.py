@@ -125,8 +125,9 @@ def run_shards(argv: Sequence[str], n: int, out_dir: str | Path, script: str | P
                     continue
                 procs.remove((shard, p))
                 if rc != 0:
-                    raise EvalError(f"shard {shard[0]}/{n} failed (exit status {rc}): {_last_line(shard_log(out_dir, shard))} "
-                                    f"(full log: {shard_log(out_dir, shard)}; a rerun resumes the finished rows)")
+                    log = shard_log(out_dir, shard)
+                    raise EvalError(f"shard {shard[0]}/{n} failed (exit status {rc}): {_last_line(log)} (full log: "
+                                    f"{log}; a rerun resumes the finished rows)")
                 print(f"shard {shard[0]}/{n}: done", flush=True)
             time.sleep(poll_s if procs else 0)
     finally:

@@ -14,9 +14,9 @@ def make_backend(cfg, *, model=None, tokenizer=None, model_path: str = "", seed=
     """Build the backend named by ``cfg.backend`` (a RolloutConfig; ``cfg.generation_batch_size`` sequences per call).
 
     "hf": generation with ``model``, or with the model loaded from ``model_path`` (in eval mode, ``dtype``: auto =
-    bf16 on GPU, fp32 on CPU; ``device`` auto = cuda if available, or a device such as cuda:1); ``shares_learner_weights``: it is the learner's
-    own module, so weight loads are no-ops. "vllm": one engine on this rank's GPU loaded from ``model_path`` (rank /
-    world size from the launcher's environment).
+    bf16 on GPU, fp32 on CPU; ``device`` auto = cuda if available, or a device such as cuda:1);
+    ``shares_learner_weights``: it is the learner's own module, so weight loads are no-ops. "vllm": one engine on
+    this rank's GPU loaded from ``model_path`` (rank / world size from the launcher's environment).
     """
     if tokenizer is None:
         raise ValueError("make_backend needs the tokenizer")
