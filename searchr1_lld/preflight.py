@@ -71,10 +71,10 @@ class Launch:
     processes: int = 1
     machines: int = 1
     deepspeed: bool = False
-    zero_stage: int = 0
+    zero_stage: int = 0  # 0: no ZeRO (DDP or one process)
     bf16: bool = False
     offload_optimizer: bool = False
-    zero3_init: bool = False
+    zero3_init: bool = False  # zero3_init_flag: ZeRO-3 loads the model partitioned
     source: str = "one process, no DeepSpeed (--accelerate-config FILE for the launcher's)"
 
 

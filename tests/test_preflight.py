@@ -138,3 +138,40 @@ def test_the_plan_of_a_3b_cell_and_an_engine_that_never_sleeps(tiny_world, tmp_p
     result = pre.run_preflight(cfg, launch=launch, device_gib=40)
     assert any(x.startswith("plan: the update needs") for x in result.problems), result.problems
     assert any("vllm_enable_sleep_mode=false" in x for x in result.notes)
+
+
+def test_the_retriever_service_is_asked_for_its_health_and_encoder(tmp_path):
+    """retriever.mode=http: a stand-in /health on loopback (the service's answer keys); its encoder against
+    retriever.expect_encoder; a port nobody listens on is a problem."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from conftest import free_port
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = json.dumps({"status": "ok", "retriever": "e5", "num_docs": 21015324,
+                               "encoder": "intfloat/e5-base-v2"}).encode()
+            self.send_response(200 if self.path == "/health" else 404)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        for expect, problems in (("intfloat/e5-base-v2", 0), ("e5-base-v2", 0), ("BAAI/bge-base-en", 1)):
+            pf = pre.Preflight()
+            pre.check_retriever(pf, load_config(None, ["retriever.mode=http", f"retriever.url={url}",
+                                                       f"retriever.expect_encoder={expect}"]))
+            assert len(pf.problems) == problems, (expect, pf.problems)
+            assert problems or "e5 index of 21015324 docs, encoder intfloat/e5-base-v2" in pf.ok[0]
+    finally:
+        server.shutdown()
+    pf = pre.Preflight()
+    pre.check_retriever(pf, load_config(None, ["retriever.mode=http", f"retriever.url=http://127.0.0.1:{free_port()}"]))
+    assert len(pf.problems) == 1 and "not reachable" in pf.problems[0]
