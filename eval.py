@@ -17,8 +17,12 @@ Examples
     # unless --name is given
     python eval.py --model RUN/checkpoints/step_001005/policy --config RUN/config.yaml --data test.parquet \
         --retriever-url http://127.0.0.1:8000 --out RUN/eval
-    # four processes, then merge
+    # four GPUs of one node: four shard processes (shard i on cuda:i, its own port), then one merged result
+    python eval.py ... --gpus 4 --out DIR
+    # the same by hand (or on several nodes with a shared DIR), then merge
     for i in 0 1 2 3; do python eval.py ... --shard $i/4 & done; wait; python eval.py --merge --out DIR
+    # log the results table to wandb (logging.wandb_* of --config: project, entity, group, tags, mode)
+    python eval.py ... --wandb
     # compare checkpoints (evaluated here, into OUT/NAME) or finished eval dirs in the paper's table; gain is
     # relative to the first row or to --baseline; the paper's average next to the runs it quotes one for
     python eval.py --compare grpo=PATH1 llds=PATH2 --config RUN/config.yaml --out runs/cmp
@@ -76,7 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat-template", choices=["auto", "always", "never"],
                    help="wrap the prompt in the tokenizer's chat template (default: data.chat_template)")
     p.add_argument("--backend", choices=["hf", "vllm"], help="generation backend (default: hf)")
-    p.add_argument("--shard", help="i/k: evaluate every k-th row starting at i into a shard file")
+    p.add_argument("--shard", help="i/k: evaluate every k-th row starting at i into a shard file, on cuda:(i mod "
+                                   "visible GPUs) (else the CPU) with its own MASTER_PORT unless one is set")
+    p.add_argument("--gpus", type=int, metavar="N", help="run N shard processes on this node (shard i on cuda:i; "
+                                                         "CPU processes without GPUs), then merge them")
+    p.add_argument("--wandb", action="store_true",
+                   help="log the results to wandb (table eval/results, summary eval/<dataset>/em and eval/avg_em) "
+                        "with the config's logging.wandb_* settings; the run id is kept in OUT/wandb_run.json")
     p.add_argument("--merge", action="store_true", help="merge the shard files in --out and write the tables")
     p.add_argument("--compare", nargs="+", metavar="NAME=PATH", help="evaluate several checkpoints, one table")
     p.add_argument("--compare-dirs", nargs="+", metavar="DIR",
@@ -171,8 +181,13 @@ def evaluate_checkpoint(model: str | None, out_dir: Path, name: str, s: dict[str
     if ev.count_pending(rows, out_dir, shard):  # a finished (resumed) evaluation loads no model and no index
         tokenizer = ev.load_tokenizer(tok_path)
         engine_cfg = dataclasses.replace(s["rollout_cfg"], backend=s["backend"], generation_batch_size=s["batch_size"])
+        # a shard takes its own device and port before its engine is built (shards of one node run side by side)
+        device = ev.prepare_shard_process(shard) if shard is not None else "auto"
+        if shard is not None:
+            print(f"shard {shard[0]}/{shard[1]} on {device} (LOCAL_RANK={os.environ['LOCAL_RANK']}, "
+                  f"MASTER_PORT={os.environ['MASTER_PORT']})", flush=True)
         backend = backends.make_backend(engine_cfg, tokenizer=tokenizer, model_path=model_path,
-                                        dtype=s["cfg"].model.dtype, tokenizer_path=tok_path)
+                                        dtype=s["cfg"].model.dtype, tokenizer_path=tok_path, device=device)
         retriever = get_retriever()
     return ev.evaluate(rows, backend=backend, tokenizer=tokenizer, retriever=retriever, rollout_cfg=s["rollout_cfg"],
                        out_dir=out_dir, batch_size=s["batch_size"], template=s["template"],
@@ -192,9 +207,15 @@ def _main(argv: list[str] | None = None) -> int:
     from searchr1_lld.tracking import quiet_library_output
 
     quiet_library_output()
-    if args.merge:
+    if args.gpus is not None:
+        if args.shard or args.merge or args.compare:
+            raise ev.EvalError("--gpus runs the shards itself: drop --shard / --merge / --compare")
+        check_model_source(args.model or "", "--model")
+        ev.run_shards(sys.argv[1:] if argv is None else argv, args.gpus, out, Path(__file__).resolve())
+    if args.merge or args.gpus is not None:
         model = args.model or s["cfg"].model.path
         res = ev.merge_shards(out, order=s["datasets"], name=args.name or (ev.model_label(model) if model else ""))
+        _log_wandb(args, s["cfg"], out, [(res["name"], res)])
         print(ev.markdown_table([(res["name"], res)]))
         return 0
     # a missing model dir is named now, not as a hub-id error after the index is loaded
@@ -222,7 +243,9 @@ def _main(argv: list[str] | None = None) -> int:
             if res is None:
                 raise ev.EvalError("--compare cannot be combined with --shard")
             methods.append((name, res))
-        print(ev.compare(methods, out, baseline=args.baseline, result_dirs=[out / name for name, _ in methods]))
+        table = ev.compare(methods, out, baseline=args.baseline, result_dirs=[out / name for name, _ in methods])
+        _log_wandb(args, s["cfg"], out, methods)
+        print(table)
         return 0
     res = evaluate_checkpoint(args.model, out, args.name or ev.model_label(args.model or s["cfg"].model.path), s, args,
                               get_retriever)
@@ -230,8 +253,28 @@ def _main(argv: list[str] | None = None) -> int:
         print(f"shard {args.shard} done -> {ev.trajectories_path(out, ev.parse_shard(args.shard))}; "
               f"merge with: python eval.py --merge --out {out}")
         return 0
+    _log_wandb(args, s["cfg"], out, [(res["name"], res)])
     print((out / ev.RESULTS_MD).read_text())
     return 0
+
+
+def _log_wandb(args: argparse.Namespace, cfg: Any, out: Path, methods: list[tuple[str, dict[str, Any]]]) -> None:
+    """--wandb: the results as a wandb.Table in a run of their own (job type eval; resumed by the id in OUT)."""
+    if not args.wandb:
+        return
+    from searchr1_lld.tracking import init_wandb, log_eval_results
+
+    settings = {"model": args.model or cfg.model.path, "datasets": list(methods[0][1]["datasets"]),
+                "eval": dataclasses.asdict(cfg.eval), "max_turns": args.max_turns or cfg.eval.max_turns,
+                "topk": args.topk or cfg.eval.topk}
+    run = init_wandb(out, cfg.logging, settings, name=args.name or methods[0][0] or out.name, job_type="eval")
+    if run is None:
+        return
+    try:
+        log_eval_results(run, methods)
+        print(f"wandb: results logged to run {run.id} ({getattr(run, 'url', None) or run.dir})")
+    finally:
+        run.finish()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,11 @@ checkpoint. ``--resume RUN_DIR`` (or a checkpoint dir) continues a run with the 
 run whose config differs from its saved config.yaml is refused (the differing keys are listed); keys that are safe to
 change (trainer.total_steps, ...) may be changed with ``--allow-change KEY``.
 
+``--preflight`` checks everything a run needs (config, data files, retriever, model) and prints its resource plan
+(GPU memory at rollout and at update, host RAM, disk, evaluation cost) without training and without a GPU:
+``python train.py --config configs/paper/<run>.yaml --preflight --accelerate-config configs/accelerate/zero2_8gpu.yaml``
+exits 0 when the run can start, 2 with one line per problem.
+
 Prints the run directory at start and end; evaluates greedy EM on data.test_files before and after training and
 writes the before/after table to RUN/eval.md. The Python API is ``searchr1_lld.trainer.train(cfg)``.
 """
@@ -61,6 +66,18 @@ def world_overrides(world_config: str, world_dir: str) -> list[str]:
     return trainer_overrides(world_dir)
 
 
+def preflight(cfg, accelerate_config: str | None, gpu_memory_gib: float | None) -> int:
+    """``--preflight``: the report on stdout; each problem once more on stderr, one line each; 0 or 2."""
+    from searchr1_lld import preflight as pre
+
+    launch = pre.read_launch(accelerate_config) if accelerate_config else None
+    result = pre.run_preflight(cfg, launch=launch, device_gib=gpu_memory_gib)
+    print(pre.format_report(result), flush=True)
+    for problem in result.problems:
+        print(f"train.py: preflight: {problem}", file=sys.stderr)
+    return 2 if result.problems else 0
+
+
 def _main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=None,
@@ -74,6 +91,15 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world-dir", default=".cache/world", help="where the --world world lives (default: %(default)s)")
     parser.add_argument("--no-eval", action="store_true", help="skip the before/after test evaluation")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of user errors too")
+    parser.add_argument("--preflight", action="store_true",
+                        help="check the config, data files, retriever and model, print the resource plan (GPU memory "
+                             "at rollout and update, host RAM, disk, evaluation cost) and exit without training (no "
+                             "GPU needed): 0 when the run can start, 2 with one line per problem")
+    parser.add_argument("--accelerate-config", metavar="FILE",
+                        help="with --preflight: the accelerate config the run will be launched with (processes, "
+                             "ZeRO stage, offload; default: one process without DeepSpeed)")
+    parser.add_argument("--gpu-memory-gib", type=float, metavar="GIB",
+                        help="with --preflight: memory of one GPU (default: this machine's GPU, else 80)")
     parser.add_argument("--help-config", action="store_true",
                         help="print every config key (by section, with type, default and help) and exit")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.total_steps=10")
@@ -89,9 +115,15 @@ def _main(argv: list[str] | None = None) -> int:
         if config is None and (run_dir / "config.yaml").is_file():
             config = str(run_dir / "config.yaml")
         overrides.append(f"trainer.resume={resume}")
-    if args.world:
+    if args.world and args.preflight:  # named, not built: the preflight reports what is missing
+        from searchr1_lld.world import trainer_overrides
+
+        overrides = trainer_overrides(args.world_dir) + overrides
+    elif args.world:
         overrides = world_overrides(args.world, args.world_dir) + overrides  # the command line's own keys win
     cfg = load_config(config or DEFAULT_CONFIG, overrides)
+    if args.preflight:
+        return preflight(cfg, args.accelerate_config, args.gpu_memory_gib)
     for value, key, is_tok in ((cfg.model.path, "model.path", False),
                                (cfg.model.tokenizer_path, "model.tokenizer_path", True)):
         try:

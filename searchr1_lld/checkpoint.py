@@ -31,7 +31,7 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 import numpy as np
 import torch
@@ -163,8 +163,10 @@ def save_checkpoint(
     keep_last_k: int = 2,
     save_policy: bool = True,
     tokenizer: Any = None,
+    keep_steps: Collection[int] = (),
 ) -> Path:
-    """Write checkpoint ``step`` atomically and prune to the last ``keep_last_k``; returns its final path.
+    """Write checkpoint ``step`` atomically and prune to the last ``keep_last_k`` (the checkpoints of
+    ``keep_steps`` are exempt: :func:`prune_checkpoints`); returns its final path.
 
     ``policy/`` is a complete HF model directory: the weights and config, the generation config, and (given a
     ``tokenizer``) the tokenizer with its chat template, so ``from_pretrained(policy_dir)`` and
@@ -216,11 +218,30 @@ def save_checkpoint(
         if final.exists():  # re-saving the same step (e.g. after a resume): move the old one out of the way first
             final.rename(root / f"{_TRASH}{final.name}")
         tmp.rename(final)
-        for old in list_checkpoints(run_dir)[:-keep_last_k]:
-            _remove(old)
-        _remove_trash(root)
+        prune_checkpoints(run_dir, keep_last_k, keep_steps)
     _barrier(accelerator)
     return final
+
+
+def checkpoint_step(path: str | Path) -> int:
+    """``.../step_000010`` -> 10."""
+    m = _STEP_DIR.match(Path(path).name)
+    if not m:
+        raise ValueError(f"{path} is not a checkpoint directory (step_N)")
+    return int(m.group(1))
+
+
+def prune_checkpoints(run_dir: str | Path, keep_last_k: int, keep_steps: Collection[int] = ()) -> list[Path]:
+    """Delete every complete checkpoint except the last ``keep_last_k`` and those of ``keep_steps`` (the best
+    checkpoint: searchr1_lld/best_checkpoint.py); main process only. Returns the deleted paths."""
+    if keep_last_k < 1:
+        raise ValueError("keep_last_k must be >= 1")
+    keep = set(keep_steps)
+    removed = [old for old in list_checkpoints(run_dir)[:-keep_last_k] if checkpoint_step(old) not in keep]
+    for old in removed:
+        _remove(old)
+    _remove_trash(checkpoint_root(run_dir))
+    return removed
 
 
 def _save_tokenizer(tokenizer: Any, policy_dir: Path) -> None:

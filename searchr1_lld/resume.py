@@ -10,18 +10,21 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from searchr1_lld import checkpoint as ckpt
+from searchr1_lld.best_checkpoint import BEST_FILE
+from searchr1_lld.tracking import WANDB_RUN_FILE
 from searchr1_lld.config import Config, ConfigError, config_differences, flatten_dict, read_yaml, save_config
 
 # Keys that say where a run lives, not what it does: never compared on resume.
 RESUME_IGNORED_KEYS = ("trainer.resume", "trainer.run_name", "trainer.output_dir")
 # Keys that may change when a run is resumed, but only when asked for (train.py --allow-change KEY); a trailing ".*"
 # covers a section. total_steps: the LR schedule is recomputed for the new length (warmup_ratio of the new total).
-RESUME_SAFE_KEYS = ("trainer.total_steps", "trainer.save_every", "trainer.keep_last_k", "trainer.eval_every",
+RESUME_SAFE_KEYS = ("trainer.total_steps", "trainer.save_every", "trainer.keep_last_k", "trainer.keep_best",
+                    "trainer.keep_best_mode", "trainer.eval_every",
                     "trainer.eval_limit", "trainer.probe_every", "logging.*", "eval.*")
 INPUTS_FILE = "inputs_fingerprint.txt"  # what the run's local inputs held (resuming onto other contents is refused)
 # A run's own files: moved aside when a run starts over in a used directory.
 RUN_FILES = ("checkpoints", "metrics.jsonl", "eval_before.json", "eval.json", "eval.md", "plots", "config.yaml",
-             INPUTS_FILE)
+             INPUTS_FILE, BEST_FILE, WANDB_RUN_FILE, "wandb")
 
 
 def _matches(key: str, patterns: Sequence[str]) -> bool:

@@ -4,9 +4,15 @@
     tracker.log(step, metrics)      # one JSON line per step; wandb.log; bar postfix; plots every plot_every steps
     tracker.close()                 # final plots, wandb.finish
 
-Only the main process writes (pass ``enabled=False`` on the others). wandb is imported lazily and runs offline
-unless ``logging.wandb_mode=online`` and an API key is present; a failing wandb never stops training (it is reported
-once and disabled). Non-finite floats are written to JSON as ``null``.
+Only the main process writes (pass ``enabled=False`` on the others). Non-finite floats are written to JSON as
+``null``.
+
+wandb (:func:`init_wandb`, imported lazily): the mode is $WANDB_MODE when set, else ``logging.wandb_mode``; the
+credentials are wandb's own (``wandb login``'s netrc entry, or $WANDB_API_KEY), never overridden here. The run id
+is stored in ``RUN/wandb_run.json`` at the first start and passed back with ``resume="allow"`` on every restart,
+so a resumed run continues the same wandb run (one set of curves). An online start that wandb refuses (no
+credentials, no network) is reported in one warning and logs offline instead (``wandb sync RUN/wandb/offline-run-*``
+uploads it later); a failing wandb never stops training.
 """
 
 from __future__ import annotations
@@ -212,6 +218,88 @@ def plot_metrics(records: Sequence[dict[str, Any]], out_dir: str | Path) -> list
     return written
 
 
+WANDB_RUN_FILE = "wandb_run.json"  # {"id": ...} of the run's wandb run, reused on restart
+
+
+def wandb_run_id(run_dir: str | Path) -> tuple[str, bool]:
+    """(the wandb run id stored in ``run_dir``, True) or (a new id, False), stored in ``run_dir`` now (before
+    wandb starts, so a crash during the first step still restarts into the same run)."""
+    path = Path(run_dir) / WANDB_RUN_FILE
+    if path.is_file():
+        try:
+            return str(json.loads(path.read_text())["id"]), True
+        except (ValueError, KeyError, TypeError):
+            warnings.warn(f"{path} is unreadable: a new wandb run id is stored")
+    import secrets
+    import string
+
+    run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))  # wandb's id form
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"id": run_id}) + "\n")
+    return run_id, False
+
+
+def init_wandb(run_dir: str | Path, logging_cfg: Any, config: dict[str, Any], *, name: str,
+               job_type: str = "train") -> Any:
+    """A wandb run for ``run_dir`` (its files under ``run_dir/wandb``) with the ``logging.wandb_*`` settings
+    (project, entity, group, tags), resumed by the id stored in ``run_dir`` (:func:`wandb_run_id`); None when wandb
+    cannot start (one warning says why)."""
+    mode = os.environ.get("WANDB_MODE") or logging_cfg.wandb_mode
+    try:
+        import wandb
+    except ImportError:
+        warnings.warn("logging.wandb=true but wandb is not installed (pip install wandb): wandb disabled")
+        return None
+    run_id, _ = wandb_run_id(run_dir)
+    kwargs = dict(project=logging_cfg.wandb_project, entity=getattr(logging_cfg, "wandb_entity", None) or None,
+                  group=getattr(logging_cfg, "wandb_group", "") or None,
+                  tags=list(getattr(logging_cfg, "wandb_tags", []) or []) or None, job_type=job_type,
+                  name=getattr(logging_cfg, "wandb_name", "") or name, config=config, dir=str(run_dir),
+                  id=run_id, resume="allow")
+    try:
+        return wandb.init(mode=mode, **kwargs)
+    except Exception as e:  # tracking must never stop training
+        if mode != "online":
+            warnings.warn(f"wandb disabled: {type(e).__name__}: {' '.join(str(e).split())[:300]}")
+            return None
+        warnings.warn(f"logging.wandb_mode=online: wandb could not start online ({type(e).__name__}: "
+                      f"{' '.join(str(e).split())[:300]}); logging offline instead (run `wandb login` or set "
+                      f"WANDB_API_KEY, then `wandb sync {Path(run_dir) / 'wandb'}/offline-run-*`)")
+    try:
+        return wandb.init(mode="offline", **kwargs)
+    except Exception as e:
+        warnings.warn(f"wandb disabled: {type(e).__name__}: {e}")
+        return None
+
+
+EVAL_TABLE_COLUMNS = ("name", "dataset", "n", "em", "sub_em", "f1", "mean_valid_searches", "mean_turns",
+                      "invalid_action_rate", "truncation_rate", "answer_rate")
+
+
+def eval_table_rows(methods: Sequence[tuple[str, dict[str, Any]]]) -> list[list[Any]]:
+    """Rows of :data:`EVAL_TABLE_COLUMNS`: one per (method, dataset), then one ``Avg.`` row per method (its
+    ``average_em`` in the em column, its question count in n, the other columns empty)."""
+    rows = []
+    for name, res in methods:
+        for dataset, m in res["datasets"].items():
+            rows.append([name, dataset] + [m.get(c) for c in EVAL_TABLE_COLUMNS[2:]])
+        rows.append([name, "Avg.", res["n"], res["average_em"]] + [None] * (len(EVAL_TABLE_COLUMNS) - 4))
+    return rows
+
+
+def log_eval_results(run: Any, methods: Sequence[tuple[str, dict[str, Any]]]) -> None:
+    """An evaluation's results to a wandb run: the table ``eval/results`` (:func:`eval_table_rows`) and, in the
+    run's summary, ``eval/<dataset>/em`` and ``eval/avg_em`` (prefixed by the method's name when there are several)."""
+    import wandb
+
+    run.log({"eval/results": wandb.Table(columns=list(EVAL_TABLE_COLUMNS), data=eval_table_rows(methods))})
+    for name, res in methods:
+        prefix = "eval/" if len(methods) == 1 else f"eval/{name}/"
+        for dataset, m in res["datasets"].items():
+            run.summary[f"{prefix}{dataset}/em"] = m["em"]
+        run.summary[f"{prefix}avg_em"] = res["average_em"]
+
+
 class Tracker:
     """metrics.jsonl + optional wandb + tqdm bar + periodic plots for one run."""
 
@@ -251,20 +339,7 @@ class Tracker:
             self._bar = tqdm(total=total_steps, initial=start_step, desc="train", dynamic_ncols=True)
 
     def _init_wandb(self, config: dict[str, Any], name: str) -> None:
-        mode = self.cfg.wandb_mode
-        if mode == "online" and not os.environ.get("WANDB_API_KEY"):
-            warnings.warn("logging.wandb_mode=online but WANDB_API_KEY is not set: logging to wandb offline")
-            mode = "offline"
-        try:
-            import wandb
-
-            self._wandb = wandb.init(
-                project=self.cfg.wandb_project, name=name, config=config, mode=mode, dir=str(self.run_dir),
-                reinit=True,
-            )
-        except Exception as e:  # tracking must never stop training
-            warnings.warn(f"wandb disabled: {type(e).__name__}: {e}")
-            self._wandb = None
+        self._wandb = init_wandb(self.run_dir, self.cfg, config, name=name, job_type="train")
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.enabled:

@@ -44,6 +44,7 @@ from typing import Any, Sequence
 import torch
 
 from searchr1_lld import checkpoint as ckpt
+from searchr1_lld.best_checkpoint import BestCheckpoint, load_best, write_best
 from searchr1_lld import distributed, evaluation, factories, optim, resume, step
 from searchr1_lld.batching import PromptSampler
 from searchr1_lld.config import Config, RolloutConfig
@@ -103,6 +104,7 @@ class Trainer:
         self.detector = PhaseDetector()
         self.probe = ProbeSet(tc.probe_size)
         self.history: list[dict[str, Any]] = []
+        self.best = BestCheckpoint(tc.keep_best, tc.keep_best_mode) if tc.keep_best else None
         self.llds_warning = step.llds_noop_warning(cfg, self.updates_per_step)
         if self.llds_warning and acc.is_main_process:
             warnings.warn(self.llds_warning)
@@ -185,18 +187,30 @@ class Trainer:
         return out
 
     # ---------------------------------------------------------------- checkpoints
-    def save(self) -> Path:
+    def save(self, best_value: float | None = None) -> Path:
+        """Checkpoint this step (pruned to the last trainer.keep_last_k, the best one exempt). ``best_value``: this
+        step is the new best of trainer.keep_best, recorded in RUN/best_checkpoint.json once the checkpoint is
+        complete; the earlier best is then pruned unless it is among the last k."""
+        keep = set() if self.best is None else self.best.kept_steps()
+        if best_value is not None:
+            keep.add(self.step)
         state = {
             "data": self.sampler.state(),
             "skipped_steps": self.skipped_steps,
             "history": self.detector.history,
             "probe": [dataclasses.asdict(t) for t in self.probe.trajectories],
         }
-        return ckpt.save_checkpoint(
+        path = ckpt.save_checkpoint(
             self.run_dir, self.step, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
             trainer_state=state, accelerator=self.accelerator, keep_last_k=self.cfg.trainer.keep_last_k,
-            tokenizer=self.tokenizer,
+            tokenizer=self.tokenizer, keep_steps=keep,
         )
+        if best_value is not None and self.best is not None:
+            self.best.record(self.step, best_value, path)
+            if self.accelerator.is_main_process:
+                write_best(self.run_dir, self.best)
+                ckpt.prune_checkpoints(self.run_dir, self.cfg.trainer.keep_last_k, self.best.kept_steps())
+        return path
 
     def maybe_resume(self) -> Path | None:
         path = ckpt.resolve_resume(self.cfg.trainer.resume, self.run_dir)
@@ -225,6 +239,9 @@ class Trainer:
         cfg, tc, main = self.cfg, self.cfg.trainer, self.accelerator.is_main_process
         notes = resume.settle_run_dir(cfg, self.run_dir, main, allow_changes, self.inputs)
         resumed = self.maybe_resume()
+        if self.best is not None:
+            self.best, best_note = load_best(self.run_dir, tc.keep_best, tc.keep_best_mode, self.step)
+            notes = notes + ([best_note] if best_note else [])
         tracker = Tracker(self.run_dir, cfg.logging, cfg.to_dict(), total_steps=tc.total_steps,
                           start_step=self.step, enabled=main)
         for note in notes + ([f"resumed from {resumed} at step {self.step}"] if resumed is not None else []) + (
@@ -259,7 +276,11 @@ class Trainer:
             if report.drawdown_alarm and not last_drawdown:
                 tracker.write(f"step {self.step}: {report.drawdown_alarm}")
             last_drawdown = report.drawdown_alarm
-            if tc.save_every and self.step % tc.save_every == 0 and self.step < tc.total_steps:
+            new_best = self.best is not None and distributed.any_rank(
+                self.accelerator, self.best.improves(metrics.get(self.best.metric)))
+            if new_best:
+                self.save(best_value=float(metrics[self.best.metric]))
+            elif tc.save_every and self.step % tc.save_every == 0 and self.step < tc.total_steps:
                 self.save()
         latest = ckpt.latest_checkpoint(self.run_dir)
         if (tc.save_every or tc.resume != "never") and (not latest or latest.name != f"step_{self.step:06d}"):
@@ -274,6 +295,10 @@ class Trainer:
                 (self.run_dir / "eval.json").write_text(json.dumps({"em_before": em_before, "em_after": em_after,
                                                                     "n": len(test_rows)}))
             tracker.write(table)
+        if self.best is not None:
+            tracker.write(f"best checkpoint by {self.best.mode} {self.best.metric}: step {self.best.step} "
+                          f"({self.best.value:.4f}) at {self.best.path}" if self.best.step is not None else
+                          f"WARNING: trainer.keep_best={self.best.metric} was never logged: no best checkpoint kept")
         if main and self.skipped_steps:
             tracker.write(f"skipped {self.skipped_steps} updates with non-finite gradients")
         tracker.close()

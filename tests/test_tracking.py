@@ -129,3 +129,85 @@ def test_final_training_bar_is_printed_once(tmp_path, capsys):
     err = capsys.readouterr().err
     finals = [part for part in err.replace("\r", "\n").splitlines() if "3/3" in part]
     assert len(finals) == 1, finals
+
+
+def _wandb_cfg(**kw):
+    return SimpleNamespace(**{**dict(wandb=True, wandb_project="searchr1-lld-test", wandb_mode="offline",
+                                     wandb_entity=None, wandb_group="cell-a", wandb_tags=["t1", "t2"], wandb_name="",
+                                     plot_every=0, progress_bar=False), **kw})
+
+
+def test_wandb_run_id_is_stored_and_reused_on_restart(tmp_path, monkeypatch):
+    """Offline wandb: the first start stores the run id in the run directory, a restart resumes that same run
+    (resume="allow"); group and tags from the config reach wandb; credentials are left to wandb."""
+    import wandb
+
+    from searchr1_lld.tracking import WANDB_RUN_FILE
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    api_key = "dummy-key-of-the-user-0123456789012345678901"
+    monkeypatch.setenv("WANDB_API_KEY", api_key)
+    seen = []
+    real_init = wandb.init
+    monkeypatch.setattr(wandb, "init", lambda **kw: seen.append(kw) or real_init(**kw))
+    tr = Tracker(tmp_path, _wandb_cfg(), {"a": 1}, total_steps=2)
+    tr.log(1, {"reward/em_mean": 0.5})
+    first_id = tr._wandb.id
+    tr.close()
+    stored = json.loads((tmp_path / WANDB_RUN_FILE).read_text())["id"]
+    assert stored == first_id
+    tr = Tracker(tmp_path, _wandb_cfg(), {"a": 1}, total_steps=2, start_step=1)
+    tr.log(2, {"reward/em_mean": 0.6})
+    assert tr._wandb.id == first_id
+    tr.close()
+    assert [kw["id"] for kw in seen] == [first_id, first_id] and all(kw["resume"] == "allow" for kw in seen)
+    assert seen[0]["group"] == "cell-a" and seen[0]["tags"] == ["t1", "t2"] and seen[0]["name"] == tmp_path.name
+    assert len(list((tmp_path / "wandb").glob(f"offline-run-*-{first_id}"))) == 2  # both starts: one wandb run id
+    import os
+
+    assert os.environ["WANDB_API_KEY"] == api_key  # not touched
+
+
+def test_eval_results_table_rows():
+    from searchr1_lld.tracking import EVAL_TABLE_COLUMNS, eval_table_rows
+
+    res = {"datasets": {"nq": {"n": 4, "em": 0.5, "f1": 0.6}, "hotpotqa": {"n": 2, "em": 0.0, "f1": 0.1}},
+           "average_em": 0.25, "n": 6}
+    rows = eval_table_rows([("m", res)])
+    assert [r[:4] for r in rows] == [["m", "nq", 4, 0.5], ["m", "hotpotqa", 2, 0.0], ["m", "Avg.", 6, 0.25]]
+    assert all(len(r) == len(EVAL_TABLE_COLUMNS) for r in rows)
+    assert rows[0][EVAL_TABLE_COLUMNS.index("f1")] == 0.6
+
+
+def test_online_mode_is_left_to_wandb_credentials(tmp_path, monkeypatch):
+    """A `wandb login` user (netrc entry, no WANDB_API_KEY) gets an online start: the mode is not decided here."""
+    import wandb
+
+    from searchr1_lld.tracking import init_wandb
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
+    calls = []
+    monkeypatch.setattr(wandb, "init", lambda **kw: calls.append(kw) or SimpleNamespace(id=kw["id"]))
+    run = init_wandb(tmp_path / "run", _wandb_cfg(wandb_mode="online"), {}, name="r")
+    assert [c["mode"] for c in calls] == ["online"] and run.id == calls[0]["id"]
+
+
+def test_online_without_credentials_says_so_and_logs_offline(tmp_path, monkeypatch):
+    import pytest
+
+    from searchr1_lld.tracking import init_wandb
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    with pytest.warns(UserWarning, match="could not start online .*logging offline instead"):
+        run = init_wandb(tmp_path / "run", _wandb_cfg(wandb_mode="online"), {}, name="r")
+    try:
+        assert run.settings.mode == "offline"
+    finally:
+        run.finish()

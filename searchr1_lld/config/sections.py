@@ -139,7 +139,10 @@ class TrainerConfig:
     output_dir: str = opt("runs", "runs are written to output_dir/run_name")
     run_name: str = opt("", "'' = <config name>-<hash of the settings>: rerunning the same command resumes it")
     save_every: int = opt(50, "checkpoint every N steps (0 = only at the end)")
-    keep_last_k: int = opt(2, "checkpoints kept")
+    keep_last_k: int = opt(2, "checkpoints kept (the last k; the best one of trainer.keep_best comes on top)")
+    keep_best: str = opt("", "a logged metric (e.g. eval/avg_em, eval/em): also keep the checkpoint of its best "
+                             "value, exempt from pruning (RUN/best_checkpoint.json; survives resume); '' = off")
+    keep_best_mode: Literal["max", "min"] = opt("max", "trainer.keep_best: best = the largest (max) or smallest (min)")
     resume: str = opt("auto", "auto | never | path to a checkpoint dir")
     eval_every: int = opt(0, "greedy test EM (eval/em; benchmarks' eval/<name>/em with data.source=files) every N "
                                 "steps and at the last one (0 = off; runs evaluate before and after training anyway)")
@@ -153,9 +156,16 @@ class TrainerConfig:
 
 @dataclass
 class LoggingConfig:
-    wandb: bool = opt(False, "also log to Weights & Biases")
+    wandb: bool = opt(False, "also log to Weights & Biases (credentials: `wandb login` or $WANDB_API_KEY; the run "
+                             "id is kept in RUN/wandb_run.json, so a resumed run continues the same wandb run)")
     wandb_project: str = opt("searchr1-lld", "W&B project")
-    wandb_mode: Literal["offline", "online", "disabled"] = opt("offline", "W&B mode")
+    wandb_entity: Optional[str] = opt(None, "W&B entity (user or team); null = your default entity")
+    wandb_group: str = opt("", "W&B group (e.g. one per paper cell, its seeds inside); '' = none")
+    wandb_tags: list[str] = opt(None, "W&B tags", factory=list)
+    wandb_name: str = opt("", "W&B run name; '' = the run directory's name")
+    wandb_mode: Literal["offline", "online", "disabled"] = opt(
+        "offline", "W&B mode ($WANDB_MODE wins when set); online falls back to offline, with a warning, when wandb "
+        "cannot log in")
     plot_every: int = opt(10, "redraw the run's plots every N steps")
     progress_bar: bool = opt(True, "show a progress bar")
 

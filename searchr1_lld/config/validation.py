@@ -81,6 +81,8 @@ def validate(cfg: Any) -> None:
         (cfg.trainer.micro_batch_token_budget >= 1, "trainer.micro_batch_token_budget", "must be >= 1"),
         (cfg.trainer.keep_last_k >= 1, "trainer.keep_last_k", "must be >= 1"),
         (cfg.trainer.save_every >= 0, "trainer.save_every", "must be >= 0"),
+        (not cfg.trainer.keep_best.startswith("eval/") or cfg.trainer.eval_every > 0, "trainer.keep_best",
+         f"{cfg.trainer.keep_best} is logged only when trainer.eval_every > 0"),
         (cfg.trainer.logprob_chunk_size >= 0, "trainer.logprob_chunk_size", "must be >= 0 (0 = sized to the device)"),
         (cfg.data.train_mix in ("nq", "nq+hotpotqa"), "data.train_mix", "must be 'nq' or 'nq+hotpotqa'"),
         (cfg.retriever.mode != "http" or cfg.retriever.url.startswith(("http://", "https://")), "retriever.url",

@@ -23,10 +23,13 @@ model (path + SHA-256 of its weight and config files), the tokenizer, the rows o
 settings and the retriever; a rerun whose provenance differs is refused (:func:`check_provenance`), so results of two
 models or settings are never mixed. Sharding: ``shard=(i, k)`` evaluates rows i, i+k, i+2k, ... of every
 dataset into ``trajectories.shard-i-of-k.jsonl``; :func:`merge_shards` combines the shard files and writes the tables.
+Each shard process takes its own device and rendezvous port, and :func:`run_shards` starts the shards of one node
+(shards.py).
 
 Layout: metrics.py (records, metrics; pure), tables.py (markdown / CSV / results files), files.py (trajectories file,
-provenance, shards), run.py (rows of each dataset, :func:`evaluate`, :func:`compare`), paper_table.py (the paper's
-table over several runs, with the paper's quoted averages).
+provenance, shards), shards.py (shard processes: device, port, ``--gpus``), run.py (rows of each dataset,
+:func:`evaluate`, :func:`compare`), paper_table.py (the paper's table over several runs, with the paper's quoted
+averages).
 """
 
 from searchr1_lld.evaluation.files import (DECODING_KEYS, MODEL_FILE_PATTERNS, TrajectoryLog, check_provenance,
@@ -40,6 +43,7 @@ from searchr1_lld.evaluation.metrics import (BENCHMARKS, DISPLAY_NAMES, KNOWN_DA
 from searchr1_lld.evaluation.paper_table import PAPER_AVERAGE_EM, paper_config, paper_table, write_paper_table
 from searchr1_lld.evaluation.run import (benchmark_rows, compare, distinct_labels, eval_rollout_config, evaluate,
                                          load_eval_rows, load_tokenizer, model_label, sampled_em)
+from searchr1_lld.evaluation.shards import prepare_shard_process, run_shards, shard_device, shard_env
 from searchr1_lld.evaluation.tables import (csv_table, detail_table, load_results, markdown_table, write_results,
                                             write_tables)
 
@@ -51,5 +55,6 @@ __all__ = [
     "parse_datasets", "record_from_trajectory", "relative_gain", "summarize", "benchmark_rows", "compare", "distinct_labels", "model_label",
     "eval_rollout_config", "evaluate", "load_eval_rows", "load_tokenizer", "sampled_em", "csv_table", "detail_table",
     "load_results", "markdown_table", "write_results", "write_tables", "PAPER_AVERAGE_EM", "paper_config",
-    "paper_table", "write_paper_table",
+    "paper_table", "write_paper_table", "prepare_shard_process", "run_shards",
+    "shard_device", "shard_env",
 ]

@@ -14,9 +14,9 @@ def make_backend(cfg, *, model=None, tokenizer=None, model_path: str = "", seed=
     """Build the backend named by ``cfg.backend`` (a RolloutConfig; ``cfg.generation_batch_size`` sequences per call).
 
     "hf": generation with ``model``, or with the model loaded from ``model_path`` (in eval mode, ``dtype``: auto =
-    bf16 on GPU, fp32 on CPU; ``device`` auto = cuda if available); ``shares_learner_weights``: it is the learner's
-    own module, so weight loads are no-ops. "vllm": one engine on this rank's GPU loaded from ``model_path`` (rank /
-    world size from the launcher's environment).
+    bf16 on GPU, fp32 on CPU; ``device`` auto = cuda if available, or a device such as cuda:1);
+    ``shares_learner_weights``: it is the learner's own module, so weight loads are no-ops. "vllm": one engine on
+    this rank's GPU loaded from ``model_path`` (rank / world size from the launcher's environment).
     """
     if tokenizer is None:
         raise ValueError("make_backend needs the tokenizer")
@@ -45,5 +45,5 @@ def _load_hf_model(model_path: str, dtype: str, device: str):
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(
-        dtype, torch.bfloat16 if device == "cuda" else torch.float32)
+        dtype, torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
     return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).to(device).eval()
