@@ -64,17 +64,29 @@ def micro_batches_by_tokens(lengths: Sequence[int], indices: Sequence[int], toke
     return out
 
 
+def micro_batches_by_count(indices: Sequence[int], rows_per_micro: int) -> list[list[int]]:
+    """Split ``indices`` in their given order into micro-batches of ``rows_per_micro`` rows (the last may be short
+    when the count does not divide), as verl's actor splits a mini-batch."""
+    if rows_per_micro < 1:
+        raise ValueError(f"rows_per_micro must be >= 1; got {rows_per_micro}")
+    idx = list(indices)
+    return [idx[s : s + rows_per_micro] for s in range(0, len(idx), rows_per_micro)]
+
+
 def plan_updates(lengths: Sequence[int], rows_per_mini: int, epochs: int, token_budget: int,
-                 generator: torch.Generator) -> list[list[list[int]]]:
+                 generator: torch.Generator, rows_per_micro: int = 0) -> list[list[list[int]]]:
     """``[mini-batch][micro-batch][row]`` of one step: per epoch a permutation of the rank's B rows cut into
     mini-batches of ``rows_per_mini`` (groups may straddle mini-batches: advantages are final), each split into
-    micro-batches by :func:`micro_batches_by_tokens` (B a multiple of ``rows_per_mini``)."""
+    micro-batches of ``rows_per_micro`` rows (:func:`micro_batches_by_count`) or, with 0, by the token budget
+    (:func:`micro_batches_by_tokens`) (B a multiple of ``rows_per_mini``)."""
     B = len(lengths)
     plan = []
     for _epoch in range(epochs):
         perm = torch.randperm(B, generator=generator).tolist()
         for start in range(0, B, rows_per_mini):
-            plan.append(micro_batches_by_tokens(lengths, perm[start : start + rows_per_mini], token_budget))
+            rows = perm[start : start + rows_per_mini]
+            plan.append(micro_batches_by_count(rows, rows_per_micro) if rows_per_micro
+                        else micro_batches_by_tokens(lengths, rows, token_budget))
     return plan
 
 

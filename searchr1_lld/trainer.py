@@ -11,7 +11,8 @@ One training step (:func:`searchr1_lld.step.train_step`)::
     for epoch in ppo_epochs, for mini-batch of ppo_mini_batch_size *responses* (over all ranks; groups may straddle):
         for micro-batch (token budget, sorted by length; every rank runs the max count, padding ones weigh 0):
             loss = objective(pg + kl_coef * KL(ref) - entropy_coef * H + LLDS)  algo.objective
-            (every term normalised by the *mini-batch* totals -> accumulation == the one-shot mini-batch loss)
+            (every term over the *mini-batch* totals -> accumulation == the one-shot mini-batch loss; or, with
+            algorithm.loss_scale=micro-batch-mean, each micro-batch's own mean / number of micro-batches)
             backward (DeepSpeed: engine.set_gradient_accumulation_boundary(last) + engine.backward)  optim.backward
         global grad norm (before clipping), checked on all ranks *before* the step -> non-finite on any rank: skip
         on all ranks and count; else clip -> AdamW step -> LR scheduler step (warm-up ratio of all optimiser steps)

@@ -114,6 +114,11 @@ class AlgorithmConfig:
     dual_clip: Optional[float] = opt(None, "dual-clip constant c > 1 (null = off)")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = opt(
         "token-mean", "how token losses are averaged (algo/aggregation.py)")
+    loss_scale: Literal["mini-batch-token-mean", "micro-batch-mean"] = opt(
+        "mini-batch-token-mean", "what a mini-batch's loss divides by (algo/objective.py): mini-batch-token-mean = "
+        "the mini-batch's token (seq modes: response) total, this project's and later verl's default; "
+        "micro-batch-mean = each micro-batch's own mean / number of micro-batches, the authors' verl actor (policy "
+        "loss, entropy, KL and LLDS alike; pair with trainer.micro_batch_size)")
     kl_coef: float = opt(0.001, "KL(policy || reference) coefficient (0 = no reference model)")
     kl_type: Literal["k1", "abs", "k2", "mse", "low_var_kl", "k3"] = opt("low_var_kl", "KL estimator (algo/kl.py)")
     entropy_coef: float = opt(0.0, "entropy bonus coefficient")
@@ -127,6 +132,8 @@ class TrainerConfig:
     train_batch_size: int = opt(512, "prompts per rollout step")
     ppo_mini_batch_size: int = opt(256, "responses per optimiser step, over all processes (docs/batch_semantics.md)")
     micro_batch_token_budget: int = opt(16384, "tokens per forward/backward micro-batch (sorted by length)")
+    micro_batch_size: int = opt(0, "responses per forward/backward micro-batch on each process, cut in the mini-batch's "
+                                   "shuffled order (the authors' fixed count); 0 = cut by micro_batch_token_budget")
     ppo_epochs: int = opt(1, "passes over a step's responses")
     lr: float = opt(1e-6, "AdamW learning rate")
     warmup_ratio: float = opt(0.285, "linear warm-up over this share of all optimiser steps")
