@@ -224,6 +224,7 @@ class Trainer:
         they leave the training itself unchanged. ``allow_changes``: config keys that may differ from the resumed
         run's saved config (see :data:`resume.RESUME_SAFE_KEYS`); any other is refused."""
         cfg, tc, main = self.cfg, self.cfg.trainer, self.accelerator.is_main_process
+        resume.check_run_dir_shared(self.accelerator, self.run_dir)  # node-local run dirs: refused, one line
         notes = resume.settle_run_dir(cfg, self.run_dir, main, allow_changes, self.inputs)
         resumed = self.maybe_resume()
         tracker = Tracker(self.run_dir, cfg.logging, cfg.to_dict(), total_steps=tc.total_steps,

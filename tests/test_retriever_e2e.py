@@ -426,6 +426,18 @@ def test_cli_port_in_use_fails_before_loading_the_index(world):
     assert "loaded" not in r.stdout  # refused before the index (and the encoder) were loaded
 
 
+def test_gpu_index_without_a_gpu_is_an_error_in_process_and_from_the_cli(world):
+    from retriever.faiss_index import FaissSetupError
+
+    with pytest.raises(FaissSetupError, match=r"FAISS sees no GPU \(faiss-cpu .*CPU build\)"):
+        InProcessRetriever(world["flat"], use_gpu=True)  # never a CPU index kept without a word
+    assert issubclass(FaissSetupError, RetrieverError)  # train.py / eval.py print it as one line (cli._friendly)
+    r = run_cli("serve", "--index", str(world["flat"]), "--gpu-index", "--port", str(free_port()))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith(
+        "error: --gpu-index / retriever.use_gpu_index: FAISS sees no GPU")
+
+
 # --------------------------------------------------------------------------------------------------- index integrity
 
 

@@ -70,13 +70,15 @@ class RolloutConfig:
 @dataclass
 class RetrieverConfig:
     mode: Literal["inprocess", "http"] = opt("inprocess", "in-process index, or the HTTP service (python -m retriever serve)")
-    url: str = opt("http://127.0.0.1:8000", "http: the service's address")
+    url: str = opt("http://127.0.0.1:8000", "http: the service's address; $SEARCHR1_RETRIEVER_URL overrides it (one "
+                   "service that every node reaches; docs/multinode.md)")
     index_dir: str = opt("", "inprocess: the index dir (python -m retriever build; required in inprocess mode)")
     timeout_s: float = opt(30.0, "http: per request")
     max_wait_s: float = opt(300.0, "http: keep retrying a down / 5xx service this long")
     max_retries: Optional[int] = opt(None, "http: cap on retries within max_wait_s (null = no cap)")
     backoff_s: float = opt(0.5, "http: first wait; doubles per retry, capped at 30 s")
-    token: Optional[str] = opt(None, "http: bearer token of a service started with --token")
+    token: Optional[str] = opt(None, "http: bearer token of a service started with --token (null: "
+                               "$SEARCHR1_RETRIEVER_TOKEN)")
     batch_size: int = opt(256, "http: queries per request")
     device: Optional[str] = opt(None, "inprocess: encoder device (null = cuda if available)")
     use_gpu_index: bool = opt(False, "inprocess: clone the FAISS index onto all GPUs (needs faiss-gpu)")
