@@ -8,12 +8,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from retriever.client import RetrieverError
-
 DEFAULT_SEARCH_PARAMS = {"efSearch": 128, "nprobe": 64}  # used only by index types that have the parameter
 
 
-class FaissSetupError(RetrieverError):
+class FaissSetupError(RuntimeError):
     """The installed FAISS cannot do what was asked (no GPU for --gpu-index, two FAISS builds installed)."""
 
 

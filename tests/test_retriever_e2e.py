@@ -431,7 +431,12 @@ def test_gpu_index_without_a_gpu_is_an_error_in_process_and_from_the_cli(world):
 
     with pytest.raises(FaissSetupError, match=r"FAISS sees no GPU \(faiss-cpu .*CPU build\)"):
         InProcessRetriever(world["flat"], use_gpu=True)  # never a CPU index kept without a word
-    assert issubclass(FaissSetupError, RetrieverError)  # train.py / eval.py print it as one line (cli._friendly)
+    from searchr1_lld.cli import run_main
+
+    def use_gpu_index(argv):
+        InProcessRetriever(world["flat"], use_gpu=True)
+
+    assert run_main(use_gpu_index, [], prog="train.py") == 2  # train.py / eval.py: one line, exit 2
     r = run_cli("serve", "--index", str(world["flat"]), "--gpu-index", "--port", str(free_port()))
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith(
