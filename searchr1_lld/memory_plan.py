@@ -3,7 +3,8 @@
 preflight prints the plan of its own config.
 
     plan = gpu_memory_plan(QWEN25["3b"], zero_stage=2, data_parallel=8, gpu_bytes=H100_80GB,
-                           vllm_gpu_memory_utilization=0.55, reference=True, micro_batch_tokens=16 * 4096,
+                           vllm_gpu_memory_utilization=0.55, reference=True,
+                           micro_batch_tokens=pass_tokens(16, 4096, 16384),
                            fused_head=True, retriever_bytes=faiss_flat_shard_bytes(21_015_324, 768, 8))
     plan.margin_at_wake_up_fraction   # what is left of the GPU when the engine wakes up after an update
 
@@ -19,9 +20,9 @@ accumulation as configs/deepspeed/*.json set them):
                 and CUDA context)
     engine      vLLM claims gpu_memory_utilization x the GPU's *total* memory (weights + activations + KV cache)
                 while awake; asleep (level 2) it keeps about ENGINE_ASLEEP_BYTES
-    activations update phase, one micro-batch of T tokens (padded): checkpointed layer inputs L T H 2 B, one layer
-                recomputed 2 T (4H + 3I) 2 B, and the log-prob head: chunked from the hidden states (fused head)
-                or, under ZeRO-3, the full logits T V 2 B and their gradient
+    activations update phase, one forward pass of T padded tokens (pass_tokens): checkpointed layer inputs
+                L T H 2 B, one layer recomputed 2 T (4H + 3I) 2 B, and the log-prob head: chunked from the hidden
+                states (fused head) or, under ZeRO-3, the full logits T V 2 B and their gradient
 
 The margin that decides whether a run starts is the one at the engine's first wake-up after an optimiser step:
 every learner buffer then exists, and the engine asks for its whole budget again.
@@ -139,6 +140,14 @@ class MemoryPlan:
         return self.margin_at_wake_up_fraction >= floor and self.margin_at_update_fraction >= floor
 
 
+def pass_tokens(micro_batch_size: int, max_total_length: int, token_budget: int) -> int:
+    """Padded tokens of the largest forward pass of the update (batching.plan_updates): a micro-batch of
+    ``micro_batch_size`` responses (0: cut by the budget alone) runs in passes within ``token_budget``, and a single
+    response longer than the budget gets a pass of its own."""
+    cap = max(token_budget, max_total_length)
+    return min(micro_batch_size * max_total_length, cap) if micro_batch_size else cap
+
+
 def faiss_flat_shard_bytes(num_vectors: int, dim: int, gpus: int, *, fp16: bool = True) -> float:
     """Per GPU: a Flat index sharded over ``gpus`` (``retriever serve --gpu-index``: fp16 codes), FAISS's temporary
     memory and the retriever's CUDA context."""
@@ -210,8 +219,9 @@ def markdown_table(plans: dict[str, MemoryPlan]) -> str:
         ("engine awake: utilisation x total", lambda p: g(p.engine_awake)),
         ("of which KV cache", lambda p: g(p.kv_cache)),
         ("**rollout / first wake-up**", lambda p: f"**{g(p.rollout)}**"),
-        ("**margin at the first wake-up**", lambda p: f"**{g(p.margin_at_wake_up)} ({pct(p.margin_at_wake_up_fraction)})**"),
-        ("update: activations of one micro-batch", lambda p: g(p.activations)),
+        ("**margin at the first wake-up**",
+         lambda p: f"**{g(p.margin_at_wake_up)} ({pct(p.margin_at_wake_up_fraction)})**"),
+        ("update: activations of one forward pass", lambda p: g(p.activations)),
         ("**update**", lambda p: f"**{g(p.update)}**"),
         ("**margin at the update**", lambda p: f"**{g(p.gpu - p.update)} ({pct(p.margin_at_update_fraction)})**"),
     ]
@@ -220,18 +230,17 @@ def markdown_table(plans: dict[str, MemoryPlan]) -> str:
     return "\n".join(lines)
 
 
-def paper_cells(util_3b: float, micro_3b: int, util_7b: float, micro_7b: int, max_total_length: int,
-                data_parallel: int = 8, gpu_bytes: float = H100_80GB) -> dict[str, MemoryPlan]:
+def paper_cells(util_3b: float, util_7b: float, tokens: int, data_parallel: int = 8,
+                gpu_bytes: float = H100_80GB) -> dict[str, MemoryPlan]:
     """The four cells 3B / 7B x ZeRO-2 / ZeRO-3 on ``data_parallel`` GPUs with the wiki-18 e5 Flat index sharded
-    over the same GPUs, at the paper configs' engine fractions and micro-batch sizes (responses x max length)."""
+    over the same GPUs, at the paper configs' engine fractions and forward passes of ``tokens`` (pass_tokens)."""
     shard = faiss_flat_shard_bytes(21_015_324, 768, data_parallel)
     cells = {}
-    for size, util, micro in (("3b", util_3b, micro_3b), ("7b", util_7b, micro_7b)):
+    for size, util in (("3b", util_3b), ("7b", util_7b)):
         for stage in (2, 3):
             cells[f"{size.upper()} ZeRO-{stage}"] = gpu_memory_plan(
                 QWEN25[size], zero_stage=stage, data_parallel=data_parallel, gpu_bytes=gpu_bytes,
-                vllm_gpu_memory_utilization=util, reference=True, micro_batch_tokens=micro * max_total_length,
-                retriever_bytes=shard)
+                vllm_gpu_memory_utilization=util, reference=True, micro_batch_tokens=tokens, retriever_bytes=shard)
     return cells
 
 
@@ -240,9 +249,9 @@ if __name__ == "__main__":  # python -m searchr1_lld.memory_plan: the tables of 
 
     c3 = load_config("configs/paper/qwen2.5-3b-base_nq-hotpotqa_llds-ma.yaml")
     c7 = load_config("configs/paper/qwen2.5-7b-base_nq-hotpotqa_llds-ma.yaml")
-    print(markdown_table(paper_cells(c3.rollout.vllm_gpu_memory_utilization, c3.trainer.micro_batch_size,
-                                     c7.rollout.vllm_gpu_memory_utilization, c7.trainer.micro_batch_size,
-                                     c3.rollout.max_total_length)))
+    tokens = pass_tokens(c3.trainer.micro_batch_size, c3.rollout.max_total_length, c3.trainer.micro_batch_token_budget)
+    print(markdown_table(paper_cells(c3.rollout.vllm_gpu_memory_utilization, c7.rollout.vllm_gpu_memory_utilization,
+                                     tokens)))
     print()
     g = lambda x: f"{x / GB:.0f} GB"  # noqa: E731
     for size in ("3b", "7b"):

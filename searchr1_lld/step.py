@@ -220,12 +220,14 @@ def update_policy(ctx: StepContext, batch: TrajectoryBatch, advantages: torch.Te
     ctx.model.train()
     for mi, (mini, count) in enumerate(zip(plan, n_micro)):
         mini_tokens, mini_resp = mini_batch_denominators(batch.response_mask[[i for mb in mini for i in mb]])
+        groups, counts = micro_batch_groups(batch, mini, tc.micro_batch_size)  # the loss's micro-batches
         for k in range(count):
-            pad = k >= len(mini)  # zero-weight micro-batch: this rank ran out, its peers did not
+            pad = k >= len(mini)  # zero-weight pass: this rank ran out, its peers did not
             m_metrics, n_tok = micro_step(ctx, batch, mini[0][:1] if pad else mini[k], spec, advantages, logp_old,
                                           logp_ref, tis_weights, lam_answer, max(mini_tokens, 1.0),
                                           max(mini_resp, 1.0), last=k == count - 1, weight=0.0 if pad else 1.0,
-                                          micro_batches=len(mini))
+                                          micro_batches=len(counts) if counts else len(mini),
+                                          micro_batch_counts=counts[groups[k]] if counts and not pad else None)
             pads += int(pad)
             if pad:
                 continue
@@ -249,12 +251,28 @@ def update_policy(ctx: StepContext, batch: TrajectoryBatch, advantages: torch.Te
     return out
 
 
+def micro_batch_groups(batch: TrajectoryBatch, passes: list[list[int]],
+                       rows_per_micro: int) -> tuple[list[int], list[tuple[float, float]]]:
+    """trainer.micro_batch_size > 0: the micro-batch of each forward pass of a mini-batch and each micro-batch's
+    (tokens, responses), its normalisation under algorithm.loss_scale=micro-batch-mean; else ([], []): every pass is
+    its own micro-batch."""
+    if not rows_per_micro:
+        return [], []
+    groups = batching.micro_batch_of_passes(passes, rows_per_micro)
+    rows: dict[int, list[int]] = {}
+    for g, p in zip(groups, passes):
+        rows.setdefault(g, []).extend(p)
+    return groups, [mini_batch_denominators(batch.response_mask[rows[g]]) for g in sorted(rows)]
+
+
 def micro_step(ctx: StepContext, batch: TrajectoryBatch, mb: list[int], spec: ObjectiveSpec,
                advantages: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor | None,
                tis_weights: torch.Tensor | None, lam_answer: float | None, mini_tokens: float, mini_resp: float, *,
-               last: bool, weight: float = 1.0, micro_batches: int = 1) -> tuple[dict[str, float], float]:
+               last: bool, weight: float = 1.0, micro_batches: int = 1,
+               micro_batch_counts: tuple[float, float] | None = None) -> tuple[dict[str, float], float]:
     """Forward + backward of one micro-batch (rows ``mb`` of ``batch``) of the objective (algo.objective, scaled by
-    algorithm.loss_scale: mini-batch totals, or its own mean / ``micro_batches``, the mini-batch's micro-batch count);
+    algorithm.loss_scale: mini-batch totals, or its micro-batch's mean / ``micro_batches``, the mini-batch's micro-batch
+    count; ``micro_batch_counts``: its micro-batch's (tokens, responses) when the rows are one of several passes);
     ``weight`` 0 = a padding micro-batch (same collectives, zero gradient). Returns (metric sums, tokens)."""
     dev = ctx.accelerator.device
     rows = batching.select_rows(batch, mb)
@@ -268,7 +286,7 @@ def micro_step(ctx: StepContext, batch: TrajectoryBatch, mb: list[int], spec: Ob
             spec, logp_new, cut(logp_old), advantages[idx].to(dev), mask, mini_tokens=mini_tokens,
             mini_responses=mini_resp, logp_ref=cut(logp_ref), entropy=entropy,
             answer_mask=rows["answer_mask"].to(dev) if lam_answer is not None else None, lam_answer=lam_answer,
-            token_weights=cut(tis_weights), micro_batches=micro_batches,
+            token_weights=cut(tis_weights), micro_batches=micro_batches, micro_batch_counts=micro_batch_counts,
         )
         backward(ctx.accelerator, ctx.model, loss * weight if weight != 1.0 else loss, last)
     n_tok = float(mask.sum())

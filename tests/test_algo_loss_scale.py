@@ -123,7 +123,42 @@ def test_config_keys():
     cfg = load_config("configs/paper/qwen2.5-3b-base_nq-hotpotqa_llds-ma.yaml")
     assert cfg.algorithm.loss_scale == "micro-batch-mean"
     assert cfg.trainer.micro_batch_size == 16  # the authors' 64 per micro-batch over 4 GPUs
+    assert load_config("configs/paper/qwen2.5-7b-instruct_nq_llds.yaml").trainer.micro_batch_size == 16
     with pytest.raises(ConfigError, match="algorithm.loss_scale"):
         load_config("configs/tiny.yaml", ["algorithm.loss_scale=token-sum"])
     with pytest.raises(ConfigError, match="trainer.micro_batch_size"):
         load_config("configs/tiny.yaml", ["trainer.micro_batch_size=3"]).validate()
+
+
+@pytest.mark.parametrize("agg_mode", list(aggregation.AGG_MODES))
+def test_a_micro_batch_run_in_several_passes_gives_the_same_gradient(agg_mode):
+    theta, logp_old, logp_ref, adv, mask = _batch()
+    spec = ObjectiveSpec(agg_mode=agg_mode, kl_coef=0.3, entropy_coef=0.05, llds_lam=0.5, llds_gate="action",
+                         loss_scale="micro-batch-mean")
+    n_tok, n_resp = mini_batch_denominators(mask)
+
+    def grad(rows, counts=None):
+        idx = torch.as_tensor(rows)
+        logp_new = torch.nn.functional.logsigmoid(theta[idx])
+        loss, _ = objective(spec, logp_new, logp_old[idx], adv[idx], mask[idx], mini_tokens=n_tok,
+                            mini_responses=n_resp, logp_ref=logp_ref[idx], entropy=-logp_new.exp() * logp_new,
+                            micro_batches=2, micro_batch_counts=counts)
+        return torch.autograd.grad(loss, theta)[0]
+
+    whole = grad([0, 3, 6, 4])  # micro-batch 1 of 2 in one forward pass
+    counts = mini_batch_denominators(mask[torch.as_tensor([0, 3, 6, 4])])
+    torch.testing.assert_close(grad([0, 3], counts) + grad([6, 4], counts), whole, rtol=1e-5, atol=1e-7)
+    assert not torch.allclose(grad([0, 3]) + grad([6, 4]), whole, rtol=1e-3, atol=1e-6)  # each pass its own mean
+
+
+def test_micro_batches_of_a_count_run_in_passes_within_the_token_budget():
+    lengths = [100, 300, 200, 400, 100, 100, 300, 200]
+    plan = batching.plan_updates(lengths, 8, 1, 600, torch.Generator().manual_seed(1), rows_per_micro=4)
+    (passes,) = plan
+    groups = batching.micro_batch_of_passes(passes, 4)
+    assert groups == sorted(groups) and set(groups) == {0, 1}
+    for g in (0, 1):  # each micro-batch: 4 rows, in passes whose padded size fits the budget
+        rows = [i for p, gi in zip(passes, groups) if gi == g for i in p]
+        assert len(rows) == 4
+    assert all(len(p) * max(lengths[i] for i in p) <= 600 for p in passes)
+    assert len(passes) > 2

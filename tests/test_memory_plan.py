@@ -56,7 +56,8 @@ def _paper_plan(path: str) -> mp.MemoryPlan:
     return mp.gpu_memory_plan(
         mp.QWEN25["7b" if seven else "3b"], zero_stage=3 if seven else 2, data_parallel=8, gpu_bytes=mp.H100_80GB,
         vllm_gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization, reference=cfg.algorithm.kl_coef > 0,
-        micro_batch_tokens=cfg.trainer.micro_batch_size * cfg.rollout.max_total_length,
+        micro_batch_tokens=mp.pass_tokens(cfg.trainer.micro_batch_size, cfg.rollout.max_total_length,
+                                          cfg.trainer.micro_batch_token_budget),
         gradient_checkpointing=cfg.model.gradient_checkpointing,
         retriever_bytes=mp.faiss_flat_shard_bytes(*WIKI18, 8))
 
@@ -67,7 +68,7 @@ def test_every_paper_config_keeps_ten_percent_free(path):
     assert plan.fits(), (path, plan.margin_at_wake_up_fraction, plan.margin_at_update_fraction)
 
 
-def test_the_previous_settings_did_not():
+def test_settings_below_the_floor():
     three = _paper_plan("configs/paper/qwen2.5-3b-base_nq_llds.yaml")
     at_06 = mp.gpu_memory_plan(mp.QWEN25["3b"], zero_stage=2, data_parallel=8, gpu_bytes=mp.H100_80GB,
                                vllm_gpu_memory_utilization=0.6, reference=True, micro_batch_tokens=16 * 4096,
@@ -76,7 +77,14 @@ def test_the_previous_settings_did_not():
     sixteen = mp.gpu_memory_plan(mp.QWEN25["7b"], zero_stage=3, data_parallel=8, gpu_bytes=mp.H100_80GB,
                                  vllm_gpu_memory_utilization=0.5, reference=True, micro_batch_tokens=16 * 4096,
                                  retriever_bytes=three.retriever)
-    assert sixteen.margin_at_update_fraction < 0  # ZeRO-3's full logits of 16 x 4096 tokens
+    assert sixteen.margin_at_update_fraction < 0  # ZeRO-3's full logits of 16 x 4096 tokens in one forward pass
+
+
+def test_pass_tokens():
+    assert mp.pass_tokens(16, 4096, 16384) == 16384  # a micro-batch of 16 runs in passes within the budget
+    assert mp.pass_tokens(2, 4096, 16384) == 8192
+    assert mp.pass_tokens(16, 4096, 1000) == 4096  # one response longer than the budget: a pass of its own
+    assert mp.pass_tokens(0, 4096, 16384) == 16384
 
 
 def test_docs_memory_shows_the_plans_of_the_paper_configs():
@@ -84,7 +92,9 @@ def test_docs_memory_shows_the_plans_of_the_paper_configs():
 
     c3 = load_config("configs/paper/qwen2.5-3b-base_nq-hotpotqa_llds-ma.yaml")
     c7 = load_config("configs/paper/qwen2.5-7b-base_nq-hotpotqa_llds-ma.yaml")
-    table = mp.markdown_table(mp.paper_cells(c3.rollout.vllm_gpu_memory_utilization, c3.trainer.micro_batch_size,
-                                             c7.rollout.vllm_gpu_memory_utilization, c7.trainer.micro_batch_size,
-                                             c3.rollout.max_total_length))
+    tokens = mp.pass_tokens(c3.trainer.micro_batch_size, c3.rollout.max_total_length,
+                            c3.trainer.micro_batch_token_budget)
+    assert c7.trainer.micro_batch_size == c3.trainer.micro_batch_size
+    table = mp.markdown_table(mp.paper_cells(c3.rollout.vllm_gpu_memory_utilization,
+                                             c7.rollout.vllm_gpu_memory_utilization, tokens))
     assert table in (REPO_ROOT / "docs" / "memory.md").read_text()  # regenerate: python -m searchr1_lld.memory_plan

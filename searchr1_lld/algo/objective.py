@@ -83,12 +83,14 @@ def _check_aggregation(spec: ObjectiveSpec, mini_tokens: float, mini_responses: 
 
 
 def loss_denominators(spec: ObjectiveSpec, response_mask: torch.Tensor, *, mini_tokens: float, mini_responses: float,
-                      micro_batches: int) -> tuple[float, float]:
+                      micro_batches: int, group: tuple[float, float] | None = None) -> tuple[float, float]:
     """(D, D_LLDS) of one micro-batch with response mask ``[B, T]`` under ``spec.loss_scale`` (module docstring).
-    Under ``micro-batch-mean`` an empty micro-batch (no response token) gets D = K, which leaves its zero sums at 0."""
+    ``group``: (n_tok, n_resp) of the micro-batch this forward pass is a part of, when a micro-batch is run in
+    several passes (default: this pass is the whole micro-batch). Under ``micro-batch-mean`` an empty micro-batch
+    (no response token) gets D = K, which leaves its zero sums at 0."""
     if spec.loss_scale == "mini-batch-token-mean":
         return (mini_tokens if spec.agg_mode == "token-mean" else mini_responses), mini_tokens
-    n_tok, n_resp = mini_batch_denominators(response_mask)
+    n_tok, n_resp = mini_batch_denominators(response_mask) if group is None else group
     local = n_tok if spec.agg_mode == "token-mean" else n_resp
     return micro_batches * max(local, 1.0), micro_batches * max(n_tok, 1.0)
 
@@ -108,6 +110,7 @@ def objective(
     lam_answer: float | None = None,
     token_weights: torch.Tensor | None = None,
     micro_batches: int = 1,
+    micro_batch_counts: tuple[float, float] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Micro-batch loss L (module docstring) and its metrics, term by term: the registered policy loss, then the
     entropy, KL and LLDS terms, each with its own autograd graph and metrics.
@@ -118,6 +121,7 @@ def objective(
         advantages: [B] or [B, T] (token broadcast). response_mask: [B, T].
         mini_tokens, mini_responses: N_tok and N_resp of the whole mini-batch (:func:`mini_batch_denominators`).
         micro_batches: K, the number of micro-batches the mini-batch was cut into (``micro-batch-mean`` divides by it).
+        micro_batch_counts: (n_tok, n_resp) of the whole micro-batch when these rows are one of its forward passes.
         logp_ref: [B, T] reference log-probs (KL term when given and spec.kl_coef > 0).
         entropy: [B, T] token entropies (entropy term when given and spec.entropy_coef != 0; carries gradient).
         answer_mask, lam_answer: LLDS-MA (both or neither). token_weights: [B, T] per-token policy-gradient weights.
@@ -129,7 +133,7 @@ def objective(
     _check_aggregation(spec, mini_tokens, mini_responses, micro_batches)
     n_tok, n_resp = mini_batch_denominators(response_mask)
     denom, llds_denom = loss_denominators(spec, response_mask, mini_tokens=mini_tokens, mini_responses=mini_responses,
-                                          micro_batches=micro_batches)
+                                          micro_batches=micro_batches, group=micro_batch_counts)
     local = n_tok if spec.agg_mode == "token-mean" else n_resp
 
     loss_fn = policy_loss.get_policy_loss_fn(spec.policy_loss)

@@ -134,8 +134,10 @@ class TrainerConfig:
     train_batch_size: int = opt(512, "prompts per rollout step")
     ppo_mini_batch_size: int = opt(256, "responses per optimiser step, over all processes (docs/batch_semantics.md)")
     micro_batch_token_budget: int = opt(16384, "tokens per forward/backward micro-batch (sorted by length)")
-    micro_batch_size: int = opt(0, "responses per forward/backward micro-batch on each process, cut in the mini-batch's "
-                                   "shuffled order (the authors' fixed count); 0 = cut by micro_batch_token_budget")
+    micro_batch_size: int = opt(0, "responses per micro-batch on each process, cut in the mini-batch's shuffled order "
+                                   "(the authors' fixed count; the unit of algorithm.loss_scale=micro-batch-mean), "
+                                   "run in forward/backward passes within micro_batch_token_budget; 0 = micro-batches "
+                                   "cut by the token budget alone")
     ppo_epochs: int = opt(1, "passes over a step's responses")
     lr: float = opt(1e-6, "AdamW learning rate")
     warmup_ratio: float = opt(0.285, "linear warm-up over this share of all optimiser steps")
