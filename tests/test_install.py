@@ -4,6 +4,7 @@ PyPI's metadata, to one consistent stack with the pinned vLLM release (slow, nee
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -48,7 +49,8 @@ def test_gpu_extra_names_the_pinned_vllm():
 
 
 def _resolve(requirements: list[str], report) -> float:
-    """pip's resolver on PyPI alone (--isolated: no local indexes, constraints or config), metadata only (a dry run;
+    """pip's resolver on PyPI alone (--isolated: no PIP_* variables such as the Makefile's CPU constraint; no
+    configuration file: no local indexes, find-links or constraints of this machine), metadata only (a dry run;
     fast-deps reads each wheel's metadata by HTTP range requests instead of downloading it), for a Linux x86_64 node
     with CPython TARGET_PYTHON. Returns the wall time."""
     cmd = [sys.executable, "-m", "pip", "install", "--isolated", "--dry-run", "--ignore-installed", "--quiet",
@@ -56,7 +58,8 @@ def _resolve(requirements: list[str], report) -> float:
            "--python-version", TARGET_PYTHON, "--implementation", "cp", *[f"--platform={p}" for p in PLATFORMS],
            *requirements]
     t0 = time.time()
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=RESOLVER_TIMEOUT_S)
+    env = {**os.environ, "PIP_CONFIG_FILE": os.devnull}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=RESOLVER_TIMEOUT_S, env=env)
     wall = time.time() - t0
     err = out.stderr.lower()
     if out.returncode and any(s in err for s in ("connection", "network", "name resolution", "timed out",
