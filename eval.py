@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", help="dataset split (default: test, else dev)")
     p.add_argument("--flashrag-dir", help="local mirror of the FlashRAG files, DIR/<name>/<split>.jsonl "
                                           "(default: $FLASHRAG_LOCAL_DIR, else the HF hub)")
-    p.add_argument("--retriever-url", help="retriever HTTP service (Search-R1 /retrieve protocol)")
+    p.add_argument("--retriever-url", default=os.environ.get("SEARCHR1_RETRIEVER_URL") or None,
+                   help="retriever HTTP service (Search-R1 /retrieve protocol; default: $SEARCHR1_RETRIEVER_URL)")
     p.add_argument("--retriever-token", default=os.environ.get("SEARCHR1_RETRIEVER_TOKEN") or None,
                    help="bearer token of a service started with --token (default: $SEARCHR1_RETRIEVER_TOKEN, else "
                         "retriever.token of the config)")

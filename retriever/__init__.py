@@ -10,12 +10,26 @@ Heavy modules (torch, faiss, transformers) load only when an in-process retrieve
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from retriever.client import RetrieverClient, RetrieverError
 
-__all__ = ["RetrieverClient", "RetrieverError", "make_retriever", "build_index", "InProcessRetriever"]
+__all__ = ["RetrieverClient", "RetrieverError", "make_retriever", "build_index", "InProcessRetriever", "service_address"]
+
+URL_ENV = "SEARCHR1_RETRIEVER_URL"  # overrides retriever.url (e.g. one service that every node of a run reaches)
+TOKEN_ENV = "SEARCHR1_RETRIEVER_TOKEN"  # the bearer token when retriever.token is not set
+
+
+def service_address(cfg: Any) -> tuple[str, str | None]:
+    """(url, token) of the HTTP service a ``RetrieverConfig`` names: ``$SEARCHR1_RETRIEVER_URL`` over ``cfg.url``,
+    ``cfg.token`` over ``$SEARCHR1_RETRIEVER_TOKEN``."""
+    url = os.environ.get(URL_ENV, "").strip() or cfg.url
+    if not url.startswith(("http://", "https://")):
+        source = f"${URL_ENV}" if os.environ.get(URL_ENV, "").strip() else "retriever.url"
+        raise RetrieverError(f"{source}={url!r}: must start with http:// or https://")
+    return url, (cfg.token or os.environ.get(TOKEN_ENV) or None)
 
 
 def make_retriever(cfg: Any, default_index_dir: str | Path | None = None):

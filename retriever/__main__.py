@@ -137,10 +137,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that describe a problem the user can fix (their message says how): shown as one line."""
     from retriever.corpus import CorpusError
     from retriever.download import DownloadError
+    from retriever.faiss_index import FaissSetupError
     from retriever.manifest import IndexMismatchError
     from retriever.service import PortInUseError
 
-    return (FileNotFoundError, IndexMismatchError, CorpusError, PortInUseError, UsageError, DownloadError)
+    return (FileNotFoundError, IndexMismatchError, CorpusError, PortInUseError, UsageError, DownloadError,
+            FaissSetupError)
 
 
 def main(argv: list[str] | None = None) -> int:

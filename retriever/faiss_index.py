@@ -3,10 +3,40 @@ batched Flat search through BLAS, and memory-mapped reading."""
 
 from __future__ import annotations
 
+import functools
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 DEFAULT_SEARCH_PARAMS = {"efSearch": 128, "nprobe": 64}  # used only by index types that have the parameter
+
+
+class FaissSetupError(RuntimeError):
+    """The installed FAISS cannot do what was asked (no GPU for --gpu-index, two FAISS builds installed)."""
+
+
+def faiss_distributions() -> list[str]:
+    """Names of the installed distributions that ship the ``faiss`` module (faiss-cpu, faiss-gpu, faiss-gpu-cu12, ...)."""
+    names = set()
+    for dist in metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name.startswith("faiss") and any(str(f).startswith("faiss/") for f in (dist.files or [])):
+            names.add(name)
+    return sorted(names)
+
+
+@functools.lru_cache(maxsize=1)
+def check_one_faiss() -> str:
+    """The one installed FAISS distribution's name; FaissSetupError when there are several (they overwrite each
+    other's ``faiss/`` module, so which library loads depends on install order) or none."""
+    found = faiss_distributions()
+    if len(found) > 1:
+        raise FaissSetupError(f"{len(found)} FAISS builds are installed ({', '.join(found)}) and share the module "
+                              f"faiss/; keep one: pip uninstall -y {' '.join(found)} && pip install -e '.[cpu]' "
+                              f"(or '.[gpu]')")
+    if not found:
+        raise FaissSetupError("no FAISS build is installed: pip install -e '.[cpu]' (or '.[gpu]' on a CUDA machine)")
+    return found[0]
 
 
 def make_faiss_index(dim: int, index_type: str, *, polysemous_training: bool = False):
@@ -79,6 +109,19 @@ def gpu_count() -> int:
     return int(faiss.get_num_gpus()) if hasattr(faiss, "get_num_gpus") else 0
 
 
+def require_gpus(what: str = "--gpu-index") -> int:
+    """The number of GPUs FAISS sees; FaissSetupError naming ``what`` (the flag or key that asked) when it sees none
+    (a CPU build of FAISS, or no visible GPU): a GPU index is never silently kept on the CPU."""
+    n = gpu_count()
+    if n == 0:
+        import faiss
+
+        build = "CPU build" if not hasattr(faiss, "GpuMultipleClonerOptions") else "GPU build, but no visible GPU"
+        raise FaissSetupError(f"{what}: FAISS sees no GPU ({check_one_faiss()} {faiss.__version__}, a {build}); "
+                              f"install the gpu extra (pip install -e '.[gpu]') on a CUDA machine, or drop {what}")
+    return n
+
+
 def to_gpus(index, *, shard: bool = True, fp16: bool = True):
     """Clone a CPU index onto all GPUs (sharded across them when there are several). Needs faiss-gpu.
 
@@ -109,6 +152,7 @@ def read_faiss_index(path: str | Path, *, mmap: bool = True):
     """Read an index, memory-mapped where FAISS allows it. Returns ``(index, mode)``; mode says what worked."""
     import faiss
 
+    check_one_faiss()
     path = str(path)
     if mmap:
         for mode in ("IO_FLAG_MMAP_IFC", "IO_FLAG_MMAP"):  # IFC: flat codes mapped too (FAISS >= 1.10)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from retriever.corpus import DocStore
-from retriever.faiss_index import gpu_count, read_faiss_index, set_search_params, to_gpus, use_blas_for_batches
+from retriever.faiss_index import FaissSetupError, read_faiss_index, require_gpus, set_search_params, to_gpus, use_blas_for_batches
 from retriever.manifest import BM25_DIR, FAISS_FILE, IndexMismatchError, check_manifest, read_manifest, verify_files
 
 
@@ -69,6 +69,9 @@ def open_index(index_dir: str | Path, *, device: str | None = None, encoder: str
     info["index_dir"] = str(index_dir)
     info["verified"] = verified
     if manifest["retriever"] == "bm25":
+        if use_gpu:
+            raise FaissSetupError("--gpu-index / retriever.use_gpu_index: a bm25 index has no FAISS index to put on "
+                                  "a GPU; drop the flag")
         import bm25s
 
         model = bm25s.BM25.load(str(index_dir / BM25_DIR), mmap=mmap, show_progress=False, verbosity=0)
@@ -93,9 +96,10 @@ def open_index(index_dir: str | Path, *, device: str | None = None, encoder: str
     if enc.dim != manifest["dim"]:
         raise IndexMismatchError(f"{index_dir}: encoder {manifest['encoder']!r} now gives dim {enc.dim}, index has "
                                  f"dim {manifest['dim']}; the encoder changed since the build")
-    if use_gpu and gpu_count() > 0:
+    if use_gpu:
+        n_gpus = require_gpus("--gpu-index / retriever.use_gpu_index")
         try:
-            index, load_mode = to_gpus(index), f"gpu x{gpu_count()}"
+            index, load_mode = to_gpus(index), f"gpu x{n_gpus}"
         except RuntimeError as e:
             print(f"[retriever] keeping index on CPU: {str(e).strip().splitlines()[-1]}", flush=True)
     info.update(load_mode=load_mode, search_params=applied, device=enc.device)

@@ -64,18 +64,44 @@ def micro_batches_by_tokens(lengths: Sequence[int], indices: Sequence[int], toke
     return out
 
 
+def micro_batches_by_count(indices: Sequence[int], rows_per_micro: int) -> list[list[int]]:
+    """Split ``indices`` in their given order into micro-batches of ``rows_per_micro`` rows (the last may be short
+    when the count does not divide), as verl's actor splits a mini-batch."""
+    if rows_per_micro < 1:
+        raise ValueError(f"rows_per_micro must be >= 1; got {rows_per_micro}")
+    idx = list(indices)
+    return [idx[s : s + rows_per_micro] for s in range(0, len(idx), rows_per_micro)]
+
+
 def plan_updates(lengths: Sequence[int], rows_per_mini: int, epochs: int, token_budget: int,
-                 generator: torch.Generator) -> list[list[list[int]]]:
+                 generator: torch.Generator, rows_per_micro: int = 0) -> list[list[list[int]]]:
     """``[mini-batch][micro-batch][row]`` of one step: per epoch a permutation of the rank's B rows cut into
     mini-batches of ``rows_per_mini`` (groups may straddle mini-batches: advantages are final), each split into
-    micro-batches by :func:`micro_batches_by_tokens` (B a multiple of ``rows_per_mini``)."""
+    micro-batches of ``rows_per_micro`` rows (:func:`micro_batches_by_count`), each run in forward passes within the
+    token budget, or, with 0, into micro-batches by the token budget (:func:`micro_batches_by_tokens`), one pass each
+    (B a multiple of ``rows_per_mini``)."""
     B = len(lengths)
     plan = []
     for _epoch in range(epochs):
         perm = torch.randperm(B, generator=generator).tolist()
         for start in range(0, B, rows_per_mini):
-            plan.append(micro_batches_by_tokens(lengths, perm[start : start + rows_per_mini], token_budget))
+            rows = perm[start : start + rows_per_mini]
+            if rows_per_micro:  # each micro-batch of the count, in forward passes within the token budget
+                plan.append([p for mb in micro_batches_by_count(rows, rows_per_micro)
+                             for p in micro_batches_by_tokens(lengths, mb, token_budget)])
+            else:
+                plan.append(micro_batches_by_tokens(lengths, rows, token_budget))
     return plan
+
+
+def micro_batch_of_passes(passes: Sequence[Sequence[int]], rows_per_micro: int) -> list[int]:
+    """For the forward passes of one mini-batch as :func:`plan_updates` lists them with ``rows_per_micro`` > 0 (each
+    micro-batch's passes consecutive), the index of the micro-batch each pass belongs to."""
+    out, seen = [], 0
+    for p in passes:
+        out.append(seen // rows_per_micro)
+        seen += len(p)
+    return out
 
 
 def select_rows(batch: Any, idx: Sequence[int]) -> dict[str, torch.Tensor]:

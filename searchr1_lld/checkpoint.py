@@ -36,7 +36,7 @@ from typing import Any, Collection
 import numpy as np
 import torch
 
-from searchr1_lld.distributed import is_deepspeed
+from searchr1_lld.distributed import any_rank, is_deepspeed
 
 COMPLETE = "COMPLETE"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -187,6 +187,11 @@ def save_checkpoint(
         _clean_leftovers(root)
         tmp.mkdir(parents=True)
     _barrier(accelerator)
+    # node-local disks: a rank would write its shard and RNG file where no one reads them; every rank stops
+    if accelerator is not None and any_rank(accelerator, not tmp.is_dir()):
+        raise OSError(f"checkpoint directory {tmp} made by rank 0 is not visible on every rank (rank {rank}: "
+                      f"{'visible' if tmp.is_dir() else 'missing'}): the run directory must be shared by every "
+                      f"process (docs/multinode.md)")
 
     if is_deepspeed(accelerator):
         model.save_checkpoint(str(tmp / "deepspeed"), tag="state", client_state={"step": step})

@@ -60,8 +60,9 @@ def _friendly(exc: BaseException) -> str | None:
         pass
     try:
         from retriever.client import RetrieverError
+        from retriever.faiss_index import FaissSetupError
 
-        kinds.append(RetrieverError)
+        kinds.extend((RetrieverError, FaissSetupError))
     except ImportError:  # pragma: no cover
         pass
     try:

@@ -5,6 +5,7 @@ the rollout engine's module, the retriever, the QA rows. Everything is named by 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from typing import Any
 
@@ -133,10 +134,16 @@ def make_rollout_backend(cfg: Config, module: torch.nn.Module, tokenizer: Any, m
 
 
 def make_retriever(cfg: Config):
-    """retriever.make_retriever on ``cfg.retriever`` (in-process: ``retriever.index_dir``; http: ``retriever.url``)."""
+    """retriever.make_retriever on ``cfg.retriever`` (in-process: ``retriever.index_dir``; http: the address of
+    retriever.service_address: ``$SEARCHR1_RETRIEVER_URL`` over ``retriever.url``, the token likewise)."""
     from retriever import make_retriever as build
+    from retriever import service_address
 
-    return build(cfg.retriever)
+    rc = cfg.retriever
+    if rc.mode == "http":
+        url, token = service_address(rc)
+        rc = dataclasses.replace(rc, url=url, token=token)
+    return build(rc)
 
 
 def load_train_rows(cfg: Config) -> list[dict]:

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
+import socket
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
 from searchr1_lld import checkpoint as ckpt
+from searchr1_lld import distributed
 from searchr1_lld.best_checkpoint import BEST_FILE
 from searchr1_lld.tracking import WANDB_RUN_FILE
 from searchr1_lld.config import Config, ConfigError, config_differences, flatten_dict, read_yaml, save_config
@@ -140,3 +143,39 @@ def settle_run_dir(cfg: Config, run_dir: Path, is_main: bool, allow_changes: Seq
         if inputs is not None:
             (run_dir / INPUTS_FILE).write_text(inputs + "\n")
     return notes
+
+
+SHARED_MARKERS = ".ranks"  # check_run_dir_shared's markers (removed again when the check is done)
+
+
+def check_run_dir_shared(accelerator: Any, run_dir: Path) -> None:
+    """Refuse (ConfigError, one line, on every process) a multi-process run whose processes do not all see the same
+    ``run_dir``: checkpoints are written into the directory rank 0 makes (DeepSpeed: one shard per rank) and resumed
+    by every rank from it, which node-local disks break. Each process writes a marker named by a nonce of this launch
+    into ``run_dir/.ranks/``, then each counts the markers it sees. Draws no number from the seeded RNGs. No-op for
+    one process."""
+    n = accelerator.num_processes
+    if n == 1:
+        return
+    rank = accelerator.process_index
+    (nonce,) = distributed.agree_max(accelerator, [secrets.randbits(62) if rank == 0 else 0])
+    marks = Path(run_dir) / SHARED_MARKERS
+    marks.mkdir(parents=True, exist_ok=True)
+    mine = marks / f"{nonce}.rank{rank}"
+    mine.write_text(socket.gethostname() + "\n")
+    accelerator.wait_for_everyone()
+    seen = len(list(marks.glob(f"{nonce}.rank*")))
+    (worst,) = distributed.agree_max(accelerator, [n - seen])
+    accelerator.wait_for_everyone()
+    mine.unlink(missing_ok=True)
+    accelerator.wait_for_everyone()
+    if rank == 0:
+        try:
+            marks.rmdir()
+        except OSError:  # markers of another launch in the same directory
+            pass
+    if worst:
+        raise ConfigError(
+            f"trainer.output_dir: the run directory {run_dir} is not shared by the {n} processes (rank {rank} on "
+            f"{socket.gethostname()} sees {seen} of their {n} markers; some rank sees only {n - worst}): checkpoints "
+            f"and resume need one directory that every node mounts at the same path (docs/multinode.md)")

@@ -92,6 +92,7 @@ def objective_spec(alg: AlgorithmConfig) -> ObjectiveSpec:
         clip_high=alg.clip_high if alg.clip_high is not None else alg.clip_eps, dual_clip=alg.dual_clip,
         agg_mode=alg.loss_agg_mode, kl_coef=alg.kl_coef, kl_type=alg.kl_type, entropy_coef=alg.entropy_coef,
         llds_lam=alg.llds.lam if alg.llds.enabled else 0.0, llds_gate=alg.llds.gate, llds_tau=alg.llds.tau,
+        loss_scale=alg.loss_scale,
     )
 
 
@@ -207,8 +208,12 @@ def update_policy(ctx: StepContext, batch: TrajectoryBatch, advantages: torch.Te
         raise ValueError(f"this rank has {B} responses, not a multiple of its mini-batch share {rows_per_mini} "
                          f"(trainer.ppo_mini_batch_size={tc.ppo_mini_batch_size} over {ctx.world_size} processes)")
     gen = torch.Generator().manual_seed(step_seed(tc.seed, ctx.step, ctx.rank, ctx.world_size))
+    if tc.micro_batch_size and rows_per_mini % tc.micro_batch_size:
+        raise ValueError(f"trainer.micro_batch_size={tc.micro_batch_size} must divide this rank's mini-batch share "
+                         f"{rows_per_mini} (trainer.ppo_mini_batch_size={tc.ppo_mini_batch_size} over "
+                         f"{ctx.world_size} processes)")
     plan = batching.plan_updates(batch.attention_mask.sum(1).tolist(), rows_per_mini, tc.ppo_epochs,
-                                 tc.micro_batch_token_budget, gen)
+                                 tc.micro_batch_token_budget, gen, tc.micro_batch_size)
     n_micro = distributed.agree_max(ctx.accelerator, [len(m) for m in plan])  # the same micro-batch count everywhere
     spec = objective_spec(ctx.cfg.algorithm)
     sums: dict[str, float] = {}
@@ -218,11 +223,14 @@ def update_policy(ctx: StepContext, batch: TrajectoryBatch, advantages: torch.Te
     ctx.model.train()
     for mi, (mini, count) in enumerate(zip(plan, n_micro)):
         mini_tokens, mini_resp = mini_batch_denominators(batch.response_mask[[i for mb in mini for i in mb]])
+        groups, counts = micro_batch_groups(batch, mini, tc.micro_batch_size)  # the loss's micro-batches
         for k in range(count):
-            pad = k >= len(mini)  # zero-weight micro-batch: this rank ran out, its peers did not
+            pad = k >= len(mini)  # zero-weight pass: this rank ran out, its peers did not
             m_metrics, n_tok = micro_step(ctx, batch, mini[0][:1] if pad else mini[k], spec, advantages, logp_old,
                                           logp_ref, tis_weights, lam_answer, max(mini_tokens, 1.0),
-                                          max(mini_resp, 1.0), last=k == count - 1, weight=0.0 if pad else 1.0)
+                                          max(mini_resp, 1.0), last=k == count - 1, weight=0.0 if pad else 1.0,
+                                          micro_batches=len(counts) if counts else len(mini),
+                                          micro_batch_counts=counts[groups[k]] if counts and not pad else None)
             pads += int(pad)
             if pad:
                 continue
@@ -246,13 +254,29 @@ def update_policy(ctx: StepContext, batch: TrajectoryBatch, advantages: torch.Te
     return out
 
 
+def micro_batch_groups(batch: TrajectoryBatch, passes: list[list[int]],
+                       rows_per_micro: int) -> tuple[list[int], list[tuple[float, float]]]:
+    """trainer.micro_batch_size > 0: the micro-batch of each forward pass of a mini-batch and each micro-batch's
+    (tokens, responses), its normalisation under algorithm.loss_scale=micro-batch-mean; else ([], []): every pass is
+    its own micro-batch."""
+    if not rows_per_micro:
+        return [], []
+    groups = batching.micro_batch_of_passes(passes, rows_per_micro)
+    rows: dict[int, list[int]] = {}
+    for g, p in zip(groups, passes):
+        rows.setdefault(g, []).extend(p)
+    return groups, [mini_batch_denominators(batch.response_mask[rows[g]]) for g in sorted(rows)]
+
+
 def micro_step(ctx: StepContext, batch: TrajectoryBatch, mb: list[int], spec: ObjectiveSpec,
                advantages: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor | None,
                tis_weights: torch.Tensor | None, lam_answer: float | None, mini_tokens: float, mini_resp: float, *,
-               last: bool, weight: float = 1.0) -> tuple[dict[str, float], float]:
-    """Forward + backward of one micro-batch (rows ``mb`` of ``batch``) of the objective (algo.objective, normalised
-    by the mini-batch totals); ``weight`` 0 = a padding micro-batch (same collectives, zero gradient). Returns (metric
-    sums, tokens)."""
+               last: bool, weight: float = 1.0, micro_batches: int = 1,
+               micro_batch_counts: tuple[float, float] | None = None) -> tuple[dict[str, float], float]:
+    """Forward + backward of one micro-batch (rows ``mb`` of ``batch``) of the objective (algo.objective, scaled by
+    algorithm.loss_scale: mini-batch totals, or its micro-batch's mean / ``micro_batches``, the mini-batch's micro-batch
+    count; ``micro_batch_counts``: its micro-batch's (tokens, responses) when the rows are one of several passes);
+    ``weight`` 0 = a padding micro-batch (same collectives, zero gradient). Returns (metric sums, tokens)."""
     dev = ctx.accelerator.device
     rows = batching.select_rows(batch, mb)
     t = rows["responses"].shape[1]
@@ -265,7 +289,7 @@ def micro_step(ctx: StepContext, batch: TrajectoryBatch, mb: list[int], spec: Ob
             spec, logp_new, cut(logp_old), advantages[idx].to(dev), mask, mini_tokens=mini_tokens,
             mini_responses=mini_resp, logp_ref=cut(logp_ref), entropy=entropy,
             answer_mask=rows["answer_mask"].to(dev) if lam_answer is not None else None, lam_answer=lam_answer,
-            token_weights=cut(tis_weights),
+            token_weights=cut(tis_weights), micro_batches=micro_batches, micro_batch_counts=micro_batch_counts,
         )
         backward(ctx.accelerator, ctx.model, loss * weight if weight != 1.0 else loss, last)
     n_tok = float(mask.sum())

@@ -11,7 +11,8 @@ One training step (:func:`searchr1_lld.step.train_step`)::
     for epoch in ppo_epochs, for mini-batch of ppo_mini_batch_size *responses* (over all ranks; groups may straddle):
         for micro-batch (token budget, sorted by length; every rank runs the max count, padding ones weigh 0):
             loss = objective(pg + kl_coef * KL(ref) - entropy_coef * H + LLDS)  algo.objective
-            (every term normalised by the *mini-batch* totals -> accumulation == the one-shot mini-batch loss)
+            (every term over the *mini-batch* totals -> accumulation == the one-shot mini-batch loss; or, with
+            algorithm.loss_scale=micro-batch-mean, each micro-batch's own mean / number of micro-batches)
             backward (DeepSpeed: engine.set_gradient_accumulation_boundary(last) + engine.backward)  optim.backward
         global grad norm (before clipping), checked on all ranks *before* the step -> non-finite on any rank: skip
         on all ranks and count; else clip -> AdamW step -> LR scheduler step (warm-up ratio of all optimiser steps)
@@ -237,6 +238,7 @@ class Trainer:
         they leave the training itself unchanged. ``allow_changes``: config keys that may differ from the resumed
         run's saved config (see :data:`resume.RESUME_SAFE_KEYS`); any other is refused."""
         cfg, tc, main = self.cfg, self.cfg.trainer, self.accelerator.is_main_process
+        resume.check_run_dir_shared(self.accelerator, self.run_dir)  # node-local run dirs: refused, one line
         notes = resume.settle_run_dir(cfg, self.run_dir, main, allow_changes, self.inputs)
         resumed = self.maybe_resume()
         if self.best is not None:

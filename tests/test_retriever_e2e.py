@@ -426,6 +426,23 @@ def test_cli_port_in_use_fails_before_loading_the_index(world):
     assert "loaded" not in r.stdout  # refused before the index (and the encoder) were loaded
 
 
+def test_gpu_index_without_a_gpu_is_an_error_in_process_and_from_the_cli(world):
+    from retriever.faiss_index import FaissSetupError
+
+    with pytest.raises(FaissSetupError, match=r"FAISS sees no GPU \(faiss-cpu .*CPU build\)"):
+        InProcessRetriever(world["flat"], use_gpu=True)  # never a CPU index kept without a word
+    from searchr1_lld.cli import run_main
+
+    def use_gpu_index(argv):
+        InProcessRetriever(world["flat"], use_gpu=True)
+
+    assert run_main(use_gpu_index, [], prog="train.py") == 2  # train.py / eval.py: one line, exit 2
+    r = run_cli("serve", "--index", str(world["flat"]), "--gpu-index", "--port", str(free_port()))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith(
+        "error: --gpu-index / retriever.use_gpu_index: FAISS sees no GPU")
+
+
 # --------------------------------------------------------------------------------------------------- index integrity
 
 

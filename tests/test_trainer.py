@@ -78,6 +78,41 @@ def test_lr_factor_warmup_and_cosine():
     assert lr_factor(10, 10, 0.2, "cosine") == pytest.approx(0.0)
 
 
+def test_micro_batches_in_several_passes_train_as_in_one(tmp_path, tiny_world, shared_retriever):
+    """algorithm.loss_scale=micro-batch-mean with micro-batches of 2 responses: run in one forward pass each or, with a
+    1-token budget, in one pass per response, the update's gradient is the same (one rollout, two updates from the
+    same weights)."""
+    from searchr1_lld import step
+    from searchr1_lld.algo.advantages import grpo_outcome_advantages
+    from searchr1_lld.rollout.types import to_batch
+
+    cfg = _cfg(tmp_path, "algorithm.loss_scale=micro-batch-mean", "trainer.ppo_mini_batch_size=4",
+               "trainer.ppo_epochs=1", "algorithm.llds.gate=none", "trainer.micro_batch_size=2")
+    tr = _trainer(cfg, tiny_world, shared_retriever)
+    ctx = tr.step_context
+    step.seed_everything(0)
+    batch = to_batch(ctx.rollout(ctx.sampler.next_batch()), ctx.pad_token_id)
+    adv = grpo_outcome_advantages(batch.rewards, batch.group_ids)
+    logp_old = step.batch_logprobs(ctx, ctx.model, batch)
+    logp_ref = step.batch_logprobs(ctx, ctx.ref_model, batch)
+    weights = _params(tr.model)
+    grads, real_step = [], tr.optimizer.step
+
+    def recording_step(*args, **kwargs):  # the accumulated gradient of the update, then no step at all
+        grads.append(torch.cat([p.grad.reshape(-1) for p in tr.model.parameters() if p.grad is not None]).clone())
+
+    tr.optimizer.step = recording_step
+    out = {}
+    for budget in (100_000, 1):
+        ctx.cfg.trainer.micro_batch_token_budget = budget
+        out[budget] = step.update_policy(ctx, batch, adv, logp_old, logp_ref, None, None)
+        assert all(torch.equal(a, b) for a, b in zip(weights, _params(tr.model)))
+    tr.optimizer.step = real_step
+    assert out[100_000]["actor/micro_batches"] == 2 and out[1]["actor/micro_batches"] == 4  # forward passes
+    assert float(grads[0].norm()) > 0
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-7)
+
+
 @pytest.mark.parametrize("variant", ["llds", "grpo"])
 def test_one_real_step(tmp_path, tiny_world, shared_retriever, variant):
     extra = ["algorithm.llds.lam=0"] if variant == "grpo" else ["algorithm.llds.ma=fixed", "algorithm.llds.gate=none"]

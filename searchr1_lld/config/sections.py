@@ -70,13 +70,15 @@ class RolloutConfig:
 @dataclass
 class RetrieverConfig:
     mode: Literal["inprocess", "http"] = opt("inprocess", "in-process index, or the HTTP service (python -m retriever serve)")
-    url: str = opt("http://127.0.0.1:8000", "http: the service's address")
+    url: str = opt("http://127.0.0.1:8000", "http: the service's address; $SEARCHR1_RETRIEVER_URL overrides it (one "
+                   "service that every node reaches; docs/multinode.md)")
     index_dir: str = opt("", "inprocess: the index dir (python -m retriever build; required in inprocess mode)")
     timeout_s: float = opt(30.0, "http: per request")
     max_wait_s: float = opt(300.0, "http: keep retrying a down / 5xx service this long")
     max_retries: Optional[int] = opt(None, "http: cap on retries within max_wait_s (null = no cap)")
     backoff_s: float = opt(0.5, "http: first wait; doubles per retry, capped at 30 s")
-    token: Optional[str] = opt(None, "http: bearer token of a service started with --token")
+    token: Optional[str] = opt(None, "http: bearer token of a service started with --token (null: "
+                               "$SEARCHR1_RETRIEVER_TOKEN)")
     batch_size: int = opt(256, "http: queries per request")
     device: Optional[str] = opt(None, "inprocess: encoder device (null = cuda if available)")
     use_gpu_index: bool = opt(False, "inprocess: clone the FAISS index onto all GPUs (needs faiss-gpu)")
@@ -114,6 +116,11 @@ class AlgorithmConfig:
     dual_clip: Optional[float] = opt(None, "dual-clip constant c > 1 (null = off)")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = opt(
         "token-mean", "how token losses are averaged (algo/aggregation.py)")
+    loss_scale: Literal["mini-batch-token-mean", "micro-batch-mean"] = opt(
+        "mini-batch-token-mean", "what a mini-batch's loss divides by (algo/objective.py): mini-batch-token-mean = "
+        "the mini-batch's token (seq modes: response) total, this project's and later verl's default; "
+        "micro-batch-mean = each micro-batch's own mean / number of micro-batches, the authors' verl actor (policy "
+        "loss, entropy, KL and LLDS alike; pair with trainer.micro_batch_size)")
     kl_coef: float = opt(0.001, "KL(policy || reference) coefficient (0 = no reference model)")
     kl_type: Literal["k1", "abs", "k2", "mse", "low_var_kl", "k3"] = opt("low_var_kl", "KL estimator (algo/kl.py)")
     entropy_coef: float = opt(0.0, "entropy bonus coefficient")
@@ -127,6 +134,10 @@ class TrainerConfig:
     train_batch_size: int = opt(512, "prompts per rollout step")
     ppo_mini_batch_size: int = opt(256, "responses per optimiser step, over all processes (docs/batch_semantics.md)")
     micro_batch_token_budget: int = opt(16384, "tokens per forward/backward micro-batch (sorted by length)")
+    micro_batch_size: int = opt(0, "responses per micro-batch on each process, cut in the mini-batch's shuffled order "
+                                   "(the authors' fixed count; the unit of algorithm.loss_scale=micro-batch-mean), "
+                                   "run in forward/backward passes within micro_batch_token_budget; 0 = micro-batches "
+                                   "cut by the token budget alone")
     ppo_epochs: int = opt(1, "passes over a step's responses")
     lr: float = opt(1e-6, "AdamW learning rate")
     warmup_ratio: float = opt(0.285, "linear warm-up over this share of all optimiser steps")

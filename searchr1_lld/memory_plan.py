@@ -1,0 +1,261 @@
+"""What one GPU holds at each phase of a training step, and the host memory of the model load: pure arithmetic
+(numbers in, numbers out; no torch, no I/O). docs/memory.md prints these plans for the paper's cells; the run's
+preflight prints the plan of its own config.
+
+    plan = gpu_memory_plan(QWEN25["3b"], zero_stage=2, data_parallel=8, gpu_bytes=H100_80GB,
+                           vllm_gpu_memory_utilization=0.55, reference=True,
+                           micro_batch_tokens=pass_tokens(16, 4096, 16384),
+                           fused_head=True, retriever_bytes=faiss_flat_shard_bytes(21_015_324, 768, 8))
+    plan.margin_at_wake_up_fraction   # what is left of the GPU when the engine wakes up after an update
+
+Per GPU (N = data-parallel ranks, P = parameters, bf16 training under DeepSpeed, fp32 gradient reduction and
+accumulation as configs/deepspeed/*.json set them):
+
+    learner     ZeRO-2: bf16 weights 2P + (fp32 master 4P + Adam m, v 8P + fp32 gradients 4P) / N + buckets
+                ZeRO-3: (bf16 weights 2P + fp32 master 4P + Adam 8P + fp32 gradients 4P) / N + buckets
+                buckets: reduce bucket x (2 B bf16 x 2 double-buffered + 4 B fp32 copy) (+ ZeRO-2 all-gather x 2 B)
+    reference   bf16, 2P (ZeRO-2) or 2P / N (ZeRO-3), when the KL term is on
+    contexts    CUDA context, NCCL and allocator slack of the training process (the engine runs in it)
+    retriever   the FAISS shard the co-located `retriever serve --gpu-index` puts on this GPU (+ its temp memory
+                and CUDA context)
+    engine      vLLM claims gpu_memory_utilization x the GPU's *total* memory (weights + activations + KV cache)
+                while awake; asleep (level 2) it keeps about ENGINE_ASLEEP_BYTES
+    activations update phase, one forward pass of T padded tokens (pass_tokens): checkpointed layer inputs
+                L T H 2 B, one layer recomputed 2 T (4H + 3I) 2 B, and the log-prob head: chunked from the hidden
+                states (fused head) or, under ZeRO-3, the full logits T V 2 B and their gradient
+
+The margin that decides whether a run starts is the one at the engine's first wake-up after an optimiser step:
+every learner buffer then exists, and the engine asks for its whole budget again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GB = 1e9
+H100_80GB = 81_559 * 2**20  # total memory CUDA reports for an 80 GB H100 (what vLLM multiplies its fraction by)
+CONTEXT_BYTES = 1.5 * GB  # CUDA context + NCCL buffers + allocator slack of one training process
+ENGINE_ASLEEP_BYTES = 0.5 * GB  # vLLM at sleep level 2: its allocator's bookkeeping and small buffers
+FAISS_TEMP_BYTES = 1.5 * 2**30  # StandardGpuResources' default temporary memory per GPU
+RETRIEVER_CONTEXT_BYTES = 0.5 * GB  # the retriever process's CUDA context on each GPU it uses
+MARGIN_FLOOR = 0.10  # configs keep at least this fraction of the GPU free at the first wake-up
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the arithmetic needs of a decoder-only transformer (Qwen2 / Llama layout)."""
+
+    params: float  # P, counted once when embeddings are tied
+    layers: int
+    hidden: int
+    intermediate: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+
+def shape_from_hf_config(config: dict) -> ModelShape:
+    """A :class:`ModelShape` from a Hugging Face ``config.json`` (Qwen2 / Llama fields), parameters counted from it:
+    embeddings V H (twice when untied), per layer q, k, v (with biases when ``attention_bias`` or Qwen2), o, the
+    gated MLP 3 H I and two norms, and the final norm."""
+    h, layers, inter = config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]
+    heads = config["num_attention_heads"]
+    kv = config.get("num_key_value_heads", heads)
+    hd = config.get("head_dim") or h // heads
+    v = config["vocab_size"]
+    bias = config.get("attention_bias", config.get("model_type") == "qwen2")
+    attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h + (heads * hd + 2 * kv * hd if bias else 0)
+    per_layer = attn + 3 * h * inter + 2 * h
+    emb = v * h * (1 if config.get("tie_word_embeddings", False) else 2)
+    return ModelShape(params=float(emb + layers * per_layer + h), layers=layers, hidden=h, intermediate=inter,
+                      kv_heads=kv, head_dim=hd, vocab=v)
+
+
+# Qwen2.5 base / instruct (the paper's models), from their config.json
+QWEN25 = {
+    "3b": shape_from_hf_config({"hidden_size": 2048, "num_hidden_layers": 36, "intermediate_size": 11008,
+                                "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 151936,
+                                "tie_word_embeddings": True, "model_type": "qwen2"}),
+    "7b": shape_from_hf_config({"hidden_size": 3584, "num_hidden_layers": 28, "intermediate_size": 18944,
+                                "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+                                "tie_word_embeddings": False, "model_type": "qwen2"}),
+}
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """DeepSpeed's communication buffers in elements (configs/deepspeed/*.json)."""
+
+    reduce: float = 2e8
+    allgather: float = 2e8  # ZeRO-2 only
+    max_live: float = 3e8  # ZeRO-3: gathered parameters alive at once (update phase)
+    prefetch: float = 5e7  # ZeRO-3
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per GPU, phase by phase (module docstring)."""
+
+    gpu: float
+    learner: float
+    reference: float
+    contexts: float
+    retriever: float
+    engine_awake: float
+    engine_weights: float
+    activations: float
+
+    @property
+    def kv_cache(self) -> float:
+        """What the engine's budget leaves for the KV cache (its weights and about 2 GB of activations out)."""
+        return max(self.engine_awake - self.engine_weights - 2 * GB, 0.0)
+
+    @property
+    def resident(self) -> float:
+        """Held through every phase: learner states, reference, contexts, retriever shard."""
+        return self.learner + self.reference + self.contexts + self.retriever
+
+    @property
+    def rollout(self) -> float:
+        return self.resident + self.engine_awake
+
+    @property
+    def update(self) -> float:
+        return self.resident + ENGINE_ASLEEP_BYTES + self.activations
+
+    @property
+    def margin_at_wake_up(self) -> float:
+        return self.gpu - self.rollout
+
+    @property
+    def margin_at_wake_up_fraction(self) -> float:
+        return self.margin_at_wake_up / self.gpu
+
+    @property
+    def margin_at_update_fraction(self) -> float:
+        return (self.gpu - self.update) / self.gpu
+
+    def fits(self, floor: float = MARGIN_FLOOR) -> bool:
+        """Both phases leave at least ``floor`` of the GPU free."""
+        return self.margin_at_wake_up_fraction >= floor and self.margin_at_update_fraction >= floor
+
+
+def pass_tokens(micro_batch_size: int, max_total_length: int, token_budget: int) -> int:
+    """Padded tokens of the largest forward pass of the update (batching.plan_updates): a micro-batch of
+    ``micro_batch_size`` responses (0: cut by the budget alone) runs in passes within ``token_budget``, and a single
+    response longer than the budget gets a pass of its own."""
+    cap = max(token_budget, max_total_length)
+    return min(micro_batch_size * max_total_length, cap) if micro_batch_size else cap
+
+
+def faiss_flat_shard_bytes(num_vectors: int, dim: int, gpus: int, *, fp16: bool = True) -> float:
+    """Per GPU: a Flat index sharded over ``gpus`` (``retriever serve --gpu-index``: fp16 codes), FAISS's temporary
+    memory and the retriever's CUDA context."""
+    return num_vectors * dim * (2 if fp16 else 4) / gpus + FAISS_TEMP_BYTES + RETRIEVER_CONTEXT_BYTES
+
+
+def learner_bytes(shape: ModelShape, zero_stage: int, data_parallel: int, buckets: Buckets = Buckets()) -> float:
+    """DeepSpeed ZeRO-2 / ZeRO-3 states of one rank, buffers included (module docstring)."""
+    p, n = shape.params, data_parallel
+    if zero_stage == 2:
+        return 2 * p + 16 * p / n + buckets.reduce * 8 + buckets.allgather * 2
+    if zero_stage == 3:
+        return 18 * p / n + buckets.reduce * 8
+    raise ValueError(f"zero_stage must be 2 or 3; got {zero_stage}")
+
+
+def activation_bytes(shape: ModelShape, tokens: int, *, fused_head: bool, zero_stage: int,
+                     gradient_checkpointing: bool = True, buckets: Buckets = Buckets()) -> float:
+    """Update-phase peak of one micro-batch of ``tokens`` (padded) positions (module docstring); ZeRO-3 adds the
+    gathered parameters alive at once."""
+    t, h = float(tokens), shape.hidden
+    layer = 2 * t * (4 * h + 3 * shape.intermediate) * 2
+    kept = shape.layers * t * h * 2 if gradient_checkpointing else shape.layers * layer
+    head = 2 * t * h * 2 + 3 * 256 * shape.vocab * 4 if fused_head else 2 * t * shape.vocab * 2
+    live = (buckets.max_live + buckets.prefetch) * 2 if zero_stage == 3 else 0.0
+    return kept + layer + head + live
+
+
+def gpu_memory_plan(shape: ModelShape, *, zero_stage: int, data_parallel: int, gpu_bytes: float,
+                    vllm_gpu_memory_utilization: float, reference: bool, micro_batch_tokens: int,
+                    fused_head: bool | None = None, retriever_bytes: float = 0.0,
+                    gradient_checkpointing: bool = True, buckets: Buckets = Buckets()) -> MemoryPlan:
+    """The :class:`MemoryPlan` of one GPU that holds a learner rank and its vLLM engine (and, with
+    ``retriever_bytes``, a shard of a co-located GPU retriever). ``fused_head`` (default: not ZeRO-3): log-probs from
+    the hidden states chunk by chunk (policy_logprobs); False = the full logits are materialised."""
+    if not 0 < vllm_gpu_memory_utilization <= 1:
+        raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1]; got {vllm_gpu_memory_utilization}")
+    fused = zero_stage != 3 if fused_head is None else fused_head
+    ref = (2 * shape.params / (data_parallel if zero_stage == 3 else 1)) if reference else 0.0
+    return MemoryPlan(
+        gpu=float(gpu_bytes), learner=learner_bytes(shape, zero_stage, data_parallel, buckets), reference=ref,
+        contexts=CONTEXT_BYTES, retriever=float(retriever_bytes),
+        engine_awake=vllm_gpu_memory_utilization * gpu_bytes, engine_weights=2 * shape.params,
+        activations=activation_bytes(shape, micro_batch_tokens, fused_head=fused, zero_stage=zero_stage,
+                                     gradient_checkpointing=gradient_checkpointing, buckets=buckets))
+
+
+def host_bytes_at_load(shape: ModelShape, *, ranks_per_node: int, zero3_init: bool, reference: bool,
+                       checkpoint_shard_bytes: float = 4e9, process_bytes: float = 3 * GB) -> float:
+    """Host memory of one node while the policy (and reference) load: without ``zero3_init`` every rank builds the
+    full fp32 model(s) in host memory (4P each); with it each rank only holds one checkpoint shard upcast to fp32
+    at a time while the weights go straight into their partitions, and the node's page cache holds the bf16
+    checkpoint once (2P). ``process_bytes``: a rank's own libraries and buffers."""
+    copies = 2 if reference else 1
+    if zero3_init:
+        return ranks_per_node * (process_bytes + 2 * checkpoint_shard_bytes) + 2 * shape.params
+    return ranks_per_node * (process_bytes + copies * 4 * shape.params)
+
+
+def markdown_table(plans: dict[str, MemoryPlan]) -> str:
+    """One column per plan (GB per GPU), as docs/memory.md shows them."""
+    g = lambda x: f"{x / GB:.1f}"  # noqa: E731
+    pct = lambda x: f"{100 * x:.1f} %"  # noqa: E731
+    rows = [
+        ("learner states + DeepSpeed buffers", lambda p: g(p.learner)),
+        ("reference (bf16)", lambda p: g(p.reference)),
+        ("CUDA context, NCCL, slack", lambda p: g(p.contexts)),
+        ("retriever shard (co-located `--gpu-index`)", lambda p: g(p.retriever)),
+        ("engine awake: utilisation x total", lambda p: g(p.engine_awake)),
+        ("of which KV cache", lambda p: g(p.kv_cache)),
+        ("**rollout / first wake-up**", lambda p: f"**{g(p.rollout)}**"),
+        ("**margin at the first wake-up**",
+         lambda p: f"**{g(p.margin_at_wake_up)} ({pct(p.margin_at_wake_up_fraction)})**"),
+        ("update: activations of one forward pass", lambda p: g(p.activations)),
+        ("**update**", lambda p: f"**{g(p.update)}**"),
+        ("**margin at the update**", lambda p: f"**{g(p.gpu - p.update)} ({pct(p.margin_at_update_fraction)})**"),
+    ]
+    lines = ["| GB per GPU | " + " | ".join(plans) + " |", "| --- |" + " --- |" * len(plans)]
+    lines += [f"| {name} | " + " | ".join(f(p) for p in plans.values()) + " |" for name, f in rows]
+    return "\n".join(lines)
+
+
+def paper_cells(util_3b: float, util_7b: float, tokens: int, data_parallel: int = 8,
+                gpu_bytes: float = H100_80GB) -> dict[str, MemoryPlan]:
+    """The four cells 3B / 7B x ZeRO-2 / ZeRO-3 on ``data_parallel`` GPUs with the wiki-18 e5 Flat index sharded
+    over the same GPUs, at the paper configs' engine fractions and forward passes of ``tokens`` (pass_tokens)."""
+    shard = faiss_flat_shard_bytes(21_015_324, 768, data_parallel)
+    cells = {}
+    for size, util in (("3b", util_3b), ("7b", util_7b)):
+        for stage in (2, 3):
+            cells[f"{size.upper()} ZeRO-{stage}"] = gpu_memory_plan(
+                QWEN25[size], zero_stage=stage, data_parallel=data_parallel, gpu_bytes=gpu_bytes,
+                vllm_gpu_memory_utilization=util, reference=True, micro_batch_tokens=tokens, retriever_bytes=shard)
+    return cells
+
+
+if __name__ == "__main__":  # python -m searchr1_lld.memory_plan: the tables of docs/memory.md from the paper configs
+    from searchr1_lld.config import load_config
+
+    c3 = load_config("configs/paper/qwen2.5-3b-base_nq-hotpotqa_llds-ma.yaml")
+    c7 = load_config("configs/paper/qwen2.5-7b-base_nq-hotpotqa_llds-ma.yaml")
+    tokens = pass_tokens(c3.trainer.micro_batch_size, c3.rollout.max_total_length, c3.trainer.micro_batch_token_budget)
+    print(markdown_table(paper_cells(c3.rollout.vllm_gpu_memory_utilization, c7.rollout.vllm_gpu_memory_utilization,
+                                     tokens)))
+    print()
+    g = lambda x: f"{x / GB:.0f} GB"  # noqa: E731
+    for size in ("3b", "7b"):
+        print(f"host memory of one node (8 ranks) while {size.upper()} and its reference load: "
+              f"{g(host_bytes_at_load(QWEN25[size], ranks_per_node=8, zero3_init=False, reference=True))} without "
+              f"zero3_init, {g(host_bytes_at_load(QWEN25[size], ranks_per_node=8, zero3_init=True, reference=True))}"
+              f" with it")

@@ -1,0 +1,95 @@
+"""The install: FAISS is one extra or the other (cpu / gpu), never a base dependency; and the `gpu` extra resolves, on
+PyPI's metadata, to one consistent stack with the pinned vLLM release (slow, needs PyPI: pip's resolver, dry run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import tomllib
+
+import pytest
+
+from conftest import REPO_ROOT
+
+PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+TARGET_PYTHON = "3.12"  # a GPU node's interpreter (vLLM: 3.11 to 3.14)
+# glibc of the oldest node this targets (Ubuntu 22.04: 2.35); vLLM's wheel needs 2.28
+PLATFORMS = [f"manylinux_2_{v}_x86_64" for v in range(17, 36)] + ["manylinux2014_x86_64", "linux_x86_64"]
+RESOLVER_TIMEOUT_S = 420
+# published as a source distribution only, which a resolution for another platform (--platform: wheels only) cannot
+# read; its requirements (torch unpinned, no CUDA libraries) add no constraint to the stack checked here
+SDIST_ONLY = {"deepspeed"}
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0].lower()
+
+
+def test_faiss_is_an_extra_cpu_or_gpu():
+    base = [_name(r) for r in PYPROJECT["project"]["dependencies"]]
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert not [n for n in base if n.startswith("faiss")]  # else the base install brings a second faiss/ module
+    assert [_name(r) for r in extras["cpu"] if _name(r).startswith("faiss")] == ["faiss-cpu"]
+    assert [_name(r) for r in extras["gpu"] if _name(r).startswith("faiss")] == ["faiss-gpu"]
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    assert '-e ".[cpu,dev]"' in makefile  # a fresh clone's `make test` (and CI) installs the CPU build
+
+
+def test_gpu_extra_names_the_pinned_vllm():
+    from packaging.requirements import Requirement
+
+    from searchr1_lld.rollout.backends.vllm import VLLM_PIN
+
+    (vllm,) = [Requirement(r) for r in PYPROJECT["project"]["optional-dependencies"]["gpu"] if _name(r) == "vllm"]
+    assert vllm.specifier.contains(VLLM_PIN)
+
+
+def _resolve(requirements: list[str], report) -> float:
+    """pip's resolver on PyPI alone (--isolated: no PIP_* variables such as the Makefile's CPU constraint; no
+    configuration file: no local indexes, find-links or constraints of this machine), metadata only (a dry run;
+    fast-deps reads each wheel's metadata by HTTP range requests instead of downloading it), for a Linux x86_64 node
+    with CPython TARGET_PYTHON. Returns the wall time."""
+    cmd = [sys.executable, "-m", "pip", "install", "--isolated", "--dry-run", "--ignore-installed", "--quiet",
+           "--report", str(report), "--use-feature=fast-deps", "--only-binary=:all:",
+           "--python-version", TARGET_PYTHON, "--implementation", "cp", *[f"--platform={p}" for p in PLATFORMS],
+           *requirements]
+    t0 = time.time()
+    env = {**os.environ, "PIP_CONFIG_FILE": os.devnull}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=RESOLVER_TIMEOUT_S, env=env)
+    wall = time.time() - t0
+    err = out.stderr.lower()
+    if out.returncode and any(s in err for s in ("connection", "network", "name resolution", "timed out",
+                                                   "could not fetch url", "max retries")):
+        pytest.fail(f"PyPI is not reachable from here, so the gpu extra's resolution cannot be checked: "
+                    f"{out.stderr.strip().splitlines()[-1][:300]}")
+    assert out.returncode == 0, f"pip's resolver rejects the gpu extra:\n{out.stderr[-4000:]}"
+    return wall
+
+
+@pytest.mark.slow
+def test_gpu_extra_resolves_to_one_faiss_and_vllms_torch_and_transformers(tmp_path):
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    from searchr1_lld.rollout.backends.vllm import VLLM_PIN
+
+    project = PYPROJECT["project"]
+    requirements = [r for r in [*project["dependencies"], *project["optional-dependencies"]["gpu"]]
+                    if _name(r) not in SDIST_ONLY] + [f"vllm=={VLLM_PIN}"]
+    wall = _resolve(requirements, tmp_path / "report.json")
+    print(f"RESULT gpu_extra_resolver_wall_s {wall:.1f} (python {TARGET_PYTHON})")
+    installs = {i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]
+                for i in json.loads((tmp_path / "report.json").read_text())["install"]}
+    faiss = sorted(n for n in installs if n.startswith("faiss"))
+    assert faiss == ["faiss-gpu"], faiss  # one FAISS distribution: one faiss/ module
+    vllm = installs["vllm"]
+    assert vllm["version"] == VLLM_PIN
+    pins = {Requirement(r).name.lower(): Requirement(r) for r in vllm.get("requires_dist", [])
+            if "extra ==" not in r}
+    torch_pin = pins["torch"].specifier
+    assert str(torch_pin).startswith("==") and Version(installs["torch"]["version"]) == Version(str(torch_pin)[2:])
+    assert pins["transformers"].specifier.contains(installs["transformers"]["version"])

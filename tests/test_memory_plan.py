@@ -1,0 +1,100 @@
+"""searchr1_lld.memory_plan: the arithmetic by hand on a small shape, Qwen2.5's parameter counts from their configs,
+and every paper config leaves 10 % of an 80 GB GPU free at the engine's first wake-up and at the update, with the
+wiki-18 retriever's GPU shards beside it (docs/memory.md prints the same plans)."""
+
+from __future__ import annotations
+
+import glob
+
+import pytest
+
+from searchr1_lld import memory_plan as mp
+from searchr1_lld.config import load_config
+
+WIKI18 = (21_015_324, 768)  # passages x e5-base dimensions
+
+
+def test_parameter_counts_of_qwen25():
+    assert mp.QWEN25["3b"].params == pytest.approx(3.086e9, rel=1e-3)  # Qwen2.5-3B: 3.09 B (tied embeddings)
+    assert mp.QWEN25["7b"].params == pytest.approx(7.616e9, rel=1e-3)  # Qwen2.5-7B: 7.62 B
+
+
+def test_hand_computed_plan():
+    shape = mp.ModelShape(params=1e9, layers=2, hidden=10, intermediate=20, kv_heads=1, head_dim=5, vocab=100)
+    b = mp.Buckets(reduce=1e6, allgather=1e6, max_live=1e6, prefetch=1e6)
+    assert mp.learner_bytes(shape, 2, 4, b) == 2e9 + 16e9 / 4 + 8e6 + 2e6
+    assert mp.learner_bytes(shape, 3, 4, b) == 18e9 / 4 + 8e6
+    # 100 tokens: kept 2 x 100 x 10 x 2 = 4000; layer 2 x 100 x (40 + 60) x 2 = 40000; full logits 2 x 100 x 100 x 2
+    assert mp.activation_bytes(shape, 100, fused_head=False, zero_stage=3, buckets=b) == 4000 + 40000 + 40000 + 4e6
+    plan = mp.gpu_memory_plan(shape, zero_stage=3, data_parallel=4, gpu_bytes=100e9, vllm_gpu_memory_utilization=0.5,
+                              reference=True, micro_batch_tokens=100, retriever_bytes=3e9, buckets=b)
+    resident = 18e9 / 4 + 8e6 + 2e9 / 4 + mp.CONTEXT_BYTES + 3e9
+    assert plan.rollout == pytest.approx(resident + 50e9)
+    assert plan.margin_at_wake_up_fraction == pytest.approx((100e9 - resident - 50e9) / 100e9)
+    assert plan.update == pytest.approx(resident + mp.ENGINE_ASLEEP_BYTES + 84000 + 4e6)
+    assert plan.kv_cache == pytest.approx(50e9 - 2e9 - 2e9)
+    with pytest.raises(ValueError, match="zero_stage"):
+        mp.learner_bytes(shape, 1, 4)
+
+
+def test_the_engine_claims_its_fraction_of_the_total_memory():
+    plan = mp.gpu_memory_plan(mp.QWEN25["3b"], zero_stage=2, data_parallel=8, gpu_bytes=mp.H100_80GB,
+                              vllm_gpu_memory_utilization=0.6, reference=True, micro_batch_tokens=65536)
+    assert plan.engine_awake / mp.GB == pytest.approx(51.3, abs=0.05)  # not 0.6 x 80 = 48
+
+
+def test_zero3_init_keeps_the_node_host_memory_bounded():
+    seven = mp.QWEN25["7b"]
+    full = mp.host_bytes_at_load(seven, ranks_per_node=8, zero3_init=False, reference=True)
+    assert full / mp.GB > 480  # 8 ranks x (fp32 policy + fp32 reference)
+    assert mp.host_bytes_at_load(seven, ranks_per_node=8, zero3_init=True, reference=True) / mp.GB < 110
+
+
+def _paper_plan(path: str) -> mp.MemoryPlan:
+    cfg = load_config(path)
+    seven = "7b" in cfg.model.path.lower()
+    return mp.gpu_memory_plan(
+        mp.QWEN25["7b" if seven else "3b"], zero_stage=3 if seven else 2, data_parallel=8, gpu_bytes=mp.H100_80GB,
+        vllm_gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization, reference=cfg.algorithm.kl_coef > 0,
+        micro_batch_tokens=mp.pass_tokens(cfg.trainer.micro_batch_size, cfg.rollout.max_total_length,
+                                          cfg.trainer.micro_batch_token_budget),
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        retriever_bytes=mp.faiss_flat_shard_bytes(*WIKI18, 8))
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob("configs/paper/qwen2.5-*.yaml")))
+def test_every_paper_config_keeps_ten_percent_free(path):
+    plan = _paper_plan(path)
+    assert plan.fits(), (path, plan.margin_at_wake_up_fraction, plan.margin_at_update_fraction)
+
+
+def test_settings_below_the_floor():
+    three = _paper_plan("configs/paper/qwen2.5-3b-base_nq_llds.yaml")
+    at_06 = mp.gpu_memory_plan(mp.QWEN25["3b"], zero_stage=2, data_parallel=8, gpu_bytes=mp.H100_80GB,
+                               vllm_gpu_memory_utilization=0.6, reference=True, micro_batch_tokens=16 * 4096,
+                               retriever_bytes=three.retriever)
+    assert at_06.margin_at_wake_up_fraction < mp.MARGIN_FLOOR < three.margin_at_wake_up_fraction
+    sixteen = mp.gpu_memory_plan(mp.QWEN25["7b"], zero_stage=3, data_parallel=8, gpu_bytes=mp.H100_80GB,
+                                 vllm_gpu_memory_utilization=0.5, reference=True, micro_batch_tokens=16 * 4096,
+                                 retriever_bytes=three.retriever)
+    assert sixteen.margin_at_update_fraction < 0  # ZeRO-3's full logits of 16 x 4096 tokens in one forward pass
+
+
+def test_pass_tokens():
+    assert mp.pass_tokens(16, 4096, 16384) == 16384  # a micro-batch of 16 runs in passes within the budget
+    assert mp.pass_tokens(2, 4096, 16384) == 8192
+    assert mp.pass_tokens(16, 4096, 1000) == 4096  # one response longer than the budget: a pass of its own
+    assert mp.pass_tokens(0, 4096, 16384) == 16384
+
+
+def test_docs_memory_shows_the_plans_of_the_paper_configs():
+    from conftest import REPO_ROOT
+
+    c3 = load_config("configs/paper/qwen2.5-3b-base_nq-hotpotqa_llds-ma.yaml")
+    c7 = load_config("configs/paper/qwen2.5-7b-base_nq-hotpotqa_llds-ma.yaml")
+    tokens = mp.pass_tokens(c3.trainer.micro_batch_size, c3.rollout.max_total_length,
+                            c3.trainer.micro_batch_token_budget)
+    assert c7.trainer.micro_batch_size == c3.trainer.micro_batch_size
+    table = mp.markdown_table(mp.paper_cells(c3.rollout.vllm_gpu_memory_utilization,
+                                             c7.rollout.vllm_gpu_memory_utilization, tokens))
+    assert table in (REPO_ROOT / "docs" / "memory.md").read_text()  # regenerate: python -m searchr1_lld.memory_plan
