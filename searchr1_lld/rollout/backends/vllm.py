@@ -194,11 +194,12 @@ def use_plain_cpu_linears() -> None:
     """A CPU engine computes its linear layers with torch's ``F.linear`` on the parameters themselves.
 
     vLLM 0.32's CPU build otherwise hands each linear weight to a oneDNN matmul handle and drops the parameter
-    (``vllm/model_executor/layers/utils.py: dispatch_cpu_unquantized_gemm``). After an in-place reload the handle
-    points at the reload's temporary weight, which is freed: the engine then samples from garbage, neither the old
-    weights nor the new ones (measured: sampled log-probs off by ~1 nat after one stream; with this switch they
-    equal the learner's to 2e-6). vLLM reads the switch (``vllm._custom_ops._supports_onednn``) when it builds
-    each layer, so it is set before the engine exists. CUDA engines are untouched."""
+    (``vllm/model_executor/layers/utils.py: dispatch_cpu_unquantized_gemm``). After an in-place reload the engine
+    then matches neither the streamed weights nor the old ones (measured on the tiny world, fp32: sampled log-probs
+    off by up to 1.1 nat from the new weights and 4.7 from the old; with this switch they equal the new weights'
+    to 2e-6). The likely cause: the reload rebuilds the handle from its temporary weight tensor and then discards
+    that tensor. vLLM reads the switch (``vllm._custom_ops._supports_onednn``) when it builds each layer, so it is
+    set before the engine exists. CUDA engines are untouched."""
     import vllm._custom_ops as ops
 
     if not hasattr(ops, "_supports_onednn"):
