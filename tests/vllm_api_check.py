@@ -9,6 +9,10 @@ What is checked (all derived from ``searchr1_lld/rollout/backends/vllm.py`` itse
   list (``wake_up(tags=["weights"])``) appear in the method's source;
 - every method called on the engine model inside ``self.llm.apply_model(lambda model: model.<m>(...))``: exists on
   the model classes we train (Qwen2ForCausalLM) with a compatible signature, and the worker has ``apply_model``;
+- every worker method named in ``self.llm.collective_rpc("<method>", kwargs={...})``: exists on the GPU worker and
+  takes the keywords given (followed to the model runner where the worker forwards ``**kwargs``);
+- every attribute read as ``self.llm.<attr>.<member>``: ``<attr>`` is assigned in ``LLM.__init__`` and, for
+  ``model_config``, ``<member>`` is a field or method of ``ModelConfig``;
 - the names imported ``from vllm import ...`` are exported by the release's ``vllm/__init__.py``;
 - the option strings of a built ``LLM`` keyword set (``build_llm_kwargs``) appear in the release's config modules.
 
@@ -33,7 +37,12 @@ PYPI_JSON = "https://pypi.org/pypi/vllm/json"  # the project's JSON (also served
 FILES_HOST = "https://files.pythonhosted.org/packages/"
 MODEL_CLASSES = [("vllm/model_executor/models/qwen2.py", "Qwen2ForCausalLM")]  # the architectures we train
 WORKER_CLASS = ("vllm/v1/worker/worker_base.py", "WorkerBase")
+GPU_WORKER_CLASS = ("vllm/v1/worker/gpu_worker.py", "Worker")  # the worker collective_rpc calls on a GPU
+ATTRIBUTE_CLASSES = {"model_config": ("vllm/config/model.py", "ModelConfig")}  # LLM attribute -> its class
 FORWARDED_KWARGS = {("vllm/entrypoints/llm.py", "LLM", "__init__"): ("vllm/engine/arg_utils.py", "EngineArgs")}
+# worker methods that take (*args, **kwargs) and pass them on: where the keywords are really checked
+FORWARDED_CALLS = {("vllm/v1/worker/gpu_worker.py", "Worker", "reload_weights"):
+                   ("vllm/v1/worker/gpu_model_runner.py", "GPUModelRunner", "reload_weights")}
 CONSTRUCTORS = {"LLM": "vllm.entrypoints.llm", "SamplingParams": "vllm.sampling_params"}
 
 
@@ -168,7 +177,8 @@ class PinnedRelease:
 
 @dataclass
 class Use:
-    """One use of the vLLM API: ``target`` is "LLM", "SamplingParams", "LLM.<method>" or "model.<method>"."""
+    """One use of the vLLM API: ``target`` is "LLM", "SamplingParams", "LLM.<method>", "model.<method>",
+    "worker.<method>" (named in collective_rpc) or "attr.<attribute>.<member>" (``self.llm.<attribute>.<member>``)."""
 
     target: str
     n_positional: int = 0
@@ -182,6 +192,9 @@ def backend_uses(source: str, api_table: dict[str, tuple[str, ...]]) -> list[Use
     uses = [Use(name, 0, tuple(kws)) for name, kws in api_table.items()]
     tree = ast.parse(source)
     for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr != "llm" \
+                and _is_self_llm(node.value.value):
+            uses.append(Use(f"attr.{node.value.attr}.{node.attr}", line=node.lineno))
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
             continue
         owner = node.func.value
@@ -191,6 +204,11 @@ def backend_uses(source: str, api_table: dict[str, tuple[str, ...]]) -> list[Use
                       for kw in node.keywords if kw.arg and isinstance(kw.value, (ast.List, ast.Tuple))}
             uses.append(Use(f"LLM.{node.func.attr}", len(node.args), tuple(kw.arg for kw in node.keywords if kw.arg),
                             values, node.lineno))
+            if node.func.attr == "collective_rpc" and node.args and isinstance(node.args[0], ast.Constant):
+                rpc_kwargs = next((kw.value for kw in node.keywords if kw.arg == "kwargs"), None)
+                keys = tuple(k.value for k in rpc_kwargs.keys if isinstance(k, ast.Constant)) \
+                    if isinstance(rpc_kwargs, ast.Dict) else ()
+                uses.append(Use(f"worker.{node.args[0].value}", 0, keys, {}, node.lineno))
             if node.func.attr == "apply_model" and node.args and isinstance(node.args[0], ast.Lambda):
                 lam = node.args[0]
                 arg = lam.args.args[0].arg
@@ -200,6 +218,11 @@ def backend_uses(source: str, api_table: dict[str, tuple[str, ...]]) -> list[Use
                         uses.append(Use(f"model.{inner.func.attr}", len(inner.args),
                                         tuple(kw.arg for kw in inner.keywords if kw.arg), {}, inner.lineno))
     return uses
+
+
+def _is_self_llm(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "llm" and isinstance(node.value, ast.Name) \
+        and node.value.id == "self"
 
 
 def vllm_imports(source: str) -> list[str]:
@@ -311,6 +334,8 @@ def _check_call(release: Release, path: str, cls: str, method: str, use: Use) ->
     errors = []
     if use.n_positional > len(sig.positional) and not sig.varargs:
         errors.append(f"{label}: {use.n_positional} positional arguments, the release takes {len(sig.positional)}")
+    if (path, cls, method) in FORWARDED_CALLS:  # (*args, **kwargs) passed on: check where they land
+        return _check_call(release, *FORWARDED_CALLS[(path, cls, method)], use)
     forwarded = FORWARDED_KWARGS.get((path, cls, method))
     fwd_fields = release.fields(*forwarded) if forwarded else set()
     for kw in use.keywords:
@@ -331,6 +356,21 @@ def _check_call(release: Release, path: str, cls: str, method: str, use: Use) ->
             if f'"{v}"' not in sig.source and f"'{v}'" not in sig.source:
                 errors.append(f"{label}: value {v!r} for {kw!r} is not mentioned by the release's {label}")
     return errors
+
+
+def _check_attribute(release: Release, llm_path: str, use: Use) -> list[str]:
+    """``self.llm.<attr>.<member>``: LLM.__init__ assigns ``self.<attr>``; its class has ``<member>``."""
+    _, attr, member = use.target.split(".")
+    init = release.find_method(llm_path, "LLM", "__init__")
+    if init is None or f"self.{attr} =" not in init[0].source:
+        return [f"LLM.{attr}: not an attribute LLM.__init__ sets in vllm=={release.files.version} (backend line "
+                f"{use.line})"]
+    if attr not in ATTRIBUTE_CLASSES:
+        return [f"LLM.{attr}: add its class to ATTRIBUTE_CLASSES so .{member} can be checked"]
+    path, cls = ATTRIBUTE_CLASSES[attr]
+    if member in release.fields(path, cls) or release.find_method(path, cls, member) is not None:
+        return []
+    return [f"LLM.{attr}.{member}: {cls} has no field or method {member!r} in vllm=={release.files.version}"]
 
 
 def check_option_values(llm_kwargs: dict, files: PinnedRelease) -> list[str]:
@@ -370,6 +410,10 @@ def check_backend(source: str, api_table: dict[str, tuple[str, ...]], files: Pin
             errors += _check_call(release, llm_path, "LLM", method, use)
             if method == "apply_model":
                 errors += _check_call(release, WORKER_CLASS[0], WORKER_CLASS[1], "apply_model", Use("", 1, line=use.line))
+        elif use.target.startswith("worker."):
+            errors += _check_call(release, *GPU_WORKER_CLASS, use.target.split(".", 1)[1], use)
+        elif use.target.startswith("attr."):
+            errors += _check_attribute(release, llm_path, use)
         elif use.target.startswith("model."):
             method = use.target.split(".", 1)[1]
             for path, cls in MODEL_CLASSES:

@@ -52,6 +52,7 @@ def validate(cfg: Any) -> None:
          "must be 1: one engine per rank (TP ranks would have to call generate in lockstep, which the multi-turn "
          "agent loop does not; see rollout/backends/vllm.py)"),
         (cfg.rollout.vllm_sleep_level in (1, 2), "rollout.vllm_sleep_level", "must be 1 or 2"),
+        (cfg.rollout.vllm_kv_cache_memory_bytes >= 0, "rollout.vllm_kv_cache_memory_bytes", "must be >= 0"),
         (cfg.algorithm.rollout_correction.cap >= 1, "algorithm.rollout_correction.cap", "must be >= 1"),
         (cfg.rollout.generation_batch_size >= 1, "rollout.generation_batch_size", "must be >= 1"),
         (cfg.rollout.vllm_logprobs_mode in ("", "raw_logprobs", "processed_logprobs"), "rollout.vllm_logprobs_mode",

