@@ -16,7 +16,8 @@ accumulation as configs/deepspeed/*.json set them):
                 buckets: reduce bucket x (2 B bf16 x 2 double-buffered + 4 B fp32 copy) (+ ZeRO-2 all-gather x 2 B)
                 offload_optimizer: the (4P + 8P + 4P) / N of master, Adam and gradient partition live in host memory
                 no DeepSpeed (stage 0: DDP or one process): fp32 weights 4P (autocast), Adam 8P, gradients 4P
-    reference   bf16, 2P (ZeRO-2) or 2P / N (ZeRO-3), when the KL term is on
+    reference   in the policy's dtype, when the KL term is on: bf16 2P (ZeRO-2) or 2P / N (ZeRO-3); fp32 4P without
+                DeepSpeed
     contexts    CUDA context, NCCL and allocator slack of the training process (the engine runs in it)
     retriever   the FAISS shard the co-located `retriever serve --gpu-index` puts on this GPU (+ its temp memory
                 and CUDA context)
@@ -210,7 +211,8 @@ def gpu_memory_plan(shape: ModelShape, *, zero_stage: int, data_parallel: int, g
     False: vLLM keeps its claim through the update. ``hf_engine_tokens``: the HF engine in place of vLLM, with a KV
     cache of that many tokens (generation_batch_size x max_total_length; ``vllm_gpu_memory_utilization`` unused)."""
     fused = zero_stage != 3 if fused_head is None else fused_head
-    ref = (2 * shape.params / (data_parallel if zero_stage == 3 else 1)) if reference else 0.0
+    ref = ((4 if zero_stage == 0 else 2) * shape.params / (data_parallel if zero_stage == 3 else 1)) if reference \
+        else 0.0
     if hf_engine_tokens is not None:
         copy = 2 * shape.params if zero_stage == 3 else 0.0  # ZeRO-3's partitioned weights cannot generate
         awake, weights, asleep, overhead = kv_cache_bytes(shape, hf_engine_tokens) + copy, copy, copy, 0.0

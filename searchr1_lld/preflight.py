@@ -52,6 +52,10 @@ class Launch:
     buckets: mp.Buckets = field(default_factory=mp.Buckets)  # its DeepSpeed JSON's bucket sizes
     source: str = "one process, no DeepSpeed (--accelerate-config FILE for the launcher's)"
 
+    @property
+    def ranks_per_node(self) -> int:
+        return max(1, self.processes // max(1, self.machines))
+
 
 @dataclass
 class Preflight:
@@ -363,7 +367,6 @@ def gpu_plan(pf: Preflight, cfg: Any, shape: mp.ModelShape, launch: Launch, gpu_
     if stage not in (0, 2, 3):
         pf.notes.append(f"plan: DeepSpeed ZeRO-{stage} is not in the memory arithmetic (no DeepSpeed, ZeRO-2, ZeRO-3)")
         return None
-    per_node = max(1, launch.processes // max(1, launch.machines))
     return mp.gpu_memory_plan(
         shape, zero_stage=stage, data_parallel=launch.processes, gpu_bytes=gpu_bytes,
         vllm_gpu_memory_utilization=r.vllm_gpu_memory_utilization, reference=cfg.algorithm.kl_coef > 0,
@@ -372,8 +375,32 @@ def gpu_plan(pf: Preflight, cfg: Any, shape: mp.ModelShape, launch: Launch, gpu_
         gradient_checkpointing=cfg.model.gradient_checkpointing, buckets=launch.buckets,
         offload_optimizer=launch.offload_optimizer, engine_sleeps=r.vllm_enable_sleep_mode,
         hf_engine_tokens=None if r.backend == "vllm" else r.generation_batch_size * r.max_total_length,
-        retriever_bytes=_retriever_gpu_bytes(pf, cfg, index, per_node) if on_gpu else 0.0,
+        retriever_bytes=_retriever_gpu_bytes(pf, cfg, index, launch.ranks_per_node) if on_gpu else 0.0,
         contexts=mp.CONTEXT_BYTES if on_gpu else 0.0)
+
+
+def _phase_lines(pf: Preflight, plan: mp.MemoryPlan, on_gpu: bool, engine: str) -> None:
+    """The rollout and update lines with their parts and margins; a phase over the GPU is a problem, one under
+    memory_plan.MARGIN_FLOOR a note."""
+    common = [("learner states", plan.learner), ("reference", plan.reference), ("CUDA contexts", plan.contexts),
+              ("retriever shard", plan.retriever)]
+    phases = {"rollout": (plan.rollout, [*common, (f"{engine} awake", plan.engine_awake)]),
+              "update": (plan.update, [*common, ("activations of one forward pass", plan.activations),
+                                       (f"{engine} asleep", plan.engine_asleep)])}
+    unit = f"per GPU of {_gb(plan.gpu)}" if on_gpu else "per process (CPU run: host memory)"
+    for phase, (total, parts) in phases.items():
+        listing = ", ".join(f"{k} {_gb(v)}" for k, v in parts if v)
+        if phase == "rollout":
+            listing += f" (KV cache {_gb(plan.kv_cache)})"
+        margin = plan.gpu - total
+        free = f"; margin {_gb(margin)} ({100 * margin / plan.gpu:.1f} %)" if on_gpu else ""
+        pf.plan.append(f"{phase}: {_gb(total)} {unit} ({listing}){free}")
+        if on_gpu and margin < 0:
+            pf.problems.append(f"plan: the {phase} needs {_gb(total)} per GPU, more than the GPU's {_gb(plan.gpu)} "
+                               f"({listing})")
+        elif on_gpu and margin < mp.MARGIN_FLOOR * plan.gpu:
+            pf.notes.append(f"plan: the {phase} leaves under {mp.MARGIN_FLOOR:.0%} of the GPU free ({_gb(total)} of "
+                            f"{_gb(plan.gpu)}); allocator fragmentation is not counted")
 
 
 def _plan_lines(pf: Preflight, cfg: Any, shape: mp.ModelShape, launch: Launch, device_gib: float | None,
@@ -390,30 +417,11 @@ def _plan_lines(pf: Preflight, cfg: Any, shape: mp.ModelShape, launch: Launch, d
                    + (f"; GPU {device_text}" if on_gpu else ""))
     plan = gpu_plan(pf, cfg, shape, launch, gpu_bytes, index, on_gpu)
     if plan is not None:
-        vllm = cfg.rollout.backend == "vllm"
-        common = [("learner states", plan.learner), ("reference", plan.reference), ("CUDA contexts", plan.contexts),
-                  ("retriever shard", plan.retriever)]
-        engine = (f"vLLM awake {_gb(plan.engine_awake)} (KV cache {_gb(plan.kv_cache)})" if vllm else
-                  f"HF engine {_gb(plan.engine_awake)} (KV cache {_gb(plan.kv_cache)})")
-        phases = {"rollout": (plan.rollout, common, engine),
-                  "update": (plan.update, [*common, ("activations of one forward pass", plan.activations),
-                                           ("engine asleep" if vllm else "HF engine", plan.engine_asleep)], "")}
-        unit = f"per GPU of {_gb(gpu_bytes)}" if on_gpu else "per process (CPU run: host memory)"
-        for phase, (total, parts, extra) in phases.items():
-            listing = ", ".join([f"{k} {_gb(v)}" for k, v in parts if v] + ([extra] if extra else []))
-            margin = gpu_bytes - total
-            free = f"; margin {_gb(margin)} ({100 * margin / gpu_bytes:.1f} %)" if on_gpu else ""
-            pf.plan.append(f"{phase}: {_gb(total)} {unit} ({listing}){free}")
-            if on_gpu and margin < 0:
-                pf.problems.append(f"plan: the {phase} needs {_gb(total)} per GPU, more than the GPU's "
-                                   f"{_gb(gpu_bytes)} ({listing})")
-            elif on_gpu and margin < mp.MARGIN_FLOOR * gpu_bytes:
-                pf.notes.append(f"plan: the {phase} leaves under {mp.MARGIN_FLOOR:.0%} of the GPU free "
-                                f"({_gb(total)} of {_gb(gpu_bytes)}); allocator fragmentation is not counted")
+        _phase_lines(pf, plan, on_gpu, "vLLM" if cfg.rollout.backend == "vllm" else "HF engine")
     if cfg.rollout.backend == "vllm" and not cfg.rollout.vllm_enable_sleep_mode:
         pf.notes.append("plan: rollout.vllm_enable_sleep_mode=false: the engine keeps its reservation through the "
                         "update")
-    r, per_node, reference = cfg.rollout, max(1, launch.processes // max(1, launch.machines)), cfg.algorithm.kl_coef > 0
+    r, per_node, reference = cfg.rollout, launch.ranks_per_node, cfg.algorithm.kl_coef > 0
     loading = mp.host_bytes_at_load(shape, ranks_per_node=per_node, reference=reference,
                                     zero3_init=launch.deepspeed and launch.zero_stage == 3 and launch.zero3_init)
     steady = mp.host_bytes_steady(

@@ -116,6 +116,9 @@ def test_learners_without_deepspeed_and_with_the_optimizer_offloaded():
     shape = mp.ModelShape(params=1e9, layers=2, hidden=10, intermediate=20, kv_heads=1, head_dim=5, vocab=100)
     b = mp.Buckets(reduce=1e6, allgather=1e6, max_live=1e6, prefetch=1e6)
     assert mp.learner_bytes(shape, 0, 4, b) == 16e9  # fp32 weights, Adam m, v, fp32 gradients, all replicated
+    ddp = mp.gpu_memory_plan(shape, zero_stage=0, data_parallel=4, gpu_bytes=100e9, vllm_gpu_memory_utilization=0.5,
+                             reference=True, micro_batch_tokens=100)
+    assert (ddp.learner, ddp.reference) == (16e9, 4e9)  # the reference in the policy's fp32
     assert mp.learner_bytes(shape, 2, 4, b, offload_optimizer=True) == 2e9 + 8e6 + 2e6
     assert mp.learner_bytes(shape, 3, 4, b, offload_optimizer=True) == 2e9 / 4 + 8e6
     assert mp.host_bytes_steady(shape, ranks_per_node=8, data_parallel=16, offload_optimizer=True,
