@@ -99,7 +99,8 @@ def _main(argv: list[str] | None = None) -> int:
                         help="with --preflight: the accelerate config the run will be launched with (processes, "
                              "ZeRO stage, offload; default: one process without DeepSpeed)")
     parser.add_argument("--gpu-memory-gib", type=float, metavar="GIB",
-                        help="with --preflight: memory of one GPU (default: this machine's GPU, else 80)")
+                        help="with --preflight: memory of one GPU in GiB (default: this machine's GPU, else an "
+                             "80 GB H100's 79.6 GiB)")
     parser.add_argument("--help-config", action="store_true",
                         help="print every config key (by section, with type, default and help) and exit")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.total_steps=10")

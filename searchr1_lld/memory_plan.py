@@ -14,12 +14,17 @@ accumulation as configs/deepspeed/*.json set them):
     learner     ZeRO-2: bf16 weights 2P + (fp32 master 4P + Adam m, v 8P + fp32 gradients 4P) / N + buckets
                 ZeRO-3: (bf16 weights 2P + fp32 master 4P + Adam 8P + fp32 gradients 4P) / N + buckets
                 buckets: reduce bucket x (2 B bf16 x 2 double-buffered + 4 B fp32 copy) (+ ZeRO-2 all-gather x 2 B)
-    reference   bf16, 2P (ZeRO-2) or 2P / N (ZeRO-3), when the KL term is on
+                offload_optimizer: the (4P + 8P + 4P) / N of master, Adam and gradient partition live in host memory
+                no DeepSpeed (stage 0: DDP or one process): fp32 weights 4P (autocast), Adam 8P, gradients 4P
+    reference   in the policy's dtype, when the KL term is on: bf16 2P (ZeRO-2) or 2P / N (ZeRO-3); fp32 4P without
+                DeepSpeed
     contexts    CUDA context, NCCL and allocator slack of the training process (the engine runs in it)
     retriever   the FAISS shard the co-located `retriever serve --gpu-index` puts on this GPU (+ its temp memory
                 and CUDA context)
     engine      vLLM claims gpu_memory_utilization x the GPU's *total* memory (weights + activations + KV cache)
-                while awake; asleep (level 2) it keeps about ENGINE_ASLEEP_BYTES
+                while awake; asleep (level 2) it keeps about ENGINE_ASLEEP_BYTES; without sleep mode its whole claim
+                stays through the update. The HF engine: the KV cache of its batch, tokens x 2 x layers x kv_heads x
+                head_dim x 2 B (freed for the update), plus under ZeRO-3 a full bf16 copy of the weights 2P
     activations update phase, one forward pass of T padded tokens (pass_tokens): checkpointed layer inputs
                 L T H 2 B, one layer recomputed 2 T (4H + 3I) 2 B, and the log-prob head: chunked from the hidden
                 states (fused head) or, under ZeRO-3, the full logits T V 2 B and their gradient
@@ -54,10 +59,14 @@ class ModelShape:
     vocab: int
 
 
-def shape_from_hf_config(config: dict) -> ModelShape:
-    """A :class:`ModelShape` from a Hugging Face ``config.json`` (Qwen2 / Llama fields), parameters counted from it:
-    embeddings V H (twice when untied), per layer q, k, v (with biases when ``attention_bias`` or Qwen2), o, the
-    gated MLP 3 H I and two norms, and the final norm."""
+def shape_from_hf_config(config: dict, params: float | None = None) -> ModelShape:
+    """A :class:`ModelShape` from a Hugging Face ``config.json`` (Qwen2 / Llama fields; a multimodal config's
+    ``text_config``), parameters counted from it: embeddings V H (twice when untied), per layer q, k, v (with biases
+    when ``attention_bias`` or Qwen2), o, the gated MLP 3 H I and two norms, and the final norm. ``params``: an
+    exact count (the checkpoint's tensors) in place of the counted one."""
+    tie = config.get("tie_word_embeddings")
+    config = config.get("text_config") or config
+    tie = config.get("tie_word_embeddings", False) if tie is None else tie
     h, layers, inter = config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]
     heads = config["num_attention_heads"]
     kv = config.get("num_key_value_heads", heads)
@@ -66,8 +75,9 @@ def shape_from_hf_config(config: dict) -> ModelShape:
     bias = config.get("attention_bias", config.get("model_type") == "qwen2")
     attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h + (heads * hd + 2 * kv * hd if bias else 0)
     per_layer = attn + 3 * h * inter + 2 * h
-    emb = v * h * (1 if config.get("tie_word_embeddings", False) else 2)
-    return ModelShape(params=float(emb + layers * per_layer + h), layers=layers, hidden=h, intermediate=inter,
+    emb = v * h * (1 if tie else 2)
+    counted = float(emb + layers * per_layer + h)
+    return ModelShape(params=float(params) if params else counted, layers=layers, hidden=h, intermediate=inter,
                       kv_heads=kv, head_dim=hd, vocab=v)
 
 
@@ -104,11 +114,13 @@ class MemoryPlan:
     engine_awake: float
     engine_weights: float
     activations: float
+    engine_asleep: float = ENGINE_ASLEEP_BYTES  # what the engine keeps through the update
+    engine_overhead: float = 2 * GB  # the engine's own activations inside its budget (vLLM)
 
     @property
     def kv_cache(self) -> float:
-        """What the engine's budget leaves for the KV cache (its weights and about 2 GB of activations out)."""
-        return max(self.engine_awake - self.engine_weights - 2 * GB, 0.0)
+        """What the engine's budget leaves for the KV cache (its weights and activations out)."""
+        return max(self.engine_awake - self.engine_weights - self.engine_overhead, 0.0)
 
     @property
     def resident(self) -> float:
@@ -121,7 +133,7 @@ class MemoryPlan:
 
     @property
     def update(self) -> float:
-        return self.resident + ENGINE_ASLEEP_BYTES + self.activations
+        return self.resident + self.engine_asleep + self.activations
 
     @property
     def margin_at_wake_up(self) -> float:
@@ -148,20 +160,31 @@ def pass_tokens(micro_batch_size: int, max_total_length: int, token_budget: int)
     return min(micro_batch_size * max_total_length, cap) if micro_batch_size else cap
 
 
-def faiss_flat_shard_bytes(num_vectors: int, dim: int, gpus: int, *, fp16: bool = True) -> float:
+def faiss_flat_shard_bytes(num_vectors: int, dim: int, gpus: int, *, fp16: bool = True, processes: int = 1) -> float:
     """Per GPU: a Flat index sharded over ``gpus`` (``retriever serve --gpu-index``: fp16 codes), FAISS's temporary
-    memory and the retriever's CUDA context."""
-    return num_vectors * dim * (2 if fp16 else 4) / gpus + FAISS_TEMP_BYTES + RETRIEVER_CONTEXT_BYTES
+    memory and the retriever's CUDA context; ``processes`` that each shard their own copy over the same GPUs
+    (``retriever.use_gpu_index`` in-process: every rank of the node) multiply it."""
+    return processes * (num_vectors * dim * (2 if fp16 else 4) / gpus + FAISS_TEMP_BYTES + RETRIEVER_CONTEXT_BYTES)
 
 
-def learner_bytes(shape: ModelShape, zero_stage: int, data_parallel: int, buckets: Buckets = Buckets()) -> float:
-    """DeepSpeed ZeRO-2 / ZeRO-3 states of one rank, buffers included (module docstring)."""
+def kv_cache_bytes(shape: ModelShape, tokens: int) -> float:
+    """bf16 KV cache of ``tokens`` positions: tokens x 2 (K, V) x layers x kv_heads x head_dim x 2 B."""
+    return float(tokens) * 2 * shape.layers * shape.kv_heads * shape.head_dim * 2
+
+
+def learner_bytes(shape: ModelShape, zero_stage: int, data_parallel: int, buckets: Buckets = Buckets(), *,
+                  offload_optimizer: bool = False) -> float:
+    """DeepSpeed ZeRO-2 / ZeRO-3 states of one rank, buffers included, or (``zero_stage`` 0) a learner without
+    DeepSpeed (module docstring)."""
     p, n = shape.params, data_parallel
+    on_gpu = 0.0 if offload_optimizer else 16 * p / n  # fp32 master + Adam m, v + fp32 gradient partition
+    if zero_stage == 0:
+        return 16 * p
     if zero_stage == 2:
-        return 2 * p + 16 * p / n + buckets.reduce * 8 + buckets.allgather * 2
+        return 2 * p + on_gpu + buckets.reduce * 8 + buckets.allgather * 2
     if zero_stage == 3:
-        return 18 * p / n + buckets.reduce * 8
-    raise ValueError(f"zero_stage must be 2 or 3; got {zero_stage}")
+        return 2 * p / n + on_gpu + buckets.reduce * 8
+    raise ValueError(f"zero_stage must be 0 (no DeepSpeed), 2 or 3; got {zero_stage}")
 
 
 def activation_bytes(shape: ModelShape, tokens: int, *, fused_head: bool, zero_stage: int,
@@ -179,18 +202,29 @@ def activation_bytes(shape: ModelShape, tokens: int, *, fused_head: bool, zero_s
 def gpu_memory_plan(shape: ModelShape, *, zero_stage: int, data_parallel: int, gpu_bytes: float,
                     vllm_gpu_memory_utilization: float, reference: bool, micro_batch_tokens: int,
                     fused_head: bool | None = None, retriever_bytes: float = 0.0,
-                    gradient_checkpointing: bool = True, buckets: Buckets = Buckets()) -> MemoryPlan:
+                    gradient_checkpointing: bool = True, buckets: Buckets = Buckets(),
+                    offload_optimizer: bool = False, engine_sleeps: bool = True, hf_engine_tokens: int | None = None,
+                    contexts: float = CONTEXT_BYTES) -> MemoryPlan:
     """The :class:`MemoryPlan` of one GPU that holds a learner rank and its vLLM engine (and, with
     ``retriever_bytes``, a shard of a co-located GPU retriever). ``fused_head`` (default: not ZeRO-3): log-probs from
-    the hidden states chunk by chunk (policy_logprobs); False = the full logits are materialised."""
-    if not 0 < vllm_gpu_memory_utilization <= 1:
-        raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1]; got {vllm_gpu_memory_utilization}")
+    the hidden states chunk by chunk (policy_logprobs); False = the full logits are materialised. ``engine_sleeps``
+    False: vLLM keeps its claim through the update. ``hf_engine_tokens``: the HF engine in place of vLLM, with a KV
+    cache of that many tokens (generation_batch_size x max_total_length; ``vllm_gpu_memory_utilization`` unused)."""
     fused = zero_stage != 3 if fused_head is None else fused_head
-    ref = (2 * shape.params / (data_parallel if zero_stage == 3 else 1)) if reference else 0.0
+    ref = ((4 if zero_stage == 0 else 2) * shape.params / (data_parallel if zero_stage == 3 else 1)) if reference \
+        else 0.0
+    if hf_engine_tokens is not None:
+        copy = 2 * shape.params if zero_stage == 3 else 0.0  # ZeRO-3's partitioned weights cannot generate
+        awake, weights, asleep, overhead = kv_cache_bytes(shape, hf_engine_tokens) + copy, copy, copy, 0.0
+    elif not 0 < vllm_gpu_memory_utilization <= 1:
+        raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1]; got {vllm_gpu_memory_utilization}")
+    else:
+        awake, weights, overhead = vllm_gpu_memory_utilization * gpu_bytes, 2 * shape.params, 2 * GB
+        asleep = ENGINE_ASLEEP_BYTES if engine_sleeps else awake
     return MemoryPlan(
-        gpu=float(gpu_bytes), learner=learner_bytes(shape, zero_stage, data_parallel, buckets), reference=ref,
-        contexts=CONTEXT_BYTES, retriever=float(retriever_bytes),
-        engine_awake=vllm_gpu_memory_utilization * gpu_bytes, engine_weights=2 * shape.params,
+        gpu=float(gpu_bytes), reference=ref, contexts=float(contexts), retriever=float(retriever_bytes),
+        learner=learner_bytes(shape, zero_stage, data_parallel, buckets, offload_optimizer=offload_optimizer),
+        engine_awake=awake, engine_weights=weights, engine_asleep=asleep, engine_overhead=overhead,
         activations=activation_bytes(shape, micro_batch_tokens, fused_head=fused, zero_stage=zero_stage,
                                      gradient_checkpointing=gradient_checkpointing, buckets=buckets))
 
@@ -205,6 +239,15 @@ def host_bytes_at_load(shape: ModelShape, *, ranks_per_node: int, zero3_init: bo
     if zero3_init:
         return ranks_per_node * (process_bytes + 2 * checkpoint_shard_bytes) + 2 * shape.params
     return ranks_per_node * (process_bytes + copies * 4 * shape.params)
+
+
+def host_bytes_steady(shape: ModelShape, *, ranks_per_node: int, data_parallel: int, offload_optimizer: bool,
+                      parked_weights: bool, index_bytes: float = 0.0) -> float:
+    """Host memory of one node through training, beyond the processes themselves: the offloaded fp32 master, Adam
+    and gradient partition (16P / N per rank), the engine's weights parked at sleep level 1 (2P per rank), and an
+    in-process retriever index (``index_bytes`` per rank)."""
+    offloaded = 16 * shape.params / data_parallel if offload_optimizer else 0.0
+    return ranks_per_node * (offloaded + (2 * shape.params if parked_weights else 0.0) + index_bytes)
 
 
 def markdown_table(plans: dict[str, MemoryPlan]) -> str:

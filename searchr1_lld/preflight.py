@@ -8,28 +8,16 @@ Checks (each a line; a problem makes the exit status 2, one line per problem on 
     model       a local dir: config.json and a tokenizer; a hub id: in the HF cache, else (HF_HUB_OFFLINE) a problem
                 saying it cannot be downloaded here, else the hub is asked (unreachable: a note, not verified)
 
-The resource plan (computed from the model's config, never measured), P = parameters, W = processes, z = ZeRO
-stage, b = bytes of a training weight (2 with DeepSpeed bf16, else 4: the learner keeps fp32 weights under autocast):
-    weights            b P, divided by W under ZeRO-3
-    optimiser          DeepSpeed bf16: fp32 master + Adam m, v = 12 P; fp32: Adam m, v = 8 P; divided by W for z >= 1;
-                       0 on the GPU with offload_optimizer (then in host RAM)
-    gradients          z >= 2: the fp32 partition 4 P / W + one reduce bucket (DeepSpeed's 5e8 elements x b);
-                       else the full fp32 gradients 4 P (present during the update only)
-    reference          (algorithm.kl_coef > 0) b P in the policy's dtype, divided by W under ZeRO-3
-    engine copy        ZeRO-3 with the HF engine: a full copy b P
-    vLLM engine        reserves rollout.vllm_gpu_memory_utilization x GPU memory for weights + KV cache (the KV cache is
-                       not counted separately: vLLM reserves it); asleep (sleep mode, level 1 or 2) it holds ~0
-    HF engine          KV cache = generation_batch_size x max_total_length x 2 x layers x kv_heads x head_dim x b
-    activations        logits of one micro-batch and their gradient 2 x micro_batch_token_budget x vocab x b, plus
-                       with gradient checkpointing the layer inputs layers x tokens x hidden x b (without it the
-                       full activations, not estimated)
-    CUDA context       1 GiB per process
-    rollout per GPU  = weights + optimiser + (z >= 2: gradient partition) + reference + engine copy + engine + context
-    update per GPU   = weights + optimiser + gradients + reference + engine copy + activations + engine asleep + context
-    host RAM / node  = loading: W_node x (4 P policy + 4 P reference), divided by W with zero3_init_flag; steady:
-                       offloaded optimiser + sleep level 1 weights (2 P per rank) + in-process index per rank
-    disk / checkpoint= policy/ (b P) + optimiser state (DeepSpeed: b P module + 12 P; else 8 P), times
-                       trainer.keep_last_k (+1 with trainer.keep_best)
+The resource plan is computed from the model's config, never measured: GPU memory per phase and host memory at load
+and through training by searchr1_lld/memory_plan.py (its docstring gives every formula; docs/memory.md prints the
+same arithmetic for the paper's cells), from the launch (an accelerate config: processes, ZeRO stage, offload,
+zero3_init, DeepSpeed's bucket sizes), the engine (vLLM's fraction of the GPU, sleep mode and level; the HF engine's
+KV cache of generation_batch_size x max_total_length tokens), the largest forward pass of the update
+(memory_plan.pass_tokens), the reference (algorithm.kl_coef > 0) and the retriever's GPU shards (a service that
+reports a GPU index in its /health, or retriever.use_gpu_index in-process: every rank of a node shards its own
+copy). Here, P = parameters:
+    disk / checkpoint= policy/ (b P, b = 2 with DeepSpeed bf16, else 4) + optimiser state (DeepSpeed: b P module +
+                       12 P; else 8 P), times trainer.keep_last_k (+1 with trainer.keep_best)
     evaluation       = questions per evaluation (limits applied), at most (eval.max_turns + 1) x max_tokens_per_turn
                        generated tokens each, against the training trajectories of eval_every steps
 """
@@ -45,23 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from searchr1_lld import memory_plan as mp
+
 GiB = float(1 << 30)
-CUDA_CONTEXT_BYTES = 1 * GiB
-DS_REDUCE_BUCKET_ELEMENTS = 5e8  # DeepSpeed's default reduce_bucket_size
-DEFAULT_GPU_GIB = 80.0
-MARGIN = 0.10  # a plan closer than this to the GPU's memory gets a warning
-
-
-@dataclass
-class ModelShape:
-    """What the plan needs of a model: parameter count and the sizes of its KV cache and logits."""
-
-    params: int
-    vocab: int
-    hidden: int
-    layers: int
-    kv_heads: int
-    head_dim: int
 
 
 @dataclass
@@ -75,7 +49,12 @@ class Launch:
     bf16: bool = False
     offload_optimizer: bool = False
     zero3_init: bool = False  # zero3_init_flag: ZeRO-3 loads the model partitioned
+    buckets: mp.Buckets = field(default_factory=mp.Buckets)  # its DeepSpeed JSON's bucket sizes
     source: str = "one process, no DeepSpeed (--accelerate-config FILE for the launcher's)"
+
+    @property
+    def ranks_per_node(self) -> int:
+        return max(1, self.processes // max(1, self.machines))
 
 
 @dataclass
@@ -88,25 +67,19 @@ class Preflight:
     plan: list[str] = field(default_factory=list)
 
 
+@dataclass
+class IndexFacts:
+    """What the plan needs of the retriever's index: its files' bytes (host RAM in-process), its size and type, and
+    how many GPUs a service reports its index sharded over (its /health ``load_mode``, ``gpu xN``)."""
+
+    host_bytes: float = 0.0
+    num_docs: int = 0
+    dim: int = 0
+    index_type: str = ""
+    service_gpus: int = 0
+
+
 # ------------------------------------------------------------------------------------------------- model and launch
-def shape_from_config(config: dict[str, Any]) -> ModelShape:
-    """A decoder's size from its HF config.json (Llama / Qwen2 layout):
-    P = V h (embeddings) [+ V h untied lm_head] + h (final norm)
-        + layers x (h (q) + 2 kv d (k, v)) x h + h h (o) [+ q/k/v biases (Qwen2)] + 3 h I (MLP) + 2 h (norms))."""
-    text = config.get("text_config") or config
-    h, layers, vocab = int(text["hidden_size"]), int(text["num_hidden_layers"]), int(text["vocab_size"])
-    heads = int(text["num_attention_heads"])
-    kv = int(text.get("num_key_value_heads") or heads)
-    d = int(text.get("head_dim") or h // heads)
-    inter = int(text["intermediate_size"])
-    bias = text.get("attention_bias", text.get("model_type") == "qwen2")
-    attn = h * heads * d + 2 * h * kv * d + heads * d * h + ((heads + 2 * kv) * d if bias else 0)
-    per_layer = attn + 3 * h * inter + 2 * h
-    tied = config.get("tie_word_embeddings", text.get("tie_word_embeddings", True))
-    params = vocab * h * (1 if tied else 2) + h + layers * per_layer
-    return ModelShape(params, vocab, h, layers, kv, d)
-
-
 def safetensors_params(model_dir: Path) -> int | None:
     """The exact parameter count of a model dir's ``*.safetensors`` (their headers only), None without any."""
     files = sorted(model_dir.glob("*.safetensors"))
@@ -137,6 +110,12 @@ def read_launch(path: str | Path) -> Launch:
         launch.zero_stage = int(zero.get("stage") or 0)
         launch.offload_optimizer = (zero.get("offload_optimizer") or {}).get("device", "none") not in ("none", None)
         launch.bf16 = launch.bf16 or bool((ds_json.get("bf16") or {}).get("enabled"))
+        default = mp.Buckets()
+        launch.buckets = mp.Buckets(
+            reduce=float(zero.get("reduce_bucket_size", default.reduce)),
+            allgather=float(zero.get("allgather_bucket_size", default.allgather)),
+            max_live=float(zero.get("stage3_max_live_parameters", default.max_live)),
+            prefetch=float(zero.get("stage3_prefetch_bucket_size", default.prefetch)))
     else:
         launch.zero_stage = int(ds.get("zero_stage") or 0)
         launch.offload_optimizer = ds.get("offload_optimizer_device", "none") not in ("none", None)
@@ -144,75 +123,7 @@ def read_launch(path: str | Path) -> Launch:
     return launch
 
 
-# ------------------------------------------------------------------------------------------------- the plan (pure)
-def learner_bytes(params: int, launch: Launch, *, reference: bool, hf_engine_copy: bool) -> dict[str, float]:
-    """Per-GPU learner tensors in bytes: weights, optimiser, gradients (during the update), gradient partition (held
-    through the rollout too), reference, engine copy (formulas: module docstring)."""
-    p, w, z = float(params), launch.processes, launch.zero_stage
-    b = 2.0 if (launch.deepspeed and launch.bf16) else 4.0
-    shard = w if (launch.deepspeed and z == 3) else 1
-    if launch.deepspeed:
-        optimizer = 0.0 if launch.offload_optimizer else (12 if b == 2 else 8) * p / (w if z >= 1 else 1)
-        persistent_grads = 4 * p / w + DS_REDUCE_BUCKET_ELEMENTS * b if z >= 2 else 0.0
-    else:
-        optimizer, persistent_grads = 8 * p, 0.0
-    return {
-        "weights": b * p / shard,
-        "optimizer": optimizer,
-        "gradients": persistent_grads or 4 * p,
-        "gradient partition": persistent_grads,
-        "reference": b * p / shard if reference else 0.0,
-        "engine copy": b * p if hf_engine_copy else 0.0,
-    }
-
-
-def activation_bytes(shape: ModelShape, tokens: int, *, bytes_per: float, checkpointing: bool) -> float:
-    """Logits of one micro-batch and their gradient, plus checkpointed layer inputs (module docstring)."""
-    logits = 2.0 * tokens * shape.vocab * bytes_per
-    return logits + (shape.layers * tokens * shape.hidden * bytes_per if checkpointing else 0.0)
-
-
-def kv_cache_bytes(shape: ModelShape, sequences: int, length: int, bytes_per: float) -> float:
-    """KV cache of ``sequences`` sequences of ``length`` tokens: 2 (K, V) x layers x kv_heads x head_dim x bytes."""
-    return float(sequences) * length * 2 * shape.layers * shape.kv_heads * shape.head_dim * bytes_per
-
-
-def gpu_plan(cfg: Any, shape: ModelShape, launch: Launch, device_bytes: float,
-             on_gpu: bool = True) -> dict[str, dict[str, float]]:
-    """``{"rollout": {part: bytes}, "update": {part: bytes}}`` per GPU (module docstring; no CUDA context when
-    not ``on_gpu``)."""
-    r = cfg.rollout
-    vllm = r.backend == "vllm"
-    learner = learner_bytes(shape.params, launch, reference=cfg.algorithm.kl_coef > 0,
-                            hf_engine_copy=launch.deepspeed and launch.zero_stage == 3 and not vllm)
-    b = 2.0 if (launch.deepspeed and launch.bf16) or cfg.model.dtype in ("bfloat16", "float16") else 4.0
-    engine = (r.vllm_gpu_memory_utilization * device_bytes if vllm
-              else kv_cache_bytes(shape, r.generation_batch_size, r.max_total_length, b))
-    asleep = 0.0 if (vllm and r.vllm_enable_sleep_mode) else engine if vllm else 0.0
-    common = {k: learner[k] for k in ("weights", "optimizer", "reference", "engine copy")}
-    rollout = {**common, "gradient partition": learner["gradient partition"],
-               "vLLM reservation" if vllm else "HF KV cache": engine, "CUDA context": CUDA_CONTEXT_BYTES * on_gpu}
-    update = {**common, "gradients": learner["gradients"],
-              "activations": activation_bytes(shape, cfg.trainer.micro_batch_token_budget, bytes_per=b,
-                                              checkpointing=cfg.model.gradient_checkpointing),
-              "engine asleep" if vllm else "HF KV cache (freed)": asleep, "CUDA context": CUDA_CONTEXT_BYTES * on_gpu}
-    return {"rollout": rollout, "update": update}
-
-
-def host_ram_bytes(cfg: Any, shape: ModelShape, launch: Launch, index_bytes: float) -> dict[str, float]:
-    """Host RAM per node: ``{"loading": ..., "steady": ...}`` (module docstring)."""
-    p, per_node = float(shape.params), max(1, launch.processes // max(1, launch.machines))
-    load = 4 * p * (2 if cfg.algorithm.kl_coef > 0 else 1)
-    if launch.deepspeed and launch.zero_stage == 3 and launch.zero3_init:
-        load /= launch.processes
-    steady = 12 * p / launch.processes * per_node if launch.offload_optimizer else 0.0
-    if cfg.rollout.backend == "vllm" and cfg.rollout.vllm_enable_sleep_mode and cfg.rollout.vllm_sleep_level == 1:
-        steady += 2 * p * per_node
-    if cfg.retriever.mode == "inprocess":
-        steady += index_bytes * per_node
-    return {"loading": load * per_node, "steady": steady}
-
-
+# ------------------------------------------------------------------------------------------------- disk, evaluation
 def checkpoint_bytes(params: int, launch: Launch) -> float:
     """One checkpoint on disk: policy/ + the optimiser state (module docstring)."""
     p = float(params)
@@ -246,8 +157,8 @@ def eval_plan(cfg: Any, sizes: dict[str, int]) -> list[str]:
     return lines
 
 
-def _gib(x: float) -> str:
-    return f"{x / GiB:.1f} GiB" if x >= 0.05 * GiB else f"{x / (1 << 20):.2f} MiB"
+def _gb(x: float) -> str:
+    return f"{x / mp.GB:.1f} GB" if x >= 0.05 * mp.GB or not x else f"{x / 1e6:.2f} MB"
 
 
 def _count(params: int) -> str:
@@ -320,8 +231,8 @@ def check_data(pf: Preflight, cfg: Any) -> dict[str, int]:
     return sizes
 
 
-def check_retriever(pf: Preflight, cfg: Any) -> float:
-    """The index (in-process) or the service (http); returns the index's bytes in host RAM (0 for http)."""
+def check_retriever(pf: Preflight, cfg: Any) -> IndexFacts:
+    """The index (in-process) or the service (http): what the plan needs of it (nothing known: zeros)."""
     rc = cfg.retriever
     expect = rc.expect_encoder
     if rc.mode == "http":
@@ -333,7 +244,7 @@ def check_retriever(pf: Preflight, cfg: Any) -> float:
         except (httpx.HTTPError, ValueError) as e:
             pf.problems.append(f"retriever.url {rc.url}: not reachable ({type(e).__name__}: {e}); start "
                                "`python -m retriever serve --index DIR` first")
-            return 0.0
+            return IndexFacts()
         encoder = health.get("encoder")
         if expect and encoder and Path(str(encoder)).name != Path(expect).name:
             pf.problems.append(f"retriever.url {rc.url} serves an index built with encoder {encoder!r}, "
@@ -341,11 +252,14 @@ def check_retriever(pf: Preflight, cfg: Any) -> float:
         else:
             pf.ok.append(f"retriever: {rc.url} answers: {health.get('retriever')} index of "
                          f"{health.get('num_docs')} docs, encoder {encoder}")
-        return 0.0
+        mode = str(health.get("load_mode") or "")
+        gpus = int(mode.split("x")[-1]) if mode.startswith("gpu x") and mode.split("x")[-1].isdigit() else 0
+        return IndexFacts(num_docs=int(health.get("num_docs") or 0), dim=int(health.get("dim") or 0),
+                          index_type=str(health.get("index_type") or ""), service_gpus=gpus)
     if not rc.index_dir:
         pf.problems.append("retriever.index_dir is empty (retriever.mode=inprocess): build one with "
                            "`python -m retriever build` or use retriever.mode=http")
-        return 0.0
+        return IndexFacts()
     from retriever.manifest import check_manifest, read_manifest, verify_files
 
     try:
@@ -354,12 +268,13 @@ def check_retriever(pf: Preflight, cfg: Any) -> float:
         check_manifest(manifest, encoder=expect, index_dir=rc.index_dir)
     except (OSError, ValueError) as e:
         pf.problems.append(f"retriever.index_dir: {' '.join(str(e).split())}")
-        return 0.0
+        return IndexFacts()
     size = float(sum(v["bytes"] for v in (manifest.get("checksums") or {}).values()))
     pf.ok.append(f"retriever: {rc.index_dir}: {manifest['retriever']} index of {manifest['num_docs']:,} docs"
                  + (f", encoder {manifest['encoder']}" if manifest.get("encoder") else "")
-                 + f", file sizes as built ({_gib(size)})")
-    return size
+                 + f", file sizes as built ({_gb(size)})")
+    return IndexFacts(host_bytes=size, num_docs=int(manifest["num_docs"]), dim=int(manifest.get("dim") or 0),
+                      index_type=str(manifest.get("index_type") or ""))
 
 
 def _local_dir_problem(path: Path, what: str, markers: tuple[str, ...]) -> str | None:
@@ -368,7 +283,7 @@ def _local_dir_problem(path: Path, what: str, markers: tuple[str, ...]) -> str |
     return None if any((path / m).is_file() for m in markers) else f"{what}: {path} has no {' or '.join(markers)}"
 
 
-def check_model(pf: Preflight, cfg: Any) -> ModelShape | None:
+def check_model(pf: Preflight, cfg: Any) -> mp.ModelShape | None:
     """model.path (and model.tokenizer_path): a local dir with config.json + tokenizer, or a hub id in the HF cache;
     returns the model's shape when its config could be read."""
     from searchr1_lld.cli import looks_like_local_path
@@ -387,17 +302,15 @@ def check_model(pf: Preflight, cfg: Any) -> ModelShape | None:
         if problem:
             pf.problems.append(problem)
             return None
-        shape = shape_from_config(json.loads((Path(path) / "config.json").read_text()))
-        exact = safetensors_params(Path(path))
-        if exact:
-            shape.params = exact
+        shape = mp.shape_from_hf_config(json.loads((Path(path) / "config.json").read_text()),
+                                        params=safetensors_params(Path(path)))
         pf.ok.append(f"model.path {path}: local model dir, {_count(shape.params)} parameters")
         return shape
     from huggingface_hub import try_to_load_from_cache
 
     cached = try_to_load_from_cache(path, "config.json")
     if isinstance(cached, str):
-        shape = shape_from_config(json.loads(Path(cached).read_text()))
+        shape = mp.shape_from_hf_config(json.loads(Path(cached).read_text()))
         pf.ok.append(f"model.path {path}: hub id, in the HF cache ({_count(shape.params)} parameters)")
         return shape
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
@@ -420,56 +333,113 @@ def check_model(pf: Preflight, cfg: Any) -> ModelShape | None:
 # ------------------------------------------------------------------------------------------------- the whole check
 def _device_bytes(device_gib: float | None) -> tuple[float, str]:
     if device_gib:
-        return device_gib * GiB, f"{device_gib:g} GiB (--gpu-memory-gib)"
+        return device_gib * GiB, f"{device_gib * GiB / mp.GB:.1f} GB (--gpu-memory-gib {device_gib:g})"
     import torch
 
     if torch.cuda.is_available():
         total = float(torch.cuda.get_device_properties(0).total_memory)
-        return total, f"{total / GiB:.1f} GiB ({torch.cuda.get_device_name(0)})"
-    return DEFAULT_GPU_GIB * GiB, f"{DEFAULT_GPU_GIB:g} GiB (assumed: no GPU here; --gpu-memory-gib sets it)"
+        return total, f"{total / mp.GB:.1f} GB ({torch.cuda.get_device_name(0)})"
+    return mp.H100_80GB, f"{mp.H100_80GB / mp.GB:.1f} GB (assumed 80 GB H100: no GPU here; --gpu-memory-gib sets it)"
 
 
-def _plan_lines(pf: Preflight, cfg: Any, shape: ModelShape, launch: Launch, device_gib: float | None,
-                index_bytes: float) -> None:
+def _retriever_gpu_bytes(pf: Preflight, cfg: Any, index: IndexFacts, ranks_per_node: int) -> float:
+    """The retriever's FAISS shards on each GPU: a service reporting a GPU index (counted as co-located), or
+    retriever.use_gpu_index in-process (each of the node's ranks shards its own copy over the node's GPUs)."""
+    service = cfg.retriever.mode == "http" and index.service_gpus
+    inprocess = cfg.retriever.mode == "inprocess" and cfg.retriever.use_gpu_index
+    if not (service or inprocess):
+        return 0.0
+    if not (index.index_type.endswith("Flat") and index.num_docs and index.dim):
+        pf.notes.append(f"plan: the retriever's GPU index ({index.index_type or 'type unknown'}) is not counted (the "
+                        "plan counts Flat codes)")
+        return 0.0
+    if service:
+        pf.notes.append(f"plan: the retriever service's index on {index.service_gpus} GPU(s) is counted as sharded "
+                        "over this node's GPUs (a service on other GPUs gives it back)")
+        return mp.faiss_flat_shard_bytes(index.num_docs, index.dim, index.service_gpus)
+    return mp.faiss_flat_shard_bytes(index.num_docs, index.dim, ranks_per_node, processes=ranks_per_node)
+
+
+def gpu_plan(pf: Preflight, cfg: Any, shape: mp.ModelShape, launch: Launch, gpu_bytes: float, index: IndexFacts,
+                on_gpu: bool = True) -> mp.MemoryPlan | None:
+    """The run's :class:`memory_plan.MemoryPlan` per GPU (None, with a note, for a ZeRO stage it does not cover)."""
+    r, stage = cfg.rollout, launch.zero_stage if launch.deepspeed else 0
+    if stage not in (0, 2, 3):
+        pf.notes.append(f"plan: DeepSpeed ZeRO-{stage} is not in the memory arithmetic (no DeepSpeed, ZeRO-2, ZeRO-3)")
+        return None
+    return mp.gpu_memory_plan(
+        shape, zero_stage=stage, data_parallel=launch.processes, gpu_bytes=gpu_bytes,
+        vllm_gpu_memory_utilization=r.vllm_gpu_memory_utilization, reference=cfg.algorithm.kl_coef > 0,
+        micro_batch_tokens=mp.pass_tokens(cfg.trainer.micro_batch_size, r.max_total_length,
+                                          cfg.trainer.micro_batch_token_budget),
+        gradient_checkpointing=cfg.model.gradient_checkpointing, buckets=launch.buckets,
+        offload_optimizer=launch.offload_optimizer, engine_sleeps=r.vllm_enable_sleep_mode,
+        hf_engine_tokens=None if r.backend == "vllm" else r.generation_batch_size * r.max_total_length,
+        retriever_bytes=_retriever_gpu_bytes(pf, cfg, index, launch.ranks_per_node) if on_gpu else 0.0,
+        contexts=mp.CONTEXT_BYTES if on_gpu else 0.0)
+
+
+def _phase_lines(pf: Preflight, plan: mp.MemoryPlan, on_gpu: bool, engine: str) -> None:
+    """The rollout and update lines with their parts and margins; a phase over the GPU is a problem, one under
+    memory_plan.MARGIN_FLOOR a note."""
+    common = [("learner states", plan.learner), ("reference", plan.reference), ("CUDA contexts", plan.contexts),
+              ("retriever shard", plan.retriever)]
+    phases = {"rollout": (plan.rollout, [*common, (f"{engine} awake", plan.engine_awake)]),
+              "update": (plan.update, [*common, ("activations of one forward pass", plan.activations),
+                                       (f"{engine} asleep", plan.engine_asleep)])}
+    unit = f"per GPU of {_gb(plan.gpu)}" if on_gpu else "per process (CPU run: host memory)"
+    for phase, (total, parts) in phases.items():
+        listing = ", ".join(f"{k} {_gb(v)}" for k, v in parts if v)
+        if phase == "rollout":
+            listing += f" (KV cache {_gb(plan.kv_cache)})"
+        margin = plan.gpu - total
+        free = f"; margin {_gb(margin)} ({100 * margin / plan.gpu:.1f} %)" if on_gpu else ""
+        pf.plan.append(f"{phase}: {_gb(total)} {unit} ({listing}){free}")
+        if on_gpu and margin < 0:
+            pf.problems.append(f"plan: the {phase} needs {_gb(total)} per GPU, more than the GPU's {_gb(plan.gpu)} "
+                               f"({listing})")
+        elif on_gpu and margin < mp.MARGIN_FLOOR * plan.gpu:
+            pf.notes.append(f"plan: the {phase} leaves under {mp.MARGIN_FLOOR:.0%} of the GPU free ({_gb(total)} of "
+                            f"{_gb(plan.gpu)}); allocator fragmentation is not counted")
+
+
+def _plan_lines(pf: Preflight, cfg: Any, shape: mp.ModelShape, launch: Launch, device_gib: float | None,
+                index: IndexFacts) -> None:
     import torch
 
     on_gpu = cfg.trainer.device == "cuda" or cfg.rollout.backend == "vllm" or (
         cfg.trainer.device == "auto" and (torch.cuda.is_available() or launch.deepspeed and launch.processes > 1))
-    device_bytes, device_text = _device_bytes(device_gib)
+    gpu_bytes, device_text = _device_bytes(device_gib)
     zero = f"DeepSpeed ZeRO-{launch.zero_stage}" if launch.deepspeed else "no DeepSpeed"
     pf.plan.append(f"launch: {launch.processes} process(es) on {launch.machines} machine(s), {zero}"
                    f"{', bf16' if launch.bf16 else ''}{', optimiser offloaded' if launch.offload_optimizer else ''} "
-                   f"[{launch.source}]; model {_count(shape.params)} parameters")
-    unit = f"per GPU of {device_text}" if on_gpu else "per process (CPU run: host memory)"
-    for phase, parts in gpu_plan(cfg, shape, launch, device_bytes, on_gpu).items():
-        total = sum(parts.values())
-        listing = ", ".join(f"{k} {_gib(v)}" for k, v in parts.items() if v)
-        pf.plan.append(f"{phase}: {_gib(total)} {unit} ({listing})")
-        if on_gpu and total > device_bytes:
-            pf.problems.append(f"plan: the {phase} needs {_gib(total)} per GPU, more than the GPU's "
-                               f"{_gib(device_bytes)} ({listing})")
-        elif on_gpu and total > (1 - MARGIN) * device_bytes:
-            pf.notes.append(f"plan: the {phase} leaves under {MARGIN:.0%} of the GPU free ({_gib(total)} of "
-                            f"{_gib(device_bytes)}); allocator fragmentation is not counted")
+                   f"[{launch.source}]; model {_count(shape.params)} parameters"
+                   + (f"; GPU {device_text}" if on_gpu else ""))
+    plan = gpu_plan(pf, cfg, shape, launch, gpu_bytes, index, on_gpu)
+    if plan is not None:
+        _phase_lines(pf, plan, on_gpu, "vLLM" if cfg.rollout.backend == "vllm" else "HF engine")
     if cfg.rollout.backend == "vllm" and not cfg.rollout.vllm_enable_sleep_mode:
         pf.notes.append("plan: rollout.vllm_enable_sleep_mode=false: the engine keeps its reservation through the "
                         "update")
-    if cfg.retriever.use_gpu_index:
-        pf.notes.append(f"plan: retriever.use_gpu_index puts the index ({_gib(index_bytes)}) on the GPUs as well, "
-                        "not counted above")
-    ram = host_ram_bytes(cfg, shape, launch, index_bytes)
-    pf.plan.append(f"host RAM per node: {_gib(ram['loading'])} while loading, {_gib(ram['steady'])} steady "
-                   "(offloaded optimiser, sleeping weights, in-process index)")
+    r, per_node, reference = cfg.rollout, launch.ranks_per_node, cfg.algorithm.kl_coef > 0
+    loading = mp.host_bytes_at_load(shape, ranks_per_node=per_node, reference=reference,
+                                    zero3_init=launch.deepspeed and launch.zero_stage == 3 and launch.zero3_init)
+    steady = mp.host_bytes_steady(
+        shape, ranks_per_node=per_node, data_parallel=launch.processes, offload_optimizer=launch.offload_optimizer,
+        parked_weights=r.backend == "vllm" and r.vllm_enable_sleep_mode and r.vllm_sleep_level == 1,
+        index_bytes=index.host_bytes if cfg.retriever.mode == "inprocess" else 0.0)
+    pf.plan.append(f"host RAM per node: {_gb(loading)} while loading, {_gb(steady)} steady beyond the processes "
+                   "(offloaded optimiser, parked engine weights, in-process index)")
     per_ckpt = checkpoint_bytes(shape.params, launch)
     kept = cfg.trainer.keep_last_k + (1 if cfg.trainer.keep_best else 0)
     out = Path(cfg.trainer.output_dir).resolve()
     existing = next((p for p in [out, *out.parents] if p.exists()), Path("/"))
     free = shutil.disk_usage(existing).free
-    pf.plan.append(f"disk: {_gib(per_ckpt)} per checkpoint x {kept} kept = {_gib(per_ckpt * kept)} "
-                   f"({_gib(free)} free under {existing})")
+    pf.plan.append(f"disk: {_gb(per_ckpt)} per checkpoint x {kept} kept = {_gb(per_ckpt * kept)} "
+                   f"({_gb(free)} free under {existing})")
     if per_ckpt * kept > free:
-        pf.problems.append(f"disk: {kept} checkpoints of {_gib(per_ckpt)} need {_gib(per_ckpt * kept)}, "
-                           f"{existing} has {_gib(free)} free (trainer.output_dir)")
+        pf.problems.append(f"disk: {kept} checkpoints of {_gb(per_ckpt)} need {_gb(per_ckpt * kept)}, "
+                           f"{existing} has {_gb(free)} free (trainer.output_dir)")
 
 
 def run_preflight(cfg: Any, *, launch: Launch | None = None, device_gib: float | None = None) -> Preflight:
@@ -478,10 +448,10 @@ def run_preflight(cfg: Any, *, launch: Launch | None = None, device_gib: float |
     launch = launch or Launch()
     pf.ok.append(f"config: {cfg.name} resolved and valid")
     eval_sizes = check_data(pf, cfg)
-    index_bytes = check_retriever(pf, cfg)
+    index = check_retriever(pf, cfg)
     shape = check_model(pf, cfg)
     if shape is not None:
-        _plan_lines(pf, cfg, shape, launch, device_gib, index_bytes)
+        _plan_lines(pf, cfg, shape, launch, device_gib, index)
     else:
         pf.plan.append("memory and disk: not computed (the model's config.json is not available here)")
     pf.plan += eval_plan(cfg, eval_sizes)
@@ -494,7 +464,7 @@ def format_report(pf: Preflight) -> str:
     lines += [f"  ok       {x}" for x in pf.ok]
     lines += [f"  note     {x}" for x in pf.notes]
     lines += [f"  PROBLEM  {x}" for x in pf.problems]
-    lines += ["resource plan (computed from the model's config; formulas: searchr1_lld/preflight.py):"]
+    lines += ["resource plan (computed from the model's config; formulas: searchr1_lld/memory_plan.py):"]
     lines += [f"  {x}" for x in pf.plan]
     verdict = "the run can start" if not pf.problems else f"{len(pf.problems)} problem(s): the run cannot start"
     return "\n".join(lines + [f"preflight: {verdict}"])

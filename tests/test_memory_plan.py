@@ -34,7 +34,7 @@ def test_hand_computed_plan():
     assert plan.update == pytest.approx(resident + mp.ENGINE_ASLEEP_BYTES + 84000 + 4e6)
     assert plan.kv_cache == pytest.approx(50e9 - 2e9 - 2e9)
     with pytest.raises(ValueError, match="zero_stage"):
-        mp.learner_bytes(shape, 1, 4)
+        mp.learner_bytes(shape, 1, 4)  # ZeRO-1 is not in the arithmetic
 
 
 def test_the_engine_claims_its_fraction_of_the_total_memory():
@@ -98,3 +98,47 @@ def test_docs_memory_shows_the_plans_of_the_paper_configs():
     table = mp.markdown_table(mp.paper_cells(c3.rollout.vllm_gpu_memory_utilization,
                                              c7.rollout.vllm_gpu_memory_utilization, tokens))
     assert table in (REPO_ROOT / "docs" / "memory.md").read_text()  # regenerate: python -m searchr1_lld.memory_plan
+
+
+def test_shape_of_a_text_config_and_an_exact_count():
+    """A hand-counted Llama layout (no attention biases): hidden 4, heads 2 of 2 dims, 1 KV head, MLP 6, vocab 10:
+    attention 4x4 + 2 x 4x2 + 4x4 = 48, MLP 3 x 4 x 6 = 72, norms 8, per layer 128; embeddings 40 (tied) or 80."""
+    text = {"model_type": "llama", "hidden_size": 4, "num_hidden_layers": 1, "intermediate_size": 6,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 10}
+    assert mp.shape_from_hf_config({**text, "tie_word_embeddings": True}).params == 40 + 128 + 4
+    assert mp.shape_from_hf_config(text).params == 80 + 128 + 4  # untied unless the config says otherwise
+    assert mp.shape_from_hf_config({"text_config": text, "tie_word_embeddings": True}).params == 172
+    shape = mp.shape_from_hf_config({"text_config": text}, params=170)  # a checkpoint's tensors counted
+    assert (shape.params, shape.head_dim, shape.kv_heads) == (170, 2, 1)
+
+
+def test_learners_without_deepspeed_and_with_the_optimizer_offloaded():
+    shape = mp.ModelShape(params=1e9, layers=2, hidden=10, intermediate=20, kv_heads=1, head_dim=5, vocab=100)
+    b = mp.Buckets(reduce=1e6, allgather=1e6, max_live=1e6, prefetch=1e6)
+    assert mp.learner_bytes(shape, 0, 4, b) == 16e9  # fp32 weights, Adam m, v, fp32 gradients, all replicated
+    ddp = mp.gpu_memory_plan(shape, zero_stage=0, data_parallel=4, gpu_bytes=100e9, vllm_gpu_memory_utilization=0.5,
+                             reference=True, micro_batch_tokens=100)
+    assert (ddp.learner, ddp.reference) == (16e9, 4e9)  # the reference in the policy's fp32
+    assert mp.learner_bytes(shape, 2, 4, b, offload_optimizer=True) == 2e9 + 8e6 + 2e6
+    assert mp.learner_bytes(shape, 3, 4, b, offload_optimizer=True) == 2e9 / 4 + 8e6
+    assert mp.host_bytes_steady(shape, ranks_per_node=8, data_parallel=16, offload_optimizer=True,
+                                parked_weights=True, index_bytes=1e9) == 8 * (16e9 / 16 + 2e9 + 1e9)
+    assert mp.host_bytes_steady(shape, ranks_per_node=8, data_parallel=16, offload_optimizer=False,
+                                parked_weights=False) == 0
+
+
+def test_the_hf_engine_an_engine_that_never_sleeps_and_in_process_gpu_indexes():
+    shape = mp.ModelShape(params=1e9, layers=2, hidden=10, intermediate=20, kv_heads=1, head_dim=5, vocab=100)
+    assert mp.kv_cache_bytes(shape, 100) == 100 * 2 * 2 * 1 * 5 * 2
+    common = {"data_parallel": 4, "gpu_bytes": 100e9, "vllm_gpu_memory_utilization": 0.5, "reference": False,
+              "micro_batch_tokens": 100, "contexts": 0.0}
+    hf3 = mp.gpu_memory_plan(shape, zero_stage=3, hf_engine_tokens=100, **common)
+    assert (hf3.engine_awake, hf3.kv_cache, hf3.engine_asleep) == (4000 + 2e9, 4000, 2e9)  # ZeRO-3: a full copy
+    assert hf3.update == hf3.learner + 2e9 + hf3.activations
+    hf2 = mp.gpu_memory_plan(shape, zero_stage=2, hf_engine_tokens=100, **common)
+    assert (hf2.engine_awake, hf2.engine_asleep) == (4000, 0)  # generates with the learner's own weights
+    awake = mp.gpu_memory_plan(shape, zero_stage=2, engine_sleeps=False, **common)
+    assert awake.update == awake.learner + 50e9 + awake.activations
+    one = mp.faiss_flat_shard_bytes(100, 10, 4)
+    assert one == 100 * 10 * 2 / 4 + mp.FAISS_TEMP_BYTES + mp.RETRIEVER_CONTEXT_BYTES
+    assert mp.faiss_flat_shard_bytes(100, 10, 4, processes=4) == 4 * one

@@ -1,15 +1,16 @@
 """train.py --preflight: the checks (data files, retriever index, model dir, hub id offline) with one line per problem
-and exit 2, and the resource plan's arithmetic on hand-computed cases."""
+and exit 2, and the resource plan: memory_plan's arithmetic, the same numbers as docs/memory.md for the paper's 3B cell."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 
+from conftest import REPO_ROOT
+
+from searchr1_lld import memory_plan as mp
 from searchr1_lld import preflight as pre
 from searchr1_lld.config import load_config
-
-from conftest import REPO_ROOT
 
 GiB = 1 << 30
 QWEN25_3B = {"model_type": "qwen2", "hidden_size": 2048, "num_hidden_layers": 36, "num_attention_heads": 16,
@@ -30,33 +31,14 @@ def _run(capsys, *args):
 
 
 def test_parameter_count_from_the_config_equals_the_weights_on_disk(tiny_world):
-    """The formula on the tiny world's config against its safetensors; and Qwen2.5-3B's published 3,085,938,688."""
-    shape = pre.shape_from_config(json.loads((tiny_world / "model" / "config.json").read_text()))
+    """memory_plan's count on the tiny world's config against its safetensors; and Qwen2.5-3B's published
+    3,085,938,688."""
+    shape = mp.shape_from_hf_config(json.loads((tiny_world / "model" / "config.json").read_text()))
     assert shape.params == pre.safetensors_params(tiny_world / "model")
-    assert pre.shape_from_config(QWEN25_3B).params == 3_085_938_688
+    assert mp.shape_from_hf_config(QWEN25_3B).params == 3_085_938_688 == mp.QWEN25["3b"].params
 
 
-def test_learner_bytes_hand_computed():
-    p = 1000
-    ddp = pre.learner_bytes(p, pre.Launch(processes=4), reference=True, hf_engine_copy=False)
-    assert ddp == {"weights": 4000, "optimizer": 8000, "gradients": 4000, "gradient partition": 0.0,
-                   "reference": 4000, "engine copy": 0.0}
-    z2 = pre.learner_bytes(p, pre.Launch(processes=4, deepspeed=True, zero_stage=2, bf16=True), reference=True,
-                           hf_engine_copy=False)
-    bucket = 5e8 * 2
-    assert z2 == {"weights": 2000, "optimizer": 3000, "gradients": 1000 + bucket, "gradient partition": 1000 + bucket,
-                  "reference": 2000, "engine copy": 0.0}
-    z3 = pre.learner_bytes(p, pre.Launch(processes=4, deepspeed=True, zero_stage=3, bf16=True,
-                                         offload_optimizer=True), reference=False, hf_engine_copy=True)
-    assert z3 == {"weights": 500, "optimizer": 0.0, "gradients": 1000 + bucket, "gradient partition": 1000 + bucket,
-                  "reference": 0.0, "engine copy": 2000}
-
-
-def test_kv_cache_activations_and_checkpoint_bytes_hand_computed():
-    shape = pre.ModelShape(params=10, vocab=100, hidden=8, layers=3, kv_heads=2, head_dim=4)
-    assert pre.kv_cache_bytes(shape, sequences=5, length=7, bytes_per=2) == 5 * 7 * 2 * 3 * 2 * 4 * 2
-    assert pre.activation_bytes(shape, 16, bytes_per=2, checkpointing=False) == 2 * 16 * 100 * 2
-    assert pre.activation_bytes(shape, 16, bytes_per=2, checkpointing=True) == 2 * 16 * 100 * 2 + 3 * 16 * 8 * 2
+def test_checkpoint_bytes_hand_computed():
     assert pre.checkpoint_bytes(10, pre.Launch()) == 4 * 10 + 8 * 10
     assert pre.checkpoint_bytes(10, pre.Launch(deepspeed=True, bf16=True, zero_stage=2)) == 2 * 10 + 2 * 10 + 12 * 10
 
@@ -64,6 +46,7 @@ def test_kv_cache_activations_and_checkpoint_bytes_hand_computed():
 def test_read_launch_of_the_repository_configs():
     z2 = pre.read_launch(REPO_ROOT / "configs" / "accelerate" / "zero2_8gpu.yaml")
     assert (z2.processes, z2.deepspeed, z2.zero_stage, z2.bf16, z2.offload_optimizer) == (8, True, 2, True, False)
+    assert z2.buckets == mp.Buckets()  # configs/deepspeed/zero2.json's bucket sizes are the ones docs/memory.md counts
     off = pre.read_launch(REPO_ROOT / "configs" / "accelerate" / "zero3_offload_8gpu.yaml")
     assert off.zero_stage == 3 and off.offload_optimizer
 
@@ -114,44 +97,14 @@ def test_a_hub_id_offline_and_a_model_dir_without_tokenizer(tiny_world, tmp_path
     assert code == 2 and len(err) == 1 and "its tokenizer" in err[0] and "tokenizer.json" in err[0], err
 
 
-def test_the_plan_of_a_3b_cell_and_an_engine_that_never_sleeps(tiny_world, tmp_path):
-    """Qwen2.5-3B's config, ZeRO-2 on 8 GPUs of 80 GiB, vLLM at 0.6: the rollout total by hand; without sleep mode
-    on a 40 GiB GPU the update cannot fit: a problem naming the phase."""
-    model = tmp_path / "qwen3b"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps(QWEN25_3B))
-    (model / "tokenizer_config.json").write_text("{}")
-    cfg = load_config(REPO_ROOT / "configs" / "paper" / "qwen2.5-3b-base_nq-hotpotqa_llds-ma.yaml", [
-        f"model.path={model}", "retriever.mode=inprocess", f"retriever.index_dir={tiny_world / 'index'}",
-        f"trainer.output_dir={tmp_path / 'runs'}"])
-    launch = pre.read_launch(REPO_ROOT / "configs" / "accelerate" / "zero2_8gpu.yaml")
-    p = 3_085_938_688
-    expected = 2 * p + 12 * p / 8 + (4 * p / 8 + 5e8 * 2) + 2 * p + 0.6 * 80 * GiB + 1 * GiB
-    result = pre.run_preflight(cfg, launch=launch, device_gib=80)
-    rollout = next(line for line in result.plan if line.startswith("rollout:"))
-    assert rollout.startswith(f"rollout: {expected / GiB:.1f} GiB per GPU of 80 GiB"), rollout
-    assert not [x for x in result.problems if x.startswith("plan")]
-    cfg = load_config(None, [f"model.path={model}", "rollout.backend=vllm", "rollout.vllm_enable_sleep_mode=false",
-                             "rollout.vllm_gpu_memory_utilization=0.6", "model.gradient_checkpointing=true",
-                             f"trainer.output_dir={tmp_path / 'runs'}", f"retriever.index_dir={tiny_world / 'index'}",
-                             f"data.train_files=[{tiny_world / 'qa' / 'train.jsonl'}]"])
-    result = pre.run_preflight(cfg, launch=launch, device_gib=40)
-    assert any(x.startswith("plan: the update needs") for x in result.problems), result.problems
-    assert any("vllm_enable_sleep_mode=false" in x for x in result.notes)
-
-
-def test_the_retriever_service_is_asked_for_its_health_and_encoder(tmp_path):
-    """retriever.mode=http: a stand-in /health on loopback (the service's answer keys); its encoder against
-    retriever.expect_encoder; a port nobody listens on is a problem."""
+def _health_server(answer: dict):
+    """A stand-in retriever service on loopback answering ``GET /health`` with ``answer``; returns (server, url)."""
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
-    from conftest import free_port
-
     class Health(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
-            body = json.dumps({"status": "ok", "retriever": "e5", "num_docs": 21015324,
-                               "encoder": "intfloat/e5-base-v2"}).encode()
+            body = json.dumps(answer).encode()
             self.send_response(200 if self.path == "/health" else 404)
             self.send_header("content-type", "application/json")
             self.end_headers()
@@ -162,7 +115,68 @@ def test_the_retriever_service_is_asked_for_its_health_and_encoder(tmp_path):
 
     server = HTTPServer(("127.0.0.1", 0), Health)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+WIKI18_HEALTH = {"status": "ok", "retriever": "e5", "index_type": "Flat", "num_docs": 21015324, "dim": 768,
+                 "encoder": "intfloat/e5-base-v2", "load_mode": "gpu x8"}
+
+
+def _qwen3b_dir(tmp_path):
+    model = tmp_path / "qwen3b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(QWEN25_3B))
+    (model / "tokenizer_config.json").write_text("{}")
+    return model
+
+
+def test_the_plan_of_the_3b_paper_cell_is_the_one_docs_memory_shows(tmp_path):
+    """The 3B paper config with Qwen2.5-3B's config.json, zero2_8gpu and a service reporting wiki-18's Flat index on
+    8 GPUs: the preflight's plan is memory_plan's paper cell (docs/memory.md), and its lines print the same GB."""
+    server, url = _health_server(WIKI18_HEALTH)
+    try:
+        cfg = load_config(REPO_ROOT / "configs" / "paper" / "qwen2.5-3b-base_nq-hotpotqa_llds-ma.yaml", [
+            f"model.path={_qwen3b_dir(tmp_path)}", f"retriever.url={url}", f"trainer.output_dir={tmp_path / 'runs'}"])
+        launch = pre.read_launch(REPO_ROOT / "configs" / "accelerate" / "zero2_8gpu.yaml")
+        result = pre.run_preflight(cfg, launch=launch, device_gib=mp.H100_80GB / GiB)
+        index = pre.check_retriever(pre.Preflight(), cfg)
+    finally:
+        server.shutdown()
+    c7 = load_config(REPO_ROOT / "configs" / "paper" / "qwen2.5-7b-base_nq-hotpotqa_llds-ma.yaml")
+    tokens = mp.pass_tokens(cfg.trainer.micro_batch_size, cfg.rollout.max_total_length,
+                            cfg.trainer.micro_batch_token_budget)
+    cell = mp.paper_cells(cfg.rollout.vllm_gpu_memory_utilization, c7.rollout.vllm_gpu_memory_utilization,
+                          tokens)["3B ZeRO-2"]
+    shape = mp.shape_from_hf_config(QWEN25_3B)
+    assert pre.gpu_plan(pre.Preflight(), cfg, shape, launch, mp.H100_80GB, index) == cell
+    lines = {line.split(":")[0]: line for line in result.plan}
+    assert lines["rollout"].startswith(f"rollout: {cell.rollout / mp.GB:.1f} GB per GPU of 85.5 GB ("), lines
+    assert f"margin {cell.margin_at_wake_up / mp.GB:.1f} GB ({100 * cell.margin_at_wake_up_fraction:.1f} %)" in \
+        lines["rollout"]
+    assert lines["update"].startswith(f"update: {cell.update / mp.GB:.1f} GB per GPU"), lines
+    assert "retriever shard 6.1 GB" in lines["rollout"] and "KV cache 38.9 GB" in lines["rollout"]
+    assert not [x for x in result.problems if x.startswith("plan")], result.problems
+
+
+def test_an_engine_that_never_sleeps_on_a_small_gpu_is_a_problem(tiny_world, tmp_path):
+    """Without sleep mode vLLM's claim stays through the update: on a 40 GiB GPU the update cannot fit."""
+    launch = pre.read_launch(REPO_ROOT / "configs" / "accelerate" / "zero2_8gpu.yaml")
+    cfg = load_config(None, [f"model.path={_qwen3b_dir(tmp_path)}", "rollout.backend=vllm",
+                             "rollout.vllm_enable_sleep_mode=false", "rollout.vllm_gpu_memory_utilization=0.6",
+                             "model.gradient_checkpointing=true", f"trainer.output_dir={tmp_path / 'runs'}",
+                             f"retriever.index_dir={tiny_world / 'index'}",
+                             f"data.train_files=[{tiny_world / 'qa' / 'train.jsonl'}]"])
+    result = pre.run_preflight(cfg, launch=launch, device_gib=40)
+    assert any(x.startswith("plan: the update needs") for x in result.problems), result.problems
+    assert any("vllm_enable_sleep_mode=false" in x for x in result.notes)
+
+
+def test_the_retriever_service_is_asked_for_its_health_and_encoder(tmp_path):
+    """retriever.mode=http: a stand-in /health on loopback (the service's answer keys); its encoder against
+    retriever.expect_encoder; a port nobody listens on is a problem."""
+    from conftest import free_port
+
+    server, url = _health_server({**WIKI18_HEALTH, "num_docs": 21015324, "load_mode": "cpu"})
     try:
         for expect, problems in (("intfloat/e5-base-v2", 0), ("e5-base-v2", 0), ("BAAI/bge-base-en", 1)):
             pf = pre.Preflight()
