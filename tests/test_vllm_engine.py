@@ -57,6 +57,8 @@ def engine(vllm_world, tokenizer):
 
     from searchr1_lld.rollout.backends import make_backend
 
+    import bm25s  # noqa: F401  numba's llvmlite loaded before the engine starts, as with the BM25 retriever in process
+
     saved = {k: os.environ.get(k) for k in LAUNCHER_VARS}
     backend = make_backend(ENGINE_CFG, tokenizer=tokenizer, model_path=str(vllm_world / "model"), seed=0,
                            dtype="float32", tokenizer_path=str(vllm_world / "tokenizer"))

