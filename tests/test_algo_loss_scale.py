@@ -12,6 +12,7 @@ from searchr1_lld import batching
 from searchr1_lld.algo import aggregation
 from searchr1_lld.algo.objective import ObjectiveSpec, loss_denominators, mini_batch_denominators, objective
 from searchr1_lld.config import ConfigError, load_config
+from test_algo_objective import _batch as objective_batch
 
 # micro-batch A = response 0 (3 tokens), micro-batch B = responses 1 and 2 (1 token each): 5 tokens, K = 2
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
@@ -56,16 +57,9 @@ def test_hand_computed_value_and_gradient_of_both_scales():
     torch.testing.assert_close(grad, g_num / 5)
 
 
-def _batch(seed=0, B=7, T=9):
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.tensor([9, 2, 5, 0, 7, 1, 4])  # uneven, one empty response
-    mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
-    mask[4, 3] = 0  # a hole (an <information> block) splits response 4 into two action spans
-    theta = torch.randn(B, T, generator=g, requires_grad=True)
-    logp_old = torch.nn.functional.logsigmoid(theta.detach() + 0.3 * torch.randn(B, T, generator=g))
-    logp_ref = torch.nn.functional.logsigmoid(theta.detach() - 0.2 * torch.randn(B, T, generator=g))
-    adv = torch.tensor([1.0, -0.5, 0.7, 0.0, -1.2, 0.4, 0.0])
-    return theta, logp_old, logp_ref, adv, mask
+def _batch():
+    """test_algo_objective's batch (uneven lengths, an empty response, a hole), without its answer mask."""
+    return objective_batch()[:5]
 
 
 def _loss(spec, theta, rows, logp_old, logp_ref, adv, mask, n_tok, n_resp, k):
