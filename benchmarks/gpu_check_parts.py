@@ -317,11 +317,9 @@ def section_zero2(device: torch.device, shapes: dict, smoke: bool) -> dict[str, 
                        ("LOCAL_WORLD_SIZE", "1")):
         os.environ.setdefault(key, value)
     if "MASTER_PORT" not in os.environ:
-        import socket
+        from searchr1_lld.distributed import free_ports
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+        os.environ["MASTER_PORT"] = str(free_ports(1)[0])
     plugin = DeepSpeedPlugin(zero_stage=2, gradient_accumulation_steps=1, offload_optimizer_device="none",
                              offload_param_device="none")
     handlers = [InitProcessGroupKwargs(backend="gloo")] if device.type == "cpu" else []

@@ -3,10 +3,22 @@ must agree on, and the learner -> rollout-engine weight stream. No math."""
 
 from __future__ import annotations
 
+import socket
+from contextlib import ExitStack
 from typing import Any, Iterator, Sequence
 
 import torch
 
+
+
+def free_ports(n: int = 1, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct TCP ports nobody listens on now (bound together, then released): rendezvous ports for
+    processes started without a launcher."""
+    with ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
 
 def is_deepspeed(accelerator: Any) -> bool:
     """True when ``accelerator`` runs the model through a DeepSpeed engine (False for None: no accelerator)."""

@@ -9,6 +9,7 @@ import re
 import pytest
 
 from searchr1_lld import evaluation as ev
+from searchr1_lld.distributed import free_ports
 from searchr1_lld.evaluation import shards
 
 from test_eval_e2e import _args, _cli
@@ -26,7 +27,7 @@ def test_a_shard_takes_its_own_device(shard, gpus, device, local_rank):
 def test_a_port_set_by_a_launcher_is_kept_and_free_ports_differ():
     env = shards.shard_env((1, 2), 2, {"MASTER_PORT": "29999", "MASTER_ADDR": "10.0.0.1"})
     assert "MASTER_PORT" not in env and "MASTER_ADDR" not in env
-    ports = shards.free_ports(8)
+    ports = free_ports(8)
     assert len(set(ports)) == 8
 
 

@@ -18,14 +18,13 @@ reported with the last line of its log.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Mapping, MutableMapping, Sequence
 
+from searchr1_lld.distributed import free_ports
 from searchr1_lld.evaluation.metrics import EvalError
 
 
@@ -34,15 +33,6 @@ def visible_gpu_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct TCP ports nobody listens on now (bound together, then released)."""
-    with ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
-            s.bind((host, 0))
-        return [s.getsockname()[1] for s in socks]
 
 
 def shard_device(shard: tuple[int, int], gpu_count: int) -> str:

