@@ -38,6 +38,7 @@ TEST_WORLD_CONFIG = WorldConfig(
     distractors_per_entity=1,
     multi_hop_fraction=0.4,
     num_train_questions=60,
+    num_val_questions=24,
     num_test_questions=24,
     tokenizer_vocab_size=1024,
     model_hidden_size=64,
