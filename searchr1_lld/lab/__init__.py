@@ -44,7 +44,7 @@ sampled EM of a policy, provenance), analysis.py (phases, trends, verdicts), plo
 from __future__ import annotations
 
 from searchr1_lld.lab.analysis import (aggregate, aggregate_curves, curve_summary, finite, lld_verdict, load_records,
-                                       mean_std, phase_summary, test_em_curve, trend_summary, warning_summary,
+                                       mean_std, phase_summary, val_em_curve, trend_summary, warning_summary,
                                        window_mean)
 from searchr1_lld.lab.methods import (FULL_CONFIG, LLD_MARGIN, METHODS, METHOD_KEYS, QUICK_CONFIG, REPO_ROOT,
                                       REWARD_MARGIN, RUN_KEYS, RUN_PLAN, RUN_RECORD, TREND_WINDOW, Method,
