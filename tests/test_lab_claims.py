@@ -161,3 +161,29 @@ def test_run_tasks_runs_dependencies_first_and_reports_failures(tmp_path):
     tasks = [task("b", after=("a",)), task("a"), task("c", fail=True), task("d", after=("c",))]
     failed = grid.run_tasks(tasks, jobs=2, log_dir=tmp_path / "logs", poll_s=0.05)
     assert sorted(failed) == ["c", "d"] and (tmp_path / "a").is_file() and (tmp_path / "b").is_file()
+
+
+@pytest.mark.slow
+def test_grid_tasks_end_to_end_on_the_test_world(tmp_path, tiny_world):
+    """The baselines and one run of the quick lab on the test world, their compact results, and the report."""
+    from searchr1_lld.lab.methods import QUICK_CONFIG
+
+    runs_root, compact_dir = tmp_path / "runs", tmp_path / "compact"
+    config = tmp_path / "quick-all.yaml"  # the quick lab, every test question (baselines and runs on the same ones)
+    config.write_text(f"_base_: {QUICK_CONFIG}\neval:\n  limit: 0\n")
+    base = grid.run_baselines(str(config), runs_root, compact_dir, str(tiny_world))
+    path = grid.run_task(str(config), 1e-3, "grpo", 0, runs_root, compact_dir, str(tiny_world))
+    assert path == compact_dir / "grpo-lr0.001-seed0.json.gz"
+    rec, b = compact.read_gz_json(path), compact.read_gz_json(base)
+    test_ids = {q["id"] for q in b["splits"]["test"]["questions"]}
+    assert set(rec["test"]["correct"]) == test_ids
+    assert rec["test"]["em"] == pytest.approx(sum(rec["test"]["correct"].values()) / len(test_ids))
+    assert [r["step"] for r in rec["records"] if "eval/val_em" in r] == [2, 3]  # the curve is validation
+    assert set(b["splits"]["val"]["questions"][0]) == {"id", "hops", "family", "train_answer"}
+    assert not {q["id"] for q in b["splits"]["val"]["questions"]} & test_ids
+    assert grid.run_task(str(config), 1e-3, "grpo", 0, runs_root, compact_dir, str(tiny_world)) == path
+    grid.write_design(compact_dir, {"config": "quick", "methods": ["grpo"], "lrs": [1e-3], "seeds": [0]})
+    s = write_outputs(compact_dir, tmp_path / "out")
+    assert s["complete"] and s["selection"]["chosen"]["grpo"]["lr"] == 1e-3
+    assert s["runs"][0]["test_em"] == rec["test"]["em"]
+    assert set(s["baselines"]) == set(baselines.BASELINE_NAMES)

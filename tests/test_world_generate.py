@@ -113,7 +113,7 @@ def test_train_val_and_test_share_no_subject_bridge_or_support_passage(world) ->
 
 def test_held_out_rows_say_whether_their_answer_is_a_training_answer(world) -> None:
     from searchr1_lld.rewards import normalize_answer
-    from searchr1_lld.world.generate import guessable
+    from searchr1_lld.world.splits import guessable
 
     train_answers = {normalize_answer(g) for r in world.train_rows for g in r["golden_answers"]}
     for r in world.val_rows + world.test_rows:

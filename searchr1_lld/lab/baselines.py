@@ -7,7 +7,7 @@
 - ``warm start``: the warm-started policy with the world's retriever (step 0 of every run).
 
 The *not-guessable slice* of a held-out split: the questions none of whose gold answers is a training answer
-(``metadata["train_answer"]`` false, :func:`searchr1_lld.world.generate.guessable`). The majority baseline scores 0
+(``metadata["train_answer"]`` false, :func:`searchr1_lld.world.splits.guessable`). The majority baseline scores 0
 there by construction; a policy right there found the answer in a passage.
 """
 

@@ -30,6 +30,7 @@ from typing import Any, Sequence
 from searchr1_lld.lab.analysis import finite, lld_verdict, phase_summary, trend_summary
 from searchr1_lld.lab.baselines import BASELINE_NAMES, slice_em
 from searchr1_lld.lab.compact import read_runs
+from searchr1_lld.lab.methods import METHODS, REPO_ROOT
 
 README_BEGIN = "<!-- lab-results:begin (python -m searchr1_lld.lab report) -->"
 README_END = "<!-- lab-results:end -->"
@@ -50,6 +51,9 @@ def run_claims(run: dict[str, Any], questions: Sequence[dict[str, Any]] | None) 
               "steady_decay": first["steady_decay"], "accelerated_collapse": first["accelerated_collapse"],
               "collapse_alarm": phases["drawdown_steps"][0] if phases["drawdown_steps"] else None}
     test = run["test"]
+    if questions and set(test["correct"]) != {q["id"] for q in questions}:
+        raise ValueError(f"run {run['method']}-lr{run['lr']:g}-seed{run['seed']} was tested on other questions than "
+                         "the baselines (eval.limit must be 0 in the lab config)")
     sliced = slice_em(test["correct"], questions) if questions else {"all": test["em"], "not_guessable": None}
     gn_first, gn_max = trend["grad_norm_first"], trend["grad_norm_max"]
     return {
@@ -125,7 +129,7 @@ def build_summary(runs_dir: str | Path) -> dict[str, Any]:
     runs = sorted((run_claims(r, questions.get("test")) for r in raw),
                   key=lambda r: (design["methods"].index(r["method"]) if r["method"] in design["methods"] else 99,
                                  r["lr"], r["seed"]))
-    labels = {r["method"]: r["label"] for r in runs}
+    labels = {m: METHODS[m].label for m in design["methods"]}
     expected = len(design["methods"]) * len(design["lrs"]) * len(design["seeds"])
     complete = len(runs) >= expected and base is not None
     selection: dict[str, Any] = {"rule": "per method, the learning rate with the highest mean final validation EM "
@@ -139,7 +143,7 @@ def build_summary(runs_dir: str | Path) -> dict[str, Any]:
                           "reward_collapsed": sum(r["reward_collapse_step"] is not None for r in mine)})
         selection["grid"][m] = cells
         scored = [c for c in cells if c["val_em"] is not None]
-        if scored:
+        if scored and complete:  # nothing is chosen on a part of the grid
             best = max(scored, key=lambda c: (c["val_em"], -c["lr"]))
             selection["chosen"][m] = {"lr": best["lr"], "val_em": best["val_em"], "seeds": best["seeds"]}
     test_ids = [q["id"] for q in questions.get("test", [])]
@@ -168,7 +172,7 @@ def build_summary(runs_dir: str | Path) -> dict[str, Any]:
     for split, v in (base or {}).get("splits", {}).items():
         baselines[split] = {name: slice_em(v["correct"][name], v["questions"]) for name in BASELINE_NAMES}
     return {
-        "command": f"python -m searchr1_lld.lab report --runs {runs_dir.as_posix()}", "design": design,
+        "command": f"python -m searchr1_lld.lab report --runs {_shown(runs_dir)}", "design": design,
         "labels": labels, "runs_finished": len(runs), "runs_planned": expected, "complete": complete,
         "world": {k: (base or {}).get(k) for k in ("world_config", "world_hash", "world_counts")},
         "slice_sizes": {"test": len(test_ids), "test_not_guessable": len(slice_ids)},
@@ -177,6 +181,12 @@ def build_summary(runs_dir: str | Path) -> dict[str, Any]:
         "detector": detector_claims(runs), "runs": runs,
         "run_time_s": _mean([r["train_s"] for r in runs]),
     }
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository root when it lies inside it (no machine's path in a committed file)."""
+    resolved = path.resolve()
+    return resolved.relative_to(REPO_ROOT).as_posix() if resolved.is_relative_to(REPO_ROOT) else path.as_posix()
 
 
 def _f(x: Any, nd: int = 2) -> str:
@@ -200,7 +210,7 @@ BASELINE_TEXT = {"majority": "majority training answer per question type",
 def readme_block(s: dict[str, Any]) -> str:
     """The README's lab results: the design, and what is finished of it."""
     d = s["design"]
-    lines = [f"Design: {', '.join(s['labels'].get(m, m) for m in d['methods'])}; learning rates {_lrs(d['lrs'])}; "
+    lines = [f"Design: {', '.join(s['labels'][m] for m in d['methods'])}; learning rates {_lrs(d['lrs'])}; "
              f"seeds {', '.join(map(str, d['seeds']))}; {s['runs_finished']} of {s['runs_planned']} runs finished."]
     b = s["baselines"]
     if b:

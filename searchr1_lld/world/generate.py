@@ -18,7 +18,8 @@ test person, born in a test city, ...), so the splits share no subject, no bridg
 no fact a held-out question needs is ever the target of a training question. Rivers (only a handful) are shared:
 they are answers, never subjects. Answers can therefore repeat across splits (a river, an occupation, a year): every
 held-out row records in ``metadata["train_answer"]`` whether one of its gold answers is also a training question's
-gold answer (such a question can be answered right by guessing a frequent training answer; :func:`guessable`).
+gold answer (such a question can be answered right by guessing a frequent training answer;
+:func:`searchr1_lld.world.splits.guessable`).
 
 Everything is a pure function of ``WorldConfig`` (same seed -> byte-identical files).
 """
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from searchr1_lld.world.config import MULTI_HOP_FAMILIES, WorldConfig, validate_world
+from searchr1_lld.world.splits import HELD_OUT_SPLITS, held_out_shares, mark_train_answers, split_labels
 from searchr1_lld.prompts import normalize_question
 from searchr1_lld.rewards import normalize_answer
 
@@ -362,52 +364,12 @@ def _sample_questions(rng: random.Random, single: list[dict], multi: list[dict],
 # ----------------------------------------------------------------------------------------------------------------
 
 
-HELD_OUT_SPLITS = ("val", "test")
-
-
-def _held_out_shares(cfg: WorldConfig) -> dict[str, float]:
-    """Share of the people, cities and companies that each held-out split gets (between 0.1 and 0.3 each, by its
-    share of the questions)."""
-    total = max(cfg.num_train_questions + cfg.num_val_questions + cfg.num_test_questions, 1)
-    return {split: max(0.1, min(0.3, getattr(cfg, f"num_{split}_questions") / total)) for split in HELD_OUT_SPLITS}
-
-
-def _split_labels(rng: random.Random, n: int, shares: dict[str, float]) -> list[str]:
-    """``n`` split labels in a seeded order: at least one entity per held-out split, the rest train."""
-    labels: list[str] = []
-    for split, share in shares.items():
-        labels += [split] * max(1, round(n * share))
-    if len(labels) >= n:
-        raise ValueError(f"{n} entities of a kind cannot be split into train, validation and test; raise the counts")
-    labels += ["train"] * (n - len(labels))
-    rng.shuffle(labels)
-    return labels
-
-
-def answer_keys(row: dict[str, Any]) -> set[str]:
-    """A row's gold answers, normalised as exact match compares them."""
-    return {normalize_answer(g) for g in row["golden_answers"]} - {""}
-
-
-def mark_train_answers(rows: list[dict[str, Any]], train_rows: list[dict[str, Any]]) -> None:
-    """Set ``metadata["train_answer"]`` of every row: whether one of its gold answers is also the gold answer of a
-    training question (in place)."""
-    seen = set().union(*(answer_keys(r) for r in train_rows)) if train_rows else set()
-    for r in rows:
-        r["metadata"]["train_answer"] = bool(answer_keys(r) & seen)
-
-
-def guessable(row: dict[str, Any]) -> bool:
-    """A held-out row whose gold answer is also a training answer (``metadata["train_answer"]``)."""
-    return bool(row["metadata"].get("train_answer"))
-
-
 def generate_world(cfg: WorldConfig) -> World:
     """Deterministically build the whole world (entities, corpus, QA splits) from ``cfg``."""
     validate_world(cfg)
     rng = random.Random(cfg.seed)
     names = _NameMaker(rng)
-    shares = _held_out_shares(cfg)
+    shares = held_out_shares(cfg)
     splits = ("train", *HELD_OUT_SPLITS)
 
     rivers = [River(name=f"{names.word((1, 2))} River", length_km=rng.randint(40, 900))
@@ -416,11 +378,11 @@ def generate_world(cfg: WorldConfig) -> World:
 
     cities = [City(name=names.word(), founded_year=rng.randint(1000, 1700), river=rng.choice(rivers).name,
                    region=rng.choice(regions), split=lab)
-              for lab in _split_labels(rng, cfg.num_cities, shares)]
+              for lab in split_labels(rng, cfg.num_cities, shares)]
     city_by_split = {s: [c.name for c in cities if c.split == s] for s in splits}
 
     people: list[Person] = []
-    for lab in _split_labels(rng, cfg.num_people, shares):
+    for lab in split_labels(rng, cfg.num_people, shares):
         while True:
             name = f"{names.word((1, 2))} {names.word()}"
             if names.claim(name):
@@ -430,7 +392,7 @@ def generate_world(cfg: WorldConfig) -> World:
     people_by_split = {s: [p for p in people if p.split == s] for s in splits}
 
     companies: list[Company] = []
-    for lab in _split_labels(rng, cfg.num_companies, shares):
+    for lab in split_labels(rng, cfg.num_companies, shares):
         founder = rng.choice(people_by_split[lab])
         name = f"{names.word()} {rng.choice(COMPANY_SUFFIXES)}"
         names.claim(name)
