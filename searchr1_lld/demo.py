@@ -131,6 +131,16 @@ def readme_line(summary: dict) -> str:
             f"chosen on validation, 2-core {summary['machine'].split(',')[0]})")
 
 
+def replace_readme_line(text: str, line: str) -> str:
+    """``text`` with its one line that begins with ``Demo result:`` replaced by ``line``."""
+    lines = text.split("\n")
+    at = [i for i, old in enumerate(lines) if old.startswith("Demo result:")]
+    if len(at) != 1:
+        raise ValueError(f"the README must have exactly one 'Demo result:' line, found {len(at)}")
+    lines[at[0]] = line
+    return "\n".join(lines)
+
+
 def slice_table(em: dict, n: dict) -> str:
     """Test EM of every policy and baseline: all questions, the not-guessable slice, by hop count."""
     cols = [k for k in ("all", "not_guessable", "1-hop", "2-hop") if k in em["trained"]]
@@ -227,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--select-dir", default=str(REPO / "docs" / "demo" / "select"),
                         help="the selection runs' results: the demo trains at the best of them")
     parser.add_argument("--select-lr", type=float, help="run the selection run at this learning rate and stop")
+    parser.add_argument("--readme", help="with --report: also replace this README's 'Demo result:' line")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.total_steps=10")
     args = parser.parse_args(argv)
     from searchr1_lld.world import ensure_world, is_built, load_world_config, read_card, trainer_overrides
@@ -323,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
         write_report(Path(args.report), summary, table, example)
         print(f"report: {Path(args.report) / 'README.md'}")
         print(readme_line(summary))
+        if args.readme:
+            path = Path(args.readme)
+            path.write_text(replace_readme_line(path.read_text(), readme_line(summary)))
     return 0
 
 

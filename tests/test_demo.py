@@ -64,3 +64,13 @@ def test_readme_line_and_table_show_the_baselines_and_the_slice():
     table = slice_table(em, {"all": 100, "not_guessable": 44})
     assert "| test EM | all (100) | not guessable (44) | 1-hop | 2-hop |" in table
     assert "| majority training answer per question type | 0.16 | 0.00 | 0.16 | 0.16 |" in table
+
+
+def test_replace_readme_line_swaps_the_one_demo_line():
+    import pytest
+
+    from searchr1_lld.demo import replace_readme_line
+
+    assert replace_readme_line("a\nDemo result: old\nb", "Demo result: new") == "a\nDemo result: new\nb"
+    with pytest.raises(ValueError):
+        replace_readme_line("no line", "Demo result: new")

@@ -120,6 +120,10 @@ class Task:
     argv: list[str]
     done: Path
     after: tuple[str, ...] = ()
+    # what to commit when it is done (with --commit), besides ``done``; ``report``: rebuild the lab's report and the
+    # README's lab block first (they must stay what the committed compact results compute)
+    also_commit: tuple[Path, ...] = ()
+    report: bool = False
 
 
 def lab_tasks(config: str, lrs: Sequence[float], seeds: Sequence[int], methods: Sequence[str], runs_root: Path,
@@ -127,13 +131,13 @@ def lab_tasks(config: str, lrs: Sequence[float], seeds: Sequence[int], methods: 
     """The baselines, then every run, seed by seed (so that an unfinished grid has whole seeds)."""
     common = ["--config", config, "--runs-dir", str(runs_root), "--compact", str(compact_dir)]
     py = [sys.executable, "-m", "searchr1_lld.lab", "task"]
-    tasks = [Task("baselines", [*py, "--baselines", *common], compact_dir / BASELINES_FILE)]
+    tasks = [Task("baselines", [*py, "--baselines", *common], compact_dir / BASELINES_FILE, report=True)]
     for seed in seeds:
         for lr in lrs:
             for m in methods:
                 tasks.append(Task(f"{m}-lr{lr_tag(lr)}-seed{seed}",
                                   [*py, "--lr", repr(lr), "--method", m, "--seed", str(seed), *common],
-                                  compact_dir / compact_name(m, lr, seed)))
+                                  compact_dir / compact_name(m, lr, seed), report=True))
     return tasks
 
 
@@ -145,28 +149,45 @@ def demo_tasks(lrs: Sequence[float], demo_dir: Path) -> list[Task]:
     select = [Task(f"demo-select-lr{lr_tag(lr)}", [*py, "--select-lr", repr(lr), "--select-dir",
                                                     str(demo_dir / "select")],
                    selection_file(demo_dir / "select", lr)) for lr in lrs]
-    final = Task("demo", [*py, "--select-dir", str(demo_dir / "select"), "--report", str(demo_dir)],
-                 demo_dir / "summary.json", after=tuple(t.name for t in select))
+    final = Task("demo", [*py, "--select-dir", str(demo_dir / "select"), "--report", str(demo_dir), "--readme",
+                          str(REPO_ROOT / "README.md")],
+                 demo_dir / "summary.json", after=tuple(t.name for t in select),
+                 also_commit=(demo_dir / "README.md", REPO_ROOT / "README.md"))
     return [*select, final]
 
 
-def commit(path: Path, message: str) -> None:
-    """``git commit`` of ``path`` alone (retried while another git command holds the index)."""
+def commit(paths: Sequence[Path], message: str) -> None:
+    """``git commit`` of ``paths`` alone (retried while another git command holds the index)."""
+    names = sorted({str(p) for p in paths})
     for attempt in range(5):
-        add = subprocess.run(["git", "add", "--", str(path)], cwd=REPO_ROOT, capture_output=True, text=True)
+        add = subprocess.run(["git", "add", "--", *names], cwd=REPO_ROOT, capture_output=True, text=True)
         done = add.returncode == 0 and subprocess.run(
-            ["git", "commit", "-q", "-m", message, "--", str(path)], cwd=REPO_ROOT, capture_output=True,
+            ["git", "commit", "-q", "-m", message, "--", *names], cwd=REPO_ROOT, capture_output=True,
             text=True).returncode == 0
         if done:
             return
         time.sleep(5 * (attempt + 1))
-    print(f"[grid] could not commit {path}", flush=True)
+    print(f"[grid] could not commit {names}", flush=True)
+
+
+def finish(task: Task, commit_results: bool, compact_dir: Path | None) -> None:
+    """After a task is done: the lab's report rebuilt (``task.report``), then, with ``commit_results``, its files
+    committed."""
+    paths = [task.done, *task.also_commit]
+    if task.report and compact_dir is not None:
+        from searchr1_lld.lab.claims_report import write_outputs
+
+        out = REPO_ROOT / "docs" / "lab"
+        write_outputs(compact_dir, out, REPO_ROOT / "README.md")
+        paths += [out / "summary.json", out / "README.md", REPO_ROOT / "README.md"]
+    if commit_results:
+        commit(paths, f"lab: result of {task.name}")
 
 
 def run_tasks(tasks: Sequence[Task], jobs: int, log_dir: Path, commit_results: bool = False,
-              poll_s: float = 10.0) -> list[str]:
+              poll_s: float = 10.0, compact_dir: Path | None = None) -> list[str]:
     """Run the tasks not yet done, ``jobs`` at a time, each after the tasks it waits for; returns the names of the
-    tasks that failed (a task depending on a failed one is not started)."""
+    tasks that failed (a task depending on a failed one is not started). Each finished task: :func:`finish`."""
     log_dir.mkdir(parents=True, exist_ok=True)
     by_name = {t.name: t for t in tasks}
     pending = [t for t in tasks if not t.done.exists()]
@@ -201,8 +222,8 @@ def run_tasks(tasks: Sequence[Task], jobs: int, log_dir: Path, commit_results: b
                   flush=True)
             if not ok:
                 failed.append(name)
-            elif commit_results:
-                commit(task.done, f"lab: result of {name}")
+            else:
+                finish(task, commit_results, compact_dir)
     return failed
 
 
@@ -248,7 +269,8 @@ def main(argv: list[str]) -> int:
         tasks = lab_tasks(args.config, design["lrs"], design["seeds"], design["methods"], runs_root, compact_dir)
         if args.demo:
             tasks = demo_tasks(parse_lrs(args.demo_lrs), REPO_ROOT / "docs" / "demo") + tasks
-        failed = run_tasks(tasks, args.jobs, runs_root / "logs", commit_results=args.commit)
+        failed = run_tasks(tasks, args.jobs, runs_root / "logs", commit_results=args.commit,
+                           compact_dir=compact_dir)
     except ConfigError as e:
         print(f"lab: error: {e}", file=sys.stderr)
         return 2
