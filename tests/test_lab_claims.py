@@ -149,6 +149,11 @@ def test_compact_files_are_byte_stable_and_the_grid_skips_finished_tasks(tmp_pat
         grid.write_design(tmp_path / "compact", {**DESIGN, "seeds": [0]})
     with pytest.raises(ConfigError):
         grid.parse_lrs("1e-3,0.001")
+    demo = grid.demo_tasks([1e-3, 2e-3], tmp_path / "demo")
+    assert [t.name for t in demo] == ["demo-select-lr0.001", "demo-select-lr0.002", "demo"]
+    assert demo[-1].after == ("demo-select-lr0.001", "demo-select-lr0.002")
+    assert [t.name for t in grid.interleave(tasks, demo)] == [
+        "baselines", "demo-select-lr0.001", "grpo-lr0.001-seed0", "demo-select-lr0.002", "grpo-lr0.001-seed1", "demo"]
 
 
 def test_run_tasks_runs_dependencies_first_and_reports_failures(tmp_path):

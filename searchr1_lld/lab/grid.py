@@ -9,7 +9,8 @@ demo's selection runs, as separate worker processes, ``jobs`` at a time.
 A task is done when its compact result exists (``docs/lab/runs/<method>-lr<lr>-seed<seed>.json.gz``,
 ``baselines.json.gz``; the demo's ``docs/demo/select/lr<lr>.json`` and ``docs/demo/summary.json``): a rerun of the
 same command skips it. An interrupted run resumes from its last checkpoint in ``--runs-dir`` (the lab's own resume).
-With ``--commit`` each compact result is committed to the current git branch as it lands (that path only).
+After each lab result the report and the README's lab block are rebuilt (:func:`finish`); with ``--commit`` the
+result and what was rebuilt from it are committed to the current git branch as they land (those paths only).
 """
 
 from __future__ import annotations
@@ -156,6 +157,15 @@ def demo_tasks(lrs: Sequence[float], demo_dir: Path) -> list[Task]:
     return [*select, final]
 
 
+def interleave(first: Sequence[Task], second: Sequence[Task]) -> list[Task]:
+    """``first[0], second[0], first[1], second[1], ...`` then the rest of the longer one: two kinds of work share the
+    job slots from the start."""
+    out: list[Task] = []
+    for i in range(max(len(first), len(second))):
+        out += [*first[i:i + 1], *second[i:i + 1]]
+    return out
+
+
 def commit(paths: Sequence[Path], message: str) -> None:
     """``git commit`` of ``paths`` alone (retried while another git command holds the index)."""
     names = sorted({str(p) for p in paths})
@@ -241,7 +251,7 @@ def main(argv: list[str]) -> int:
         p.add_argument("--methods", default="grpo,llds_action")
         p.add_argument("--jobs", type=int, default=2, help="worker processes at a time")
         p.add_argument("--demo", action="store_true", help="also the demo's selection runs (at --demo-lrs) and the "
-                       "demo with the settings chosen on validation (docs/demo), first")
+                       "demo with the settings chosen on validation (docs/demo), interleaved with the lab's tasks")
         p.add_argument("--demo-lrs", default="5e-4,1e-3,2e-3")
         p.add_argument("--commit", action="store_true", help="git-commit each compact result as it lands")
     else:
@@ -268,7 +278,7 @@ def main(argv: list[str]) -> int:
         write_design(compact_dir, design)
         tasks = lab_tasks(args.config, design["lrs"], design["seeds"], design["methods"], runs_root, compact_dir)
         if args.demo:
-            tasks = demo_tasks(parse_lrs(args.demo_lrs), REPO_ROOT / "docs" / "demo") + tasks
+            tasks = interleave(tasks, demo_tasks(parse_lrs(args.demo_lrs), REPO_ROOT / "docs" / "demo"))
         failed = run_tasks(tasks, args.jobs, runs_root / "logs", commit_results=args.commit,
                            compact_dir=compact_dir)
     except ConfigError as e:
