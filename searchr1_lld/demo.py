@@ -1,15 +1,26 @@
 """The embedded default, end to end on a CPU (what `make demo` runs):
 
-    1. build (or reuse) the synthetic search world: corpus, retriever index, QA splits, tokenizer, warm-started policy
-       (``python -m searchr1_lld.world build``; configs/world/default.yaml into .cache/world)
-    2. train GRPO + LLDS on it (configs/tiny.yaml): metrics.jsonl, plots, checkpoints in the run directory
-    3. evaluate the warm start and the trained policy greedily on the world's test split and print the table
+    1. build (or reuse) the synthetic search world: corpus, retriever index, QA splits (train / validation / test),
+       tokenizer, warm-started policy (``python -m searchr1_lld.world build``; configs/world/default.yaml into
+       .cache/world)
+    2. train GRPO + LLDS on it (configs/tiny.yaml, with the learning rate and step count chosen on the validation
+       split, ``docs/demo/select/``): metrics.jsonl, plots, checkpoints in the run directory
+    3. evaluate the warm start and the trained policy greedily on the world's test split, next to the baselines
+       (the majority training answer per question type, the warm start without retrieval) and on the not-guessable
+       slice (test questions whose gold answer is no training answer), and print the table
 
     python -m searchr1_lld.demo [--config configs/tiny.yaml] [--world FILE] [--world-dir DIR] [--report DIR]
-                                [dotted.key=value ...]
+                                [--select-dir DIR] [dotted.key=value ...]
+    python -m searchr1_lld.demo --select-lr 1e-3 [--select-dir docs/demo/select]   # one selection run
+
+How the settings are chosen (validation only): one run per learning rate of ``SELECT_STEPS`` steps at a constant
+learning rate, its greedy validation EM every ``SELECT_EVAL_EVERY`` steps (``--select-lr``, one file per rate in
+``--select-dir``); the demo then trains at the (learning rate, step) with the highest validation EM (ties: fewer
+steps, then the lower rate). With a constant rate and no warm-up a run of N steps is the first N steps of the
+selection run, so the chosen policy is the one the selection measured. The test split is scored once, at the end.
 
 ``--report DIR`` also writes the result as ``DIR/summary.json`` and ``DIR/README.md`` (docs/demo/ holds the committed
-one, which the README quotes).
+one, which the README quotes: :func:`readme_line`).
 """
 
 from __future__ import annotations
@@ -59,36 +70,145 @@ def format_example(rid: str, before: dict, after: dict, width: int = 600) -> str
     ])
 
 
-def em_by_hops(records: dict[str, dict]) -> dict[str, float]:
-    """Greedy EM of eval records overall and by hop count (``all``, ``1-hop``, ``2-hop``)."""
-    out = {"all": sum(r["em"] for r in records.values()) / max(len(records), 1)}
-    for hops in sorted({r.get("hops") for r in records.values()} - {None}):
-        sel = [r["em"] for r in records.values() if r.get("hops") == hops]
-        out[f"{hops}-hop"] = sum(sel) / len(sel)
-    return out
+SELECT_STEPS = 40  # steps of each selection run
+SELECT_EVAL_EVERY = 5  # validation EM every N steps of a selection run
+# what a selection run changes in the demo's config: a constant rate without warm-up, so that any prefix of it is a
+# run of that many steps
+SELECT_OVERRIDES = ("trainer.lr_schedule=constant", "trainer.warmup_ratio=0.0")
+BASELINE_LABELS = {"majority": "majority training answer per question type",
+                   "warm_start_no_retrieval": "warm start, no retrieval", "warm_start": "warm start (step 0)",
+                   "trained": "trained"}
+
+
+def selection_file(select_dir: str | Path, lr: float) -> Path:
+    """The result file of the selection run at ``lr``."""
+    return Path(select_dir) / f"lr{lr:g}.json"
+
+
+def choose(select_dir: str | Path) -> dict | None:
+    """The (learning rate, step) with the highest validation EM over the selection runs in ``select_dir`` (ties:
+    fewer steps, then the lower rate), with every candidate; None when there is no selection run."""
+    files = sorted(Path(select_dir).glob("lr*.json"))
+    if not files:
+        return None
+    runs = [json.loads(p.read_text()) for p in files]
+    cands = [{"lr": r["lr"], "steps": int(step), "val_em": em} for r in runs for step, em in r["val_curve"]]
+    best = max(cands, key=lambda c: (c["val_em"], -c["steps"], -c["lr"]))
+    rates = ", ".join(format(r["lr"], "g") for r in runs)
+    return {**best, "seed": runs[0]["seed"], "procedure": (
+        f"one run per learning rate ({rates}), {runs[0]['steps']} steps at a "
+        f"constant rate, greedy validation EM every {runs[0]['eval_every']} steps; the best (rate, step)"),
+        "candidates": cands}
+
+
+def selection_overrides(chosen: dict) -> list[str]:
+    """The demo's config overrides that train the chosen (learning rate, step count)."""
+    return [*SELECT_OVERRIDES, f"trainer.lr={chosen['lr']}", f"trainer.total_steps={chosen['steps']}"]
+
+
+def readme_line(summary: dict) -> str:
+    """The README's one-line demo result, from the demo's summary.json."""
+    em, ch = summary["test_em"], summary["selection"]
+    return (f"Demo result: test EM {em['warm_start']['all']:.2f} -> {em['trained']['all']:.2f}, not-guessable slice "
+            f"{em['warm_start']['not_guessable']:.2f} -> {em['trained']['not_guessable']:.2f}, majority-answer "
+            f"baseline {em['majority']['all']:.2f} (seed {summary['seed']}, lr {ch['lr']:g} and {ch['steps']} steps "
+            f"chosen on validation, 2-core {summary['machine'].split(',')[0]})")
+
+
+def replace_readme_line(text: str, line: str) -> str:
+    """``text`` with its one line that begins with ``Demo result:`` replaced by ``line``."""
+    lines = text.split("\n")
+    at = [i for i, old in enumerate(lines) if old.startswith("Demo result:")]
+    if len(at) != 1:
+        raise ValueError(f"the README must have exactly one 'Demo result:' line, found {len(at)}")
+    lines[at[0]] = line
+    return "\n".join(lines)
+
+
+def slice_table(em: dict, n: dict) -> str:
+    """Test EM of every policy and baseline: all questions, the not-guessable slice, by hop count."""
+    cols = [k for k in ("all", "not_guessable", "1-hop", "2-hop") if k in em["trained"]]
+    head = {"all": f"all ({n['all']})", "not_guessable": f"not guessable ({n['not_guessable']})"}
+    lines = ["| test EM | " + " | ".join(head.get(c, c) for c in cols) + " |", "|---|" + "---:|" * len(cols)]
+    for key, label in BASELINE_LABELS.items():
+        lines.append(f"| {label} | " + " | ".join(f"{em[key][c]:.2f}" if em[key].get(c) is not None else "-"
+                                                   for c in cols) + " |")
+    return "\n".join(lines)
 
 
 def write_report(report_dir: Path, summary: dict, table: str, example: str) -> None:
     """``summary.json`` and a README.md that shows it (the numbers README.md's demo line quotes)."""
     report_dir.mkdir(parents=True, exist_ok=True)
     (report_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    em = summary["test_em"]
+    em, ch = summary["test_em"], summary["selection"]
+    cand = "\n".join(f"| {c['lr']:g} | {c['steps']} | {c['val_em']:.2f} |" for c in ch["candidates"])
     lines = [
         "# The demo's result", "",
         f"Generated by `python -m searchr1_lld.demo --report {report_dir}` (what `make demo` runs, plus the report).", "",
         f"- machine: {summary['machine']}; torch {summary['torch']}",
         f"- run: configs/tiny.yaml, seed {summary['seed']}, {summary['steps']} steps of GRPO + LLDS "
-        f"({summary['method']}), {summary['test_questions']} test questions, greedy",
+        f"({summary['method']}) at lr {ch['lr']:g} (constant), {summary['test_questions']} test questions, greedy",
+        f"- chosen on the validation split (validation EM {ch['val_em']:.2f}): {ch['procedure']}",
         f"- test EM: warm start {em['warm_start']['all']:.2f} -> trained {em['trained']['all']:.2f} "
-        f"({em['trained']['all'] - em['warm_start']['all']:+.2f})",
+        f"({em['trained']['all'] - em['warm_start']['all']:+.2f}); on the {summary['slice_n']['not_guessable']} "
+        f"not-guessable questions (gold answer is no training answer) {em['warm_start']['not_guessable']:.2f} -> "
+        f"{em['trained']['not_guessable']:.2f}",
         f"- wall time: world {summary['time_s']['world']:.0f} s"
         f"{' (built earlier, reused)' if summary['world_reused'] else ''}, training {summary['time_s']['training']:.0f} s, "
         f"evaluation {summary['time_s']['eval']:.0f} s; world config hash {summary['world_config_hash']}", "",
-        "| test EM | warm start | trained |", "| --- | --- | --- |",
-        *[f"| {k} | {em['warm_start'][k]:.2f} | {em['trained'].get(k, float('nan')):.2f} |" for k in em["warm_start"]],
-        "", "## The evaluator's table", "", table, "", "## One test question", "", "```", example, "```", "",
+        slice_table(em, summary["slice_n"]), "",
+        "## The selection (validation split)", "", "| lr | step | validation EM |", "|---:|---:|---:|", cand, "",
+        "## The evaluator's table", "", table, "", "## One test question", "", "```", example, "```", "",
     ]
     (report_dir / "README.md").write_text("\n".join(lines))
+
+
+def select_run(cfg_path: str, world: Path, lr: float, select_dir: Path, overrides: list[str]) -> Path:
+    """One selection run at ``lr`` (:data:`SELECT_STEPS` steps, validation EM every :data:`SELECT_EVAL_EVERY`);
+    resumes an interrupted one; writes its validation curve to :func:`selection_file`."""
+    from searchr1_lld.tracking import read_metrics
+    from searchr1_lld.trainer import train
+    from searchr1_lld.world import trainer_overrides
+
+    cfg = load_config(cfg_path, trainer_overrides(world) + [
+        *SELECT_OVERRIDES, f"trainer.lr={lr}", f"trainer.total_steps={SELECT_STEPS}",
+        f"trainer.eval_every={SELECT_EVAL_EVERY}", "trainer.save_every=5", "trainer.keep_last_k=1",
+        f"trainer.run_name=demo-select-lr{lr:g}", *overrides])
+    result = train(cfg, evaluate=False)
+    records = read_metrics(Path(result.run_dir) / "metrics.jsonl")
+    curve = [[int(r["step"]), r["eval/val_em"]] for r in records if "eval/val_em" in r]
+    out = selection_file(select_dir, lr)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"lr": lr, "seed": cfg.trainer.seed, "steps": SELECT_STEPS,
+                               "eval_every": SELECT_EVAL_EVERY, "val_curve": curve}, indent=2) + "\n")
+    return out
+
+
+def baselines_and_slices(world: Path, cfg, before: dict, after: dict, out: Path) -> tuple[dict, dict]:
+    """Test EM (all, not-guessable slice, by hops) of the trained policy, the warm start, the warm start without
+    retrieval and the majority training answer; and the slice sizes."""
+    from searchr1_lld.lab.baselines import (NoRetrieval, correct_by_id, majority_correct, question_table,
+                                            read_split, slice_em)
+    from searchr1_lld.lab.evaluating import evaluate_policy, load_policy
+
+    test_rows = read_split(world, "test")
+    questions = question_table(test_rows)
+    model, tokenizer = load_policy(world / "model", world)
+    evaluate_policy(model, tokenizer, NoRetrieval(), cfg, world, out / "warm_start_no_retrieval",
+                    name="warm start, no retrieval", limit=0)
+    correct = {"majority": majority_correct(test_rows, read_split(world, "train")),
+               "warm_start_no_retrieval": correct_by_id(out / "warm_start_no_retrieval"),
+               "warm_start": {i: int(r["em"] > 0.5) for i, r in before.items()},
+               "trained": {i: int(r["em"] > 0.5) for i, r in after.items()}}
+    hops = {q["id"]: q["hops"] for q in questions}
+    em = {}
+    for key, c in correct.items():
+        em[key] = slice_em(c, questions)
+        for h in sorted(set(hops.values())):
+            sel = [c[i] for i in hops if hops[i] == h]
+            em[key][f"{h}-hop"] = sum(sel) / len(sel)
+    n = {"all": len(questions), "not_guessable": sum(not q["train_answer"] for q in questions)}
+    return em, n
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,15 +218,25 @@ def main(argv: list[str] | None = None) -> int:
                         help="the synthetic world's config (configs/world/*.yaml)")
     parser.add_argument("--world-dir", default=".cache/world", help="where the world is built (or reused)")
     parser.add_argument("--report", help="also write summary.json and README.md of the result into this dir")
+    parser.add_argument("--select-dir", default=str(REPO / "docs" / "demo" / "select"),
+                        help="the selection runs' results: the demo trains at the best of them")
+    parser.add_argument("--select-lr", type=float, help="run the selection run at this learning rate and stop")
+    parser.add_argument("--readme", help="with --report: also replace this README's 'Demo result:' line")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.total_steps=10")
     args = parser.parse_args(argv)
     from searchr1_lld.world import ensure_world, is_built, load_world_config, read_card, trainer_overrides
     from searchr1_lld.world.build import warm_start_shortfalls
 
     world = Path(args.world_dir)
+    chosen = choose(args.select_dir) if args.select_lr is None else None
+    if args.select_lr is None and chosen is None:
+        print(f"WARNING: no selection runs in {args.select_dir}: training with {args.config} as it is, settings not "
+              "chosen on validation (python -m searchr1_lld.demo --select-lr LR, one per rate; docs/demo/README.md)",
+              flush=True)
     try:
         world_cfg = load_world_config(args.world)
-        cfg = load_config(args.config, trainer_overrides(world) + list(args.overrides))
+        extra = selection_overrides(chosen) if chosen else []
+        cfg = load_config(args.config, trainer_overrides(world) + extra + list(args.overrides))
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
@@ -124,8 +254,13 @@ def main(argv: list[str] | None = None) -> int:
     for line in warm_start_shortfalls(read_card(world) or {}):
         print(f"WARNING: {line} (the warm start's targets; what it means for RL: docs/lab.md)",
               flush=True)
-
-    print("[2/3] training GRPO + LLDS (configs: algorithm.llds.*)", flush=True)
+    if args.select_lr is not None:
+        path = select_run(args.config, world, args.select_lr, Path(args.select_dir), list(args.overrides))
+        print(f"selection run at lr {args.select_lr:g}: {path}")
+        return 0
+    how = f"chosen on validation: EM {chosen['val_em']:.2f}" if chosen else "not chosen on validation"
+    print(f"[2/3] training GRPO + LLDS (configs: algorithm.llds.*) at lr {cfg.trainer.lr:g} for "
+          f"{cfg.trainer.total_steps} steps ({how})", flush=True)
     result = train(cfg, evaluate=False)
     t_train = time.time() - t0 - t_world
     if not result.history:
@@ -136,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no checkpoint was written in {result.run_dir}", file=sys.stderr)
         return 1
 
-    print("[3/3] greedy evaluation on the test split: warm start vs trained", flush=True)
+    print("[3/3] greedy evaluation on the test split: baselines, warm start, trained", flush=True)
     out = Path(result.run_dir) / "eval"
     method = "grpo+llds" if cfg.algorithm.llds.enabled else "grpo"
     cmd = [sys.executable, str(REPO / "eval.py"), "--datasets", f"synthetic={world / 'qa' / 'test.jsonl'}",
@@ -149,11 +284,14 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(proc.stderr[-4000:])
         return proc.returncode
     table = proc.stdout.strip()
+    before, after = _read_trajectories(out / "warm_start"), _read_trajectories(out / method)
+    em, slice_n = baselines_and_slices(world, cfg, before, after, out)
     t_eval = time.time() - t0 - t_world - t_train
 
     plots = sorted((Path(result.run_dir) / "plots").glob("*.png"))
-    print("\n" + table + "\n")
-    before, after = _read_trajectories(out / "warm_start"), _read_trajectories(out / method)
+    print("\n" + slice_table(em, slice_n) + "\n")
+    print(f"not guessable: the {slice_n['not_guessable']} test questions whose gold answer is no training question's "
+          "answer (the majority baseline scores 0 there by construction)\n")
     rid = pick_example(before, after)
     example = (format_example(rid, before[rid], after[rid]) if rid is not None
                else "(no test question that the trained policy answers and the warm start does not)")
@@ -170,12 +308,19 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         summary = {"machine": describe_machine(), "torch": torch.__version__, "seed": cfg.trainer.seed, "steps": result.steps,
-                   "method": method, "test_questions": len(after),
-                   "test_em": {"warm_start": em_by_hops(before), "trained": em_by_hops(after)},
+                   "method": method, "test_questions": len(after), "test_em": em, "slice_n": slice_n,
+                   "selection": chosen, "overrides": list(args.overrides),
                    "world_reused": world_reused, "world_config_hash": (read_card(world) or {}).get("config_hash"),
                    "time_s": {"world": round(t_world), "training": round(t_train), "eval": round(t_eval)}}
+        if chosen is None:
+            print("no report: the settings were not chosen on validation", file=sys.stderr)
+            return 2
         write_report(Path(args.report), summary, table, example)
         print(f"report: {Path(args.report) / 'README.md'}")
+        print(readme_line(summary))
+        if args.readme:
+            path = Path(args.readme)
+            path.write_text(replace_readme_line(path.read_text(), readme_line(summary)))
     return 0
 
 

@@ -163,6 +163,11 @@ def load_test_rows(cfg: Config) -> list[dict]:
     return read_rows_files(cfg.data.test_files)
 
 
+def load_val_rows(cfg: Config) -> list[dict]:
+    """The validation rows of ``data.val_files`` ([] when none)."""
+    return read_rows_files(cfg.data.val_files)
+
+
 def check_prompt_lengths(rows: list[dict], tokenizer: Any, cfg: Config) -> None:
     """``data.max_prompt_length``: every training prompt (template applied, tokenised as the agent loop does) must
     fit, else a clear error naming the longest one (Search-R1 / verl refuse over-long prompts the same way)."""

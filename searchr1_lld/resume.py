@@ -37,11 +37,11 @@ def _matches(key: str, patterns: Sequence[str]) -> bool:
 def inputs_fingerprint(cfg: Config) -> str:
     """A short hash of what the run's local inputs hold: the JSON files (config, tokenizer, index manifest) of a
     local ``model.path``, ``model.tokenizer_path`` and ``retriever.index_dir``, and the contents of the rows files
-    (``data.train_files``, ``data.test_files``). Hub ids and absent paths enter by name. A model or index rebuilt
+    (``data.train_files``, ``data.val_files``, ``data.test_files``). Hub ids and absent paths enter by name. A model or index rebuilt
     in place (same paths, other contents) changes it."""
     h = hashlib.sha256()
     for path in [cfg.model.path, cfg.model.tokenizer_path, cfg.retriever.index_dir, *cfg.data.train_files,
-                 *cfg.data.test_files]:
+                 *cfg.data.val_files, *cfg.data.test_files]:
         p = Path(path) if path else None
         h.update(str(path).encode())
         files = sorted(p.glob("*.json")) if p is not None and p.is_dir() else [p] if p is not None and p.is_file() else []

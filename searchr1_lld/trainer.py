@@ -233,8 +233,9 @@ class Trainer:
     # ---------------------------------------------------------------- the loop
     def run(self, *, evaluate: bool = True, allow_changes: Sequence[str] = ()) -> RunResult:
         """Train to ``trainer.total_steps`` (resuming per ``trainer.resume``). ``evaluate``: greedy test EM before and
-        after training (eval.md); the evaluations every ``trainer.eval_every`` steps (``eval/em``, and the benchmarks'
-        ``eval/<name>/em``, also at the last step) follow the config alone. Greedy decoding draws no random numbers, so
+        after training (eval.md); the evaluations every ``trainer.eval_every`` steps (``eval/val_em`` on
+        ``data.val_files``, or ``eval/em`` on the test rows when there are none; the benchmarks' ``eval/<name>/em``;
+        also at the last step) follow the config alone. Greedy decoding draws no random numbers, so
         they leave the training itself unchanged. ``allow_changes``: config keys that may differ from the resumed
         run's saved config (see :data:`resume.RESUME_SAFE_KEYS`); any other is refused."""
         cfg, tc, main = self.cfg, self.cfg.trainer, self.accelerator.is_main_process
@@ -253,6 +254,10 @@ class Trainer:
         bench_rows = evaluation.benchmark_rows(cfg) if tc.eval_every else {}
         limit = tc.eval_limit or cfg.eval.limit  # as the benchmarks (evaluation.benchmark_rows)
         test_rows = test_rows[:limit] if limit else test_rows
+        val_rows = factories.load_val_rows(cfg)
+        val_rows = val_rows[:limit] if limit else val_rows
+        # the curve during training: the validation rows when there are any (settings are chosen on them), else test
+        curve_rows, curve_key = (val_rows, "eval/val_em") if val_rows else (test_rows, "eval/em")
         em_before = em_after = None
         if evaluate and test_rows:
             em_before = self._em_before(test_rows)
@@ -262,8 +267,8 @@ class Trainer:
         last_drawdown: str | None = None
         while self.step < tc.total_steps:
             metrics = self.train_step()
-            if tc.eval_every and test_rows and (self.step % tc.eval_every == 0 or self.step == tc.total_steps):
-                metrics["eval/em"] = self.evaluate(test_rows)["em"]
+            if tc.eval_every and curve_rows and (self.step % tc.eval_every == 0 or self.step == tc.total_steps):
+                metrics[curve_key] = self.evaluate(curve_rows)["em"]
             if bench_rows and (self.step % tc.eval_every == 0 or self.step == tc.total_steps):
                 metrics.update(self.evaluate_benchmarks(bench_rows))
             tracker.log(self.step, metrics)

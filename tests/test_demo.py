@@ -1,4 +1,6 @@
-"""The demo's before/after example: which test question it shows and how it prints it (pure, no training)."""
+"""The demo: its before/after example, the choice of its settings on validation, its result line (pure, no training)."""
+
+import json
 
 from searchr1_lld import demo
 
@@ -33,3 +35,42 @@ def test_format_example_shows_both_trajectories_cut_to_width():
     assert "q a?" in text and "'1790'" in text and "'1834'" in text
     assert text.count(" ...") == 2  # both long responses cut
     assert text.splitlines()[1].startswith("--- warm start (EM 0") and "--- trained (EM 1" in text
+
+
+def test_choose_takes_the_best_validation_step_over_the_selection_runs(tmp_path):
+    from searchr1_lld.demo import choose, selection_file, selection_overrides
+
+    assert choose(tmp_path) is None
+    for lr, curve in ((5e-4, [[5, 0.30], [10, 0.42]]), (1e-3, [[5, 0.42], [10, 0.40]]), (2e-3, [[5, 0.10]])):
+        selection_file(tmp_path, lr).write_text(json.dumps({"lr": lr, "seed": 0, "steps": 10, "eval_every": 5,
+                                                            "val_curve": curve}))
+    chosen = choose(tmp_path)
+    assert (chosen["lr"], chosen["steps"], chosen["val_em"]) == (1e-3, 5, 0.42)  # a tie: fewer steps first
+    assert len(chosen["candidates"]) == 5 and "0.0005, 0.001, 0.002" in chosen["procedure"]
+    assert selection_overrides(chosen)[-2:] == ["trainer.lr=0.001", "trainer.total_steps=5"]
+
+
+def test_readme_line_and_table_show_the_baselines_and_the_slice():
+    from searchr1_lld.demo import readme_line, slice_table
+
+    em = {k: {"all": a, "not_guessable": g, "1-hop": a, "2-hop": a} for k, a, g in
+          (("majority", 0.16, 0.0), ("warm_start_no_retrieval", 0.05, 0.0), ("warm_start", 0.3, 0.2),
+           ("trained", 0.5, 0.41))}
+    summary = {"test_em": em, "seed": 0, "machine": "AMD EPYC 7B13, 2 cores",
+               "selection": {"lr": 1e-3, "steps": 25}}
+    assert readme_line(summary) == (
+        "Demo result: test EM 0.30 -> 0.50, not-guessable slice 0.20 -> 0.41, majority-answer baseline 0.16 (seed 0, "
+        "lr 0.001 and 25 steps chosen on validation, 2-core AMD EPYC 7B13)")
+    table = slice_table(em, {"all": 100, "not_guessable": 44})
+    assert "| test EM | all (100) | not guessable (44) | 1-hop | 2-hop |" in table
+    assert "| majority training answer per question type | 0.16 | 0.00 | 0.16 | 0.16 |" in table
+
+
+def test_replace_readme_line_swaps_the_one_demo_line():
+    import pytest
+
+    from searchr1_lld.demo import replace_readme_line
+
+    assert replace_readme_line("a\nDemo result: old\nb", "Demo result: new") == "a\nDemo result: new\nb"
+    with pytest.raises(ValueError):
+        replace_readme_line("no line", "Demo result: new")

@@ -208,17 +208,17 @@ def test_two_lab_jobs_take_turns_on_the_warm_start(tmp_path):
 
 
 def test_held_out_em_curves_by_hand():
-    records = [{"step": 1}, {"step": 2, "eval/em": 0.3}, {"step": 3, "eval/em": float("nan")},
-               {"step": 4, "eval/em": 0.5}, {"step": 6, "eval/em": 0.2}]
-    curve = lab.test_em_curve(records)
+    records = [{"step": 1}, {"step": 2, "eval/val_em": 0.3}, {"step": 3, "eval/val_em": float("nan")},
+               {"step": 4, "eval/val_em": 0.5}, {"step": 6, "eval/val_em": 0.2}, {"step": 7, "eval/em": 0.9}]
+    curve = lab.val_em_curve(records)
     assert curve == [[2, 0.3], [4, 0.5], [6, 0.2]]
     assert lab.curve_summary(curve, 0.3) == {"evaluations": 3, "peak_em": 0.5, "peak_step": 4, "last_em": 0.2,
                                              "last_step": 6, "at_least_warm": 2}
     assert lab.curve_summary([[5, 0.4], [10, 0.4]], None)["peak_step"] == 5  # the first step reaching the peak
     assert lab.curve_summary([], 0.3) == {"evaluations": 0}
-    runs = [{"method": "grpo", "seed": 0, "test_em_curve": [[2, 0.2], [4, 0.6]]},
-            {"method": "grpo", "seed": 1, "test_em_curve": [[2, 0.4], [4, 0.2], [6, 0.1]]},
-            {"method": "llds_action", "seed": 0, "test_em_curve": []}]
+    runs = [{"method": "grpo", "seed": 0, "val_em_curve": [[2, 0.2], [4, 0.6]]},
+            {"method": "grpo", "seed": 1, "val_em_curve": [[2, 0.4], [4, 0.2], [6, 0.1]]},
+            {"method": "llds_action", "seed": 0, "val_em_curve": []}]
     (row,) = lab.aggregate_curves(runs, [lab.METHODS["grpo"], lab.METHODS["llds_action"]])  # no curve: left out
     assert [c["step"] for c in row["cells"]] == [2, 4]  # only steps every seed evaluated
     assert row["cells"][0]["mean"] == pytest.approx(0.3) and row["cells"][0]["std"] == pytest.approx(math.sqrt(0.02))
@@ -272,17 +272,15 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world, monkeypatch):
         assert f"({name})" in md
     assert {f"{stem}.png" for stem in lab.CURVES} | {"overview.png"} == set(summary["pngs"])
 
-    # held-out EM during training (quick.yaml: trainer.eval_every=2 of 3 steps): the trainer's evaluations at steps 2
-    # and 3, on the same test questions as the lab's final evaluation, which scores the same policy as step 3's
-    em_curve_rows = {r[0]: r for r in _table(md, "## Held-out EM during training")}
+    # validation EM during training (quick.yaml: trainer.eval_every=2 of 3 steps): the trainer's evaluations at
+    # steps 2 and 3, on the validation split (the test split is scored once, at the end)
+    em_curve_rows = {r[0]: r for r in _table(md, "## Validation EM during training")}
     for m in methods:
         rec = next(r for r in summary["runs"] if r["method"] == m.key)
-        assert [s for s, _ in rec["test_em_curve"]] == [2, 3]
-        assert rec["test_em_curve"][-1][1] == pytest.approx(rec["eval"]["em"])
+        assert [s for s, _ in rec["val_em_curve"]] == [2, 3]
         row = em_curve_rows[m.label]
-        assert row[1] == f"{summary['warm_start']['eval']['em']:.2f}"
-        assert [float(_MS.match(c).group(1)) for c in row[2:]] == pytest.approx(
-            [em for _, em in rec["test_em_curve"]], abs=5e-3 + 1e-9)
+        assert [float(_MS.match(c).group(1)) for c in row[1:]] == pytest.approx(
+            [em for _, em in rec["val_em_curve"]], abs=5e-3 + 1e-9)
 
     # EM table: one row per method, values in [0, 1] and equal to the per-run evaluator results
     em_rows = {r[0]: r for r in _table(md, "## Test exact match")}

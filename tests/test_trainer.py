@@ -204,16 +204,18 @@ def test_resume_reproduces_the_next_step(tmp_path, tiny_world, shared_retriever)
 
 
 def test_evaluation_during_training_leaves_the_training_unchanged(tmp_path, tiny_world, shared_retriever):
-    """trainer.eval_every scores the policy greedily (eval/em) every N steps and at the last one; greedy decoding
-    draws no random numbers, so the trained weights and every training metric equal those of a run without it."""
+    """trainer.eval_every scores the policy greedily on the validation rows (eval/val_em; the test rows, eval/em,
+    only before and after) every N steps and at the last one; greedy decoding draws no random numbers, so the trained
+    weights and every training metric equal those of a run without it."""
     common = ["trainer.total_steps=3", "trainer.save_every=0", "trainer.resume=never", "trainer.eval_limit=4"]
     a = _trainer(_cfg(tmp_path / "a", *common), tiny_world, shared_retriever)
     res_a = a.run(evaluate=False)
     b = _trainer(_cfg(tmp_path / "b", *common, "trainer.eval_every=2"), tiny_world, shared_retriever)
     res_b = b.run(evaluate=True)
-    assert [("eval/em" in m) for m in res_b.history] == [False, True, True]  # step 2, and the last step (3)
-    assert not any("eval/em" in m for m in res_a.history)
-    assert res_b.em_after == res_b.history[-1]["eval/em"]  # the last in-loop evaluation is the final one
+    assert [("eval/val_em" in m) for m in res_b.history] == [False, True, True]  # step 2, and the last step (3)
+    assert not any("eval/em" in m for m in res_b.history)  # the test rows are not the curve
+    assert not any("eval/val_em" in m for m in res_a.history)
+    assert res_b.em_before is not None and res_b.em_after is not None
     for pa, pb in zip(a.model.parameters(), b.model.parameters()):
         assert torch.equal(pa, pb)
     for ma, mb in zip(res_a.history, res_b.history):

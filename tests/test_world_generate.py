@@ -95,6 +95,33 @@ def test_no_entity_leakage_into_test(world) -> None:
     assert not train_q & {r["question"] for r in world.test_rows}
 
 
+def test_train_val_and_test_share_no_subject_bridge_or_support_passage(world) -> None:
+    splits = {"train": world.train_rows, "val": world.val_rows, "test": world.test_rows}
+    assert all(splits.values())
+
+    def entities(rows):
+        return {r["metadata"]["subject"] for r in rows} | {r["metadata"]["bridge"] for r in rows} - {""}
+
+    def support(rows):
+        return {d for r in rows for d in r["metadata"]["support_ids"]}
+
+    for a, b in (("train", "val"), ("train", "test"), ("val", "test")):
+        assert not entities(splits[a]) & entities(splits[b]), (a, b)
+        assert not support(splits[a]) & support(splits[b]), (a, b)
+        assert not {r["question"] for r in splits[a]} & {r["question"] for r in splits[b]}, (a, b)
+
+
+def test_held_out_rows_say_whether_their_answer_is_a_training_answer(world) -> None:
+    from searchr1_lld.rewards import normalize_answer
+    from searchr1_lld.world.splits import guessable
+
+    train_answers = {normalize_answer(g) for r in world.train_rows for g in r["golden_answers"]}
+    for r in world.val_rows + world.test_rows:
+        assert guessable(r) == any(normalize_answer(g) in train_answers for g in r["golden_answers"])
+    flags = [guessable(r) for r in world.test_rows]
+    assert any(flags) and not all(flags)  # both slices exist in the test world
+
+
 def test_distractors_have_similar_names(world) -> None:
     real = [p for p in world.people if p.split != "distractor"]
     fake = [p for p in world.people if p.split == "distractor"]
@@ -181,7 +208,7 @@ def test_ensure_world_reuses_a_finished_build(tiny_world: Path, tiny_world_confi
     assert (tiny_world / "model" / "config.json").stat().st_mtime_ns == model_mtime
 
 
-YEAR_HOPS = dataclasses.replace(DEFAULT, multi_hop_fraction=0.5, multi_hop_families=[
+YEAR_HOPS = dataclasses.replace(DEFAULT, num_people=80, num_companies=32, multi_hop_fraction=0.5, multi_hop_families=[
     "founder_birth_year", "founder_occupation", "hq_founded_year", "birthplace_founded_year"])
 
 

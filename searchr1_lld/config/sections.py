@@ -25,9 +25,12 @@ class DataConfig:
         "files", "training prompts: data.train_files, or FlashRAG's data.train_mix (hub)")
     train_files: list[str] = opt(None, "source=files: JSONL/parquet rows in the project schema", factory=list)
     train_mix: str = opt("nq", "source=flashrag: 'nq' or 'nq+hotpotqa'")
+    val_files: list[str] = opt(
+        None, "validation rows (JSONL/parquet) for choosing settings: scored by greedy EM every trainer.eval_every "
+        "steps and at the last one (eval/val_em) instead of data.test_files; [] = none", factory=list)
     test_files: list[str] = opt(
-        None, "held-out rows (JSONL/parquet) scored by greedy EM before and after training and every "
-        "trainer.eval_every steps (eval/em); [] = none", factory=list)
+        None, "held-out rows (JSONL/parquet) scored by greedy EM before and after training (eval/em), and every "
+        "trainer.eval_every steps when data.val_files is empty; [] = none", factory=list)
     prompt_template: Literal["search-r1", "tiny"] = opt(
         "tiny", "instruction text: 'search-r1' = Search-R1's verbatim, 'tiny' = the project's short one (prompts.py)")
     chat_template: Literal["auto", "always", "never"] = opt(
@@ -164,8 +167,9 @@ class TrainerConfig:
                              "value, exempt from pruning (RUN/best_checkpoint.json; survives resume); '' = off")
     keep_best_mode: Literal["max", "min"] = opt("max", "trainer.keep_best: best = the largest (max) or smallest (min)")
     resume: str = opt("auto", "auto | never | path to a checkpoint dir")
-    eval_every: int = opt(0, "greedy test EM (eval/em; benchmarks' eval/<name>/em with data.source=files) every N "
-                                "steps and at the last one (0 = off; runs evaluate before and after training anyway)")
+    eval_every: int = opt(0, "greedy EM on data.val_files (eval/val_em; without them on data.test_files, eval/em; "
+                                "benchmarks' eval/<name>/em with data.source=files) every N steps and at the last one "
+                                "(0 = off; runs evaluate the test rows before and after training anyway)")
     eval_limit: int = opt(0, "questions evaluated during training (first N; 0 = eval.limit, both 0 = all)")
     probe_every: int = opt(5, "re-measure the probe set every N steps (0 = never)")
     probe_size: int = opt(16, "correct responses kept in the probe set")

@@ -5,6 +5,12 @@
     python -m searchr1_lld.lab --seeds 0,1 --methods grpo,llds_action trainer.lr=1e-3 rollout.n=8   # exploration
     python -m searchr1_lld.lab --report-only --runs-dir runs/lab    # rebuild the report from finished runs
     python -m searchr1_lld.lab --runs-dir runs/lab-90 --extend-from runs/lab trainer.total_steps=90   # 30 more steps
+    python -m searchr1_lld.lab grid --config configs/lab/compare.yaml --lrs 5e-4,1e-3,2e-3 ...   # the comparison
+    python -m searchr1_lld.lab report --runs docs/lab/runs --out docs/lab --readme README.md     # its claims
+
+The comparison (grid.py, the resumable driver; compact.py, one small file per finished run; baselines.py, the
+baselines and the not-guessable slice; claims.py and claims_report.py, selection on validation, bootstrap intervals,
+the detector measured, the report and the README block, from the compact files alone) is described in docs/lab.md.
 
 What one lab does
     1. one synthetic world (``searchr1_lld.world.ensure_world`` of the lab config's ``world: FILE``; ``--world-dir`` or
@@ -44,7 +50,7 @@ sampled EM of a policy, provenance), analysis.py (phases, trends, verdicts), plo
 from __future__ import annotations
 
 from searchr1_lld.lab.analysis import (aggregate, aggregate_curves, curve_summary, finite, lld_verdict, load_records,
-                                       mean_std, phase_summary, test_em_curve, trend_summary, warning_summary,
+                                       mean_std, phase_summary, val_em_curve, trend_summary, warning_summary,
                                        window_mean)
 from searchr1_lld.lab.methods import (FULL_CONFIG, LLD_MARGIN, METHODS, METHOD_KEYS, QUICK_CONFIG, REPO_ROOT,
                                       REWARD_MARGIN, RUN_KEYS, RUN_PLAN, RUN_RECORD, TREND_WINDOW, Method,

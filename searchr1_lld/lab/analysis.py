@@ -149,13 +149,13 @@ def aggregate(runs: Sequence[dict[str, Any]], methods: Sequence[Method]) -> list
     return rows
 
 
-TEST_EM_KEY = "eval/em"  # the trainer's greedy test EM every trainer.eval_every steps
+VAL_EM_KEY = "eval/val_em"  # the trainer's greedy validation EM every trainer.eval_every steps
 
 
-def test_em_curve(records: Sequence[dict[str, Any]]) -> list[list[float]]:
-    """``[[step, test EM], ...]``: the greedy held-out EM the trainer measured during the run (``eval/em``, every
+def val_em_curve(records: Sequence[dict[str, Any]]) -> list[list[float]]:
+    """``[[step, validation EM], ...]``: the greedy validation EM the trainer measured during the run (``eval/val_em``, every
     ``trainer.eval_every`` steps and at the last one); empty when the run did not evaluate while training."""
-    return [[int(r["step"]), float(r[TEST_EM_KEY])] for r in records if finite(r.get(TEST_EM_KEY))]
+    return [[int(r["step"]), float(r[VAL_EM_KEY])] for r in records if finite(r.get(VAL_EM_KEY))]
 
 
 def curve_summary(curve: Sequence[Sequence[float]], warm_em: float | None) -> dict[str, Any]:
@@ -171,10 +171,10 @@ def curve_summary(curve: Sequence[Sequence[float]], warm_em: float | None) -> di
 
 def aggregate_curves(runs: Sequence[dict[str, Any]], methods: Sequence[Method]) -> list[dict[str, Any]]:
     """Per method: ``cells``, one ``{step, mean, std, n}`` per step that all its runs evaluated (mean ± std over them
-    of ``test_em_curve``); methods whose runs have no curve are left out."""
+    of ``val_em_curve``); methods whose runs have no curve are left out."""
     rows = []
     for m in methods:
-        curves = [dict((int(s), em) for s, em in r.get("test_em_curve") or []) for r in runs if r["method"] == m.key]
+        curves = [dict((int(s), em) for s, em in r.get("val_em_curve") or []) for r in runs if r["method"] == m.key]
         if not curves or not all(curves):
             continue
         steps = sorted(set.intersection(*(set(c) for c in curves)))

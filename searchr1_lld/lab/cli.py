@@ -11,7 +11,17 @@ from searchr1_lld.lab.running import run_lab
 
 
 def main(argv: list[str] | None = None, description: str | None = None) -> int:
-    """The command line; ``description``: its help text (the package's docstring)."""
+    """The command line; ``description``: its help text (the package's docstring). ``grid`` / ``task``: the
+    comparison's driver (:mod:`.grid`); ``report``: its report from the compact results (:mod:`.claims_report`)."""
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if args_in and args_in[0] in ("grid", "task"):
+        from searchr1_lld.lab.grid import main as grid_main
+
+        return grid_main(args_in)
+    if args_in and args_in[0] == "report":
+        from searchr1_lld.lab.claims_report import main as report_main
+
+        return report_main(args_in[1:])
     p = argparse.ArgumentParser(prog="python -m searchr1_lld.lab", description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="the few-minute mode (configs/lab/quick.yaml, seed 0)")

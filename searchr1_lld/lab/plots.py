@@ -21,10 +21,10 @@ CURVES: dict[str, tuple[str, str, str]] = {
     "grad_norm": ("gradient norm before clipping (max over updates)", "actor/grad_norm", "L2 norm"),
     "llds_active": ("LLDS activity: share of tokens penalised", "llds/active_token_frac", "fraction"),
     "valid_searches": ("valid searches per training response", "rollout/valid_searches_mean", "searches"),
-    "test_em": ("held-out test EM (greedy, every trainer.eval_every steps)", "eval/em", "EM"),
+    "val_em": ("validation EM (greedy, every trainer.eval_every steps)", "eval/val_em", "EM"),
 }
-# drawn only when some run logged them (eval/em: runs with trainer.eval_every > 0); the others always are
-OPTIONAL_CURVES = ("test_em",)
+# drawn only when some run logged them (eval/val_em: runs with trainer.eval_every > 0); the others always are
+OPTIONAL_CURVES = ("val_em",)
 # drawn on a log axis: one spike before clipping (695 on one LLDS-MA run of the lab, others at 1-10)
 # flattens every other run on a linear axis
 LOG_SCALE_CURVES = ("grad_norm",)

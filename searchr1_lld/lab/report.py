@@ -168,31 +168,26 @@ def curve_columns(steps: Sequence[int], at_most: int = CURVE_COLUMNS) -> list[in
 
 
 def curve_section(s: dict[str, Any]) -> list[str]:
-    """'Held-out EM during training' (runs with trainer.eval_every > 0): mean ± std per method at the evaluated
-    steps, and per run its peak, its last value and how often it scored at least the warm start."""
-    rows = s.get("test_em_curves") or []
+    """'Validation EM during training' (runs with trainer.eval_every > 0): mean ± std per method at the evaluated
+    steps, and per run its peak and its last value."""
+    rows = s.get("val_em_curves") or []
     if not rows:
         return []
-    warm = (s.get("warm_start") or {}).get("eval", {}).get("em")
     steps = curve_columns(sorted({c["step"] for row in rows for c in row["cells"]}))
-    lines = ["## Held-out EM during training", "",
-             "Greedy test EM of the policy while it trains (the trainer's evaluation every `trainer.eval_every` "
-             "steps and at the last one, on the questions of the table above; step 0: the warm start). Mean ± std "
-             "over seeds; `test_em.png` draws every seed.", "",
-             "| method | 0 (warm start) | " + " | ".join(f"step {st}" for st in steps) + " |",
-             "|---|---:|" + "---:|" * len(steps)]
+    lines = ["## Validation EM during training", "",
+             "Greedy EM on the world's validation split while the policy trains (the trainer's evaluation every "
+             "`trainer.eval_every` steps and at the last one). Mean ± std over seeds; `val_em.png` draws every seed.",
+             "", "| method | " + " | ".join(f"step {st}" for st in steps) + " |", "|---|" + "---:|" * len(steps)]
     for row in rows:
         by_step = {c["step"]: c for c in row["cells"]}
         cells = [fmt_ms(by_step[st], 2) if st in by_step else "-" for st in steps]
-        lines.append(f"| {row['label']} | {fmt(warm, 2)} | " + " | ".join(cells) + " |")
-    lines += ["", "| run | peak EM (step) | last EM (step) | evaluations at or above the warm start |",
-              "|---|---:|---:|---:|"]
+        lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
+    lines += ["", "| run | peak EM (step) | last EM (step) |", "|---|---:|---:|"]
     for r in s["runs"]:
-        c = r.get("test_em_curve_summary") or {}
+        c = r.get("val_em_curve_summary") or {}
         if c.get("evaluations"):
             lines.append(f"| {run_name(METHODS[r['method']], r['seed'])} | {fmt(c['peak_em'])} ({c['peak_step']}) | "
-                         f"{fmt(c['last_em'])} ({c['last_step']}) | "
-                         f"{'-' if c['at_least_warm'] is None else c['at_least_warm']} of {c['evaluations']} |")
+                         f"{fmt(c['last_em'])} ({c['last_step']}) |")
     return [*lines, ""]
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from searchr1_lld.config import Config, ConfigError, flatten_dict
-from searchr1_lld.lab.analysis import (TEST_EM_KEY, aggregate, aggregate_curves, curve_summary, lld_verdict,
-                                       load_records, phase_summary, test_em_curve, trend_summary, warning_summary)
+from searchr1_lld.lab.analysis import (aggregate, aggregate_curves, curve_summary, lld_verdict,
+                                       load_records, phase_summary, val_em_curve, trend_summary, warning_summary)
 from searchr1_lld.lab.evaluating import (TRAIN_EVAL_DIR, eval_summary, evaluate_policy, evaluate_sampled,
                                          evaluate_train, evaluate_warm_start, final_policy, load_policy,
                                          load_warm_start, provenance, sampled_of_run, train_eval_done,
@@ -326,8 +326,8 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
             rec["trend"] = trend_summary(records)
             rec["verdict"] = lld_verdict(rec["trend"], rec["phases"])
             rec["test_em"] = rec["eval"]["em"]
-            rec["test_em_curve"] = test_em_curve(records)
-            rec["test_em_curve_summary"] = curve_summary(rec["test_em_curve"], warm["eval"]["em"])
+            rec["val_em_curve"] = val_em_curve(records)
+            rec["val_em_curve_summary"] = curve_summary(rec["val_em_curve"], None)
             rec.pop("config")
             runs.append(rec)
             sampled_txt = f", sampled {rec['eval_sampled']['em']:.3f}" if sampled else ""
@@ -336,14 +336,14 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
                   f"verdict {rec['verdict']}, train {rec['train_s']:.0f}s eval {rec['eval_s']:.0f}s", flush=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     records_by_run = {(r["method"], r["seed"]): load_records(r["run_dir"]) for r in runs}
-    pngs = plot_curves(records_by_run, methods, out_dir, references={TEST_EM_KEY: (warm["eval"]["em"], "warm start")})
+    pngs = plot_curves(records_by_run, methods, out_dir)
     summary = {
         "quick": quick, "report_only": report_only, "command": command, "config_path": repo_relative(config_path), "overrides": list(overrides),
         "seeds": list(seeds), "methods": [dataclasses.asdict(m) for m in methods],
         "world": {"dir": repo_relative(wdir), "counts": card.get("counts", {}), "config": card.get("config", {}),
                   "warm_start_card": card.get("warm_start", {})},
         "shared_settings": shared_settings(base), "warm_start": warm, "runs": runs,
-        "aggregate": aggregate(runs, methods), "test_em_curves": aggregate_curves(runs, methods),
+        "aggregate": aggregate(runs, methods), "val_em_curves": aggregate_curves(runs, methods),
         "warning_summary": warning_summary(runs),
         "drawdown_summary": warning_summary(runs, "drawdown"), "sampled": sampled, "train_eval": train_eval,
         "pngs": [p.name for p in pngs],

@@ -5,7 +5,7 @@
 
 Layout (docs/architecture.md, "The synthetic world on disk")::
 
-    DIR/corpus.jsonl   DIR/index/   DIR/qa/train.jsonl   DIR/qa/test.jsonl   DIR/tokenizer/   DIR/model/   DIR/world.json
+    DIR/corpus.jsonl   DIR/index/   DIR/qa/{train,val,test}.jsonl   DIR/tokenizer/   DIR/model/   DIR/world.json
 
 Steps: generate world (corpus + QA) -> retriever index (``retriever.build.build_index``) -> tokenizer + warm-started
 tiny Qwen2 (:mod:`.tokenizer`, :mod:`.warm_start`) -> warm-start measurement through the real rollout (greedy test
@@ -44,11 +44,12 @@ def world_config_hash(cfg: WorldConfig) -> str:
 
 def trainer_overrides(world_dir: str | Path) -> list[str]:
     """The run-config overrides that train on the world in ``world_dir``: its policy and tokenizer, its index
-    (in-process), its train split, and its test split as the held-out rows (``eval/em``)."""
+    (in-process), its train split, its validation split (``data.val_files``: the curves during training,
+    ``eval/val_em``) and its test split (``data.test_files``: scored before and after training)."""
     d = Path(world_dir)
     return [f"model.path={d / 'model'}", f"model.tokenizer_path={d / 'tokenizer'}", "retriever.mode=inprocess",
             f"retriever.index_dir={d / 'index'}", "data.source=files", f"data.train_files=[{d / 'qa' / 'train.jsonl'}]",
-            f"data.test_files=[{d / 'qa' / 'test.jsonl'}]"]
+            f"data.val_files=[{d / 'qa' / 'val.jsonl'}]", f"data.test_files=[{d / 'qa' / 'test.jsonl'}]"]
 
 
 def read_card(out_dir: str | Path) -> dict[str, Any] | None:
@@ -162,7 +163,8 @@ def build_world(out_dir: Path, cfg: WorldConfig, *, progress: bool = True, measu
         "recipe_version": RECIPE_VERSION,
         "config": dataclasses.asdict(cfg),
         "counts": world.counts(),
-        "files": {"corpus": "corpus.jsonl", "index": "index", "train": "qa/train.jsonl", "test": "qa/test.jsonl",
+        "files": {"corpus": "corpus.jsonl", "index": "index", "train": "qa/train.jsonl", "val": "qa/val.jsonl",
+                  "test": "qa/test.jsonl",
                   "tokenizer": "tokenizer", "model": "model"},
         "policy": policy_stats,
         "warm_start": warm_start,

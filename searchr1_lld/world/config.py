@@ -18,7 +18,7 @@ from searchr1_lld.config.validation import ConfigError, raise_first
 
 # Bump when the generator (generate.py), the warm-start recipe (tokenizer, trajectories, drills, renaming,
 # warm_start) or the prompt texts it trains on (searchr1_lld/prompts.py) change what a build produces.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 
 # The multi-hop question families the generator knows (generate.MULTI_HOP holds their templates).
 MULTI_HOP_FAMILIES = ("founder_birth_year", "founder_birth_city", "founder_occupation", "hq_river", "birthplace_river",
@@ -42,7 +42,9 @@ class WorldConfig:
         factory=lambda: ["founder_birth_year", "founder_birth_city", "founder_occupation", "hq_river",
                          "birthplace_river"])
     num_train_questions: int = opt(400, "questions in the train split")
-    num_test_questions: int = opt(100, "questions in the test split")
+    num_val_questions: int = opt(100, "questions in the validation split (its own people, cities and companies, "
+                                  "like the test split's): what learning rates and step counts are chosen on")
+    num_test_questions: int = opt(100, "questions in the test split (scored once per run, at its end)")
     tokenizer_vocab_size: int = opt(2048, "vocabulary of the world's tokenizer (BPE + tags; year tokens come on top)")
     tokenizer_year_tokens: bool = opt(
         True, "every year of the corpus is one token (' 1874', like a name word) and the warm start's renaming maps "
@@ -85,6 +87,7 @@ def validate_world(w: WorldConfig) -> None:
                                                                    "num_rivers")],
         (w.distractors_per_entity >= 0, "distractors_per_entity", "must be >= 0"),
         (w.num_train_questions >= 1, "num_train_questions", "must be >= 1"),
+        (w.num_val_questions >= 1, "num_val_questions", "must be >= 1"),
         (w.num_test_questions >= 1, "num_test_questions", "must be >= 1"),
         (len(w.multi_hop_families) > 0 and set(w.multi_hop_families) <= set(MULTI_HOP_FAMILIES), "multi_hop_families",
          f"must be a non-empty list of {sorted(MULTI_HOP_FAMILIES)}"),

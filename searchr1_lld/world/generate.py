@@ -12,10 +12,14 @@ A seeded generator (``generate_world(cfg)``) invents
   passage states the answer: two chained searches), with ``metadata = {"hops", "family", "support_ids", "subject",
   "bridge"}``.
 
-Train/test split without entity leakage: people, cities and companies are partitioned into a train part and a test
-part *closed under the relations that questions follow* (a test company's founder is a test person, born in a test
-city, ...), so no fact a test question needs is ever the target of a training question. Rivers (only a handful) are
-shared: they are answers, never subjects.
+Train / validation / test splits without entity leakage: people, cities and companies are partitioned into a train,
+a validation and a test part, each *closed under the relations that questions follow* (a test company's founder is a
+test person, born in a test city, ...), so the splits share no subject, no bridge entity and no support passage, and
+no fact a held-out question needs is ever the target of a training question. Rivers (only a handful) are shared:
+they are answers, never subjects. Answers can therefore repeat across splits (a river, an occupation, a year): every
+held-out row records in ``metadata["train_answer"]`` whether one of its gold answers is also a training question's
+gold answer (such a question can be answered right by guessing a frequent training answer;
+:func:`searchr1_lld.world.splits.guessable`).
 
 Everything is a pure function of ``WorldConfig`` (same seed -> byte-identical files).
 """
@@ -29,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from searchr1_lld.world.config import MULTI_HOP_FAMILIES, WorldConfig, validate_world
+from searchr1_lld.world.splits import HELD_OUT_SPLITS, held_out_shares, mark_train_answers, split_labels
 from searchr1_lld.prompts import normalize_question
 from searchr1_lld.rewards import normalize_answer
 
@@ -92,6 +97,7 @@ class World:
     passages: list[dict[str, str]]  # {"id", "contents"}
     doc_id_of: dict[str, str]  # entity name -> id of its passage
     train_rows: list[dict[str, Any]]
+    val_rows: list[dict[str, Any]]
     test_rows: list[dict[str, Any]]
 
     def passage(self, doc_id: str) -> dict[str, str]:
@@ -106,9 +112,12 @@ class World:
             "rivers": len(self.rivers), "passages": len(self.passages),
             "distractor_passages": sum(1 for xs in (self.people, self.cities, self.companies)
                                        for x in xs if x.split == "distractor"),
-            "train_questions": len(self.train_rows), "test_questions": len(self.test_rows),
+            "train_questions": len(self.train_rows), "val_questions": len(self.val_rows),
+            "test_questions": len(self.test_rows),
             "train_multi_hop": sum(1 for r in self.train_rows if r["metadata"]["hops"] == 2),
+            "val_multi_hop": sum(1 for r in self.val_rows if r["metadata"]["hops"] == 2),
             "test_multi_hop": sum(1 for r in self.test_rows if r["metadata"]["hops"] == 2),
+            "test_train_answer": sum(1 for r in self.test_rows if r["metadata"]["train_answer"]),
         }
 
 
@@ -355,24 +364,13 @@ def _sample_questions(rng: random.Random, single: list[dict], multi: list[dict],
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _test_share(cfg: WorldConfig) -> float:
-    total = cfg.num_train_questions + cfg.num_test_questions
-    return max(0.15, min(0.5, cfg.num_test_questions / max(total, 1)))
-
-
-def _split_labels(rng: random.Random, n: int, share: float) -> list[str]:
-    n_test = max(1, round(n * share)) if n > 1 else 0
-    labels = ["test"] * n_test + ["train"] * (n - n_test)
-    rng.shuffle(labels)
-    return labels
-
-
 def generate_world(cfg: WorldConfig) -> World:
     """Deterministically build the whole world (entities, corpus, QA splits) from ``cfg``."""
     validate_world(cfg)
     rng = random.Random(cfg.seed)
     names = _NameMaker(rng)
-    share = _test_share(cfg)
+    shares = held_out_shares(cfg)
+    splits = ("train", *HELD_OUT_SPLITS)
 
     rivers = [River(name=f"{names.word((1, 2))} River", length_km=rng.randint(40, 900))
               for _ in range(cfg.num_rivers)]
@@ -380,21 +378,21 @@ def generate_world(cfg: WorldConfig) -> World:
 
     cities = [City(name=names.word(), founded_year=rng.randint(1000, 1700), river=rng.choice(rivers).name,
                    region=rng.choice(regions), split=lab)
-              for lab in _split_labels(rng, cfg.num_cities, share)]
-    city_by_split = {s: [c.name for c in cities if c.split == s] for s in ("train", "test")}
+              for lab in split_labels(rng, cfg.num_cities, shares)]
+    city_by_split = {s: [c.name for c in cities if c.split == s] for s in splits}
 
     people: list[Person] = []
-    for lab in _split_labels(rng, cfg.num_people, share):
+    for lab in split_labels(rng, cfg.num_people, shares):
         while True:
             name = f"{names.word((1, 2))} {names.word()}"
             if names.claim(name):
                 break
         people.append(Person(name=name, birth_year=rng.randint(1780, 1960), birth_city=rng.choice(city_by_split[lab]),
                              occupation=rng.choice(OCCUPATIONS), split=lab))
-    people_by_split = {s: [p for p in people if p.split == s] for s in ("train", "test")}
+    people_by_split = {s: [p for p in people if p.split == s] for s in splits}
 
     companies: list[Company] = []
-    for lab in _split_labels(rng, cfg.num_companies, share):
+    for lab in split_labels(rng, cfg.num_companies, shares):
         founder = rng.choice(people_by_split[lab])
         name = f"{names.word()} {rng.choice(COMPANY_SUFFIXES)}"
         names.claim(name)
@@ -447,14 +445,15 @@ def generate_world(cfg: WorldConfig) -> World:
 
     parts = {"people": people, "cities": cities, "doc_id_of": doc_id_of}
     families = tuple(cfg.multi_hop_families)
-    train_single, train_multi = _candidates({**parts, "companies": companies}, "train", families)
-    test_single, test_multi = _candidates({**parts, "companies": companies}, "test", families)
-    train_rows = _sample_questions(rng, train_single, train_multi, cfg.num_train_questions, cfg.multi_hop_fraction,
-                                   passages, "train")
-    test_rows = _sample_questions(rng, test_single, test_multi, cfg.num_test_questions, cfg.multi_hop_fraction,
-                                  passages, "test")
+    rows = {}
+    for split in splits:
+        single, multi = _candidates({**parts, "companies": companies}, split, families)
+        rows[split] = _sample_questions(rng, single, multi, getattr(cfg, f"num_{split}_questions"),
+                                        cfg.multi_hop_fraction, passages, split)
+    for split in HELD_OUT_SPLITS:
+        mark_train_answers(rows[split], rows["train"])
     return World(people=people, cities=cities, companies=companies, rivers=rivers, passages=passages,
-                 doc_id_of=doc_id_of, train_rows=train_rows, test_rows=test_rows)
+                 doc_id_of=doc_id_of, train_rows=rows["train"], val_rows=rows["val"], test_rows=rows["test"])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -473,11 +472,13 @@ def write_jsonl(rows: list[dict[str, Any]], path: str | Path) -> None:
 
 
 def write_world_files(world: World, out_dir: str | Path) -> dict[str, Path]:
-    """Write ``corpus.jsonl``, ``qa/train.jsonl``, ``qa/test.jsonl`` under ``out_dir``; return their paths."""
+    """Write ``corpus.jsonl``, ``qa/train.jsonl``, ``qa/val.jsonl``, ``qa/test.jsonl`` under ``out_dir``; return
+    their paths."""
     out_dir = Path(out_dir)
     paths = {"corpus": out_dir / "corpus.jsonl", "train": out_dir / "qa" / "train.jsonl",
-             "test": out_dir / "qa" / "test.jsonl"}
+             "val": out_dir / "qa" / "val.jsonl", "test": out_dir / "qa" / "test.jsonl"}
     write_jsonl(world.passages, paths["corpus"])
     write_jsonl(world.train_rows, paths["train"])
+    write_jsonl(world.val_rows, paths["val"])
     write_jsonl(world.test_rows, paths["test"])
     return paths

@@ -1,0 +1,288 @@
+"""The comparison's resumable driver: every (method, learning rate, seed) of a grid, the baselines, and optionally the
+demo's selection runs, as separate worker processes, ``jobs`` at a time.
+
+    python -m searchr1_lld.lab grid --config configs/lab/compare.yaml --lrs 5e-4,1e-3,2e-3 --seeds 0,1,2 \\
+        --methods grpo,llds_action --runs-dir runs/compare --compact docs/lab/runs --jobs 2 [--demo] [--commit]
+    python -m searchr1_lld.lab task --config ... --lr 1e-3 --method grpo --seed 0 --runs-dir ... --compact ...
+    python -m searchr1_lld.lab task --baselines --config ... --runs-dir ... --compact ...
+
+A task is done when its compact result exists (``docs/lab/runs/<method>-lr<lr>-seed<seed>.json.gz``,
+``baselines.json.gz``; the demo's ``docs/demo/select/lr<lr>.json`` and ``docs/demo/summary.json``): a rerun of the
+same command skips it. An interrupted run resumes from its last checkpoint in ``--runs-dir`` (the lab's own resume).
+After each lab result the report and the README's lab block are rebuilt (:func:`finish`); with ``--commit`` the
+result and what was rebuilt from it are committed to the current git branch as they land (those paths only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from searchr1_lld.config import ConfigError
+from searchr1_lld.lab.compact import BASELINES_FILE, compact_name, lr_tag, run_record, write_gz_json
+from searchr1_lld.lab.methods import METHODS, REPO_ROOT, parse_methods, parse_seeds
+
+
+def parse_lrs(text: str) -> list[float]:
+    """``"5e-4,1e-3"`` -> ``[0.0005, 0.001]`` (distinct positive numbers)."""
+    try:
+        lrs = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--lrs must be comma-separated numbers, got {text!r}") from None
+    if not lrs or min(lrs) <= 0 or len({lr_tag(x) for x in lrs}) != len(lrs):
+        raise ConfigError(f"--lrs must list distinct positive learning rates, got {text!r}")
+    return lrs
+
+
+def run_task(config_path: str, lr: float, method_key: str, seed: int, runs_root: Path, compact_dir: Path,
+             world_dir: str | None = None) -> Path:
+    """Train (or resume, or reuse) one run with the lab, then write its compact result; returns that file.
+    ``world_dir``: an existing world to use as is (default: the lab config's world, built on first use)."""
+    from searchr1_lld.lab.analysis import load_records
+    from searchr1_lld.lab.baselines import correct_by_id
+    from searchr1_lld.lab.running import run_lab
+    from searchr1_lld.world import read_card
+
+    out = compact_dir / compact_name(method_key, lr, seed)
+    if out.is_file():
+        return out
+    runs_dir = runs_root / f"lr{lr_tag(lr)}"
+    method = METHODS[method_key]
+    summary = run_lab(config_path=config_path, overrides=[f"trainer.lr={lr}"], seeds=[seed], methods=[method],
+                      out_dir=runs_dir / f"report-{method_key}-seed{seed}", runs_dir=runs_dir, sampled=0,
+                      train_eval=0, command="python -m searchr1_lld.lab task", world_dir=world_dir)
+    rec = summary["runs"][0]
+    card = read_card(REPO_ROOT / summary["world"]["dir"]) or {}  # an absolute dir stays absolute
+    lab_run = {**rec, "settings": dict(summary["shared_settings"])}
+    write_gz_json(out, run_record(method, seed, lr, lab_run, load_records(rec["run_dir"]),
+                                  correct_by_id(Path(rec["run_dir"]) / "eval"), card.get("config_hash")))
+    return out
+
+
+def run_baselines(config_path: str, runs_root: Path, compact_dir: Path, world_dir: str | None = None) -> Path:
+    """The baselines of the lab's world on its validation and test splits (:mod:`.baselines`), question by question,
+    into ``compact_dir/baselines.json.gz``."""
+    from retriever import make_retriever
+
+    from searchr1_lld.lab.baselines import (NoRetrieval, correct_by_id, majority_correct, question_table,
+                                            read_split)
+    from searchr1_lld.lab.evaluating import evaluate_policy, load_policy
+    from searchr1_lld.lab.methods import lab_config, read_lab_config
+    from searchr1_lld.lab.running import prepare_world, repo_relative, resolve_world_dir
+
+    out = compact_dir / BASELINES_FILE
+    if out.is_file():
+        return out
+    _, world_config, _ = read_lab_config(config_path, [])
+    wdir = resolve_world_dir(world_config, world_dir)
+    card = prepare_world(world_config, wdir, explicit=world_dir is not None)
+    cfg = lab_config(config_path, [], wdir)
+    retriever = make_retriever(cfg.retriever)
+    model, tokenizer = load_policy(wdir / "model", wdir)
+    train_rows = read_split(wdir, "train")
+    result = {"world_hash": card.get("config_hash"), "world_config": world_config, "world_dir": repo_relative(wdir),
+              "world_counts": card.get("counts", {}), "splits": {}}
+    for split in ("val", "test"):
+        rows = read_split(wdir, split)
+        correct = {"majority": majority_correct(rows, train_rows)}
+        for name, search in (("warm_start", retriever), ("warm_start_no_retrieval", NoRetrieval())):
+            eval_dir = runs_root / "baselines" / split / name
+            evaluate_policy(model, tokenizer, search, cfg, wdir, eval_dir, name=name, split=split, limit=0)
+            correct[name] = correct_by_id(eval_dir)
+        result["splits"][split] = {"questions": question_table(rows), "correct": correct}
+    write_gz_json(out, result)
+    return out
+
+
+def write_design(compact_dir: Path, design: dict) -> None:
+    """``compact_dir/design.json``: the grid the report measures completeness against. A different grid into the
+    same directory is refused (its results would be mixed with this one's)."""
+    import json
+
+    from searchr1_lld.lab.claims import DESIGN_FILE
+
+    path = compact_dir / DESIGN_FILE
+    if path.is_file() and json.loads(path.read_text()) != design:
+        raise ConfigError(f"{path} holds another design ({path.read_text().strip()}); use another --compact dir")
+    compact_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(design, indent=2) + "\n")
+
+
+@dataclass
+class Task:
+    """One worker process: ``argv``, done when ``done`` exists; starts after the tasks named in ``after``."""
+
+    name: str
+    argv: list[str]
+    done: Path
+    after: tuple[str, ...] = ()
+    # what to commit when it is done (with --commit), besides ``done``; ``report``: rebuild the lab's report and the
+    # README's lab block first (they must stay what the committed compact results compute)
+    also_commit: tuple[Path, ...] = ()
+    report: bool = False
+
+
+def lab_tasks(config: str, lrs: Sequence[float], seeds: Sequence[int], methods: Sequence[str], runs_root: Path,
+              compact_dir: Path) -> list[Task]:
+    """The baselines, then every run, seed by seed (so that an unfinished grid has whole seeds)."""
+    common = ["--config", config, "--runs-dir", str(runs_root), "--compact", str(compact_dir)]
+    py = [sys.executable, "-m", "searchr1_lld.lab", "task"]
+    tasks = [Task("baselines", [*py, "--baselines", *common], compact_dir / BASELINES_FILE, report=True)]
+    for seed in seeds:
+        for lr in lrs:
+            for m in methods:
+                tasks.append(Task(f"{m}-lr{lr_tag(lr)}-seed{seed}",
+                                  [*py, "--lr", repr(lr), "--method", m, "--seed", str(seed), *common],
+                                  compact_dir / compact_name(m, lr, seed), report=True))
+    return tasks
+
+
+def demo_tasks(lrs: Sequence[float], demo_dir: Path) -> list[Task]:
+    """The demo's selection runs (one per learning rate) and then the demo itself with the chosen settings."""
+    from searchr1_lld.demo import selection_file
+
+    py = [sys.executable, "-m", "searchr1_lld.demo"]
+    select = [Task(f"demo-select-lr{lr_tag(lr)}", [*py, "--select-lr", repr(lr), "--select-dir",
+                                                    str(demo_dir / "select")],
+                   selection_file(demo_dir / "select", lr)) for lr in lrs]
+    final = Task("demo", [*py, "--select-dir", str(demo_dir / "select"), "--report", str(demo_dir), "--readme",
+                          str(REPO_ROOT / "README.md")],
+                 demo_dir / "summary.json", after=tuple(t.name for t in select),
+                 also_commit=(demo_dir / "README.md", REPO_ROOT / "README.md"))
+    return [*select, final]
+
+
+def interleave(first: Sequence[Task], second: Sequence[Task]) -> list[Task]:
+    """``first[0], second[0], first[1], second[1], ...`` then the rest of the longer one: two kinds of work share the
+    job slots from the start."""
+    out: list[Task] = []
+    for i in range(max(len(first), len(second))):
+        out += [*first[i:i + 1], *second[i:i + 1]]
+    return out
+
+
+def commit(paths: Sequence[Path], message: str) -> None:
+    """``git commit`` of ``paths`` alone (retried while another git command holds the index)."""
+    names = sorted({str(p) for p in paths})
+    for attempt in range(5):
+        add = subprocess.run(["git", "add", "--", *names], cwd=REPO_ROOT, capture_output=True, text=True)
+        done = add.returncode == 0 and subprocess.run(
+            ["git", "commit", "-q", "-m", message, "--", *names], cwd=REPO_ROOT, capture_output=True,
+            text=True).returncode == 0
+        if done:
+            return
+        time.sleep(5 * (attempt + 1))
+    print(f"[grid] could not commit {names}", flush=True)
+
+
+def finish(task: Task, commit_results: bool, compact_dir: Path | None) -> None:
+    """After a task is done: the lab's report rebuilt (``task.report``), then, with ``commit_results``, its files
+    committed."""
+    paths = [task.done, *task.also_commit]
+    if task.report and compact_dir is not None:
+        from searchr1_lld.lab.claims_report import write_outputs
+
+        out = REPO_ROOT / "docs" / "lab"
+        write_outputs(compact_dir, out, REPO_ROOT / "README.md")
+        paths += [out / "summary.json", out / "README.md", REPO_ROOT / "README.md"]
+    if commit_results:
+        commit(paths, f"lab: result of {task.name}")
+
+
+def run_tasks(tasks: Sequence[Task], jobs: int, log_dir: Path, commit_results: bool = False,
+              poll_s: float = 10.0, compact_dir: Path | None = None) -> list[str]:
+    """Run the tasks not yet done, ``jobs`` at a time, each after the tasks it waits for; returns the names of the
+    tasks that failed (a task depending on a failed one is not started). Each finished task: :func:`finish`."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    by_name = {t.name: t for t in tasks}
+    pending = [t for t in tasks if not t.done.exists()]
+    running: dict[str, tuple[subprocess.Popen, object]] = {}
+    failed: list[str] = []
+    print(f"[grid] {len(tasks) - len(pending)} of {len(tasks)} tasks done earlier; {len(pending)} to run", flush=True)
+    while pending or running:
+        for t in list(pending):
+            if len(running) >= jobs:
+                break
+            if any(d in failed for d in t.after):
+                pending.remove(t)
+                failed.append(t.name)
+                continue
+            if not all(by_name[d].done.exists() for d in t.after if d in by_name):
+                continue
+            log = open(log_dir / f"{t.name}.log", "a")
+            running[t.name] = (subprocess.Popen(t.argv, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT), log)
+            pending.remove(t)
+            print(f"[grid] {time.strftime('%H:%M:%S')} started {t.name}", flush=True)
+        if pending and not running:
+            raise RuntimeError(f"tasks waiting on tasks that are not in the grid: {[t.name for t in pending]}")
+        time.sleep(poll_s)
+        for name, (proc, log) in list(running.items()):
+            if proc.poll() is None:
+                continue
+            log.close()
+            del running[name]
+            task = by_name[name]
+            ok = proc.returncode == 0 and task.done.exists()
+            print(f"[grid] {time.strftime('%H:%M:%S')} {name}: {'done' if ok else f'FAILED ({proc.returncode})'}",
+                  flush=True)
+            if not ok:
+                failed.append(name)
+            else:
+                finish(task, commit_results, compact_dir)
+    return failed
+
+
+def main(argv: list[str]) -> int:
+    """``grid`` (the driver) and ``task`` (one worker)."""
+    mode, rest = argv[0], argv[1:]
+    p = argparse.ArgumentParser(prog=f"python -m searchr1_lld.lab {mode}", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="the lab config every run shares (e.g. configs/lab/compare.yaml)")
+    p.add_argument("--runs-dir", required=True, help="where the runs train (checkpoints: an interrupted run resumes)")
+    p.add_argument("--compact", default="docs/lab/runs", help="where the compact results go")
+    if mode == "grid":
+        p.add_argument("--lrs", required=True, help="comma-separated learning rates")
+        p.add_argument("--seeds", default="0,1,2")
+        p.add_argument("--methods", default="grpo,llds_action")
+        p.add_argument("--jobs", type=int, default=2, help="worker processes at a time")
+        p.add_argument("--demo", action="store_true", help="also the demo's selection runs (at --demo-lrs) and the "
+                       "demo with the settings chosen on validation (docs/demo), interleaved with the lab's tasks")
+        p.add_argument("--demo-lrs", default="5e-4,1e-3,2e-3")
+        p.add_argument("--commit", action="store_true", help="git-commit each compact result as it lands")
+    else:
+        p.add_argument("--baselines", action="store_true", help="the baselines instead of a run")
+        p.add_argument("--lr", type=float)
+        p.add_argument("--method")
+        p.add_argument("--seed", type=int)
+        p.add_argument("--world-dir", help="an existing world dir to use as is (default: the config's world)")
+    args = p.parse_args(rest)
+    runs_root, compact_dir = Path(args.runs_dir), Path(args.compact)
+    try:
+        if mode == "task":
+            if args.baselines:
+                print(run_baselines(args.config, runs_root, compact_dir, args.world_dir))
+                return 0
+            if args.lr is None or args.method not in METHODS or args.seed is None:
+                raise ConfigError(f"task needs --lr, --method (one of {list(METHODS)}) and --seed, or --baselines")
+            print(run_task(args.config, args.lr, args.method, args.seed, runs_root, compact_dir, args.world_dir))
+            return 0
+        if args.jobs < 1:
+            raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
+        design = {"config": args.config, "methods": [m.key for m in parse_methods(args.methods)],
+                  "lrs": parse_lrs(args.lrs), "seeds": parse_seeds(args.seeds)}
+        write_design(compact_dir, design)
+        tasks = lab_tasks(args.config, design["lrs"], design["seeds"], design["methods"], runs_root, compact_dir)
+        if args.demo:
+            tasks = interleave(tasks, demo_tasks(parse_lrs(args.demo_lrs), REPO_ROOT / "docs" / "demo"))
+        failed = run_tasks(tasks, args.jobs, runs_root / "logs", commit_results=args.commit,
+                           compact_dir=compact_dir)
+    except ConfigError as e:
+        print(f"lab: error: {e}", file=sys.stderr)
+        return 2
+    print(f"[grid] finished; failed: {failed or 'none'}", flush=True)
+    return 1 if failed else 0
