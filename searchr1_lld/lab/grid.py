@@ -189,7 +189,9 @@ def finish(task: Task, commit_results: bool, compact_dir: Path | None) -> None:
 
         out = REPO_ROOT / "docs" / "lab"
         write_outputs(compact_dir, out, REPO_ROOT / "README.md")
-        paths += [out / "summary.json", out / "README.md", REPO_ROOT / "README.md"]
+        from searchr1_lld.lab.claims import DESIGN_FILE
+
+        paths += [compact_dir / DESIGN_FILE, out / "summary.json", out / "README.md", REPO_ROOT / "README.md"]
     if commit_results:
         commit(paths, f"lab: result of {task.name}")
 
