@@ -64,7 +64,9 @@ def test_selection_uses_validation_only_and_the_test_figures_follow_it(tmp_path)
     block = claims.readme_block(s)
     assert "0.001 (0.500)" in block and "pending" not in block
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["runs_finished"] == 8
-    assert "## Every run" in (tmp_path / "out" / "README.md").read_text()
+    report = (tmp_path / "out" / "README.md").read_text()
+    assert "## Every run" in report and "](curves.png)" in report
+    assert (tmp_path / "out" / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_an_unfinished_grid_claims_no_test_figure_and_the_readme_block_round_trips(tmp_path):

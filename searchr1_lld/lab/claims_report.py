@@ -11,7 +11,9 @@ from typing import Any
 
 from searchr1_lld.lab.claims import (ALARMS, BASELINE_TEXT, _ci, _f, _lrs, build_summary, clean, readme_block,
                                      replace_readme_block)
+from searchr1_lld.lab.compact import read_runs
 
+CURVES_FILE = "curves.png"  # the comparison's figure (plots.plot_grid), beside the report
 PAPER_DYNAMICS = ("The paper describes, under GRPO, the likelihood of correct responses stagnating and then falling "
                   "while the reward still rises (early stagnation, steady decay), followed by a collapse in which the "
                   "gradient norm and the entropy explode and the reward falls to nothing (accelerated collapse).")
@@ -62,6 +64,9 @@ def report_markdown(s: dict[str, Any]) -> str:
             out.append(f"| {BASELINE_TEXT[k]} | {_f(v['all'], 3)} | {_f(v['not_guessable'], 3)} | "
                        f"{_f(s['baselines_val'].get(k, {}).get('all'), 3)} |")
         out.append("")
+    if s["runs_finished"]:
+        out += [f"![Validation EM, training reward, likelihood of correct responses, gradient norm and entropy per "
+                f"learning rate; thin lines one seed, bold the mean]({CURVES_FILE})", ""]
     out += ["## Selection on the validation split", "", "Mean final validation EM over seeds (runs whose reward "
             "collapsed, of the seeds finished).", "",
             "| method | " + " | ".join(f"lr {lr:g}" for lr in d["lrs"]) + " | chosen |",
@@ -130,6 +135,16 @@ def write_outputs(runs_dir: str | Path, out_dir: str | Path, readme: str | Path 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
     (out_dir / "README.md").write_text(report_markdown(s))
+    curves = out_dir / CURVES_FILE
+    if s["runs_finished"]:
+        from searchr1_lld.lab.methods import METHODS
+        from searchr1_lld.lab.plots import plot_grid
+
+        warm = s["baselines_val"].get("warm_start", {}).get("all") if s["baselines"] else None
+        plot_grid(read_runs(runs_dir)[0], [METHODS[m] for m in s["design"]["methods"]], s["design"]["lrs"], curves,
+                  references={"eval/val_em": (warm, "warm start")} if warm is not None else None)
+    else:
+        curves.unlink(missing_ok=True)
     if readme is not None:
         path = Path(readme)
         path.write_text(replace_readme_block(path.read_text(), readme_block(s)))

@@ -168,7 +168,7 @@ def interleave(first: Sequence[Task], second: Sequence[Task]) -> list[Task]:
 
 def commit(paths: Sequence[Path], message: str) -> None:
     """``git commit`` of ``paths`` alone (retried while another git command holds the index)."""
-    names = sorted({str(p) for p in paths})
+    names = sorted({str(p) for p in paths if Path(p).exists()})
     for attempt in range(5):
         add = subprocess.run(["git", "add", "--", *names], cwd=REPO_ROOT, capture_output=True, text=True)
         done = add.returncode == 0 and subprocess.run(
@@ -190,8 +190,10 @@ def finish(task: Task, commit_results: bool, compact_dir: Path | None) -> None:
         out = REPO_ROOT / "docs" / "lab"
         write_outputs(compact_dir, out, REPO_ROOT / "README.md")
         from searchr1_lld.lab.claims import DESIGN_FILE
+        from searchr1_lld.lab.claims_report import CURVES_FILE
 
-        paths += [compact_dir / DESIGN_FILE, out / "summary.json", out / "README.md", REPO_ROOT / "README.md"]
+        paths += [compact_dir / DESIGN_FILE, out / "summary.json", out / "README.md", out / CURVES_FILE,
+                  REPO_ROOT / "README.md"]
     if commit_results:
         commit(paths, f"lab: result of {task.name}")
 

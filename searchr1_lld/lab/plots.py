@@ -130,3 +130,47 @@ def plot_curves(records_by_run: dict[tuple[str, int], list[dict]], methods: Sequ
     return written
 
 
+
+
+# The comparison's figure: rows = these curves (short titles), columns = learning rates.
+GRID_ROWS = {"val_em": "validation EM (greedy)", "reward": "training reward", "correct_logp":
+             "log-likelihood of correct responses", "grad_norm": "gradient norm", "entropy": "entropy"}
+
+
+def plot_grid(runs: Sequence[dict[str, Any]], methods: Sequence[Method], lrs: Sequence[float], path: Path,
+              references: dict[str, tuple[float, str]] | None = None) -> Path:
+    """One PNG of the comparison: a column per learning rate, a row per curve of :data:`GRID_ROWS`; in each panel
+    the methods overlaid (thin = one seed, bold = mean over seeds). ``runs``: compact run records (``method``,
+    ``seed``, ``lr``, ``records``); ``references`` as in :func:`plot_curves`. Returns ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    references = references or {}
+    fig, axes = plt.subplots(len(GRID_ROWS), len(lrs), figsize=(4.2 * len(lrs), 2.6 * len(GRID_ROWS)),
+                             squeeze=False, sharex=True)
+    for col, lr in enumerate(lrs):
+        by_run = {(r["method"], r["seed"]): r["records"] for r in runs if r["lr"] == lr}
+        for row, stem in enumerate(GRID_ROWS):
+            ax = axes[row][col]
+            _panel(ax, by_run, methods, stem, references, fontsize=8)
+            ax.set_title(f"lr {lr:g}: {GRID_ROWS[stem]}", fontsize=9)
+    for row, stem in enumerate(GRID_ROWS):  # one y range per row, so the learning rates compare at a glance
+        if stem not in LOG_SCALE_CURVES:
+            lows, highs = zip(*(axes[row][c].get_ylim() for c in range(len(lrs))))
+            for c in range(len(lrs)):
+                axes[row][c].set_ylim(min(lows), max(highs))
+    handles, labels = [], []
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    if handles:
+        fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
