@@ -74,3 +74,10 @@ def test_replace_readme_line_swaps_the_one_demo_line():
     assert replace_readme_line("a\nDemo result: old\nb", "Demo result: new") == "a\nDemo result: new\nb"
     with pytest.raises(ValueError):
         replace_readme_line("no line", "Demo result: new")
+
+
+def test_the_report_names_its_dir_relative_to_the_repository(tmp_path):
+    from searchr1_lld.demo import REPO, repo_relative
+
+    assert repo_relative(REPO / "docs" / "demo") == "docs/demo"
+    assert repo_relative(tmp_path) == str(tmp_path.resolve())
