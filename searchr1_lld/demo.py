@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import time
@@ -109,10 +110,15 @@ def selection_overrides(chosen: dict) -> list[str]:
 def readme_line(summary: dict) -> str:
     """The README's one-line demo result, from the demo's summary.json."""
     em, ch = summary["test_em"], summary["selection"]
-    return (f"Demo result: test EM {em['warm_start']['all']:.2f} -> {em['trained']['all']:.2f}, not-guessable slice "
+    before, after, n = em["warm_start"]["all"], em["trained"]["all"], summary["test_questions"]
+    noise = 2 * math.sqrt(before * (1 - before) / n)  # two binomial standard errors of one run's EM on n questions
+    change = round(after - before, 2)
+    return (f"Demo result: test EM {before:.2f} -> {after:.2f}, not-guessable slice "
             f"{em['warm_start']['not_guessable']:.2f} -> {em['trained']['not_guessable']:.2f}, majority-answer "
             f"baseline {em['majority']['all']:.2f} (seed {summary['seed']}, lr {ch['lr']:g} and {ch['steps']} steps "
-            f"chosen on validation, 2-core {summary['machine'].split(',')[0]})")
+            f"chosen on validation, 2-core {summary['machine'].split(',')[0]}); the change, {change:+.2f}, is "
+            f"{'within' if abs(change) <= noise else 'beyond'} ±{noise:.2f}, two binomial standard errors of one "
+            f"run's EM on {n} questions")
 
 
 def replace_readme_line(text: str, line: str) -> str:

@@ -57,10 +57,14 @@ def test_readme_line_and_table_show_the_baselines_and_the_slice():
           (("majority", 0.16, 0.0), ("warm_start_no_retrieval", 0.05, 0.0), ("warm_start", 0.3, 0.2),
            ("trained", 0.5, 0.41))}
     summary = {"test_em": em, "seed": 0, "machine": "AMD EPYC 7B13, 2 cores",
-               "selection": {"lr": 1e-3, "steps": 25}}
+               "selection": {"lr": 1e-3, "steps": 25}, "test_questions": 100}
+    # 2 x sqrt(0.3 x 0.7 / 100) = 0.092
     assert readme_line(summary) == (
         "Demo result: test EM 0.30 -> 0.50, not-guessable slice 0.20 -> 0.41, majority-answer baseline 0.16 (seed 0, "
-        "lr 0.001 and 25 steps chosen on validation, 2-core AMD EPYC 7B13)")
+        "lr 0.001 and 25 steps chosen on validation, 2-core AMD EPYC 7B13); the change, +0.20, is beyond ±0.09, two "
+        "binomial standard errors of one run's EM on 100 questions")
+    em["trained"]["all"] = 0.25
+    assert "the change, -0.05, is within ±0.09" in readme_line(summary)
     table = slice_table(em, {"all": 100, "not_guessable": 44})
     assert "| test EM | all (100) | not guessable (44) | 1-hop | 2-hop |" in table
     assert "| majority training answer per question type | 0.16 | 0.00 | 0.16 | 0.16 |" in table
