@@ -63,6 +63,12 @@ def test_selection_uses_validation_only_and_the_test_figures_follow_it(tmp_path)
     assert s["stable_lrs"] == {"grpo": [0.001, 0.002], "llds_action": [0.001, 0.002]}
     block = claims.readme_block(s)
     assert "0.001 (0.500)" in block and "pending" not in block
+    assert ("LLDS (action gate) scores higher on test than GRPO at matched tuning, and both are stable at the same "
+            "learning rates (0.001, 0.002)") in block
+    s["difference"]["all"]["lo"], s["stable_lrs"]["grpo"] = -0.1, [0.001]
+    assert claims.reading(s) == ("Reading: at matched tuning this design detects no test-EM difference between LLDS "
+                                 "(action gate) and GRPO; stable learning rates: LLDS (action gate) 0.001, 0.002, GRPO "
+                                 "0.001.")
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["runs_finished"] == 8
     report = (tmp_path / "out" / "README.md").read_text()
     assert "## Every run" in report and "](curves.png)" in report

@@ -207,6 +207,20 @@ BASELINE_TEXT = {"majority": "majority training answer per question type",
                  "warm_start_no_retrieval": "warm start, no retrieval", "warm_start": "warm start (step 0)"}
 
 
+def reading(s: dict[str, Any]) -> str:
+    """The comparison's answer in words, from the difference's interval and the stable learning rates."""
+    diff, labels = s["difference"], s["labels"]
+    of, minus, ci = labels[diff["of"]], labels[diff["minus"]], diff["all"]
+    if ci["lo"] > 0 or ci["hi"] < 0:
+        text = f"Reading: {of} scores {'higher' if ci['lo'] > 0 else 'lower'} on test than {minus} at matched tuning"
+    else:
+        text = f"Reading: at matched tuning this design detects no test-EM difference between {of} and {minus}"
+    stable_of, stable_minus = s["stable_lrs"][diff["of"]], s["stable_lrs"][diff["minus"]]
+    if stable_of == stable_minus:
+        return text + f", and both are stable at the same learning rates ({_lrs(stable_of)})."
+    return text + f"; stable learning rates: {of} {_lrs(stable_of)}, {minus} {_lrs(stable_minus)}."
+
+
 def readme_block(s: dict[str, Any]) -> str:
     """The README's lab results: the design, and what is finished of it."""
     d = s["design"]
@@ -230,7 +244,7 @@ def readme_block(s: dict[str, Any]) -> str:
     diff = s["difference"]
     if diff:
         lines.append(f"\n{s['labels'][diff['of']]} minus {s['labels'][diff['minus']]}, each at its own selected rate: "
-                     f"{_ci(diff['all'])} (not-guessable slice {_ci(diff['not_guessable'])}).")
+                     f"{_ci(diff['all'])} (not-guessable slice {_ci(diff['not_guessable'])}). {reading(s)}")
     det = s["detector"]
     lines.append(f"Detector over all {s['runs_finished']} runs ({det['collapsed_runs']} reward collapses): " + "; ".join(
         f"{a.replace('_', ' ')} sensitivity {_f(det[a]['sensitivity'])}, specificity {_f(det[a]['specificity'])}"

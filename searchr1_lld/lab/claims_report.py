@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from searchr1_lld.lab.claims import (ALARMS, BASELINE_TEXT, _ci, _f, _lrs, build_summary, clean, readme_block,
-                                     replace_readme_block)
+                                     reading, replace_readme_block)
 from searchr1_lld.lab.compact import read_runs
 
 CURVES_FILE = "curves.png"  # the comparison's figure (plots.plot_grid), beside the report
@@ -88,7 +88,7 @@ def report_markdown(s: dict[str, Any]) -> str:
         if s["difference"]:
             diff = s["difference"]
             out += ["", f"{s['labels'][diff['of']]} minus {s['labels'][diff['minus']]}: {_ci(diff['all'])}; on the "
-                    f"not-guessable slice {_ci(diff['not_guessable'])}."]
+                    f"not-guessable slice {_ci(diff['not_guessable'])}.", "", reading(s)]
         out.append("")
     else:
         out += ["The comparison is pending: no learning rate is selected and no test figure is claimed until every "
