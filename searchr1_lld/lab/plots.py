@@ -80,6 +80,18 @@ def _panel(ax: Any, records_by_run: dict[tuple[str, int], list[dict]], methods: 
     ax.set_ylabel(ylabel, fontsize=8)
 
 
+def _figure_legend(fig: Any, axes: Any) -> None:
+    """One legend above the figure with every label its panels drew, once."""
+    handles, labels = [], []
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    if handles:
+        fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=9)
+
+
 def plot_curves(records_by_run: dict[tuple[str, int], list[dict]], methods: Sequence[Method], out_dir: Path,
                 references: dict[str, tuple[float, str]] | None = None) -> list[Path]:
     """One PNG per curve of :data:`CURVES` (of :data:`OPTIONAL_CURVES` only those some run logged; methods
@@ -114,14 +126,7 @@ def plot_curves(records_by_run: dict[tuple[str, int], list[dict]], methods: Sequ
         _panel(ax, records_by_run, methods, stem, references, fontsize=8)
     for ax in list(axes.flat)[len(curves):]:
         ax.axis("off")
-    handles, labels = [], []
-    for ax in axes.flat:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    if handles:
-        fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=9)
+    _figure_legend(fig, axes)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     path = out_dir / "overview.png"
     fig.savefig(path, dpi=80)
@@ -161,14 +166,7 @@ def plot_grid(runs: Sequence[dict[str, Any]], methods: Sequence[Method], lrs: Se
             lows, highs = zip(*(axes[row][c].get_ylim() for c in range(len(lrs))))
             for c in range(len(lrs)):
                 axes[row][c].set_ylim(min(lows), max(highs))
-    handles, labels = [], []
-    for ax in axes.flat:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    if handles:
-        fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=9)
+    _figure_legend(fig, axes)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)
