@@ -32,15 +32,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-
-
-def _rss_bytes(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field} not found in /proc/self/status")
 
 
 def child(variant: str, b: int, t: int, v: int, h: int, chunk: int, dtype_name: str, device: str) -> dict:
@@ -100,23 +91,9 @@ def child(variant: str, b: int, t: int, v: int, h: int, chunk: int, dtype_name: 
         checkpoint(lambda x: x * 2, tiny, use_reentrant=False).sum().backward()
     del tiny, tiny_logp, tiny_ent
 
-    if device == "cuda":
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
-        run()
-        torch.cuda.synchronize()
-        seconds = time.perf_counter() - t0
-        peak = torch.cuda.max_memory_allocated() - base
-    else:
-        base = _rss_bytes("VmRSS")
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset VmHWM (peak RSS) to the current RSS
-        t0 = time.perf_counter()
-        run()
-        seconds = time.perf_counter() - t0
-        peak = _rss_bytes("VmHWM") - base
+    from gpu_check_parts import peak_and_time  # this script's dir is on sys.path when it runs
+
+    peak, seconds = peak_and_time(run, torch.device(device))
     elem = torch.tensor([], dtype=dtype).element_size()
     return {"variant": variant, "peak_bytes": peak, "seconds": seconds, "logits_bytes": b * t * v * elem,
             "weight_grad_bytes": v * h * 4 if from_hidden else 0}
