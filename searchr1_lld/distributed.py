@@ -4,11 +4,10 @@ must agree on, and the learner -> rollout-engine weight stream. No math."""
 from __future__ import annotations
 
 import socket
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from typing import Any, Iterator, Sequence
 
 import torch
-
 
 
 def free_ports(n: int = 1, host: str = "127.0.0.1") -> list[int]:
@@ -33,6 +32,27 @@ def zero_stage(accelerator: Any) -> int:
         return 0
     plugin = accelerator.state.deepspeed_plugin
     return int(plugin.deepspeed_config.get("zero_optimization", {}).get("stage", 0))
+
+
+@contextmanager
+def outside_zero3(accelerator: Any) -> Iterator[None]:
+    """Models loaded inside stay whole. Under ZeRO-3, transformers builds every model it loads inside
+    ``deepspeed.zero.Init`` (partitioned over the ranks) while accelerate's DeepSpeed config is registered with it,
+    whatever ``zero3_init_flag`` says; a model that is not trained by the DeepSpeed engine (the in-process
+    retriever's encoder, a meta-device skeleton) must not be: its forward would see empty partitions. The
+    registration is lifted for the block and restored after it. No-op below stage 3."""
+    if zero_stage(accelerator) != 3:
+        yield
+        return
+    from transformers.integrations import is_deepspeed_zero3_enabled, unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        accelerator.state.deepspeed_plugin.set_deepspeed_weakref()
+        if not is_deepspeed_zero3_enabled():
+            raise RuntimeError("outside_zero3: accelerate's ZeRO-3 config did not come back into effect")
 
 
 def agree_max(accelerator: Any, counts: Sequence[int]) -> list[int]:

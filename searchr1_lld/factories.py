@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from searchr1_lld.config import Config
-from searchr1_lld.distributed import is_deepspeed, zero_stage
+from searchr1_lld.distributed import is_deepspeed, outside_zero3, zero_stage
 from searchr1_lld.jsonl import read_rows_files
 
 
@@ -120,22 +120,31 @@ def engine_copy(cfg: Config, policy: torch.nn.Module, accelerator: Any) -> torch
         return copy.deepcopy(policy).eval().requires_grad_(False)
 
 
-def make_rollout_backend(cfg: Config, module: torch.nn.Module, tokenizer: Any, model_path: str):
-    """The rollout engine: HF generation on the learner's own module (no copy, weight loads are no-ops), or one vLLM
-    engine per rank (GPU) that the trainer streams the weights into after every update."""
+def make_rollout_backend(cfg: Config, learner: torch.nn.Module, tokenizer: Any, model_path: str,
+                         engine_module: torch.nn.Module | None = None):
+    """The rollout engine for the learner's (unwrapped) module ``learner``.
+
+    HF: generation on ``engine_module`` when there is one (the ZeRO-3 full copy of :func:`engine_copy`: every
+    weight sync copies the learner's parameters into it), else on the learner's own module (no copy, weight loads
+    are no-ops). vLLM: one engine per rank (GPU) that the trainer streams the weights into after every update; the
+    names it must receive are the learner's own parameter names."""
     from searchr1_lld.rollout.backends import make_backend
 
     if cfg.rollout.backend == "vllm":
         return make_backend(cfg.rollout, tokenizer=tokenizer, model_path=model_path, seed=cfg.trainer.seed,
                             dtype=cfg.model.dtype,
-                            tokenizer_path=getattr(tokenizer, "name_or_path", "") or cfg.model.tokenizer_path)
+                            tokenizer_path=getattr(tokenizer, "name_or_path", "") or cfg.model.tokenizer_path,
+                            parameter_names={name for name, _ in learner.named_parameters()})
     # seed=None: the HF sampler draws from the global RNG, which every step re-seeds (resume stays reproducible)
-    return make_backend(cfg.rollout, model=module, tokenizer=tokenizer, shares_learner_weights=True)
+    if engine_module is not None:
+        return make_backend(cfg.rollout, model=engine_module, tokenizer=tokenizer, shares_learner_weights=False)
+    return make_backend(cfg.rollout, model=learner, tokenizer=tokenizer, shares_learner_weights=True)
 
 
-def make_retriever(cfg: Config):
+def make_retriever(cfg: Config, accelerator: Any = None):
     """retriever.make_retriever on ``cfg.retriever`` (in-process: ``retriever.index_dir``; http: the address of
-    retriever.service_address: ``$SEARCHR1_RETRIEVER_URL`` over ``retriever.url``, the token likewise)."""
+    retriever.service_address: ``$SEARCHR1_RETRIEVER_URL`` over ``retriever.url``, the token likewise). An in-process
+    encoder is loaded whole even under ZeRO-3 (:func:`searchr1_lld.distributed.outside_zero3`)."""
     from retriever import make_retriever as build
     from retriever import service_address
 
@@ -143,7 +152,8 @@ def make_retriever(cfg: Config):
     if rc.mode == "http":
         url, token = service_address(rc)
         rc = dataclasses.replace(rc, url=url, token=token)
-    return build(rc)
+    with outside_zero3(accelerator):
+        return build(rc)
 
 
 def load_train_rows(cfg: Config) -> list[dict]:

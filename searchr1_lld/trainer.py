@@ -96,9 +96,10 @@ class Trainer:
         self.model, self.optimizer = acc.prepare(model, optimizer)
         self.policy_dtype = next(acc.unwrap_model(self.model).parameters()).dtype
         self.ref_model = factories.place_reference(ref, acc, self.policy_dtype) if ref is not None else None
-        self.retriever = retriever if retriever is not None else factories.make_retriever(cfg)
-        module = engine_copy.to(acc.device, self.policy_dtype) if engine_copy is not None else acc.unwrap_model(self.model)
-        self.backend = factories.make_rollout_backend(cfg, module, self.tokenizer, cfg.model.path)
+        self.retriever = retriever if retriever is not None else factories.make_retriever(cfg, acc)
+        self.backend = factories.make_rollout_backend(
+            cfg, acc.unwrap_model(self.model), self.tokenizer, cfg.model.path,
+            engine_module=engine_copy.to(acc.device, self.policy_dtype) if engine_copy is not None else None)
         self.train_rows = factories.load_train_rows(cfg)
         factories.check_prompt_lengths(self.train_rows, self.tokenizer, cfg)
         self.sampler = PromptSampler(self.train_rows, tc.train_batch_size, tc.seed, cfg.data.shuffle)

@@ -6,7 +6,9 @@
 Run A trains 2 steps from scratch (checkpoint after each); run B resumes from A's step-1 checkpoint and trains step 2.
 To make the ranks disagree, rank 1 cuts every micro-batch to one response (rank 0 packs by the token budget), so rank 0
 runs fewer micro-batches and must pad; in step 2 rank 1 (only) makes the first micro-batch loss NaN, so the first update
-of step 2 must be skipped on both ranks. Writes OUT_DIR/result.json (rank 0) and OUT_DIR/params_{a,b}.pt (rank 0).
+of step 2 must be skipped on both ranks. Every rollout of run A is recorded (response ids and the engine's log-probs,
+per step, from both ranks): step 2's come from the policy after step 1, so they show whether the rollout engine
+received the update. Writes OUT_DIR/result.json (rank 0) and OUT_DIR/params_{a,b}.pt (rank 0).
 """
 
 from __future__ import annotations
@@ -66,6 +68,22 @@ def flat_params(tr: Trainer) -> torch.Tensor:
     return torch.cat([p.reshape(-1).float().cpu() for _, p in named])
 
 
+def record_rollouts(tr: Trainer, steps: list) -> None:
+    """Wrap the trainer's rollout so that each step's trajectories (rank, prompt id, response ids, engine log-probs)
+    are appended to ``steps``, gathered from every rank."""
+    rollout = tr.step_context.rollout
+
+    def recording(rows, **kwargs):
+        trajs = rollout(rows, **kwargs)
+        mine = [(RANK, t.row["id"], list(t.response_ids), list(t.engine_logprobs or [])) for t in trajs]
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
+        steps.append([t for rank_trajs in gathered for t in rank_trajs])
+        return trajs
+
+    tr.step_context.rollout = recording
+
+
 def ranks_identical(vec: torch.Tensor) -> bool:
     gathered = [torch.empty_like(vec) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, vec)
@@ -75,6 +93,8 @@ def ranks_identical(vec: torch.Tensor) -> bool:
 base = ["trainer.total_steps=2", "trainer.save_every=1", "trainer.keep_last_k=3", f"trainer.output_dir={out_dir}"]
 cfg_a = load_config("configs/tiny.yaml", [*overrides, *base, "trainer.run_name=a", "trainer.resume=never"])
 a = Trainer(cfg_a)
+rollouts_a: list = []
+record_rollouts(a, rollouts_a)
 res_a = a.run(evaluate=False)
 vec_a = flat_params(a)
 ident_a = ranks_identical(vec_a)
@@ -106,6 +126,7 @@ if RANK == 0:
         "responses_per_step": a.responses_per_step, "ppo_mini_batch_size": cfg_a.trainer.ppo_mini_batch_size,
         "ppo_epochs": cfg_a.trainer.ppo_epochs,
         "history_a": [{k: h.get(k) for k in keys} for h in res_a.history],
+        "rollouts_a": rollouts_a,
         "history_b": [{k: h.get(k) for k in keys} for h in res_b.history],
     }
     (out_dir / "result.json").write_text(json.dumps(result, indent=1))

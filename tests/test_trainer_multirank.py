@@ -7,7 +7,8 @@ in the no-grad log-prob passes; a mismatch would hang, which the timeout turns i
 the first update of step 2 non-finite (both ranks must skip it). Asserted: exit 0; actor/updates = responses per step /
 ppo_mini_batch_size x ppo_epochs; padding happened; the NaN update was skipped on both ranks; ranks bit-identical after
 2 steps (DDP, ZeRO-2; ZeRO-3 gathered); resume == uninterrupted; KL(ref) is 0 on the first update of step 0; the
-ZeRO-2 / ZeRO-3 policies after step 1 equal the DDP one within fp32 tolerance.
+ZeRO-2 / ZeRO-3 policies after step 1 equal the DDP one within fp32 tolerance, and so do the rollouts of step 2, which
+that policy generates (ZeRO-3 generates on a separate full copy that must receive every update).
 """
 
 from __future__ import annotations
@@ -95,3 +96,20 @@ def test_two_rank_deepspeed(kind, stage, tmp_path, tiny_world, ddp_run):
     assert set(ref) <= set(mine)  # DeepSpeed's gathered state dict also names the tied lm_head.weight
     worst = max(float((mine[k].float() - ref[k].float()).abs().max()) for k in ref)
     assert worst < 1e-5, worst
+    # step 2's rollouts come from the policy after step 1 (the same one as DDP's, above): the same tokens, and the
+    # engine's log-probs of them within fp32 tolerance. A rollout engine left on the initial weights fails here.
+    step2, ddp_step2 = _rollouts_by_prompt(res, 1), _rollouts_by_prompt(ddp_res, 1)
+    assert step2.keys() == ddp_step2.keys()
+    for key, (ids, logps) in ddp_step2.items():
+        assert step2[key][0] == ids, key
+        gap = max((abs(a - b) for a, b in zip(step2[key][1], logps)), default=0.0)
+        assert gap < 1e-4, (key, gap)
+
+
+def _rollouts_by_prompt(res: dict, step: int) -> dict:
+    """{(rank, prompt id, k-th response of that prompt): (response ids, engine log-probs)} of run A's ``step``."""
+    out, seen = {}, {}
+    for rank, prompt_id, ids, logps in res["rollouts_a"][step]:
+        k = seen[rank, prompt_id] = seen.get((rank, prompt_id), -1) + 1
+        out[rank, prompt_id, k] = (ids, logps)
+    return out

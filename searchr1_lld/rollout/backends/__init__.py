@@ -10,13 +10,16 @@ __all__ = ["BackendBase", "GenerationBackend", "GenerationOutput", "StopDetector
 
 
 def make_backend(cfg, *, model=None, tokenizer=None, model_path: str = "", seed=None, dtype: str = "auto",
-                 tokenizer_path: str = "", shares_learner_weights: bool = False, device: str = "auto"):
+                 tokenizer_path: str = "", shares_learner_weights: bool = False, device: str = "auto",
+                 parameter_names=None):
     """Build the backend named by ``cfg.backend`` (a RolloutConfig; ``cfg.generation_batch_size`` sequences per call).
 
     "hf": generation with ``model``, or with the model loaded from ``model_path`` (in eval mode, ``dtype``: auto =
     bf16 on GPU, fp32 on CPU; ``device`` auto = cuda if available, or a device such as cuda:1);
     ``shares_learner_weights``: it is the learner's own module, so weight loads are no-ops. "vllm": one engine on
-    this rank's GPU loaded from ``model_path`` (rank / world size from the launcher's environment).
+    this rank's GPU loaded from ``model_path`` (rank / world size from the launcher's environment);
+    ``parameter_names``: the learner's parameter names, every one of which each weight load must deliver (default:
+    those of the model in ``model_path``).
     """
     if tokenizer is None:
         raise ValueError("make_backend needs the tokenizer")
@@ -34,7 +37,8 @@ def make_backend(cfg, *, model=None, tokenizer=None, model_path: str = "", seed=
 
         if not model_path:
             raise ValueError("rollout.backend=vllm needs model_path (a local HF model dir or hub id)")
-        return VLLMBackend(str(model_path), tokenizer, cfg, seed=seed, dtype=dtype, tokenizer_path=str(tokenizer_path))
+        return VLLMBackend(str(model_path), tokenizer, cfg, seed=seed, dtype=dtype, tokenizer_path=str(tokenizer_path),
+                           parameter_names=parameter_names)
     raise ValueError(f"unknown rollout.backend {cfg.backend!r}; expected 'hf' or 'vllm'")
 
 
