@@ -109,15 +109,20 @@ def place_reference(ref: torch.nn.Module, accelerator: Any, dtype: torch.dtype) 
 
 
 def engine_copy(cfg: Config, policy: torch.nn.Module, accelerator: Any) -> torch.nn.Module | None:
-    """ZeRO-3 + HF rollout: the engine generates on its own full copy (generation on the partitioned module would
-    need every rank to run the same forwards); weights are synced into it after every step. Else None (the engine
-    generates on the learner's own module)."""
+    """ZeRO-3 + HF rollout: the engine generates on its own whole model (generation on the partitioned module would
+    need every rank to run the same forwards), built from the policy's config outside ZeRO-3's partitioning, on the
+    learner's device in the policy's dtype. Its weights are not set here: the trainer streams the learner's into it
+    at start and after every step, through the same path (:func:`searchr1_lld.distributed.sync_weights_to_engine`).
+    Else None (the engine generates on the learner's own module)."""
     if not (zero_stage(accelerator) == 3 and cfg.rollout.backend == "hf"):
         return None
-    import deepspeed
+    from transformers import AutoModelForCausalLM
 
-    with deepspeed.zero.GatheredParameters(list(policy.parameters()), modifier_rank=None):
-        return copy.deepcopy(policy).eval().requires_grad_(False)
+    dtype = next(policy.parameters()).dtype
+    with outside_zero3(accelerator):
+        model = AutoModelForCausalLM.from_config(policy.config, trust_remote_code=cfg.model.trust_remote_code,
+                                                 dtype=dtype)
+    return model.to(accelerator.device).eval().requires_grad_(False)
 
 
 def make_rollout_backend(cfg: Config, learner: torch.nn.Module, tokenizer: Any, model_path: str,

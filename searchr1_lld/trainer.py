@@ -90,16 +90,18 @@ class Trainer:
         step.seed_everything(tc.seed)
         model, self.tokenizer = factories.load_policy_and_tokenizer(cfg)
         ref = factories.make_reference(cfg, model, acc)
-        engine_copy = factories.engine_copy(cfg, model, acc)
         optimizer, self.scheduler = optim.make_optimizer(model, tc, self.total_updates)  # scheduler: stepped by us
         factories.configure_deepspeed(acc, tc)
         self.model, self.optimizer = acc.prepare(model, optimizer)
         self.policy_dtype = next(acc.unwrap_model(self.model).parameters()).dtype
         self.ref_model = factories.place_reference(ref, acc, self.policy_dtype) if ref is not None else None
         self.retriever = retriever if retriever is not None else factories.make_retriever(cfg, acc)
-        self.backend = factories.make_rollout_backend(
-            cfg, acc.unwrap_model(self.model), self.tokenizer, cfg.model.path,
-            engine_module=engine_copy.to(acc.device, self.policy_dtype) if engine_copy is not None else None)
+        learner = acc.unwrap_model(self.model)
+        engine_copy = factories.engine_copy(cfg, learner, acc)
+        self.backend = factories.make_rollout_backend(cfg, learner, self.tokenizer, cfg.model.path,
+                                                      engine_module=engine_copy)
+        if engine_copy is not None:  # its own weights: the learner's, through the stream every step uses
+            distributed.sync_weights_to_engine(acc, self.model, self.backend)
         self.train_rows = factories.load_train_rows(cfg)
         factories.check_prompt_lengths(self.train_rows, self.tokenizer, cfg)
         self.sampler = PromptSampler(self.train_rows, tc.train_batch_size, tc.seed, cfg.data.shuffle)
