@@ -14,7 +14,7 @@ from searchr1_lld.evaluation import EvalError
 from conftest import REPO_ROOT
 
 
-def _run(*args, env=None, timeout=120):
+def _run(*args, env=None, timeout=240):
     full_env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                 **(env or {})}
     return subprocess.run([sys.executable, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout,
@@ -62,13 +62,13 @@ def test_a_checkpoint_dir_instead_of_its_policy_is_pointed_out(tmp_path):
 
 
 def test_train_missing_model_path_fails_before_any_work(tmp_path):
-    proc = _run("train.py", "model.path=./no/such/model", f"trainer.output_dir={tmp_path}", timeout=60)
+    proc = _run("train.py", "model.path=./no/such/model", f"trainer.output_dir={tmp_path}", timeout=180)
     assert "model.path: ./no/such/model does not exist" in _one_line_error(proc, "train.py")
     assert not any(tmp_path.iterdir())  # nothing built, no run dir
 
 
 def test_train_config_error_is_one_line(tmp_path):
-    proc = _run("train.py", "trainer.no_such_key=1", timeout=60)
+    proc = _run("train.py", "trainer.no_such_key=1", timeout=180)
     assert "trainer.no_such_key" in _one_line_error(proc, "train.py")
 
 
