@@ -1,12 +1,15 @@
 """The GPU check: rollout, learner, log-prob and agreement figures at Qwen2.5 shapes, in one command.
 
-    python benchmarks/gpu_check.py [--out gpu_check.json]          # a GPU machine: <= 8 minutes on one H100
+    python benchmarks/gpu_check.py [--out gpu_check.json]          # a GPU machine: <= 9 minutes on one H100
     python benchmarks/gpu_check.py --smoke [--out PATH]            # the same code on CPU at toy shapes
 
 Needs only torch, transformers, accelerate (triton comes with CUDA torch; DeepSpeed, when importable, adds the
 ZeRO-2 section). No download: the models are random-initialised from benchmarks/model_configs/qwen2.5-*.json.
-Each section runs in its own process under its own time budget, so one failure (an out-of-memory error, a hang)
-is recorded in the JSON and the others still run; inside a section each part is guarded the same way.
+Each section runs in its own process under its own time budget (``budget_s``, cut to what is left of
+``total_budget_s``), so one failure (an out-of-memory error, a hang) is recorded in the JSON and the others still
+run; inside a section each part is guarded the same way, and a section stopped at its budget keeps the results of
+the parts it finished. This process itself never imports torch, so it holds no CUDA context beside the sections'
+(the device facts in the JSON come from the sections; the versions from the installed packages' metadata).
 
 Sections (benchmarks/gpu_check_parts.py):
 - rollout: HF-backend + agent-loop generated tokens/s at batch 64 and 256 (0.5B, 1.5B; bf16 engine), the share of
@@ -14,14 +17,17 @@ Sections (benchmarks/gpu_check_parts.py):
   search, so every turn is an invalid action and ``rollout_searches_*`` says how many searches ran; then
   ``logp_gap_{bf16,fp32}_{max,mean}``: |engine log-prob - learner log-prob| on the sampled tokens, bf16 engine vs
   the learner's fp32 master weights under bf16 autocast, and fp32 vs fp32;
-- learner: ``step.update_policy`` at 0.5B / 1.5B / 3B, fp32 master weights + bf16 autocast, gradient checkpointing,
-  AdamW, the frozen fp32 reference (KL 0.001, as the paper's configs; not at 3B, whose target is the learner alone:
-  ``*_with_reference``), micro-batch 8 x 4,096 tokens, 2 optimiser steps per call (LLDS acts on the second): time
-  per optimiser step with and without LLDS (paired runs, order alternating), ``llds_step_overhead_ratio`` (median
-  of the pair ratios), peak GPU memory and what stays allocated between steps (weights, AdamW state, reference:
-  ``*_persistent_gib``), and the monitor's forward after the update as a share of the update phase (logp_old +
-  logp_ref + update + monitor);
-- zero2: the 1.5B update under DeepSpeed ZeRO-2 on one rank (skipped when DeepSpeed is not importable);
+- learner: ``step.update_policy`` at 0.5B / 1.5B / 3B, one model at a time (the previous one's model and optimiser
+  released first; ``*_resident_before_gib``: what is still allocated when the next is built), fp32 master weights +
+  bf16 autocast, gradient checkpointing, AdamW, the frozen fp32 reference (KL 0.001, as the paper's configs; not at
+  3B, whose target is the learner alone: ``*_with_reference``), micro-batch 8 x 4,096 tokens, 2 optimiser steps per
+  call (LLDS acts on the second): time per optimiser step with and without LLDS (paired runs, order alternating),
+  ``llds_step_overhead_ratio`` (median of the pair ratios), peak GPU memory and what stays allocated between steps
+  (weights, AdamW state, reference: ``*_persistent_gib``), and the monitor's forward after the update as a share of
+  the update phase (logp_old + logp_ref + update + monitor);
+- zero2: the 1.5B update under DeepSpeed ZeRO-2 on one rank, with the project's configs/deepspeed/zero2.json through
+  accelerate as a launched run (fp32 gradient reduction and accumulation; ``zero2_engine_*``: the settings the
+  engine ran with); skipped when DeepSpeed is not importable;
 - logprobs: peak memory and time of forward + backward of log-prob + entropy, fused tiles vs naive, V = 151,936,
   T = 4,096 / 8,192 / 16,384, H = 1,536, and a sweep of the CUDA tile budget at T = 16,384.
 Prints ``RESULT <name> <value>`` per figure and writes one JSON: device, versions, shapes, per-section status and
@@ -54,7 +60,9 @@ FULL = {
     "reference": {"qwen2.5-0.5b": True, "qwen2.5-1.5b": True, "qwen2.5-3b": False},
     "pairs": {"qwen2.5-0.5b": 3, "qwen2.5-1.5b": 3, "qwen2.5-3b": 1},
     "vocab": 151936, "logprob_hidden": 1536, "logprob_tokens": [4096, 8192, 16384], "tile_sweep_mib": [64, 1024],
-    "budget_s": {"rollout": 130, "learner": 190, "zero2": 60, "logprobs": 80},
+    # a 1.5B DeepSpeed start (import, process group, ZeRO-2 partitions) takes up to a few minutes; the total keeps
+    # the whole check within 9 minutes: the last section (zero2) gets what the others left of it, at most its own
+    "budget_s": {"rollout": 300, "learner": 190, "zero2": 240, "logprobs": 80}, "total_budget_s": 540,
 }
 SMOKE = {
     "rollout_batches": [4, 8], "agreement_batch": 8, "max_turns": 1, "max_tokens_per_turn": 4,
@@ -62,9 +70,11 @@ SMOKE = {
     "reference": {"qwen2.5-0.5b": True, "qwen2.5-1.5b": True, "qwen2.5-3b": False},
     "pairs": {"qwen2.5-0.5b": 1, "qwen2.5-1.5b": 1, "qwen2.5-3b": 1},
     "vocab": 4096, "logprob_hidden": 32, "logprob_tokens": [64, 128], "tile_sweep_mib": [1],
-    "budget_s": {"rollout": 120, "learner": 120, "zero2": 300, "logprobs": 120},
+    "budget_s": {"rollout": 120, "learner": 120, "zero2": 300, "logprobs": 120}, "total_budget_s": 900,
 }
 SECTION_ORDER = ("logprobs", "learner", "rollout", "zero2")
+MIN_SECTION_S = 20  # a section is not started with less of the total budget left
+VERSIONED = ("torch", "transformers", "accelerate", "triton", "deepspeed", "tokenizers")
 
 
 def expected_results(shapes: dict) -> dict[str, list[str]]:
@@ -73,8 +83,9 @@ def expected_results(shapes: dict) -> dict[str, list[str]]:
                for k in ("tokens_per_s", "loop_overhead_share", "searches")]
     rollout += [f"logp_gap_{d}_{k}" for d in ("bf16", "fp32") for k in ("max", "mean", "tokens")]
     learner = [f"learner_{m}_{k}" for m in MODELS for k in (
-        "optimizer_step_s_llds_on", "optimizer_step_s_llds_off", "llds_step_overhead_ratio", "monitor_forward_s",
-        "monitor_forward_share", "peak_gib", "persistent_gib", "tokens_per_micro_batch", "with_reference")]
+        "resident_before_gib", "optimizer_step_s_llds_on", "optimizer_step_s_llds_off", "llds_step_overhead_ratio",
+        "monitor_forward_s", "monitor_forward_share", "peak_gib", "persistent_gib", "tokens_per_micro_batch",
+        "with_reference")]
     zero2 = [f"zero2_{MODELS[1]}_{k}" for k in ("optimizer_step_s_llds_on", "peak_gib")]
     logprobs = [f"logprob_{k}_T{t}_{mode}" for t in shapes["logprob_tokens"] for mode in ("bf16", "autocast")
                 for k in ("fused_peak_gib", "naive_peak_gib", "fused_s", "naive_s", "peak_ratio", "time_ratio")]
@@ -85,53 +96,73 @@ def expected_results(shapes: dict) -> dict[str, list[str]]:
     return {"rollout": rollout, "learner": learner, "zero2": zero2, "logprobs": logprobs}
 
 
-def environment() -> dict:
-    import torch
+def package_versions() -> dict[str, str | None]:
+    """Python's version and each package's, from the installed metadata (None: not installed); nothing imported."""
+    from importlib import metadata
 
-    versions = {"python": platform.python_version(), "torch": torch.__version__}
-    for mod in ("transformers", "accelerate", "triton", "deepspeed", "tokenizers"):
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in VERSIONED:
         try:
-            versions[mod] = __import__(mod).__version__
-        except Exception:  # not installed (or broken): recorded as absent
-            versions[mod] = None
-    cuda = torch.cuda.is_available()
-    return {"device": torch.cuda.get_device_name(0) if cuda else f"cpu ({platform.processor() or platform.machine()})",
-            "cuda": torch.version.cuda if cuda else None,
-            "gpu_memory_gib": torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else None,
-            "cpu_count": os.cpu_count(), "versions": versions}
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
 
 
 def run_child(section: str, smoke: bool, out_path: Path) -> None:
+    """In the section's own process: the device facts first, then the section's results (after every part, and
+    whole at the end) as JSON beside ``out_path``."""
     import torch
-    from gpu_check_parts import SECTIONS
+    import gpu_check_parts as parts
 
     device = torch.device("cuda" if torch.cuda.is_available() and not smoke else "cpu")
+    environment_path(out_path).write_text(json.dumps(parts.device_facts(device)))
+    parts.PARTIAL_RESULTS_PATH = partial_path(out_path)
     shapes = SMOKE if smoke else FULL
-    results = SECTIONS[section](device, shapes, smoke)
+    results = parts.SECTIONS[section](device, shapes, smoke)
     out_path.write_text(json.dumps(results, default=float))
 
 
+def environment_path(out_path: Path) -> Path:
+    return out_path.with_name("environment.json")
+
+
+def partial_path(out_path: Path) -> Path:
+    return out_path.with_name("partial.json")
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):  # not written (the child died first)
+        return {}
+
+
 def run_section(section: str, smoke: bool, budget_s: float) -> dict:
-    """One section in a child process under ``budget_s``: {"status", "wall_s", "results", "error"}."""
+    """One section in a child process under ``budget_s``: {"status", "wall_s", "results", "error", "environment"};
+    a child that timed out or failed still gives the results of the parts it finished."""
     with tempfile.TemporaryDirectory() as tmp:
         out_path = Path(tmp) / "results.json"
         cmd = [sys.executable, __file__, "--child", section, "--child-out", str(out_path)] + (["--smoke"] * smoke)
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=budget_s)
+            status, error = "ok", None
+            if proc.returncode != 0 or not out_path.exists():
+                status, error = "error", f"exit {proc.returncode}: {proc.stderr[-1500:]}"
         except subprocess.TimeoutExpired as err:
             tail = (err.stderr or b"")[-1500:]
-            return {"status": "timeout", "wall_s": time.perf_counter() - t0, "results": {},
-                    "error": f"over its {budget_s:.0f} s budget; stderr tail: "
-                             f"{tail.decode(errors='replace') if isinstance(tail, bytes) else tail}"}
+            status, error = "timeout", (f"over its {budget_s:.0f} s budget; stderr tail: "
+                                        f"{tail.decode(errors='replace') if isinstance(tail, bytes) else tail}")
         wall = time.perf_counter() - t0
-        if proc.returncode != 0 or not out_path.exists():
-            return {"status": "error", "wall_s": wall, "results": {},
-                    "error": f"exit {proc.returncode}: {proc.stderr[-1500:]}"}
-        results = json.loads(out_path.read_text())
+        results = read_json(out_path) if status == "ok" else read_json(partial_path(out_path))
+        environment = read_json(environment_path(out_path))
     part_errors = {k: v for k, v in results.items() if k.endswith("_error")}
-    return {"status": "partial" if part_errors else "ok", "wall_s": wall, "results": results,
-            "error": "; ".join(f"{k}: {v}" for k, v in part_errors.items()) or None}
+    if status == "ok" and part_errors:
+        status = "partial"
+    errors = ([error] if error else []) + [f"{k}: {v}" for k, v in part_errors.items()]
+    return {"status": status, "wall_s": wall, "results": results, "error": "; ".join(errors) or None,
+            "environment": environment}
 
 
 def main() -> None:
@@ -152,13 +183,24 @@ def main() -> None:
         sys.exit(2)
     shapes = SMOKE if args.smoke else FULL
     t_start = time.perf_counter()
-    report = {"smoke": args.smoke, **environment(), "models": list(MODELS), "shapes": shapes, "sections": {},
+    report = {"smoke": args.smoke, "device": None, "cuda": None, "gpu_memory_gib": None, "cpu_count": os.cpu_count(),
+              "versions": package_versions(), "models": list(MODELS), "shapes": shapes, "sections": {},
               "results": {}}
-    print(f"device {report['device']}  versions {report['versions']}", flush=True)
+    print(f"versions {report['versions']}", flush=True)
     expected = expected_results(shapes)
     for section in sections:
-        res = run_section(section, args.smoke, shapes["budget_s"][section])
-        report["sections"][section] = {k: res[k] for k in ("status", "wall_s", "error")}
+        left = shapes["total_budget_s"] - (time.perf_counter() - t_start)
+        budget = min(shapes["budget_s"][section], left)
+        if budget < MIN_SECTION_S:
+            res = {"status": "skipped", "wall_s": 0.0, "results": {}, "environment": {},
+                   "error": f"{left:.0f} s left of the total budget of {shapes['total_budget_s']} s"}
+        else:
+            res = run_section(section, args.smoke, budget)
+        if report["device"] is None and res["environment"]:
+            report.update(res["environment"])
+            print(f"device {report['device']}", flush=True)
+        report["sections"][section] = {"status": res["status"], "wall_s": res["wall_s"], "budget_s": budget,
+                                       "error": res["error"]}
         skipped = res["results"].get("zero2_skipped")
         if skipped:
             report["sections"][section].update(status="skipped", error=skipped)

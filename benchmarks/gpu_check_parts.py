@@ -13,6 +13,7 @@ import copy
 import gc
 import json
 import os
+import platform
 import statistics
 import time
 import traceback
@@ -22,8 +23,12 @@ from typing import Any, Callable
 import torch
 
 CONFIG_DIR = Path(__file__).resolve().parent / "model_configs"
+ZERO2_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "deepspeed" / "zero2.json"
 MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b")
 GIB = 2**30
+# set by gpu_check's child process: the section's results so far are written there after every part, so that a
+# section stopped at its time budget still reports the parts it finished
+PARTIAL_RESULTS_PATH: Path | None = None
 
 
 def model_config(name: str, smoke: bool):
@@ -59,6 +64,52 @@ def free(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
+def live_tensor_bytes() -> int:
+    """Bytes of the distinct storages of every tensor the garbage collector tracks (parameters, gradients, optimiser
+    state, buffers, anything Python holds): on CPU, where there are no allocator statistics, the measure of what
+    stays resident. Tensors that only C++ holds (a live autograd graph, caches below Python) are not counted."""
+    gc.collect()
+    seen: set[tuple[int, str]] = set()
+    total = 0
+    for obj in gc.get_objects():
+        if not issubclass(type(obj), torch.Tensor):  # type(), not isinstance: no attribute look-up on proxies
+            continue
+        try:
+            storage = obj.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
+            continue
+        key = (storage.data_ptr(), str(storage.device))
+        if key[0] == 0 or key in seen:  # meta / empty tensors, and views of a storage already counted
+            continue
+        seen.add(key)
+        total += storage.nbytes()
+    return total
+
+
+def resident_bytes(device: torch.device) -> int:
+    """What is allocated now: CUDA's allocated bytes, or on CPU :func:`live_tensor_bytes`."""
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else live_tensor_bytes()
+
+
+def device_facts(device: torch.device) -> dict[str, Any]:
+    """The device a section ran on (gpu_check's own process never touches CUDA: it reads these from its sections)."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return {"device": props.name, "cuda": torch.version.cuda, "gpu_memory_gib": props.total_memory / GIB,
+                "cpu_count": os.cpu_count()}
+    return {"device": f"cpu ({platform.processor() or platform.machine()})", "cuda": None, "gpu_memory_gib": None,
+            "cpu_count": os.cpu_count()}
+
+
+def save_partial(out: dict[str, Any]) -> None:
+    """Write the section's results so far to :data:`PARTIAL_RESULTS_PATH` (whole, or not at all)."""
+    if PARTIAL_RESULTS_PATH is None:
+        return
+    tmp = PARTIAL_RESULTS_PATH.with_name(PARTIAL_RESULTS_PATH.name + ".tmp")
+    tmp.write_text(json.dumps(out, default=float))
+    tmp.replace(PARTIAL_RESULTS_PATH)
+
+
 def guarded(out: dict[str, Any], part: str, fn: Callable[[], dict[str, Any]], device: torch.device) -> None:
     """Run one part; its results go into ``out``, or its error as ``out[part + "_error"]`` (OOM included)."""
     t0 = time.perf_counter()
@@ -70,6 +121,7 @@ def guarded(out: dict[str, Any], part: str, fn: Callable[[], dict[str, Any]], de
     finally:
         out[f"{part}_wall_s"] = round(time.perf_counter() - t0, 3)
         free(device)
+        save_partial(out)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -293,41 +345,61 @@ def measure_learner(model_name: str, smoke: bool, shapes: dict, accelerator: Any
 
 
 def section_learner(device: torch.device, shapes: dict, smoke: bool) -> dict[str, Any]:
-    """0.5B / 1.5B / 3B, single process (accelerate, bf16 autocast on GPU, gradient checkpointing, AdamW)."""
+    """0.5B / 1.5B / 3B, one after the other in one process (accelerate, bf16 autocast on GPU, gradient
+    checkpointing, AdamW). The accelerator keeps every model and optimiser it prepared, so each model's are released
+    before the next is built, and ``learner_<model>_resident_before_gib`` records what is still allocated then
+    (:func:`resident_bytes`): at the section's baseline, the first model's figure, when nothing was kept."""
     from accelerate import Accelerator
 
     acc = Accelerator(cpu=device.type == "cpu", mixed_precision="bf16" if device.type == "cuda" else "no")
     out: dict[str, Any] = {}
     for name in MODELS:
+        acc.free_memory()  # drops the accelerator's references to the previous model and optimiser
+        free(device)
+        out[f"learner_{name}_resident_before_gib"] = resident_bytes(device) / GIB
         guarded(out, f"learner_{name}", lambda name=name: measure_learner(
             name, smoke, shapes, acc, shapes["pairs"][name], shapes["reference"][name], f"learner_{name}"), device)
     return out
 
 
+def deepspeed_launch_environment(config_file: Path) -> dict[str, str]:
+    """What ``accelerate launch`` with configs/accelerate/zero2_8gpu.yaml puts in a rank's environment for DeepSpeed
+    (its JSON file, no zero3_init, mixed precision left to the trainer), for one rank of one."""
+    return {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(config_file),
+            "ACCELERATE_DEEPSPEED_ZERO3_INIT": "false", "ACCELERATE_MIXED_PRECISION": "no",
+            "MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+
+
 def section_zero2(device: torch.device, shapes: dict, smoke: bool) -> dict[str, Any]:
-    """1.5B under DeepSpeed ZeRO-2 on one rank (accelerate's DeepSpeed plugin), when DeepSpeed is importable."""
+    """1.5B under DeepSpeed ZeRO-2 on one rank, when DeepSpeed is importable, set up as a launched run is: the
+    project's configs/deepspeed/zero2.json (fp32 gradient reduction and accumulation, its bucket sizes) through
+    accelerate's DeepSpeed plugin, the accelerator of ``factories.make_accelerator`` (bf16 on GPU), the trainer's
+    overrides of ``factories.configure_deepspeed``. Records the settings the engine ran with (``zero2_engine_*``)."""
     try:
         import deepspeed  # noqa: F401
     except ImportError as err:
         return {"zero2_skipped": f"deepspeed not importable ({err})"}
-    from accelerate import Accelerator
-    from accelerate.utils import DeepSpeedPlugin, InitProcessGroupKwargs
+    from searchr1_lld import factories
+    from searchr1_lld.config import Config
+    from searchr1_lld.distributed import free_ports
 
-    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                       ("LOCAL_WORLD_SIZE", "1")):
-        os.environ.setdefault(key, value)
-    if "MASTER_PORT" not in os.environ:
-        from searchr1_lld.distributed import free_ports
-
-        os.environ["MASTER_PORT"] = str(free_ports(1)[0])
-    plugin = DeepSpeedPlugin(zero_stage=2, gradient_accumulation_steps=1, offload_optimizer_device="none",
-                             offload_param_device="none")
-    handlers = [InitProcessGroupKwargs(backend="gloo")] if device.type == "cpu" else []
-    acc = Accelerator(deepspeed_plugin=plugin, mixed_precision="bf16" if device.type == "cuda" else "no",
-                      kwargs_handlers=handlers)
-    out: dict[str, Any] = {}
+    os.environ.update(deepspeed_launch_environment(ZERO2_CONFIG))
+    os.environ.setdefault("MASTER_PORT", str(free_ports(1)[0]))
+    cfg = Config()
+    cfg.trainer.device = device.type
+    acc = factories.make_accelerator(cfg)
+    out: dict[str, Any] = {"zero2_config_file": str(ZERO2_CONFIG.relative_to(ZERO2_CONFIG.parents[2]))}
     guarded(out, "zero2", lambda: measure_learner(MODELS[1], smoke, shapes, acc, 1, False, "zero2_" + MODELS[1]),
             device)
+    wrapped = getattr(acc, "deepspeed_engine_wrapped", None)
+    if wrapped is not None:
+        engine = wrapped.engine
+        model_dtype, grad_accum_dtype = engine.get_data_types()
+        out.update(zero2_engine_zero_stage=engine.zero_optimization_stage(),
+                   zero2_engine_model_dtype=str(model_dtype), zero2_engine_grad_accum_dtype=str(grad_accum_dtype),
+                   zero2_engine_communication_data_type=str(engine.communication_data_type),
+                   zero2_engine_reduce_bucket_size=int(engine.zero_reduce_bucket_size()),
+                   zero2_engine_gradient_clipping=float(engine.gradient_clipping()))
     return out
 
 

@@ -1,6 +1,7 @@
 """What one GPU holds at each phase of a training step, and the host memory of the model load: pure arithmetic
-(numbers in, numbers out; no torch, no I/O). docs/memory.md prints these plans for the paper's cells; the run's
-preflight prints the plan of its own config.
+(numbers in, numbers out; no I/O; torch is imported only for the CUDA log-prob tile's rows, which
+algo.logprobs.tile_shape decides). docs/memory.md prints these plans for the paper's cells; the run's preflight
+prints the plan of its own config.
 
     plan = gpu_memory_plan(QWEN25["3b"], zero_stage=2, data_parallel=8, gpu_bytes=H100_80GB,
                            vllm_gpu_memory_utilization=0.55, reference=True,
@@ -25,9 +26,15 @@ accumulation as configs/deepspeed/*.json set them):
                 while awake; asleep (level 2) it keeps about ENGINE_ASLEEP_BYTES; without sleep mode its whole claim
                 stays through the update. The HF engine: the KV cache of its batch, tokens x 2 x layers x kv_heads x
                 head_dim x 2 B (freed for the update), plus under ZeRO-3 a full bf16 copy of the weights 2P
-    activations update phase, one forward pass of T padded tokens (pass_tokens): checkpointed layer inputs
-                L T H 2 B, one layer recomputed 2 T (4H + 3I) 2 B, and the log-prob head: chunked from the hidden
-                states (fused head) or, under ZeRO-3, the full logits T V 2 B and their gradient
+    activations update phase, one forward pass of T padded tokens (pass_tokens), with a = the bytes of the
+                weights' dtype (2: bf16 under DeepSpeed; 4: fp32 weights under autocast without it, whose residual
+                stream, norms and final hidden states stay fp32): checkpointed layer inputs L T H a, one layer
+                recomputed 2 T (4H + 3I) 2 B (autocast's matrix products are bf16 either way), and the log-prob
+                head. Fused head (chunked from the hidden states, algo.logprobs.linear_logprobs_entropy): the hidden
+                states and their gradient 2 T H a, three fp32 buffers of one CUDA tile 3 x rows x V x 4 B
+                (rows: algo.logprobs.tile_shape, 384 at V = 151,936; T when fewer), and the head's gradient,
+                accumulated in fp32 V H 4 B (+ its copy in the weights' dtype, V H 2 B, when that is bf16); under
+                ZeRO-3, the full logits T V 2 B and their gradient
 
 The margin that decides whether a run starts is the one at the engine's first wake-up after an optimiser step:
 every learner buffer then exists, and the engine asks for its whole budget again.
@@ -190,11 +197,19 @@ def learner_bytes(shape: ModelShape, zero_stage: int, data_parallel: int, bucket
 def activation_bytes(shape: ModelShape, tokens: int, *, fused_head: bool, zero_stage: int,
                      gradient_checkpointing: bool = True, buckets: Buckets = Buckets()) -> float:
     """Update-phase peak of one micro-batch of ``tokens`` (padded) positions (module docstring); ZeRO-3 adds the
-    gathered parameters alive at once."""
-    t, h = float(tokens), shape.hidden
+    gathered parameters alive at once. ``zero_stage`` 0 (no DeepSpeed): fp32 weights, so fp32 residual stream."""
+    from searchr1_lld.algo.logprobs import tile_shape  # torch: imported here, for the one figure that needs it
+
+    t, h, v = float(tokens), shape.hidden, shape.vocab
+    weight_bytes = 4 if zero_stage == 0 else 2
     layer = 2 * t * (4 * h + 3 * shape.intermediate) * 2
-    kept = shape.layers * t * h * 2 if gradient_checkpointing else shape.layers * layer
-    head = 2 * t * h * 2 + 3 * 256 * shape.vocab * 4 if fused_head else 2 * t * shape.vocab * 2
+    kept = shape.layers * t * h * weight_bytes if gradient_checkpointing else shape.layers * layer
+    if fused_head:
+        tile_rows = min(tile_shape(v, "cuda")[0], t)  # a pass of fewer tokens is one tile of its own rows
+        head_grad = v * h * 4 + (v * h * weight_bytes if weight_bytes < 4 else 0)  # fp32 accumulator (+ its cast)
+        head = 2 * t * h * weight_bytes + 3 * tile_rows * v * 4 + head_grad
+    else:
+        head = 2 * t * v * 2
     live = (buckets.max_live + buckets.prefetch) * 2 if zero_stage == 3 else 0.0
     return kept + layer + head + live
 

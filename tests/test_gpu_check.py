@@ -1,5 +1,6 @@
 """benchmarks/gpu_check.py --smoke: the GPU check's code runs end to end on CPU at toy shapes and its JSON holds
-every figure the GPU run reports."""
+every figure the GPU run reports; its own process never imports torch (no CUDA context beside the sections'), and
+the learner section holds one model at a time."""
 
 from __future__ import annotations
 
@@ -18,17 +19,37 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import gpu_check  # noqa: E402
 
 CPU_NULL = ("_peak_gib", "_persistent_gib")  # no allocator statistics on CPU: present, null
+# runs gpu_check.py as the main program, then says whether that process (not its sections') imported torch
+AS_MAIN = ("import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__'); "
+           "print('parent imported torch:', 'torch' in sys.modules)")
 
 
 @pytest.fixture(scope="module")
 def smoke_report(tmp_path_factory) -> tuple[dict, str]:
     out = tmp_path_factory.mktemp("gpu_check") / "gpu_check.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--smoke", "--sections",
-                           "logprobs,learner,rollout", "--out", str(out)], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=400)
+    proc = subprocess.run([sys.executable, "-c", AS_MAIN, str(REPO / "benchmarks" / "gpu_check.py"), "--smoke",
+                           "--sections", "logprobs,learner,rollout", "--out", str(out)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text()), proc.stdout
+
+
+def test_the_checks_own_process_never_imports_torch(smoke_report):
+    """torch (and so CUDA) only in the sections' processes: the device facts come from them."""
+    report, stdout = smoke_report
+    assert "parent imported torch: False" in stdout
+    assert report["device"].startswith("cpu") and report["cpu_count"] >= 1
+
+
+def test_the_learner_section_holds_one_model_at_a_time(smoke_report):
+    """Before each model is built, what is allocated (on CPU: the bytes of every tensor the garbage collector sees)
+    is back at the section's baseline, the figure before the first model. A model and optimiser kept from the
+    previous turn would add their tensors: at least the toy 0.5B's weights, 140 KB at smoke shapes."""
+    r = smoke_report[0]["results"]
+    baseline = r[f"learner_{gpu_check.MODELS[0]}_resident_before_gib"]
+    for m in gpu_check.MODELS[1:]:
+        assert abs(r[f"learner_{m}_resident_before_gib"] - baseline) * 2**30 < 4096, (m, r)
 
 
 def test_smoke_json_has_every_field(smoke_report):
@@ -83,4 +104,15 @@ def test_smoke_zero2_section(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["sections"]["zero2"]["status"] == "ok", report["sections"]["zero2"]
-    assert report["results"]["zero2_qwen2.5-1.5b_optimizer_step_s_llds_on"] > 0
+    r = report["results"]
+    assert r["zero2_qwen2.5-1.5b_optimizer_step_s_llds_on"] > 0
+    # the engine ran with the project's configs/deepspeed/zero2.json and the trainer's overrides
+    ds = json.loads((REPO / "configs" / "deepspeed" / "zero2.json").read_text())
+    assert r["zero2_config_file"] == "configs/deepspeed/zero2.json"
+    assert r["zero2_engine_zero_stage"] == ds["zero_optimization"]["stage"] == 2
+    assert r["zero2_engine_reduce_bucket_size"] == ds["zero_optimization"]["reduce_bucket_size"]
+    assert ds["communication_data_type"] == ds["data_types"]["grad_accum_dtype"] == "fp32"
+    assert r["zero2_engine_communication_data_type"] == r["zero2_engine_grad_accum_dtype"] == "torch.float32"
+    from searchr1_lld.config import Config
+
+    assert r["zero2_engine_gradient_clipping"] == Config().trainer.grad_clip

@@ -142,3 +142,43 @@ def test_the_hf_engine_an_engine_that_never_sleeps_and_in_process_gpu_indexes():
     one = mp.faiss_flat_shard_bytes(100, 10, 4)
     assert one == 100 * 10 * 2 / 4 + mp.FAISS_TEMP_BYTES + mp.RETRIEVER_CONTEXT_BYTES
     assert mp.faiss_flat_shard_bytes(100, 10, 4, processes=4) == 4 * one
+
+
+def test_activations_without_deepspeed_are_fp32():
+    """fp32 weights under autocast keep the residual stream fp32: the checkpointed layer inputs and the hidden
+    states fed to the head count 4 B, the recomputed layer's bf16 products 2 B. Hidden 10, 2 layers, MLP 20,
+    vocab 100, 256 tokens (one tile of 256 rows: fewer tokens than algo.logprobs.tile_shape's CUDA rows)."""
+    shape = mp.ModelShape(params=1e9, layers=2, hidden=10, intermediate=20, kv_heads=1, head_dim=5, vocab=100)
+    layer = 2 * 256 * (40 + 60) * 2  # 102,400
+    # logits path: kept 2 x 256 x 10 x 4 = 20,480; full logits and their gradient 2 x 256 x 100 x 2 = 102,400
+    assert mp.activation_bytes(shape, 256, fused_head=False, zero_stage=0) == 20480 + layer + 102400
+    assert mp.activation_bytes(shape, 256, fused_head=False, zero_stage=2) == 10240 + layer + 102400  # bf16
+    # fused head: hidden states + gradient 2 x 256 x 10 x 4 = 20,480; tile 3 x 256 x 100 x 4 = 307,200; the head's
+    # gradient accumulated in fp32 100 x 10 x 4 = 4,000 (already the fp32 weights' dtype: no second copy)
+    assert mp.activation_bytes(shape, 256, fused_head=True, zero_stage=0) == 20480 + layer + 20480 + 307200 + 4000
+
+
+def test_fused_head_holds_the_heads_fp32_gradient():
+    """bf16 weights (ZeRO-2): the fused head's backward accumulates dL/dW [V, H] in fp32 (4 B) and returns its bf16
+    cast (2 B), both alive at its end. Same small shape, 256 tokens: kept 2 x 256 x 10 x 2 = 10,240, hidden states
+    + gradient 2 x 256 x 10 x 2 = 10,240, tile 3 x 256 x 100 x 4 = 307,200, head gradient 100 x 10 x 6 = 6,000."""
+    shape = mp.ModelShape(params=1e9, layers=2, hidden=10, intermediate=20, kv_heads=1, head_dim=5, vocab=100)
+    layer = 2 * 256 * (40 + 60) * 2
+    assert mp.activation_bytes(shape, 256, fused_head=True, zero_stage=2) == 10240 + layer + 10240 + 307200 + 6000
+
+
+def test_fused_head_tiles_have_the_rows_the_code_uses():
+    """Qwen2.5-3B, ZeRO-2, a pass of 16,384 tokens: the CUDA tile is the whole vocabulary and 256 MiB / (4 B x
+    151,936) = 441.7 rows, rounded down to a multiple of 64: 384 rows. By hand:
+    kept 36 x 16,384 x 2,048 x 2 = 2,415,919,104; layer 2 x 16,384 x (4 x 2,048 + 3 x 11,008) x 2 = 2,701,131,776;
+    hidden states + gradient 2 x 16,384 x 2,048 x 2 = 134,217,728; tile 3 x 384 x 151,936 x 4 = 700,121,088;
+    head gradient 151,936 x 2,048 x (4 + 2) = 1,866,989,568."""
+    from searchr1_lld.algo.logprobs import tile_shape
+
+    assert tile_shape(151936, "cuda") == (384, 151936)
+    total = 2_415_919_104 + 2_701_131_776 + 134_217_728 + 700_121_088 + 1_866_989_568
+    assert mp.activation_bytes(mp.QWEN25["3b"], 16384, fused_head=True, zero_stage=2) == total
+    # a pass shorter than the tile's rows: a tile of 100 rows
+    small = mp.activation_bytes(mp.QWEN25["3b"], 100, fused_head=True, zero_stage=2)
+    assert small == 36 * 100 * 2048 * 2 + 2 * 100 * 41216 * 2 + 2 * 100 * 2048 * 2 + 3 * 100 * 151936 * 4 \
+        + 151936 * 2048 * 6
