@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_check.py [--out gpu_check.json]          # a GPU machine: <= 9 minutes on one H100
     python benchmarks/gpu_check.py --smoke [--out PATH]            # the same code on CPU at toy shapes
+    python benchmarks/gpu_check.py --report A.json [B.json ...] --doc docs/gpu.md   # the JSON files as markdown
 
 Needs only torch, transformers, accelerate (triton comes with CUDA torch; DeepSpeed, when importable, adds the
 ZeRO-2 section). No download: the models are random-initialised from benchmarks/model_configs/qwen2.5-*.json.
@@ -31,7 +32,9 @@ Sections (benchmarks/gpu_check_parts.py):
 - logprobs: peak memory and time of forward + backward of log-prob + entropy, fused tiles vs naive, V = 151,936,
   T = 4,096 / 8,192 / 16,384, H = 1,536, and a sweep of the CUDA tile budget at T = 16,384.
 Prints ``RESULT <name> <value>`` per figure and writes one JSON: device, versions, shapes, per-section status and
-wall time, and every result (null with the section's error when it failed).
+wall time, and every result (null with the section's error when it failed). ``--report`` renders such files, a later
+file's sections replacing an earlier one's, between the markers of ``--doc`` (benchmarks/gpu_check_report.py), with
+the memory plan of each learner shape beside its measured memory.
 """
 
 from __future__ import annotations
@@ -165,16 +168,40 @@ def run_section(section: str, smoke: bool, budget_s: float) -> dict:
             "environment": environment}
 
 
+def report_block(paths: list[str], doc: str) -> str:
+    """The markdown block of benchmarks/gpu_check_report.py from the JSON files ``paths``, in order."""
+    import gpu_check_report
+
+    sources = [(p, json.loads(Path(p).read_text())) for p in paths]
+    configs = {m: json.loads((HERE / "model_configs" / f"{m}.json").read_text()) for m in MODELS}
+    return gpu_check_report.render_block(sources, configs, doc)
+
+
+def write_report(paths: list[str], doc: str) -> None:
+    """:func:`report_block` written between the gpu-check markers of ``doc``."""
+    import gpu_check_report
+
+    block = report_block(paths, doc)
+    Path(doc).write_text(gpu_check_report.replace_block(Path(doc).read_text(), block))
+    print(f"wrote the gpu-check block of {doc} from {', '.join(paths)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="CPU, toy shapes (what tests/test_gpu_check.py runs)")
     ap.add_argument("--out", default="gpu_check.json", help="the JSON written at the end")
     ap.add_argument("--sections", default=",".join(SECTION_ORDER), help=f"comma list of {SECTION_ORDER}")
+    ap.add_argument("--report", nargs="+", default=[], metavar="JSON",
+                    help="render these JSON files (later sections override earlier ones) into --doc; runs nothing")
+    ap.add_argument("--doc", default="docs/gpu.md", help="with --report: the markdown file whose block is replaced")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     ap.add_argument("--child-out", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         run_child(args.child, args.smoke, Path(args.child_out))
+        return
+    if args.report:
+        write_report(args.report, args.doc)
         return
     sections = [s for s in args.sections.split(",") if s]
     unknown = sorted(set(sections) - set(SECTION_ORDER))

@@ -42,7 +42,7 @@ every learner buffer then exists, and the engine asks for its whole budget again
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GB = 1e9
 H100_80GB = 81_559 * 2**20  # total memory CUDA reports for an 80 GB H100 (what vLLM multiplies its fraction by)
@@ -242,6 +242,20 @@ def gpu_memory_plan(shape: ModelShape, *, zero_stage: int, data_parallel: int, g
         engine_awake=awake, engine_weights=weights, engine_asleep=asleep, engine_overhead=overhead,
         activations=activation_bytes(shape, micro_batch_tokens, fused_head=fused, zero_stage=zero_stage,
                                      gradient_checkpointing=gradient_checkpointing, buckets=buckets))
+
+
+def learner_plan(shape: ModelShape, *, zero_stage: int, data_parallel: int, reference: bool, micro_batch_tokens: int,
+                 gpu_bytes: float = H100_80GB, fused_head: bool | None = None, gradient_checkpointing: bool = True,
+                 buckets: Buckets = Buckets()) -> MemoryPlan:
+    """The learner alone on its GPU, as :func:`gpu_memory_plan` computes it but with no engine, retriever or CUDA
+    context: ``update`` is then what PyTorch's allocator holds at the update's peak (the figure
+    ``torch.cuda.max_memory_allocated`` reports: benchmarks/gpu_check.py's ``*_peak_gib``), and ``resident`` the
+    learner states and the reference."""
+    plan = gpu_memory_plan(shape, zero_stage=zero_stage, data_parallel=data_parallel, gpu_bytes=gpu_bytes,
+                           vllm_gpu_memory_utilization=1.0, reference=reference, micro_batch_tokens=micro_batch_tokens,
+                           fused_head=fused_head, gradient_checkpointing=gradient_checkpointing, buckets=buckets,
+                           contexts=0.0)
+    return replace(plan, engine_awake=0.0, engine_weights=0.0, engine_asleep=0.0, engine_overhead=0.0)
 
 
 def host_bytes_at_load(shape: ModelShape, *, ranks_per_node: int, zero3_init: bool, reference: bool,

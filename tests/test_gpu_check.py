@@ -1,6 +1,7 @@
 """benchmarks/gpu_check.py --smoke: the GPU check's code runs end to end on CPU at toy shapes and its JSON holds
 every figure the GPU run reports; its own process never imports torch (no CUDA context beside the sections'), and
-the learner section holds one model at a time."""
+the learner section holds one model at a time. ``--report``: docs/gpu.md's block is what the report renders from the
+committed JSON files, and the renderer merges and prints hand-made reports as it says."""
 
 from __future__ import annotations
 
@@ -17,9 +18,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import gpu_check  # noqa: E402
+import gpu_check_report  # noqa: E402
+from searchr1_lld import memory_plan as mp  # noqa: E402
 
 CPU_NULL = ("_peak_gib", "_persistent_gib")  # no allocator statistics on CPU: present, null
 # runs gpu_check.py as the main program, then says whether that process (not its sections') imported torch
+# docs/gpu.md's figures: this command, run in the repository, writes its gpu-check block from the committed files
+REPORT_COMMAND = ("python benchmarks/gpu_check.py --report docs/gpu_check/h200.json docs/gpu_check/h200_rollout.json "
+                  "--doc docs/gpu.md")
 AS_MAIN = ("import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__'); "
            "print('parent imported torch:', 'torch' in sys.modules)")
 
@@ -116,3 +122,78 @@ def test_smoke_zero2_section(tmp_path):
     from searchr1_lld.config import Config
 
     assert r["zero2_engine_gradient_clipping"] == Config().trainer.grad_clip
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# --report: docs/gpu.md from the committed JSON files
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_docs_gpu_block_is_what_the_report_renders_from_the_committed_json(monkeypatch):
+    """The figures of docs/gpu.md cannot drift from docs/gpu_check/*.json: its block equals the rendered one."""
+    monkeypatch.chdir(REPO)
+    args = REPORT_COMMAND.split()
+    doc = (REPO / "docs" / "gpu.md").read_text()
+    assert REPORT_COMMAND in doc, "docs/gpu.md names the command that writes its block"
+    assert gpu_check_report.block_of(doc) == gpu_check.report_block(args[3:5], args[6])
+
+
+def test_report_command_rewrites_the_block_in_place(tmp_path):
+    """The documented command on a copy of docs/gpu.md and the JSON files: the document comes back unchanged."""
+    (tmp_path / "docs" / "gpu_check").mkdir(parents=True)
+    for name in ("gpu.md", "gpu_check/h200.json", "gpu_check/h200_rollout.json"):
+        (tmp_path / "docs" / name).write_text((REPO / "docs" / name).read_text())
+    doc = tmp_path / "docs" / "gpu.md"
+    doc.write_text(gpu_check_report.replace_block(doc.read_text(), f"{gpu_check_report.BEGIN} -->\nstale\n"
+                                                                    f"{gpu_check_report.END}"))
+    cmd = REPORT_COMMAND.replace("benchmarks/gpu_check.py", str(REPO / "benchmarks" / "gpu_check.py"))
+    proc = subprocess.run([sys.executable, *cmd.split()[1:]], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert doc.read_text() == (REPO / "docs" / "gpu.md").read_text()
+
+
+def hand_report(sections: dict, results: dict, **extra) -> dict:
+    return {"smoke": True, "device": "cpu (test)", "cuda": None, "gpu_memory_gib": None, "cpu_count": 2,
+            "versions": {"torch": "9.9"}, "shapes": gpu_check.SMOKE, "wall_s": 1.0,
+            "sections": {s: {"status": st, "wall_s": w, "budget_s": 120, "error": None} for s, (st, w) in
+                         sections.items()}, "results": results, **extra}
+
+
+def test_renderer_on_hand_made_reports():
+    """A later file's section replaces the earlier one's whole (status, wall time, results); a null figure prints
+    as "-"; a section in no file prints no table."""
+    m0, m1 = gpu_check.MODELS[:2]
+    first = hand_report({"learner": ("ok", 5.0), "rollout": ("timeout", 120.0)}, {
+        f"learner_{m0}_optimizer_step_s_llds_on": 1.5, f"learner_{m0}_optimizer_step_s_llds_off": None,
+        f"learner_{m0}_with_reference": 1, f"rollout_tokens_per_s_{m0}_b4": 100.0, "logp_gap_bf16_max": 0.5})
+    second = hand_report({"rollout": ("ok", 50.0)}, {f"rollout_tokens_per_s_{m1}_b4": 2000.0})
+    results, origin = gpu_check_report.merge([("a.json", first), ("b.json", second)])
+    assert origin["rollout"][0] == "b.json" and origin["learner"][0] == "a.json"
+    assert results == {f"learner_{m0}_optimizer_step_s_llds_on": 1.5, f"learner_{m0}_optimizer_step_s_llds_off": None,
+                       f"learner_{m0}_with_reference": 1, f"rollout_tokens_per_s_{m1}_b4": 2000.0}
+    block = gpu_check_report.render_block([("a.json", first), ("b.json", second)], {}, "x.md")
+    lines = block.splitlines()
+    command = "python benchmarks/gpu_check.py --report a.json b.json --doc x.md"
+    assert lines[0] == f"{gpu_check_report.BEGIN} ({command}) -->"
+    assert lines[-1] == gpu_check_report.END
+    assert "| rollout | `b.json` | ok | 50 | 120 |" in lines and "| learner | `a.json` | ok | 5 | 120 |" in lines
+    assert "| 0.5B | yes | - | 1.500 | - | - | - | - | - |" in lines  # LLDS off null; no allocator on CPU
+    assert "| 1.5B | 4 | 2,000 | - | - |" in lines and "| 0.5B | 4 | - | - | - |" in lines  # a's rollout replaced
+    assert "| bf16 engine vs fp32 learner under bf16 autocast | - | - | - |" in lines
+    assert not any("fused tiles vs naive" in line for line in lines)  # no logprobs section in either file
+    assert any(line.startswith("(smoke shapes") for line in lines)  # no plan for toy models
+    with pytest.raises(ValueError, match="markers"):
+        gpu_check_report.replace_block("no block here", block)
+    doc = f"before\n{gpu_check_report.BEGIN} -->\nold\n{gpu_check_report.END}\nafter\n"
+    assert gpu_check_report.replace_block(doc, block) == f"before\n{block}\nafter\n"
+
+
+def test_learner_plan_is_the_plan_without_engine_retriever_or_context():
+    shape = mp.QWEN25["3b"]
+    for stage, ref in ((0, True), (2, False)):
+        plan = mp.learner_plan(shape, zero_stage=stage, data_parallel=1, reference=ref, micro_batch_tokens=32768)
+        acts = mp.activation_bytes(shape, 32768, fused_head=True, zero_stage=stage)
+        reference = 4 * shape.params if ref else 0.0
+        assert plan.resident == mp.learner_bytes(shape, stage, 1) + reference
+        assert plan.update == pytest.approx(plan.resident + acts)
