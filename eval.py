@@ -205,7 +205,7 @@ def _main(argv: list[str] | None = None) -> int:
         print(ev.compare(list(zip(labels, results)), out, baseline=args.baseline, result_dirs=args.compare_dirs))
         return 0
     s = _resolve(args)
-    from searchr1_lld.tracking import quiet_library_output
+    from searchr1_lld.bookkeeping.tracking import quiet_library_output
 
     quiet_library_output()
     if args.gpus is not None:
@@ -263,7 +263,7 @@ def _log_wandb(args: argparse.Namespace, cfg: Any, out: Path, methods: list[tupl
     """--wandb: the results as a wandb.Table in a run of their own (job type eval; resumed by the id in OUT)."""
     if not args.wandb:
         return
-    from searchr1_lld.tracking import init_wandb, log_eval_results
+    from searchr1_lld.bookkeeping.tracking import init_wandb, log_eval_results
 
     settings = {"model": args.model or cfg.model.path, "datasets": list(methods[0][1]["datasets"]),
                 "eval": dataclasses.asdict(cfg.eval), "max_turns": args.max_turns or cfg.eval.max_turns,

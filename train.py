@@ -19,7 +19,7 @@ change (trainer.total_steps, ...) may be changed with ``--allow-change KEY``.
 exits 0 when the run can start, 2 with one line per problem.
 
 Prints the run directory at start and end; evaluates greedy EM on data.test_files before and after training and
-writes the before/after table to RUN/eval.md. The Python API is ``searchr1_lld.trainer.train(cfg)``.
+writes the before/after table to RUN/eval.md. The Python API is ``searchr1_lld.learner.trainer.train(cfg)``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ DEFAULT_CONFIG = "configs/tiny.yaml"
 def _resume_target(path: str) -> tuple[Path, str]:
     """``--resume PATH`` -> (run dir, trainer.resume value): a run dir resumes its last checkpoint, a checkpoint dir
     that one."""
-    from searchr1_lld.checkpoint import COMPLETE
+    from searchr1_lld.bookkeeping.checkpoint import COMPLETE
 
     p = Path(path)
     if (p / COMPLETE).is_file():
@@ -68,8 +68,7 @@ def world_overrides(world_config: str, world_dir: str) -> list[str]:
 
 def preflight(cfg, accelerate_config: str | None, gpu_memory_gib: float | None) -> int:
     """``--preflight``: the report on stdout; each problem once more on stderr, one line each; 0 or 2."""
-    from searchr1_lld import preflight as pre
-
+    from searchr1_lld.learner import preflight as pre
     launch = pre.read_launch(accelerate_config) if accelerate_config else None
     result = pre.run_preflight(cfg, launch=launch, device_gib=gpu_memory_gib)
     print(pre.format_report(result), flush=True)
@@ -133,8 +132,8 @@ def _main(argv: list[str] | None = None) -> int:
             raise UserError(f"{e} (a synthetic world's policy and tokenizer: train.py --world "
                             f"configs/world/default.yaml, or python -m searchr1_lld.world build)") from None
 
-    from searchr1_lld.tracking import quiet_library_output
-    from searchr1_lld.trainer import Trainer
+    from searchr1_lld.bookkeeping.tracking import quiet_library_output
+    from searchr1_lld.learner.trainer import Trainer
 
     quiet_library_output()
     trainer = Trainer(cfg, run_dir=run_dir)

@@ -31,7 +31,11 @@ import tempfile
 import time
 from typing import Any, Callable
 
-from searchr1_lld import checkpoint, distributed, step
+from searchr1_lld.bookkeeping import checkpoint
+
+from searchr1_lld import distributed
+
+from searchr1_lld.learner import step
 from searchr1_lld.config import load_config
 
 
@@ -93,7 +97,7 @@ def main() -> None:
     if len(names) != 2 or not set(names) <= set(VARIANTS):
         raise SystemExit(f"--variants needs two of {sorted(VARIANTS)}; got {args.variants!r}")
 
-    from searchr1_lld.trainer import Trainer
+    from searchr1_lld.learner.trainer import Trainer
     from searchr1_lld.world import ensure_world, load_world_config, trainer_overrides
 
     ensure_world(args.world_dir, load_world_config(args.world))

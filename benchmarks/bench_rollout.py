@@ -55,7 +55,7 @@ def main() -> None:
 
     from retriever.inprocess import InProcessRetriever
     from searchr1_lld.config import RolloutConfig
-    from searchr1_lld.monitor import rollout_metrics
+    from searchr1_lld.instruments.monitor import rollout_metrics
     from searchr1_lld.rollout import run_agent_loop
     from searchr1_lld.rollout.backends.hf import HFBackend
 

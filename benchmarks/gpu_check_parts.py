@@ -4,7 +4,7 @@ records a failed part as {"<part>_error": message} so that the rest of its secti
 Models are random-initialised from the Qwen2.5 configs in benchmarks/model_configs/ (``--smoke``: the same configs
 shrunk to toy width, depth and vocabulary); nothing is downloaded. Every measurement goes through the project's own
 code: the HF rollout backend and agent loop (rollout), ``step.update_policy`` / ``step.batch_logprobs`` on a
-:class:`~searchr1_lld.step.StepContext` (learner, monitor), ``algo.logprobs`` (log-probs).
+:class:`~searchr1_lld.learner.step.StepContext` (learner, monitor), ``algo.logprobs`` (log-probs).
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ def section_rollout(device: torch.device, shapes: dict, smoke: bool) -> dict[str
 def logp_agreement(device: torch.device, shapes: dict, smoke: bool) -> dict[str, Any]:
     """max and mean |engine log-prob - learner log-prob| over generated tokens of sampled responses (0.5B):
     bf16 engine vs the learner's fp32 master weights under bf16 autocast (the GPU learner), and fp32 vs fp32."""
-    from searchr1_lld import policy_logprobs
+    from searchr1_lld.learner import policy_logprobs
     from searchr1_lld.rollout.types import to_batch
 
     res: dict[str, Any] = {}
@@ -261,9 +261,9 @@ def synthetic_batch(rows: int, tokens: int, vocab: int, group: int = 4):
 
 
 def learner_context(model_name: str, smoke: bool, shapes: dict, accelerator: Any, with_reference: bool):
-    from searchr1_lld import factories, optim
+    from searchr1_lld.learner import factories, optim
     from searchr1_lld.config import Config
-    from searchr1_lld.step import StepContext
+    from searchr1_lld.learner.step import StepContext
 
     cfg = Config()
     tc = cfg.trainer
@@ -297,8 +297,7 @@ def timed(fn: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
 
 
 def learner_update(ctx: Any, batch: Any, llds_on: bool, logp_old, logp_ref, advantages) -> float:
-    from searchr1_lld import step
-
+    from searchr1_lld.learner import step
     ctx.cfg.algorithm.llds.enabled = llds_on  # read by step.objective_spec at every update
     _, seconds = timed(lambda: step.update_policy(ctx, batch, advantages, logp_old, logp_ref, None, None),
                        ctx.accelerator.device)
@@ -308,7 +307,7 @@ def learner_update(ctx: Any, batch: Any, llds_on: bool, logp_old, logp_ref, adva
 def measure_learner(model_name: str, smoke: bool, shapes: dict, accelerator: Any, pairs: int,
                     with_reference: bool, label: str) -> dict[str, Any]:
     """One model: logp_old (and logp_ref), paired update_policy timings LLDS on / off, peak memory, monitor forward."""
-    from searchr1_lld import step
+    from searchr1_lld.learner import step
     from searchr1_lld.algo import advantages as adv_fns
 
     dev = accelerator.device
@@ -379,7 +378,7 @@ def section_zero2(device: torch.device, shapes: dict, smoke: bool) -> dict[str, 
         import deepspeed  # noqa: F401
     except ImportError as err:
         return {"zero2_skipped": f"deepspeed not importable ({err})"}
-    from searchr1_lld import factories
+    from searchr1_lld.learner import factories
     from searchr1_lld.config import Config
     from searchr1_lld.distributed import free_ports
 

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from searchr1_lld.config import ConfigError, load_config
-from searchr1_lld.tracking import describe_machine
+from searchr1_lld.bookkeeping.tracking import describe_machine
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -179,8 +179,8 @@ def write_report(report_dir: Path, summary: dict, table: str, example: str) -> N
 def select_run(cfg_path: str, world: Path, lr: float, select_dir: Path, overrides: list[str]) -> Path:
     """One selection run at ``lr`` (:data:`SELECT_STEPS` steps, validation EM every :data:`SELECT_EVAL_EVERY`);
     resumes an interrupted one; writes its validation curve to :func:`selection_file`."""
-    from searchr1_lld.tracking import read_metrics
-    from searchr1_lld.trainer import train
+    from searchr1_lld.bookkeeping.tracking import read_metrics
+    from searchr1_lld.learner.trainer import train
     from searchr1_lld.world import trainer_overrides
 
     cfg = load_config(cfg_path, trainer_overrides(world) + [
@@ -254,9 +254,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
 
-    from searchr1_lld.checkpoint import latest_checkpoint
-    from searchr1_lld.tracking import quiet_library_output
-    from searchr1_lld.trainer import train
+    from searchr1_lld.bookkeeping.checkpoint import latest_checkpoint
+    from searchr1_lld.bookkeeping.tracking import quiet_library_output
+    from searchr1_lld.learner.trainer import train
 
     quiet_library_output()
     t0 = time.time()

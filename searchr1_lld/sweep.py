@@ -2,7 +2,7 @@
 
     # list (and validate) the runs of a grid
     python -m searchr1_lld.sweep expand --base configs/tiny.yaml --grid "algorithm.llds.lam=0,0.1 algorithm.llds.gate=none,action"
-    # run them one after another on this machine (searchr1_lld.trainer.train), then collect
+    # run them one after another on this machine (searchr1_lld.learner.trainer.train), then collect
     python -m searchr1_lld.sweep expand --base configs/tiny.yaml --grid "..." --local --out runs/sweep-lam
     # one `accelerate launch` command per run, for a cluster scheduler
     python -m searchr1_lld.sweep expand --base configs/paper/qwen2.5-3b-base_nq-hotpotqa_llds.yaml --grid "..." --print-launch
@@ -122,8 +122,8 @@ def launch_command(base_config: str | Path, run: RunSpec, *, accelerate_config: 
 
 
 def run_local(base_config: str | Path, runs: Sequence[RunSpec], extra_overrides: Sequence[str] = ()) -> list[Path]:
-    """Train each run in turn in this process with :func:`searchr1_lld.trainer.train`; returns their run dirs."""
-    from searchr1_lld.trainer import train
+    """Train each run in turn in this process with :func:`searchr1_lld.learner.trainer.train`; returns their run dirs."""
+    from searchr1_lld.learner.trainer import train
 
     run_dirs = []
     for i, run in enumerate(runs):

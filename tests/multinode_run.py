@@ -21,7 +21,9 @@ import torch
 sys.path.insert(0, "tests")
 from conftest import on_world  # noqa: E402
 
-from searchr1_lld import checkpoint, factories, optim, resume  # noqa: E402
+from searchr1_lld.bookkeeping import checkpoint, resume
+
+from searchr1_lld.learner import factories, optim  # noqa: E402
 from searchr1_lld.config import ConfigError, load_config  # noqa: E402
 
 out_dir, world = Path(sys.argv[1]), Path(sys.argv[2])

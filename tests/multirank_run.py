@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from searchr1_lld import batching, step
+from searchr1_lld.learner import batching, step
 from searchr1_lld.config import load_config
 from searchr1_lld.distributed import iter_gathered_named_parameters, zero_stage
-from searchr1_lld.trainer import Trainer
+from searchr1_lld.learner.trainer import Trainer
 
 RANK = int(os.environ.get("RANK", "0"))
 out_dir = Path(sys.argv[1])

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from searchr1_lld import batching
+from searchr1_lld.learner import batching
 from searchr1_lld.algo import aggregation
 from searchr1_lld.algo.objective import ObjectiveSpec, loss_denominators, mini_batch_denominators, objective
 from searchr1_lld.config import ConfigError, load_config

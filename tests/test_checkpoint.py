@@ -9,9 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from searchr1_lld import checkpoint as ckpt
-
-
+from searchr1_lld.bookkeeping import checkpoint as ckpt
 def _setup(seed=0):
     torch.manual_seed(seed)
     model = torch.nn.Linear(4, 3)

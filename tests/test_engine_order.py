@@ -17,7 +17,7 @@ import searchr1_lld.distributed as distributed
 from searchr1_lld.config import load_config
 from searchr1_lld.distributed import iter_gathered_named_parameters, sync_weights_to_engine
 from searchr1_lld.rollout.backends.hf import HFBackend
-from searchr1_lld.trainer import Trainer
+from searchr1_lld.learner.trainer import Trainer
 
 from conftest import on_world
 from test_trainer import SMALL
@@ -175,7 +175,7 @@ RANK_SCRIPT = r"""
 import json, sys
 sys.path.insert(0, "tests")
 from searchr1_lld.config import load_config
-from searchr1_lld.trainer import Trainer
+from searchr1_lld.learner.trainer import Trainer
 from conftest import on_world
 from test_engine_order import _collapse, attach_recording_engine
 from test_trainer import SMALL
@@ -229,8 +229,7 @@ def shared_retriever(tiny_world):
 
 
 def test_trainer_applies_rollout_correction(tmp_path, tiny_world, shared_retriever, monkeypatch):
-    from searchr1_lld import step
-
+    from searchr1_lld.learner import step
     seen = []
     real = step.objective
 

@@ -59,7 +59,7 @@ def test_gpus_spawns_shards_and_merges_to_the_unsharded_result(tiny_world, tmp_p
     assert ([strip(r) for r in sorted(ev.read_records(out / ev.TRAJECTORIES), key=key)]
             == [strip(r) for r in sorted(ev.read_records(tmp_path / "one" / ev.TRAJECTORIES), key=key)])
     # --wandb: the merged results as a wandb.Table in an offline run whose id is kept in --out
-    from searchr1_lld.tracking import WANDB_RUN_FILE, eval_table_rows
+    from searchr1_lld.bookkeeping.tracking import WANDB_RUN_FILE, eval_table_rows
 
     run_id = json.loads((out / WANDB_RUN_FILE).read_text())["id"]
     tables = list((out / "wandb").glob(f"offline-run-*-{run_id}/files/media/table/eval/results_*.table.json"))

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from searchr1_lld import checkpoint as ckpt
-from searchr1_lld.best_checkpoint import BEST_FILE, BestCheckpoint, load_best, write_best
+from searchr1_lld.bookkeeping import checkpoint as ckpt
+from searchr1_lld.bookkeeping.best_checkpoint import BEST_FILE, BestCheckpoint, load_best, write_best
 from searchr1_lld.config import ConfigError, load_config
 
 from test_trainer import _cfg, _trainer, shared_retriever  # noqa: F401  (the module's retriever fixture)

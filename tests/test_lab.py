@@ -11,7 +11,7 @@ import pytest
 
 from searchr1_lld import lab
 from searchr1_lld.config import ConfigError
-from searchr1_lld.monitor import PHASES
+from searchr1_lld.instruments.monitor import PHASES
 
 # ----------------------------------------------------------------------------------------------------------------
 # Configs

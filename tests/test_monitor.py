@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from searchr1_lld.monitor import (
+from searchr1_lld.instruments.monitor import (
     PhaseDetector,
     PhaseThresholds,
     ProbeSet,
@@ -318,7 +318,7 @@ def test_drawdown_alarm_by_hand():
 
 def test_rollout_metrics_one_name_per_metric():
     """Hand-built trajectories: generated tokens (mask) vs all response tokens, rates over trajectories / turns."""
-    from searchr1_lld.monitor import rollout_metrics
+    from searchr1_lld.instruments.monitor import rollout_metrics
     from searchr1_lld.rollout.types import Trajectory
 
     def traj(resp, mask, **kw):

@@ -38,7 +38,7 @@ def test_gpu_accelerate_configs_point_at_fp32_reducing_deepspeed_json(name):
 
 def test_retriever_address_from_the_environment(monkeypatch):
     from retriever import RetrieverError, service_address
-    from searchr1_lld import factories
+    from searchr1_lld.learner import factories
     from searchr1_lld.config import load_config
 
     cfg = load_config("configs/paper/base.yaml")
@@ -56,7 +56,7 @@ def test_retriever_address_from_the_environment(monkeypatch):
 
 
 def test_single_process_run_dir_check_is_a_no_op(tmp_path):
-    from searchr1_lld.resume import check_run_dir_shared
+    from searchr1_lld.bookkeeping.resume import check_run_dir_shared
 
     class One:
         num_processes, process_index = 1, 0

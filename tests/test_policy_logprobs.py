@@ -5,9 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from searchr1_lld import policy_logprobs
-
-
+from searchr1_lld.learner import policy_logprobs
 def _tiny_qwen2(tie: bool):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 

@@ -46,7 +46,7 @@ def test_a_new_loss_reaches_the_objective_and_the_config_without_other_edits(mon
 def test_the_objective_runs_the_loss_registered_under_the_configured_name(monkeypatch):
     """The default config's policy loss is looked up in the registry on every call: whatever is registered under
     that name is the loss (and gradient) the objective returns, the default PPO-clip included."""
-    from searchr1_lld.step import objective_spec
+    from searchr1_lld.learner.step import objective_spec
 
     spec = objective_spec(load_config(None, []).algorithm)
     assert spec.policy_loss == "ppo_clip"

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from searchr1_lld.config import ConfigError, load_config, read_yaml
-from searchr1_lld.trainer import Trainer
+from searchr1_lld.learner.trainer import Trainer
 
 from conftest import REPO_ROOT, on_world, world_args
 from test_trainer import SMALL
@@ -18,7 +18,7 @@ def _cfg(*extra):
 
 
 def test_check_resume_config_refuses_lists_and_allows_only_safe_keys():
-    from searchr1_lld.resume import check_resume_config
+    from searchr1_lld.bookkeeping.resume import check_resume_config
 
     saved = _cfg("trainer.lr=1e-3", "algorithm.llds.enabled=true", "trainer.total_steps=2").to_dict()
     with pytest.raises(ConfigError) as e:
@@ -36,7 +36,7 @@ def test_check_resume_config_refuses_lists_and_allows_only_safe_keys():
 
 
 def test_default_run_name_is_deterministic_and_ignores_safe_keys():
-    from searchr1_lld.resume import default_run_name
+    from searchr1_lld.bookkeeping.resume import default_run_name
 
     a = _cfg("trainer.total_steps=2")
     assert default_run_name(a) == default_run_name(_cfg("trainer.total_steps=2"))
@@ -49,8 +49,7 @@ def test_default_run_name_is_deterministic_and_ignores_safe_keys():
 
 
 def test_resuming_onto_other_inputs_is_refused(tmp_path, monkeypatch):
-    from searchr1_lld import resume
-
+    from searchr1_lld.bookkeeping import resume
     settle_run_dir = resume.settle_run_dir
     cfg = _cfg("trainer.total_steps=2", "trainer.resume=auto")
     settle_run_dir(cfg, tmp_path, True, (), inputs="inputs-a")
@@ -68,7 +67,7 @@ def test_resuming_onto_other_inputs_is_refused(tmp_path, monkeypatch):
 def test_the_inputs_fingerprint_follows_the_contents_of_local_inputs(tmp_path):
     """A model dir rebuilt in place (same path, another config or tokenizer) changes the fingerprint; a hub id enters
     by name; an untouched tree gives the same fingerprint."""
-    from searchr1_lld.resume import inputs_fingerprint
+    from searchr1_lld.bookkeeping.resume import inputs_fingerprint
 
     model = tmp_path / "model"
     model.mkdir()
@@ -123,7 +122,7 @@ def test_resume_with_a_changed_config_is_refused_and_the_saved_config_kept(tmp_p
     # so a later resume=auto cannot pick up the old run's step 2 and no metrics are lost or mixed
     again = _trainer(_cfg(*base, "trainer.total_steps=1", "trainer.resume=never"), tiny_world, retriever)
     again.run(evaluate=False)
-    from searchr1_lld.checkpoint import list_checkpoints
+    from searchr1_lld.bookkeeping.checkpoint import list_checkpoints
 
     assert [p.name for p in list_checkpoints(run_dir)] == ["step_000001"]
     (archive,) = run_dir.glob("previous-*")

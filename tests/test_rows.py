@@ -48,7 +48,7 @@ def test_a_row_without_answers_is_refused_naming_the_file(tmp_path):
 def test_training_reads_search_r1_parquet(tmp_path):
     """data.source=files on Search-R1's parquet: the trainer's loader takes the rows as they are."""
     from searchr1_lld.config import load_config
-    from searchr1_lld.factories import load_train_rows
+    from searchr1_lld.learner.factories import load_train_rows
 
     path = tmp_path / "train.parquet"
     pq.write_table(pa.Table.from_pylist([_search_r1_row(i, False) for i in range(2)]), path)

@@ -101,7 +101,7 @@ def test_collect_table_and_figure(tmp_path):
 
 @pytest.mark.slow
 def test_local_sweep_trains_each_run_and_collects(tiny_world, tmp_path, capsys):
-    """Two 1-step runs on the tiny world through searchr1_lld.trainer.train, then the table and figure."""
+    """Two 1-step runs on the tiny world through searchr1_lld.learner.trainer.train, then the table and figure."""
     tiny = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
     small = ["trainer.total_steps=1", "trainer.train_batch_size=2", "trainer.ppo_mini_batch_size=1", "rollout.n=2",
              "rollout.max_turns=1", "rollout.max_tokens_per_turn=16", "rollout.max_obs_length=60",

@@ -3,7 +3,7 @@
 import json
 from types import SimpleNamespace
 
-from searchr1_lld.tracking import PLOTS, Tracker, read_metrics
+from searchr1_lld.bookkeeping.tracking import PLOTS, Tracker, read_metrics
 
 
 def _cfg(plot_every=2):
@@ -54,7 +54,7 @@ def test_plots_put_one_quantity_per_axis_and_legends_outside_the_data(tmp_path, 
     from matplotlib.figure import Figure
     from matplotlib.legend import Legend
 
-    from searchr1_lld.tracking import plot_metrics
+    from searchr1_lld.bookkeeping.tracking import plot_metrics
 
     figures = {}
     real_savefig = Figure.savefig
@@ -86,7 +86,7 @@ def test_plots_put_one_quantity_per_axis_and_legends_outside_the_data(tmp_path, 
 
 _LIBRARY_NOISE_SCRIPT = """
 import sys
-from searchr1_lld.tracking import quiet_library_output
+from searchr1_lld.bookkeeping.tracking import quiet_library_output
 if sys.argv[1] == "quiet":
     quiet_library_output()
 from transformers import AutoModelForCausalLM
@@ -142,7 +142,7 @@ def test_wandb_run_id_is_stored_and_reused_on_restart(tmp_path, monkeypatch):
     (resume="allow"); group and tags from the config reach wandb; credentials are left to wandb."""
     import wandb
 
-    from searchr1_lld.tracking import WANDB_RUN_FILE
+    from searchr1_lld.bookkeeping.tracking import WANDB_RUN_FILE
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -173,7 +173,7 @@ def test_wandb_run_id_is_stored_and_reused_on_restart(tmp_path, monkeypatch):
 
 
 def test_eval_results_table_rows():
-    from searchr1_lld.tracking import EVAL_TABLE_COLUMNS, eval_table_rows
+    from searchr1_lld.bookkeeping.tracking import EVAL_TABLE_COLUMNS, eval_table_rows
 
     res = {"datasets": {"nq": {"n": 4, "em": 0.5, "f1": 0.6}, "hotpotqa": {"n": 2, "em": 0.0, "f1": 0.1}},
            "average_em": 0.25, "n": 6}
@@ -187,7 +187,7 @@ def test_online_mode_is_left_to_wandb_credentials(tmp_path, monkeypatch):
     """A `wandb login` user (netrc entry, no WANDB_API_KEY) gets an online start: the mode is not decided here."""
     import wandb
 
-    from searchr1_lld.tracking import init_wandb
+    from searchr1_lld.bookkeeping.tracking import init_wandb
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
@@ -202,7 +202,7 @@ def test_online_mode_is_left_to_wandb_credentials(tmp_path, monkeypatch):
 def test_online_without_credentials_says_so_and_logs_offline(tmp_path, monkeypatch):
     import pytest
 
-    from searchr1_lld.tracking import init_wandb
+    from searchr1_lld.bookkeeping.tracking import init_wandb
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)

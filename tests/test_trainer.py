@@ -14,9 +14,9 @@ import torch
 
 from searchr1_lld.algo import policy_loss
 from searchr1_lld.config import load_config
-from searchr1_lld.batching import micro_batches_by_tokens
-from searchr1_lld.optim import lr_factor
-from searchr1_lld.trainer import Trainer
+from searchr1_lld.learner.batching import micro_batches_by_tokens
+from searchr1_lld.learner.optim import lr_factor
+from searchr1_lld.learner.trainer import Trainer
 
 from conftest import REPO_ROOT, on_world, world_args
 
@@ -82,7 +82,7 @@ def test_micro_batches_in_several_passes_train_as_in_one(tmp_path, tiny_world, s
     """algorithm.loss_scale=micro-batch-mean with micro-batches of 2 responses: run in one forward pass each or, with a
     1-token budget, in one pass per response, the update's gradient is the same (one rollout, two updates from the
     same weights)."""
-    from searchr1_lld import step
+    from searchr1_lld.learner import step
     from searchr1_lld.algo.advantages import grpo_outcome_advantages
     from searchr1_lld.rollout.types import to_batch
 
@@ -289,7 +289,7 @@ def test_a_checkpoint_policy_is_a_complete_model_dir(tmp_path, tiny_world, share
 
 
 def test_training_rows_must_be_named():
-    from searchr1_lld.factories import load_train_rows
+    from searchr1_lld.learner.factories import load_train_rows
 
     with pytest.raises(ValueError, match="data.train_files is empty"):
         load_train_rows(load_config(None))
@@ -300,7 +300,7 @@ def test_training_rows_must_be_named():
 def test_max_prompt_length_is_enforced_on_the_training_prompts(tiny_world):
     from transformers import AutoTokenizer
 
-    from searchr1_lld.factories import check_prompt_lengths, load_train_rows
+    from searchr1_lld.learner.factories import check_prompt_lengths, load_train_rows
     from searchr1_lld.rollout.agent_loop import encode_prompt
 
     rows = load_train_rows(load_config(None, world_args(tiny_world)))

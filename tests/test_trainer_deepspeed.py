@@ -16,7 +16,7 @@ import json, sys, torch
 sys.path.insert(0, "tests")
 from searchr1_lld.config import load_config
 from searchr1_lld.distributed import is_deepspeed, zero_stage
-from searchr1_lld.trainer import Trainer
+from searchr1_lld.learner.trainer import Trainer
 from conftest import on_world
 world, out = sys.argv[1], sys.argv[2]
 # 4 prompts x 4 responses, half rewarded: 8 correct responses, so some action span's likelihood falls after the

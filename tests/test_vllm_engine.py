@@ -16,9 +16,9 @@ import torch
 
 from conftest import REPO_ROOT, TEST_WORLD_CONFIG, free_port, test_world_dir
 from searchr1_lld.config import RolloutConfig, RetrieverConfig
-from searchr1_lld.monitor import engine_learner_gap
+from searchr1_lld.instruments.monitor import engine_learner_gap
 from searchr1_lld.algo.rollout_correction import tis_weights
-from searchr1_lld.policy_logprobs import response_logprobs
+from searchr1_lld.learner.policy_logprobs import response_logprobs
 from searchr1_lld.rollout import run_agent_loop, to_batch
 
 pytestmark = pytest.mark.slow

@@ -32,7 +32,7 @@ def test_build_smollm2_world_trains_saves_and_measures(smollm2, tiny_world, tmp_
     """One SFT step of SmolLM2 on the test world; the saved world's policy is the trained one and train.py's
     loader takes it; world.json holds the SFT statistics and the warm-start rollouts."""
     from searchr1_lld.config import load_config
-    from searchr1_lld.factories import load_policy_and_tokenizer
+    from searchr1_lld.learner.factories import load_policy_and_tokenizer
     from searchr1_lld.world import trainer_overrides
     from searchr1_lld.world.smollm2 import POLICY_NAME, build_smollm2_world
 

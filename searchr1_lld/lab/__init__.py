@@ -17,7 +17,7 @@ What one lab does
        ``.cache/lab-world-<config hash>``)
        and one in-process retriever shared by every run;
     2. the warm-started policy evaluated once (greedy, test split): the "warm start" row of the EM table;
-    3. for every seed, for every method: ``searchr1_lld.trainer.Trainer(cfg).run()`` (metrics.jsonl, the monitor's
+    3. for every seed, for every method: ``searchr1_lld.learner.trainer.Trainer(cfg).run()`` (metrics.jsonl, the monitor's
        phase per step) then the evaluator (``searchr1_lld.evaluation.evaluate``: greedy, test split, results.json with
        single-hop / multi-hop EM and searches per question) on the trained policy, in memory, and with ``--sampled N``
        (default 4) the sampled policy's EM (``searchr1_lld.evaluation.sampled_em``: N rollouts per test question at
@@ -38,7 +38,7 @@ Numbers in the report
     the passages each trajectory retrieved (``running.provenance``; ``world.measure.answer_provenance``): a gold
     passage retrieved, the answer copied from one, right without one (recalled, or guessed).
     Phases: the trainer's phase detector (``phase/name`` per step in metrics.jsonl): first step and number of steps in
-    each phase; early-warning steps are recomputed with the same detector (:class:`searchr1_lld.monitor.PhaseDetector`).
+    each phase; early-warning steps are recomputed with the same detector (:class:`searchr1_lld.instruments.monitor.PhaseDetector`).
     Trends: means over the first / last ``TREND_WINDOW`` steps of reward, correct / incorrect log-likelihood per token,
     the probe set's log-likelihood (the same correct responses re-measured), entropy, and the largest grad norm.
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from searchr1_lld.lab.methods import LLD_MARGIN, REWARD_MARGIN, TREND_WINDOW, Method
-from searchr1_lld.monitor import PHASES, PhaseDetector
+from searchr1_lld.instruments.monitor import PHASES, PhaseDetector
 
 
 def finite(x: Any) -> bool:
@@ -39,7 +39,7 @@ def phase_summary(records: Sequence[dict[str, Any]], run_steps: int | None = Non
     alarm fired], "drawdown": monitor.warning_accounting(...)}``. ``warning`` accounts the LLD alarm (early warning, or
     steady_decay / accelerated_collapse reported), ``drawdown`` the collapse alarm (probe set far below its best).
     """
-    from searchr1_lld.monitor import PhaseThresholds, alarm_steps, warning_accounting
+    from searchr1_lld.instruments.monitor import PhaseThresholds, alarm_steps, warning_accounting
 
     thresholds = PhaseThresholds(run_steps=run_steps or len(records))
     detector = PhaseDetector(thresholds)
@@ -185,7 +185,7 @@ def aggregate_curves(runs: Sequence[dict[str, Any]], methods: Sequence[Method]) 
 
 
 def load_records(run_dir: str | Path) -> list[dict[str, Any]]:
-    from searchr1_lld.tracking import read_metrics
+    from searchr1_lld.bookkeeping.tracking import read_metrics
 
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():

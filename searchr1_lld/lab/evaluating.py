@@ -95,7 +95,7 @@ def load_policy(policy_dir: Path, world_dir: Path) -> tuple[Any, Any]:
 
 def final_policy(rec: dict[str, Any], world_dir: Path) -> tuple[Any, Any]:
     """A finished run's final policy (the one its greedy EM scored), from its last checkpoint, and the tokenizer."""
-    from searchr1_lld.checkpoint import latest_checkpoint
+    from searchr1_lld.bookkeeping.checkpoint import latest_checkpoint
 
     ckpt = latest_checkpoint(rec["run_dir"])
     if ckpt is None or not (ckpt / "policy").is_dir():

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 from searchr1_lld.lab.analysis import PROVENANCE_KEYS, PROVENANCE_SPLITS, finite
 from searchr1_lld.lab.methods import LLD_MARGIN, METHODS, REWARD_MARGIN, TREND_WINDOW, run_name
-from searchr1_lld.monitor import PHASES, PhaseThresholds
+from searchr1_lld.instruments.monitor import PHASES, PhaseThresholds
 
 
 def fmt(x: Any, nd: int = 3) -> str:
@@ -76,7 +76,7 @@ def phase_table(runs: Sequence[dict[str, Any]]) -> str:
 
 
 def lead_text(acc: dict[str, Any]) -> str:
-    """One run's alarm outcome (:func:`searchr1_lld.phases.warning_accounting`) as a table cell."""
+    """One run's alarm outcome (:func:`searchr1_lld.instruments.phases.warning_accounting`) as a table cell."""
     return {"warned": f"{acc['lead_steps']} steps", "late": "late", "missed": "missed",
             "false_alarm": "false alarm", "quiet": "-"}[acc["outcome"]]
 

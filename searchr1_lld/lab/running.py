@@ -132,7 +132,7 @@ def run_one(cfg: Config, method: Method, seed: int, world_dir: Path, retriever: 
     return that record. From scratch, or from the last checkpoint of an interrupted run with
     this config; with ``extend``, also from the last checkpoint of a finished run in the same directory that
     ``cfg`` only lengthens (:func:`shorter_run`; ``train_s`` then adds up both passes)."""
-    from searchr1_lld.trainer import Trainer
+    from searchr1_lld.learner.trainer import Trainer
 
     run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.run_name
     plan = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
@@ -227,7 +227,7 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
     ``extend_from``: a runs dir of the same lab trained to fewer ``trainer.total_steps``. A run missing in
     ``runs_dir`` is copied from there first and then trained on from its last checkpoint to the new length
     (:func:`run_one` with ``extend``); ``extend_from`` itself is left as it was, so its report still rebuilds."""
-    from searchr1_lld.tracking import describe_machine
+    from searchr1_lld.bookkeeping.tracking import describe_machine
 
     if sampled < 0 or train_eval < 0:
         raise ConfigError(f"--sampled and --train-eval must be >= 0 (got {sampled}, {train_eval})")

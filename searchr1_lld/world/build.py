@@ -112,7 +112,7 @@ def build_world(out_dir: Path, cfg: WorldConfig, *, progress: bool = True, measu
     from retriever.build import build_index
     from retriever.inprocess import InProcessRetriever
 
-    from searchr1_lld.tracking import ticking
+    from searchr1_lld.bookkeeping.tracking import ticking
     from searchr1_lld.world.generate import generate_world, write_world_files
     from searchr1_lld.world.measure import measure_warm_start
     from searchr1_lld.world.warm_start import build_tiny_policy
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("overrides", nargs="*", help="WorldConfig key=value overrides")
     args = parser.parse_args(argv)
-    from searchr1_lld.tracking import quiet_library_output
+    from searchr1_lld.bookkeeping.tracking import quiet_library_output
 
     quiet_library_output()
     try:

@@ -1,6 +1,6 @@
 """The learner: GRPO + LLDS on accelerate (one CPU process, one GPU, multi-GPU DDP, DeepSpeed ZeRO-2/3).
 
-One training step (:func:`searchr1_lld.step.train_step`)::
+One training step (:func:`searchr1_lld.learner.step.train_step`)::
 
     sample train_batch_size prompts (this rank's share)                       batching.PromptSampler
     rollout: n responses per prompt, policy in eval mode, no grad             run_agent_loop  (reward = EM)
@@ -44,13 +44,15 @@ from typing import Any, Sequence
 
 import torch
 
-from searchr1_lld import checkpoint as ckpt
-from searchr1_lld.best_checkpoint import BestCheckpoint, load_best, write_best
-from searchr1_lld import distributed, evaluation, factories, optim, resume, step
-from searchr1_lld.batching import PromptSampler
+from searchr1_lld.bookkeeping import checkpoint as ckpt
+from searchr1_lld.bookkeeping.best_checkpoint import BestCheckpoint, load_best, write_best
+from searchr1_lld import distributed, evaluation
+from searchr1_lld.learner import factories, optim, step
+from searchr1_lld.bookkeeping import resume
+from searchr1_lld.learner.batching import PromptSampler
 from searchr1_lld.config import Config, RolloutConfig
-from searchr1_lld.monitor import PhaseDetector, ProbeSet
-from searchr1_lld.tracking import Tracker
+from searchr1_lld.instruments.monitor import PhaseDetector, ProbeSet
+from searchr1_lld.bookkeeping.tracking import Tracker
 
 
 @dataclass
@@ -161,7 +163,7 @@ class Trainer:
             unwrapped.train(was_training)
 
     def train_step(self) -> dict[str, Any]:
-        """One GRPO(+LLDS) step (:func:`searchr1_lld.step.train_step` on the step context); returns its metrics."""
+        """One GRPO(+LLDS) step (:func:`searchr1_lld.learner.step.train_step` on the step context); returns its metrics."""
         return step.train_step(self.step_context)
 
     # ---------------------------------------------------------------- evaluation

@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from searchr1_lld.algo.spans import action_span_list
-from searchr1_lld.phases import (ALARM_PHASES, PHASE_ID, PHASES, PhaseDetector, PhaseReport,  # noqa: F401
+from searchr1_lld.instruments.phases import (ALARM_PHASES, PHASE_ID, PHASES, PhaseDetector, PhaseReport,  # noqa: F401
                                  PhaseThresholds, alarm_steps, linear_slope, reward_collapse_step, warning_accounting)
 
 NAN = float("nan")

@@ -5,7 +5,7 @@
     -> logp_new -> LLD monitor -> probe set, phase -> weights to the engine -> engine.wake_up
 
 The step composes the pure functions of ``searchr1_lld.algo``; it holds no loss math of its own. What it reads and
-advances is its :class:`StepContext`, which the :class:`~searchr1_lld.trainer.Trainer` builds once.
+advances is its :class:`StepContext`, which the :class:`~searchr1_lld.learner.trainer.Trainer` builds once.
 """
 
 from __future__ import annotations
@@ -21,21 +21,23 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import torch
 
-from searchr1_lld import batching, distributed, policy_logprobs
+from searchr1_lld.learner import batching, policy_logprobs
+
+from searchr1_lld import distributed
 from searchr1_lld.algo import advantages as adv_fns
 from searchr1_lld.algo import llds, rollout_correction
 from searchr1_lld.algo.objective import ObjectiveSpec, mini_batch_denominators, objective
-from searchr1_lld.monitor import (PHASE_ID, engine_learner_gap, first_action_ids, likelihood_metrics, rollout_metrics,
+from searchr1_lld.instruments.monitor import (PHASE_ID, engine_learner_gap, first_action_ids, likelihood_metrics, rollout_metrics,
                                   shared_first_action_fraction)
-from searchr1_lld.optim import backward, optimizer_step, sync_context
+from searchr1_lld.learner.optim import backward, optimizer_step, sync_context
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
-    from searchr1_lld.batching import PromptSampler
+    from searchr1_lld.learner.batching import PromptSampler
     from searchr1_lld.config import AlgorithmConfig, Config, LLDSConfig, RolloutCorrectionConfig
-    from searchr1_lld.monitor import PhaseDetector, ProbeSet
-    from searchr1_lld.phases import PhaseReport
+    from searchr1_lld.instruments.monitor import PhaseDetector, ProbeSet
+    from searchr1_lld.instruments.phases import PhaseReport
     from searchr1_lld.rollout.backends.base import GenerationBackend
     from searchr1_lld.rollout.types import Trajectory, TrajectoryBatch
 

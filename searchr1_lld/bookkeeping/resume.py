@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from searchr1_lld import checkpoint as ckpt
+from searchr1_lld.bookkeeping import checkpoint as ckpt
 from searchr1_lld import distributed
-from searchr1_lld.best_checkpoint import BEST_FILE
-from searchr1_lld.tracking import WANDB_RUN_FILE
+from searchr1_lld.bookkeeping.best_checkpoint import BEST_FILE
+from searchr1_lld.bookkeeping.tracking import WANDB_RUN_FILE
 from searchr1_lld.config import Config, ConfigError, config_differences, flatten_dict, read_yaml, save_config
 
 # Keys that say where a run lives, not what it does: never compared on resume.

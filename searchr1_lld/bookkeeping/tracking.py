@@ -24,7 +24,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
-from searchr1_lld.monitor import PHASES
+from searchr1_lld.instruments.monitor import PHASES
 
 def describe_machine() -> str:
     """This CPU's model name and core count, e.g. ``AMD EPYC 7B13, 2 cores`` (a CPU run's figures depend on the CPU;

@@ -238,7 +238,7 @@ def checkpoint_step(path: str | Path) -> int:
 
 def prune_checkpoints(run_dir: str | Path, keep_last_k: int, keep_steps: Collection[int] = ()) -> list[Path]:
     """Delete every complete checkpoint except the last ``keep_last_k`` and those of ``keep_steps`` (the best
-    checkpoint: searchr1_lld/best_checkpoint.py); main process only. Returns the deleted paths."""
+    checkpoint: searchr1_lld/bookkeeping/best_checkpoint.py); main process only. Returns the deleted paths."""
     if keep_last_k < 1:
         raise ValueError("keep_last_k must be >= 1")
     keep = set(keep_steps)
