@@ -1,5 +1,7 @@
-"""The shape of the code: no import cycle among first-party modules, the core never imports the synthetic world, no
-first-party package under a generic top-level name, modules of one job each (a few hundred lines)."""
+"""The shape of the code: no import cycle among first-party modules nor among their folders (imports inside functions
+included), imports inside functions only where they defer a heavy optional dependency (and say which), the core never
+imports the synthetic world, no first-party package under a generic top-level name, modules of one job each (a few
+hundred lines), functions a reader holds in their head (at most 60 lines), no untyped config."""
 
 from __future__ import annotations
 
@@ -15,6 +17,12 @@ PACKAGES = ("searchr1_lld", "retriever")
 WORLD = "searchr1_lld.world"
 WORLD_USERS = ("searchr1_lld.world", "searchr1_lld.lab", "searchr1_lld.demo")
 MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 60
+# the optional dependencies heavy enough to defer: an import inside a function says which one it defers, as
+# ``# deferred: <dependency>`` on its line, and the imported module must import that dependency at its top
+HEAVY_DEPENDENCIES = ("vllm", "deepspeed", "faiss", "wandb", "bm25s", "matplotlib", "pyarrow", "uvicorn", "fastapi",
+                      "datasets", "transformers", "torch")
+MAX_DEFERRED_IMPORTS = 40
 
 
 def first_party_modules() -> dict[str, Path]:
@@ -95,6 +103,121 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_no_import_cycle_among_first_party_modules():
     assert cycles(import_graph(first_party_modules())) == []
+
+
+def folder_of(module: str, modules: dict[str, Path]) -> str:
+    """The folder node of a module: a top-level package's sub-package (``searchr1_lld.rollout.backends.hf`` ->
+    ``searchr1_lld.rollout``), or the module itself when it sits at a package's root (``searchr1_lld.demo``)."""
+    parts = module.split(".")
+    if len(parts) >= 2 and ".".join(parts[:2]) in modules and modules[".".join(parts[:2])].name == "__init__.py":
+        return ".".join(parts[:2])
+    return module
+
+
+def folder_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for m, targets in import_graph(modules).items():
+        src = folder_of(m, modules)
+        graph.setdefault(src, set()).update(folder_of(t, modules) for t in targets)
+        graph[src].discard(src)
+    for targets in list(graph.values()):
+        for t in targets:
+            graph.setdefault(t, set())
+    return graph
+
+
+def test_the_folder_graph_collapses_sub_packages():
+    modules = first_party_modules()
+    assert folder_of("searchr1_lld.rollout.backends.hf", modules) == "searchr1_lld.rollout"
+    assert folder_of("searchr1_lld.demo", modules) == "searchr1_lld.demo"
+    assert cycles({"searchr1_lld.lab": {"searchr1_lld.demo"}, "searchr1_lld.demo": {"searchr1_lld.lab"}}) != []
+
+
+def test_no_import_cycle_among_folders():
+    """A folder is one node (sub-packages included); imports inside functions count: a loop hidden behind a lazy
+    import is a loop."""
+    assert cycles(folder_graph(first_party_modules())) == []
+
+
+def deferred_imports(modules: dict[str, Path]) -> list[tuple[str, int, str, str]]:
+    """(file, line, imported first-party module, the line's ``# deferred:`` reason or "") of every first-party
+    import inside a function."""
+    out = []
+    for m, f in modules.items():
+        lines = f.read_text().splitlines()
+        for fn in ast.walk(ast.parse(f.read_text())):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom):
+                    names = [node.module or ""] if not node.level else [f"{m}.{node.module or ''}"]
+                elif isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                else:
+                    continue
+                for name in names:
+                    if node.__class__ is ast.ImportFrom and node.level:
+                        name = "first-party (relative)"
+                    elif name.split(".")[0] not in PACKAGES:
+                        continue
+                    line = lines[node.lineno - 1] if node.end_lineno == node.lineno else "\n".join(
+                        lines[node.lineno - 1: node.end_lineno])
+                    reason = line.split("# deferred:", 1)[1].strip() if "# deferred:" in line else ""
+                    out.append((str(f.relative_to(REPO_ROOT)), node.lineno, name, reason))
+    return out
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """The top-level distributions a module imports outside any function (``import torch.nn`` -> ``torch``)."""
+    out = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            out.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_imports_inside_functions_defer_a_heavy_dependency():
+    """A first-party import inside a function is there to defer a heavy optional dependency, and says which one
+    (``# deferred: vllm``); the module it imports does import that dependency at its top. Any other belongs at the
+    top of the file (a loop it would close is a design problem, not an import-order one)."""
+    modules = first_party_modules()
+    found = deferred_imports(modules)
+    unexplained = [f"{f}:{n} {name}" for f, n, name, reason in found if not reason]
+    assert unexplained == [], "move to the top of the file, or say what is deferred (# deferred: <dependency>)"
+    wrong = []
+    for f, n, name, reason in found:
+        dep = reason.split()[0].rstrip(":,")
+        target = name
+        while target and target not in modules:
+            target = target.rpartition(".")[0]
+        if dep not in HEAVY_DEPENDENCIES or not target or dep not in top_level_imports(modules[target]):
+            wrong.append(f"{f}:{n} {name} # deferred: {reason}")
+    assert wrong == [], f"the reason must name one of {HEAVY_DEPENDENCIES} that the imported module imports at its top"
+    assert len(found) <= MAX_DEFERRED_IMPORTS, f"{len(found)} deferred imports: {found}"
+
+
+def test_functions_fit_in_a_head():
+    long = []
+    for m, f in first_party_modules().items():
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long.append(f"{f.relative_to(REPO_ROOT)}:{node.lineno} {node.name} ({n} lines)")
+    assert long == [], f"cut into named stages (at most {MAX_FUNCTION_LINES} lines each): {long}"
+
+
+def test_the_config_is_typed_where_it_is_passed():
+    untyped = []
+    for m, f in first_party_modules().items():
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for a in node.args.args + node.args.kwonlyargs:
+                    if a.arg in ("cfg", "config") and (a.annotation is None or ast.unparse(a.annotation) == "Any"):
+                        untyped.append(f"{f.relative_to(REPO_ROOT)}:{node.lineno} {node.name}({a.arg})")
+    assert untyped == [], f"annotate with the config's dataclass: {untyped}"
 
 
 def test_the_core_never_imports_the_synthetic_world():
