@@ -137,12 +137,12 @@ def _main(argv: list[str] | None = None) -> int:
 
     quiet_library_output()
     trainer = Trainer(cfg, run_dir=run_dir)
-    main_proc = trainer.accelerator.is_main_process
+    main_proc = trainer.learner.dist.is_main
     if main_proc:
         print(f"run directory: {trainer.run_dir}", flush=True)
     result = trainer.run(evaluate=not args.no_eval, allow_changes=[k for a in args.allow_change for k in a.split(",")])
     if main_proc:
-        print(f"steps: {result.steps}  skipped updates: {result.skipped_steps}")
+        print(f"steps: {result.steps}  skipped updates: {result.skipped_updates}")
         print(f"run directory: {result.run_dir}", flush=True)
     return 0
 

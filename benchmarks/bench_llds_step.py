@@ -32,11 +32,8 @@ import time
 from typing import Any, Callable
 
 from searchr1_lld.bookkeeping import checkpoint
-
-from searchr1_lld import distributed
-
-from searchr1_lld.learner import step
 from searchr1_lld.config import load_config
+from searchr1_lld.learner import step
 
 
 def _llds(enabled: bool) -> Callable[[Any], None]:
@@ -52,12 +49,12 @@ VARIANTS: dict[str, Callable[[Any], None]] = {"llds_on": _llds(True), "llds_off"
 def snapshot(tr: Any) -> dict[str, Any]:
     """Everything one train_step reads and changes, copied."""
     return {
-        "model": {k: v.detach().clone() for k, v in tr.model.state_dict().items()},
-        "optimizer": copy.deepcopy(tr.optimizer.state_dict()),
-        "scheduler": copy.deepcopy(tr.scheduler.state_dict()),
+        "model": {k: v.detach().clone() for k, v in tr.learner.model.state_dict().items()},
+        "optimizer": copy.deepcopy(tr.learner.optimizer.state_dict()),
+        "scheduler": copy.deepcopy(tr.learner.scheduler.state_dict()),
         "sampler": dict(tr.sampler.state()),
         "step": tr.step,
-        "skipped_steps": tr.skipped_steps,
+        "skipped_updates": tr.skipped_updates,
         "detector": copy.deepcopy(tr.detector),
         "probe": copy.deepcopy(tr.probe),
         "rng": checkpoint.capture_rng_state(),
@@ -65,16 +62,15 @@ def snapshot(tr: Any) -> dict[str, Any]:
 
 
 def restore(tr: Any, state: dict[str, Any]) -> None:
-    tr.model.load_state_dict(state["model"])
-    tr.optimizer.load_state_dict(state["optimizer"])
-    tr.scheduler.load_state_dict(state["scheduler"])
+    tr.learner.model.load_state_dict(state["model"])
+    tr.learner.optimizer.load_state_dict(state["optimizer"])
+    tr.learner.scheduler.load_state_dict(state["scheduler"])
     tr.sampler.load_state(state["sampler"])
-    tr.step, tr.skipped_steps = state["step"], state["skipped_steps"]
-    # the step reads them from its context: both names must hold the restored objects
-    tr.detector = tr.step_context.detector = copy.deepcopy(state["detector"])
-    tr.probe = tr.step_context.probe = copy.deepcopy(state["probe"])
+    tr.step, tr.skipped_updates = state["step"], state["skipped_updates"]
+    tr.detector = copy.deepcopy(state["detector"])
+    tr.probe = copy.deepcopy(state["probe"])
     checkpoint.restore_rng_state(state["rng"])
-    distributed.sync_weights_to_engine(tr.accelerator, tr.model, tr.backend)
+    tr.learner.sync_engine()
 
 
 def timed_step(tr: Any) -> tuple[float, float, dict[str, Any]]:

@@ -4,7 +4,7 @@ records a failed part as {"<part>_error": message} so that the rest of its secti
 Models are random-initialised from the Qwen2.5 configs in benchmarks/model_configs/ (``--smoke``: the same configs
 shrunk to toy width, depth and vocabulary); nothing is downloaded. Every measurement goes through the project's own
 code: the HF rollout backend and agent loop (rollout), ``step.update_policy`` / ``step.batch_logprobs`` on a
-:class:`~searchr1_lld.learner.step.StepContext` (learner, monitor), ``algo.logprobs`` (log-probs).
+:class:`~searchr1_lld.learner.state.Learner` and ``learner.step`` (learner, monitor), ``algo.logprobs`` (log-probs).
 """
 
 from __future__ import annotations
@@ -261,9 +261,10 @@ def synthetic_batch(rows: int, tokens: int, vocab: int, group: int = 4):
 
 
 def learner_context(model_name: str, smoke: bool, shapes: dict, accelerator: Any, with_reference: bool):
-    from searchr1_lld.learner import factories, optim
     from searchr1_lld.config import Config
-    from searchr1_lld.learner.step import StepContext
+    from searchr1_lld.distributed import DistributedFacts
+    from searchr1_lld.learner import factories, optim
+    from searchr1_lld.learner.state import Learner
 
     cfg = Config()
     tc = cfg.trainer
@@ -280,12 +281,12 @@ def learner_context(model_name: str, smoke: bool, shapes: dict, accelerator: Any
     if with_reference:
         ref = random_model(model_name, smoke, dev, torch.float32).eval().requires_grad_(False)
     optimizer, scheduler = optim.make_optimizer(model, tc, total_updates=1000)
-    factories.configure_deepspeed(accelerator, tc)  # DeepSpeed: one micro-batch per engine call, clipping
+    dist = DistributedFacts.of(accelerator)
+    factories.configure_deepspeed(accelerator, dist, tc)  # DeepSpeed: one micro-batch per engine call, clipping
     model, optimizer = accelerator.prepare(model, optimizer)
-    ctx = StepContext(cfg=cfg, accelerator=accelerator, model=model, ref_model=ref, optimizer=optimizer,
-                      scheduler=scheduler, backend=None, rollout=None, pad_token_id=2, sampler=None, probe=None,
-                      detector=None)
-    return ctx, model_config(model_name, smoke).vocab_size
+    learner = Learner(cfg=cfg, accelerator=accelerator, dist=dist, model=model, optimizer=optimizer, scheduler=scheduler,
+                  ref_model=ref, tokenizer=None, backend=None, retriever=None)  # no rollout: synthetic batches
+    return learner, model_config(model_name, smoke).vocab_size
 
 
 def timed(fn: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
@@ -296,11 +297,11 @@ def timed(fn: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
     return result, time.perf_counter() - t0
 
 
-def learner_update(ctx: Any, batch: Any, llds_on: bool, logp_old, logp_ref, advantages) -> float:
+def learner_update(learner: Any, batch: Any, llds_on: bool, logp_old, logp_ref, advantages) -> float:
     from searchr1_lld.learner import step
-    ctx.cfg.algorithm.llds.enabled = llds_on  # read by step.objective_spec at every update
-    _, seconds = timed(lambda: step.update_policy(ctx, batch, advantages, logp_old, logp_ref, None, None),
-                       ctx.accelerator.device)
+    learner.cfg.algorithm.llds.enabled = llds_on  # read by step.objective_spec at every update
+    _, seconds = timed(lambda: step.update_policy(learner, batch, advantages, logp_old, logp_ref, None, None, step=0),
+                       learner.accelerator.device)
     return seconds
 
 
@@ -311,21 +312,21 @@ def measure_learner(model_name: str, smoke: bool, shapes: dict, accelerator: Any
     from searchr1_lld.algo import advantages as adv_fns
 
     dev = accelerator.device
-    ctx, vocab = learner_context(model_name, smoke, shapes, accelerator, with_reference)
+    learner, vocab = learner_context(model_name, smoke, shapes, accelerator, with_reference)
     batch = synthetic_batch(shapes["rows"], shapes["tokens_per_row"], vocab)
     advantages = adv_fns.grpo_outcome_advantages(batch.rewards, batch.group_ids)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    logp_old, t_old = timed(lambda: step.batch_logprobs(ctx, ctx.model, batch), dev)
-    logp_ref, t_ref = (timed(lambda: step.batch_logprobs(ctx, ctx.ref_model, batch), dev) if with_reference
+    logp_old, t_old = timed(lambda: step.batch_logprobs(learner, learner.model, batch), dev)
+    logp_ref, t_ref = (timed(lambda: step.batch_logprobs(learner, learner.ref_model, batch), dev) if with_reference
                        else (None, 0.0))
-    learner_update(ctx, batch, True, logp_old, logp_ref, advantages)  # warm-up (also allocates AdamW's state)
+    learner_update(learner, batch, True, logp_old, logp_ref, advantages)  # warm-up (also allocates AdamW's state)
     persistent = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0  # weights, AdamW state, reference
     times: dict[bool, list[float]] = {True: [], False: []}
     for k in range(pairs):
         for llds_on in ((True, False) if k % 2 == 0 else (False, True)):
-            times[llds_on].append(learner_update(ctx, batch, llds_on, logp_old, logp_ref, advantages))
-    _, t_monitor = timed(lambda: step.batch_logprobs(ctx, ctx.model, batch), dev)
+            times[llds_on].append(learner_update(learner, batch, llds_on, logp_old, logp_ref, advantages))
+    _, t_monitor = timed(lambda: step.batch_logprobs(learner, learner.model, batch), dev)
     updates = shapes["rows"] // shapes["rows_per_mini"]  # optimiser steps per update_policy call
     on, off = statistics.median(times[True]), statistics.median(times[False])
     res = {f"{label}_optimizer_step_s_llds_on": on / updates, f"{label}_optimizer_step_s_llds_off": off / updates,

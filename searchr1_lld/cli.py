@@ -15,6 +15,13 @@ import traceback
 from pathlib import Path
 from typing import Callable, Sequence
 
+from huggingface_hub.errors import HFValidationError
+
+from retriever.client import RetrieverError
+from retriever.faiss_index import FaissSetupError
+from searchr1_lld.config import ConfigError
+from searchr1_lld.evaluation import EvalError
+
 
 class UserError(Exception):
     """A problem with what the user asked for; the message says what and how to fix it."""
@@ -49,32 +56,11 @@ def check_model_source(name: str, what: str, *, tokenizer: bool = False) -> None
 
 def _friendly(exc: BaseException) -> str | None:
     """The one-line message of an error the user can fix, or None for a bug."""
-    from searchr1_lld.config import ConfigError
-
-    kinds: list[type] = [UserError, ConfigError, OSError]
-    try:
-        from searchr1_lld.evaluation import EvalError
-
-        kinds.append(EvalError)
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        from retriever.client import RetrieverError
-        from retriever.faiss_index import FaissSetupError
-
-        kinds.extend((RetrieverError, FaissSetupError))
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        from huggingface_hub.errors import HFValidationError
-
-        kinds.append(HFValidationError)
-    except ImportError:  # pragma: no cover
-        pass
-    if not isinstance(exc, tuple(kinds)):
+    kinds = (UserError, ConfigError, OSError, EvalError, RetrieverError, FaissSetupError, HFValidationError)
+    if not isinstance(exc, kinds):
         return None
     text = " ".join(str(exc).split())
-    if isinstance(exc, (UserError, ConfigError)) or type(exc).__name__ == "EvalError":
+    if isinstance(exc, (UserError, ConfigError, EvalError)):
         return text
     return f"{type(exc).__name__}: {text}"
 

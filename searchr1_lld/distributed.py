@@ -1,10 +1,12 @@
-"""Multi-process glue of the learner: which engine runs it (DDP / DeepSpeed ZeRO-n), the small all-reduces every rank
-must agree on, and the learner -> rollout-engine weight stream. No math."""
+"""Multi-process facts and collectives: which engine runs the learner (DDP / DeepSpeed ZeRO-n), resolved once into a
+:class:`DistributedFacts`, the small all-reduces every rank must agree on, rendezvous ports. No math; a leaf that the
+learner, the run bookkeeping, the evaluator and the rollout engines share."""
 
 from __future__ import annotations
 
 import socket
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -18,6 +20,24 @@ def free_ports(n: int = 1, host: str = "127.0.0.1") -> list[int]:
         for s in socks:
             s.bind((host, 0))
         return [s.getsockname()[1] for s in socks]
+
+
+@dataclass(frozen=True)
+class DistributedFacts:
+    """What the learner asks about its processes, resolved once at set-up (:meth:`of`)."""
+
+    deepspeed: bool  # the model runs through a DeepSpeed engine
+    zero_stage: int  # the DeepSpeed ZeRO stage (0 without DeepSpeed)
+    world_size: int  # processes (data-parallel ranks)
+    rank: int  # this process's index
+    is_main: bool  # rank 0: the process that writes the run directory
+
+    @classmethod
+    def of(cls, accelerator: Any) -> DistributedFacts:
+        return cls(deepspeed=is_deepspeed(accelerator), zero_stage=zero_stage(accelerator),
+                   world_size=accelerator.num_processes, rank=accelerator.process_index,
+                   is_main=accelerator.is_main_process)
+
 
 def is_deepspeed(accelerator: Any) -> bool:
     """True when ``accelerator`` runs the model through a DeepSpeed engine (False for None: no accelerator)."""
@@ -78,34 +98,3 @@ def reduce_metrics(accelerator: Any, metrics: dict[str, Any]) -> dict[str, Any]:
     vals = torch.tensor([metrics[k] for k in keys], device=accelerator.device)
     vals = accelerator.reduce(vals, "mean")
     return {**metrics, **{k: float(v) for k, v in zip(keys, vals.tolist())}}
-
-
-def iter_gathered_named_parameters(model: torch.nn.Module, gather: Any = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) of every parameter of a ZeRO-3 partitioned model, gathered one module at a time
-    (``gather(params)``: a context manager, default ``deepspeed.zero.GatheredParameters``; never the whole model on
-    one rank). A parameter shared by several modules (tied embeddings) is yielded once, under its first name. The
-    tensor is valid only until the next item is requested (the module is re-partitioned when the gather exits)."""
-    if gather is None:
-        import deepspeed
-
-        gather = lambda params: deepspeed.zero.GatheredParameters(params, modifier_rank=None)  # noqa: E731
-    seen: set[int] = set()
-    for mod_name, module in model.named_modules():
-        params = [(n, p) for n, p in module.named_parameters(recurse=False) if id(p) not in seen]
-        if not params:
-            continue
-        seen.update(id(p) for _, p in params)
-        with gather([p for _, p in params]):
-            for pname, p in params:
-                yield (f"{mod_name}.{pname}" if mod_name else pname), p.detach()
-
-
-def sync_weights_to_engine(accelerator: Any, model: torch.nn.Module, backend: Any, gather: Any = None) -> None:
-    """Learner -> rollout engine after the step's updates: stream (name, tensor) through ``backend.load_weights``
-    (ZeRO-3: gathered module by module; ZeRO-0/2: every rank holds the full parameters)."""
-    unwrapped = accelerator.unwrap_model(model)
-    if zero_stage(accelerator) == 3:
-        named = iter_gathered_named_parameters(unwrapped, gather)
-    else:
-        named = ((name, p.detach()) for name, p in unwrapped.named_parameters())
-    backend.load_weights(named)

@@ -36,6 +36,7 @@ import yaml
 
 from searchr1_lld.config import ConfigError, load_config
 from searchr1_lld.jsonl import read_jsonl
+from searchr1_lld.learner.trainer import train
 
 COLLAPSE_PHASE = "accelerated_collapse"
 DEFAULT_ACCELERATE_CONFIG = "configs/accelerate/zero2_8gpu.yaml"
@@ -123,8 +124,6 @@ def launch_command(base_config: str | Path, run: RunSpec, *, accelerate_config: 
 
 def run_local(base_config: str | Path, runs: Sequence[RunSpec], extra_overrides: Sequence[str] = ()) -> list[Path]:
     """Train each run in turn in this process with :func:`searchr1_lld.learner.trainer.train`; returns their run dirs."""
-    from searchr1_lld.learner.trainer import train
-
     run_dirs = []
     for i, run in enumerate(runs):
         print(f"[sweep] run {i + 1}/{len(runs)}: {run.name}  ({' '.join(run.overrides)})", flush=True)

@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from searchr1_lld.learner import batching, step
+from searchr1_lld.learner import batching, optim, step
 from searchr1_lld.config import load_config
-from searchr1_lld.distributed import iter_gathered_named_parameters, zero_stage
+from searchr1_lld.learner.weight_sync import iter_gathered_named_parameters
 from searchr1_lld.learner.trainer import Trainer
 
 RANK = int(os.environ.get("RANK", "0"))
@@ -35,35 +35,35 @@ if RANK == 1:  # rank 1: one response per micro-batch -> more micro-batches than
     one_each = lambda lengths, indices, budget: [[i] for i in sorted(indices)]  # noqa: E731
     batching.micro_batches_by_tokens = one_each  # the updates' plan and the no-grad log-prob passes call it here
 
-_train_step, _backward = step.train_step, step.backward
+_train_step, _backward = step.train_step, optim.backward
 
 
-def _train_step_nan_once_at_step_1(ctx: step.StepContext) -> dict:
+def _train_step_nan_once_at_step_1(learner, rows, *, step: int, **kwargs):
     """Rank 1, step 1 (of each run): the step's first micro-batch loss is NaN, so its first update is non-finite."""
-    if RANK != 1 or ctx.step != 1 or os.environ.get("MULTIRANK_NO_NAN"):
-        return _train_step(ctx)
+    if RANK != 1 or step != 1 or os.environ.get("MULTIRANK_NO_NAN"):
+        return _train_step(learner, rows, step=step, **kwargs)
     nan_pending = True
 
-    def backward_nan_first(accelerator, model, loss, last):
+    def backward_nan_first(accelerator, facts, model, loss, last):
         nonlocal nan_pending
         if nan_pending:
             nan_pending = False
             loss = loss * float("nan")
-        return _backward(accelerator, model, loss, last)
+        return _backward(accelerator, facts, model, loss, last)
 
-    step.backward = backward_nan_first
+    optim.backward = backward_nan_first
     try:
-        return _train_step(ctx)
+        return _train_step(learner, rows, step=step, **kwargs)
     finally:
-        step.backward = _backward
+        optim.backward = _backward
 
 
 step.train_step = _train_step_nan_once_at_step_1
 
 
 def flat_params(tr: Trainer) -> torch.Tensor:
-    unwrapped = tr.accelerator.unwrap_model(tr.model)
-    named = iter_gathered_named_parameters(unwrapped) if zero_stage(tr.accelerator) == 3 else (
+    unwrapped = tr.learner.module
+    named = iter_gathered_named_parameters(unwrapped) if tr.learner.dist.zero_stage == 3 else (
         (n, p.detach()) for n, p in unwrapped.named_parameters())
     return torch.cat([p.reshape(-1).float().cpu() for _, p in named])
 
@@ -71,7 +71,7 @@ def flat_params(tr: Trainer) -> torch.Tensor:
 def record_rollouts(tr: Trainer, steps: list) -> None:
     """Wrap the trainer's rollout so that each step's trajectories (rank, prompt id, response ids, engine log-probs)
     are appended to ``steps``, gathered from every rank."""
-    rollout = tr.step_context.rollout
+    rollout = tr.learner.rollout
 
     def recording(rows, **kwargs):
         trajs = rollout(rows, **kwargs)
@@ -81,7 +81,7 @@ def record_rollouts(tr: Trainer, steps: list) -> None:
         steps.append([t for rank_trajs in gathered for t in rank_trajs])
         return trajs
 
-    tr.step_context.rollout = recording
+    tr.learner.rollout = recording
 
 
 def ranks_identical(vec: torch.Tensor) -> bool:
@@ -118,8 +118,8 @@ if RANK == 0:
     keys = ("actor/updates", "actor/skipped_updates", "actor/micro_batches", "actor/padding_micro_batches",
             "actor/grad_norm", "actor/lr", "actor/kl_ref_first_update")
     result = {
-        "stage": zero_stage(a.accelerator), "world_size": a.world_size, "engine": type(a.model).__name__,
-        "ref_type": type(a.ref_model).__name__ if a.ref_model is not None else None,
+        "stage": a.learner.dist.zero_stage, "world_size": a.learner.dist.world_size, "engine": type(a.learner.model).__name__,
+        "ref_type": type(a.learner.ref_model).__name__ if a.learner.ref_model is not None else None,
         "ranks_identical_a": ident_a, "ranks_identical_b": ident_b, "a_equals_b": bool(torch.equal(vec_a, vec_b)),
         "a_b_max_abs_diff": float((vec_a - vec_b).abs().max()),
         "steps_b_ran": len(res_b.history), "kl_ref_first_update_step0": kl0,

@@ -8,14 +8,14 @@ itself (one module gathered at a time, tied weights once) is checked with fake a
 from __future__ import annotations
 
 import contextlib
-from types import SimpleNamespace
+import dataclasses
 
 import pytest
 import torch
 
-import searchr1_lld.distributed as distributed
+import searchr1_lld.learner.state as learner_state
 from searchr1_lld.config import load_config
-from searchr1_lld.distributed import iter_gathered_named_parameters, sync_weights_to_engine
+from searchr1_lld.learner.weight_sync import iter_gathered_named_parameters, sync_weights_to_engine
 from searchr1_lld.rollout.backends.hf import HFBackend
 from searchr1_lld.learner.trainer import Trainer
 
@@ -78,12 +78,12 @@ def _collapse(events):
 def attach_recording_engine(tr, events: list):
     """Give trainer ``tr`` an engine holding its own copy of the policy (as vLLM does, so the weight stream is really
     read and applied), recording its calls and every optimiser step into ``events``. Returns the engine's model."""
-    learner = tr.accelerator.unwrap_model(tr.model)
+    learner = tr.learner.module
     engine_model = type(learner)(learner.config)
     engine_model.load_state_dict(learner.state_dict())
     # the trainer generates through its backend, the step puts it to sleep, streams it the weights and wakes it
-    tr.backend = tr.step_context.backend = RecordingBackend(HFBackend(engine_model, tr.tokenizer), events)
-    opt = getattr(tr.optimizer, "optimizer", tr.optimizer)
+    tr.learner.backend = RecordingBackend(HFBackend(engine_model, tr.learner.tokenizer), events)
+    opt = getattr(tr.learner.optimizer, "optimizer", tr.learner.optimizer)
     opt.register_step_post_hook(lambda *a: events.append("update"))
     return engine_model
 
@@ -92,14 +92,15 @@ def attach_recording_engine(tr, events: list):
 @pytest.mark.parametrize("stage", [0, 2, 3])
 def test_trainer_drives_the_engine_in_order(tmp_path, tiny_world, shared_retriever, monkeypatch, stage):
     events: list = []
-    real_sync = distributed.sync_weights_to_engine
-    monkeypatch.setattr(distributed, "sync_weights_to_engine",
-                        lambda acc, model, backend: real_sync(acc, model, backend, gather=recording_gather(events)))
+    real_sync = learner_state.sync_weights_to_engine
+    monkeypatch.setattr(learner_state, "sync_weights_to_engine",
+                        lambda module, backend, zero3: real_sync(module, backend, zero3=zero3,
+                                                                 gather=recording_gather(events)))
     cfg = load_config(None, SMALL + [f"trainer.output_dir={tmp_path}", "trainer.run_name=run", "trainer.probe_every=0"])
     tr = Trainer(on_world(cfg, tiny_world), retriever=shared_retriever)
     # the sync path of that ZeRO stage (patched after set-up: a real ZeRO-3 set-up needs a DeepSpeed engine)
-    monkeypatch.setattr(distributed, "zero_stage", lambda acc: stage)
-    learner = tr.accelerator.unwrap_model(tr.model)
+    tr.learner.dist = dataclasses.replace(tr.learner.dist, zero_stage=stage)
+    learner = tr.learner.module
     engine_model = attach_recording_engine(tr, events)
 
     tr.train_step()
@@ -108,7 +109,7 @@ def test_trainer_drives_the_engine_in_order(tmp_path, tiny_world, shared_retriev
     step = ["generate", "sleep", "update", "load_weights", "wake_up"]
     assert _collapse(events) == step + step
     n_params = len(list(learner.parameters()))
-    for stream in tr.backend.streams:
+    for stream in tr.learner.backend.streams:
         assert [n for n, _ in stream] == [n for n, _ in learner.named_parameters()]  # every weight once, in order
     assert events.count("tensor") == 2 * n_params
     gathers = [e for e in events if isinstance(e, tuple)]
@@ -131,14 +132,6 @@ class Tied(torch.nn.Module):
         self.head.weight = self.embed.weight  # tied embeddings
 
 
-def _fake_accelerator(stage):
-    if stage == 0:
-        return SimpleNamespace(distributed_type="NO", unwrap_model=lambda m: m)
-    plugin = SimpleNamespace(deepspeed_config={"zero_optimization": {"stage": stage}})
-    return SimpleNamespace(distributed_type="DEEPSPEED", state=SimpleNamespace(deepspeed_plugin=plugin),
-                           unwrap_model=lambda m: m)
-
-
 @pytest.mark.parametrize("stage", [0, 2, 3])
 def test_sync_streams_each_weight_once_one_module_gathered_at_a_time(stage):
     model = Tied()
@@ -158,7 +151,7 @@ def test_sync_streams_each_weight_once_one_module_gathered_at_a_time(stage):
                 owner = dict(model.named_parameters())[name]
                 log.append((name, bool(active) and id(owner) in active[0]))
 
-    sync_weights_to_engine(_fake_accelerator(stage), model, Backend(), gather=gather)
+    sync_weights_to_engine(model, Backend(), zero3=stage == 3, gather=gather)
     names = [n for n, _ in log]
     assert names == ["embed.weight", "body.0.weight", "body.0.bias", "body.1.weight", "body.1.bias"]  # tied: once
     assert all(gathered for _, gathered in log) == (stage == 3) and any(g for _, g in log) == (stage == 3)
@@ -184,15 +177,15 @@ cfg = load_config(None, SMALL + [f"trainer.output_dir={out}", "trainer.run_name=
                                  "trainer.device=cpu", "trainer.train_batch_size=4", "trainer.ppo_mini_batch_size=2"])
 tr = Trainer(on_world(cfg, world))
 events = []
-learner = tr.accelerator.unwrap_model(tr.model)
+learner = tr.learner.module
 engine = attach_recording_engine(tr, events)
 tr.train_step()
 same = all(bool((p.detach() == q.detach()).all()) for p, q in zip(learner.parameters(), engine.parameters()))
 # one file per rank: two ranks printing to one pipe can interleave their lines
 import os
 os.makedirs(out, exist_ok=True)
-with open(f"{out}/result-{tr.rank}.json", "w") as f:
-    json.dump({"rank": tr.rank, "world": tr.world_size, "order": _collapse(events), "engine_synced": same}, f)
+with open(f"{out}/result-{tr.learner.dist.rank}.json", "w") as f:
+    json.dump({"rank": tr.learner.dist.rank, "world": tr.learner.dist.world_size, "order": _collapse(events), "engine_synced": same}, f)
 """
 
 

@@ -42,7 +42,7 @@ def _cfg(tmp_path, *extra):
 
 def _trainer(cfg, tiny_world, retriever, reward_of_index=lambda i: float(i % 2 == 0)):
     tr = Trainer(on_world(cfg, tiny_world), retriever=retriever)
-    real_rollout = tr.step_context.rollout
+    real_rollout = tr.learner.rollout
 
     def rollout_with_mixed_rewards(rows, **kw):
         # the untrained tiny test policy rarely answers right: set the rewards by hand (default: every group one
@@ -53,7 +53,7 @@ def _trainer(cfg, tiny_world, retriever, reward_of_index=lambda i: float(i % 2 =
                 t.reward = reward_of_index(i)
         return trajs
 
-    tr.step_context.rollout = rollout_with_mixed_rewards  # what the step rolls out with
+    tr.learner.rollout = rollout_with_mixed_rewards  # what the step rolls out with
     return tr
 
 
@@ -89,25 +89,25 @@ def test_micro_batches_in_several_passes_train_as_in_one(tmp_path, tiny_world, s
     cfg = _cfg(tmp_path, "algorithm.loss_scale=micro-batch-mean", "trainer.ppo_mini_batch_size=4",
                "trainer.ppo_epochs=1", "algorithm.llds.gate=none", "trainer.micro_batch_size=2")
     tr = _trainer(cfg, tiny_world, shared_retriever)
-    ctx = tr.step_context
+    learner = tr.learner
     step.seed_everything(0)
-    batch = to_batch(ctx.rollout(ctx.sampler.next_batch()), ctx.pad_token_id)
+    batch = to_batch(learner.rollout(tr.sampler.next_batch()), learner.tokenizer.pad_token_id)
     adv = grpo_outcome_advantages(batch.rewards, batch.group_ids)
-    logp_old = step.batch_logprobs(ctx, ctx.model, batch)
-    logp_ref = step.batch_logprobs(ctx, ctx.ref_model, batch)
-    weights = _params(tr.model)
-    grads, real_step = [], tr.optimizer.step
+    logp_old = step.batch_logprobs(learner, learner.model, batch)
+    logp_ref = step.batch_logprobs(learner, learner.ref_model, batch)
+    weights = _params(tr.learner.model)
+    grads, real_step = [], tr.learner.optimizer.step
 
     def recording_step(*args, **kwargs):  # the accumulated gradient of the update, then no step at all
-        grads.append(torch.cat([p.grad.reshape(-1) for p in tr.model.parameters() if p.grad is not None]).clone())
+        grads.append(torch.cat([p.grad.reshape(-1) for p in tr.learner.model.parameters() if p.grad is not None]).clone())
 
-    tr.optimizer.step = recording_step
+    tr.learner.optimizer.step = recording_step
     out = {}
     for budget in (100_000, 1):
-        ctx.cfg.trainer.micro_batch_token_budget = budget
-        out[budget] = step.update_policy(ctx, batch, adv, logp_old, logp_ref, None, None)
-        assert all(torch.equal(a, b) for a, b in zip(weights, _params(tr.model)))
-    tr.optimizer.step = real_step
+        learner.cfg.trainer.micro_batch_token_budget = budget
+        out[budget] = step.update_policy(learner, batch, adv, logp_old, logp_ref, None, None, step=0)
+        assert all(torch.equal(a, b) for a, b in zip(weights, _params(tr.learner.model)))
+    tr.learner.optimizer.step = real_step
     assert out[100_000]["actor/micro_batches"] == 2 and out[1]["actor/micro_batches"] == 4  # forward passes
     assert float(grads[0].norm()) > 0
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-7)
@@ -119,9 +119,9 @@ def test_one_real_step(tmp_path, tiny_world, shared_retriever, variant):
     # group 0 = [correct, wrong] drives the update; group 1 = [wrong, wrong] has advantage 0 (in LLDS's preserving
     # set) and its likelihood is moved only by group 0's update, so some of its tokens fall and LLDS acts on them
     tr = _trainer(_cfg(tmp_path, *extra), tiny_world, shared_retriever, reward_of_index=lambda i: float(i == 0))
-    before = _params(tr.model)
+    before = _params(tr.learner.model)
     m = tr.train_step()
-    after = _params(tr.model)
+    after = _params(tr.learner.model)
     assert any(not torch.equal(a, b) for a, b in zip(before, after)), "parameters did not change"
     for key in ("actor/pg_loss", "actor/entropy", "actor/kl_ref", "actor/grad_norm", "actor/approx_kl",
                 "lld/correct_logp_old_per_token", "lld/correct_delta_per_token", "lld/rate"):
@@ -160,13 +160,13 @@ def test_training_runs_the_policy_loss_registered_under_the_configured_name(tmp_
 
 def test_nonfinite_gradient_is_skipped(tmp_path, tiny_world, shared_retriever):
     tr = _trainer(_cfg(tmp_path, "trainer.ppo_epochs=1"), tiny_world, shared_retriever)
-    first = next(tr.model.parameters())
+    first = next(tr.learner.model.parameters())
     handle = first.register_hook(lambda g: g * float("nan"))
-    before = _params(tr.model)
+    before = _params(tr.learner.model)
     m = tr.train_step()
     handle.remove()
-    assert m["actor/skipped_updates"] == 2 and tr.skipped_steps == 2
-    assert all(torch.equal(a, b) for a, b in zip(before, _params(tr.model))), "a non-finite update was applied"
+    assert m["actor/skipped_updates"] == 2 and tr.skipped_updates == 2
+    assert all(torch.equal(a, b) for a, b in zip(before, _params(tr.learner.model))), "a non-finite update was applied"
     assert math.isnan(m["actor/grad_norm"])
 
 
@@ -196,7 +196,7 @@ def test_resume_reproduces_the_next_step(tmp_path, tiny_world, shared_retriever)
     b2 = _trainer(cfg_b, tiny_world, shared_retriever)
     res_b = b2.run(evaluate=False)
     assert res_b.steps == 2 and len(res_b.history) == 1  # only step 2 ran after the resume
-    for pa, pb in zip(a.model.parameters(), b2.model.parameters()):
+    for pa, pb in zip(a.learner.model.parameters(), b2.learner.model.parameters()):
         assert torch.equal(pa, pb)
     ma, mb = res_a.history[-1], res_b.history[-1]
     for key in ("reward/em_mean", "actor/pg_loss", "actor/grad_norm", "lld/correct_logp_old_per_token", "llds/loss"):
@@ -216,7 +216,7 @@ def test_evaluation_during_training_leaves_the_training_unchanged(tmp_path, tiny
     assert not any("eval/em" in m for m in res_b.history)  # the test rows are not the curve
     assert not any("eval/val_em" in m for m in res_a.history)
     assert res_b.em_before is not None and res_b.em_after is not None
-    for pa, pb in zip(a.model.parameters(), b.model.parameters()):
+    for pa, pb in zip(a.learner.model.parameters(), b.learner.model.parameters()):
         assert torch.equal(pa, pb)
     for ma, mb in zip(res_a.history, res_b.history):
         for key in (k for k in ma if not k.startswith("time/")):  # wall-clock times differ, nothing else
@@ -282,10 +282,10 @@ def test_a_checkpoint_policy_is_a_complete_model_dir(tmp_path, tiny_world, share
     assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
             "tokenizer_config.json"} <= {p.name for p in policy.iterdir()}
     tok = AutoTokenizer.from_pretrained(str(policy))
-    assert tok.get_vocab() == tr.tokenizer.get_vocab() and tok.pad_token_id == tr.tokenizer.pad_token_id
-    assert tok.chat_template == tr.tokenizer.chat_template
+    assert tok.get_vocab() == tr.learner.tokenizer.get_vocab() and tok.pad_token_id == tr.learner.tokenizer.pad_token_id
+    assert tok.chat_template == tr.learner.tokenizer.chat_template
     model = AutoModelForCausalLM.from_pretrained(str(policy))
-    assert model.generation_config.eos_token_id == tr.tokenizer.eos_token_id
+    assert model.generation_config.eos_token_id == tr.learner.tokenizer.eos_token_id
 
 
 def test_training_rows_must_be_named():

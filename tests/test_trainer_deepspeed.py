@@ -15,7 +15,6 @@ SCRIPT = r"""
 import json, sys, torch
 sys.path.insert(0, "tests")
 from searchr1_lld.config import load_config
-from searchr1_lld.distributed import is_deepspeed, zero_stage
 from searchr1_lld.learner.trainer import Trainer
 from conftest import on_world
 world, out = sys.argv[1], sys.argv[2]
@@ -27,19 +26,19 @@ cfg = load_config(None, [
     "trainer.lr=1e-3", "trainer.warmup_ratio=0", "trainer.weight_decay=0", "logging.progress_bar=false",
     "trainer.probe_every=0", f"trainer.output_dir={out}", "trainer.run_name=ds"])
 tr = Trainer(on_world(cfg, world))
-real = tr.step_context.rollout
+real = tr.learner.rollout
 def mixed(rows, **kw):
     trajs = real(rows, **kw)
     for i, t in enumerate(trajs):
         t.reward = float(i % 2 == 0)
     return trajs
-tr.step_context.rollout = mixed
-before = [p.detach().clone() for p in tr.model.parameters()]
+tr.learner.rollout = mixed
+before = [p.detach().clone() for p in tr.learner.model.parameters()]
 m = tr.train_step()
-changed = any(not torch.equal(a, b) for a, b in zip(before, tr.model.parameters()))
+changed = any(not torch.equal(a, b) for a, b in zip(before, tr.learner.model.parameters()))
 path = tr.save()
-print("RESULT_JSON " + json.dumps({"deepspeed": is_deepspeed(tr.accelerator), "stage": zero_stage(tr.accelerator),
-      "engine": type(tr.model).__name__, "changed": changed, "grad_norm": m["actor/grad_norm"],
+print("RESULT_JSON " + json.dumps({"deepspeed": tr.learner.dist.deepspeed, "stage": tr.learner.dist.zero_stage,
+      "engine": type(tr.learner.model).__name__, "changed": changed, "grad_norm": m["actor/grad_norm"],
       "updates": m["actor/updates"], "llds_active": m.get("llds/active_token_frac"),
       "ckpt": sorted(p.name for p in path.iterdir())}))
 """

@@ -175,9 +175,8 @@ def _learner_token_logprobs(model, prompt, ids):
 def test_stream_after_the_learner_changes_then_the_engine_matches_it(engine, learner, tokenizer, rows):
     """generate -> the learner's weights change -> load_weights (the trainer's stream) -> the engine's log-probs are
     the changed learner's, and no longer the old one's."""
-    from searchr1_lld.distributed import sync_weights_to_engine
+    from searchr1_lld.learner.weight_sync import sync_weights_to_engine
     from searchr1_lld.rollout.agent_loop import encode_prompt
-    from types import SimpleNamespace
 
     prompts = [encode_prompt(tokenizer, r["question"], "tiny") for r in rows[:4]]
     _sampled_logprobs(engine, prompts)
@@ -187,9 +186,8 @@ def test_stream_after_the_learner_changes_then_the_engine_matches_it(engine, lea
         with torch.no_grad():
             for p in learner.parameters():
                 p.add_(torch.randn(p.shape, generator=gen) * 0.05)
-        accelerator = SimpleNamespace(unwrap_model=lambda m: m, distributed_type="NO")  # no DeepSpeed: full tensors
         engine.sleep()
-        sync_weights_to_engine(accelerator, learner, engine)
+        sync_weights_to_engine(learner, engine, zero3=False)  # no DeepSpeed: full tensors
         engine.wake_up()
         ids, lps = _sampled_logprobs(engine, prompts)
         for prompt, tok, lp in zip(prompts, ids, lps):

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from searchr1_lld.distributed import any_rank, is_deepspeed
+from searchr1_lld.protocols import Accelerator, Tokenizer
 
 COMPLETE = "COMPLETE"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -159,10 +160,10 @@ def save_checkpoint(
     optimizer: Any,
     scheduler: Any,
     trainer_state: dict[str, Any],
-    accelerator: Any = None,
+    accelerator: Accelerator | None = None,
     keep_last_k: int = 2,
     save_policy: bool = True,
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
     keep_steps: Collection[int] = (),
 ) -> Path:
     """Write checkpoint ``step`` atomically and prune to the last ``keep_last_k`` (the checkpoints of
@@ -179,39 +180,19 @@ def save_checkpoint(
         raise ValueError("keep_last_k must be >= 1")
     root = checkpoint_root(run_dir)
     final = root / f"step_{step:06d}"
-    tmp = root / f".tmp-step_{step:06d}"
+    tmp = _open_tmp_dir(root, step, accelerator)
     is_main = accelerator is None or accelerator.is_main_process
     rank = 0 if accelerator is None else accelerator.process_index
-    if is_main:
-        root.mkdir(parents=True, exist_ok=True)
-        _clean_leftovers(root)
-        tmp.mkdir(parents=True)
-    _barrier(accelerator)
-    # node-local disks: a rank would write its shard and RNG file where no one reads them; every rank stops
-    if accelerator is not None and any_rank(accelerator, not tmp.is_dir()):
-        raise OSError(f"checkpoint directory {tmp} made by rank 0 is not visible on every rank (rank {rank}: "
-                      f"{'visible' if tmp.is_dir() else 'missing'}): the run directory must be shared by every "
-                      f"process (docs/multinode.md)")
-
     if is_deepspeed(accelerator):
-        model.save_checkpoint(str(tmp / "deepspeed"), tag="state", client_state={"step": step})
-        if save_policy:
-            state_dict = accelerator.get_state_dict(model)  # gathered to rank 0 under ZeRO-3
-            if is_main:
-                unwrapped = accelerator.unwrap_model(model)
-                for name in _tied_duplicate_names(unwrapped):
-                    state_dict.pop(name, None)  # tied weights once, as save_pretrained writes them without DeepSpeed
-                unwrapped.save_pretrained(tmp / "policy", state_dict=state_dict)
-                _save_tokenizer(tokenizer, tmp / "policy")
-    else:
+        _save_deepspeed_state(tmp, step, model, accelerator, tokenizer, save_policy)
+    elif is_main:
         unwrapped = accelerator.unwrap_model(model) if accelerator is not None else model
-        if is_main:
-            if save_policy:
-                unwrapped.save_pretrained(tmp / "policy")
-                _save_tokenizer(tokenizer, tmp / "policy")
-            else:
-                torch.save(unwrapped.state_dict(), tmp / "policy_state.pt")
-            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        if save_policy:
+            unwrapped.save_pretrained(tmp / "policy")
+            _save_tokenizer(tokenizer, tmp / "policy")
+        else:
+            torch.save(unwrapped.state_dict(), tmp / "policy_state.pt")
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     if is_main:
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         with open(tmp / "trainer_state.json", "w") as f:
@@ -226,6 +207,39 @@ def save_checkpoint(
         prune_checkpoints(run_dir, keep_last_k, keep_steps)
     _barrier(accelerator)
     return final
+
+
+def _open_tmp_dir(root: Path, step: int, accelerator: Accelerator | None) -> Path:
+    """The checkpoint's temporary directory, made by the main process (leftovers of interrupted saves cleared) and
+    verified visible on every rank: on node-local disks a rank would write its shard and RNG file where no one reads
+    them, so every rank stops."""
+    tmp = root / f".tmp-step_{step:06d}"
+    if accelerator is None or accelerator.is_main_process:
+        root.mkdir(parents=True, exist_ok=True)
+        _clean_leftovers(root)
+        tmp.mkdir(parents=True)
+    _barrier(accelerator)
+    if accelerator is not None and any_rank(accelerator, not tmp.is_dir()):
+        raise OSError(f"checkpoint directory {tmp} made by rank 0 is not visible on every rank (rank "
+                      f"{accelerator.process_index}: {'visible' if tmp.is_dir() else 'missing'}): the run directory "
+                      f"must be shared by every process (docs/multinode.md)")
+    return tmp
+
+
+def _save_deepspeed_state(tmp: Path, step: int, model: torch.nn.Module, accelerator: Accelerator,
+                          tokenizer: Tokenizer | None, save_policy: bool) -> None:
+    """DeepSpeed: the engine's sharded state (every rank its own), and the policy gathered to rank 0 (ZeRO-3) as an
+    HF model directory, tied weights once."""
+    model.save_checkpoint(str(tmp / "deepspeed"), tag="state", client_state={"step": step})
+    if not save_policy:
+        return
+    state_dict = accelerator.get_state_dict(model)  # gathered to rank 0 under ZeRO-3
+    if accelerator.is_main_process:
+        unwrapped = accelerator.unwrap_model(model)
+        for name in _tied_duplicate_names(unwrapped):
+            state_dict.pop(name, None)  # tied weights once, as save_pretrained writes them without DeepSpeed
+        unwrapped.save_pretrained(tmp / "policy", state_dict=state_dict)
+        _save_tokenizer(tokenizer, tmp / "policy")
 
 
 def checkpoint_step(path: str | Path) -> int:

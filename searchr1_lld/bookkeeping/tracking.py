@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from searchr1_lld.instruments.monitor import PHASES
+from searchr1_lld.jsonl import read_jsonl
 
 def describe_machine() -> str:
     """This CPU's model name and core count, e.g. ``AMD EPYC 7B13, 2 cores`` (a CPU run's figures depend on the CPU;
@@ -147,8 +148,6 @@ def _jsonable(value: Any) -> Any:
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """Read a ``metrics.jsonl`` back (``null`` -> NaN)."""
-    from searchr1_lld.jsonl import read_jsonl
-
     return [{k: (float("nan") if v is None else v) for k, v in row.items()} for row in read_jsonl(path)]
 
 

@@ -11,16 +11,23 @@ from typing import Any
 
 import torch
 
-from searchr1_lld.config import Config
-from searchr1_lld.distributed import is_deepspeed, outside_zero3, zero_stage
+import accelerate
+from tqdm.auto import tqdm
+
+import retriever
+from searchr1_lld.config import Config, TrainerConfig
+from searchr1_lld.data import flashrag
+from searchr1_lld.distributed import DistributedFacts, outside_zero3
 from searchr1_lld.jsonl import read_rows_files
+from searchr1_lld.protocols import Accelerator, Retriever, Tokenizer
+from searchr1_lld.rollout.agent_loop import encode_prompt
+from searchr1_lld.rollout.backends import make_backend
+from searchr1_lld.rollout.backends.base import GenerationBackend
 
 
-def make_accelerator(cfg: Config):
+def make_accelerator(cfg: Config) -> accelerate.Accelerator:
     """accelerate's Accelerator for ``trainer.device`` / ``model.dtype`` (fp32 on CPU; bf16 autocast on GPU by
     default); DeepSpeed when launched with a DeepSpeed config."""
-    from accelerate import Accelerator
-
     use_cpu = cfg.trainer.device == "cpu" or (cfg.trainer.device == "auto" and not torch.cuda.is_available())
     if cfg.trainer.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("trainer.device=cuda but CUDA is not available")
@@ -38,16 +45,14 @@ def make_accelerator(cfg: Config):
     if deepspeed_requested and use_cpu:
         # accelerate finds no backend on a CPU-only machine unless told: it would then count 1 process although
         # DeepSpeed initialised gloo with all of them (and DeepSpeed's batch-size check fails)
-        from accelerate.utils import InitProcessGroupKwargs
-
-        handlers.append(InitProcessGroupKwargs(backend="gloo"))
-    return Accelerator(cpu=use_cpu and not deepspeed_requested, mixed_precision=mixed, kwargs_handlers=handlers)
+        handlers.append(accelerate.utils.InitProcessGroupKwargs(backend="gloo"))
+    return accelerate.Accelerator(cpu=use_cpu and not deepspeed_requested, mixed_precision=mixed, kwargs_handlers=handlers)
 
 
-def configure_deepspeed(accelerator: Any, tc: Any) -> None:
+def configure_deepspeed(accelerator: Accelerator, dist: DistributedFacts, tc: TrainerConfig) -> None:
     """DeepSpeed: clip at trainer.grad_clip; one micro-batch per engine call, the accumulation boundary set by the
     learner per micro-batch (optim.backward). No-op without DeepSpeed."""
-    if not is_deepspeed(accelerator):
+    if not dist.deepspeed:
         return
     ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
     ds_config["gradient_clipping"] = tc.grad_clip
@@ -77,21 +82,22 @@ def load_policy_and_tokenizer(cfg: Config):
     return model, tokenizer
 
 
-def make_reference(cfg: Config, policy: torch.nn.Module, accelerator: Any) -> Any:
+def make_reference(cfg: Config, policy: torch.nn.Module, dist: DistributedFacts) -> torch.nn.Module | None:
     """The frozen reference of the KL term (None when kl_coef == 0): a copy of the initial policy. Under ZeRO-3 the
     policy was loaded partitioned (transformers loads under deepspeed.zero.Init), so the reference is loaded the same
     way; placed later by :func:`place_reference`."""
     if cfg.algorithm.kl_coef <= 0:
         return None
-    ref = load_policy_and_tokenizer(cfg)[0] if zero_stage(accelerator) == 3 else copy.deepcopy(policy)
+    ref = load_policy_and_tokenizer(cfg)[0] if dist.zero_stage == 3 else copy.deepcopy(policy)
     return ref.eval().requires_grad_(False)
 
 
-def place_reference(ref: torch.nn.Module, accelerator: Any, dtype: torch.dtype) -> Any:
+def place_reference(ref: torch.nn.Module, accelerator: Accelerator, dist: DistributedFacts,
+                    dtype: torch.dtype) -> torch.nn.Module:
     """The frozen reference in the policy's dtype (so KL is exactly 0 while the weights agree) and placement: on the
     learner's device, or under ZeRO-3 sharded like the policy by a DeepSpeed inference-only engine."""
     ref = ref.to(dtype=dtype)
-    if zero_stage(accelerator) != 3:
+    if dist.zero_stage != 3:
         return ref.to(accelerator.device)
     import deepspeed
 
@@ -108,13 +114,14 @@ def place_reference(ref: torch.nn.Module, accelerator: Any, dtype: torch.dtype) 
     return engine
 
 
-def engine_copy(cfg: Config, policy: torch.nn.Module, accelerator: Any) -> torch.nn.Module | None:
+def engine_copy(cfg: Config, policy: torch.nn.Module, accelerator: Accelerator,
+                dist: DistributedFacts) -> torch.nn.Module | None:
     """ZeRO-3 + HF rollout: the engine generates on its own whole model (generation on the partitioned module would
     need every rank to run the same forwards), built from the policy's config outside ZeRO-3's partitioning, on the
     learner's device in the policy's dtype. Its weights are not set here: the trainer streams the learner's into it
-    at start and after every step, through the same path (:func:`searchr1_lld.distributed.sync_weights_to_engine`).
+    at start and after every step, through the same path (:func:`searchr1_lld.learner.weight_sync.sync_weights_to_engine`).
     Else None (the engine generates on the learner's own module)."""
-    if not (zero_stage(accelerator) == 3 and cfg.rollout.backend == "hf"):
+    if not (dist.zero_stage == 3 and cfg.rollout.backend == "hf"):
         return None
     from transformers import AutoModelForCausalLM
 
@@ -125,16 +132,14 @@ def engine_copy(cfg: Config, policy: torch.nn.Module, accelerator: Any) -> torch
     return model.to(accelerator.device).eval().requires_grad_(False)
 
 
-def make_rollout_backend(cfg: Config, learner: torch.nn.Module, tokenizer: Any, model_path: str,
-                         engine_module: torch.nn.Module | None = None):
+def make_rollout_backend(cfg: Config, learner: torch.nn.Module, tokenizer: Tokenizer, model_path: str,
+                         engine_module: torch.nn.Module | None = None) -> GenerationBackend:
     """The rollout engine for the learner's (unwrapped) module ``learner``.
 
     HF: generation on ``engine_module`` when there is one (the ZeRO-3 full copy of :func:`engine_copy`: every
     weight sync copies the learner's parameters into it), else on the learner's own module (no copy, weight loads
     are no-ops). vLLM: one engine per rank (GPU) that the trainer streams the weights into after every update; the
     names it must receive are the learner's own parameter names."""
-    from searchr1_lld.rollout.backends import make_backend
-
     if cfg.rollout.backend == "vllm":
         return make_backend(cfg.rollout, tokenizer=tokenizer, model_path=model_path, seed=cfg.trainer.seed,
                             dtype=cfg.model.dtype,
@@ -146,19 +151,16 @@ def make_rollout_backend(cfg: Config, learner: torch.nn.Module, tokenizer: Any, 
     return make_backend(cfg.rollout, model=learner, tokenizer=tokenizer, shares_learner_weights=True)
 
 
-def make_retriever(cfg: Config, accelerator: Any = None):
+def make_retriever(cfg: Config, accelerator: Accelerator | None = None) -> Retriever:
     """retriever.make_retriever on ``cfg.retriever`` (in-process: ``retriever.index_dir``; http: the address of
     retriever.service_address: ``$SEARCHR1_RETRIEVER_URL`` over ``retriever.url``, the token likewise). An in-process
     encoder is loaded whole even under ZeRO-3 (:func:`searchr1_lld.distributed.outside_zero3`)."""
-    from retriever import make_retriever as build
-    from retriever import service_address
-
     rc = cfg.retriever
     if rc.mode == "http":
-        url, token = service_address(rc)
+        url, token = retriever.service_address(rc)
         rc = dataclasses.replace(rc, url=url, token=token)
     with outside_zero3(accelerator):
-        return build(rc)
+        return retriever.make_retriever(rc)
 
 
 def load_train_rows(cfg: Config) -> list[dict]:
@@ -168,8 +170,6 @@ def load_train_rows(cfg: Config) -> list[dict]:
             raise ValueError("data.train_files is empty: name the training rows (JSONL/parquet), e.g. "
                              ".cache/world/qa/train.jsonl of the synthetic world, or set data.source=flashrag")
         return read_rows_files(cfg.data.train_files)
-    from searchr1_lld.data import flashrag  # FlashRAG preparation module (hub access required)
-
     return flashrag.load_train_rows(cfg.data.train_mix)
 
 
@@ -183,13 +183,9 @@ def load_val_rows(cfg: Config) -> list[dict]:
     return read_rows_files(cfg.data.val_files)
 
 
-def check_prompt_lengths(rows: list[dict], tokenizer: Any, cfg: Config) -> None:
+def check_prompt_lengths(rows: list[dict], tokenizer: Tokenizer, cfg: Config) -> None:
     """``data.max_prompt_length``: every training prompt (template applied, tokenised as the agent loop does) must
     fit, else a clear error naming the longest one (Search-R1 / verl refuse over-long prompts the same way)."""
-    from tqdm.auto import tqdm
-
-    from searchr1_lld.rollout.agent_loop import encode_prompt
-
     d = cfg.data
     longest, worst = 0, None
     for r in tqdm(rows, desc="prompt lengths", unit="prompt", disable=len(rows) < 5000):

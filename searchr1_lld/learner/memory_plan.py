@@ -198,7 +198,7 @@ def activation_bytes(shape: ModelShape, tokens: int, *, fused_head: bool, zero_s
                      gradient_checkpointing: bool = True, buckets: Buckets = Buckets()) -> float:
     """Update-phase peak of one micro-batch of ``tokens`` (padded) positions (module docstring); ZeRO-3 adds the
     gathered parameters alive at once. ``zero_stage`` 0 (no DeepSpeed): fp32 weights, so fp32 residual stream."""
-    from searchr1_lld.algo.logprobs import tile_shape  # torch: imported here, for the one figure that needs it
+    from searchr1_lld.algo.logprobs import tile_shape  # deferred: torch (pure arithmetic otherwise; one figure needs it)
 
     t, h, v = float(tokens), shape.hidden, shape.vocab
     weight_bytes = 4 if zero_stage == 0 else 2

@@ -9,7 +9,9 @@ from typing import Any
 
 import torch
 
-from searchr1_lld.distributed import any_rank, is_deepspeed, zero_stage
+from searchr1_lld.config import TrainerConfig
+from searchr1_lld.distributed import DistributedFacts, any_rank
+from searchr1_lld.protocols import Accelerator
 
 
 def lr_factor(step: int, total_steps: int, warmup_ratio: float, schedule: str) -> float:
@@ -30,7 +32,8 @@ def lr_factor(step: int, total_steps: int, warmup_ratio: float, schedule: str) -
     raise ValueError(f"unknown lr schedule {schedule!r}")
 
 
-def make_optimizer(model: torch.nn.Module, tc: Any, total_updates: int):
+def make_optimizer(model: torch.nn.Module, tc: TrainerConfig,
+                   total_updates: int) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
     """AdamW over ``model`` (trainer config ``tc``) and its LR scheduler: one scheduler step per applied optimiser
     step; warm-up = warmup_ratio of all ``total_updates`` optimiser steps (as verl)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay)
@@ -39,27 +42,28 @@ def make_optimizer(model: torch.nn.Module, tc: Any, total_updates: int):
     return optimizer, scheduler
 
 
-def sync_context(accelerator: Any, model: Any, last: bool):
+def sync_context(accelerator: Accelerator, dist: DistributedFacts, model: torch.nn.Module,
+                 last: bool) -> contextlib.AbstractContextManager:
     """No gradient all-reduce on non-final micro-batches (DDP); DeepSpeed: the engine's boundary flag."""
-    if accelerator.num_processes > 1 and not last and not is_deepspeed(accelerator):
+    if dist.world_size > 1 and not last and not dist.deepspeed:
         return accelerator.no_sync(model)
     return contextlib.nullcontext()
 
 
-def backward(accelerator: Any, model: Any, loss: torch.Tensor, last: bool) -> None:
+def backward(accelerator: Accelerator, dist: DistributedFacts, model: Any, loss: torch.Tensor, last: bool) -> None:
     """DeepSpeed: drive the engine directly -- boundary flag per micro-batch, engine.backward (gradient reduction at
     the boundary); its step is taken by :func:`optimizer_step`, once per mini-batch. Else accelerate."""
-    if is_deepspeed(accelerator):
+    if dist.deepspeed:
         model.set_gradient_accumulation_boundary(last)
         model.backward(loss)
     else:
         accelerator.backward(loss)
 
 
-def deepspeed_grad_norm(accelerator: Any, engine: Any) -> float:
-    """Global (all ranks) L2 norm of the mini-batch gradient held by the DeepSpeed engine, before its step."""
+def deepspeed_grad_norm(stage: int, engine: Any) -> float:
+    """Global (all ranks) L2 norm of the mini-batch gradient held by the DeepSpeed engine of ZeRO ``stage``, before
+    its step."""
     opt = engine.optimizer
-    stage = zero_stage(accelerator)
     if stage in (1, 2) and hasattr(opt, "scaled_global_norm"):
         return float(opt.scaled_global_norm()) / float(getattr(opt, "loss_scale", 1.0) or 1.0)
     if stage == 3 and hasattr(opt, "_get_norm_groups"):
@@ -76,17 +80,18 @@ def deepspeed_grad_norm(accelerator: Any, engine: Any) -> float:
                        f"{type(opt).__name__}; this trainer supports the DeepSpeed range in pyproject.toml")
 
 
-def optimizer_step(accelerator: Any, model: Any, optimizer: Any, grad_clip: float) -> tuple[float, bool]:
+def optimizer_step(accelerator: Accelerator, dist: DistributedFacts, model: Any, optimizer: torch.optim.Optimizer,
+                   grad_clip: float) -> tuple[float, bool]:
     """One optimiser step on the accumulated mini-batch gradient. The global grad norm (before clipping) is checked
     on every rank *before* the step; non-finite on any rank: the update is skipped on all ranks (gradients
     discarded, no optimiser / scheduler step). Returns (norm, applied)."""
-    if is_deepspeed(accelerator):
+    if dist.deepspeed:
         engine = model
-        gn = deepspeed_grad_norm(accelerator, engine)
+        gn = deepspeed_grad_norm(dist.zero_stage, engine)
         if not any_rank(accelerator, not math.isfinite(gn)):
             engine.step()  # clips to gradient_clipping and applies the update
             return gn, True
-        if zero_stage(accelerator) == 0:
+        if dist.zero_stage == 0:
             engine.zero_grad()
             return gn if not math.isfinite(gn) else float("nan"), False
         # ZeRO 1-3: the engine's own step discards a non-finite gradient on every rank (its overflow path clears

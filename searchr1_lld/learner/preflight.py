@@ -31,8 +31,13 @@ import shutil
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from retriever.manifest import check_manifest, read_manifest, verify_files
+from searchr1_lld.cli import looks_like_local_path
+from searchr1_lld.config import Config, read_yaml
+from searchr1_lld.data import flashrag
+from searchr1_lld.evaluation import dataset_name, parse_datasets
+from searchr1_lld.jsonl import read_rows
 from searchr1_lld.learner import memory_plan as mp
 GiB = float(1 << 30)
 
@@ -95,8 +100,6 @@ def safetensors_params(model_dir: Path) -> int | None:
 def read_launch(path: str | Path) -> Launch:
     """An accelerate config (YAML) -> :class:`Launch` (its ``deepspeed_config`` keys, or the DeepSpeed JSON its
     ``deepspeed_config_file`` names)."""
-    from searchr1_lld.config import read_yaml
-
     acc = read_yaml(path)
     ds = acc.get("deepspeed_config") or {}
     launch = Launch(processes=int(acc.get("num_processes") or 1), machines=int(acc.get("num_machines") or 1),
@@ -132,7 +135,7 @@ def checkpoint_bytes(params: int, launch: Launch) -> float:
     return 4 * p + 8 * p
 
 
-def eval_plan(cfg: Any, sizes: dict[str, int]) -> list[str]:
+def eval_plan(cfg: Config, sizes: dict[str, int]) -> list[str]:
     """Lines on the evaluation during training: questions per evaluation, their worst-case generated tokens, how
     many evaluations, and their trajectories against the training trajectories of eval_every steps."""
     tc, e, r = cfg.trainer, cfg.eval, cfg.rollout
@@ -167,8 +170,6 @@ def _count(params: int) -> str:
 # ------------------------------------------------------------------------------------------------- the checks
 def check_rows(pf: Preflight, key: str, paths: list[str]) -> dict[str, int]:
     """Each rows file exists and parses; ``{path: rows}`` of the good ones."""
-    from searchr1_lld.jsonl import read_rows
-
     counts = {}
     for path in paths:
         try:
@@ -186,8 +187,6 @@ def check_rows(pf: Preflight, key: str, paths: list[str]) -> dict[str, int]:
 
 def _flashrag_sets(pf: Preflight, key: str, names: list[str], split: str | None) -> dict[str, int]:
     """FlashRAG datasets: read from the local mirror ($FLASHRAG_LOCAL_DIR) when set, else noted (hub, at start)."""
-    from searchr1_lld.data import flashrag
-
     local = os.environ.get(flashrag.LOCAL_DIR_ENV)
     sizes = {}
     for name in names:
@@ -206,18 +205,14 @@ def _flashrag_sets(pf: Preflight, key: str, names: list[str], split: str | None)
     return sizes
 
 
-def check_data(pf: Preflight, cfg: Any) -> dict[str, int]:
+def check_data(pf: Preflight, cfg: Config) -> dict[str, int]:
     """Training and evaluation rows; returns the evaluation sets' sizes ``{name: questions}``."""
-    from searchr1_lld.evaluation import dataset_name, parse_datasets
-
     d = cfg.data
     if d.source == "files":
         if not d.train_files:
             pf.problems.append("data.train_files is empty: name the training rows (JSONL/parquet)")
         check_rows(pf, "data.train_files", d.train_files)
     else:
-        from searchr1_lld.data import flashrag
-
         _flashrag_sets(pf, f"data.train_mix={d.train_mix}", flashrag.TRAIN_MIXES[d.train_mix], "train")
     sizes = {f"test_files {Path(p).name}": n for p, n in check_rows(pf, "data.test_files", d.test_files).items()}
     if cfg.eval.datasets and cfg.trainer.eval_every:
@@ -230,7 +225,7 @@ def check_data(pf: Preflight, cfg: Any) -> dict[str, int]:
     return sizes
 
 
-def check_retriever(pf: Preflight, cfg: Any) -> IndexFacts:
+def check_retriever(pf: Preflight, cfg: Config) -> IndexFacts:
     """The index (in-process) or the service (http): what the plan needs of it (nothing known: zeros)."""
     rc = cfg.retriever
     expect = rc.expect_encoder
@@ -259,8 +254,6 @@ def check_retriever(pf: Preflight, cfg: Any) -> IndexFacts:
         pf.problems.append("retriever.index_dir is empty (retriever.mode=inprocess): build one with "
                            "`python -m retriever build` or use retriever.mode=http")
         return IndexFacts()
-    from retriever.manifest import check_manifest, read_manifest, verify_files
-
     try:
         manifest = read_manifest(rc.index_dir)
         verify_files(rc.index_dir, manifest, skip_hash=True)
@@ -282,11 +275,9 @@ def _local_dir_problem(path: Path, what: str, markers: tuple[str, ...]) -> str |
     return None if any((path / m).is_file() for m in markers) else f"{what}: {path} has no {' or '.join(markers)}"
 
 
-def check_model(pf: Preflight, cfg: Any) -> mp.ModelShape | None:
+def check_model(pf: Preflight, cfg: Config) -> mp.ModelShape | None:
     """model.path (and model.tokenizer_path): a local dir with config.json + tokenizer, or a hub id in the HF cache;
     returns the model's shape when its config could be read."""
-    from searchr1_lld.cli import looks_like_local_path
-
     path, tok = cfg.model.path, cfg.model.tokenizer_path
     if not path:
         pf.problems.append("model.path is empty: name the policy (a local model dir or a hub id)")
@@ -341,7 +332,7 @@ def _device_bytes(device_gib: float | None) -> tuple[float, str]:
     return mp.H100_80GB, f"{mp.H100_80GB / mp.GB:.1f} GB (assumed 80 GB H100: no GPU here; --gpu-memory-gib sets it)"
 
 
-def _retriever_gpu_bytes(pf: Preflight, cfg: Any, index: IndexFacts, ranks_per_node: int) -> float:
+def _retriever_gpu_bytes(pf: Preflight, cfg: Config, index: IndexFacts, ranks_per_node: int) -> float:
     """The retriever's FAISS shards on each GPU: a service reporting a GPU index (counted as co-located), or
     retriever.use_gpu_index in-process (each of the node's ranks shards its own copy over the node's GPUs)."""
     service = cfg.retriever.mode == "http" and index.service_gpus
@@ -359,7 +350,7 @@ def _retriever_gpu_bytes(pf: Preflight, cfg: Any, index: IndexFacts, ranks_per_n
     return mp.faiss_flat_shard_bytes(index.num_docs, index.dim, ranks_per_node, processes=ranks_per_node)
 
 
-def gpu_plan(pf: Preflight, cfg: Any, shape: mp.ModelShape, launch: Launch, gpu_bytes: float, index: IndexFacts,
+def gpu_plan(pf: Preflight, cfg: Config, shape: mp.ModelShape, launch: Launch, gpu_bytes: float, index: IndexFacts,
                 on_gpu: bool = True) -> mp.MemoryPlan | None:
     """The run's :class:`memory_plan.MemoryPlan` per GPU (None, with a note, for a ZeRO stage it does not cover)."""
     r, stage = cfg.rollout, launch.zero_stage if launch.deepspeed else 0
@@ -402,7 +393,7 @@ def _phase_lines(pf: Preflight, plan: mp.MemoryPlan, on_gpu: bool, engine: str) 
                             f"{_gb(plan.gpu)}); allocator fragmentation is not counted")
 
 
-def _plan_lines(pf: Preflight, cfg: Any, shape: mp.ModelShape, launch: Launch, device_gib: float | None,
+def _plan_lines(pf: Preflight, cfg: Config, shape: mp.ModelShape, launch: Launch, device_gib: float | None,
                 index: IndexFacts) -> None:
     import torch
 
@@ -441,7 +432,7 @@ def _plan_lines(pf: Preflight, cfg: Any, shape: mp.ModelShape, launch: Launch, d
                            f"{existing} has {_gb(free)} free (trainer.output_dir)")
 
 
-def run_preflight(cfg: Any, *, launch: Launch | None = None, device_gib: float | None = None) -> Preflight:
+def run_preflight(cfg: Config, *, launch: Launch | None = None, device_gib: float | None = None) -> Preflight:
     """Every check of the module docstring on a validated config, and the plan when the model's shape is known."""
     pf = Preflight()
     launch = launch or Launch()

@@ -1,0 +1,135 @@
+"""The learner's state, owned in one place: the policy as prepared, its optimiser and LR schedule, the frozen
+reference, the tokenizer, the rollout engine and the retriever, with the distributed facts resolved once.
+
+    learner = Learner.build(cfg, total_updates)      # factories.py, one factory per thing
+    trajectories = learner.rollout(rows)               # policy in eval mode, no grad; reward = EM
+    learner.backward(loss, last=True); learner.optimizer_step()
+    learner.sync_engine()                              # the learner's weights -> the rollout engine
+
+The training step (:mod:`searchr1_lld.learner.step`) receives a :class:`Learner` and the step's prompt rows and
+returns what it produced; the loop (:mod:`searchr1_lld.learner.trainer`) keeps the counters and the run directory.
+Code that swaps the engine sets ``learner.backend``, the one place it lives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+
+from searchr1_lld import evaluation
+from searchr1_lld.config import Config, RolloutConfig
+from searchr1_lld.distributed import DistributedFacts
+from searchr1_lld.inference import evaluating
+from searchr1_lld.learner import factories, optim
+from searchr1_lld.learner.weight_sync import sync_weights_to_engine
+from searchr1_lld.protocols import Accelerator, Retriever, Tokenizer
+from searchr1_lld.rollout.agent_loop import run_agent_loop
+from searchr1_lld.rollout.backends.base import GenerationBackend
+from searchr1_lld.rollout.types import Trajectory
+
+
+@dataclass
+class Learner:
+    """Everything a training step updates or generates with. Build with :meth:`build`."""
+
+    cfg: Config  # the validated run config
+    accelerator: Accelerator  # device, collectives, autocast
+    dist: DistributedFacts  # DeepSpeed or not, ZeRO stage, world size, rank: resolved once
+    model: torch.nn.Module  # the policy as prepared (plain, DDP or DeepSpeed engine); fp32 master weights
+    optimizer: torch.optim.Optimizer  # AdamW; one step per mini-batch whose gradient is finite on every rank
+    scheduler: torch.optim.lr_scheduler.LRScheduler  # one step per applied optimiser step
+    ref_model: torch.nn.Module | None  # the frozen initial policy of the KL term; None when algorithm.kl_coef == 0
+    tokenizer: Tokenizer  # with a pad token
+    backend: GenerationBackend  # the rollout engine: put to sleep for the update, sent the new weights, woken
+    retriever: Retriever  # the search tool of the rollout
+
+    @classmethod
+    def build(cls, cfg: Config, total_updates: int, *, retriever: Retriever | None = None) -> Learner:
+        """Policy, reference, optimiser (warm-up over ``total_updates`` optimiser steps), engine and retriever of
+        ``cfg``; the engine receives the learner's weights when it holds a copy of its own."""
+        accelerator = factories.make_accelerator(cfg)
+        dist = DistributedFacts.of(accelerator)
+        model, tokenizer = factories.load_policy_and_tokenizer(cfg)
+        ref = factories.make_reference(cfg, model, dist)
+        optimizer, scheduler = optim.make_optimizer(model, cfg.trainer, total_updates)
+        factories.configure_deepspeed(accelerator, dist, cfg.trainer)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        module = accelerator.unwrap_model(model)
+        dtype = next(module.parameters()).dtype
+        ref_model = factories.place_reference(ref, accelerator, dist, dtype) if ref is not None else None
+        if retriever is None:
+            retriever = factories.make_retriever(cfg, accelerator)
+        engine_module = factories.engine_copy(cfg, module, accelerator, dist)
+        backend = factories.make_rollout_backend(cfg, module, tokenizer, cfg.model.path, engine_module=engine_module)
+        learner = cls(cfg=cfg, accelerator=accelerator, dist=dist, model=model, optimizer=optimizer,
+                      scheduler=scheduler, ref_model=ref_model, tokenizer=tokenizer, backend=backend,
+                      retriever=retriever)
+        if engine_module is not None:  # its own weights: the learner's, through the stream every step uses
+            learner.sync_engine()
+        return learner
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The policy without its DDP / DeepSpeed wrapper."""
+        return self.accelerator.unwrap_model(self.model)
+
+    # ---------------------------------------------------------------- generation
+    @contextlib.contextmanager
+    def generating(self) -> Iterator[None]:
+        """The policy in eval mode and no grad while the engine generates (restored afterwards)."""
+        with evaluating(self.module):
+            yield
+
+    def rollout(self, rows: list[dict[str, Any]], *, greedy: bool = False, n: int | None = None,
+                rollout_cfg: RolloutConfig | None = None) -> list[Trajectory]:
+        """``n`` (default rollout.n) trajectories per prompt row, rewards set (EM)."""
+        cfg = self.cfg
+        with self.generating():
+            return run_agent_loop(
+                rows, backend=self.backend, tokenizer=self.tokenizer, retriever=self.retriever,
+                cfg=rollout_cfg or cfg.rollout, n=cfg.rollout.n if n is None else n, greedy=greedy,
+                template=cfg.data.prompt_template, chat_template=cfg.data.chat_template, progress=False,
+            )
+
+    def evaluate(self, rows: list[dict[str, Any]], desc: str = "eval") -> dict[str, float]:
+        """Greedy EM on ``rows`` through :func:`searchr1_lld.evaluation.evaluate` (eval.max_turns, eval.topk; in
+        memory), rows sharded over processes and the EM summed over them: ``{"em", "n"}`` ({} for no rows)."""
+        if not rows:
+            return {}
+        cfg, e, ws = self.cfg, self.cfg.eval, self.dist.world_size
+        with self.generating():
+            res = evaluation.evaluate(
+                {desc: rows}, backend=self.backend, tokenizer=self.tokenizer, retriever=self.retriever,
+                rollout_cfg=evaluation.eval_rollout_config(cfg.rollout, max_turns=e.max_turns, topk=e.topk),
+                batch_size=e.batch_size, template=cfg.data.prompt_template, chat_template=cfg.data.chat_template,
+                progress=False, shard=(self.dist.rank, ws) if ws > 1 else None)
+        mine = res["datasets"].get(desc, {"em": 0.0, "n": 0})  # a rank may get no rows
+        totals = torch.tensor([mine["em"] * mine["n"], float(mine["n"])], device=self.accelerator.device)
+        if ws > 1:
+            totals = self.accelerator.reduce(totals, "sum")
+        return {"em": float(totals[0] / totals[1].clamp(min=1)), "n": float(totals[1])}
+
+    # ---------------------------------------------------------------- the update
+    def no_sync(self, last: bool) -> contextlib.AbstractContextManager:
+        """No gradient all-reduce on non-final micro-batches of a mini-batch (DDP)."""
+        return optim.sync_context(self.accelerator, self.dist, self.model, last)
+
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        """Backward of one micro-batch; ``last``: the mini-batch's accumulation boundary."""
+        optim.backward(self.accelerator, self.dist, self.model, loss, last)
+
+    def optimizer_step(self) -> tuple[float, bool]:
+        """One guarded optimiser step on the mini-batch gradient (skipped on every rank when the norm is not finite)
+        and, when applied, one LR-scheduler step. Returns (gradient norm before clipping, applied)."""
+        norm, applied = optim.optimizer_step(self.accelerator, self.dist, self.model, self.optimizer,
+                                             self.cfg.trainer.grad_clip)
+        if applied:
+            self.scheduler.step()
+        return norm, applied
+
+    def sync_engine(self) -> None:
+        """The learner's weights -> the rollout engine (ZeRO-3: gathered module by module)."""
+        sync_weights_to_engine(self.module, self.backend, zero3=self.dist.zero_stage == 3)
