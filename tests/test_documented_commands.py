@@ -201,7 +201,7 @@ WIKI18 = "needs Search-R1's wiki-18 corpus and e5 index from the hub (~70 GB)"
 ENTRIES: tuple[Entry, ...] = (
     # --- run here ------------------------------------------------------------------------------------------------
     Run("help_config", ("python train.py --help-config",), slow=False),
-    Run("memory_plan", ("python -m searchr1_lld.learner.memory_plan",)),
+    Run("memory_plan", ("python -m searchr1_lld.memory_plan",)),
     # the build itself runs in the tiny_world fixture (ensure_world); here the command finds it built and reuses it
     Run("world_build", (
         "python -m searchr1_lld.world build --config configs/world/default.yaml --out .cache/world",

@@ -8,7 +8,7 @@ import json
 
 from conftest import REPO_ROOT
 
-from searchr1_lld.learner import memory_plan as mp
+from searchr1_lld import memory_plan as mp
 from searchr1_lld.learner import preflight as pre
 from searchr1_lld.config import load_config
 
