@@ -45,3 +45,15 @@ def broadcast_to_tokens(adv: torch.Tensor, response_mask: torch.Tensor) -> torch
     if adv.dim() != 1 or response_mask.dim() != 2 or adv.shape[0] != response_mask.shape[0]:
         raise ValueError(f"expected adv [B] and response_mask [B, T]; got {tuple(adv.shape)} and {tuple(response_mask.shape)}")
     return adv[:, None] * response_mask.to(adv.dtype)
+
+
+def check_advantages(advantages: torch.Tensor, response_mask: torch.Tensor) -> None:
+    """The advantages are ``[B]`` (one per response) or ``[B, T]`` (token broadcast) like ``response_mask [B, T]``;
+    a ValueError naming both shapes otherwise."""
+    if advantages.dim() == 1:
+        if advantages.shape[0] != response_mask.shape[0]:
+            raise ValueError(f"advantages [B] has B={advantages.shape[0]} but response_mask has "
+                             f"B={response_mask.shape[0]}")
+    elif advantages.shape != response_mask.shape:
+        raise ValueError(f"advantages must be [B] or [B, T] like response_mask {tuple(response_mask.shape)}; "
+                         f"got {tuple(advantages.shape)}")

@@ -52,3 +52,10 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """sum(values * mask) / sum(mask), 0 when the mask is empty. Shapes must match."""
     m = mask.to(values.dtype)
     return _safe_div((values * m).sum(), m.sum())
+
+
+def mini_batch_denominators(response_mask: torch.Tensor) -> tuple[float, float]:
+    """(tokens, responses with at least one token) of a response mask ``[B, T]``: the N_tok and N_resp a mini-batch's
+    loss divides by (algo/objective.py), or the n_tok and n_resp of one micro-batch."""
+    per_row = (response_mask != 0).sum(dim=1)
+    return float(per_row.sum()), float((per_row > 0).sum())

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from searchr1_lld.algo import spans
+from searchr1_lld.algo.advantages import check_advantages
 
 GATES = ("none", "response", "action")
 
@@ -36,12 +37,9 @@ def per_response_advantage(advantages: torch.Tensor, response_mask: torch.Tensor
     (rows without masked tokens get 0). Token-broadcast advantages are constant over the mask, so any masked token
     gives the same value.
     """
+    check_advantages(advantages, response_mask)
     if advantages.dim() == 1:
-        if advantages.shape[0] != response_mask.shape[0]:
-            raise ValueError(f"advantages [B] has B={advantages.shape[0]} but response_mask has B={response_mask.shape[0]}")
         return advantages.detach()
-    if advantages.shape != response_mask.shape:
-        raise ValueError(f"advantages must be [B] or [B, T] like response_mask {tuple(response_mask.shape)}; got {tuple(advantages.shape)}")
     m = response_mask.detach()
     m = m if m.dtype == torch.bool else m != 0
     first = torch.argmax(m.to(torch.uint8), dim=1)  # first masked position (0 for empty rows)
@@ -52,12 +50,9 @@ def per_response_advantage(advantages: torch.Tensor, response_mask: torch.Tensor
 def _preserving_rows(advantages: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """``[B]`` bool: i in P. ``[B]`` advantages: A_i >= 0. ``[B, T]``: every response token's advantage is >= 0
     (the same thing for token-broadcast advantages; two tensor ops instead of a gather)."""
+    check_advantages(advantages, m)
     if advantages.dim() == 1:
-        if advantages.shape[0] != m.shape[0]:
-            raise ValueError(f"advantages [B] has B={advantages.shape[0]} but response_mask has B={m.shape[0]}")
         return advantages.detach() >= 0
-    if advantages.shape != m.shape:
-        raise ValueError(f"advantages must be [B] or [B, T] like response_mask {tuple(m.shape)}; got {tuple(advantages.shape)}")
     return torch.where(m, advantages.detach(), 0.0).amin(dim=1) >= 0
 
 

@@ -16,9 +16,10 @@ For a mini-batch M split into K micro-batches, micro-batch k with response mask 
       D = K * n_tok for "token-mean", K * n_resp for the seq-mean modes;    D_LLDS = K * n_tok
 
     L = pg                                       policy-gradient surrogate (PPO-clip or GSPO), aggregated over D
-      + kl_coef      * agg(KL(logp_new || logp_ref), D)
       - entropy_coef * agg(H, D)
+      + kl_coef      * agg(KL(logp_new || logp_ref), D)
       + L_LLDS                                   sum m g c max(0, logp_old - logp_new) / D_LLDS   (algo.llds)
+      + any term registered after these          (algo.terms)
 
 agg(x, D) is :func:`searchr1_lld.algo.aggregation.aggregate` with ``denominator=D``. The policy loss functions
 normalise by the micro-batch count n (tokens or responses); it is rescaled by n / D, which is the same sum over D.
@@ -28,46 +29,23 @@ engine and the learner) are handed to the policy loss, which multiplies its per-
 A padding micro-batch (a rank with fewer micro-batches than its peers) is this loss times 0: same graph, zero
 gradient. Pure tensor function: no I/O, no distributed calls.
 
-One implementation of each term, differentiated by autograd: the policy loss is looked up by name in the registry of
-:mod:`searchr1_lld.algo.policy_loss` (``spec.policy_loss``), the KL term is :func:`searchr1_lld.algo.kl.kl_penalty`,
-the aggregation :func:`searchr1_lld.algo.aggregation.aggregate` and the LLDS term
-:func:`searchr1_lld.algo.llds.llds_loss`. Editing or re-registering one of them changes what training optimises.
+The terms are the functions registered in :mod:`searchr1_lld.algo.terms` (policy loss, entropy, KL, LLDS, and any
+registered after them), added in registration order; autograd differentiates the sum. One implementation of each
+term: editing or re-registering one changes what training optimises.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from searchr1_lld.algo import aggregation, kl, llds, policy_loss
+from searchr1_lld.algo import aggregation, terms
+from searchr1_lld.algo.aggregation import mini_batch_denominators
+from searchr1_lld.algo.terms import ObjectiveSpec, TermBatch
 
-
-@dataclass(frozen=True)
-class ObjectiveSpec:
-    """The coefficients and modes of the objective (a view of ``AlgorithmConfig``)."""
-
-    policy_loss: str = "ppo_clip"  # a name registered in algo.policy_loss ("ppo_clip", "gspo", ...)
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = None
-    agg_mode: str = "token-mean"
-    kl_coef: float = 0.0
-    kl_type: str = "low_var_kl"
-    entropy_coef: float = 0.0
-    llds_lam: float = 0.0  # 0 = LLDS off
-    llds_gate: str = "action"
-    llds_tau: float = 0.0
-    loss_scale: str = "mini-batch-token-mean"  # or "micro-batch-mean" (module docstring)
-
+__all__ = ["LOSS_SCALES", "ObjectiveSpec", "TermBatch", "loss_denominators", "mini_batch_denominators", "objective",
+           "sum_of_terms"]
 
 LOSS_SCALES = ("mini-batch-token-mean", "micro-batch-mean")
-
-
-def mini_batch_denominators(response_mask: torch.Tensor) -> tuple[float, float]:
-    """(N_tok, N_resp) of a mini-batch's response mask ``[B, T]`` (module docstring)."""
-    per_row = (response_mask != 0).sum(dim=1)
-    return float(per_row.sum()), float((per_row > 0).sum())
 
 
 def _check_aggregation(spec: ObjectiveSpec, mini_tokens: float, mini_responses: float, micro_batches: int) -> None:
@@ -112,8 +90,8 @@ def objective(
     micro_batches: int = 1,
     micro_batch_counts: tuple[float, float] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Micro-batch loss L (module docstring) and its metrics, term by term: the registered policy loss, then the
-    entropy, KL and LLDS terms, each with its own autograd graph and metrics.
+    """Micro-batch loss L (module docstring) and its metrics: the sum of the registered terms, each with its own
+    autograd graph and metrics.
 
     Args:
         spec: coefficients and modes.
@@ -131,34 +109,23 @@ def objective(
         (from the policy loss), kl_ref, entropy (when computed), and the ``llds/*`` metrics when LLDS is on.
     """
     _check_aggregation(spec, mini_tokens, mini_responses, micro_batches)
-    n_tok, n_resp = mini_batch_denominators(response_mask)
-    denom, llds_denom = loss_denominators(spec, response_mask, mini_tokens=mini_tokens, mini_responses=mini_responses,
-                                          micro_batches=micro_batches, group=micro_batch_counts)
-    local = n_tok if spec.agg_mode == "token-mean" else n_resp
+    denom, token_denom = loss_denominators(spec, response_mask, mini_tokens=mini_tokens, mini_responses=mini_responses,
+                                           micro_batches=micro_batches, group=micro_batch_counts)
+    batch = TermBatch(logp_new=logp_new, logp_old=logp_old, advantages=advantages, response_mask=response_mask,
+                      denominator=denom, token_denominator=token_denom, logp_ref=logp_ref, entropy=entropy,
+                      answer_mask=answer_mask, lam_answer=lam_answer, token_weights=token_weights)
+    return sum_of_terms(batch, spec)
 
-    loss_fn = policy_loss.get_policy_loss_fn(spec.policy_loss)
-    extra = {} if token_weights is None else {"token_weights": token_weights}
-    pg, pg_m = loss_fn(logp_new, logp_old, advantages, response_mask, clip_low=spec.clip_low, clip_high=spec.clip_high,
-                       dual_clip=spec.dual_clip, agg_mode=spec.agg_mode, **extra)
-    loss = pg * (local / denom)  # pg normalises by the micro-batch count `local`: rescaled to D
-    metrics = {"pg_loss": pg_m["pg_loss"], "pg_clip_frac": pg_m["pg_clip_frac"], "approx_kl": pg_m["approx_kl"]}
 
-    if entropy is not None:
-        if spec.entropy_coef:
-            loss = loss - spec.entropy_coef * aggregation.aggregate(entropy, response_mask, spec.agg_mode, denominator=denom)
-        metrics["entropy"] = float(aggregation.masked_mean(entropy.detach(), response_mask))
-    if logp_ref is not None:
-        kl_tok = kl.kl_penalty(logp_new, logp_ref.detach(), spec.kl_type)
-        if spec.kl_coef > 0:
-            loss = loss + spec.kl_coef * aggregation.aggregate(kl_tok, response_mask, spec.agg_mode, denominator=denom)
-        metrics["kl_ref"] = float(aggregation.masked_mean(kl_tok.detach(), response_mask))
-    if spec.llds_lam > 0:
-        l_llds, llds_m = llds.llds_loss(
-            logp_new, logp_old, advantages, response_mask, gate=spec.llds_gate, lam=spec.llds_lam, tau=spec.llds_tau,
-            answer_mask=answer_mask if lam_answer is not None else None, lam_answer=lam_answer,
-            denominator=llds_denom,
-        )
-        loss = loss + l_llds
-        metrics.update(llds_m)
+def sum_of_terms(batch: TermBatch, spec: ObjectiveSpec) -> tuple[torch.Tensor, dict[str, float]]:
+    """L = the sum of the values of the registered terms that are on (in registration order), and their metrics."""
+    loss: torch.Tensor | None = None
+    metrics: dict[str, float] = {}
+    for term in terms.OBJECTIVE_TERMS.values():
+        value, term_metrics = term(batch, spec)
+        metrics.update(term_metrics)
+        if value is not None:
+            loss = value if loss is None else loss + value
+    if loss is None:
+        raise ValueError(f"no term of the objective is on (registered: {list(terms.OBJECTIVE_TERMS)})")
     return loss, metrics
-

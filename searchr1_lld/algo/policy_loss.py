@@ -37,6 +37,8 @@ from typing import Callable
 
 import torch
 
+from searchr1_lld.algo import registry
+from searchr1_lld.algo.advantages import check_advantages
 from searchr1_lld.algo.aggregation import aggregate, masked_mean
 
 LOG_RATIO_CLAMP = 20.0
@@ -47,30 +49,19 @@ POLICY_LOSSES: dict[str, PolicyLossFn] = {}
 
 def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
     """Decorator: register ``fn`` as the policy loss ``name`` (a name may be registered once)."""
-
-    def decorate(fn: PolicyLossFn) -> PolicyLossFn:
-        if name in POLICY_LOSSES:
-            raise ValueError(f"policy loss {name!r} is already registered ({POLICY_LOSSES[name].__name__})")
-        POLICY_LOSSES[name] = fn
-        return fn
-
-    return decorate
+    return registry.register(POLICY_LOSSES, "policy loss", name)
 
 
 def get_policy_loss_fn(name: str) -> PolicyLossFn:
     """The policy loss registered as ``name``; a clear error listing the known names otherwise."""
-    if name not in POLICY_LOSSES:
-        raise ValueError(f"unknown policy loss {name!r}; registered: {sorted(POLICY_LOSSES)}")
-    return POLICY_LOSSES[name]
+    return registry.lookup(POLICY_LOSSES, "policy loss", name)
 
 
 def _token_advantages(advantages: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` advantages (detached) from ``[B]`` or token-broadcast ``[B, T]`` ones."""
+    check_advantages(advantages, response_mask)
     if advantages.dim() == 1:
-        if advantages.shape[0] != response_mask.shape[0]:
-            raise ValueError(f"advantages [B] has B={advantages.shape[0]}, response_mask has B={response_mask.shape[0]}")
         return advantages.detach()[:, None].expand_as(response_mask)
-    if advantages.shape != response_mask.shape:
-        raise ValueError(f"advantages must be [B] or [B, T] like response_mask {tuple(response_mask.shape)}; got {tuple(advantages.shape)}")
     return advantages.detach()
 
 

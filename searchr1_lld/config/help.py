@@ -6,6 +6,8 @@ import dataclasses
 import typing
 from typing import Any, Iterator
 
+from searchr1_lld.config.root import Config
+
 
 def _type_text(tp: Any) -> str:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
@@ -31,10 +33,8 @@ def iter_fields(cls: type, prefix: str = "") -> Iterator[tuple[str, dataclasses.
             yield key, f, hints[f.name], value
 
 
-def format_help(cls: type | None = None, prefix: str = "") -> str:
+def format_help(cls: type = Config, prefix: str = "") -> str:
     """The config reference: one block per section (its help), one line per field: key, type, default, help."""
-    if cls is None:
-        from searchr1_lld.config.sections import Config as cls  # noqa: N813
     lines: list[str] = []
     section = None
     for key, f, tp, default in iter_fields(cls, prefix):

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
+from searchr1_lld.config.root import Config
 from searchr1_lld.config.validation import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -185,14 +186,12 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
     return values
 
 
-def config_from_dict(values: dict[str, Any]) -> Any:
+def config_from_dict(values: dict[str, Any]) -> Config:
     """A validated :class:`~searchr1_lld.config.Config` from a nested dict (unknown keys and bad types: errors)."""
-    from searchr1_lld.config.sections import Config
-
     return build_dataclass(Config, values).validate()
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Any:
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Build a validated :class:`Config` from an optional YAML file and ``key=value`` overrides."""
     values = read_yaml(path) if path else {}
     values = apply_overrides(values, list(overrides or []))
@@ -210,7 +209,7 @@ def flatten_dict(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def config_differences(old: Any, new: Any) -> dict[str, tuple[Any, Any]]:
+def config_differences(old: Config | dict[str, Any], new: Config | dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """``{dotted key: (old value, new value)}`` for every key whose value differs (a key missing on one side counts,
     with value None). Accepts Configs or their ``to_dict()`` / YAML dicts."""
     fa = flatten_dict(old if isinstance(old, dict) else old.to_dict())
@@ -218,7 +217,8 @@ def config_differences(old: Any, new: Any) -> dict[str, tuple[Any, Any]]:
     return {k: (fa.get(k), fb.get(k)) for k in sorted(fa.keys() | fb.keys()) if fa.get(k) != fb.get(k)}
 
 
-def save_config(cfg: Any, path: str | Path) -> None:
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write ``cfg`` as YAML (its fields in declaration order), readable by :func:`load_config`."""
     with open(path, "w") as f:
         yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
 

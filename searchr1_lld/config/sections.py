@@ -1,5 +1,5 @@
 """The sections of a run's config: typed dataclasses, every field with a one-line help (``python train.py
---help-config`` prints them)."""
+--help-config`` prints them). :class:`~searchr1_lld.config.root.Config` puts them together."""
 
 from __future__ import annotations
 
@@ -206,30 +206,3 @@ class EvalConfig:
     max_turns: int = opt(4, "searches allowed when evaluating (the paper: 4)")
     topk: int = opt(3, "documents per search when evaluating (the paper: 3)")
     backend: Literal["hf", "vllm"] = opt("hf", "generation engine of eval.py")
-
-
-@dataclass
-class Config:
-    """A run's config (python train.py --config FILE key=value ...)."""
-
-    name: str = opt("default", "config name (prefix of the default run name)")
-    data: DataConfig = section(DataConfig, "training and held-out data")
-    model: ModelConfig = section(ModelConfig, "the policy")
-    rollout: RolloutConfig = section(RolloutConfig, "the agent loop and its generation engine")
-    retriever: RetrieverConfig = section(RetrieverConfig, "the search engine")
-    algorithm: AlgorithmConfig = section(AlgorithmConfig, "GRPO + LLDS")
-    trainer: TrainerConfig = section(TrainerConfig, "the learner")
-    logging: LoggingConfig = section(LoggingConfig, "metrics and plots")
-    eval: EvalConfig = section(EvalConfig, "evaluation")
-
-    def validate(self) -> "Config":
-        """Reject impossible values; each message names the key. Returns self."""
-        from searchr1_lld.config.validation import validate
-
-        validate(self)
-        return self
-
-    def to_dict(self) -> dict[str, Any]:
-        import dataclasses
-
-        return dataclasses.asdict(self)

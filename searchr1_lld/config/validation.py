@@ -1,9 +1,16 @@
-"""Checks of a config's values (types are checked when it is built: loading.py). Each message names the key."""
+"""Checks of a config's values (types are checked when it is built: loading.py), one named function per section;
+each check is (ok, dotted key, what the value must be), and the message of a failing one names the key.
+:func:`raise_first` serves any config dataclass (the run's, the synthetic world's)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from searchr1_lld.config.sections import (AlgorithmConfig, DataConfig, EvalConfig, RetrieverConfig, RolloutConfig,
+                                          TrainerConfig)
+from searchr1_lld.eval_datasets import EvalError, parse_datasets
+
+Check = tuple[bool, str, str]  # (the value is fine, its dotted key, what it must be)
 
 
 class ConfigError(ValueError):
@@ -17,96 +24,128 @@ def get_dotted(obj: Any, key: str) -> Any:
     return obj
 
 
-
-def raise_first(checks: list[tuple[bool, str, str]], cfg: Any, prefix: str = "") -> None:
+def raise_first(checks: list[Check], cfg: object, prefix: str = "") -> None:
+    """ConfigError ``<prefix><key>: <what it must be> (got <value>)`` for the first failing check; ``cfg`` is the
+    config dataclass the checks' dotted keys start from."""
     for ok, key, msg in checks:
         if not ok:
             raise ConfigError(f"{prefix}{key}: {msg} (got {get_dotted(cfg, key)!r})")
 
 
-def validate(cfg: Any) -> None:
-    """Reject impossible values of a run config (:class:`~searchr1_lld.config.Config`)."""
-    from searchr1_lld.algo.policy_loss import POLICY_LOSSES
+def registered_policy_losses() -> list[str]:
+    """The names registered in algo/policy_loss.py (imported here: the config loads without torch until checked)."""
+    from searchr1_lld.algo.policy_loss import POLICY_LOSSES  # deferred: torch
 
-    checks: list[tuple[bool, str, str]] = [
-        (cfg.algorithm.llds.lam >= 0, "algorithm.llds.lam", "must be >= 0"),
-        (cfg.algorithm.llds.lam_answer >= 0, "algorithm.llds.lam_answer", "must be >= 0"),
-        (cfg.algorithm.clip_eps > 0, "algorithm.clip_eps", "must be > 0"),
-        (cfg.algorithm.clip_low is None or cfg.algorithm.clip_low > 0, "algorithm.clip_low", "must be > 0"),
-        (cfg.algorithm.clip_high is None or cfg.algorithm.clip_high > 0, "algorithm.clip_high", "must be > 0"),
-        (cfg.algorithm.dual_clip is None or cfg.algorithm.dual_clip > 1, "algorithm.dual_clip", "must be > 1"),
-        (cfg.algorithm.kl_coef >= 0, "algorithm.kl_coef", "must be >= 0"),
-        (cfg.algorithm.adv_eps > 0, "algorithm.adv_eps", "must be > 0"),
-        (cfg.rollout.n >= 1, "rollout.n", "must be >= 1"),
-        (cfg.rollout.temperature >= 0, "rollout.temperature", "must be >= 0"),
-        (0 < cfg.rollout.top_p <= 1, "rollout.top_p", "must be in (0, 1]"),
-        (cfg.rollout.max_turns >= 1, "rollout.max_turns", "must be >= 1"),
-        (cfg.rollout.max_tokens_per_turn >= 1, "rollout.max_tokens_per_turn", "must be >= 1"),
-        (cfg.rollout.max_obs_length >= 1, "rollout.max_obs_length", "must be >= 1"),
-        (cfg.rollout.max_total_length > cfg.data.max_prompt_length, "rollout.max_total_length",
-         f"must exceed data.max_prompt_length ({cfg.data.max_prompt_length})"),
-        (cfg.rollout.topk >= 1, "rollout.topk", "must be >= 1"),
-        (cfg.data.max_prompt_length >= 1, "data.max_prompt_length", "must be >= 1"),
-        (0 < cfg.rollout.vllm_gpu_memory_utilization <= 1, "rollout.vllm_gpu_memory_utilization", "must be in (0, 1]"),
-        (cfg.rollout.vllm_tensor_parallel_size == 1, "rollout.vllm_tensor_parallel_size",
+    return sorted(POLICY_LOSSES)
+
+
+def algorithm_checks(alg: AlgorithmConfig) -> list[Check]:
+    """algorithm.*: coefficients, clip ranges, the policy loss's registered name."""
+    losses = registered_policy_losses()
+    return [
+        (alg.llds.lam >= 0, "algorithm.llds.lam", "must be >= 0"),
+        (alg.llds.lam_answer >= 0, "algorithm.llds.lam_answer", "must be >= 0"),
+        (alg.clip_eps > 0, "algorithm.clip_eps", "must be > 0"),
+        (alg.clip_low is None or alg.clip_low > 0, "algorithm.clip_low", "must be > 0"),
+        (alg.clip_high is None or alg.clip_high > 0, "algorithm.clip_high", "must be > 0"),
+        (alg.dual_clip is None or alg.dual_clip > 1, "algorithm.dual_clip", "must be > 1"),
+        (alg.kl_coef >= 0, "algorithm.kl_coef", "must be >= 0"),
+        (alg.adv_eps > 0, "algorithm.adv_eps", "must be > 0"),
+        (alg.rollout_correction.cap >= 1, "algorithm.rollout_correction.cap", "must be >= 1"),
+        (alg.policy_loss in losses, "algorithm.policy_loss", f"must name a registered policy loss {losses}"),
+    ]
+
+
+def rollout_checks(rollout: RolloutConfig, data: DataConfig) -> list[Check]:
+    """rollout.*: sampling, turns and lengths (the total against data.max_prompt_length), the vLLM engine."""
+    return [
+        (rollout.n >= 1, "rollout.n", "must be >= 1"),
+        (rollout.temperature >= 0, "rollout.temperature", "must be >= 0"),
+        (0 < rollout.top_p <= 1, "rollout.top_p", "must be in (0, 1]"),
+        (rollout.max_turns >= 1, "rollout.max_turns", "must be >= 1"),
+        (rollout.max_tokens_per_turn >= 1, "rollout.max_tokens_per_turn", "must be >= 1"),
+        (rollout.max_obs_length >= 1, "rollout.max_obs_length", "must be >= 1"),
+        (rollout.max_total_length > data.max_prompt_length, "rollout.max_total_length",
+         f"must exceed data.max_prompt_length ({data.max_prompt_length})"),
+        (rollout.topk >= 1, "rollout.topk", "must be >= 1"),
+        (0 < rollout.vllm_gpu_memory_utilization <= 1, "rollout.vllm_gpu_memory_utilization", "must be in (0, 1]"),
+        (rollout.vllm_tensor_parallel_size == 1, "rollout.vllm_tensor_parallel_size",
          "must be 1: one engine per rank (TP ranks would have to call generate in lockstep, which the multi-turn "
          "agent loop does not; see rollout/backends/vllm.py)"),
-        (cfg.rollout.vllm_sleep_level in (1, 2), "rollout.vllm_sleep_level", "must be 1 or 2"),
-        (cfg.rollout.vllm_kv_cache_memory_bytes >= 0, "rollout.vllm_kv_cache_memory_bytes", "must be >= 0"),
-        (cfg.algorithm.rollout_correction.cap >= 1, "algorithm.rollout_correction.cap", "must be >= 1"),
-        (cfg.rollout.generation_batch_size >= 1, "rollout.generation_batch_size", "must be >= 1"),
-        (cfg.rollout.vllm_logprobs_mode in ("", "raw_logprobs", "processed_logprobs"), "rollout.vllm_logprobs_mode",
+        (rollout.vllm_sleep_level in (1, 2), "rollout.vllm_sleep_level", "must be 1 or 2"),
+        (rollout.vllm_kv_cache_memory_bytes >= 0, "rollout.vllm_kv_cache_memory_bytes", "must be >= 0"),
+        (rollout.generation_batch_size >= 1, "rollout.generation_batch_size", "must be >= 1"),
+        (rollout.vllm_logprobs_mode in ("", "raw_logprobs", "processed_logprobs"), "rollout.vllm_logprobs_mode",
          "must be '', 'raw_logprobs' or 'processed_logprobs'"),
-        (cfg.retriever.max_retries is None or cfg.retriever.max_retries >= 0, "retriever.max_retries",
+    ]
+
+
+def data_checks(data: DataConfig) -> list[Check]:
+    """data.*: the prompt length, the FlashRAG training mix."""
+    return [
+        (data.max_prompt_length >= 1, "data.max_prompt_length", "must be >= 1"),
+        (data.train_mix in ("nq", "nq+hotpotqa"), "data.train_mix", "must be 'nq' or 'nq+hotpotqa'"),
+    ]
+
+
+def retriever_checks(retriever: RetrieverConfig) -> list[Check]:
+    """retriever.*: retries, timeouts, batch size, the service's URL."""
+    return [
+        (retriever.max_retries is None or retriever.max_retries >= 0, "retriever.max_retries",
          "must be null or >= 0"),
-        (cfg.retriever.max_wait_s >= 0, "retriever.max_wait_s", "must be >= 0"),
-        (cfg.retriever.timeout_s > 0, "retriever.timeout_s", "must be > 0"),
-        (cfg.retriever.batch_size >= 1, "retriever.batch_size", "must be >= 1"),
-        (cfg.retriever.backoff_s >= 0, "retriever.backoff_s", "must be >= 0"),
-        (cfg.trainer.total_steps >= 1, "trainer.total_steps", "must be >= 1"),
-        (cfg.trainer.train_batch_size >= 1, "trainer.train_batch_size", "must be >= 1"),
-        (1 <= cfg.trainer.ppo_mini_batch_size <= cfg.trainer.train_batch_size * cfg.rollout.n,
-         "trainer.ppo_mini_batch_size",
-         f"counts responses: must be in [1, trainer.train_batch_size x rollout.n = "
-         f"{cfg.trainer.train_batch_size * cfg.rollout.n}]"),
-        ((cfg.trainer.train_batch_size * cfg.rollout.n) % max(cfg.trainer.ppo_mini_batch_size, 1) == 0,
-         "trainer.ppo_mini_batch_size",
-         f"counts responses: must divide trainer.train_batch_size x rollout.n = "
-         f"{cfg.trainer.train_batch_size} x {cfg.rollout.n} = {cfg.trainer.train_batch_size * cfg.rollout.n}"),
-        (cfg.trainer.ppo_epochs >= 1, "trainer.ppo_epochs", "must be >= 1"),
-        (cfg.trainer.lr > 0, "trainer.lr", "must be > 0"),
-        (0 <= cfg.trainer.warmup_ratio < 1, "trainer.warmup_ratio", "must be in [0, 1)"),
-        (cfg.trainer.grad_clip > 0, "trainer.grad_clip", "must be > 0"),
-        (len(cfg.trainer.adam_betas) == 2 and all(0 <= b < 1 for b in cfg.trainer.adam_betas),
-         "trainer.adam_betas", "must be two numbers in [0, 1)"),
-        (cfg.trainer.micro_batch_token_budget >= 1, "trainer.micro_batch_token_budget", "must be >= 1"),
-        (cfg.trainer.micro_batch_size >= 0, "trainer.micro_batch_size", "must be >= 0 (0 = cut by the token budget)"),
-        (cfg.trainer.micro_batch_size == 0 or cfg.trainer.ppo_mini_batch_size % cfg.trainer.micro_batch_size == 0,
-         "trainer.micro_batch_size", f"must divide trainer.ppo_mini_batch_size ({cfg.trainer.ppo_mini_batch_size})"),
-        (cfg.trainer.keep_last_k >= 1, "trainer.keep_last_k", "must be >= 1"),
-        (cfg.trainer.save_every >= 0, "trainer.save_every", "must be >= 0"),
-        (not cfg.trainer.keep_best.startswith("eval/") or cfg.trainer.eval_every > 0, "trainer.keep_best",
-         f"{cfg.trainer.keep_best} is logged only when trainer.eval_every > 0"),
-        (cfg.trainer.logprob_chunk_size >= 0, "trainer.logprob_chunk_size", "must be >= 0 (0 = sized to the device)"),
-        (cfg.data.train_mix in ("nq", "nq+hotpotqa"), "data.train_mix", "must be 'nq' or 'nq+hotpotqa'"),
-        (cfg.retriever.mode != "http" or cfg.retriever.url.startswith(("http://", "https://")), "retriever.url",
+        (retriever.max_wait_s >= 0, "retriever.max_wait_s", "must be >= 0"),
+        (retriever.timeout_s > 0, "retriever.timeout_s", "must be > 0"),
+        (retriever.batch_size >= 1, "retriever.batch_size", "must be >= 1"),
+        (retriever.backoff_s >= 0, "retriever.backoff_s", "must be >= 0"),
+        (retriever.mode != "http" or retriever.url.startswith(("http://", "https://")), "retriever.url",
          "must start with http:// or https://"),
-        (cfg.eval.limit >= 0, "eval.limit", "must be >= 0"),
-        (cfg.eval.batch_size >= 1, "eval.batch_size", "must be >= 1"),
-        (cfg.eval.max_turns >= 1, "eval.max_turns", "must be >= 1"),
-        (cfg.eval.topk >= 1, "eval.topk", "must be >= 1"),
-        (_datasets_ok(cfg.eval.datasets), "eval.datasets",
+    ]
+
+
+def trainer_checks(trainer: TrainerConfig, rollout: RolloutConfig) -> list[Check]:
+    """trainer.*: batch shape (mini-batches count the responses, rollout.n per prompt), optimiser, checkpoints."""
+    responses = trainer.train_batch_size * rollout.n
+    return [
+        (trainer.total_steps >= 1, "trainer.total_steps", "must be >= 1"),
+        (trainer.train_batch_size >= 1, "trainer.train_batch_size", "must be >= 1"),
+        (1 <= trainer.ppo_mini_batch_size <= responses, "trainer.ppo_mini_batch_size",
+         f"counts responses: must be in [1, trainer.train_batch_size x rollout.n = {responses}]"),
+        (responses % max(trainer.ppo_mini_batch_size, 1) == 0, "trainer.ppo_mini_batch_size",
+         f"counts responses: must divide trainer.train_batch_size x rollout.n = "
+         f"{trainer.train_batch_size} x {rollout.n} = {responses}"),
+        (trainer.ppo_epochs >= 1, "trainer.ppo_epochs", "must be >= 1"),
+        (trainer.lr > 0, "trainer.lr", "must be > 0"),
+        (0 <= trainer.warmup_ratio < 1, "trainer.warmup_ratio", "must be in [0, 1)"),
+        (trainer.grad_clip > 0, "trainer.grad_clip", "must be > 0"),
+        (len(trainer.adam_betas) == 2 and all(0 <= b < 1 for b in trainer.adam_betas),
+         "trainer.adam_betas", "must be two numbers in [0, 1)"),
+        (trainer.micro_batch_token_budget >= 1, "trainer.micro_batch_token_budget", "must be >= 1"),
+        (trainer.micro_batch_size >= 0, "trainer.micro_batch_size", "must be >= 0 (0 = cut by the token budget)"),
+        (trainer.micro_batch_size == 0 or trainer.ppo_mini_batch_size % trainer.micro_batch_size == 0,
+         "trainer.micro_batch_size", f"must divide trainer.ppo_mini_batch_size ({trainer.ppo_mini_batch_size})"),
+        (trainer.keep_last_k >= 1, "trainer.keep_last_k", "must be >= 1"),
+        (trainer.save_every >= 0, "trainer.save_every", "must be >= 0"),
+        (not trainer.keep_best.startswith("eval/") or trainer.eval_every > 0, "trainer.keep_best",
+         f"{trainer.keep_best} is logged only when trainer.eval_every > 0"),
+        (trainer.logprob_chunk_size >= 0, "trainer.logprob_chunk_size", "must be >= 0 (0 = sized to the device)"),
+    ]
+
+
+def eval_checks(ev: EvalConfig) -> list[Check]:
+    """eval.*: limits, batch, turns, documents, and the dataset names."""
+    return [
+        (ev.limit >= 0, "eval.limit", "must be >= 0"),
+        (ev.batch_size >= 1, "eval.batch_size", "must be >= 1"),
+        (ev.max_turns >= 1, "eval.max_turns", "must be >= 1"),
+        (ev.topk >= 1, "eval.topk", "must be >= 1"),
+        (datasets_ok(ev.datasets), "eval.datasets",
          "must be benchmark names of the seven (nq, triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle), "
          "all, or NAME=PATH rows files, each name once"),
-        (cfg.algorithm.policy_loss in POLICY_LOSSES, "algorithm.policy_loss",
-         f"must name a registered policy loss {sorted(POLICY_LOSSES)}"),
     ]
-    raise_first(checks, cfg)
 
 
-def _datasets_ok(datasets: list[str]) -> bool:
-    from searchr1_lld.evaluation.metrics import EvalError, parse_datasets
-
+def datasets_ok(datasets: list[str]) -> bool:
+    """Whether ``eval.datasets`` parses (:func:`searchr1_lld.eval_datasets.parse_datasets`); [] is fine (none)."""
     if not datasets:
         return True
     try:

@@ -63,13 +63,14 @@ def step_seed(base_seed: int, step: int, rank: int, num_processes: int) -> int:
 
 
 def objective_spec(alg: AlgorithmConfig) -> ObjectiveSpec:
-    """The objective's coefficients and modes from ``AlgorithmConfig``."""
+    """The objective's coefficients and modes from ``AlgorithmConfig``; every entry of it by name for the terms
+    registered beyond the built-in ones (each reads the entry named after it: algo/terms.py)."""
     return ObjectiveSpec(
         policy_loss=alg.policy_loss, clip_low=alg.clip_low if alg.clip_low is not None else alg.clip_eps,
         clip_high=alg.clip_high if alg.clip_high is not None else alg.clip_eps, dual_clip=alg.dual_clip,
         agg_mode=alg.loss_agg_mode, kl_coef=alg.kl_coef, kl_type=alg.kl_type, entropy_coef=alg.entropy_coef,
         llds_lam=alg.llds.lam if alg.llds.enabled else 0.0, llds_gate=alg.llds.gate, llds_tau=alg.llds.tau,
-        loss_scale=alg.loss_scale,
+        loss_scale=alg.loss_scale, term_settings=dict(vars(alg)),
     )
 
 
