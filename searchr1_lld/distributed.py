@@ -11,6 +11,8 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
+from searchr1_lld.protocols import Accelerator
+
 
 def free_ports(n: int = 1, host: str = "127.0.0.1") -> list[int]:
     """``n`` distinct TCP ports nobody listens on now (bound together, then released): rendezvous ports for
@@ -33,20 +35,20 @@ class DistributedFacts:
     is_main: bool  # rank 0: the process that writes the run directory
 
     @classmethod
-    def of(cls, accelerator: Any) -> DistributedFacts:
+    def of(cls, accelerator: Accelerator) -> DistributedFacts:
         return cls(deepspeed=is_deepspeed(accelerator), zero_stage=zero_stage(accelerator),
                    world_size=accelerator.num_processes, rank=accelerator.process_index,
                    is_main=accelerator.is_main_process)
 
 
-def is_deepspeed(accelerator: Any) -> bool:
+def is_deepspeed(accelerator: Accelerator) -> bool:
     """True when ``accelerator`` runs the model through a DeepSpeed engine (False for None: no accelerator)."""
     if accelerator is None:
         return False
     return str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type)).upper() == "DEEPSPEED"
 
 
-def zero_stage(accelerator: Any) -> int:
+def zero_stage(accelerator: Accelerator) -> int:
     """The DeepSpeed ZeRO stage (0 without DeepSpeed)."""
     if not is_deepspeed(accelerator):
         return 0
@@ -55,7 +57,7 @@ def zero_stage(accelerator: Any) -> int:
 
 
 @contextmanager
-def outside_zero3(accelerator: Any) -> Iterator[None]:
+def outside_zero3(accelerator: Accelerator) -> Iterator[None]:
     """Models loaded inside stay whole. Under ZeRO-3, transformers builds every model it loads inside
     ``deepspeed.zero.Init`` (partitioned over the ranks) while accelerate's DeepSpeed config is registered with it,
     whatever ``zero3_init_flag`` says; a model that is not trained by the DeepSpeed engine (the in-process
@@ -75,7 +77,7 @@ def outside_zero3(accelerator: Any) -> Iterator[None]:
             raise RuntimeError("outside_zero3: accelerate's ZeRO-3 config did not come back into effect")
 
 
-def agree_max(accelerator: Any, counts: Sequence[int]) -> list[int]:
+def agree_max(accelerator: Accelerator, counts: Sequence[int]) -> list[int]:
     """Element-wise max of ``counts`` over all processes (one all-reduce): the number of micro-batches every rank
     runs, so that the collectives inside forward/backward (ZeRO-3 gathers, gradient reduction) pair up."""
     if accelerator.num_processes == 1 or not counts:
@@ -85,12 +87,12 @@ def agree_max(accelerator: Any, counts: Sequence[int]) -> list[int]:
     return [int(v) for v in t.tolist()]
 
 
-def any_rank(accelerator: Any, flag: bool) -> bool:
+def any_rank(accelerator: Accelerator, flag: bool) -> bool:
     """True on every rank when ``flag`` is True on any rank (one all-reduce)."""
     return bool(agree_max(accelerator, [int(flag)])[0])
 
 
-def reduce_metrics(accelerator: Any, metrics: dict[str, Any]) -> dict[str, Any]:
+def reduce_metrics(accelerator: Accelerator, metrics: dict[str, Any]) -> dict[str, Any]:
     """Mean of float metrics over processes (NaN-aware is not attempted: NaN on any rank stays NaN)."""
     if accelerator.num_processes == 1:
         return metrics

@@ -157,8 +157,8 @@ def save_checkpoint(
     step: int,
     *,
     model: torch.nn.Module,
-    optimizer: Any,
-    scheduler: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
     trainer_state: dict[str, Any],
     accelerator: Accelerator | None = None,
     keep_last_k: int = 2,
@@ -263,7 +263,7 @@ def prune_checkpoints(run_dir: str | Path, keep_last_k: int, keep_steps: Collect
     return removed
 
 
-def _save_tokenizer(tokenizer: Any, policy_dir: Path) -> None:
+def _save_tokenizer(tokenizer: Tokenizer | None, policy_dir: Path) -> None:
     """The tokenizer (its chat template included) beside the weights; nothing without one."""
     if tokenizer is not None:
         tokenizer.save_pretrained(str(policy_dir))
@@ -332,7 +332,7 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
-def _barrier(accelerator: Any) -> None:
+def _barrier(accelerator: Accelerator | None) -> None:
     if accelerator is not None:
         accelerator.wait_for_everyone()
 
@@ -363,9 +363,9 @@ def load_checkpoint(
     path: str | Path,
     *,
     model: torch.nn.Module,
-    optimizer: Any,
-    scheduler: Any,
-    accelerator: Any = None,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    accelerator: Accelerator | None = None,
 ) -> dict[str, Any]:
     """Restore policy, optimiser, scheduler and this rank's RNG states; returns the trainer state dict."""
     path = Path(path)

@@ -15,6 +15,7 @@ from searchr1_lld.bookkeeping import checkpoint as ckpt
 from searchr1_lld import distributed
 from searchr1_lld.bookkeeping.best_checkpoint import BEST_FILE
 from searchr1_lld.bookkeeping.tracking import WANDB_RUN_FILE
+from searchr1_lld.protocols import Accelerator
 from searchr1_lld.config import Config, ConfigError, config_differences, flatten_dict, read_yaml, save_config
 
 # Keys that say where a run lives, not what it does: never compared on resume.
@@ -148,7 +149,7 @@ def settle_run_dir(cfg: Config, run_dir: Path, is_main: bool, allow_changes: Seq
 SHARED_MARKERS = ".ranks"  # check_run_dir_shared's markers (removed again when the check is done)
 
 
-def check_run_dir_shared(accelerator: Any, run_dir: Path) -> None:
+def check_run_dir_shared(accelerator: Accelerator, run_dir: Path) -> None:
     """Refuse (ConfigError, one line, on every process) a multi-process run whose processes do not all see the same
     ``run_dir``: checkpoints are written into the directory rank 0 makes (DeepSpeed: one shard per rank) and resumed
     by every rank from it, which node-local disks break. Each process writes a marker named by a nonce of this launch
