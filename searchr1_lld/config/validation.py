@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from searchr1_lld.data.specs import EvalError, parse_datasets
+
 
 
 class ConfigError(ValueError):
@@ -105,8 +107,6 @@ def validate(cfg: Any) -> None:
 
 
 def _datasets_ok(datasets: list[str]) -> bool:
-    from searchr1_lld.evaluation.metrics import EvalError, parse_datasets
-
     if not datasets:
         return True
     try:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
+from searchr1_lld.data.specs import BENCHMARKS, KNOWN_DATASETS, EvalError, dataset_name, parse_datasets
 from searchr1_lld.rewards import exact_match, sub_exact_match, token_f1
+from searchr1_lld.rollout.types import Trajectory
 
-BENCHMARKS: tuple[str, ...] = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
-KNOWN_DATASETS: tuple[str, ...] = BENCHMARKS
+__all__ = ["BENCHMARKS", "KNOWN_DATASETS", "DISPLAY_NAMES", "TRAJECTORIES", "RESULTS_JSON", "RESULTS_MD", "RESULTS_CSV",
+           "EvalError", "dataset_name", "parse_datasets", "record_from_trajectory", "dataset_metrics", "average_em",
+           "relative_gain", "summarize"]
+
 # Column headers in the paper's layout.
 DISPLAY_NAMES = {
     "nq": "NQ", "triviaqa": "TriviaQA", "popqa": "PopQA", "hotpotqa": "HotpotQA", "2wikimultihopqa": "2Wiki",
@@ -17,41 +21,7 @@ TRAJECTORIES = "trajectories.jsonl"
 RESULTS_JSON, RESULTS_MD, RESULTS_CSV = "results.json", "results.md", "results.csv"
 
 
-class EvalError(ValueError):
-    """A problem with evaluation inputs or outputs; the message says what and where."""
-
-
-def dataset_name(spec: str) -> str:
-    """The name a dataset spec is reported under: ``"nq"`` -> ``nq``; ``"synthetic=world/qa/test.jsonl"`` ->
-    ``synthetic``."""
-    return spec.partition("=")[0].strip()
-
-
-def parse_datasets(text: str | Sequence[str]) -> list[str]:
-    """``"nq,hotpotqa"`` or ``["nq", "hotpotqa"]`` or ``"all"`` -> checked list of dataset specs (order kept).
-
-    A spec is a benchmark name (:data:`BENCHMARKS`, case-insensitive) or ``NAME=PATH``: the rows of a JSONL/parquet
-    file in the project's QA schema, reported as NAME (e.g. ``synthetic=.cache/world/qa/test.jsonl``)."""
-    items = [t.strip() for t in (text.split(",") if isinstance(text, str) else text) if t.strip()]
-    specs = [t if "=" in t else t.lower() for t in items]
-    if specs == ["all"]:
-        return list(BENCHMARKS)
-    if not specs:
-        raise EvalError("no dataset given")
-    for spec in specs:
-        name, sep, path = spec.partition("=")
-        if sep and not (name.strip() and path.strip()):
-            raise EvalError(f"dataset {spec!r}: a file dataset is NAME=PATH, both non-empty")
-        if not sep and spec not in KNOWN_DATASETS:
-            raise EvalError(f"unknown dataset {spec!r}; known: {list(KNOWN_DATASETS)} (or 'all', or NAME=PATH of a "
-                            f"rows file)")
-    names = [dataset_name(s) for s in specs]
-    if len(set(names)) != len(names):
-        raise EvalError(f"dataset listed twice in {names}")
-    return specs
-
-
-def record_from_trajectory(traj: Any, dataset: str) -> dict[str, Any]:
+def record_from_trajectory(traj: Trajectory, dataset: str) -> dict[str, Any]:
     """One JSON-able record per evaluated question; EM / sub-EM / F1 are scored here from ``traj.prediction``."""
     row = traj.row
     golds = list(row["golden_answers"])
