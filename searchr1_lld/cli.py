@@ -20,7 +20,7 @@ from huggingface_hub.errors import HFValidationError
 from retriever.client import RetrieverError
 from retriever.faiss_index import FaissSetupError
 from searchr1_lld.config import ConfigError
-from searchr1_lld.evaluation import EvalError
+from searchr1_lld.data.specs import EvalError
 
 
 class UserError(Exception):

@@ -239,3 +239,38 @@ def test_no_first_party_package_under_a_generic_top_level_name():
 def test_modules_stay_small():
     long = {m: n for m, f in first_party_modules().items() if (n := len(f.read_text().splitlines())) > MAX_MODULE_LINES}
     assert long == {}, f"split by job: modules over {MAX_MODULE_LINES} lines: {long}"
+
+
+# the folders docs/architecture.md draws (leaf modules of the package root are listed there, not drawn)
+PICTURED = ("demo", "sweep", "lab", "world", "learner", "bookkeeping", "instruments", "evaluation", "rollout", "algo",
+            "config", "data", "retriever")
+
+
+def pictured_edges() -> set[tuple[str, str]]:
+    """(importer, imported) among the pictured folders, from the code (retriever's modules are one node)."""
+    def node(name: str) -> str | None:
+        if name == "retriever" or name.startswith("retriever."):
+            return "retriever"
+        short = name.removeprefix("searchr1_lld.")
+        return short if short in PICTURED else None
+
+    edges = set()
+    for src, targets in folder_graph(first_party_modules()).items():
+        for t in targets:
+            a, b = node(src), node(t)
+            if a and b and a != b:
+                edges.add((a, b))
+    return edges
+
+
+def test_the_architecture_picture_is_the_code():
+    """docs/architecture.md's mermaid picture has exactly the folder dependencies of the code."""
+    import re
+
+    text = (REPO_ROOT / "docs" / "architecture.md").read_text()
+    block = re.search(r"```mermaid\n(.*?)```", text, re.S)
+    assert block, "docs/architecture.md has no mermaid picture"
+    drawn = set(re.findall(r"^\s*(\w+) --> (\w+)\s*$", block.group(1), re.M))
+    code = pictured_edges()
+    expected = "\n".join(f"  {a} --> {b}" for a, b in sorted(code))
+    assert drawn == code, f"redraw the picture from the code:\n{expected}"

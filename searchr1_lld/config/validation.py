@@ -8,7 +8,7 @@ from typing import Any
 
 from searchr1_lld.config.sections import (AlgorithmConfig, DataConfig, EvalConfig, RetrieverConfig, RolloutConfig,
                                           TrainerConfig)
-from searchr1_lld.eval_datasets import EvalError, parse_datasets
+from searchr1_lld.data.specs import EvalError, parse_datasets
 
 Check = tuple[bool, str, str]  # (the value is fine, its dotted key, what it must be)
 
@@ -145,7 +145,7 @@ def eval_checks(ev: EvalConfig) -> list[Check]:
 
 
 def datasets_ok(datasets: list[str]) -> bool:
-    """Whether ``eval.datasets`` parses (:func:`searchr1_lld.eval_datasets.parse_datasets`); [] is fine (none)."""
+    """Whether ``eval.datasets`` parses (:func:`searchr1_lld.data.specs.parse_datasets`); [] is fine (none)."""
     if not datasets:
         return True
     try:

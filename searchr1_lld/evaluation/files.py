@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from searchr1_lld.config import RolloutConfig
 from searchr1_lld.evaluation.metrics import (RESULTS_CSV, RESULTS_JSON, RESULTS_MD, TRAJECTORIES, EvalError,
                                              summarize)
 from searchr1_lld.evaluation.tables import write_results
@@ -91,7 +92,7 @@ def rows_sha256(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def eval_provenance(*, model_path: str | Path, tokenizer_path: str | Path, rows_by_dataset: dict[str, Sequence[dict]],
-                    rollout_cfg: Any, template: str, backend: str, dtype: str, retriever: str) -> dict[str, Any]:
+                    rollout_cfg: RolloutConfig, template: str, backend: str, dtype: str, retriever: str) -> dict[str, Any]:
     """Everything that determines an evaluation's records (a JSON-able dict, compared key by key on resume)."""
     return {
         **model_fingerprint(model_path),

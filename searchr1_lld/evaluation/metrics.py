@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-from searchr1_lld.eval_datasets import BENCHMARKS, KNOWN_DATASETS, EvalError, dataset_name, parse_datasets
+from searchr1_lld.data.specs import BENCHMARKS, KNOWN_DATASETS, EvalError, dataset_name, parse_datasets
 from searchr1_lld.rewards import exact_match, sub_exact_match, token_f1
+from searchr1_lld.rollout.types import Trajectory
 
-__all__ = ["BENCHMARKS", "DISPLAY_NAMES", "KNOWN_DATASETS", "RESULTS_CSV", "RESULTS_JSON", "RESULTS_MD", "TRAJECTORIES",
-           "EvalError", "average_em", "dataset_metrics", "dataset_name", "parse_datasets", "record_from_trajectory",
+__all__ = ["BENCHMARKS", "KNOWN_DATASETS", "DISPLAY_NAMES", "TRAJECTORIES", "RESULTS_JSON", "RESULTS_MD", "RESULTS_CSV",
+           "EvalError", "dataset_name", "parse_datasets", "record_from_trajectory", "dataset_metrics", "average_em",
            "relative_gain", "summarize"]
 
 # Column headers in the paper's layout.
@@ -20,7 +21,7 @@ TRAJECTORIES = "trajectories.jsonl"
 RESULTS_JSON, RESULTS_MD, RESULTS_CSV = "results.json", "results.md", "results.csv"
 
 
-def record_from_trajectory(traj: Any, dataset: str) -> dict[str, Any]:
+def record_from_trajectory(traj: Trajectory, dataset: str) -> dict[str, Any]:
     """One JSON-able record per evaluated question; EM / sub-EM / F1 are scored here from ``traj.prediction``."""
     row = traj.row
     golds = list(row["golden_answers"])

@@ -7,11 +7,22 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from tqdm.auto import tqdm
+
+from searchr1_lld.config import Config, RolloutConfig
+from searchr1_lld.data import flashrag
+from searchr1_lld.data.specs import EvalError, dataset_name, parse_datasets
 from searchr1_lld.evaluation.files import TrajectoryLog, finalize, shard_rows, trajectories_path
-from searchr1_lld.evaluation.metrics import (EvalError, dataset_metrics, dataset_name, parse_datasets,
-                                             record_from_trajectory, summarize)
+from searchr1_lld.evaluation.metrics import dataset_metrics, record_from_trajectory, summarize
 from searchr1_lld.evaluation.paper_table import write_paper_table
 from searchr1_lld.jsonl import read_rows
+from searchr1_lld.protocols import Retriever, Tokenizer
+from searchr1_lld.rollout import agent_loop
+from searchr1_lld.rollout.backends.base import GenerationBackend
+from searchr1_lld.rollout.types import Trajectory
+
+# what :func:`evaluate` and :func:`sampled_em` call to roll out a batch: run_agent_loop's signature
+RolloutFn = Callable[..., list[Trajectory]]
 
 
 def load_eval_rows(datasets: Sequence[str], *, limit: int = 0, split: str | None = None,
@@ -45,7 +56,7 @@ def load_eval_rows(datasets: Sequence[str], *, limit: int = 0, split: str | None
     return out
 
 
-def benchmark_rows(cfg: Any) -> dict[str, list[dict[str, Any]]]:
+def benchmark_rows(cfg: Config) -> dict[str, list[dict[str, Any]]]:
     """The datasets a training run evaluates on every trainer.eval_every steps (eval.datasets, first
     trainer.eval_limit or else eval.limit questions of each); loaded once at the start so a missing dataset fails
     before training. {} when eval.datasets is empty."""
@@ -55,29 +66,27 @@ def benchmark_rows(cfg: Any) -> dict[str, list[dict[str, Any]]]:
 
 
 def _load_benchmark(name: str, split: str | None, flashrag_dir: str | Path | None) -> list[dict[str, Any]]:
-    from searchr1_lld.data import flashrag  # the FlashRAG loader (hub or local mirror)
-
     try:
         return list(flashrag.load_eval_rows(name, split, local_dir=flashrag_dir))
     except flashrag.FlashRAGError as e:
         raise EvalError(str(e)) from e
 
 
-def load_tokenizer(path: str | Path) -> Any:
+def load_tokenizer(path: str | Path) -> Tokenizer:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def eval_rollout_config(rollout_cfg: Any, *, max_turns: int, topk: int) -> Any:
+def eval_rollout_config(rollout_cfg: RolloutConfig, *, max_turns: int, topk: int) -> RolloutConfig:
     """The training rollout settings with evaluation's turn and document limits (decoding is greedy)."""
     return dataclasses.replace(rollout_cfg, max_turns=max_turns, topk=topk, n=1)
 
 
-def evaluate(rows_by_dataset: dict[str, Sequence[dict[str, Any]]], *, backend: Any, tokenizer: Any, retriever: Any,
-             rollout_cfg: Any, out_dir: str | Path | None = None, batch_size: int = 64, template: str = "tiny", chat_template: str = "never",
-             shard: tuple[int, int] | None = None, name: str = "", progress: bool = True,
-             rollout_fn: Callable[..., list[Any]] | None = None) -> dict[str, Any] | None:
+def evaluate(rows_by_dataset: dict[str, Sequence[dict[str, Any]]], *, backend: GenerationBackend, tokenizer: Tokenizer,
+             retriever: Retriever, rollout_cfg: RolloutConfig, out_dir: str | Path | None = None, batch_size: int = 64,
+             template: str = "tiny", chat_template: str = "never", shard: tuple[int, int] | None = None,
+             name: str = "", progress: bool = True, rollout_fn: RolloutFn | None = None) -> dict[str, Any] | None:
     """Greedy rollouts for every row not yet in the trajectories file, appended batch by batch.
 
     Without a shard: returns the results (also written as results.json / .md / .csv in ``out_dir``). With a shard:
@@ -85,10 +94,8 @@ def evaluate(rows_by_dataset: dict[str, Sequence[dict[str, Any]]], *, backend: A
     ``out_dir`` None: in memory (nothing written or resumed), returns the :func:`summarize` of the (shard's) rows.
     ``rollout_fn`` defaults to :func:`searchr1_lld.rollout.agent_loop.run_agent_loop` (same signature).
     """
-    from tqdm.auto import tqdm
-
     if rollout_fn is None:
-        from searchr1_lld.rollout.agent_loop import run_agent_loop as rollout_fn
+        rollout_fn = agent_loop.run_agent_loop  # the module's current function (a test may replace it)
 
     if batch_size < 1:
         raise EvalError(f"batch_size must be >= 1 (got {batch_size})")
@@ -118,9 +125,10 @@ def evaluate(rows_by_dataset: dict[str, Sequence[dict[str, Any]]], *, backend: A
     return finalize(out_dir, order=list(rows_by_dataset), name=name)
 
 
-def sampled_em(rows: Sequence[dict[str, Any]], *, backend: Any, tokenizer: Any, retriever: Any, rollout_cfg: Any,
-               samples: int, batch_size: int = 64, template: str = "tiny", chat_template: str = "never",
-               progress: bool = True, rollout_fn: Callable[..., list[Any]] | None = None) -> dict[str, Any]:
+def sampled_em(rows: Sequence[dict[str, Any]], *, backend: GenerationBackend, tokenizer: Tokenizer,
+               retriever: Retriever, rollout_cfg: RolloutConfig, samples: int, batch_size: int = 64,
+               template: str = "tiny", chat_template: str = "never", progress: bool = True,
+               rollout_fn: RolloutFn | None = None) -> dict[str, Any]:
     """EM of the *sampled* policy: ``samples`` rollouts per question at ``rollout_cfg.temperature`` (what GRPO
     trains and what its reward measures), in memory, nothing written.
 
@@ -130,10 +138,8 @@ def sampled_em(rows: Sequence[dict[str, Any]], *, backend: Any, tokenizer: Any, 
     ``questions``, ``samples`` and ``temperature``. Greedy decoding (:func:`evaluate`) scores the policy's mode; a
     policy whose mode drifts from its samples scores differently on the two.
     """
-    from tqdm.auto import tqdm
-
     if rollout_fn is None:
-        from searchr1_lld.rollout.agent_loop import run_agent_loop as rollout_fn
+        rollout_fn = agent_loop.run_agent_loop  # the module's current function (a test may replace it)
 
     if samples < 1:
         raise EvalError(f"samples must be >= 1 (got {samples})")

@@ -36,7 +36,7 @@ from retriever.manifest import check_manifest, read_manifest, verify_files
 from searchr1_lld.cli import looks_like_local_path
 from searchr1_lld.config import Config, read_yaml
 from searchr1_lld.data import flashrag
-from searchr1_lld.eval_datasets import dataset_name, parse_datasets
+from searchr1_lld.data.specs import dataset_name, parse_datasets
 from searchr1_lld.jsonl import read_rows
 from searchr1_lld import memory_plan as mp
 GiB = float(1 << 30)

@@ -42,13 +42,14 @@ import re
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 from tqdm.auto import tqdm
 
 from searchr1_lld import prompts as P
 from searchr1_lld.algo.spans import action_span_list
 from searchr1_lld.config import RolloutConfig
+from searchr1_lld.protocols import Retriever, Tokenizer
 from searchr1_lld.rewards import answer_char_span, exact_match, extract_answer
 from searchr1_lld.rollout.backends.base import GenerationBackend, GenerationOutput, eos_token_ids
 from searchr1_lld.rollout.types import Trajectory
@@ -75,7 +76,7 @@ def parse_action(turn_text: str) -> tuple[str, Optional[str]]:
     return kind, content
 
 
-def _decode(tokenizer: Any, ids: list[int]) -> str:
+def _decode(tokenizer: Tokenizer, ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
@@ -84,7 +85,7 @@ class ObservationTokenizer:
     """Tokenises observation blocks once: whole when they fit, else documents cut so the block has max_obs_length
     tokens with the closing tag kept."""
 
-    tokenizer: Any
+    tokenizer: Tokenizer
     max_obs_length: int
 
     def __post_init__(self) -> None:
@@ -120,14 +121,14 @@ class ObservationTokenizer:
         return body_ids[: self.max_obs_length - len(tail_ids)] + tail_ids
 
 
-def encode_prompt(tokenizer: Any, question: str, template: str, chat_template: str = "never") -> list[int]:
+def encode_prompt(tokenizer: Tokenizer, question: str, template: str, chat_template: str = "never") -> list[int]:
     """Prompt ids: the rendered prompt (``prompts.render_prompt``) tokenised without added special tokens, as
     Search-R1 tokenises it (a chat template carries its own special tokens)."""
     text = P.render_prompt(question, template, tokenizer, chat_template)
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def answer_token_span(tokenizer: Any, ids: list[int], text: str) -> tuple[int, int] | None:
+def answer_token_span(tokenizer: Tokenizer, ids: list[int], text: str) -> tuple[int, int] | None:
     """Half-open token span of the last closed ``<answer>..</answer>`` in ``text = decode(ids)``, or None.
 
     With ``L(k) = len(decode(ids[:k]))`` (non-decreasing in k), the span's characters ``[a, b)`` are covered by the
@@ -202,8 +203,8 @@ def run_agent_loop(
     rows: list[dict],
     *,
     backend: GenerationBackend,
-    tokenizer: Any,
-    retriever: Any,
+    tokenizer: Tokenizer,
+    retriever: Retriever,
     cfg: RolloutConfig,
     n: int = 1,
     greedy: bool = False,
@@ -221,97 +222,140 @@ def run_agent_loop(
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    greedy = greedy or cfg.temperature == 0
-    t_start = time.perf_counter()
-    t_generate = t_retrieve = 0.0
-    eos_ids = eos_token_ids(tokenizer)
-    invalid_ids = tokenizer.encode(P.INVALID_ACTION_MESSAGE, add_special_tokens=False)
-    observe = ObservationTokenizer(tokenizer, cfg.max_obs_length)
-
-    states: list[_State] = []
-    for group_id, row in enumerate(rows):
-        prompt_ids = encode_prompt(tokenizer, row["question"], template, chat_template)
-        for _ in range(n):
-            traj = Trajectory(row=row, group_id=group_id, prompt_ids=list(prompt_ids))
-            state = _State(traj)
-            if len(prompt_ids) >= cfg.max_total_length:  # no room to generate a single token
-                _finish(state, "truncated", truncated=True)
-            states.append(state)
-
+    clock = _Clock(start=time.perf_counter())
+    run = _Run.start(tokenizer, cfg, greedy)
+    states = _initial_states(rows, run, n, template, chat_template)
     bar = tqdm(total=cfg.max_turns + 1, desc="rollout turns", disable=not progress, leave=False)
     for turn in range(cfg.max_turns + 1):
-        final_turn = turn == cfg.max_turns
         active = [s for s in states if not s.done]
         if not active:
             break
-        contexts = [s.traj.prompt_ids + s.traj.response_ids for s in active]
-        budgets = [cfg.max_total_length - len(c) for c in contexts]  # all >= 1 by the invariant below
-        max_new = min(cfg.max_tokens_per_turn, max(budgets))
-        t0 = time.perf_counter()
-        outputs = backend.generate(
-            contexts, max_new_tokens=max_new, stop_strings=list(P.STOP_STRINGS), temperature=cfg.temperature,
-            top_p=cfg.top_p, greedy=greedy,
-        )
-        t_generate += time.perf_counter() - t0
-        if len(outputs) != len(active):
-            raise RuntimeError(f"backend returned {len(outputs)} outputs for {len(active)} prompts")
-
-        searches: list[tuple[_State, str]] = []
-        for state, out, budget in zip(active, outputs, budgets):
-            searches.extend(_apply_turn(state, out, budget, final_turn, cfg, tokenizer, eos_ids, invalid_ids))
-
+        searches = _generate_turn(active, backend, run, turn == cfg.max_turns, clock)
         if searches:
-            queries = [q for _, q in searches]
-            t0 = time.perf_counter()
-            try:
-                results = retriever.search(queries, topk=cfg.topk)
-            except Exception as err:  # propagate as a clear step failure, never an empty <information>
-                err.add_note(f"rollout turn {turn}: retriever.search failed for a batch of {len(queries)} queries "
-                             f"(first: {queries[0]!r})")
-                raise
-            t_retrieve += time.perf_counter() - t0
-            if len(results) != len(queries):
-                raise RuntimeError(f"retriever returned {len(results)} result lists for {len(queries)} queries")
-            for (state, query), hits in zip(searches, results):
-                traj = state.traj
-                traj.queries.append(query)
-                traj.retrieved_ids.append([str(h["id"]) for h in hits])
-                traj.valid_searches += 1
-                obs_ids = observe(hits)
-                if len(traj.prompt_ids) + len(traj.response_ids) + len(obs_ids) >= cfg.max_total_length:
-                    _finish(state, "truncated", truncated=True)
-                else:
-                    _append(traj, obs_ids, 0, [0.0] * len(obs_ids))
+            _search_and_observe(searches, retriever, run, turn, clock)
         bar.update(1)
         bar.set_postfix(active=sum(not s.done for s in states))
     bar.close()
-
     for state in states:
         if not state.done:  # unreachable: the final turn always finishes; kept as a loud guard
             raise RuntimeError("agent loop ended with an unfinished trajectory")
         _finalize(state, tokenizer)
-
     if timings is not None:
-        timings.update(
-            generate_s=t_generate,
-            retrieve_s=t_retrieve,
-            total_s=time.perf_counter() - t_start,
-            generated_tokens=float(sum(sum(s.traj.response_mask) for s in states)),
-        )
+        timings.update(clock.report(states))
     return [s.traj for s in states]
 
 
-def _apply_turn(
-    state: _State,
-    out: GenerationOutput,
-    budget: int,
-    final_turn: bool,
-    cfg: RolloutConfig,
-    tokenizer: Any,
-    eos_ids: set[int],
-    invalid_ids: list[int],
-) -> list[tuple[_State, str]]:
-    """Append one turn's generated tokens and decide what follows. Returns [(state, query)] for a valid search."""
+@dataclass(frozen=True)
+class _Run:
+    """What every turn of one :func:`run_agent_loop` call shares: the settings, the tokenizer and the ids
+    tokenised once per call (eos ids, the invalid-action message, the observation tokeniser)."""
+
+    cfg: RolloutConfig
+    tokenizer: Tokenizer
+    greedy: bool  # the call's ``greedy``, or a temperature of 0
+    eos_ids: set[int]
+    invalid_ids: list[int]
+    observe: ObservationTokenizer
+
+    @classmethod
+    def start(cls, tokenizer: Tokenizer, cfg: RolloutConfig, greedy: bool) -> _Run:
+        return cls(
+            cfg=cfg,
+            tokenizer=tokenizer,
+            greedy=greedy or cfg.temperature == 0,
+            eos_ids=eos_token_ids(tokenizer),
+            invalid_ids=tokenizer.encode(P.INVALID_ACTION_MESSAGE, add_special_tokens=False),
+            observe=ObservationTokenizer(tokenizer, cfg.max_obs_length),
+        )
+
+    def fills_budget(self, traj: Trajectory, extra: int = 0) -> bool:
+        """Whether the trajectory, with ``extra`` more tokens, reaches ``max_total_length`` (no token left)."""
+        return len(traj.prompt_ids) + len(traj.response_ids) + extra >= self.cfg.max_total_length
+
+
+@dataclass
+class _Clock:
+    """Seconds spent in the engine and the retriever during one call, from ``start`` (``time.perf_counter``)."""
+
+    start: float
+    generate_s: float = 0.0
+    retrieve_s: float = 0.0
+
+    def report(self, states: list[_State]) -> dict[str, float]:
+        return dict(
+            generate_s=self.generate_s,
+            retrieve_s=self.retrieve_s,
+            total_s=time.perf_counter() - self.start,
+            generated_tokens=float(sum(sum(s.traj.response_mask) for s in states)),
+        )
+
+
+def _initial_states(rows: list[dict], run: _Run, n: int, template: str, chat_template: str) -> list[_State]:
+    """``n`` fresh trajectories per row (``group_id`` = row index), the prompt tokenised once per row; one whose
+    prompt leaves no room for a single token is finished as truncated right away."""
+    states: list[_State] = []
+    for group_id, row in enumerate(rows):
+        prompt_ids = encode_prompt(run.tokenizer, row["question"], template, chat_template)
+        for _ in range(n):
+            state = _State(Trajectory(row=row, group_id=group_id, prompt_ids=list(prompt_ids)))
+            if run.fills_budget(state.traj):
+                _finish(state, "truncated", truncated=True)
+            states.append(state)
+    return states
+
+
+def _generate_turn(active: list[_State], backend: GenerationBackend, run: _Run, final_turn: bool,
+                   clock: _Clock) -> list[tuple[_State, str]]:
+    """One engine call for every active trajectory, each turn applied (:func:`_apply_turn`). Returns the valid
+    searches [(state, query)] of this turn, in trajectory order."""
+    cfg = run.cfg
+    contexts = [s.traj.prompt_ids + s.traj.response_ids for s in active]
+    budgets = [cfg.max_total_length - len(c) for c in contexts]  # all >= 1 by the invariant of _apply_turn
+    max_new = min(cfg.max_tokens_per_turn, max(budgets))
+    t0 = time.perf_counter()
+    outputs = backend.generate(
+        contexts, max_new_tokens=max_new, stop_strings=list(P.STOP_STRINGS), temperature=cfg.temperature,
+        top_p=cfg.top_p, greedy=run.greedy,
+    )
+    clock.generate_s += time.perf_counter() - t0
+    if len(outputs) != len(active):
+        raise RuntimeError(f"backend returned {len(outputs)} outputs for {len(active)} prompts")
+    searches: list[tuple[_State, str]] = []
+    for state, out, budget in zip(active, outputs, budgets):
+        searches.extend(_apply_turn(state, out, budget, final_turn, run))
+    return searches
+
+
+def _search_and_observe(searches: list[tuple[_State, str]], retriever: Retriever, run: _Run, turn: int,
+                        clock: _Clock) -> None:
+    """This turn's ONE batched ``retriever.search`` call; each hit list is recorded and its observation appended
+    (mask 0), or the trajectory finished as truncated when the observation would fill the length budget."""
+    queries = [q for _, q in searches]
+    t0 = time.perf_counter()
+    try:
+        results = retriever.search(queries, topk=run.cfg.topk)
+    except Exception as err:  # propagate as a clear step failure, never an empty <information>
+        err.add_note(f"rollout turn {turn}: retriever.search failed for a batch of {len(queries)} queries "
+                     f"(first: {queries[0]!r})")
+        raise
+    clock.retrieve_s += time.perf_counter() - t0
+    if len(results) != len(queries):
+        raise RuntimeError(f"retriever returned {len(results)} result lists for {len(queries)} queries")
+    for (state, query), hits in zip(searches, results):
+        traj = state.traj
+        traj.queries.append(query)
+        traj.retrieved_ids.append([str(h["id"]) for h in hits])
+        traj.valid_searches += 1
+        obs_ids = run.observe(hits)
+        if run.fills_budget(traj, len(obs_ids)):
+            _finish(state, "truncated", truncated=True)
+        else:
+            _append(traj, obs_ids, 0, [0.0] * len(obs_ids))
+
+
+def _take_turn_output(state: _State, out: GenerationOutput, budget: int) -> tuple[list[int], bool]:
+    """Append one turn's generated ids (cut to the remaining ``budget``) with mask 1 and count the turn. Returns
+    (the ids appended, whether the turn stopped at ``max_tokens_per_turn``)."""
     traj = state.traj
     ids = list(out.token_ids)
     logprobs = None if out.logprobs is None else list(out.logprobs)
@@ -327,14 +371,21 @@ def _apply_turn(
     hit_turn_limit = out.finish_reason == "length" and not cut_by_budget
     if hit_turn_limit:
         traj.length_stops += 1
+    return ids, hit_turn_limit
 
-    kind, query = parse_action(_decode(tokenizer, ids)) if ids else ("invalid", None)
-    if kind != "answer" and ids and ids[-1] in eos_ids:
+
+def _apply_turn(state: _State, out: GenerationOutput, budget: int, final_turn: bool,
+                run: _Run) -> list[tuple[_State, str]]:
+    """Append one turn's generated tokens and decide what follows. Returns [(state, query)] for a valid search."""
+    traj = state.traj
+    ids, hit_turn_limit = _take_turn_output(state, out, budget)
+    kind, query = parse_action(_decode(run.tokenizer, ids)) if ids else ("invalid", None)
+    if kind != "answer" and ids and ids[-1] in run.eos_ids:
         traj.eos_stops += 1
     if kind == "answer":
         _finish(state, "answer")
         return []
-    if len(traj.prompt_ids) + len(traj.response_ids) >= cfg.max_total_length:
+    if run.fills_budget(traj):
         _finish(state, "truncated", truncated=True)
         return []
     if final_turn:
@@ -344,17 +395,17 @@ def _apply_turn(
     if kind == "search":
         return [(state, query)]  # type: ignore[list-item]
     traj.invalid_actions += 1
-    if len(traj.prompt_ids) + len(traj.response_ids) + len(invalid_ids) >= cfg.max_total_length:
+    if run.fills_budget(traj, len(run.invalid_ids)):
         _finish(state, "truncated", truncated=True)
     else:
-        _append(traj, invalid_ids, 0, [0.0] * len(invalid_ids))
+        _append(traj, run.invalid_ids, 0, [0.0] * len(run.invalid_ids))
     return []
 
 
 _warned_span_miss = False
 
 
-def _finalize(state: _State, tokenizer: Any) -> None:
+def _finalize(state: _State, tokenizer: Tokenizer) -> None:
     """Masks, spans, prediction (from the final turn's text) and the EM reward.
 
     The answer span is searched in the final turn's generated ids only (the turn that closed the answer and ended

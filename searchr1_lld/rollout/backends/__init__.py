@@ -4,14 +4,25 @@
 loaded from a directory or an in-memory policy) all build their engine through it.
 """
 
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from searchr1_lld.config import RolloutConfig
+from searchr1_lld.protocols import Tokenizer
 from searchr1_lld.rollout.backends.base import BackendBase, GenerationBackend, GenerationOutput, StopDetector
+from searchr1_lld.rollout.backends.hf import HFBackend
+from searchr1_lld.rollout.backends.vllm import VLLMBackend
 
 __all__ = ["BackendBase", "GenerationBackend", "GenerationOutput", "StopDetector", "make_backend"]
 
 
-def make_backend(cfg, *, model=None, tokenizer=None, model_path: str = "", seed=None, dtype: str = "auto",
-                 tokenizer_path: str = "", shares_learner_weights: bool = False, device: str = "auto",
-                 parameter_names=None):
+def make_backend(cfg: RolloutConfig, *, model: Optional[torch.nn.Module] = None, tokenizer: Optional[Tokenizer] = None,
+                 model_path: str = "", seed: Optional[int] = None, dtype: str = "auto", tokenizer_path: str = "",
+                 shares_learner_weights: bool = False, device: str = "auto",
+                 parameter_names: Optional[set[str]] = None) -> GenerationBackend:
     """Build the backend named by ``cfg.backend`` (a RolloutConfig; ``cfg.generation_batch_size`` sequences per call).
 
     "hf": generation with ``model``, or with the model loaded from ``model_path`` (in eval mode, ``dtype``: auto =
@@ -24,8 +35,6 @@ def make_backend(cfg, *, model=None, tokenizer=None, model_path: str = "", seed=
     if tokenizer is None:
         raise ValueError("make_backend needs the tokenizer")
     if cfg.backend == "hf":
-        from searchr1_lld.rollout.backends.hf import HFBackend
-
         if model is None:
             if not model_path:
                 raise ValueError("rollout.backend=hf needs the model or model_path")
@@ -33,8 +42,6 @@ def make_backend(cfg, *, model=None, tokenizer=None, model_path: str = "", seed=
         return HFBackend(model, tokenizer, batch_size=cfg.generation_batch_size, seed=seed,
                          shares_learner_weights=shares_learner_weights)
     if cfg.backend == "vllm":
-        from searchr1_lld.rollout.backends.vllm import VLLMBackend
-
         if not model_path:
             raise ValueError("rollout.backend=vllm needs model_path (a local HF model dir or hub id)")
         return VLLMBackend(str(model_path), tokenizer, cfg, seed=seed, dtype=dtype, tokenizer_path=str(tokenizer_path),
@@ -42,8 +49,9 @@ def make_backend(cfg, *, model=None, tokenizer=None, model_path: str = "", seed=
     raise ValueError(f"unknown rollout.backend {cfg.backend!r}; expected 'hf' or 'vllm'")
 
 
-def _load_hf_model(model_path: str, dtype: str, device: str):
-    import torch
+def _load_hf_model(model_path: str, dtype: str, device: str) -> torch.nn.Module:
+    """The causal LM in ``model_path`` in eval mode on ``device`` (auto: cuda if available), in ``dtype`` (auto:
+    bf16 on GPU, fp32 on CPU)."""
     from transformers import AutoModelForCausalLM
 
     if device == "auto":

@@ -12,9 +12,11 @@ the same quantity from a forward pass, so the two stay comparable).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Protocol, Sequence, runtime_checkable
+from typing import Iterable, Optional, Protocol, Sequence, runtime_checkable
 
 import torch
+
+from searchr1_lld.protocols import Tokenizer
 
 
 @dataclass
@@ -97,8 +99,9 @@ class BackendBase:
                 raise ValueError(f"prompt {i} is empty")
 
 
-def eos_token_ids(tokenizer: Any, model_config: Any = None) -> set[int]:
-    """All ids that end generation: the tokenizer's eos plus the model's generation-config eos (may be a list)."""
+def eos_token_ids(tokenizer: Tokenizer, model_config: Optional[object] = None) -> set[int]:
+    """All ids that end generation: the tokenizer's eos plus the model's generation-config eos (may be a list);
+    ``model_config``: anything with an ``eos_token_id`` (a transformers ``GenerationConfig``), or None."""
     ids: set[int] = set()
     for value in (getattr(tokenizer, "eos_token_id", None), getattr(model_config, "eos_token_id", None)):
         if value is None:
@@ -116,7 +119,7 @@ class StopDetector:
     been completed by the newest token.
     """
 
-    def __init__(self, tokenizer: Any, stop_strings: Iterable[str], eos_ids: Iterable[int] = ()) -> None:
+    def __init__(self, tokenizer: Tokenizer, stop_strings: Iterable[str], eos_ids: Iterable[int] = ()) -> None:
         self.tokenizer = tokenizer
         self.stop_strings = [s for s in stop_strings if s]
         self.eos_ids = set(int(i) for i in eos_ids)

@@ -14,11 +14,17 @@ Sampling (pure function :func:`sample_next_token`, the log-prob convention of ba
 from __future__ import annotations
 
 import inspect
-from typing import Any, Iterable, Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable, Optional
 
 import torch
 
+from searchr1_lld.protocols import Tokenizer
 from searchr1_lld.rollout.backends.base import BackendBase, GenerationOutput, StopDetector, eos_token_ids
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
+    from transformers.modeling_outputs import CausalLMOutputWithPast
 
 
 def top_p_mask(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -76,10 +82,53 @@ def cache_keyword(model: torch.nn.Module) -> str:
                     "that does): cannot decode with a KV cache")
 
 
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts LEFT-padded to the longest: (input_ids [B, L] long, attention_mask [B, L] long, 1 on prompt tokens)."""
+    B, L = len(prompts), max(len(p) for p in prompts)
+    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((B, L), dtype=torch.long)
+    for b, p in enumerate(prompts):
+        input_ids[b, L - len(p) :] = torch.tensor(p, dtype=torch.long)
+        attention_mask[b, L - len(p) :] = 1
+    return input_ids, attention_mask
+
+
+@dataclass
+class _DecodeRecord:
+    """What one batch has sampled so far: the ids and log-probs of each of its B sequences, each one's finish
+    reason, and ``alive``: the batch row of each cache row still decoding."""
+
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    finish: list[str]
+    alive: list[int]
+
+    @classmethod
+    def empty(cls, batch_size: int) -> _DecodeRecord:
+        return cls([[] for _ in range(batch_size)], [[] for _ in range(batch_size)], ["length"] * batch_size,
+                   list(range(batch_size)))
+
+    def add(self, tokens: list[int], logprobs: list[float], detector: StopDetector) -> list[int]:
+        """Append one step's token and log-prob to each alive sequence (``tokens[j]`` for cache row j); a sequence
+        that completes a stop string or emits eos finishes with "stop". Returns the cache rows that go on."""
+        keep: list[int] = []
+        for j, (b, tok, lp) in enumerate(zip(self.alive, tokens, logprobs)):
+            self.tokens[b].append(tok)
+            self.logprobs[b].append(lp)
+            if detector.is_stop(self.tokens[b]):
+                self.finish[b] = "stop"
+            else:
+                keep.append(j)
+        return keep
+
+    def outputs(self) -> list[GenerationOutput]:
+        return [GenerationOutput(t, lp, f) for t, lp, f in zip(self.tokens, self.logprobs, self.finish)]
+
+
 class HFBackend(BackendBase):
     """Generation with a transformers causal LM (CPU or GPU), the learner's own module or a copy of it."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, batch_size: int = 64, seed: Optional[int] = None,
+    def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, *, batch_size: int = 64, seed: Optional[int] = None,
                  shares_learner_weights: bool = False) -> None:
         """``shares_learner_weights``: ``model`` is the learner's own module (the trainer's CPU / small-GPU set-up),
         so :meth:`load_weights` has nothing to do. ``sleep``/``wake_up`` are no-ops beyond the state check: the
@@ -149,61 +198,48 @@ class HFBackend(BackendBase):
         top_p: float,
         greedy: bool,
     ) -> list[GenerationOutput]:
+        """One batch: a left-padded prefill, then one token per step for the sequences still running (the cache
+        rows of a sequence that stopped are dropped)."""
         from transformers import DynamicCache
 
         device = self.device
-        B, L = len(prompts), max(len(p) for p in prompts)
-        input_ids = torch.full((B, L), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((B, L), dtype=torch.long)
-        for b, p in enumerate(prompts):
-            input_ids[b, L - len(p) :] = torch.tensor(p, dtype=torch.long)
-            attention_mask[b, L - len(p) :] = 1
+        input_ids, attention_mask = left_pad(prompts, self.pad_id)
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=getattr(self.model, "config", None))
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=True,
-            **{self.cache_keyword: cache},
-            logits_to_keep=1,
-        )
+        out = self._forward(input_ids, attention_mask, position_ids, cache, logits_to_keep=1)
         next_pos = position_ids[:, -1] + 1  # [B]
-        tokens_out: list[list[int]] = [[] for _ in range(B)]
-        logps_out: list[list[float]] = [[] for _ in range(B)]
-        finish = ["length"] * B
-        alive = list(range(B))  # original row of each cache row
+        record = _DecodeRecord.empty(len(prompts))
         rng = self._rng()
         for step in range(max_new_tokens):
             tokens, logps = sample_next_token(
                 out.logits[:, -1, :], temperature=temperature, top_p=top_p, greedy=greedy, generator=rng
             )
-            keep: list[int] = []
-            for j, (b, tok, lp) in enumerate(zip(alive, tokens.tolist(), logps.tolist())):
-                tokens_out[b].append(tok)
-                logps_out[b].append(lp)
-                if detector.is_stop(tokens_out[b]):
-                    finish[b] = "stop"
-                else:
-                    keep.append(j)
+            keep = record.add(tokens.tolist(), logps.tolist(), detector)
             if not keep or step == max_new_tokens - 1:
                 break
-            if len(keep) < len(alive):
+            if len(keep) < len(record.alive):
                 idx = torch.tensor(keep, dtype=torch.long, device=device)
                 cache.batch_select_indices(idx)
                 tokens, attention_mask, next_pos = tokens[idx], attention_mask[idx], next_pos[idx]
-                alive = [alive[j] for j in keep]
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(alive), 1))], dim=1)
-            out = self.model(
-                input_ids=tokens[:, None],
-                attention_mask=attention_mask,
-                position_ids=next_pos[:, None],
-                use_cache=True,
-                **{self.cache_keyword: cache},
-            )
+                record.alive = [record.alive[j] for j in keep]
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(record.alive), 1))], dim=1)
+            out = self._forward(tokens[:, None], attention_mask, next_pos[:, None], cache)
             next_pos = next_pos + 1
-        return [GenerationOutput(tokens_out[b], logps_out[b], finish[b]) for b in range(B)]
+        return record.outputs()
+
+    def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                 cache: DynamicCache, **kwargs: int) -> CausalLMOutputWithPast:
+        """``model(...)`` over ``input_ids`` [B, L] with the KV cache ``cache`` (extended in place); the model's
+        output (``.logits`` [B, L or 1, V])."""
+        return self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=True,
+            **{self.cache_keyword: cache},
+            **kwargs,
+        )
 
     # ------------------------------------------------------------------------------------------------------------
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

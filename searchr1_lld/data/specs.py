@@ -1,6 +1,5 @@
-"""The evaluation datasets by name: the seven QA benchmarks, or ``NAME=PATH`` rows files, and the parsing of a list of
-them (``eval.datasets`` in a config, ``eval.py --datasets``). A leaf: the config checks its ``eval.datasets`` with it,
-the evaluation package reads the rows of what it returns."""
+"""Dataset specs: how a run or an evaluation names the datasets it evaluates on (a benchmark name, or ``NAME=PATH``
+of a rows file), checked without reading anything; the config's validation and the evaluator both parse them here."""
 
 from __future__ import annotations
 
