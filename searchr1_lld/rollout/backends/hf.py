@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Iterable, Optional
 
 import torch
 
+from searchr1_lld.inference import evaluating
 from searchr1_lld.protocols import Tokenizer
 from searchr1_lld.rollout.backends.base import BackendBase, GenerationOutput, StopDetector, eos_token_ids
 
@@ -174,9 +175,7 @@ class HFBackend(BackendBase):
         detector = StopDetector(self.tokenizer, stop_strings, self.eos_ids)
         order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
         outputs: list[Optional[GenerationOutput]] = [None] * len(prompts)
-        was_training = self.model.training
-        self.model.eval()
-        try:
+        with evaluating(self.model):
             for start in range(0, len(order), self.batch_size):
                 chunk = order[start : start + self.batch_size]
                 batch_out = self._generate_batch(
@@ -184,8 +183,6 @@ class HFBackend(BackendBase):
                 )
                 for i, out in zip(chunk, batch_out):
                     outputs[i] = out
-        finally:
-            self.model.train(was_training)
         return outputs  # type: ignore[return-value]
 
     @torch.no_grad()
