@@ -35,7 +35,7 @@ import numpy as np
 
 from retriever.corpus import DOCS_FILE, OFFSETS_FILE, CorpusError, DocStore, file_sha256
 from retriever.faiss_index import DEFAULT_SEARCH_PARAMS, read_faiss_index
-from retriever.kinds.dense import FAISS_FILE
+from retriever.kinds.dense import FAISS_FILE, DenseKind
 from retriever.layout import FORMAT_VERSION, MANIFEST_FILE, IndexMismatchError, write_json_atomic
 from retriever.manifest import file_checksums
 
@@ -171,7 +171,7 @@ def adopt_index(faiss_index: str | Path, corpus: str | Path, out_dir: str | Path
     manifest.update(corpus_path=str(corpus.resolve()), created_unix=int(time.time()),
                     imported_from={"faiss_index": str(faiss_index.resolve()), "corpus": corpus_placement,
                                    "convention_check": check})
-    manifest["checksums"] = file_checksums(out_dir, "e5", show_progress=show_progress)
+    manifest["checksums"] = file_checksums(out_dir, DenseKind.name, show_progress=show_progress)
     linked = corpus_placement != "decompressed"  # docs.jsonl is the corpus file itself: hashed once, not twice
     manifest["corpus_sha256"] = (manifest["checksums"][DOCS_FILE]["sha256"] if linked
                                  else file_sha256(corpus, show_progress=show_progress))
@@ -221,7 +221,7 @@ def _adopted_manifest(index: Any, enc: E5Encoder, num_rows: int, *, encoder: str
     import faiss
 
     return {
-        "format_version": FORMAT_VERSION, "retriever": "e5", "num_docs": num_rows,
+        "format_version": FORMAT_VERSION, "retriever": DenseKind.name, "num_docs": num_rows,
         "encoder": encoder, "encoder_path": enc.path, "dim": enc.dim, "index_type": type(index).__name__,
         "max_length": int(max_length), "pooling": pooling, "query_prefix": query_prefix,
         "passage_prefix": passage_prefix, "normalize": True, "metric": "inner_product",
