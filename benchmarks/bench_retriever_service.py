@@ -76,8 +76,8 @@ def clustered(n: int, dim: int, seed: int = 0) -> np.ndarray:
 
 def child_serve(args) -> None:
     from retriever.faiss_index import make_faiss_index
-    from retriever.index import DenseBackend
     from retriever.inprocess import InProcessRetriever
+    from retriever.kinds.dense import DenseBackend
     from retriever.service import ServiceSettings, serve
 
     base = clustered(args.n, args.dim)

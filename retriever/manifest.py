@@ -1,52 +1,25 @@
-"""An index dir's layout, its manifest and the checks that a dir is the one the build wrote.
+"""An index dir's manifest: reading it, and checking that the dir is the one the build wrote and the one the caller
+expects (the layout: retriever/layout.py; the files and manifest keys of each kind: retriever/kinds/).
 
-An index dir holds
-
-    manifest.json        what was built from what (written last: its presence means the build finished)
-    docs.jsonl, offsets.npy   the documents, random access by row (see corpus.DocStore)
-    index.faiss          e5: the FAISS index, row i = document i            (retriever=e5)
-    embeddings/          e5: float32 shards of passage vectors (resumable)    (retriever=e5)
-    bm25/                bm25s model + tokenizer vocabulary                  (retriever=bm25)
-
-Integrity: the manifest records the size and sha256 of ``index.faiss``, ``docs.jsonl``, ``offsets.npy`` (and the
-``bm25/`` files). Loading checks the sizes always and the hashes unless ``skip_verify`` (a flipped byte or a file
-swapped in from another build fails with an error naming the file, instead of serving wrong passages). sha256 runs
-at ~380 MB/s on one core here (``benchmarks/bench_retriever_build.py``, ``RESULT index_verify_mb_per_s``): seconds for
-a small index, ~3 minutes for wiki-18's 62 GB Flat index at every start; ``skip_verify`` (``--skip-verify``) saves
-that time and keeps only the size check, at the cost of not noticing a damaged or same-size swapped file.
+Integrity: the manifest records the size and sha256 of every served file: ``docs.jsonl``, ``offsets.npy`` and the
+files of the index's kind (``index.faiss``; the ``bm25/`` files). Loading checks the sizes always and the hashes
+unless ``skip_verify`` (a flipped byte or a file swapped in from another build fails with an error naming the file,
+instead of serving wrong passages). sha256 runs at ~380 MB/s on one core here
+(``benchmarks/bench_retriever_build.py``, ``RESULT index_verify_mb_per_s``): seconds for a small index, ~3 minutes
+for wiki-18's 62 GB Flat index at every start; ``skip_verify`` (``--skip-verify``) saves that time and keeps only
+the size check, at the cost of not noticing a damaged or same-size swapped file.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-from retriever.corpus import count_rows, file_sha256
+from retriever.corpus import DOCS_FILE, OFFSETS_FILE, count_rows, file_sha256
+from retriever.kinds import kind_if_known, kind_named
+from retriever.layout import FORMAT_VERSION, MANIFEST_FILE, IndexIntegrityError, IndexMismatchError
 
-MANIFEST_FILE = "manifest.json"
-FAISS_FILE = "index.faiss"
-EMBEDDINGS_DIR = "embeddings"
-BM25_DIR = "bm25"
-FORMAT_VERSION = 1
-
-
-class IndexMismatchError(ValueError):
-    """The index dir does not match what the caller expects (encoder, corpus) or is internally inconsistent."""
-
-
-class IndexIntegrityError(IndexMismatchError):
-    """A file of the index dir is not the one the build wrote (size or sha256 differs); the message names it."""
-
-
-REQUIRED_KEYS = {"any": ("format_version", "retriever", "num_docs", "corpus_sha256", "files"),
-                 "e5": ("encoder", "dim", "max_length", "query_prefix", "passage_prefix", "index_type")}
-
-
-def write_json_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))
-    os.replace(tmp, path)
+REQUIRED_KEYS = ("format_version", "retriever", "num_docs", "corpus_sha256", "files")  # a kind requires its own too
 
 
 def read_manifest(index_dir: str | Path) -> dict:
@@ -68,7 +41,8 @@ def read_manifest(index_dir: str | Path) -> dict:
     if manifest.get("format_version") != FORMAT_VERSION:
         raise IndexMismatchError(f"{path}: format_version {manifest.get('format_version')!r}, this code reads "
                                  f"{FORMAT_VERSION}; rebuild the index")
-    keys = REQUIRED_KEYS["any"] + (REQUIRED_KEYS["e5"] if manifest.get("retriever") == "e5" else ())
+    kind = kind_if_known(manifest)
+    keys = REQUIRED_KEYS + (kind.manifest_keys if kind else ())
     missing = [k for k in keys if k not in manifest]
     if missing:
         raise IndexMismatchError(f"{path} lacks key(s) {missing}; the manifest is damaged or from another tool: "
@@ -78,12 +52,7 @@ def read_manifest(index_dir: str | Path) -> dict:
 
 def served_files(index_dir: Path, retriever: str) -> list[Path]:
     """The files a search reads (what the manifest's checksums cover)."""
-    files = [index_dir / "docs.jsonl", index_dir / "offsets.npy"]
-    if retriever == "e5":
-        files.append(index_dir / FAISS_FILE)
-    else:
-        files += sorted(p for p in (index_dir / BM25_DIR).rglob("*") if p.is_file())
-    return files
+    return [index_dir / DOCS_FILE, index_dir / OFFSETS_FILE, *kind_named(retriever).served_files(index_dir)]
 
 
 def file_checksums(index_dir: Path, retriever: str, *, show_progress: bool = False) -> dict[str, dict]:
@@ -131,13 +100,9 @@ def check_manifest(manifest: dict, *, encoder: str | None = None, corpus_path: s
     where = f"index {index_dir}" if index_dir else "index"
     if retriever is not None and manifest["retriever"] != retriever:
         raise IndexMismatchError(f"{where} is a {manifest['retriever']!r} index, expected {retriever!r}")
-    if encoder is not None and manifest["retriever"] == "e5" and manifest["encoder"] != encoder:
-        from retriever.encoders import resolve_encoder_path
-
-        if resolve_encoder_path(encoder) != manifest.get("encoder_path"):
-            raise IndexMismatchError(f"{where} was built with encoder {manifest['encoder']!r}, but encoder "
-                                     f"{encoder!r} was requested; query vectors would not match the index. "
-                                     "Rebuild the index or use the manifest's encoder.")
+    kind = kind_if_known(manifest)
+    if encoder is not None and kind is not None:
+        kind.check_encoder(manifest, encoder, where)
     if corpus_path is not None:
         rows = count_rows(corpus_path)
         if rows != manifest["num_docs"]:

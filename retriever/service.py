@@ -32,10 +32,13 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import AsyncIterator, Callable, Protocol
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+
+from retriever.runtime import runtime_info
 
 log = logging.getLogger("retriever.service")
 
@@ -172,8 +175,6 @@ class Metrics:
             self.max_batch_queries_seen = max(self.max_batch_queries_seen, num_queries)
 
     def snapshot(self) -> dict:
-        import numpy as np  # here, not at import: the CLI imports this module before setting thread variables
-
         with self._lock:
             lat = np.asarray(self.latencies_ms, dtype=np.float64)
             pct = ({f"p{p}": round(float(np.percentile(lat, p)), 3) for p in (50, 90, 99)} | {
@@ -275,15 +276,24 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def create_app(retriever: Any, settings: ServiceSettings | None = None) -> FastAPI:
+class Searcher(Protocol):
+    """What the service serves: ``search(queries, topk)`` (hits ``{"id", "contents", "score"}`` per query, best first)
+    and ``info()`` (what ``/health`` reports); an :class:`~retriever.inprocess.InProcessRetriever` is one."""
+
+    def search(self, queries: list[str], topk: int) -> list[list[dict]]: ...
+
+    def info(self) -> dict: ...
+
+
+def create_app(retriever: Searcher, settings: ServiceSettings | None = None) -> FastAPI:
     """The FastAPI app around any object with ``search(queries, topk)`` and ``info()``."""
     s = settings or ServiceSettings()
     if s.max_topk < 1 or not 1 <= s.default_topk <= s.max_topk:
         raise ValueError(f"need 1 <= default_topk ({s.default_topk}) <= max_topk ({s.max_topk})")
     metrics = Metrics()
-    state: dict[str, Any] = {}
+    state: dict[str, QueryBatcher] = {}
 
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if s.batching:
             state["batcher"] = QueryBatcher(retriever.search, window_ms=s.batch_window_ms,
                                             max_batch_queries=s.max_batch_queries, metrics=metrics)
@@ -294,36 +304,51 @@ def create_app(retriever: Any, settings: ServiceSettings | None = None) -> FastA
 
     app = FastAPI(title="searchr1-lld retriever", lifespan=lifespan)
     info = retriever.info()
+    _add_retrieve_route(app, retriever, s, metrics, state)
+    _add_status_routes(app, info, s, metrics)
+    return app
 
-    def authorized(request: Request) -> bool:
-        if not s.token:
-            return True
-        header = request.headers.get("authorization", "")
-        return hmac.compare_digest(header.encode(), f"Bearer {s.token}".encode())
 
-    async def read_body_limited(request: Request) -> bytes:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > s.max_body_bytes:
-            raise BadRequest(413, f"body of {declared} bytes exceeds the limit of {s.max_body_bytes} bytes "
+def _authorized(request: Request, token: str | None) -> bool:
+    if not token:
+        return True
+    header = request.headers.get("authorization", "")
+    return hmac.compare_digest(header.encode(), f"Bearer {token}".encode())
+
+
+def _unauthorized() -> JSONResponse:
+    return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401,
+                        headers={"WWW-Authenticate": "Bearer"})
+
+
+async def _read_body_limited(request: Request, max_body_bytes: int) -> bytes:
+    """The request's body; BadRequest 413 once it is (or declares to be) over ``max_body_bytes``."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+        raise BadRequest(413, f"body of {declared} bytes exceeds the limit of {max_body_bytes} bytes "
+                              "(serve --max-body-bytes raises it)", reason="body_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_body_bytes:
+            raise BadRequest(413, f"body exceeds the limit of {max_body_bytes} bytes "
                                   "(serve --max-body-bytes raises it)", reason="body_too_large")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > s.max_body_bytes:
-                raise BadRequest(413, f"body exceeds the limit of {s.max_body_bytes} bytes "
-                                      "(serve --max-body-bytes raises it)", reason="body_too_large")
-            chunks.append(chunk)
-        return b"".join(chunks)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _add_retrieve_route(app: FastAPI, retriever: Searcher, s: ServiceSettings, metrics: Metrics,
+                        state: dict[str, QueryBatcher]) -> None:
+    """``POST /retrieve``: validate, search (through the batcher in ``state`` when batching), answer."""
 
     @app.post("/retrieve")
     async def retrieve(request: Request) -> Response:
         t0 = time.perf_counter()
-        if not authorized(request):
+        if not _authorized(request, s.token):
             metrics.record_request(401)
-            return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401,
-                                headers={"WWW-Authenticate": "Bearer"})
+            return _unauthorized()
         try:
-            queries, topk, return_scores = parse_retrieve_body(await read_body_limited(request), s)
+            queries, topk, return_scores = parse_retrieve_body(await _read_body_limited(request, s.max_body_bytes), s)
         except BadRequest as e:
             metrics.record_request(e.status, reason=e.reason)
             if e.reason == "json_too_deep":  # one line, never a traceback
@@ -345,10 +370,12 @@ def create_app(retriever: Any, settings: ServiceSettings | None = None) -> FastA
         metrics.record_request(200, (time.perf_counter() - t0) * 1000.0, len(queries))
         return Response(body, media_type="application/json")
 
+
+def _add_status_routes(app: FastAPI, info: dict, s: ServiceSettings, metrics: Metrics) -> None:
+    """``GET /health`` (open, for liveness probes) and ``GET /metrics`` (behind the token)."""
+
     @app.get("/health")
     async def health() -> dict:
-        from retriever.runtime import runtime_info
-
         return {**runtime_info(), "status": "ok", "retriever": info.get("retriever"), "index_type": info.get("index_type"),
                 "num_docs": info.get("num_docs"), "encoder": info.get("encoder"), "dim": info.get("dim"),
                 "load_mode": info.get("load_mode"), "batching": s.batching, "max_topk": s.max_topk,
@@ -356,12 +383,9 @@ def create_app(retriever: Any, settings: ServiceSettings | None = None) -> FastA
 
     @app.get("/metrics")
     async def get_metrics(request: Request) -> Response:
-        if not authorized(request):
-            return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401,
-                                headers={"WWW-Authenticate": "Bearer"})
+        if not _authorized(request, s.token):
+            return _unauthorized()
         return JSONResponse(metrics.snapshot())
-
-    return app
 
 
 class PortInUseError(OSError):
@@ -392,7 +416,7 @@ def bind_socket(host: str = "127.0.0.1", port: int = 8000) -> socket.socket:
     return sock
 
 
-def serve(retriever: Any, settings: ServiceSettings, *, host: str = "127.0.0.1", port: int = 8000,
+def serve(retriever: Searcher, settings: ServiceSettings, *, host: str = "127.0.0.1", port: int = 8000,
           log_level: str = "warning", ready_message: bool = True, sock: socket.socket | None = None) -> None:
     """Run the app with uvicorn on ``host:port`` (port 0 = a free port); print ``retriever ready on URL`` once up.
 

@@ -6,7 +6,7 @@ import faiss
 import numpy as np
 
 from retriever.faiss_index import FLAT_BLAS_MIN_QUERIES, read_faiss_index
-from retriever.index import DenseBackend
+from retriever.kinds.dense import DenseBackend
 
 
 def test_dense_backend_enables_blas_for_batches(tmp_path):

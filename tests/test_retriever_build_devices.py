@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from retriever.__main__ import main
-from retriever.build import auto_shard_size, build_index
+from retriever.build import build_index
+from retriever.embeddings import auto_shard_size
 from retriever.encode_pool import EncoderPool, default_batch_size, encode_devices
 from retriever.encoders import get_encoder
 

@@ -310,13 +310,35 @@ def test_retriever_error_importable_from_both_places():
 
 def test_shard_size_follows_the_corpus_size():
     """A killed build keeps its finished shards; a shard is a few minutes of encoding at any corpus size."""
-    from retriever.build import auto_shard_size
+    from retriever.embeddings import auto_shard_size
 
     assert auto_shard_size(120, "cpu") == 1_000  # one shard
     assert auto_shard_size(20_000, "cpu") == 1_000  # 20 shards (the old default 100k was one shard: kill = lose all)
     assert auto_shard_size(21_000_000, "cpu") == 10_000
     assert auto_shard_size(21_000_000, "cuda:0") == 100_000
     assert auto_shard_size(1_000_000, "cuda") == 50_000
+
+
+def test_every_kind_is_registered_once_and_settings_go_to_their_kind():
+    """The kinds registry is the one list of kind names (the world config's type follows it); build settings by name
+    reach the kind that has them, another kind's are left out, a name no kind has is refused."""
+    from typing import get_args
+
+    from retriever.kinds import KINDS, KindName, kind_named, kind_of_manifest, settings_for
+    from retriever.manifest import IndexMismatchError
+
+    assert get_args(KindName) == tuple(KINDS) == ("e5", "bm25")
+    assert all(kind_named(name).name == name for name in KINDS)
+    with pytest.raises(ValueError, match="retriever must be 'e5' or 'bm25'"):
+        kind_named("splade")
+    assert settings_for(KINDS["bm25"], {"encoder": "x", "bm25_k1": 1.2}).bm25_k1 == 1.2
+    assert settings_for(KINDS["e5"], {"encoder": "x", "bm25_b": 0.5}).encoder == "x"
+    with pytest.raises(TypeError, match="nprobe"):
+        settings_for(KINDS["e5"], {"nprobe": 3})
+    with pytest.raises(ValueError, match="max_length must be >= 1"):
+        settings_for(KINDS["e5"], {"max_length": 0})
+    with pytest.raises(IndexMismatchError, match="'splade' is none of the kinds"):
+        kind_of_manifest({"retriever": "splade"}, "idx")
 
 
 @pytest.mark.slow

