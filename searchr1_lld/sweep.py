@@ -123,7 +123,7 @@ def launch_command(base_config: str | Path, run: RunSpec, *, accelerate_config: 
 
 def run_local(base_config: str | Path, runs: Sequence[RunSpec], extra_overrides: Sequence[str] = ()) -> list[Path]:
     """Train each run in turn in this process with :func:`searchr1_lld.learner.trainer.train`; returns their run dirs."""
-    from searchr1_lld.learner.trainer import train
+    from searchr1_lld.learner.trainer import train  # deferred: torch
 
     run_dirs = []
     for i, run in enumerate(runs):
