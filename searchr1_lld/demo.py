@@ -33,15 +33,24 @@ import sys
 import time
 from pathlib import Path
 
-from searchr1_lld.config import ConfigError, load_config
-from searchr1_lld.bookkeeping.tracking import describe_machine
+from searchr1_lld.bookkeeping.checkpoint import latest_checkpoint
+from searchr1_lld.bookkeeping.tracking import describe_machine, quiet_library_output, read_metrics
+from searchr1_lld.config import Config, ConfigError, load_config
+from searchr1_lld.jsonl import read_jsonl
+from searchr1_lld.lab.baselines import (NoRetrieval, correct_by_id, majority_correct, question_table, read_split,
+                                        slice_em)
+from searchr1_lld.lab.evaluating import evaluate_policy, load_policy
+from searchr1_lld.lab.selection import (SELECT_EVAL_EVERY, SELECT_OVERRIDES, SELECT_STEPS, choose,
+                                        selection_file, selection_overrides)
+from searchr1_lld.learner.trainer import RunResult, train
+from searchr1_lld.world import ensure_world, is_built, load_world_config, read_card, trainer_overrides
+from searchr1_lld.world.build import warm_start_shortfalls
+from searchr1_lld.world.config import WorldConfig
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _read_trajectories(eval_dir: Path) -> dict[str, dict]:
-    from searchr1_lld.jsonl import read_jsonl
-
     path = eval_dir / "trajectories.jsonl"
     return {r["id"]: r for r in read_jsonl(path)} if path.is_file() else {}
 
@@ -71,40 +80,9 @@ def format_example(rid: str, before: dict, after: dict, width: int = 600) -> str
     ])
 
 
-SELECT_STEPS = 40  # steps of each selection run
-SELECT_EVAL_EVERY = 5  # validation EM every N steps of a selection run
-# what a selection run changes in the demo's config: a constant rate without warm-up, so that any prefix of it is a
-# run of that many steps
-SELECT_OVERRIDES = ("trainer.lr_schedule=constant", "trainer.warmup_ratio=0.0")
 BASELINE_LABELS = {"majority": "majority training answer per question type",
                    "warm_start_no_retrieval": "warm start, no retrieval", "warm_start": "warm start (step 0)",
                    "trained": "trained"}
-
-
-def selection_file(select_dir: str | Path, lr: float) -> Path:
-    """The result file of the selection run at ``lr``."""
-    return Path(select_dir) / f"lr{lr:g}.json"
-
-
-def choose(select_dir: str | Path) -> dict | None:
-    """The (learning rate, step) with the highest validation EM over the selection runs in ``select_dir`` (ties:
-    fewer steps, then the lower rate), with every candidate; None when there is no selection run."""
-    files = sorted(Path(select_dir).glob("lr*.json"))
-    if not files:
-        return None
-    runs = [json.loads(p.read_text()) for p in files]
-    cands = [{"lr": r["lr"], "steps": int(step), "val_em": em} for r in runs for step, em in r["val_curve"]]
-    best = max(cands, key=lambda c: (c["val_em"], -c["steps"], -c["lr"]))
-    rates = ", ".join(format(r["lr"], "g") for r in runs)
-    return {**best, "seed": runs[0]["seed"], "procedure": (
-        f"one run per learning rate ({rates}), {runs[0]['steps']} steps at a "
-        f"constant rate, greedy validation EM every {runs[0]['eval_every']} steps; the best (rate, step)"),
-        "candidates": cands}
-
-
-def selection_overrides(chosen: dict) -> list[str]:
-    """The demo's config overrides that train the chosen (learning rate, step count)."""
-    return [*SELECT_OVERRIDES, f"trainer.lr={chosen['lr']}", f"trainer.total_steps={chosen['steps']}"]
 
 
 def readme_line(summary: dict) -> str:
@@ -179,10 +157,6 @@ def write_report(report_dir: Path, summary: dict, table: str, example: str) -> N
 def select_run(cfg_path: str, world: Path, lr: float, select_dir: Path, overrides: list[str]) -> Path:
     """One selection run at ``lr`` (:data:`SELECT_STEPS` steps, validation EM every :data:`SELECT_EVAL_EVERY`);
     resumes an interrupted one; writes its validation curve to :func:`selection_file`."""
-    from searchr1_lld.bookkeeping.tracking import read_metrics
-    from searchr1_lld.learner.trainer import train
-    from searchr1_lld.world import trainer_overrides
-
     cfg = load_config(cfg_path, trainer_overrides(world) + [
         *SELECT_OVERRIDES, f"trainer.lr={lr}", f"trainer.total_steps={SELECT_STEPS}",
         f"trainer.eval_every={SELECT_EVAL_EVERY}", "trainer.save_every=5", "trainer.keep_last_k=1",
@@ -197,13 +171,9 @@ def select_run(cfg_path: str, world: Path, lr: float, select_dir: Path, override
     return out
 
 
-def baselines_and_slices(world: Path, cfg, before: dict, after: dict, out: Path) -> tuple[dict, dict]:
+def baselines_and_slices(world: Path, cfg: Config, before: dict, after: dict, out: Path) -> tuple[dict, dict]:
     """Test EM (all, not-guessable slice, by hops) of the trained policy, the warm start, the warm start without
     retrieval and the majority training answer; and the slice sizes."""
-    from searchr1_lld.lab.baselines import (NoRetrieval, correct_by_id, majority_correct, question_table,
-                                            read_split, slice_em)
-    from searchr1_lld.lab.evaluating import evaluate_policy, load_policy
-
     test_rows = read_split(world, "test")
     questions = question_table(test_rows)
     model, tokenizer = load_policy(world / "model", world)
@@ -224,7 +194,7 @@ def baselines_and_slices(world: Path, cfg, before: dict, after: dict, out: Path)
     return em, n
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(REPO / "configs" / "tiny.yaml"))
     parser.add_argument("--world", default=str(REPO / "configs" / "world" / "default.yaml"),
@@ -236,71 +206,61 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--select-lr", type=float, help="run the selection run at this learning rate and stop")
     parser.add_argument("--readme", help="with --report: also replace this README's 'Demo result:' line")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.total_steps=10")
-    args = parser.parse_args(argv)
-    from searchr1_lld.world import ensure_world, is_built, load_world_config, read_card, trainer_overrides
-    from searchr1_lld.world.build import warm_start_shortfalls
+    return parser
 
-    world = Path(args.world_dir)
+
+def _settings(args: argparse.Namespace, world: Path) -> tuple[dict | None, WorldConfig, Config]:
+    """The settings chosen on validation (None for a selection run, or when there are no selection runs: then a
+    warning), the world's config and the run config on the world in ``world``; raises ConfigError."""
     chosen = choose(args.select_dir) if args.select_lr is None else None
     if args.select_lr is None and chosen is None:
         print(f"WARNING: no selection runs in {args.select_dir}: training with {args.config} as it is, settings not "
               "chosen on validation (python -m searchr1_lld.demo --select-lr LR, one per rate; docs/demo/README.md)",
               flush=True)
-    try:
-        world_cfg = load_world_config(args.world)
-        extra = selection_overrides(chosen) if chosen else []
-        cfg = load_config(args.config, trainer_overrides(world) + extra + list(args.overrides))
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
+    world_cfg = load_world_config(args.world)
+    extra = selection_overrides(chosen) if chosen else []
+    return chosen, world_cfg, load_config(args.config, trainer_overrides(world) + extra + list(args.overrides))
 
-    from searchr1_lld.bookkeeping.checkpoint import latest_checkpoint
-    from searchr1_lld.bookkeeping.tracking import quiet_library_output
-    from searchr1_lld.learner.trainer import train
 
-    quiet_library_output()
-    t0 = time.time()
+def _prepare_world(world: Path, world_cfg: WorldConfig) -> bool:
+    """Step 1: the world in ``world``, built unless it was built earlier (then True); its warm start's shortfalls as
+    warnings."""
     world_reused = is_built(world, world_cfg)
     print(f"[1/3] synthetic world in {world}{' (built earlier)' if world_reused else ''}", flush=True)
     ensure_world(world, world_cfg)
-    t_world = time.time() - t0
     for line in warm_start_shortfalls(read_card(world) or {}):
         print(f"WARNING: {line} (the warm start's targets; what it means for RL: docs/lab.md)",
               flush=True)
-    if args.select_lr is not None:
-        path = select_run(args.config, world, args.select_lr, Path(args.select_dir), list(args.overrides))
-        print(f"selection run at lr {args.select_lr:g}: {path}")
-        return 0
+    return world_reused
+
+
+def _train(cfg: Config, chosen: dict | None) -> RunResult:
+    """Step 2: GRPO + LLDS at the chosen settings (a finished run with the same settings is reused as it is)."""
     how = f"chosen on validation: EM {chosen['val_em']:.2f}" if chosen else "not chosen on validation"
     print(f"[2/3] training GRPO + LLDS (configs: algorithm.llds.*) at lr {cfg.trainer.lr:g} for "
           f"{cfg.trainer.total_steps} steps ({how})", flush=True)
     result = train(cfg, evaluate=False)
-    t_train = time.time() - t0 - t_world
     if not result.history:
         print(f"training was already complete in {result.run_dir} (the same settings map to the same run "
               f"directory); delete it to train again", flush=True)
-    ckpt = latest_checkpoint(result.run_dir)
-    if ckpt is None:
-        print(f"no checkpoint was written in {result.run_dir}", file=sys.stderr)
-        return 1
+    return result
 
-    print("[3/3] greedy evaluation on the test split: baselines, warm start, trained", flush=True)
-    out = Path(result.run_dir) / "eval"
-    method = "grpo+llds" if cfg.algorithm.llds.enabled else "grpo"
+
+def _eval_command(cfg: Config, world: Path, run_dir: Path, policy: Path, out: Path, method: str) -> list[str]:
+    """Step 3's ``eval.py`` call: the warm start and the trained ``policy`` (named ``method``) on the world's test
+    split, greedily, into ``out``."""
     cmd = [sys.executable, str(REPO / "eval.py"), "--datasets", f"synthetic={world / 'qa' / 'test.jsonl'}",
-           "--config", str(Path(result.run_dir) / "config.yaml"), "--out", str(out),
-           "--compare", f"warm_start={world / 'model'}", f"{method}={ckpt / 'policy'}"]
+           "--config", str(run_dir / "config.yaml"), "--out", str(out),
+           "--compare", f"warm_start={world / 'model'}", f"{method}={policy}"]
     if cfg.trainer.eval_limit:
         cmd += ["--limit", str(cfg.trainer.eval_limit)]
-    proc = subprocess.run(cmd, cwd=REPO, text=True, capture_output=True)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-4000:])
-        return proc.returncode
-    table = proc.stdout.strip()
-    before, after = _read_trajectories(out / "warm_start"), _read_trajectories(out / method)
-    em, slice_n = baselines_and_slices(world, cfg, before, after, out)
-    t_eval = time.time() - t0 - t_world - t_train
+    return cmd
 
+
+def _print_result(result: RunResult, out: Path, em: dict, slice_n: dict, before: dict, after: dict,
+                  times: tuple[float, float, float]) -> str:
+    """The slice table, one test question before and after, the last training step and where everything is;
+    returns the example's text."""
     plots = sorted((Path(result.run_dir) / "plots").glob("*.png"))
     print("\n" + slice_table(em, slice_n) + "\n")
     print(f"not guessable: the {slice_n['not_guessable']} test questions whose gold answer is no training question's "
@@ -313,28 +273,74 @@ def main(argv: list[str] | None = None) -> int:
     keys = [k for k in ("reward/em_mean", "rollout/valid_searches_mean", "llds/active_token_frac", "actor/grad_norm", "actor/entropy") if k in m]
     if keys:
         print("last training step: " + "  ".join(f"{k}={m[k]:.4g}" for k in keys))
+    t_world, t_train, t_eval = times
     print(f"wall time: world {t_world:.0f}s, training {t_train:.0f}s ({result.steps} steps), eval {t_eval:.0f}s")
     print(f"run directory: {result.run_dir}")
     print(f"plots: {Path(result.run_dir) / 'plots'} ({', '.join(p.name for p in plots) if plots else 'none written'})")
     print(f"tables: {out / 'results.md'} {out / 'results.csv'}")
-    if args.report:
-        import torch
+    return example
 
-        summary = {"machine": describe_machine(), "torch": torch.__version__, "seed": cfg.trainer.seed, "steps": result.steps,
-                   "method": method, "test_questions": len(after), "test_em": em, "slice_n": slice_n,
-                   "selection": chosen, "overrides": list(args.overrides),
-                   "world_reused": world_reused, "world_config_hash": (read_card(world) or {}).get("config_hash"),
-                   "time_s": {"world": round(t_world), "training": round(t_train), "eval": round(t_eval)}}
-        if chosen is None:
-            print("no report: the settings were not chosen on validation", file=sys.stderr)
-            return 2
-        write_report(Path(args.report), summary, table, example)
-        print(f"report: {Path(args.report) / 'README.md'}")
-        print(readme_line(summary))
-        if args.readme:
-            path = Path(args.readme)
-            path.write_text(replace_readme_line(path.read_text(), readme_line(summary)))
+
+def _write_outputs(args: argparse.Namespace, summary: dict, table: str, example: str) -> int:
+    """``--report``: the report (refused when the settings were not chosen on validation) and, with ``--readme``,
+    the README's demo line."""
+    if summary["selection"] is None:
+        print("no report: the settings were not chosen on validation", file=sys.stderr)
+        return 2
+    write_report(Path(args.report), summary, table, example)
+    print(f"report: {Path(args.report) / 'README.md'}")
+    print(readme_line(summary))
+    if args.readme:
+        path = Path(args.readme)
+        path.write_text(replace_readme_line(path.read_text(), readme_line(summary)))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    world = Path(args.world_dir)
+    try:
+        chosen, world_cfg, cfg = _settings(args, world)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    quiet_library_output()
+    t0 = time.time()
+    world_reused = _prepare_world(world, world_cfg)
+    t_world = time.time() - t0
+    if args.select_lr is not None:
+        path = select_run(args.config, world, args.select_lr, Path(args.select_dir), list(args.overrides))
+        print(f"selection run at lr {args.select_lr:g}: {path}")
+        return 0
+    result = _train(cfg, chosen)
+    t_train = time.time() - t0 - t_world
+    ckpt = latest_checkpoint(result.run_dir)
+    if ckpt is None:
+        print(f"no checkpoint was written in {result.run_dir}", file=sys.stderr)
+        return 1
+
+    print("[3/3] greedy evaluation on the test split: baselines, warm start, trained", flush=True)
+    out = Path(result.run_dir) / "eval"
+    method = "grpo+llds" if cfg.algorithm.llds.enabled else "grpo"
+    proc = subprocess.run(_eval_command(cfg, world, Path(result.run_dir), ckpt / "policy", out, method), cwd=REPO,
+                          text=True, capture_output=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-4000:])
+        return proc.returncode
+    before, after = _read_trajectories(out / "warm_start"), _read_trajectories(out / method)
+    em, slice_n = baselines_and_slices(world, cfg, before, after, out)
+    t_eval = time.time() - t0 - t_world - t_train
+    example = _print_result(result, out, em, slice_n, before, after, (t_world, t_train, t_eval))
+    if not args.report:
+        return 0
+    import torch
+
+    summary = {"machine": describe_machine(), "torch": torch.__version__, "seed": cfg.trainer.seed, "steps": result.steps,
+               "method": method, "test_questions": len(after), "test_em": em, "slice_n": slice_n,
+               "selection": chosen, "overrides": list(args.overrides),
+               "world_reused": world_reused, "world_config_hash": (read_card(world) or {}).get("config_hash"),
+               "time_s": {"world": round(t_world), "training": round(t_train), "eval": round(t_eval)}}
+    return _write_outputs(args, summary, proc.stdout.strip(), example)
 
 
 if __name__ == "__main__":

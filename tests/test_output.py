@@ -8,10 +8,7 @@ from searchr1_lld.world.config import WorldConfig
 
 
 def test_world_build_shows_one_bar(tmp_path, monkeypatch, capsys):
-    import retriever.build as rb
-    import retriever.inprocess as rp
     import searchr1_lld.world.build as bw
-    import searchr1_lld.world.generate as dw
     import searchr1_lld.world.measure as tm
     import searchr1_lld.world.warm_start as tp
 
@@ -20,11 +17,11 @@ def test_world_build_shows_one_bar(tmp_path, monkeypatch, capsys):
     def record(name, value):
         seen[name] = value
 
-    monkeypatch.setattr(dw, "generate_world", lambda cfg: SimpleNamespace(passages=[], train_rows=[],
+    monkeypatch.setattr(bw, "generate_world", lambda cfg: SimpleNamespace(passages=[], train_rows=[],
                                                                           counts=lambda: {}))
-    monkeypatch.setattr(dw, "write_world_files", lambda world, out: {"corpus": out / "corpus.jsonl"})
-    monkeypatch.setattr(rb, "build_index", lambda *a, show_progress=True, **k: record("index", show_progress))
-    monkeypatch.setattr(rp, "InProcessRetriever", lambda path: SimpleNamespace(search=None))
+    monkeypatch.setattr(bw, "write_world_files", lambda world, out: {"corpus": out / "corpus.jsonl"})
+    monkeypatch.setattr(bw, "build_index", lambda *a, show_progress=True, **k: record("index", show_progress))
+    monkeypatch.setattr(bw, "InProcessRetriever", lambda path: SimpleNamespace(search=None))
     monkeypatch.setattr(tp, "build_tiny_policy", lambda *a, progress=True, **k: record("policy", progress) or {})
     monkeypatch.setattr(tm, "measure_warm_start", lambda *a, progress=False, **k: record("measure", progress) or {})
     (tmp_path / "w").mkdir()

@@ -161,110 +161,174 @@ class PhaseDetector:
 
     def raw(self, history: Sequence[dict[str, Any]]) -> PhaseReport:
         """The phase the rules name for the last step of ``history``, without persistence."""
-        t = self.t
         keys = (self.REWARD, self.CORRECT_LOGP, self.GRAD_NORM, self.ENTROPY, self.PROBE_LOGP)
         series = {k: [h.get(k) for h in history] for k in keys}
-        win = {k: v[-t.window:] for k, v in series.items()}
+        win = {k: v[-self.t.window:] for k, v in series.items()}
+        ev = {**self._trend_evidence(win), **self._level_evidence(series, win), **self._probe_evidence(series),
+              **self._explosion_evidence(series, win)}
+        sig = _Signals.of(ev, self.t)
+        phase, reasons = _phase_and_reasons(ev, sig, self.t)
+        return PhaseReport(phase=phase, evidence=ev, reasons=reasons, warning=_early_warning(ev, sig),
+                           drawdown_alarm=_drawdown_alarm(ev, self.t))
+
+    def _trend_evidence(self, win: dict[str, list[Any]]) -> dict[str, float]:
+        """Least-squares slopes over the window of the correct responses' log-likelihood and of the reward (NaN
+        with fewer than ``min_points`` finite points)."""
+        def slope(key: str) -> float:
+            return linear_slope(win[key]) if len(_finite(win[key])) >= self.t.min_points else NAN
+
+        return {"logp_slope": slope(self.CORRECT_LOGP), "reward_slope": slope(self.REWARD)}
+
+    def _level_evidence(self, series: dict[str, list[Any]], win: dict[str, list[Any]]) -> dict[str, float]:
+        """The correct responses' log-likelihood and the reward now (mean of the window's last two finite values)
+        against their peaks over the whole run."""
         logp_all = _finite(series[self.CORRECT_LOGP])
         reward_all = _finite(series[self.REWARD])
+        logp_now = _nanmean(_finite(win[self.CORRECT_LOGP])[-2:])
+        logp_peak = max(logp_all) if logp_all else NAN
+        return {"logp_now": logp_now, "logp_peak": logp_peak,
+                "logp_drop_from_peak": logp_peak - logp_now if logp_all else NAN,
+                "reward_now": _nanmean(_finite(win[self.REWARD])[-2:]),
+                "reward_peak": max(reward_all) if reward_all else NAN}
+
+    def _probe_evidence(self, series: dict[str, list[Any]]) -> dict[str, float]:
+        """The probe set's latest log-likelihood, its drop below its best, and its slope per step over its last
+        ``min_points`` measurements (at their steps)."""
+        probe = series[self.PROBE_LOGP]
+        probe_all = _finite(probe)
+        probe_at = [i for i, v in enumerate(probe) if v is not None and math.isfinite(v)]
+        return {"probe_logp_now": probe_all[-1] if probe_all else NAN,
+                "probe_drop_from_peak": max(probe_all) - probe_all[-1] if probe_all else NAN,
+                "probe_slope": (linear_slope(probe[probe_at[-self.t.min_points]:])
+                                if len(probe_at) >= self.t.min_points else NAN)}
+
+    def _explosion_evidence(self, series: dict[str, list[Any]], win: dict[str, list[Any]]) -> dict[str, float]:
+        """Grad norm and entropy: their early baseline (median of the first ``window`` steps), now, now over the
+        baseline, and their largest value over the baseline."""
         ev: dict[str, float] = {}
-        ev["logp_slope"] = linear_slope(win[self.CORRECT_LOGP]) if len(_finite(win[self.CORRECT_LOGP])) >= t.min_points else NAN
-        ev["reward_slope"] = linear_slope(win[self.REWARD]) if len(_finite(win[self.REWARD])) >= t.min_points else NAN
-        ev["logp_now"] = _nanmean(_finite(win[self.CORRECT_LOGP])[-2:])
-        ev["logp_peak"] = max(logp_all) if logp_all else NAN
-        ev["logp_drop_from_peak"] = ev["logp_peak"] - ev["logp_now"] if logp_all else NAN
-        ev["reward_now"] = _nanmean(_finite(win[self.REWARD])[-2:])
-        ev["reward_peak"] = max(reward_all) if reward_all else NAN
-        probe_all = _finite(series[self.PROBE_LOGP])
-        ev["probe_logp_now"] = probe_all[-1] if probe_all else NAN
-        ev["probe_drop_from_peak"] = max(probe_all) - probe_all[-1] if probe_all else NAN
-        probe_at = [i for i, v in enumerate(series[self.PROBE_LOGP]) if v is not None and math.isfinite(v)]
-        ev["probe_slope"] = (linear_slope(series[self.PROBE_LOGP][probe_at[-t.min_points]:])
-                             if len(probe_at) >= t.min_points else NAN)
         for key, name in ((self.GRAD_NORM, "grad_norm"), (self.ENTROPY, "entropy")):
-            base = _median(_finite(series[key][: t.window]))
+            base = _median(_finite(series[key][: self.t.window]))
             now = _nanmean(_finite(win[key])[-2:])
             valid_base = bool(base) and math.isfinite(base) and base > 0
             ev[f"{name}_baseline"] = base
             ev[f"{name}_now"] = now
             ev[f"{name}_ratio"] = now / base if valid_base and math.isfinite(now) else NAN
             ev[f"{name}_max_ratio"] = max(_finite(series[key]), default=NAN) / base if valid_base else NAN
+        return ev
 
-        def ok(x: float) -> bool:
-            return x is not None and math.isfinite(x)
 
-        correct_low = ok(ev["logp_drop_from_peak"]) and ev["logp_drop_from_peak"] >= t.collapse_logp_drop
-        probe_low = ok(ev["probe_drop_from_peak"]) and ev["probe_drop_from_peak"] >= t.collapse_logp_drop
-        logp_low = correct_low or probe_low
-        grad_blowup = ok(ev["grad_norm_ratio"]) and ev["grad_norm_ratio"] >= t.collapse_grad_ratio
-        entropy_blowup = ok(ev["entropy_ratio"]) and ev["entropy_ratio"] >= t.collapse_entropy_ratio
-        exploded_before = (ok(ev["grad_norm_max_ratio"]) and ev["grad_norm_max_ratio"] >= t.collapse_grad_ratio) or (
-            ok(ev["entropy_max_ratio"]) and ev["entropy_max_ratio"] >= t.collapse_entropy_ratio)
-        reward_crash = (
-            ok(ev["reward_peak"]) and ev["reward_peak"] >= t.min_peak_reward and ok(ev["reward_now"])
-            and ev["reward_now"] <= t.collapse_reward_ratio * ev["reward_peak"]
-        )
-        explosion = grad_blowup or entropy_blowup
-        falling = {name: ok(ev[key]) and ev[key] < -t.flat_logp_slope
+def _ok(x: float) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+@dataclass
+class _Signals:
+    """The conditions the phase rules combine, read from one step's evidence (see :class:`PhaseDetector`)."""
+
+    correct_low: bool  # the correct responses' log-likelihood far below its peak
+    probe_low: bool  # the probe set's far below its best
+    grad_blowup: bool
+    entropy_blowup: bool
+    exploded_before: bool  # grad norm or entropy exploded at some step so far
+    reward_crash: bool
+    falling: dict[str, bool]  # "correct" / "probe": that log-likelihood trends down
+    trend_slope: float  # the probe set's slope when it has one, else the correct responses'
+    logp_flat: bool
+    reward_rising: bool
+
+    @property
+    def logp_low(self) -> bool:
+        return self.correct_low or self.probe_low
+
+    @property
+    def explosion(self) -> bool:
+        return self.grad_blowup or self.entropy_blowup
+
+    @property
+    def logp_falling(self) -> bool:
+        return self.falling["correct"] or self.falling["probe"]
+
+    @classmethod
+    def of(cls, ev: dict[str, float], t: PhaseThresholds) -> _Signals:
+        falling = {name: _ok(ev[key]) and ev[key] < -t.flat_logp_slope
                    for name, key in (("correct", "logp_slope"), ("probe", "probe_slope"))}
-        logp_falling = falling["correct"] or falling["probe"]
-        trend_slope = ev["probe_slope"] if ok(ev["probe_slope"]) else ev["logp_slope"]
-        logp_flat = not logp_falling and ok(trend_slope) and abs(trend_slope) <= t.flat_logp_slope
-        reward_rising = ok(ev["reward_slope"]) and ev["reward_slope"] > t.rising_reward_slope
+        trend_slope = ev["probe_slope"] if _ok(ev["probe_slope"]) else ev["logp_slope"]
+        return cls(
+            correct_low=_ok(ev["logp_drop_from_peak"]) and ev["logp_drop_from_peak"] >= t.collapse_logp_drop,
+            probe_low=_ok(ev["probe_drop_from_peak"]) and ev["probe_drop_from_peak"] >= t.collapse_logp_drop,
+            grad_blowup=_ok(ev["grad_norm_ratio"]) and ev["grad_norm_ratio"] >= t.collapse_grad_ratio,
+            entropy_blowup=_ok(ev["entropy_ratio"]) and ev["entropy_ratio"] >= t.collapse_entropy_ratio,
+            exploded_before=(_ok(ev["grad_norm_max_ratio"]) and ev["grad_norm_max_ratio"] >= t.collapse_grad_ratio)
+            or (_ok(ev["entropy_max_ratio"]) and ev["entropy_max_ratio"] >= t.collapse_entropy_ratio),
+            reward_crash=(_ok(ev["reward_peak"]) and ev["reward_peak"] >= t.min_peak_reward and _ok(ev["reward_now"])
+                          and ev["reward_now"] <= t.collapse_reward_ratio * ev["reward_peak"]),
+            falling=falling, trend_slope=trend_slope,
+            logp_flat=(not (falling["correct"] or falling["probe"]) and _ok(trend_slope)
+                       and abs(trend_slope) <= t.flat_logp_slope),
+            reward_rising=_ok(ev["reward_slope"]) and ev["reward_slope"] > t.rising_reward_slope)
 
-        reasons: list[str] = []
-        if (logp_low and (explosion or reward_crash)) or (
-                reward_crash and (explosion or exploded_before or logp_falling)):
-            phase = "accelerated_collapse"
-            if logp_falling and not (logp_low or explosion or exploded_before):
-                reasons.append("correct log-likelihood still falling ("
-                               + ", ".join(f"{name} {ev[key]:.4f} nats/token/step" for name, key in
-                                           (("sampled", "logp_slope"), ("probe set", "probe_slope")) if ok(ev[key]))
-                               + ")")
-            if correct_low:
-                reasons.append(f"correct log-likelihood {ev['logp_drop_from_peak']:.3f} nats/token below its peak")
-            if probe_low:
-                reasons.append(f"probe-set log-likelihood {ev['probe_drop_from_peak']:.3f} nats/token below its peak")
-            if exploded_before and not explosion:
-                reasons.append(f"grad norm / entropy exploded earlier (max x{ev['grad_norm_max_ratio']:.1f} / "
-                               f"x{ev['entropy_max_ratio']:.1f} their baselines) and reward has not recovered")
-            if grad_blowup:
-                reasons.append(f"grad norm x{ev['grad_norm_ratio']:.1f} its baseline")
-            if entropy_blowup:
-                reasons.append(f"entropy x{ev['entropy_ratio']:.1f} its baseline")
-            if reward_crash:
-                reasons.append(f"reward {ev['reward_now']:.3f} vs peak {ev['reward_peak']:.3f}")
-        elif logp_falling and not reward_crash:
-            phase = "steady_decay"
-            if falling["correct"]:
-                reasons.append(f"correct log-likelihood falling {ev['logp_slope']:.4f} nats/token/step")
-            if falling["probe"]:
-                reasons.append(f"probe-set log-likelihood falling {ev['probe_slope']:.4f} nats/token/step")
-        elif logp_flat and reward_rising:
-            phase = "early_stagnation"
-            which = "probe-set" if ok(ev["probe_slope"]) else "correct"
-            reasons.append(
-                f"reward rising {ev['reward_slope']:.4f}/step while {which} log-likelihood is flat "
-                f"({trend_slope:.4f} nats/token/step)"
-            )
-        else:
-            phase = "healthy"
-            if not ok(ev["logp_slope"]):
-                reasons.append(f"fewer than {t.min_points} steps with correct responses: no trend claimed")
-            else:
-                reasons.append(f"correct log-likelihood slope {ev['logp_slope']:.4f} nats/token/step")
-        warning = None
-        if logp_falling and reward_rising:
-            slope = ev["logp_slope"] if falling["correct"] else ev["probe_slope"]
-            warning = (
-                f"early warning: correct-response likelihood trends down ({slope:.4f} nats/token/step) "
-                f"while reward still rises ({ev['reward_slope']:.4f}/step) - the LLD death spiral's precursor"
-            )
-        drawdown = None
-        if ok(ev["probe_drop_from_peak"]) and ev["probe_drop_from_peak"] >= t.drawdown_alarm_logp:
-            drawdown = (f"collapse alarm: probe-set log-likelihood {ev['probe_drop_from_peak']:.3f} nats/token below its "
-                        f"best (alarm at {t.drawdown_alarm_logp})")
-        return PhaseReport(phase=phase, evidence=ev, reasons=reasons, warning=warning, drawdown_alarm=drawdown)
+
+def _collapse_reasons(ev: dict[str, float], sig: _Signals) -> list[str]:
+    """What supports an accelerated_collapse, one sentence each."""
+    reasons: list[str] = []
+    if sig.logp_falling and not (sig.logp_low or sig.explosion or sig.exploded_before):
+        reasons.append("correct log-likelihood still falling ("
+                       + ", ".join(f"{name} {ev[key]:.4f} nats/token/step" for name, key in
+                                   (("sampled", "logp_slope"), ("probe set", "probe_slope")) if _ok(ev[key]))
+                       + ")")
+    if sig.correct_low:
+        reasons.append(f"correct log-likelihood {ev['logp_drop_from_peak']:.3f} nats/token below its peak")
+    if sig.probe_low:
+        reasons.append(f"probe-set log-likelihood {ev['probe_drop_from_peak']:.3f} nats/token below its peak")
+    if sig.exploded_before and not sig.explosion:
+        reasons.append(f"grad norm / entropy exploded earlier (max x{ev['grad_norm_max_ratio']:.1f} / "
+                       f"x{ev['entropy_max_ratio']:.1f} their baselines) and reward has not recovered")
+    if sig.grad_blowup:
+        reasons.append(f"grad norm x{ev['grad_norm_ratio']:.1f} its baseline")
+    if sig.entropy_blowup:
+        reasons.append(f"entropy x{ev['entropy_ratio']:.1f} its baseline")
+    if sig.reward_crash:
+        reasons.append(f"reward {ev['reward_now']:.3f} vs peak {ev['reward_peak']:.3f}")
+    return reasons
+
+
+def _phase_and_reasons(ev: dict[str, float], sig: _Signals, t: PhaseThresholds) -> tuple[str, list[str]]:
+    """The rules of :class:`PhaseDetector`, most severe first: the raw phase and what supports it."""
+    if (sig.logp_low and (sig.explosion or sig.reward_crash)) or (
+            sig.reward_crash and (sig.explosion or sig.exploded_before or sig.logp_falling)):
+        return "accelerated_collapse", _collapse_reasons(ev, sig)
+    if sig.logp_falling and not sig.reward_crash:
+        reasons = []
+        if sig.falling["correct"]:
+            reasons.append(f"correct log-likelihood falling {ev['logp_slope']:.4f} nats/token/step")
+        if sig.falling["probe"]:
+            reasons.append(f"probe-set log-likelihood falling {ev['probe_slope']:.4f} nats/token/step")
+        return "steady_decay", reasons
+    if sig.logp_flat and sig.reward_rising:
+        which = "probe-set" if _ok(ev["probe_slope"]) else "correct"
+        return "early_stagnation", [
+            f"reward rising {ev['reward_slope']:.4f}/step while {which} log-likelihood is flat "
+            f"({sig.trend_slope:.4f} nats/token/step)"]
+    if not _ok(ev["logp_slope"]):
+        return "healthy", [f"fewer than {t.min_points} steps with correct responses: no trend claimed"]
+    return "healthy", [f"correct log-likelihood slope {ev['logp_slope']:.4f} nats/token/step"]
+
+
+def _early_warning(ev: dict[str, float], sig: _Signals) -> str | None:
+    """The early warning: correct likelihood falling while reward still rises (None when it does not hold)."""
+    if not (sig.logp_falling and sig.reward_rising):
+        return None
+    slope = ev["logp_slope"] if sig.falling["correct"] else ev["probe_slope"]
+    return (f"early warning: correct-response likelihood trends down ({slope:.4f} nats/token/step) "
+            f"while reward still rises ({ev['reward_slope']:.4f}/step) - the LLD death spiral's precursor")
+
+
+def _drawdown_alarm(ev: dict[str, float], t: PhaseThresholds) -> str | None:
+    """The collapse alarm: the probe set at least ``drawdown_alarm_logp`` below its best (None when it is not)."""
+    if _ok(ev["probe_drop_from_peak"]) and ev["probe_drop_from_peak"] >= t.drawdown_alarm_logp:
+        return (f"collapse alarm: probe-set log-likelihood {ev['probe_drop_from_peak']:.3f} nats/token below its "
+                f"best (alarm at {t.drawdown_alarm_logp})")
+    return None
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ Numbers in the report
     (what ``results.json`` calls ``em``), not the mean of the two columns. Sampled EM: mean EM over all N x questions
     rollouts (what the training reward measures; greedy EM scores the policy's mode, which can drift from it).
     Copy or recall: per split (test; the first N training questions), EM and where the answers came from, judged from
-    the passages each trajectory retrieved (``running.provenance``; ``world.measure.answer_provenance``): a gold
+    the passages each trajectory retrieved (``running.provenance``; ``world.scoring.answer_provenance``): a gold
     passage retrieved, the answer copied from one, right without one (recalled, or guessed).
     Phases: the trainer's phase detector (``phase/name`` per step in metrics.jsonl): first step and number of steps in
     each phase; early-warning steps are recomputed with the same detector (:class:`searchr1_lld.instruments.monitor.PhaseDetector`).
@@ -63,10 +63,9 @@ from searchr1_lld.lab.evaluating import (eval_summary, evaluate_policy, evaluate
                                          evaluate_warm_start, final_policy, load_warm_start, provenance, sampled_of_run,
                                          warm_start_sampled)
 from searchr1_lld.lab.running import exclusive, finished, load_run, prepare_world, resolve_world_dir, run_lab, run_one
+from searchr1_lld.lab.cli import main as cli_main
 
 
 def main(argv: list[str] | None = None) -> int:
     """The command line (:mod:`searchr1_lld.lab.cli`)."""
-    from searchr1_lld.lab.cli import main as cli_main
-
     return cli_main(argv, description=__doc__)

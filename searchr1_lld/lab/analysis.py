@@ -6,8 +6,10 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
+from searchr1_lld.bookkeeping.tracking import read_metrics
+from searchr1_lld.instruments.monitor import (PHASES, PhaseDetector, PhaseThresholds, alarm_steps,
+                                              warning_accounting)
 from searchr1_lld.lab.methods import LLD_MARGIN, REWARD_MARGIN, TREND_WINDOW, Method
-from searchr1_lld.instruments.monitor import PHASES, PhaseDetector
 
 
 def finite(x: Any) -> bool:
@@ -39,8 +41,6 @@ def phase_summary(records: Sequence[dict[str, Any]], run_steps: int | None = Non
     alarm fired], "drawdown": monitor.warning_accounting(...)}``. ``warning`` accounts the LLD alarm (early warning, or
     steady_decay / accelerated_collapse reported), ``drawdown`` the collapse alarm (probe set far below its best).
     """
-    from searchr1_lld.instruments.monitor import PhaseThresholds, alarm_steps, warning_accounting
-
     thresholds = PhaseThresholds(run_steps=run_steps or len(records))
     detector = PhaseDetector(thresholds)
     first: dict[str, int | None] = {p: None for p in PHASES}
@@ -122,7 +122,7 @@ def lld_verdict(trend: dict[str, float], phases: dict[str, Any]) -> str:
 
 
 PROVENANCE_SPLITS = ("test", "train")
-# where the answers came from (running.provenance; world.measure.provenance_rates), in the report's column order
+# where the answers came from (running.provenance; world.scoring.provenance_rates), in the report's column order
 PROVENANCE_KEYS = ("em", "gold_retrieved_rate", "answer_copied_rate", "right_without_gold_rate", "answer_in_passages_rate")
 
 
@@ -185,8 +185,6 @@ def aggregate_curves(runs: Sequence[dict[str, Any]], methods: Sequence[Method]) 
 
 
 def load_records(run_dir: str | Path) -> list[dict[str, Any]]:
-    from searchr1_lld.bookkeeping.tracking import read_metrics
-
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path} missing: did the run finish?")

@@ -17,6 +17,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
+from searchr1_lld.evaluation.files import read_records
+from searchr1_lld.evaluation.metrics import TRAJECTORIES
+from searchr1_lld.jsonl import read_jsonl
 from searchr1_lld.rewards import normalize_answer
 
 SLICES = ("all", "not_guessable")
@@ -32,8 +35,6 @@ class NoRetrieval:
 
 def read_split(world_dir: str | Path, split: str) -> list[dict[str, Any]]:
     """The rows of the world's ``split`` (qa/<split>.jsonl)."""
-    from searchr1_lld.jsonl import read_jsonl
-
     return list(read_jsonl(Path(world_dir) / "qa" / f"{split}.jsonl"))
 
 
@@ -73,7 +74,4 @@ def slice_em(correct: dict[str, float], questions: Sequence[dict[str, Any]]) -> 
 
 def correct_by_id(eval_dir: str | Path) -> dict[str, int]:
     """Per question id, the greedy EM (0/1) of the evaluation in ``eval_dir`` (its trajectories file)."""
-    from searchr1_lld.evaluation.files import read_records
-    from searchr1_lld.evaluation.metrics import TRAJECTORIES
-
     return {str(r["id"]): int(r["em"] > 0.5) for r in read_records(Path(eval_dir) / TRAJECTORIES)}

@@ -117,21 +117,18 @@ def detector_claims(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def build_summary(runs_dir: str | Path) -> dict[str, Any]:
-    """The summary of every compact result in ``runs_dir`` (see the module docstring)."""
-    runs_dir = Path(runs_dir)
-    raw, base = read_runs(runs_dir)
+def _design(runs_dir: Path, raw: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The grid the results are measured against: ``design.json`` when the grid wrote one, else what the results
+    cover."""
     design_path = runs_dir / DESIGN_FILE
-    design = json.loads(design_path.read_text()) if design_path.is_file() else {
+    return json.loads(design_path.read_text()) if design_path.is_file() else {
         "methods": sorted({r["method"] for r in raw}), "lrs": sorted({r["lr"] for r in raw}),
         "seeds": sorted({r["seed"] for r in raw}), "config": None}
-    questions = {s: v["questions"] for s, v in (base or {}).get("splits", {}).items()}
-    runs = sorted((run_claims(r, questions.get("test")) for r in raw),
-                  key=lambda r: (design["methods"].index(r["method"]) if r["method"] in design["methods"] else 99,
-                                 r["lr"], r["seed"]))
-    labels = {m: METHODS[m].label for m in design["methods"]}
-    expected = len(design["methods"]) * len(design["lrs"]) * len(design["seeds"])
-    complete = len(runs) >= expected and base is not None
+
+
+def selection_claims(runs: Sequence[dict[str, Any]], design: dict[str, Any], complete: bool) -> dict[str, Any]:
+    """Per method and learning rate, the mean final validation EM over the seeds (and how many collapsed); per
+    method, the rate chosen on it, once the grid is ``complete``."""
     selection: dict[str, Any] = {"rule": "per method, the learning rate with the highest mean final validation EM "
                                          "over its seeds (ties: the lower rate); test EM plays no part",
                                  "complete": complete, "grid": {}, "chosen": {}}
@@ -146,34 +143,57 @@ def build_summary(runs_dir: str | Path) -> dict[str, Any]:
         if scored and complete:  # nothing is chosen on a part of the grid
             best = max(scored, key=lambda c: (c["val_em"], -c["lr"]))
             selection["chosen"][m] = {"lr": best["lr"], "val_em": best["val_em"], "seeds": best["seeds"]}
-    test_ids = [q["id"] for q in questions.get("test", [])]
-    slice_ids = [q["id"] for q in questions.get("test", []) if not q["train_answer"]]
+    return selection
+
+
+def held_out_claims(raw: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], seeds: Sequence[int],
+                chosen: dict[str, dict[str, Any]], test_ids: list[str], slice_ids: list[str]
+                ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Test EM with bootstrap intervals of each method at its ``chosen`` rate (all questions, the not-guessable
+    slice), and, with two methods, the difference of the second minus the first."""
     raw_by = {(r["method"], r["lr"], r["seed"]): r for r in raw}
 
     def correct_at(m: str, lr: float) -> list[dict[str, float]]:
-        return [raw_by[(m, lr, s)]["test"]["correct"] for s in design["seeds"] if (m, lr, s) in raw_by]
+        return [raw_by[(m, lr, s)]["test"]["correct"] for s in seeds if (m, lr, s) in raw_by]
 
     test_em_ci: dict[str, Any] = {}
-    for m, ch in selection["chosen"].items():
+    for m, ch in chosen.items():
         mine = [r for r in runs if r["method"] == m and r["lr"] == ch["lr"]]
         test_em_ci[m] = {"lr": ch["lr"], "per_seed": {str(r["seed"]): r["test_em"] for r in mine},
                          "all": bootstrap(correct_at(m, ch["lr"]), test_ids),
                          "not_guessable": bootstrap(correct_at(m, ch["lr"]), slice_ids)}
     difference = None
-    chosen = list(selection["chosen"])
     if len(chosen) == 2:
-        (a, la), (b, lb) = ((m, selection["chosen"][m]["lr"]) for m in reversed(chosen))
+        (a, la), (b, lb) = ((m, chosen[m]["lr"]) for m in reversed(list(chosen)))
         difference = {"of": a, "minus": b, **{
             name: bootstrap(correct_at(a, la), ids, other=correct_at(b, lb))
             for name, ids in (("all", test_ids), ("not_guessable", slice_ids))}}
+    return test_em_ci, difference
+
+
+def build_summary(runs_dir: str | Path) -> dict[str, Any]:
+    """The summary of every compact result in ``runs_dir`` (see the module docstring)."""
+    runs_dir = Path(runs_dir)
+    raw, base = read_runs(runs_dir)
+    design = _design(runs_dir, raw)
+    questions = {s: v["questions"] for s, v in (base or {}).get("splits", {}).items()}
+    runs = sorted((run_claims(r, questions.get("test")) for r in raw),
+                  key=lambda r: (design["methods"].index(r["method"]) if r["method"] in design["methods"] else 99,
+                                 r["lr"], r["seed"]))
+    expected = len(design["methods"]) * len(design["lrs"]) * len(design["seeds"])
+    complete = len(runs) >= expected and base is not None
+    selection = selection_claims(runs, design, complete)
+    test_ids = [q["id"] for q in questions.get("test", [])]
+    slice_ids = [q["id"] for q in questions.get("test", []) if not q["train_answer"]]
+    test_em_ci, difference = held_out_claims(raw, runs, design["seeds"], selection["chosen"], test_ids, slice_ids)
     stable = {m: [c["lr"] for c in selection["grid"][m] if c["seeds"] and not c["reward_collapsed"]]
               for m in design["methods"]}
-    baselines = {}
-    for split, v in (base or {}).get("splits", {}).items():
-        baselines[split] = {name: slice_em(v["correct"][name], v["questions"]) for name in BASELINE_NAMES}
+    baselines = {split: {name: slice_em(v["correct"][name], v["questions"]) for name in BASELINE_NAMES}
+                 for split, v in (base or {}).get("splits", {}).items()}
     return {
         "command": f"python -m searchr1_lld.lab report --runs {_shown(runs_dir)}", "design": design,
-        "labels": labels, "runs_finished": len(runs), "runs_planned": expected, "complete": complete,
+        "labels": {m: METHODS[m].label for m in design["methods"]}, "runs_finished": len(runs),
+        "runs_planned": expected, "complete": complete,
         "world": {k: (base or {}).get(k) for k in ("world_config", "world_hash", "world_counts")},
         "slice_sizes": {"test": len(test_ids), "test_not_guessable": len(slice_ids)},
         "baselines": baselines.get("test", {}), "baselines_val": baselines.get("val", {}),

@@ -6,6 +6,8 @@ import argparse
 import sys
 
 from searchr1_lld.config import ConfigError
+from searchr1_lld.lab.claims_report import main as report_main
+from searchr1_lld.lab.grid import main as grid_main
 from searchr1_lld.lab.methods import FULL_CONFIG, METHODS, QUICK_CONFIG, parse_methods, parse_seeds
 from searchr1_lld.lab.running import run_lab
 
@@ -15,12 +17,8 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
     comparison's driver (:mod:`.grid`); ``report``: its report from the compact results (:mod:`.claims_report`)."""
     args_in = list(sys.argv[1:] if argv is None else argv)
     if args_in and args_in[0] in ("grid", "task"):
-        from searchr1_lld.lab.grid import main as grid_main
-
         return grid_main(args_in)
     if args_in and args_in[0] == "report":
-        from searchr1_lld.lab.claims_report import main as report_main
-
         return report_main(args_in[1:])
     p = argparse.ArgumentParser(prog="python -m searchr1_lld.lab", description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -11,7 +11,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from searchr1_lld import evaluation as ev
+from searchr1_lld.bookkeeping.checkpoint import latest_checkpoint
 from searchr1_lld.config import Config, ConfigError
+from searchr1_lld.evaluation.files import read_records
+from searchr1_lld.evaluation.metrics import TRAJECTORIES
+from searchr1_lld.protocols import Retriever, Tokenizer
+from searchr1_lld.rollout.backends import make_backend
+from searchr1_lld.rollout.backends.base import GenerationBackend
+from searchr1_lld.world import read_card
+from searchr1_lld.world.scoring import answer_provenance, provenance_rates
 
 SAMPLED_SEED = 0  # every policy's sampled evaluation draws from the same seed
 WORLD_DATASET = "synthetic"  # the name the world's splits are evaluated under
@@ -19,23 +30,18 @@ WORLD_DATASET = "synthetic"  # the name the world's splits are evaluated under
 
 def world_rows(world_dir: Path, split: str, limit: int) -> dict[str, list[dict[str, Any]]]:
     """``{"synthetic": rows}`` of the world's ``split`` (qa/<split>.jsonl), the first ``limit`` (0 = all)."""
-    from searchr1_lld import evaluation as ev
-
     return ev.load_eval_rows([f"{WORLD_DATASET}={Path(world_dir) / 'qa' / f'{split}.jsonl'}"], limit=limit)
 
 
-def _eval_engine(model: Any, tokenizer: Any, cfg: Config, seed: int | None = None) -> Any:
+def _eval_engine(model: torch.nn.Module, tokenizer: Tokenizer, cfg: Config,
+                 seed: int | None = None) -> GenerationBackend:
     """The generation engine evaluations use: the in-memory policy, eval.batch_size questions per call."""
-    from searchr1_lld.rollout.backends import make_backend
-
     engine_cfg = dataclasses.replace(cfg.rollout, backend="hf", generation_batch_size=cfg.eval.batch_size)
     return make_backend(engine_cfg, model=model, tokenizer=tokenizer, seed=seed)
 
 
 @contextlib.contextmanager
-def _eval_mode(model: Any):
-    import torch
-
+def _eval_mode(model: torch.nn.Module):
     was_training = model.training
     model.eval()
     try:
@@ -45,12 +51,10 @@ def _eval_mode(model: Any):
         model.train(was_training)
 
 
-def evaluate_policy(model: Any, tokenizer: Any, retriever: Any, cfg: Config, world_dir: Path, out_dir: Path,
-                    name: str, split: str | None = None, limit: int | None = None) -> dict[str, Any]:
+def evaluate_policy(model: torch.nn.Module, tokenizer: Tokenizer, retriever: Retriever, cfg: Config, world_dir: Path,
+                    out_dir: Path, name: str, split: str | None = None, limit: int | None = None) -> dict[str, Any]:
     """Greedy evaluation of an in-memory policy with the evaluator library on the world's ``split`` (default: test),
     first ``limit`` questions (default ``eval.limit``; 0 = all); returns results.json."""
-    from searchr1_lld import evaluation as ev
-
     rows = world_rows(world_dir, split or "test", cfg.eval.limit if limit is None else limit)
     rollout_cfg = ev.eval_rollout_config(cfg.rollout, max_turns=cfg.eval.max_turns, topk=cfg.eval.topk)
     if out_dir.exists():
@@ -64,12 +68,10 @@ def evaluate_policy(model: Any, tokenizer: Any, retriever: Any, cfg: Config, wor
     return res
 
 
-def evaluate_sampled(model: Any, tokenizer: Any, retriever: Any, cfg: Config, world_dir: Path,
+def evaluate_sampled(model: torch.nn.Module, tokenizer: Tokenizer, retriever: Retriever, cfg: Config, world_dir: Path,
                      samples: int) -> dict[str, Any]:
     """The sampled policy's test EM (:func:`searchr1_lld.evaluation.sampled_em`): ``samples`` rollouts per test
     question at ``rollout.temperature`` (what the training reward measures), seed ``SAMPLED_SEED``."""
-    from searchr1_lld import evaluation as ev
-
     rows = world_rows(world_dir, "test", cfg.eval.limit)[WORLD_DATASET]
     rollout_cfg = ev.eval_rollout_config(cfg.rollout, max_turns=cfg.eval.max_turns, topk=cfg.eval.topk)
     t0 = time.time()
@@ -83,20 +85,15 @@ def evaluate_sampled(model: Any, tokenizer: Any, retriever: Any, cfg: Config, wo
     return {**{k: m.get(k) for k in keys}, "seed": SAMPLED_SEED, "eval_s": round(time.time() - t0, 1)}
 
 
-def load_policy(policy_dir: Path, world_dir: Path) -> tuple[Any, Any]:
+def load_policy(policy_dir: Path, world_dir: Path) -> tuple[torch.nn.Module, Tokenizer]:
     """A policy saved in ``policy_dir`` (fp32) and the world's tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import torch
-
     tokenizer = AutoTokenizer.from_pretrained(str(world_dir / "tokenizer"))
     return AutoModelForCausalLM.from_pretrained(str(policy_dir), dtype=torch.float32), tokenizer
 
 
-def final_policy(rec: dict[str, Any], world_dir: Path) -> tuple[Any, Any]:
+def final_policy(rec: dict[str, Any], world_dir: Path) -> tuple[torch.nn.Module, Tokenizer]:
     """A finished run's final policy (the one its greedy EM scored), from its last checkpoint, and the tokenizer."""
-    from searchr1_lld.bookkeeping.checkpoint import latest_checkpoint
-
     ckpt = latest_checkpoint(rec["run_dir"])
     if ckpt is None or not (ckpt / "policy").is_dir():
         raise ConfigError(f"run {rec['run_dir']} kept no checkpoint with its final policy; rerun it (--fresh), or "
@@ -109,7 +106,8 @@ def final_policy(rec: dict[str, Any], world_dir: Path) -> tuple[Any, Any]:
     return load_policy(ckpt / "policy", world_dir)
 
 
-def sampled_of_run(cfg: Config, rec: dict[str, Any], world_dir: Path, retriever: Any, samples: int) -> dict[str, Any]:
+def sampled_of_run(cfg: Config, rec: dict[str, Any], world_dir: Path, retriever: Retriever,
+                   samples: int) -> dict[str, Any]:
     """A finished run's sampled evaluation, from its last checkpoint's policy (the policy its greedy EM scored)."""
     model, tokenizer = final_policy(rec, world_dir)
     return evaluate_sampled(model, tokenizer, retriever, cfg, world_dir, samples)
@@ -121,8 +119,6 @@ TRAIN_EVAL_DIR = "eval_train"  # a run's (and the warm start's) greedy evaluatio
 def train_eval_done(eval_dir: Path, questions: int, world_dir: Path) -> bool:
     """True when ``eval_dir`` holds a finished greedy evaluation of the first ``questions`` training questions
     (0 = all) of the world in ``world_dir``."""
-    from searchr1_lld import evaluation as ev
-
     path = eval_dir / "results.json"
     if not path.is_file():
         return False
@@ -130,20 +126,16 @@ def train_eval_done(eval_dir: Path, questions: int, world_dir: Path) -> bool:
     return ev.load_results(eval_dir)["datasets"][WORLD_DATASET]["n"] == len(rows)
 
 
-def evaluate_train(model: Any, tokenizer: Any, retriever: Any, cfg: Config, world_dir: Path, eval_dir: Path,
-                   questions: int, name: str) -> None:
+def evaluate_train(model: torch.nn.Module, tokenizer: Tokenizer, retriever: Retriever, cfg: Config, world_dir: Path,
+                   eval_dir: Path, questions: int, name: str) -> None:
     """Greedy evaluation on the first ``questions`` questions of the train split (0 = all) into ``eval_dir``: what
     the policy answers on the questions it was trained on, against the held-out test split."""
     evaluate_policy(model, tokenizer, retriever, cfg, world_dir, eval_dir, name=name, split="train", limit=questions)
 
 
 def provenance(eval_dir: Path, contents_of: dict[str, str]) -> dict[str, Any] | None:
-    """EM and where the answers came from (:func:`searchr1_lld.world.measure.provenance_rates`) over the trajectories of the
+    """EM and where the answers came from (:func:`searchr1_lld.world.scoring.provenance_rates`) over the trajectories of the
     evaluation in ``eval_dir``; None when there is none."""
-    from searchr1_lld.world.measure import answer_provenance, provenance_rates
-    from searchr1_lld.evaluation.files import read_records
-    from searchr1_lld.evaluation.metrics import TRAJECTORIES
-
     recs = read_records(eval_dir / TRAJECTORIES)
     if not recs:
         return None
@@ -161,7 +153,7 @@ def eval_summary(results: dict[str, Any]) -> dict[str, Any]:
             "answer_rate": m["answer_rate"]}
 
 
-def evaluate_warm_start(cfg: Config, world_dir: Path, retriever: Any, out_dir: Path) -> dict[str, Any]:
+def evaluate_warm_start(cfg: Config, world_dir: Path, retriever: Retriever, out_dir: Path) -> dict[str, Any]:
     """The untrained (warm-started) policy's test EM: the common starting point of every run."""
     model, tokenizer = load_policy(world_dir / "model", world_dir)
     t0 = time.time()
@@ -169,12 +161,10 @@ def evaluate_warm_start(cfg: Config, world_dir: Path, retriever: Any, out_dir: P
     return {"eval": eval_summary(results), "eval_s": round(time.time() - t0, 1), "run_dir": str(out_dir)}
 
 
-def warm_start_sampled(cfg: Config, world_dir: Path, retriever: Any, path: Path, samples: int,
+def warm_start_sampled(cfg: Config, world_dir: Path, retriever: Retriever, path: Path, samples: int,
                        fresh: bool = False) -> dict[str, Any]:
     """The warm start's sampled evaluation, cached in ``path`` (recomputed when the sample count or the world's
     config hash differs, or ``fresh``)."""
-    from searchr1_lld.world import read_card
-
     world_hash = (read_card(world_dir) or {}).get("config_hash")
     if path.is_file() and not fresh:
         cached = json.loads(path.read_text())
@@ -188,8 +178,6 @@ def warm_start_sampled(cfg: Config, world_dir: Path, retriever: Any, path: Path,
 
 
 def load_warm_start(eval_dir: Path) -> dict[str, Any]:
-    from searchr1_lld import evaluation as ev
-
     return {"eval": eval_summary(ev.load_results(eval_dir)), "eval_s": 0.0, "run_dir": str(eval_dir)}
 
 

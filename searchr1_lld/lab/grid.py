@@ -16,6 +16,7 @@ result and what was rebuilt from it are committed to the current git branch as t
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import time
@@ -23,9 +24,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from retriever import make_retriever
 from searchr1_lld.config import ConfigError
+from searchr1_lld.lab.analysis import load_records
+from searchr1_lld.lab.baselines import NoRetrieval, correct_by_id, majority_correct, question_table, read_split
+from searchr1_lld.lab.claims import DESIGN_FILE
+from searchr1_lld.lab.claims_report import CURVES_FILE, write_outputs
 from searchr1_lld.lab.compact import BASELINES_FILE, compact_name, lr_tag, run_record, write_gz_json
-from searchr1_lld.lab.methods import METHODS, REPO_ROOT, parse_methods, parse_seeds
+from searchr1_lld.lab.evaluating import evaluate_policy, load_policy
+from searchr1_lld.lab.methods import METHODS, REPO_ROOT, lab_config, parse_methods, parse_seeds, read_lab_config
+from searchr1_lld.lab.running import prepare_world, repo_relative, resolve_world_dir, run_lab
+from searchr1_lld.lab.selection import selection_file
+from searchr1_lld.world import read_card
 
 
 def parse_lrs(text: str) -> list[float]:
@@ -43,11 +53,6 @@ def run_task(config_path: str, lr: float, method_key: str, seed: int, runs_root:
              world_dir: str | None = None) -> Path:
     """Train (or resume, or reuse) one run with the lab, then write its compact result; returns that file.
     ``world_dir``: an existing world to use as is (default: the lab config's world, built on first use)."""
-    from searchr1_lld.lab.analysis import load_records
-    from searchr1_lld.lab.baselines import correct_by_id
-    from searchr1_lld.lab.running import run_lab
-    from searchr1_lld.world import read_card
-
     out = compact_dir / compact_name(method_key, lr, seed)
     if out.is_file():
         return out
@@ -67,14 +72,6 @@ def run_task(config_path: str, lr: float, method_key: str, seed: int, runs_root:
 def run_baselines(config_path: str, runs_root: Path, compact_dir: Path, world_dir: str | None = None) -> Path:
     """The baselines of the lab's world on its validation and test splits (:mod:`.baselines`), question by question,
     into ``compact_dir/baselines.json.gz``."""
-    from retriever import make_retriever
-
-    from searchr1_lld.lab.baselines import (NoRetrieval, correct_by_id, majority_correct, question_table,
-                                            read_split)
-    from searchr1_lld.lab.evaluating import evaluate_policy, load_policy
-    from searchr1_lld.lab.methods import lab_config, read_lab_config
-    from searchr1_lld.lab.running import prepare_world, repo_relative, resolve_world_dir
-
     out = compact_dir / BASELINES_FILE
     if out.is_file():
         return out
@@ -102,10 +99,6 @@ def run_baselines(config_path: str, runs_root: Path, compact_dir: Path, world_di
 def write_design(compact_dir: Path, design: dict) -> None:
     """``compact_dir/design.json``: the grid the report measures completeness against. A different grid into the
     same directory is refused (its results would be mixed with this one's)."""
-    import json
-
-    from searchr1_lld.lab.claims import DESIGN_FILE
-
     path = compact_dir / DESIGN_FILE
     if path.is_file() and json.loads(path.read_text()) != design:
         raise ConfigError(f"{path} holds another design ({path.read_text().strip()}); use another --compact dir")
@@ -144,8 +137,6 @@ def lab_tasks(config: str, lrs: Sequence[float], seeds: Sequence[int], methods: 
 
 def demo_tasks(lrs: Sequence[float], demo_dir: Path) -> list[Task]:
     """The demo's selection runs (one per learning rate) and then the demo itself with the chosen settings."""
-    from searchr1_lld.demo import selection_file
-
     py = [sys.executable, "-m", "searchr1_lld.demo"]
     select = [Task(f"demo-select-lr{lr_tag(lr)}", [*py, "--select-lr", repr(lr), "--select-dir",
                                                     str(demo_dir / "select")],
@@ -185,13 +176,8 @@ def finish(task: Task, commit_results: bool, compact_dir: Path | None) -> None:
     committed."""
     paths = [task.done, *task.also_commit]
     if task.report and compact_dir is not None:
-        from searchr1_lld.lab.claims_report import write_outputs
-
         out = REPO_ROOT / "docs" / "lab"
         write_outputs(compact_dir, out, REPO_ROOT / "README.md")
-        from searchr1_lld.lab.claims import DESIGN_FILE
-        from searchr1_lld.lab.claims_report import CURVES_FILE
-
         paths += [compact_dir / DESIGN_FILE, out / "summary.json", out / "README.md", out / CURVES_FILE,
                   REPO_ROOT / "README.md"]
     if commit_results:

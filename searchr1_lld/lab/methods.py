@@ -9,6 +9,7 @@ from typing import Any, Sequence
 from searchr1_lld.config import (Config, ConfigError, apply_overrides, config_from_dict, flatten_dict, read_yaml,
                                  resolve_repo_path)
 from searchr1_lld.config import config_differences as differences
+from searchr1_lld.world import trainer_overrides
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FULL_CONFIG = REPO_ROOT / "configs" / "lab" / "lab.yaml"
@@ -88,8 +89,6 @@ def read_lab_config(config_path: str | Path, overrides: Sequence[str]) -> tuple[
 def lab_config(config_path: str | Path, overrides: Sequence[str], world_dir: str | Path) -> Config:
     """The lab config's run settings on the world in ``world_dir`` (its policy, index and splits: the world's
     ``trainer_overrides``) with ``overrides`` on top."""
-    from searchr1_lld.world import trainer_overrides
-
     values, _, rest = read_lab_config(config_path, overrides)
     return config_from_dict(apply_overrides(values, [*trainer_overrides(world_dir), *rest]))
 

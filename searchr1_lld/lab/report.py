@@ -191,20 +191,19 @@ def curve_section(s: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
-def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path]) -> Path:
-    """``OUT/README.md`` from the summary (everything in it is also in summary.json)."""
-    s = summary
-    sampled = s.get("sampled") or 0
-    lines = [f"# Death-spiral lab: GRPO vs LLDS on the synthetic world{' (quick mode)' if s['quick'] else ''}", ""]
-    lines += [
+def _setup_section(s: dict[str, Any]) -> list[str]:
+    """Title, command, config, seeds and methods, the world, the time, and the settings the methods share."""
+    w = s["world"]
+    return [
+        f"# Death-spiral lab: GRPO vs LLDS on the synthetic world{' (quick mode)' if s['quick'] else ''}", "",
         f"Command: `{s['command']}`  ",
         f"Config: `{s['config_path']}` + overrides `{' '.join(s['overrides']) or '(none)'}`  ",
         f"Seeds: {', '.join(map(str, s['seeds']))}; methods: {', '.join(m['label'] for m in s['methods'])}  ",
-        f"World: `{s['world']['dir']}` ({s['world']['counts'].get('train_questions')} train / "
-        f"{s['world']['counts'].get('test_questions')} test questions, "
-        f"{s['world']['counts'].get('test_multi_hop')} test multi-hop; multi-hop share "
-        f"{s['world']['config'].get('multi_hop_fraction')}, model hidden {s['world']['config'].get('model_hidden_size')}"
-        f" x {s['world']['config'].get('model_layers')} layers)  ",
+        f"World: `{w['dir']}` ({w['counts'].get('train_questions')} train / "
+        f"{w['counts'].get('test_questions')} test questions, "
+        f"{w['counts'].get('test_multi_hop')} test multi-hop; multi-hop share "
+        f"{w['config'].get('multi_hop_fraction')}, model hidden {w['config'].get('model_hidden_size')}"
+        f" x {w['config'].get('model_layers')} layers)  ",
         (f"Time: {s['runs_s'] / 60:.1f} min = sum of the runs' training + evaluation times ({s['machine']}), "
          "as recorded by the pass that finished each run (a run resumed from a checkpoint counts its last segment "
          "only); "
@@ -218,6 +217,12 @@ def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path]) -
         "| shared setting | value |", "|---|---|",
         *[f"| `{k}` | {v} |" for k, v in s["shared_settings"]],
         "",
+    ]
+
+
+def _em_section(s: dict[str, Any], sampled: int) -> list[str]:
+    """The test EM tables: per method (greedy; and sampled, with ``sampled`` rollouts per question) and per run."""
+    return [
         "## Test exact match (world test split; greedy" + (", and sampled)" if sampled else ")"),
         "",
         "Mean ± sample std over seeds. *All* = EM over every test question (micro-average), not the mean of the two "
@@ -231,8 +236,12 @@ def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path]) -
         "Per run:",
         "",
         per_run_table(s["runs"], sampled=bool(sampled)),
-        *provenance_section(s),
-        *curve_section(s),
+    ]
+
+
+def _curves_section(pngs: Sequence[Path]) -> list[str]:
+    """The overview figure and links to every other curve."""
+    return [
         "## Curves",
         "",
         "Thin lines: one seed; bold: mean over seeds. `overview.png` has every curve side by side.",
@@ -241,6 +250,12 @@ def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path]) -
         "",
         *[f"- [{p.stem}]({p.name})" for p in pngs if p.name != "overview.png"],
         "",
+    ]
+
+
+def _phases_section(s: dict[str, Any]) -> list[str]:
+    """How the phases, the alarms and the verdict are computed, the phase table and both alarms' accounting."""
+    return [
         "## Phases detected by the monitor",
         "",
         "The monitor's `PhaseDetector` re-run on each run's metrics.jsonl with evidence proportional to the run: a "
@@ -263,6 +278,19 @@ def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path]) -
         "",
         "Collapse alarm: " + warning_text(s["drawdown_summary"]),
         "",
+    ]
+
+
+def write_report(out_dir: Path, summary: dict[str, Any], pngs: Sequence[Path]) -> Path:
+    """``OUT/README.md`` from the summary (everything in it is also in summary.json)."""
+    s = summary
+    lines = [
+        *_setup_section(s),
+        *_em_section(s, s.get("sampled") or 0),
+        *provenance_section(s),
+        *curve_section(s),
+        *_curves_section(pngs),
+        *_phases_section(s),
         "## Trends (first / last " + str(TREND_WINDOW) + " logged values)",
         "",
         trend_table(s["runs"]),

@@ -11,7 +11,11 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from retriever import make_retriever
+from searchr1_lld.bookkeeping.tracking import describe_machine
 from searchr1_lld.config import Config, ConfigError, flatten_dict
+from searchr1_lld.evaluation import EvalError
+from searchr1_lld.jsonl import read_jsonl
 from searchr1_lld.lab.analysis import (aggregate, aggregate_curves, curve_summary, lld_verdict,
                                        load_records, phase_summary, val_em_curve, trend_summary, warning_summary)
 from searchr1_lld.lab.evaluating import (TRAIN_EVAL_DIR, eval_summary, evaluate_policy, evaluate_sampled,
@@ -21,8 +25,11 @@ from searchr1_lld.lab.evaluating import (TRAIN_EVAL_DIR, eval_summary, evaluate_
 from searchr1_lld.lab.methods import (REPO_ROOT, RUN_KEYS, RUN_PLAN, RUN_RECORD, Method, check_only_llds_differs,
                                       lab_config, method_config, read_lab_config, run_name, shared_settings)
 from searchr1_lld.lab.plots import plot_curves
-from searchr1_lld.world import trainer_overrides
 from searchr1_lld.lab.report import fmt, write_report
+from searchr1_lld.learner.trainer import Trainer
+from searchr1_lld.protocols import Retriever
+from searchr1_lld.world import (ensure_world, is_built, load_world_config, read_card, trainer_overrides,
+                                world_config_hash)
 
 
 # the run-config keys the world's trainer_overrides set (paths into the world dir)
@@ -36,8 +43,6 @@ def resolve_world_dir(world_config: str, world_dir: str | None) -> Path:
     lab never builds into the shared default dir, which other tools rebuild when their world config differs."""
     if world_dir:
         return Path(world_dir)
-    from searchr1_lld.world import is_built, load_world_config, world_config_hash
-
     world = load_world_config(world_config or None)
     if is_built(SHARED_WORLD_DIR, world):
         return SHARED_WORLD_DIR
@@ -48,8 +53,6 @@ def trained_world_dir(runs_dir: Path) -> Path | None:
     """The one world dir the finished runs in ``runs_dir`` record (the parent of their lab_run.json's
     ``model.path``) when it still holds a world (world.json); None when the runs name none, several, or one that is
     gone."""
-    from searchr1_lld.world import read_card
-
     recorded = {str(Path(json.loads(p.read_text())["config"]["model"]["path"]).parent)
                 for p in runs_dir.glob(f"*/{RUN_RECORD}")}
     if len(recorded) != 1:
@@ -60,8 +63,6 @@ def trained_world_dir(runs_dir: Path) -> Path | None:
 
 def prepare_world(world_config: str, world_dir: Path, explicit: bool) -> dict[str, Any]:
     """Build the world if needed and return its card. An explicit ``--world-dir`` that holds a world is used as is."""
-    from searchr1_lld.world import ensure_world, load_world_config, read_card
-
     card = read_card(world_dir)
     if card is None or not explicit:
         ensure_world(world_dir, load_world_config(world_config or None), progress=True)
@@ -125,15 +126,13 @@ def copy_run_to_extend(src: Path, dst: Path, cfg: Config) -> None:
     tmp.rename(dst)
 
 
-def run_one(cfg: Config, method: Method, seed: int, world_dir: Path, retriever: Any,
+def run_one(cfg: Config, method: Method, seed: int, world_dir: Path, retriever: Retriever,
             sampled: int = 0, extend: bool = False, train_eval: int = 0) -> dict[str, Any]:
     """Train one (method, seed), evaluate it (greedy; and sampled, ``sampled`` rollouts per question, when > 0; and
     greedy on the first ``train_eval`` training questions into RUN/eval_train, when > 0), write RUN/lab_run.json;
     return that record. From scratch, or from the last checkpoint of an interrupted run with
     this config; with ``extend``, also from the last checkpoint of a finished run in the same directory that
     ``cfg`` only lengthens (:func:`shorter_run`; ``train_s`` then adds up both passes)."""
-    from searchr1_lld.learner.trainer import Trainer
-
     run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.run_name
     plan = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
     allow: tuple[str, ...] = ()
@@ -202,6 +201,158 @@ def repo_relative(path: str | Path) -> str:
     return str(resolved.relative_to(REPO_ROOT)) if resolved.is_relative_to(REPO_ROOT) else str(path)
 
 
+class LabWorld:
+    """The world every run of one lab call shares: its directory and the lab's base config; made on first use, one
+    retriever (the config's: in-process by default, on the world's index) and the world's passages (doc id ->
+    contents: what the provenance tables check against)."""
+
+    def __init__(self, world_dir: Path, base: Config):
+        self.dir = world_dir
+        self.base = base
+
+    @functools.cached_property
+    def retriever(self) -> Retriever:
+        return make_retriever(self.base.retriever)
+
+    @functools.cached_property
+    def corpus(self) -> dict[str, str]:
+        return {str(d["id"]): d["contents"] for d in read_jsonl(self.dir / "corpus.jsonl")}
+
+    def provenance(self, policy_dir: Path, train_eval: int) -> dict[str, Any]:
+        """Where the answers of a run's (or the warm start's) evaluations came from: test split, and the train split
+        when ``train_eval`` > 0."""
+        return {"test": provenance(policy_dir / "eval", self.corpus),
+                "train": provenance(policy_dir / TRAIN_EVAL_DIR, self.corpus) if train_eval else None}
+
+
+@dataclasses.dataclass(frozen=True)
+class LabPass:
+    """What one call of :func:`run_lab` does besides training the missing runs (see its docstring)."""
+
+    report_only: bool = False
+    fresh: bool = False
+    sampled: int = 0
+    train_eval: int = 0
+    extend_from: Path | None = None
+
+
+def lab_world_dir(world_config: str, world_dir: str | None, runs_dir: Path, report_only: bool) -> Path:
+    """:func:`resolve_world_dir`; for a report of finished runs when that holds no world, the world the runs trained
+    on (e.g. one built with --world-dir)."""
+    wdir = resolve_world_dir(world_config, world_dir)
+    if report_only and world_dir is None and read_card(wdir) is None:
+        trained = trained_world_dir(runs_dir)
+        if trained is not None:
+            print(f"[lab] --report-only: {wdir} holds no world; reading the one the runs trained on, {trained}",
+                  flush=True)
+            return trained
+    return wdir
+
+
+def warm_start_record(world: LabWorld, runs_dir: Path, opts: LabPass) -> dict[str, Any]:
+    """The warm start's evaluations (greedy; sampled and on the training questions when asked), evaluated once per
+    runs dir: one job evaluates, the others wait and read it (--report-only writes nothing there)."""
+    warm_dir = runs_dir / "warm_start"
+    with exclusive(runs_dir / "warm_start.lock") if not opts.report_only else contextlib.nullcontext():
+        if opts.report_only:
+            warm = load_warm_start(warm_dir / "eval")
+        else:
+            try:
+                warm = load_warm_start(warm_dir / "eval") if not opts.fresh else None
+            except EvalError:  # no finished warm-start evaluation there yet
+                warm = None
+            warm = warm or evaluate_warm_start(world.base, world.dir, world.retriever, warm_dir / "eval")
+        if opts.sampled:
+            warm["eval_sampled"] = warm_start_sampled(world.base, world.dir, world.retriever,
+                                                      warm_dir / "sampled.json", opts.sampled, opts.fresh)
+        train_dir = warm_dir / TRAIN_EVAL_DIR
+        if opts.train_eval and (opts.fresh or not train_eval_done(train_dir, opts.train_eval, world.dir)):
+            model, tokenizer = load_policy(world.dir / "model", world.dir)
+            evaluate_train(model, tokenizer, world.retriever, world.base, world.dir, train_dir, opts.train_eval,
+                           "warm start")
+        warm["provenance"] = world.provenance(warm_dir, opts.train_eval)
+    print(f"[lab] warm start: test EM {warm['eval']['em']:.3f}"
+          + (f", sampled {warm['eval_sampled']['em']:.3f}" if opts.sampled else ""), flush=True)
+    return warm
+
+
+def obtain_run(cfg: Config, m: Method, s: int, world: LabWorld, runs_dir: Path, opts: LabPass) -> dict[str, Any]:
+    """The lab_run.json of one (method, seed): read when finished (always with ``report_only``), else trained."""
+    if opts.report_only:
+        return load_run(cfg, runs_dir)
+    if not opts.fresh and finished(cfg, runs_dir):
+        rec = load_run(cfg, runs_dir)
+        print(f"[lab] {run_name(m, s)}: finished earlier, reused ({runs_dir / cfg.trainer.run_name})", flush=True)
+        return rec
+    if opts.extend_from is not None:
+        copy_run_to_extend(opts.extend_from / cfg.trainer.run_name, runs_dir / cfg.trainer.run_name, cfg)
+    return run_one(cfg, m, s, world.dir, world.retriever, sampled=opts.sampled, extend=opts.extend_from is not None,
+                   train_eval=opts.train_eval)
+
+
+def complete_run(cfg: Config, m: Method, s: int, rec: dict[str, Any], world: LabWorld, opts: LabPass) -> None:
+    """The evaluations a finished run lacks, from its last checkpoint: sampled EM at this sample count (also stored
+    in its lab_run.json) and the training questions."""
+    if opts.sampled and (rec.get("eval_sampled") or {}).get("samples") != opts.sampled:
+        rec["eval_sampled"] = sampled_of_run(cfg, rec, world.dir, world.retriever, opts.sampled)
+        path = Path(rec["run_dir"]) / RUN_RECORD
+        stored = json.loads(path.read_text())
+        stored["eval_sampled"] = rec["eval_sampled"]
+        path.write_text(json.dumps(stored, indent=2) + "\n")
+    train_dir = Path(rec["run_dir"]) / TRAIN_EVAL_DIR
+    if opts.train_eval and not train_eval_done(train_dir, opts.train_eval, world.dir):
+        model, tokenizer = final_policy(rec, world.dir)
+        evaluate_train(model, tokenizer, world.retriever, cfg, world.dir, train_dir, opts.train_eval, run_name(m, s))
+
+
+def analyse_run(cfg: Config, m: Method, s: int, rec: dict[str, Any], world: LabWorld, opts: LabPass) -> None:
+    """Add to ``rec`` what the report reads of one run (provenance, phases, trends, verdict, validation curve), drop
+    its config, and print its line."""
+    rec["provenance"] = world.provenance(Path(rec["run_dir"]), opts.train_eval)
+    records = load_records(rec["run_dir"])
+    rec["phases"] = phase_summary(records, run_steps=cfg.trainer.total_steps)
+    rec["trend"] = trend_summary(records)
+    rec["verdict"] = lld_verdict(rec["trend"], rec["phases"])
+    rec["test_em"] = rec["eval"]["em"]
+    rec["val_em_curve"] = val_em_curve(records)
+    rec["val_em_curve_summary"] = curve_summary(rec["val_em_curve"], None)
+    rec.pop("config")
+    sampled_txt = f", sampled {rec['eval_sampled']['em']:.3f}" if opts.sampled else ""
+    print(f"[lab] {run_name(m, s)}: test EM {rec['eval']['em']:.3f} (single {fmt(rec['eval']['em_single_hop'])},"
+          f" multi {fmt(rec['eval']['em_multi_hop'])}){sampled_txt}, final phase {rec['phases']['final']}, "
+          f"verdict {rec['verdict']}, train {rec['train_s']:.0f}s eval {rec['eval_s']:.0f}s", flush=True)
+
+
+def lab_run(cfg: Config, m: Method, s: int, world: LabWorld, runs_dir: Path, opts: LabPass) -> dict[str, Any]:
+    """One (method, seed) of the grid, as the report reads it: obtained, completed, analysed."""
+    rec = obtain_run(cfg, m, s, world, runs_dir, opts)
+    complete_run(cfg, m, s, rec, world, opts)
+    analyse_run(cfg, m, s, rec, world, opts)
+    return rec
+
+
+def lab_summary(runs: list[dict[str, Any]], warm: dict[str, Any], card: dict[str, Any], world: LabWorld,
+                methods: Sequence[Method], pngs: Sequence[Path], opts: LabPass, **call: Any) -> dict[str, Any]:
+    """summary.json of one lab call; ``call``: how it was called (``quick``, ``command``, ``config_path``,
+    ``overrides``, ``seeds``) and when it started (``t_start``)."""
+    return {
+        "quick": call["quick"], "report_only": opts.report_only, "command": call["command"],
+        "config_path": repo_relative(call["config_path"]), "overrides": list(call["overrides"]),
+        "seeds": list(call["seeds"]), "methods": [dataclasses.asdict(m) for m in methods],
+        "world": {"dir": repo_relative(world.dir), "counts": card.get("counts", {}), "config": card.get("config", {}),
+                  "warm_start_card": card.get("warm_start", {})},
+        "shared_settings": shared_settings(world.base), "warm_start": warm, "runs": runs,
+        "aggregate": aggregate(runs, methods), "val_em_curves": aggregate_curves(runs, methods),
+        "warning_summary": warning_summary(runs),
+        "drawdown_summary": warning_summary(runs, "drawdown"), "sampled": opts.sampled, "train_eval": opts.train_eval,
+        "pngs": [p.name for p in pngs],
+        "machine": describe_machine(),
+        # runs_s: every run's training + evaluation, whichever pass (resumed or not) did it; wall_s: this pass
+        "runs_s": round(sum(r["train_s"] + r["eval_s"] for r in runs) + (warm.get("eval_s") or 0.0), 1),
+        "wall_s": round(time.time() - call["t_start"], 1),
+    }
+
+
 def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequence[int], methods: Sequence[Method],
             out_dir: str | Path, runs_dir: str | Path, world_dir: str | None = None, quick: bool = False,
             command: str = "", report_only: bool = False, fresh: bool = False, sampled: int = 0,
@@ -227,131 +378,30 @@ def run_lab(*, config_path: str | Path, overrides: Sequence[str], seeds: Sequenc
     ``extend_from``: a runs dir of the same lab trained to fewer ``trainer.total_steps``. A run missing in
     ``runs_dir`` is copied from there first and then trained on from its last checkpoint to the new length
     (:func:`run_one` with ``extend``); ``extend_from`` itself is left as it was, so its report still rebuilds."""
-    from searchr1_lld.bookkeeping.tracking import describe_machine
-
     if sampled < 0 or train_eval < 0:
         raise ConfigError(f"--sampled and --train-eval must be >= 0 (got {sampled}, {train_eval})")
     t_start = time.time()
     out_dir, runs_dir = Path(out_dir), Path(runs_dir)
+    opts = LabPass(report_only=report_only, fresh=fresh, sampled=sampled, train_eval=train_eval,
+                   extend_from=Path(extend_from) if extend_from is not None else None)
     _, world_config, _ = read_lab_config(config_path, overrides)
-    wdir = resolve_world_dir(world_config, world_dir)
-    from searchr1_lld.world import read_card
-
-    if report_only and world_dir is None and read_card(wdir) is None:
-        # a report of finished runs reads the world they trained on (e.g. one built with --world-dir)
-        trained = trained_world_dir(runs_dir)
-        if trained is not None:
-            print(f"[lab] --report-only: {wdir} holds no world; reading the one the runs trained on, {trained}",
-                  flush=True)
-            wdir = trained
+    wdir = lab_world_dir(world_config, world_dir, runs_dir, report_only)
     configs = {(m.key, s): method_config(config_path, overrides, m, s, world_dir=wdir, runs_dir=runs_dir)
                for s in seeds for m in methods}
-    base = lab_config(config_path, overrides, wdir)
+    world = LabWorld(wdir, lab_config(config_path, overrides, wdir))
     check_only_llds_differs(list(configs.values()))
-    from retriever import make_retriever
-
-    @functools.cache
-    def retriever_of_world() -> Any:
-        """One retriever shared by every run, made on first use: the config's (in-process by default: the world's
-        index)."""
-        return make_retriever(base.retriever)
-
-    @functools.cache
-    def corpus_of_world() -> dict[str, str]:
-        """The world's passages (doc id -> contents), read on first use: what the provenance tables check against."""
-        from searchr1_lld.jsonl import read_jsonl
-
-        return {str(d["id"]): d["contents"] for d in read_jsonl(wdir / "corpus.jsonl")}
-
-    def provenance_of(policy_dir: Path) -> dict[str, Any]:
-        """Where the answers of a run's (or the warm start's) evaluations came from: test split, train split."""
-        return {"test": provenance(policy_dir / "eval", corpus_of_world()),
-                "train": provenance(policy_dir / TRAIN_EVAL_DIR, corpus_of_world()) if train_eval else None}
-
     if not report_only:
         card = prepare_world(world_config, wdir, explicit=world_dir is not None)
         print(f"[lab] world {wdir}; {len(configs)} runs; runs in {runs_dir}", flush=True)
-    # one job evaluates the warm start, the others wait and read it (--report-only writes nothing there)
-    with exclusive(runs_dir / "warm_start.lock") if not report_only else contextlib.nullcontext():
-        if report_only:
-            card = read_card(wdir) or {}
-            warm = load_warm_start(runs_dir / "warm_start" / "eval")
-        else:
-            warm_dir = runs_dir / "warm_start" / "eval"
-            from searchr1_lld.evaluation import EvalError
-
-            try:
-                warm = load_warm_start(warm_dir) if not fresh else None
-            except EvalError:  # no finished warm-start evaluation there yet
-                warm = None
-            warm = warm or evaluate_warm_start(base, wdir, retriever_of_world(), warm_dir)
-        if sampled:
-            warm["eval_sampled"] = warm_start_sampled(base, wdir, retriever_of_world(),
-                                                      runs_dir / "warm_start" / "sampled.json", sampled, fresh)
-        warm_train_dir = runs_dir / "warm_start" / TRAIN_EVAL_DIR
-        if train_eval and (fresh or not train_eval_done(warm_train_dir, train_eval, wdir)):
-            model, tokenizer = load_policy(wdir / "model", wdir)
-            evaluate_train(model, tokenizer, retriever_of_world(), base, wdir, warm_train_dir, train_eval,
-                           "warm start")
-        warm["provenance"] = provenance_of(runs_dir / "warm_start")
-    print(f"[lab] warm start: test EM {warm['eval']['em']:.3f}"
-          + (f", sampled {warm['eval_sampled']['em']:.3f}" if sampled else ""), flush=True)
-    runs = []
-    for s in seeds:
-        for m in methods:
-            cfg = configs[(m.key, s)]
-            if report_only:
-                rec = load_run(cfg, runs_dir)
-            elif not fresh and finished(cfg, runs_dir):
-                rec = load_run(cfg, runs_dir)
-                print(f"[lab] {run_name(m, s)}: finished earlier, reused ({runs_dir / cfg.trainer.run_name})", flush=True)
-            else:
-                if extend_from is not None:
-                    copy_run_to_extend(Path(extend_from) / cfg.trainer.run_name, runs_dir / cfg.trainer.run_name, cfg)
-                rec = run_one(cfg, m, s, wdir, retriever_of_world(), sampled=sampled, extend=extend_from is not None,
-                              train_eval=train_eval)
-            if sampled and (rec.get("eval_sampled") or {}).get("samples") != sampled:
-                rec["eval_sampled"] = sampled_of_run(cfg, rec, wdir, retriever_of_world(), sampled)
-                path = Path(rec["run_dir"]) / RUN_RECORD
-                stored = json.loads(path.read_text())
-                stored["eval_sampled"] = rec["eval_sampled"]
-                path.write_text(json.dumps(stored, indent=2) + "\n")
-            train_dir = Path(rec["run_dir"]) / TRAIN_EVAL_DIR
-            if train_eval and not train_eval_done(train_dir, train_eval, wdir):
-                model, tokenizer = final_policy(rec, wdir)
-                evaluate_train(model, tokenizer, retriever_of_world(), cfg, wdir, train_dir, train_eval, run_name(m, s))
-            rec["provenance"] = provenance_of(Path(rec["run_dir"]))
-            records = load_records(rec["run_dir"])
-            rec["phases"] = phase_summary(records, run_steps=cfg.trainer.total_steps)
-            rec["trend"] = trend_summary(records)
-            rec["verdict"] = lld_verdict(rec["trend"], rec["phases"])
-            rec["test_em"] = rec["eval"]["em"]
-            rec["val_em_curve"] = val_em_curve(records)
-            rec["val_em_curve_summary"] = curve_summary(rec["val_em_curve"], None)
-            rec.pop("config")
-            runs.append(rec)
-            sampled_txt = f", sampled {rec['eval_sampled']['em']:.3f}" if sampled else ""
-            print(f"[lab] {run_name(m, s)}: test EM {rec['eval']['em']:.3f} (single {fmt(rec['eval']['em_single_hop'])},"
-                  f" multi {fmt(rec['eval']['em_multi_hop'])}){sampled_txt}, final phase {rec['phases']['final']}, "
-                  f"verdict {rec['verdict']}, train {rec['train_s']:.0f}s eval {rec['eval_s']:.0f}s", flush=True)
+    else:
+        card = read_card(wdir) or {}
+    warm = warm_start_record(world, runs_dir, opts)
+    runs = [lab_run(configs[(m.key, s)], m, s, world, runs_dir, opts) for s in seeds for m in methods]
     out_dir.mkdir(parents=True, exist_ok=True)
     records_by_run = {(r["method"], r["seed"]): load_records(r["run_dir"]) for r in runs}
     pngs = plot_curves(records_by_run, methods, out_dir)
-    summary = {
-        "quick": quick, "report_only": report_only, "command": command, "config_path": repo_relative(config_path), "overrides": list(overrides),
-        "seeds": list(seeds), "methods": [dataclasses.asdict(m) for m in methods],
-        "world": {"dir": repo_relative(wdir), "counts": card.get("counts", {}), "config": card.get("config", {}),
-                  "warm_start_card": card.get("warm_start", {})},
-        "shared_settings": shared_settings(base), "warm_start": warm, "runs": runs,
-        "aggregate": aggregate(runs, methods), "val_em_curves": aggregate_curves(runs, methods),
-        "warning_summary": warning_summary(runs),
-        "drawdown_summary": warning_summary(runs, "drawdown"), "sampled": sampled, "train_eval": train_eval,
-        "pngs": [p.name for p in pngs],
-        "machine": describe_machine(),
-        # runs_s: every run's training + evaluation, whichever pass (resumed or not) did it; wall_s: this pass
-        "runs_s": round(sum(r["train_s"] + r["eval_s"] for r in runs) + (warm.get("eval_s") or 0.0), 1),
-        "wall_s": round(time.time() - t_start, 1),
-    }
+    summary = lab_summary(runs, warm, card, world, methods, pngs, opts, quick=quick, command=command,
+                          config_path=config_path, overrides=overrides, seeds=seeds, t_start=t_start)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     report = write_report(out_dir, summary, pngs)
     print(f"[lab] report: {report} (runs {summary['runs_s'] / 60:.1f} min, this pass {summary['wall_s'] / 60:.1f} min)",

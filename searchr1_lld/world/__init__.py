@@ -8,9 +8,10 @@ world is built by its own command into a directory, and a run names the world's 
 
     python -m searchr1_lld.world build --config configs/world/default.yaml --out .cache/world
 
-One job per module: ``config`` (WorldConfig, RECIPE_VERSION), ``generate`` (entities, passages, questions),
-``tokenizer``, ``trajectories`` / ``drills`` / ``renaming`` (the warm start's data), ``warm_start`` (the model and
-its supervised phase), ``measure`` (the warm start through the real rollout), ``build`` (the directory, its card
+One job per module: ``config`` (WorldConfig, RECIPE_VERSION), ``generate`` (entities, passages), ``questions``
+(the QA splits' questions), ``tokenizer``, ``trajectories`` / ``drills`` / ``renaming`` (the warm start's data),
+``warm_start`` (the model and its supervised phase), ``scoring`` (what a trajectory did: format, first query, where
+its answer came from), ``measure`` (the warm start through the real rollout), ``build`` (the directory, its card
 ``world.json`` and the build lock), ``smollm2`` (the same world with a real pretrained policy).
 """
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from searchr1_lld.world.build import main as build_main
+
 USAGE = """usage: python -m searchr1_lld.world {build,smollm2} [options]
 
   build     the synthetic world: corpus, index, QA splits, tokenizer, warm-started policy (--help for options)
@@ -18,11 +20,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command == "build":
-        from searchr1_lld.world.build import main as build_main
-
         return build_main(rest)
     if command == "smollm2":
-        from searchr1_lld.world.smollm2 import main as smollm2_main
+        from searchr1_lld.world.smollm2 import main as smollm2_main  # deferred: transformers
 
         return smollm2_main(rest)
     print(f"unknown command {command!r}\n\n{USAGE}", end="", file=sys.stderr)

@@ -20,6 +20,7 @@ A trainer knows nothing of worlds: :func:`trainer_overrides` names the world's f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -28,10 +29,17 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
+from filelock import FileLock
+from tqdm.auto import tqdm
+
+from retriever.build import build_index
+from retriever.inprocess import InProcessRetriever
+from searchr1_lld.bookkeeping.tracking import quiet_library_output, ticking
 from searchr1_lld.config import ConfigError
 from searchr1_lld.world.config import RECIPE_VERSION, WorldConfig, load_world_config
+from searchr1_lld.world.generate import generate_world, write_world_files
 
 CARD = "world.json"
 
@@ -91,8 +99,6 @@ def ensure_world(out_dir: str | Path, world_cfg: WorldConfig | None = None, *, p
     ``measure`` (default ``world_cfg.warmstart_measure``): roll the warm-started policy out on the test split and
     record greedy EM and the format-valid rate in ``world.json``.
     """
-    from filelock import FileLock
-
     cfg = world_cfg or WorldConfig()
     out_dir = Path(out_dir)
     if is_built(out_dir, cfg):
@@ -105,59 +111,60 @@ def ensure_world(out_dir: str | Path, world_cfg: WorldConfig | None = None, *, p
     return out_dir
 
 
-def build_world(out_dir: Path, cfg: WorldConfig, *, progress: bool = True, measure: bool = True) -> dict[str, Any]:
-    """Build every artefact into ``out_dir`` (unconditionally); return the card written to ``world.json``."""
-    from tqdm.auto import tqdm
+class _Stages:
+    """The build's stages on one progress bar (a stage per step), each timed into ``timings`` as ``<key>_s``."""
 
-    from retriever.build import build_index
-    from retriever.inprocess import InProcessRetriever
+    def __init__(self, bar: Any):
+        self.bar = bar
+        self.timings: dict[str, float] = {}
 
-    from searchr1_lld.bookkeeping.tracking import ticking
-    from searchr1_lld.world.generate import generate_world, write_world_files
-    from searchr1_lld.world.measure import measure_warm_start
-    from searchr1_lld.world.warm_start import build_tiny_policy
-
-    t_start = time.time()
-    _clear_build(out_dir)
-    timings: dict[str, float] = {}
-    stages = ["world", "index", "policy"] + (["measure"] if measure else [])
-    # One bar for the whole build (a stage per step, the clock ticking within a stage); the stages' own bars are off.
-    bar = tqdm(total=len(stages), desc="build world", unit="stage", disable=not progress,
-               bar_format="{desc}: {n_fmt}/{total_fmt} stages |{bar}| {elapsed}{postfix}")
-    with ticking(bar):
+    @contextlib.contextmanager
+    def stage(self, key: str, label: str) -> Iterator[None]:
         t0 = time.time()
-        bar.set_postfix(stage="world: corpus and questions")
+        self.bar.set_postfix(stage=label)
+        yield
+        self.timings[f"{key}_s"] = time.time() - t0
+        self.bar.update(1)
+
+
+def _build_artefacts(out_dir: Path, cfg: WorldConfig, stages: _Stages, measure: bool) -> tuple[Any, dict, dict]:
+    """The world (corpus and QA files), its index, the tokenizer and warm-started policy and, with ``measure``, the
+    warm start's rollouts; returns (the generated world, the policy's statistics, the measurement or {})."""
+    from searchr1_lld.world.measure import measure_warm_start  # deferred: transformers
+    from searchr1_lld.world.warm_start import build_tiny_policy  # deferred: torch
+
+    with stages.stage("world", "world: corpus and questions"):
         world = generate_world(cfg)
         paths = write_world_files(world, out_dir)
-        timings["world_s"] = time.time() - t0
-        bar.update(1)
-
-        t0 = time.time()
-        bar.set_postfix(stage="index: encoding the corpus")
+    with stages.stage("index", "index: encoding the corpus"):
         build_index(paths["corpus"], out_dir / "index", encoder=cfg.encoder, retriever=cfg.retriever,
                     show_progress=False)
         retriever = InProcessRetriever(out_dir / "index")
-        timings["index_s"] = time.time() - t0
-        bar.update(1)
-
-        t0 = time.time()
-        bar.set_postfix(stage="policy: tokenizer and warm start")
+    with stages.stage("policy", "policy: tokenizer and warm start"):
         policy_stats = build_tiny_policy(out_dir, world.passages, world.train_rows, retriever.search, cfg,
                                          progress=False)
-        timings["policy_s"] = time.time() - t0
-        bar.update(1)
-
-        warm_start: dict[str, Any] = {}
-        if measure:
-            t0 = time.time()
-            bar.set_postfix(stage="measure: warm-start rollouts")
+    warm_start: dict[str, Any] = {}
+    if measure:
+        with stages.stage("measure", "measure: warm-start rollouts"):
             warm_start = measure_warm_start(out_dir, retriever=retriever, seed=cfg.seed, progress=False)
-            timings["measure_s"] = time.time() - t0
-            bar.update(1)
+    return world, policy_stats, warm_start
+
+
+def build_world(out_dir: Path, cfg: WorldConfig, *, progress: bool = True, measure: bool = True) -> dict[str, Any]:
+    """Build every artefact into ``out_dir`` (unconditionally); return the card written to ``world.json``."""
+    t_start = time.time()
+    _clear_build(out_dir)
+    names = ["world", "index", "policy"] + (["measure"] if measure else [])
+    # One bar for the whole build (a stage per step, the clock ticking within a stage); the stages' own bars are off.
+    bar = tqdm(total=len(names), desc="build world", unit="stage", disable=not progress,
+               bar_format="{desc}: {n_fmt}/{total_fmt} stages |{bar}| {elapsed}{postfix}")
+    stages = _Stages(bar)
+    with ticking(bar):
+        world, policy_stats, warm_start = _build_artefacts(out_dir, cfg, stages, measure)
         bar.set_postfix(stage="done")
     bar.close()
 
-    timings["total_s"] = time.time() - t_start
+    timings = {**stages.timings, "total_s": time.time() - t_start}
     card = {
         "config_hash": world_config_hash(cfg),
         "recipe_version": RECIPE_VERSION,
@@ -217,8 +224,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("overrides", nargs="*", help="WorldConfig key=value overrides")
     args = parser.parse_args(argv)
-    from searchr1_lld.bookkeeping.tracking import quiet_library_output
-
     quiet_library_output()
     try:
         cfg = parse_world_overrides(args.overrides, args.config)

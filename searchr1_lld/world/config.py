@@ -21,7 +21,7 @@ from searchr1_lld.config.validation import ConfigError, raise_first
 # warm_start) or the prompt texts it trains on (searchr1_lld/prompts.py) change what a build produces.
 RECIPE_VERSION = 2
 
-# The multi-hop question families the generator knows (generate.MULTI_HOP holds their templates).
+# The multi-hop question families the generator knows (questions.MULTI_HOP holds their templates).
 MULTI_HOP_FAMILIES = ("founder_birth_year", "founder_birth_city", "founder_occupation", "hq_river", "birthplace_river",
                       "hq_founded_year", "birthplace_founded_year")
 

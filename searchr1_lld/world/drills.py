@@ -9,7 +9,7 @@ import random
 
 from searchr1_lld.prompts import format_observation, render_prompt
 from searchr1_lld.world.config import WorldConfig
-from searchr1_lld.world.generate import contains_phrase
+from searchr1_lld.world.questions import contains_phrase
 from searchr1_lld.world.trajectories import (THINK_FIRST, NameShuffler, SearchFn, Segment, answer_think, bridge_think,
                                              name_pool, tokenize_many, year_pool)
 

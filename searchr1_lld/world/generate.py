@@ -7,7 +7,7 @@ A seeded generator (``generate_world(cfg)``) invents
 - a corpus of wiki-18 style passages ``{"id": str, "contents": "\\"Title\\"\\ntext"}``, one per entity, plus
   distractor passages about *similarly named* entities (one syllable changed, or a sibling company name) so that a
   careless search returns plausible wrong documents;
-- QA rows in the project schema ``{id, question, golden_answers, data_source, metadata}`` in two families:
+- QA rows (:mod:`.questions`) in the project schema ``{id, question, golden_answers, data_source, metadata}`` in two families:
   single-hop (one search on the subject suffices) and multi-hop (the first passage names a bridge entity, whose own
   passage states the answer: two chained searches), with ``metadata = {"hops", "family", "support_ids", "subject",
   "bridge"}``.
@@ -32,12 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from searchr1_lld.world.config import MULTI_HOP_FAMILIES, WorldConfig, validate_world
-from searchr1_lld.world.splits import HELD_OUT_SPLITS, held_out_shares, mark_train_answers, split_labels
-from searchr1_lld.prompts import normalize_question
-from searchr1_lld.rewards import normalize_answer
+from searchr1_lld.world.config import WorldConfig, validate_world
+from searchr1_lld.world.questions import question_splits
+from searchr1_lld.world.splits import HELD_OUT_SPLITS, held_out_shares, split_labels
 
-DATA_SOURCE = "synthetic"
 
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "gr", "kr", "st", "th"]
 _VOWELS = ["a", "e", "i", "o", "u", "ae", "ou", "ei"]
@@ -235,152 +233,25 @@ def _contents(title: str, text: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Questions
-# ----------------------------------------------------------------------------------------------------------------
-
-# family -> (hops, question templates). {s}: subject name.
-SINGLE_HOP = {
-    "person_birth_year": ["In which year was {s} born?", "When was {s} born?", "What is the birth year of {s}?"],
-    "person_birth_city": ["In which city was {s} born?", "Where was {s} born?"],
-    "person_occupation": ["What was the occupation of {s}?", "What did {s} work as?"],
-    "company_founder": ["Who founded {s}?", "Who was the founder of {s}?"],
-    "company_year": ["In which year was {s} founded?", "When was {s} founded?"],
-    "company_hq": ["In which city is {s} headquartered?", "Where are the headquarters of {s}?"],
-    "city_river": ["Which river flows through {s}?", "On which river does {s} lie?"],
-}
-MULTI_HOP = {
-    "founder_birth_year": ["In which year was the founder of {s} born?", "When was the founder of {s} born?"],
-    "founder_birth_city": ["In which city was the founder of {s} born?", "Where was the founder of {s} born?"],
-    "founder_occupation": ["What was the occupation of the founder of {s}?", "What did the founder of {s} work as?"],
-    "hq_river": ["Which river flows through the city where {s} is headquartered?",
-                 "On which river lies the headquarters city of {s}?"],
-    "birthplace_river": ["Which river flows through the birthplace of {s}?",
-                         "Which river flows through the city where {s} was born?"],
-    # year answers from the second passage (a city's founding year); not in the default world, chosen by
-    # WorldConfig.multi_hop_families
-    "hq_founded_year": ["In which year was the headquarters city of {s} founded?",
-                        "When was the city where {s} is headquartered founded?"],
-    "birthplace_founded_year": ["In which year was the birthplace of {s} founded?",
-                                "When was the city where {s} was born founded?"],
-}
-assert tuple(MULTI_HOP) == MULTI_HOP_FAMILIES, "config.MULTI_HOP_FAMILIES names the families of MULTI_HOP"
-
-
-def _river_golds(river: str) -> list[str]:
-    return [river, river.removesuffix(" River")]
-
-
-def _candidates(world_parts: dict[str, Any], split: str, multi_hop_families: tuple[str, ...]
-                ) -> tuple[list[dict], list[dict]]:
-    """All (single-hop, multi-hop) question candidates whose subject lives in ``split``; multi-hop ones only of
-    ``multi_hop_families`` (in generation order, so a subset keeps the others' order)."""
-    people = {p.name: p for p in world_parts["people"]}
-    cities = {c.name: c for c in world_parts["cities"]}
-    doc = world_parts["doc_id_of"]
-    single: list[dict] = []
-    multi: list[dict] = []
-
-    def add(pool, family, templates, subject, golds, support, bridge=""):
-        for k, tpl in enumerate(templates):
-            pool.append({"family": family, "template": k, "question": tpl.format(s=subject), "golds": golds,
-                         "support": support, "subject": subject, "bridge": bridge})
-
-    for p in world_parts["people"]:
-        if p.split != split:
-            continue
-        add(single, "person_birth_year", SINGLE_HOP["person_birth_year"], p.name, [str(p.birth_year)], [doc[p.name]])
-        add(single, "person_birth_city", SINGLE_HOP["person_birth_city"], p.name, [p.birth_city], [doc[p.name]])
-        add(single, "person_occupation", SINGLE_HOP["person_occupation"], p.name, [p.occupation], [doc[p.name]])
-        city = cities[p.birth_city]
-        add(multi, "birthplace_river", MULTI_HOP["birthplace_river"], p.name, _river_golds(city.river),
-            [doc[p.name], doc[city.name]], bridge=city.name)
-        add(multi, "birthplace_founded_year", MULTI_HOP["birthplace_founded_year"], p.name, [str(city.founded_year)],
-            [doc[p.name], doc[city.name]], bridge=city.name)
-    for c in world_parts["companies"]:
-        if c.split != split:
-            continue
-        founder = people[c.founder]
-        add(single, "company_founder", SINGLE_HOP["company_founder"], c.name,
-            [c.founder, c.founder.split()[-1]], [doc[c.name]])
-        add(single, "company_year", SINGLE_HOP["company_year"], c.name, [str(c.founded_year)], [doc[c.name]])
-        add(single, "company_hq", SINGLE_HOP["company_hq"], c.name, [c.hq_city], [doc[c.name]])
-        add(multi, "founder_birth_year", MULTI_HOP["founder_birth_year"], c.name, [str(founder.birth_year)],
-            [doc[c.name], doc[founder.name]], bridge=founder.name)
-        add(multi, "founder_birth_city", MULTI_HOP["founder_birth_city"], c.name, [founder.birth_city],
-            [doc[c.name], doc[founder.name]], bridge=founder.name)
-        add(multi, "founder_occupation", MULTI_HOP["founder_occupation"], c.name, [founder.occupation],
-            [doc[c.name], doc[founder.name]], bridge=founder.name)
-        hq = cities[c.hq_city]
-        add(multi, "hq_river", MULTI_HOP["hq_river"], c.name, _river_golds(hq.river),
-            [doc[c.name], doc[hq.name]], bridge=hq.name)
-        add(multi, "hq_founded_year", MULTI_HOP["hq_founded_year"], c.name, [str(hq.founded_year)],
-            [doc[c.name], doc[hq.name]], bridge=hq.name)
-    for c in world_parts["cities"]:
-        if c.split != split:
-            continue
-        add(single, "city_river", SINGLE_HOP["city_river"], c.name, _river_golds(c.river), [doc[c.name]])
-    multi = [q for q in multi if q["family"] in multi_hop_families]
-    return single, multi
-
-
-def contains_phrase(text: str, phrase: str) -> bool:
-    """``phrase`` occurs in ``text`` as whole words after answer normalisation (an empty phrase never does)."""
-    phrase = normalize_answer(phrase)
-    return bool(phrase) and f" {phrase} " in f" {normalize_answer(text)} "
-
-
-def _answer_in(golds: list[str], contents: str) -> bool:
-    return any(contains_phrase(contents, g) for g in golds)
-
-
-def _sample_questions(rng: random.Random, single: list[dict], multi: list[dict], n: int, multi_frac: float,
-                      passages: list[dict], split: str) -> list[dict]:
-    # a multi-hop question must not be answerable from its first passage alone
-    multi = [q for q in multi if not _answer_in(q["golds"], passages[int(q["support"][0])]["contents"])]
-    n_multi = round(n * multi_frac)
-    n_single = n - n_multi
-    if n_multi > len(multi) or n_single > len(single):
-        raise ValueError(
-            f"{split}: asked for {n_single} single-hop and {n_multi} multi-hop questions but the world only has "
-            f"{len(single)} and {len(multi)} distinct ones; raise num_people/num_companies/num_cities or lower "
-            f"num_{split}_questions")
-    chosen = rng.sample(single, n_single) + rng.sample(multi, n_multi)
-    rng.shuffle(chosen)
-    rows = []
-    for i, q in enumerate(chosen):
-        rows.append({
-            "id": f"synthetic-{split}-{i:05d}",
-            "question": normalize_question(q["question"]),
-            "golden_answers": list(q["golds"]),
-            "data_source": DATA_SOURCE,
-            "metadata": {"hops": len(q["support"]), "family": q["family"], "support_ids": list(q["support"]),
-                         "subject": q["subject"], "bridge": q["bridge"]},
-        })
-    return rows
-
-
-# ----------------------------------------------------------------------------------------------------------------
 # The generator
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def generate_world(cfg: WorldConfig) -> World:
-    """Deterministically build the whole world (entities, corpus, QA splits) from ``cfg``."""
-    validate_world(cfg)
-    rng = random.Random(cfg.seed)
-    names = _NameMaker(rng)
-    shares = held_out_shares(cfg)
-    splits = ("train", *HELD_OUT_SPLITS)
-
+def _cities_and_rivers(rng: random.Random, names: _NameMaker, cfg: WorldConfig, shares: dict[str, float]
+                       ) -> tuple[list[River], list[str], list[City]]:
+    """The rivers, the regions and the (real) cities, each city labelled with its split."""
     rivers = [River(name=f"{names.word((1, 2))} River", length_km=rng.randint(40, 900))
               for _ in range(cfg.num_rivers)]
     regions = [names.word((2, 2)) for _ in range(max(2, cfg.num_cities // 5))]
-
     cities = [City(name=names.word(), founded_year=rng.randint(1000, 1700), river=rng.choice(rivers).name,
                    region=rng.choice(regions), split=lab)
               for lab in split_labels(rng, cfg.num_cities, shares)]
-    city_by_split = {s: [c.name for c in cities if c.split == s] for s in splits}
+    return rivers, regions, cities
 
+
+def _people(rng: random.Random, names: _NameMaker, cfg: WorldConfig, shares: dict[str, float],
+            city_by_split: dict[str, list[str]]) -> list[Person]:
+    """The (real) people, each born in a city of their own split."""
     people: list[Person] = []
     for lab in split_labels(rng, cfg.num_people, shares):
         while True:
@@ -389,8 +260,12 @@ def generate_world(cfg: WorldConfig) -> World:
                 break
         people.append(Person(name=name, birth_year=rng.randint(1780, 1960), birth_city=rng.choice(city_by_split[lab]),
                              occupation=rng.choice(OCCUPATIONS), split=lab))
-    people_by_split = {s: [p for p in people if p.split == s] for s in splits}
+    return people
 
+
+def _companies(rng: random.Random, names: _NameMaker, cfg: WorldConfig, shares: dict[str, float],
+               people_by_split: dict[str, list[Person]], city_by_split: dict[str, list[str]]) -> list[Company]:
+    """The (real) companies, each founded by a person of its split and seated in a city of its split."""
     companies: list[Company] = []
     for lab in split_labels(rng, cfg.num_companies, shares):
         founder = rng.choice(people_by_split[lab])
@@ -399,8 +274,29 @@ def generate_world(cfg: WorldConfig) -> World:
         companies.append(Company(name=name, founder=founder.name,
                                  founded_year=founder.birth_year + rng.randint(22, 60),
                                  hq_city=rng.choice(city_by_split[lab]), industry=rng.choice(INDUSTRIES), split=lab))
+    return companies
 
-    # distractors: similar names, random attributes, never subjects of questions
+
+def _distractor_company(rng: random.Random, names: _NameMaker, c: Company, real_cities: list[City]) -> Company:
+    """A company named like ``c`` (its stem with another suffix, or a similar stem), with random attributes."""
+    stem, suffix = c.name.split(" ", 1)
+    if rng.random() < 0.5:
+        name = f"{stem} {rng.choice([s for s in COMPANY_SUFFIXES if s != suffix])}"
+        if not names.claim(name):
+            name = f"{names.similar(stem)} {suffix}"
+    else:
+        name = f"{names.similar(stem)} {suffix}"
+    names.claim(name)
+    founder = f"{names.word((1, 2))} {names.word()}"
+    names.claim(founder)
+    return Company(name=name, founder=founder, founded_year=rng.randint(1800, 2000),
+                   hq_city=rng.choice(real_cities).name, industry=rng.choice(INDUSTRIES), split="distractor")
+
+
+def _add_distractors(rng: random.Random, names: _NameMaker, cfg: WorldConfig, people: list[Person],
+                     cities: list[City], companies: list[Company], rivers: list[River], regions: list[str]) -> None:
+    """Append to ``people``, ``cities`` and ``companies`` their distractors: similar names, random attributes,
+    never subjects of questions (``distractors_per_entity`` per real entity)."""
     real_people, real_cities, real_companies = list(people), list(cities), list(companies)
     for _ in range(cfg.distractors_per_entity):
         for p in real_people:
@@ -414,25 +310,11 @@ def generate_world(cfg: WorldConfig) -> World:
             cities.append(City(name=names.similar(c.name), founded_year=rng.randint(1000, 1700),
                                river=rng.choice(rivers).name, region=rng.choice(regions), split="distractor"))
         for c in real_companies:
-            stem, suffix = c.name.split(" ", 1)
-            if rng.random() < 0.5:
-                name = f"{stem} {rng.choice([s for s in COMPANY_SUFFIXES if s != suffix])}"
-                if not names.claim(name):
-                    name = f"{names.similar(stem)} {suffix}"
-            else:
-                name = f"{names.similar(stem)} {suffix}"
-            names.claim(name)
-            founder = f"{names.word((1, 2))} {names.word()}"
-            names.claim(founder)
-            companies.append(Company(name=name, founder=founder, founded_year=rng.randint(1800, 2000),
-                                     hq_city=rng.choice(real_cities).name, industry=rng.choice(INDUSTRIES),
-                                     split="distractor"))
-    for c in cities:
-        if c.split != "distractor":
-            next(r for r in rivers if r.name == c.river).cities.append(c.name)
+            companies.append(_distractor_company(rng, names, c, real_cities))
 
-    # corpus: one passage per entity, in a seeded order
-    entities: list[Any] = [*people, *cities, *companies, *rivers]
+
+def _corpus(rng: random.Random, entities: list[Any]) -> tuple[list[dict[str, str]], dict[str, str]]:
+    """One passage per entity, in a seeded order; and each entity's doc id (name -> id)."""
     order = list(range(len(entities)))
     rng.shuffle(order)
     passages: list[dict[str, str]] = []
@@ -442,16 +324,30 @@ def generate_world(cfg: WorldConfig) -> World:
         doc_id = str(len(passages))
         passages.append({"id": doc_id, "contents": _contents(title, text)})
         doc_id_of[entities[idx].name] = doc_id
+    return passages, doc_id_of
 
-    parts = {"people": people, "cities": cities, "doc_id_of": doc_id_of}
-    families = tuple(cfg.multi_hop_families)
-    rows = {}
-    for split in splits:
-        single, multi = _candidates({**parts, "companies": companies}, split, families)
-        rows[split] = _sample_questions(rng, single, multi, getattr(cfg, f"num_{split}_questions"),
-                                        cfg.multi_hop_fraction, passages, split)
-    for split in HELD_OUT_SPLITS:
-        mark_train_answers(rows[split], rows["train"])
+
+def generate_world(cfg: WorldConfig) -> World:
+    """Deterministically build the whole world (entities, corpus, QA splits) from ``cfg``."""
+    validate_world(cfg)
+    rng = random.Random(cfg.seed)
+    names = _NameMaker(rng)
+    shares = held_out_shares(cfg)
+    splits = ("train", *HELD_OUT_SPLITS)
+
+    rivers, regions, cities = _cities_and_rivers(rng, names, cfg, shares)
+    city_by_split = {s: [c.name for c in cities if c.split == s] for s in splits}
+    people = _people(rng, names, cfg, shares, city_by_split)
+    people_by_split = {s: [p for p in people if p.split == s] for s in splits}
+    companies = _companies(rng, names, cfg, shares, people_by_split, city_by_split)
+    _add_distractors(rng, names, cfg, people, cities, companies, rivers, regions)
+    for c in cities:
+        if c.split != "distractor":
+            next(r for r in rivers if r.name == c.river).cities.append(c.name)
+
+    passages, doc_id_of = _corpus(rng, [*people, *cities, *companies, *rivers])
+    parts = {"people": people, "cities": cities, "doc_id_of": doc_id_of, "companies": companies}
+    rows = question_splits(rng, cfg, parts, passages, splits)
     return World(people=people, cities=cities, companies=companies, rivers=rivers, passages=passages,
                  doc_id_of=doc_id_of, train_rows=rows["train"], val_rows=rows["val"], test_rows=rows["test"])
 

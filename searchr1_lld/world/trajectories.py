@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from searchr1_lld.prompts import INVALID_ACTION_MESSAGE, doc_title_text, format_observation, render_prompt
+from searchr1_lld.rollout.agent_loop import ObservationTokenizer
 from searchr1_lld.world.config import WorldConfig
 from searchr1_lld.world.generate import name_word_groups
 from searchr1_lld.world.tokenizer import YEAR_PATTERN, corpus_years
@@ -200,8 +201,6 @@ def tokenize_many(segment_lists: list[list[Segment]], tokenizer, max_obs_length:
     the same ids as a call per piece, with less overhead (8,000 of the default world's 64,000 drills: 3.9 s against
     5.4 s). An observation longer than ``max_obs_length`` tokens is cut by
     ``ObservationTokenizer.fit``."""
-    from searchr1_lld.rollout.agent_loop import ObservationTokenizer
-
     observe = ObservationTokenizer(tokenizer, max_obs_length)
 
     def is_prompt(k: int, seg: Segment) -> bool:

@@ -142,6 +142,78 @@ def _train_phase(model, opt, batches, steps: int, lr_at: Callable[[int], float],
     return losses
 
 
+def _stage_targets(name: str, last: bool, cfg: WorldConfig) -> dict[str, float]:
+    """The copy accuracies that end drill stage ``name`` (``last``: the curriculum's last stage; see
+    :func:`warm_start`)."""
+    targets = {"subject_query": cfg.warmstart_drill_subject_target} if name != "answer" else {}
+    if name == "answer" or last:
+        targets["answer"] = cfg.warmstart_drill_answer_target
+    if last and cfg.warmstart_drill_bridge_target > 0:
+        targets["bridge_query"] = cfg.warmstart_drill_bridge_target
+    return targets
+
+
+class _DrillPhase:
+    """The drill phase of :func:`warm_start`, stage after stage on one optimiser and one batch-order ``rng``: its
+    losses (one per step), its copy-accuracy checks and how each stage stopped."""
+
+    def __init__(self, model, opt, cfg: WorldConfig, pad_id: int, rng: random.Random, bar,
+                 probes: dict[str, dict[str, list[tuple[list[int], list[int]]]]] | None):
+        self.model, self.opt, self.cfg, self.pad_id, self.rng, self.bar = model, opt, cfg, pad_id, rng, bar
+        self.probes = probes
+        self.check_every = cfg.warmstart_drill_check_every if probes else 0
+        self.losses: list[float] = []
+        self.checks: list[dict[str, Any]] = []
+        self.stops: dict[str, str] = {}
+
+    def run(self, drills: dict[str, list[tuple[list[int], list[int]]]], budget: int) -> None:
+        """Every stage in order: all but the last use their drills once at most, the last what is left of
+        ``budget`` steps; linear warmup over the first 10% of ``budget``."""
+        drill_bs = self.cfg.warmstart_drill_batch_size
+        warmup = max(1, budget // 10)
+        for si, (name, stage) in enumerate(drills.items()):
+            last = si == len(drills) - 1
+            stage_budget = (budget - len(self.losses)) if last else math.ceil(len(stage) / drill_bs)
+            batches = _cycle(lambda: _batches(stage, drill_bs, self.pad_id, self.rng))
+            self.stops[name] = self._stage(name, batches, stage_budget, warmup, _stage_targets(name, last, self.cfg))
+
+    def _stage(self, name: str, batches, stage_budget: int, warmup: int, targets: dict[str, float]) -> str:
+        """Train one stage until its targets are met (checked every ``check_every`` steps) or its budget is used;
+        returns which."""
+        context = "full" if name == "full" else "short"
+        done = 0
+        while done < stage_budget:
+            n = min(self.check_every or stage_budget, stage_budget - done)
+            start = len(self.losses)
+            self.losses += _train_phase(self.model, self.opt, batches, n,
+                                        lambda s: self.cfg.warmstart_drill_lr * min(1.0, (start + s + 1) / warmup),
+                                        self.bar)
+            done += n
+            if self.check_every:
+                acc = copy_accuracy(self.model, self.probes[context], self.pad_id)
+                self.checks.append({"step": len(self.losses), "stage": name, "context": context, **acc})
+                self.bar.set_postfix(**{k[:7]: f"{v:.2f}" for k, v in acc.items()})
+                if all(acc.get(kind, 0.0) >= target for kind, target in targets.items()):
+                    return "targets met"
+        return "budget used"
+
+
+def _trajectory_phase(model, opt, examples: list[tuple[list[int], list[int]]], cfg: WorldConfig, *, steps: int,
+                      batch_size: int, pad_id: int, rng: random.Random, warmup: int, bar) -> list[float]:
+    """``cfg.warmstart_epochs`` epochs of the trajectories, peak lr ``cfg.warmstart_lr`` with ``warmup`` steps (0 =
+    none) and cosine decay to 0 over ``steps``; the losses."""
+    lr = cfg.warmstart_lr
+
+    def traj_lr(s: int) -> float:
+        return lr * min(1.0, (s + 1) / warmup if warmup else 1.0) * 0.5 * (1 + math.cos(math.pi * s / steps))
+
+    def traj_batches():
+        for _ in range(cfg.warmstart_epochs):
+            yield from _batches(examples, batch_size, pad_id, rng, cfg.warmstart_env_loss_weight)
+
+    return _train_phase(model, opt, traj_batches(), steps, traj_lr, bar)
+
+
 def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldConfig, *, pad_id: int,
                batch_size: int = 16, progress: bool = True,
                drills: list[list[tuple[list[int], list[int]]]] = (),
@@ -175,65 +247,27 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
     if not examples:
         raise ValueError("no warm-start examples")
     rng = random.Random(cfg.seed + 2)
-    lr = cfg.warmstart_lr
-    drill_bs = cfg.warmstart_drill_batch_size
     drills = {name: stage for name, stage in (drills or {}).items() if stage}
-    budget = sum(math.ceil(len(stage) / drill_bs) for stage in drills.values())
+    budget = sum(math.ceil(len(stage) / cfg.warmstart_drill_batch_size) for stage in drills.values())
     traj_steps = math.ceil(len(examples) / batch_size) * cfg.warmstart_epochs
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.warmstart_lr, weight_decay=0.01, betas=(0.9, 0.98))
     model.train()
     bar = tqdm(total=budget + traj_steps, desc="warm start", disable=not progress, leave=False)
-    drill_losses: list[float] = []
-    checks: list[dict[str, Any]] = []
-    stops: dict[str, str] = {}
-    warmup = max(1, budget // 10)
-    check_every = cfg.warmstart_drill_check_every if probes else 0
-    for si, (name, stage) in enumerate(drills.items()):
-        last = si == len(drills) - 1
-        context = "full" if name == "full" else "short"
-        targets = {"subject_query": cfg.warmstart_drill_subject_target} if name != "answer" else {}
-        if name == "answer" or last:
-            targets["answer"] = cfg.warmstart_drill_answer_target
-        if last and cfg.warmstart_drill_bridge_target > 0:
-            targets["bridge_query"] = cfg.warmstart_drill_bridge_target
-        stage_budget = (budget - len(drill_losses)) if last else math.ceil(len(stage) / drill_bs)
-        batches = _cycle(lambda: _batches(stage, drill_bs, pad_id, rng))
-        done, stop = 0, "budget used"
-        while done < stage_budget:
-            n = min(check_every or stage_budget, stage_budget - done)
-            start = len(drill_losses)
-            drill_losses += _train_phase(model, opt, batches, n,
-                                         lambda s: cfg.warmstart_drill_lr * min(1.0, (start + s + 1) / warmup), bar)
-            done += n
-            if check_every:
-                acc = copy_accuracy(model, probes[context], pad_id)
-                checks.append({"step": len(drill_losses), "stage": name, "context": context, **acc})
-                bar.set_postfix(**{k[:7]: f"{v:.2f}" for k, v in acc.items()})
-                if all(acc.get(kind, 0.0) >= target for kind, target in targets.items()):
-                    stop = "targets met"
-                    break
-        stops[name] = stop
-    bar.total = len(drill_losses) + traj_steps
+    drill = _DrillPhase(model, opt, cfg, pad_id, rng, bar, probes)
+    drill.run(drills, budget)
+    bar.total = len(drill.losses) + traj_steps
     bar.refresh()
-    warmup = 0 if drills else max(1, traj_steps // 10)
-
-    def traj_lr(s: int) -> float:
-        return lr * min(1.0, (s + 1) / warmup if warmup else 1.0) * 0.5 * (1 + math.cos(math.pi * s / traj_steps))
-
-    def traj_batches():
-        for _ in range(cfg.warmstart_epochs):
-            yield from _batches(examples, batch_size, pad_id, rng, cfg.warmstart_env_loss_weight)
-
-    losses = _train_phase(model, opt, traj_batches(), traj_steps, traj_lr, bar)
+    losses = _trajectory_phase(model, opt, examples, cfg, steps=traj_steps, batch_size=batch_size, pad_id=pad_id,
+                               rng=rng, warmup=0 if drills else max(1, traj_steps // 10), bar=bar)
     bar.close()
     model.eval()
     tail = losses[-max(1, len(losses) // 10):]
-    drill_tail = drill_losses[-max(1, len(drill_losses) // 10):]
+    drill_tail = drill.losses[-max(1, len(drill.losses) // 10):]
     return {"first_loss": losses[0], "final_loss": sum(tail) / len(tail), "steps": len(losses),
             "tokens": sum(len(x) for x, _ in examples) * cfg.warmstart_epochs,
-            "drill_steps": len(drill_losses),
-            "drill_final_loss": sum(drill_tail) / len(drill_tail) if drill_losses else float("nan"),
-            "drill_stop": stops, "drill_checks": checks}
+            "drill_steps": len(drill.losses),
+            "drill_final_loss": sum(drill_tail) / len(drill_tail) if drill.losses else float("nan"),
+            "drill_stop": drill.stops, "drill_checks": drill.checks}
 
 
 def _cycle(make_iter: Callable[[], Any]):
