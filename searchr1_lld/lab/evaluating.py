@@ -3,7 +3,6 @@ the training split, where the answers came from, and the warm start's own evalua
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import shutil
@@ -14,6 +13,7 @@ from typing import Any
 import torch
 
 from searchr1_lld import evaluation as ev
+from searchr1_lld.inference import evaluating
 from searchr1_lld.bookkeeping.checkpoint import latest_checkpoint
 from searchr1_lld.config import Config, ConfigError
 from searchr1_lld.evaluation.files import read_records
@@ -40,17 +40,6 @@ def _eval_engine(model: torch.nn.Module, tokenizer: Tokenizer, cfg: Config,
     return make_backend(engine_cfg, model=model, tokenizer=tokenizer, seed=seed)
 
 
-@contextlib.contextmanager
-def _eval_mode(model: torch.nn.Module):
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        model.train(was_training)
-
-
 def evaluate_policy(model: torch.nn.Module, tokenizer: Tokenizer, retriever: Retriever, cfg: Config, world_dir: Path,
                     out_dir: Path, name: str, split: str | None = None, limit: int | None = None) -> dict[str, Any]:
     """Greedy evaluation of an in-memory policy with the evaluator library on the world's ``split`` (default: test),
@@ -59,7 +48,7 @@ def evaluate_policy(model: torch.nn.Module, tokenizer: Tokenizer, retriever: Ret
     rollout_cfg = ev.eval_rollout_config(cfg.rollout, max_turns=cfg.eval.max_turns, topk=cfg.eval.topk)
     if out_dir.exists():
         shutil.rmtree(out_dir)  # results always belong to this policy (the evaluator would resume otherwise)
-    with _eval_mode(model):
+    with evaluating(model):
         res = ev.evaluate(rows, backend=_eval_engine(model, tokenizer, cfg), tokenizer=tokenizer, retriever=retriever,
                           rollout_cfg=rollout_cfg, out_dir=out_dir, batch_size=cfg.eval.batch_size,
                           template=cfg.data.prompt_template, chat_template=cfg.data.chat_template, name=name,
@@ -75,7 +64,7 @@ def evaluate_sampled(model: torch.nn.Module, tokenizer: Tokenizer, retriever: Re
     rows = world_rows(world_dir, "test", cfg.eval.limit)[WORLD_DATASET]
     rollout_cfg = ev.eval_rollout_config(cfg.rollout, max_turns=cfg.eval.max_turns, topk=cfg.eval.topk)
     t0 = time.time()
-    with _eval_mode(model):
+    with evaluating(model):
         m = ev.sampled_em(rows, backend=_eval_engine(model, tokenizer, cfg, seed=SAMPLED_SEED), tokenizer=tokenizer,
                           retriever=retriever, rollout_cfg=rollout_cfg, samples=samples,
                           batch_size=cfg.eval.batch_size, template=cfg.data.prompt_template,

@@ -154,19 +154,20 @@ def run_one(cfg: Config, method: Method, seed: int, world_dir: Path, retriever: 
     result = trainer.run(evaluate=False, allow_changes=allow)
     t_train = time.time() - t0 + earlier_train_s
     t1 = time.time()
-    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
-    results = evaluate_policy(unwrapped, trainer.tokenizer, retriever, cfg, world_dir, run_dir / "eval",
+    unwrapped = trainer.learner.module
+    results = evaluate_policy(unwrapped, trainer.learner.tokenizer, retriever, cfg, world_dir, run_dir / "eval",
                               name=run_name(method, seed))
     record = {
         "method": method.key, "label": method.label, "seed": seed, "run_dir": str(run_dir), "steps": result.steps,
-        "skipped_updates": result.skipped_steps, "train_s": round(t_train, 1), "eval_s": round(time.time() - t1, 1),
+        "skipped_updates": result.skipped_updates, "train_s": round(t_train, 1), "eval_s": round(time.time() - t1, 1),
         "eval": eval_summary(results), "config": cfg.to_dict(),
     }
     if sampled:
-        record["eval_sampled"] = evaluate_sampled(unwrapped, trainer.tokenizer, retriever, cfg, world_dir, sampled)
+        record["eval_sampled"] = evaluate_sampled(unwrapped, trainer.learner.tokenizer, retriever, cfg, world_dir,
+                                                  sampled)
     if train_eval:
-        evaluate_train(unwrapped, trainer.tokenizer, retriever, cfg, world_dir, run_dir / TRAIN_EVAL_DIR, train_eval,
-                       name=run_name(method, seed))
+        evaluate_train(unwrapped, trainer.learner.tokenizer, retriever, cfg, world_dir, run_dir / TRAIN_EVAL_DIR,
+                       train_eval, name=run_name(method, seed))
     (run_dir / RUN_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     return record
 

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import torch
 
+from searchr1_lld.inference import evaluating
 from searchr1_lld.world.config import WorldConfig
 from searchr1_lld.world.drills import build_copy_drills, build_drill_probes
 from searchr1_lld.world.tokenizer import corpus_years, tokenizer_training_texts, train_tokenizer
@@ -101,25 +102,22 @@ def _batches(examples: list[tuple[list[int], list[int]]], batch_size: int, pad_i
         yield ids, attn, lmask
 
 
-@torch.no_grad()
 def copy_accuracy(model, probes: dict[str, list[tuple[list[int], list[int]]]], pad_id: int,
                   batch_size: int = 32) -> dict[str, float]:
     """Teacher-forced copy accuracy per drill kind: the share of probe drills whose generated segment (the think
     line and the copied query or answer) the model predicts token for token (argmax at every generated position)."""
-    was_training = model.training
-    model.eval()
     acc = {}
-    for kind, examples in probes.items():
-        if not examples:
-            continue
-        right = 0
-        for ids, attn, lmask in _batches(examples, batch_size, pad_id, random.Random(0)):
-            logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-            target, scored = ids[:, 1:], lmask[:, 1:] > 0
-            wrong = (logits.argmax(-1) != target) & scored
-            right += int((~wrong.any(dim=1)).sum())
-        acc[kind] = right / len(examples)
-    model.train(was_training)
+    with evaluating(model):
+        for kind, examples in probes.items():
+            if not examples:
+                continue
+            right = 0
+            for ids, attn, lmask in _batches(examples, batch_size, pad_id, random.Random(0)):
+                logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+                target, scored = ids[:, 1:], lmask[:, 1:] > 0
+                wrong = (logits.argmax(-1) != target) & scored
+                right += int((~wrong.any(dim=1)).sum())
+            acc[kind] = right / len(examples)
     return acc
 
 
