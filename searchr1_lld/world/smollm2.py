@@ -34,6 +34,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from retriever.inprocess import InProcessRetriever
 from searchr1_lld.jsonl import read_jsonl
+from searchr1_lld.protocols import Tokenizer
 from searchr1_lld.world.build import read_card
 from searchr1_lld.world.config import WorldConfig
 from searchr1_lld.world.measure import measure_warm_start
@@ -58,7 +59,7 @@ def smollm2_dir() -> Path:
     return path
 
 
-def load_smollm2():
+def load_smollm2() -> tuple[Tokenizer, torch.nn.Module]:
     """(tokenizer, model): SmolLM2-135M-Instruct from the package's GGUF file, fp32, eval mode (~30-50 s)."""
     path = smollm2_dir()
     tokenizer = AutoTokenizer.from_pretrained(str(path), gguf_file=GGUF_FILE)
@@ -92,7 +93,7 @@ def link_world_data(base: Path, out: Path) -> None:
 
 def build_smollm2_world(base: str | Path, out: str | Path, *, trajectories: int = 192, lr: float = 1e-4,
                         batch_size: int = 8, measure_limit: int = 0, progress: bool = True,
-                        policy: tuple[Any, Any] | None = None) -> dict[str, Any]:
+                        policy: tuple[Tokenizer, torch.nn.Module] | None = None) -> dict[str, Any]:
     """SFT SmolLM2 on ``trajectories`` of the base world's scripted trajectories; write the world dir ``out``
     (see the module docstring) and return its card. ``policy``: an already loaded ``load_smollm2()`` pair to train
     in place (else loaded here)."""

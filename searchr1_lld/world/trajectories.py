@@ -11,9 +11,10 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 from searchr1_lld.prompts import INVALID_ACTION_MESSAGE, doc_title_text, format_observation, render_prompt
+from searchr1_lld.protocols import Tokenizer
 from searchr1_lld.rollout.agent_loop import ObservationTokenizer
 from searchr1_lld.world.config import WorldConfig
 from searchr1_lld.world.generate import name_word_groups
@@ -166,7 +167,7 @@ def bridge_think(style: str, bridge: str, hits: list[dict]) -> str:
 
 
 def render_segments(plan: TrajectoryPlan, hits_of: dict[str, list[dict]], eos: str, rng: random.Random,
-                    template: str = "tiny", tokenizer: Any = None, think: str = "fixed",
+                    template: str = "tiny", tokenizer: Tokenizer | None = None, think: str = "fixed",
                     bridge: str = "fixed") -> list[Segment]:
     """The text pieces of one trajectory, exactly as the rollout would build them; ``think``: the answer's think
     line (``answer_think``; a guess after a search keeps ``found it``: it does not read the passages); ``bridge``:
