@@ -24,7 +24,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
-from searchr1_lld.instruments.monitor import PHASES
+from searchr1_lld.instruments.phases import PHASES
 from searchr1_lld.jsonl import read_jsonl
 
 def describe_machine() -> str:
