@@ -13,7 +13,7 @@ export HF_DATASETS_OFFLINE := 1
 export WANDB_MODE ?= offline
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv world demo test test-fast bench clean
+.PHONY: venv world demo test test-serial test-fast bench clean
 
 venv: $(STAMP)
 
@@ -32,11 +32,19 @@ world: $(STAMP)
 demo: world
 	$(PY) -m searchr1_lld.demo
 
+# Two workers, one test file each at a time, one torch thread per worker (and per process a test starts): the suite
+# is CPU-bound in a few multi-process tests, so two workers fill the 2-core CI machine where one run with two
+# threads per op does not (about 12 min instead of 20 there). `make test-serial` runs it in one process.
+PYTEST_PARALLEL := -n 2 --dist loadfile
+
 test: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PYTEST_PARALLEL) tests
+
+test-serial: $(STAMP)
 	$(PY) -m pytest -q tests
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not slow" tests
 
 bench: $(STAMP)
 	for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
