@@ -3,7 +3,7 @@ under ZeRO-3, into ``backend.load_weights``."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Callable, ContextManager, Iterator
 
 import torch
 
