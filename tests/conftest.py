@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-from pathlib import Path  # noqa: E402
+# the de-quantised SmolLM2 copy (searchr1_lld/world/smollm2.py) beside the test worlds, not in the home directory
+os.environ.setdefault("SEARCHR1_LLD_CACHE", str(Path(__file__).resolve().parent.parent / ".cache"))
 
 import pytest  # noqa: E402
 
@@ -122,7 +123,8 @@ def world_rows(tiny_world: Path) -> list[dict]:
 # ("<answer>" -> ['<', 'answer', '>']) and merges across them (' </', '>.'), as Qwen's does.
 @pytest.fixture(scope="session")
 def smollm2():
-    """(tokenizer, model) of SmolLM2-135M-Instruct, de-quantised to fp32, loaded once per session (~30-50 s)."""
+    """(tokenizer, model) of SmolLM2-135M-Instruct, fp32, loaded once per session (its GGUF de-quantised once, ~30-50
+    s; its checked fp32 copy in .cache/smollm2-fp32 after that, ~1 s)."""
     from searchr1_lld.world.smollm2 import load_smollm2
 
     return load_smollm2()

@@ -2,6 +2,7 @@
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -55,3 +56,47 @@ def test_build_smollm2_world_trains_saves_and_measures(smollm2, tiny_world, tmp_
     assert loaded_tok.convert_tokens_to_ids("<|im_end|>") == tokenizer.convert_tokens_to_ids("<|im_end|>")
     for k in before:
         assert torch.equal(loaded.state_dict()[k], trained[k])
+
+
+def test_the_fp32_cache_builds_once_checks_its_copy_and_rebuilds_on_a_new_source(tiny_world, tmp_path):
+    """load_through_fp32_cache on the tiny world's policy: the first call loads and writes a copy that reads back
+    equal; the second reads the copy without loading; a different source key rebuilds; a copy that does not read
+    back as the loaded model is refused and never published."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from searchr1_lld.world.smollm2 import load_through_fp32_cache
+
+    calls = []
+
+    def load():
+        calls.append(1)
+        return (AutoTokenizer.from_pretrained(str(tiny_world / "tokenizer")),
+                AutoModelForCausalLM.from_pretrained(str(tiny_world / "model"), dtype=torch.float32).eval())
+
+    cache = tmp_path / "fp32"
+    tok, model = load_through_fp32_cache(load, cache, {"v": 1})
+    assert len(calls) == 1 and json.loads((cache / "source.json").read_text()) == {"v": 1}
+    tok2, model2 = load_through_fp32_cache(load, cache, {"v": 1})
+    assert len(calls) == 1  # read from the copy
+    assert all(torch.equal(v, model2.state_dict()[k]) for k, v in model.state_dict().items())
+    assert tok2("Paris 1874")["input_ids"] == tok("Paris 1874")["input_ids"]
+    load_through_fp32_cache(load, cache, {"v": 2})
+    assert len(calls) == 2 and json.loads((cache / "source.json").read_text()) == {"v": 2}
+
+    def load_and_drift():  # a load whose saved copy differs from what it returns (a lossy save)
+        tok, model = load()
+        model.save_pretrained = lambda path, _save=model.save_pretrained: (_save(path), _perturb(path))
+        return tok, model
+
+    def _perturb(path):
+        from safetensors.torch import load_file, save_file
+
+        path = Path(path)
+        weights = load_file(str(path / "model.safetensors"))
+        key = sorted(weights)[0]
+        weights[key] = weights[key] + 1.0
+        save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+
+    with pytest.raises(RuntimeError, match="does not read back"):
+        load_through_fp32_cache(load_and_drift, cache, {"v": 3})
+    assert json.loads((cache / "source.json").read_text()) == {"v": 2}  # the old copy stands

