@@ -18,6 +18,7 @@ per running request per iteration; each request is recorded in ``requests``, and
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import torch
@@ -94,8 +95,11 @@ class ScriptedStreamBackend(ScriptedBackend):
     """The scripted backend with the request-level API (module docstring); ``generate`` still works, so the two
     schedulers can run on one script."""
 
-    def __init__(self, scripts: Script, tokenizer: Optional[Tokenizer] = None, *, logprobs: bool = True) -> None:
+    def __init__(self, scripts: Script, tokenizer: Optional[Tokenizer] = None, *, logprobs: bool = True,
+                 step_s: float = 0.0) -> None:
+        """``step_s``: seconds each ``step`` sleeps, as an engine iteration takes time (other threads run)."""
         super().__init__(scripts, tokenizer, logprobs=logprobs)
+        self.step_s = step_s
         self.requests: list[dict[str, Any]] = []  # one entry per add_request
         self.steps = 0
         self._running: dict[str, tuple[int, GenerationOutput]] = {}  # request id -> (steps left, its output)
@@ -117,6 +121,8 @@ class ScriptedStreamBackend(ScriptedBackend):
     def step(self) -> list[tuple[str, GenerationOutput]]:
         self.check_awake()
         self.steps += 1
+        if self.step_s:
+            time.sleep(self.step_s)
         finished = []
         for request_id, (left, out) in list(self._running.items()):
             if left <= 1:
