@@ -13,7 +13,8 @@ HTTP (the project's service, ``python -m retriever serve`` on the world's index 
 through RetrieverClient), each with 0 / 20 / 100 ms added before every retriever call. Per run: generated tokens per second,
 wall time, decode iterations (turn-batched: the sum over turns of the turn's longest output, what an engine that
 runs a turn's requests together iterates; continuous: the engine steps taken). Rollouts are sampled, so each
-configuration runs ``--repeats`` times with the schedulers alternating, and the figures are sums over the repeats.
+configuration runs ``--repeats`` times with the schedulers alternating; iterations are summed over the repeats, and
+tokens/s is the median rollout's (a shared machine slows single rollouts by 2x at times).
 
     RESULT rollout_decode_iterations_turns_over_continuous   (in process, 0 ms; target >= 1.3)
     RESULT rollout_continuous_over_turns_<latency>ms        (tokens/s ratio over HTTP)

@@ -109,7 +109,8 @@ def run_grid(args: argparse.Namespace, engine, tok, rollout_cfg, rows, retriever
                 order = SCHEDULERS if rep % 2 == 0 else SCHEDULERS[::-1]
                 for scheduler in order:
                     res = one_rollout(engine, tok, rollout_cfg, rows, retriever, scheduler, args.sched_n)
-                    acc = grid.setdefault((transport, latency, scheduler), {})
+                    acc = grid.setdefault((transport, latency, scheduler), {"rates": []})
+                    acc["rates"].append(res["tokens"] / res["wall_s"])
                     for key, value in res.items():
                         acc[key] = acc.get(key, 0.0) + value
                     print(f"  {transport:9s} {latency:3d} ms {scheduler:10s} repeat {rep}: {res['tokens']:.0f} tokens "
@@ -118,12 +119,20 @@ def run_grid(args: argparse.Namespace, engine, tok, rollout_cfg, rows, retriever
     return grid
 
 
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
 def report(grid: dict) -> None:
+    """The table (per rollout, means over the repeats; tokens/s: the median rollout's, robust to a repeat slowed by
+    other work on the machine) and the RESULT lines (iterations: sums over the repeats; speed: median tokens/s)."""
     print(f"{'retriever':9s} {'added':>6s} {'scheduler':10s} {'tokens/s':>9s} {'wall s':>7s} {'iters/rollout':>13s} "
           f"{'turns/traj':>10s} {'searches/traj':>13s} {'calls':>5s} {'engine idle s':>13s}   (per rollout, mean over repeats)")
     for (transport, latency, scheduler), acc in grid.items():
         k, trajs = acc["rollouts"], acc["trajectories"]
-        print(f"{transport:9s} {latency:4d}ms {scheduler:10s} {acc['tokens'] / acc['wall_s']:9.1f} "
+        print(f"{transport:9s} {latency:4d}ms {scheduler:10s} {median(acc['rates']):9.1f} "
               f"{acc['wall_s'] / k:7.2f} {acc['iterations'] / k:13.1f} {acc['turns'] / trajs:10.2f} "
               f"{acc['searches'] / trajs:13.2f} {acc['retriever_calls'] / k:5.1f} {acc['retrieve_wait_s'] / k:13.2f}")
     base = ("inprocess", min(lat for _, lat, _ in grid))
@@ -136,7 +145,7 @@ def report(grid: dict) -> None:
         if scheduler != "continuous":
             continue
         turns = grid[(transport, latency, "turns")]
-        speedup = (acc["tokens"] / acc["wall_s"]) / (turns["tokens"] / turns["wall_s"])
+        speedup = median(acc["rates"]) / median(turns["rates"])
         name = f"rollout_continuous_over_turns_{latency}ms" if transport == "http" else \
             f"rollout_continuous_over_turns_inprocess_{latency}ms"
         print(f"RESULT {name} {speedup:.3f}")

@@ -10,8 +10,9 @@ Each QA row is repeated ``n`` times (``group_id`` = row index). Two schedulers a
   observation is ready, trajectories finish in any order, and the searches that become ready while no retrieval is
   running go to the retriever as one batch, while the engine keeps decoding the others.
 
-Each turn the engine samples until ``</search>``, ``</answer>``, eos or ``max_tokens_per_turn``. Then each trajectory's turn is classified on the decoded text of the turn's generated
-ids (Search-R1's rule: the first ``<(search|answer)> .. </\\1>`` in the turn):
+Each turn the engine samples until ``</search>``, ``</answer>``, eos or ``max_tokens_per_turn``. Then each
+trajectory's turn is classified on the decoded text of the turn's generated ids (Search-R1's rule: the first
+``<(search|answer)> .. </\\1>`` in the turn):
 
 - closed ``<answer> .. </answer>``           -> the trajectory ends (finish_reason ``answer``);
 - closed ``<search> q </search>`` (q non-empty) -> q joins a batched ``retriever.search`` call; the
@@ -25,9 +26,10 @@ without a closed answer (a search, anything else) counts as an invalid action an
 finish_reason ``length`` if that turn hit ``max_tokens_per_turn``, else ``max_turns``; nothing is appended after it.
 
 Length budget: ``len(prompt_ids) + len(response_ids) <= max_total_length``. A turn's output is cut to the remaining
-budget; a trajectory that fills the budget (or whose next observation would fill it, leaving no token to generate)
-ends with ``truncated=True`` and finish_reason ``truncated`` unless that very turn closed an answer. An observation
-that does not fit is not appended (a partial observation before the end would train nothing).
+budget (the continuous scheduler asks the engine for no more than the budget: the same ids); a trajectory that fills
+the budget (or whose next observation would fill it, leaving no token to generate) ends with ``truncated=True`` and
+finish_reason ``truncated`` unless that very turn closed an answer. An observation that does not fit is not appended
+(a partial observation before the end would train nothing).
 
 Observation (Search-R1's format, ``prompts.format_observation``): tokenised in one piece when it fits in
 ``max_obs_length`` tokens (then its ids are Search-R1's); otherwise the ``<information>`` body (documents) is cut so
