@@ -264,7 +264,8 @@ def _clean_env():
 
 
 def test_two_ranks_each_with_its_own_engine_and_seed(vllm_world, tmp_path):
-    """torch.distributed.run, 2 processes, gloo group first; rank r makes 2 + 3 r generate calls (no lockstep)."""
+    """torch.distributed.run, 2 processes, gloo group first; rank r makes 2 + 3 r generate calls and steps its
+    engine through 1 + 2 r requests of the request-level API (no lockstep)."""
     import json
     import subprocess
     import sys
@@ -280,6 +281,10 @@ def test_two_ranks_each_with_its_own_engine_and_seed(vllm_world, tmp_path):
     assert [r["env"] for r in ranks] == [{"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2"} for r in (0, 1)]
     assert ranks[0]["calls"][0] != ranks[1]["calls"][0]  # independent samplers
     assert len({tuple(map(tuple, c)) for c in ranks[1]["calls"]}) > 1  # a rank's calls are not replays
+    for r, res in enumerate(ranks):
+        assert sorted(res["stream"]) == [f"rank{r}-{k}" for k in range(1 + 2 * r)]
+        assert all(1 <= res["stream"][f"rank{r}-{k}"] <= 4 + 4 * k for k in range(1 + 2 * r))
+        assert res["stream_steps"] >= max(res["stream"].values())
 
 
 def test_eval_cli_with_the_vllm_backend_equals_the_hf_backend(vllm_world, tmp_path):
