@@ -1,13 +1,30 @@
-"""Agent-loop throughput on the tiny policy (CPU): generated tokens per second; the loop's own work (prompt building,
-decoding for action parsing, observation tokenising, masks, spans, rewards) over generation time,
+"""Rollout throughput on the tiny policy (CPU), in two parts.
+
+HF (``--part hf``): the turn-batched agent loop on the HF backend: generated tokens per second; the loop's own work
+(prompt building, decoding for action parsing, observation tokenising, masks, spans, rewards) over generation time,
 ``RESULT rollout_loop_work_over_generation`` (target <= 0.10); and the share of wall time spent outside the engine's
-``generate``, the retrieval calls included, ``RESULT rollout_overhead_frac`` (with the world's e5-style encoder on CPU,
-retrieval is most of it).
+``generate``, the retrieval calls included, ``RESULT rollout_overhead_frac``. The world defaults to ``.cache/world``
+when built, else the test world of tests/conftest.py (built on demand). One warm-up rollout, then one measured.
 
-    .venv/bin/python benchmarks/bench_rollout.py [--world DIR] [--rows 16 --n 4]
+Schedulers (``--part schedulers``): the turn-batched loop and the continuous scheduler (rollout/continuous.py) on ONE
+vLLM CPU engine and the same prompts, at the demo's shapes (configs/tiny.yaml: 16 prompts x 8 responses, temperature
+1, 3 searches + the answer-only turn, 48 tokens per turn, top-3 documents), with the retriever in process and over
+HTTP (the project's service, ``python -m retriever serve`` on the world's index in a child process, queried
+through RetrieverClient), each with 0 / 20 / 100 ms added before every retriever call. Per run: generated tokens per second,
+wall time, decode iterations (turn-batched: the sum over turns of the turn's longest output, what an engine that
+runs a turn's requests together iterates; continuous: the engine steps taken). Rollouts are sampled, so each
+configuration runs ``--repeats`` times with the schedulers alternating; iterations are summed over the repeats, and
+tokens/s is the median rollout's (a shared machine slows single rollouts by 2x at times).
 
-The world defaults to ``.cache/world`` when built, else the test world of tests/conftest.py (built on demand).
-Retrieval is the real in-process retriever over the world's index. One warm-up rollout, then one measured rollout.
+    RESULT rollout_decode_iterations_turns_over_continuous   (in process, 0 ms; target >= 1.3)
+    RESULT rollout_continuous_over_turns_<latency>ms        (tokens/s ratio over HTTP)
+    RESULT rollout_continuous_over_turns_inprocess_<latency>ms
+
+The engine's world: ``--vllm-world`` (a world whose model's head size vLLM's CPU kernels take, 32..512), default the
+engine world of tests/test_vllm_engine.py (built on demand). Ratios are within one run, on one engine.
+
+    .venv/bin/python benchmarks/bench_rollout.py [--part all|hf|schedulers] [--world DIR] [--rows 16 --n 4]
+        [--vllm-world DIR] [--sched-rows 16 --sched-n 8 --repeats 2]
 """
 
 from __future__ import annotations
@@ -42,14 +59,28 @@ def find_world(arg: str | None) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--part", choices=["all", "hf", "schedulers"], default="all")
     ap.add_argument("--world", default=None)
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--n", type=int, default=4, help="responses per row (rows * n = batch, default 64)")
     ap.add_argument("--max-turns", type=int, default=2)
     ap.add_argument("--max-tokens-per-turn", type=int, default=64)
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
+    ap.add_argument("--vllm-world", default=None, help="the schedulers' engine world (default: the test engine world)")
+    ap.add_argument("--sched-rows", type=int, default=16, help="prompts per rollout (the demo's 16)")
+    ap.add_argument("--sched-n", type=int, default=8, help="responses per prompt (the demo's group size 8)")
+    ap.add_argument("--repeats", type=int, default=2, help="rollouts per scheduler and configuration")
+    ap.add_argument("--latencies-ms", default="0,20,100", help="added per retriever call, comma-separated")
     args = ap.parse_args()
+    if args.part in ("all", "hf"):
+        measure_hf(args)
+    if args.part in ("all", "schedulers"):
+        from rollout_schedulers import measure_schedulers
 
+        measure_schedulers(args)
+
+
+def measure_hf(args: argparse.Namespace) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

