@@ -19,7 +19,7 @@ the same per-trajectory rules (turn_rules.py), on an engine with a request-level
 
 Token bookkeeping is the turn-batched loop's: the same functions append the same ids, masks and log-probs for the
 same engine outputs, so at greedy decoding the two schedulers give the same trajectories token for token
-(tests/test_continuous_scheduler.py, tests/test_vllm_scheduler.py). Request ids are unique per process
+(tests/test_continuous_scheduler.py, tests/test_vllm_engine.py). Request ids are unique per process
 (``rollout-<serial>``); a rollout that fails midway (the retriever, the engine) aborts its unfinished requests
 before the error propagates, so the engine is clean for the next call.
 """
