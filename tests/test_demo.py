@@ -6,6 +6,7 @@ import json
 import pytest
 
 from searchr1_lld import demo
+from searchr1_lld.lab import demo_report
 
 
 def _rec(rid, em, hops, pred="x"):
@@ -16,10 +17,10 @@ def _rec(rid, em, hops, pred="x"):
 def test_pick_example_prefers_a_multi_hop_win():
     before = {"a": _rec("a", 0.0, 1), "b": _rec("b", 0.0, 2), "c": _rec("c", 1.0, 2), "d": _rec("d", 0.0, 2)}
     after = {"a": _rec("a", 1.0, 1), "b": _rec("b", 0.0, 2), "c": _rec("c", 1.0, 2), "d": _rec("d", 1.0, 2)}
-    assert demo.pick_example(before, after) == "d"  # the only multi-hop question won by training
+    assert demo_report.pick_example(before, after) == "d"  # the only multi-hop question won by training
     del after["d"]
-    assert demo.pick_example(before, after) == "a"  # else any win
-    assert demo.pick_example(before, {"a": _rec("a", 0.0, 1)}) is None  # no win: nothing to show
+    assert demo_report.pick_example(before, after) == "a"  # else any win
+    assert demo_report.pick_example(before, {"a": _rec("a", 0.0, 1)}) is None  # no win: nothing to show
 
 
 def test_pick_example_prefers_a_multi_hop_win_that_searched_each_hop():
@@ -28,13 +29,16 @@ def test_pick_example_prefers_a_multi_hop_win_that_searched_each_hop():
     before = {k: _rec(k, 0.0, 2) for k in "abc"}
     after = {k: _rec(k, 1.0, 2) for k in "abc"}
     after["c"]["queries"] = ["s", "bridge"]
-    assert demo.pick_example(before, after) == "c"
-    after["c"]["queries"] = ["s"]
-    assert demo.pick_example(before, after) == "a"  # none searched twice: the first multi-hop win
+    assert demo_report.pick_example(before, after) == "c"
+    after["b"]["queries"] = ["s", "bridge"]
+    before["c"]["queries"] = ["s", "bridge"]  # the warm start made the second search on c already
+    assert demo_report.pick_example(before, after) == "b"  # the second search the trained policy learned
+    after["b"]["queries"] = after["c"]["queries"] = ["s"]
+    assert demo_report.pick_example(before, after) == "a"  # none searched twice: the first multi-hop win
 
 
 def test_format_example_shows_both_trajectories_cut_to_width():
-    text = demo.format_example("a", _rec("a", 0.0, 1, pred="1790"), _rec("a", 1.0, 1, pred="1834"), width=50)
+    text = demo_report.format_example("a", _rec("a", 0.0, 1, pred="1790"), _rec("a", 1.0, 1, pred="1834"), width=50)
     assert "q a?" in text and "'1790'" in text and "'1834'" in text
     assert text.count(" ...") == 2  # both long responses cut
     assert text.splitlines()[1].startswith("--- warm start (EM 0") and "--- trained (EM 1" in text
@@ -52,7 +56,7 @@ def _selection(tmp_path, curves, warm_em=0.30, world_hash="h", warm_hash=None):
 
 
 def test_choose_takes_the_best_validation_step_over_the_selection_runs(tmp_path):
-    from searchr1_lld.demo import choose, selection_overrides
+    from searchr1_lld.lab.selection import choose, selection_overrides
 
     assert choose(tmp_path) is None
     _selection(tmp_path, ((5e-4, [[5, 0.30], [10, 0.42]]), (1e-3, [[5, 0.42], [10, 0.40]]), (2e-3, [[5, 0.10]])))
@@ -64,7 +68,7 @@ def test_choose_takes_the_best_validation_step_over_the_selection_runs(tmp_path)
 
 
 def test_the_warm_start_is_chosen_when_no_step_beats_it(tmp_path):
-    from searchr1_lld.demo import choose, selection_overrides
+    from searchr1_lld.lab.selection import choose, selection_overrides
 
     _selection(tmp_path, ((5e-4, [[5, 0.30], [10, 0.28]]), (1e-3, [[5, 0.12]])), warm_em=0.30)
     chosen = choose(tmp_path)
@@ -73,8 +77,7 @@ def test_the_warm_start_is_chosen_when_no_step_beats_it(tmp_path):
 
 
 def test_the_selection_refuses_a_missing_warm_start_or_mixed_worlds(tmp_path):
-    from searchr1_lld.demo import choose
-    from searchr1_lld.lab.selection import warm_start_file
+    from searchr1_lld.lab.selection import choose, warm_start_file
 
     _selection(tmp_path, ((5e-4, [[5, 0.30]]),), world_hash="other", warm_hash="h")
     with pytest.raises(ValueError, match="different worlds"):
@@ -88,7 +91,7 @@ QUESTIONS = [{"id": f"q{k}", "hops": 1 + k % 2, "subject": f"s{k // 2}", "train_
 
 
 def _summary(gain_lo: float = 0.05, steps: int = 25, seed: int = 0) -> dict:
-    from searchr1_lld.demo import em_intervals, gain_intervals, question_slices
+    from searchr1_lld.lab.demo_report import em_intervals, gain_intervals, question_slices
 
     before = {q["id"]: int(q["id"] in ("q0", "q2")) for q in QUESTIONS}
     after = {q["id"]: int(q["id"] in ("q0", "q1", "q2", "q3", "q5")) for q in QUESTIONS}
@@ -103,7 +106,7 @@ def _summary(gain_lo: float = 0.05, steps: int = 25, seed: int = 0) -> dict:
 
 
 def test_slices_intervals_and_the_claim_by_hand():
-    from searchr1_lld.demo import claimed, em_intervals, gain_intervals, question_slices
+    from searchr1_lld.lab.demo_report import claimed, em_intervals, gain_intervals, question_slices
 
     slices = question_slices(QUESTIONS)
     assert slices["1-hop"] == ["q0", "q2", "q4", "q6"] and slices["not_guessable"] == [f"q{k}" for k in range(2, 8)]
@@ -117,7 +120,7 @@ def test_slices_intervals_and_the_claim_by_hand():
 
 
 def test_readme_line_and_table_show_the_baselines_intervals_and_the_claim():
-    from searchr1_lld.demo import em_table, readme_line
+    from searchr1_lld.lab.demo_report import em_table, readme_line
 
     s = _summary()
     line = readme_line(s)
@@ -136,7 +139,7 @@ def test_readme_line_and_table_show_the_baselines_intervals_and_the_claim():
 
 
 def test_seeds_summary_reports_every_seed_and_the_spread(tmp_path):
-    from searchr1_lld.demo import seeds_summary, write_seeds_report
+    from searchr1_lld.lab.demo_report import seeds_summary, write_seeds_report
 
     seeds = seeds_summary([_summary(seed=0), _summary(seed=1, gain_lo=-0.1)])
     assert [(r["seed"], r["claimed"]) for r in seeds["seeds"]] == [(0, True), (1, False)]
@@ -149,7 +152,7 @@ def test_seeds_summary_reports_every_seed_and_the_spread(tmp_path):
 
 
 def test_replace_readme_line_swaps_the_one_demo_line():
-    from searchr1_lld.demo import replace_readme_line
+    from searchr1_lld.lab.demo_report import replace_readme_line
 
     assert replace_readme_line("a\nDemo result: old\nb", "Demo result: new") == "a\nDemo result: new\nb"
     with pytest.raises(ValueError):
@@ -157,7 +160,8 @@ def test_replace_readme_line_swaps_the_one_demo_line():
 
 
 def test_the_report_names_its_dir_relative_to_the_repository(tmp_path):
-    from searchr1_lld.demo import REPO, repo_relative
+    from searchr1_lld.lab.demo_report import repo_relative
+    from searchr1_lld.lab.methods import REPO_ROOT as REPO
 
     assert repo_relative(REPO / "docs" / "demo") == "docs/demo"
     assert repo_relative(tmp_path) == str(tmp_path.resolve())

@@ -54,13 +54,13 @@ def clustered_bootstrap(per_run: Sequence[Mapping[str, float]], ids: Sequence[st
     a = _cluster_sums(per_run, ids, cluster_of, len(names))  # [R, K]
     b = _cluster_sums(other, ids, cluster_of, len(names)) if other is not None else None
     rng = np.random.default_rng(seed)
-    stats = np.empty(n)
-    for rep in range(n):
-        weight = np.bincount(rng.integers(0, len(names), len(names)), minlength=len(names))  # [K] times drawn
-        value = a[rng.integers(0, len(a), len(a))].mean(0) @ weight / (sizes @ weight)
-        if b is not None:
-            value -= b[rng.integers(0, len(b), len(b))].mean(0) @ weight / (sizes @ weight)
-        stats[rep] = value
+    k = len(names)
+    drawn = rng.integers(0, k, (n, k)) + k * np.arange(n)[:, None]  # [n, K] subjects drawn, one row per replicate
+    weight = np.bincount(drawn.ravel(), minlength=n * k).reshape(n, k)  # [n, K] times each subject is drawn
+    counted = weight @ sizes  # [n] questions counted per replicate
+    stats = (a[rng.integers(0, len(a), (n, len(a)))].mean(1) * weight).sum(1) / counted  # [n]
+    if b is not None:
+        stats -= (b[rng.integers(0, len(b), (n, len(b)))].mean(1) * weight).sum(1) / counted
     point = a.sum(1).mean() / len(ids) - (b.sum(1).mean() / len(ids) if b is not None else 0.0)
     lo, hi = np.percentile(stats, [100 * (1 - LEVEL) / 2, 100 * (1 + LEVEL) / 2])
     return {"mean": float(point), "lo": float(lo), "hi": float(hi), "runs": len(per_run), "questions": len(ids),
