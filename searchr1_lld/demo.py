@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -66,11 +67,13 @@ def _read_trajectories(eval_dir: Path) -> dict[str, dict]:
     return {r["id"]: r for r in read_jsonl(path)} if path.is_file() else {}
 
 
-def _evaluate(cfg_file: Path, world: Path, split: str, policies: dict[str, Path], out: Path) -> dict[str, dict]:
-    """Greedy ``eval.py`` of ``policies`` (name -> policy dir) on every question of the world's ``split`` into
-    ``out/<name>``; per name, the trajectories by question id. RuntimeError with the evaluator's error output."""
+def _evaluate(cfg_file: Path, world: Path, split: str, policies: dict[str, Path], out: Path,
+              limit: int = 0) -> dict[str, dict]:
+    """Greedy ``eval.py`` of ``policies`` (name -> policy dir) on the world's ``split`` (the first ``limit``
+    questions; 0 = every one) into ``out/<name>``; per name, the trajectories by question id. RuntimeError with the
+    evaluator's error output."""
     cmd = [sys.executable, str(REPO / "eval.py"), "--datasets", f"synthetic={world / 'qa' / SPLIT_FILES[split]}",
-           "--config", str(cfg_file), "--out", str(out), "--limit", "0", "--overwrite",
+           "--config", str(cfg_file), "--out", str(out), "--limit", str(limit), "--overwrite",
            "--compare", *(f"{name}={path}" for name, path in policies.items())]
     proc = subprocess.run(cmd, cwd=REPO, text=True, capture_output=True)
     if proc.returncode != 0:
@@ -84,18 +87,24 @@ def _correct(trajectories: dict[str, dict]) -> dict[str, int]:
 
 
 def measure_warm_start(cfg: Config, world: Path, select_dir: Path, out: Path) -> dict[str, Any]:
-    """Step 0 of the selection: the warm start's greedy validation EM and per-question result, in
-    :func:`warm_start_file` (measured once per world: reused while the world's config hash is the same)."""
+    """Step 0 of the selection: the warm start's greedy validation EM and per-question result on the questions the
+    selection runs score, in :func:`warm_start_file` (measured once per world: reused while the world's config hash
+    is the same)."""
     world_hash = (read_card(world) or {}).get("config_hash")
     known = read_warm_start(select_dir)
     if known is not None and known.get("world_hash") == world_hash:
         return known
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "config.yaml")
-    correct = _correct(_evaluate(out / "config.yaml", world, "val", {"warm_start": world / "model"}, out)["warm_start"])
+    limit = cfg.trainer.eval_limit or cfg.eval.limit  # the questions the selection runs' curves score
+    correct = _correct(_evaluate(out / "config.yaml", world, "val", {"warm_start": world / "model"}, out,
+                                 limit)["warm_start"])
     record = {"val_em": sum(correct.values()) / len(correct), "world_hash": world_hash, "correct": correct}
-    warm_start_file(select_dir).parent.mkdir(parents=True, exist_ok=True)
-    warm_start_file(select_dir).write_text(json.dumps(record, indent=2) + "\n")
+    path = warm_start_file(select_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # whole, then moved: the grid runs two selection runs at once
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    tmp.replace(path)
     return record
 
 
