@@ -157,7 +157,7 @@ def em_table(em: dict[str, dict[str, dict]], gain: dict[str, dict], slice_n: dic
 def _selection_lines(ch: dict) -> list[str]:
     cand = [f"| {'-' if c['lr'] is None else format(c['lr'], 'g')} | {c['steps']} | {c['val_em']:.2f} |"
             for c in ch["candidates"]]
-    return ["## The selection (validation split)", "", ch["procedure"] + ".", "",
+    return ["## The selection (validation split)", "", ch["procedure"][:1].upper() + ch["procedure"][1:] + ".", "",
             "| lr | step | validation EM |", "|---:|---:|---:|", *cand, ""]
 
 
