@@ -1,8 +1,12 @@
-"""The demo: its before/after example, the choice of its settings on validation, its result line (pure, no training)."""
+"""The demo: its before/after example, the choice of its settings on validation (step 0 a candidate), the claim and
+the intervals, its result line (pure), and the recipe end to end on the test world."""
 
 import json
 
+import pytest
+
 from searchr1_lld import demo
+from searchr1_lld.lab import demo_report
 
 
 def _rec(rid, em, hops, pred="x"):
@@ -13,10 +17,10 @@ def _rec(rid, em, hops, pred="x"):
 def test_pick_example_prefers_a_multi_hop_win():
     before = {"a": _rec("a", 0.0, 1), "b": _rec("b", 0.0, 2), "c": _rec("c", 1.0, 2), "d": _rec("d", 0.0, 2)}
     after = {"a": _rec("a", 1.0, 1), "b": _rec("b", 0.0, 2), "c": _rec("c", 1.0, 2), "d": _rec("d", 1.0, 2)}
-    assert demo.pick_example(before, after) == "d"  # the only multi-hop question won by training
+    assert demo_report.pick_example(before, after) == "d"  # the only multi-hop question won by training
     del after["d"]
-    assert demo.pick_example(before, after) == "a"  # else any win
-    assert demo.pick_example(before, {"a": _rec("a", 0.0, 1)}) is None  # no win: nothing to show
+    assert demo_report.pick_example(before, after) == "a"  # else any win
+    assert demo_report.pick_example(before, {"a": _rec("a", 0.0, 1)}) is None  # no win: nothing to show
 
 
 def test_pick_example_prefers_a_multi_hop_win_that_searched_each_hop():
@@ -25,55 +29,130 @@ def test_pick_example_prefers_a_multi_hop_win_that_searched_each_hop():
     before = {k: _rec(k, 0.0, 2) for k in "abc"}
     after = {k: _rec(k, 1.0, 2) for k in "abc"}
     after["c"]["queries"] = ["s", "bridge"]
-    assert demo.pick_example(before, after) == "c"
-    after["c"]["queries"] = ["s"]
-    assert demo.pick_example(before, after) == "a"  # none searched twice: the first multi-hop win
+    assert demo_report.pick_example(before, after) == "c"
+    after["b"]["queries"] = ["s", "bridge"]
+    before["c"]["queries"] = ["s", "bridge"]  # the warm start made the second search on c already
+    assert demo_report.pick_example(before, after) == "b"  # the second search the trained policy learned
+    after["b"]["queries"] = after["c"]["queries"] = ["s"]
+    assert demo_report.pick_example(before, after) == "a"  # none searched twice: the first multi-hop win
 
 
 def test_format_example_shows_both_trajectories_cut_to_width():
-    text = demo.format_example("a", _rec("a", 0.0, 1, pred="1790"), _rec("a", 1.0, 1, pred="1834"), width=50)
+    text = demo_report.format_example("a", _rec("a", 0.0, 1, pred="1790"), _rec("a", 1.0, 1, pred="1834"), width=50)
     assert "q a?" in text and "'1790'" in text and "'1834'" in text
     assert text.count(" ...") == 2  # both long responses cut
     assert text.splitlines()[1].startswith("--- warm start (EM 0") and "--- trained (EM 1" in text
 
 
+def _selection(tmp_path, curves, warm_em=0.30, world_hash="h", warm_hash=None):
+    """Hand-made selection results in ``tmp_path``: one run per (lr, curve), the warm start's validation EM."""
+    from searchr1_lld.lab.selection import selection_file, warm_start_file
+
+    for lr, curve in curves:
+        selection_file(tmp_path, lr).write_text(json.dumps({"lr": lr, "seed": 0, "steps": 10, "eval_every": 5,
+                                                            "world_hash": world_hash, "val_curve": curve}))
+    warm_start_file(tmp_path).write_text(json.dumps({"val_em": warm_em, "world_hash": warm_hash or world_hash,
+                                                     "correct": {}}))
+
+
 def test_choose_takes_the_best_validation_step_over_the_selection_runs(tmp_path):
-    from searchr1_lld.demo import choose, selection_file, selection_overrides
+    from searchr1_lld.lab.selection import choose, selection_overrides
 
     assert choose(tmp_path) is None
-    for lr, curve in ((5e-4, [[5, 0.30], [10, 0.42]]), (1e-3, [[5, 0.42], [10, 0.40]]), (2e-3, [[5, 0.10]])):
-        selection_file(tmp_path, lr).write_text(json.dumps({"lr": lr, "seed": 0, "steps": 10, "eval_every": 5,
-                                                            "val_curve": curve}))
+    _selection(tmp_path, ((5e-4, [[5, 0.30], [10, 0.42]]), (1e-3, [[5, 0.42], [10, 0.40]]), (2e-3, [[5, 0.10]])))
     chosen = choose(tmp_path)
     assert (chosen["lr"], chosen["steps"], chosen["val_em"]) == (1e-3, 5, 0.42)  # a tie: fewer steps first
-    assert len(chosen["candidates"]) == 5 and "0.0005, 0.001, 0.002" in chosen["procedure"]
+    assert len(chosen["candidates"]) == 6 and "0.0005, 0.001, 0.002" in chosen["procedure"]
+    assert chosen["candidates"][0] == {"lr": None, "steps": 0, "val_em": 0.30}  # the warm start is a candidate
     assert selection_overrides(chosen)[-2:] == ["trainer.lr=0.001", "trainer.total_steps=5"]
 
 
-def test_readme_line_and_table_show_the_baselines_and_the_slice():
-    from searchr1_lld.demo import readme_line, slice_table
+def test_the_warm_start_is_chosen_when_no_step_beats_it(tmp_path):
+    from searchr1_lld.lab.selection import choose, selection_overrides
 
-    em = {k: {"all": a, "not_guessable": g, "1-hop": a, "2-hop": a} for k, a, g in
-          (("majority", 0.16, 0.0), ("warm_start_no_retrieval", 0.05, 0.0), ("warm_start", 0.3, 0.2),
-           ("trained", 0.5, 0.41))}
-    summary = {"test_em": em, "seed": 0, "machine": "AMD EPYC 7B13, 2 cores",
-               "selection": {"lr": 1e-3, "steps": 25}, "test_questions": 100}
-    # 2 x sqrt(0.3 x 0.7 / 100) = 0.092
-    assert readme_line(summary) == (
-        "Demo result: test EM 0.30 -> 0.50, not-guessable slice 0.20 -> 0.41, majority-answer baseline 0.16 (seed 0, "
-        "lr 0.001 and 25 steps chosen on validation, 2-core AMD EPYC 7B13); the change, +0.20, is beyond ±0.09, two "
-        "binomial standard errors of one run's EM on 100 questions")
-    em["trained"]["all"] = 0.25
-    assert "the change, -0.05, is within ±0.09" in readme_line(summary)
-    table = slice_table(em, {"all": 100, "not_guessable": 44})
-    assert "| test EM | all (100) | not guessable (44) | 1-hop | 2-hop |" in table
-    assert "| majority training answer per question type | 0.16 | 0.00 | 0.16 | 0.16 |" in table
+    _selection(tmp_path, ((5e-4, [[5, 0.30], [10, 0.28]]), (1e-3, [[5, 0.12]])), warm_em=0.30)
+    chosen = choose(tmp_path)
+    assert (chosen["lr"], chosen["steps"]) == (None, 0)  # a tie with step 5: fewer steps, nothing trained
+    assert selection_overrides(chosen) == []
+
+
+def test_the_selection_refuses_a_missing_warm_start_or_mixed_worlds(tmp_path):
+    from searchr1_lld.lab.selection import choose, warm_start_file
+
+    _selection(tmp_path, ((5e-4, [[5, 0.30]]),), world_hash="other", warm_hash="h")
+    with pytest.raises(ValueError, match="different worlds"):
+        choose(tmp_path)
+    warm_start_file(tmp_path).unlink()
+    with pytest.raises(ValueError, match="step 0"):
+        choose(tmp_path)
+
+
+QUESTIONS = [{"id": f"q{k}", "hops": 1 + k % 2, "subject": f"s{k // 2}", "train_answer": k < 2} for k in range(8)]
+
+
+def _summary(gain_lo: float = 0.05, steps: int = 25, seed: int = 0) -> dict:
+    from searchr1_lld.lab.demo_report import em_intervals, gain_intervals, question_slices
+
+    before = {q["id"]: int(q["id"] in ("q0", "q2")) for q in QUESTIONS}
+    after = {q["id"]: int(q["id"] in ("q0", "q1", "q2", "q3", "q5")) for q in QUESTIONS}
+    none = {q["id"]: 0 for q in QUESTIONS}
+    em = {k: em_intervals(c, QUESTIONS) for k, c in (("majority", none), ("warm_start_no_retrieval", none),
+                                                      ("warm_start", before), ("trained", after))}
+    val_gain = {"all": {"mean": 0.2, "lo": gain_lo, "hi": 0.4}}
+    return {"test_em": em, "test_gain": gain_intervals(before, after, QUESTIONS), "seed": seed,
+            "slice_n": {k: len(v) for k, v in question_slices(QUESTIONS).items()}, "test_subjects": 4,
+            "machine": "AMD EPYC 7B13, 2 cores", "selection": {"lr": 1e-3, "steps": steps},
+            "validation": {"gain": val_gain, "claimed": {"all": gain_lo > 0}}}
+
+
+def test_slices_intervals_and_the_claim_by_hand():
+    from searchr1_lld.lab.demo_report import claimed, em_intervals, gain_intervals, question_slices
+
+    slices = question_slices(QUESTIONS)
+    assert slices["1-hop"] == ["q0", "q2", "q4", "q6"] and slices["not_guessable"] == [f"q{k}" for k in range(2, 8)]
+    before = {q["id"]: 0 for q in QUESTIONS}
+    after = {q["id"]: int(q["hops"] == 2) for q in QUESTIONS}  # every two-hop question won, no single-hop one
+    gain = gain_intervals(before, after, QUESTIONS)
+    assert gain["2-hop"] == {**gain["2-hop"], "mean": 1.0, "lo": 1.0, "hi": 1.0, "clusters": 4}
+    assert gain["1-hop"]["mean"] == 0.0 and gain["all"]["mean"] == 0.5
+    assert claimed(gain) == {"all": True, "not_guessable": True, "1-hop": False, "2-hop": True}
+    assert em_intervals(after, QUESTIONS)["all"]["questions"] == 8
+
+
+def test_readme_line_and_table_show_the_baselines_intervals_and_the_claim():
+    from searchr1_lld.lab.demo_report import em_table, readme_line
+
+    s = _summary()
+    line = readme_line(s)
+    assert line.startswith("Demo result: test EM 0.25 -> 0.62, gain 0.38 [")
+    assert "two-hop (4) 0.00 -> 0.75, gain 0.75 [" in line and "majority-answer baseline 0.00" in line
+    assert "8 test questions over 4 subjects, 95 % paired bootstrap over subjects" in line
+    assert "lr 0.001 and 25 steps chosen on validation, where the gain is claimed: on validation it is 0.20 [0.05, " \
+           "0.40], above 0" in line
+    assert "no gain is claimed: on validation it is 0.20 [-0.10, 0.40], which does not exclude 0" in \
+           readme_line(_summary(gain_lo=-0.1))
+    assert "the warm start (step 0) chosen on validation: nothing trained" in readme_line(_summary(steps=0))
+    table = em_table(s["test_em"], s["test_gain"], s["slice_n"], "test")
+    assert "| test EM [95 % CI] | all (8) | not guessable (6) | 1-hop (4) | 2-hop (4) |" in table
+    assert "| majority training answer per question type | 0.00 [0.00, 0.00] |" in table
+    assert "| gain: trained - warm start | 0.38 [" in table
+
+
+def test_seeds_summary_reports_every_seed_and_the_spread(tmp_path):
+    from searchr1_lld.lab.demo_report import seeds_summary, write_seeds_report
+
+    seeds = seeds_summary([_summary(seed=0), _summary(seed=1, gain_lo=-0.1)])
+    assert [(r["seed"], r["claimed"]) for r in seeds["seeds"]] == [(0, True), (1, False)]
+    assert seeds["spread"]["gain_all"]["min"] == seeds["spread"]["gain_all"]["max"] == 0.375
+    assert seeds["spread"]["gain_2-hop"]["std"] == 0.0
+    write_seeds_report(tmp_path, seeds, "python -m searchr1_lld.demo --seeds 0,1 --report docs/demo/seeds")
+    text = (tmp_path / "README.md").read_text()
+    assert "| 0 | 0.25 | 0.62 | 0.38 [" in text and "[seed1](seed1/README.md)" in text
+    assert json.loads((tmp_path / "seeds.json").read_text()) == seeds
 
 
 def test_replace_readme_line_swaps_the_one_demo_line():
-    import pytest
-
-    from searchr1_lld.demo import replace_readme_line
+    from searchr1_lld.lab.demo_report import replace_readme_line
 
     assert replace_readme_line("a\nDemo result: old\nb", "Demo result: new") == "a\nDemo result: new\nb"
     with pytest.raises(ValueError):
@@ -81,7 +160,45 @@ def test_replace_readme_line_swaps_the_one_demo_line():
 
 
 def test_the_report_names_its_dir_relative_to_the_repository(tmp_path):
-    from searchr1_lld.demo import REPO, repo_relative
+    from searchr1_lld.lab.demo_report import repo_relative
+    from searchr1_lld.lab.methods import REPO_ROOT as REPO
 
     assert repo_relative(REPO / "docs" / "demo") == "docs/demo"
     assert repo_relative(tmp_path) == str(tmp_path.resolve())
+TOY_TRAINING = ["trainer.train_batch_size=2", "rollout.n=2", "trainer.ppo_mini_batch_size=2", "rollout.max_turns=2",
+                "rollout.max_tokens_per_turn=24", "rollout.max_obs_length=60", "trainer.micro_batch_token_budget=1000",
+                "trainer.probe_size=2", "logging.progress_bar=false"]
+
+
+@pytest.mark.slow
+def test_the_recipe_trains_claims_on_validation_and_tests_once_on_the_test_world(tmp_path, tiny_world):
+    """``python -m searchr1_lld.demo --seeds 1 --report DIR`` on the test world with a hand-made selection whose
+    best candidate is one step at lr 1e-3 (so the training path runs): the seed's report, its validation claim,
+    every test figure with an interval over the world's subjects, and the seeds' report."""
+    import dataclasses
+
+    import yaml
+
+    from conftest import TEST_WORLD_CONFIG
+    from searchr1_lld.world import read_card
+
+    world_yaml = tmp_path / "world.yaml"
+    world_yaml.write_text(yaml.safe_dump(dataclasses.asdict(TEST_WORLD_CONFIG), sort_keys=False))
+    select = tmp_path / "select"
+    select.mkdir()
+    _selection(select, ((1e-3, [[1, 0.5]]),), warm_em=0.0, world_hash=read_card(tiny_world)["config_hash"])
+    report = tmp_path / "seeds"
+    rc = demo.main(["--world", str(world_yaml), "--world-dir", str(tiny_world), "--select-dir", str(select),
+                    "--seeds", "1", "--report", str(report), *TOY_TRAINING, f"trainer.output_dir={tmp_path / 'runs'}"])
+    assert rc == 0
+    s = json.loads((report / "seed1" / "summary.json").read_text())
+    assert (s["seed"], s["steps"], s["selection"]["lr"], s["selection"]["steps"]) == (1, 1, 1e-3, 1)
+    assert set(s["test_em"]) == {"majority", "warm_start_no_retrieval", "warm_start", "trained"}
+    assert s["slice_n"]["all"] == 24 and s["slice_n"]["1-hop"] + s["slice_n"]["2-hop"] == 24
+    assert s["test_gain"]["all"]["clusters"] == s["test_subjects"] < 24  # subjects, fewer than questions
+    assert s["validation"]["questions"] == 24
+    assert s["validation"]["claimed"]["all"] == (s["validation"]["gain"]["all"]["lo"] > 0)
+    assert "## The claim (validation split)" in (report / "seed1" / "README.md").read_text()
+    seeds = json.loads((report / "seeds.json").read_text())
+    assert [r["seed"] for r in seeds["seeds"]] == [1] and "python -m searchr1_lld.demo --seeds 1" in \
+        (report / "README.md").read_text()

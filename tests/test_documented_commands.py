@@ -252,10 +252,14 @@ ENTRIES: tuple[Entry, ...] = (
         needs=("sweep_local",)),
     Run("lab_report", ("python -m searchr1_lld.lab report --runs docs/lab/runs --out docs/lab --readme README.md",),
         replace=(("--out docs/lab", "--out {work}/docs/lab"), ("README.md", "{readme_copy}"))),
-    # trainer.eval_limit=0: the demo scores all 24 test questions (its baselines always take every one)
-    Run("demo_report", ("python -m searchr1_lld.demo --report docs/demo",),
+    # a one-step selection run; its first run also scores the warm start on validation (step 0)
+    Run("demo_select", ("python -m searchr1_lld.demo --select-lr 5e-4 --select-dir docs/demo/select",),
         replace=(("docs/demo", "{work}/docs/demo"),),
-        append="--world {world_config} --world-dir {world} " + TOY_RUN + " trainer.total_steps=1 trainer.eval_limit=0"),
+        append="--select-steps 1 --select-eval-every 1 --world {world_config} --world-dir {world} " + TOY_RUN),
+    # at the settings that selection chose; the demo scores every validation and test question
+    Run("demo_report", ("python -m searchr1_lld.demo --report docs/demo --readme README.md",),
+        replace=(("docs/demo", "{work}/docs/demo"), ("README.md", "{readme_copy}")), needs=("demo_select",),
+        append="--select-dir {work}/docs/demo/select --world {world_config} --world-dir {world} " + TOY_RUN),
     Run("two_rank_ddp", (
         "accelerate launch --config_file configs/accelerate/cpu_2proc_ddp.yaml train.py --config configs/tiny.yaml "
         "...",),
@@ -294,6 +298,10 @@ ENTRIES: tuple[Entry, ...] = (
         where="tests/test_sweep.py::test_local_sweep_trains_each_run_and_collects",
         snippet='"--grid", "algorithm.llds.lam=0,0.2", "--local"',
         how="the same command with --set: toy sizes, the test world"),
+    RunByTest("demo_seeds", ("python -m searchr1_lld.demo --seeds 0,1,2 --report docs/demo/seeds",),
+              where="tests/test_demo.py::test_the_recipe_trains_claims_on_validation_and_tests_once_on_the_test_world",
+              snippet='"--seeds", "1", "--report"',
+              how="one seed on the test world, with a hand-made selection whose best candidate trains one step"),
     RunByTest("eval_compare_dirs", ("python eval.py --compare-dirs runs/grpo/eval runs/llds-ma/eval --out runs/cmp",),
               where="tests/test_eval.py::test_compare_dirs_cli", snippet='cli.main(["--compare-dirs"',
               how="two result directories written by the evaluator"),

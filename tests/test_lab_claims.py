@@ -13,7 +13,8 @@ from searchr1_lld.lab.claims_report import write_outputs
 from searchr1_lld.lab.methods import METHODS
 
 IDS = [f"q{i}" for i in range(10)]
-QUESTIONS = [{"id": i, "hops": 1, "family": "f", "train_answer": k < 4} for k, i in enumerate(IDS)]  # 6 not guessable
+QUESTIONS = [{"id": i, "hops": 1, "family": "f", "subject": f"s{k // 2}", "train_answer": k < 4}
+             for k, i in enumerate(IDS)]  # 6 not guessable; 5 subjects of 2 questions each
 
 
 def _run(method: str, lr: float, seed: int, val_em: float, n_right: int, rewards=None) -> dict:
@@ -116,15 +117,6 @@ def test_detector_sensitivity_specificity_and_lead_times_by_hand():
     assert claims.detector_claims([run(None)])["early_warning"]["sensitivity"] is None
 
 
-def test_bootstrap_resamples_runs_and_questions():
-    right, wrong = {i: 1 for i in IDS}, {i: 0 for i in IDS}
-    assert claims.bootstrap([right, wrong], IDS)["mean"] == 0.5
-    b = claims.bootstrap([right, wrong], IDS)
-    assert 0.0 <= b["lo"] < 0.5 < b["hi"] <= 1.0  # which seed is drawn matters
-    assert claims.bootstrap([right, wrong], IDS) == b  # a fixed generator: the same interval every time
-    assert claims.bootstrap([], IDS)["mean"] is None
-
-
 def test_majority_baseline_and_slices_by_hand():
     train = [{"golden_answers": [a], "metadata": {"family": f}} for f, a in
              (("river", "Sel River"), ("river", "Sel River"), ("river", "Dor River"), ("year", "1801"))]
@@ -192,7 +184,7 @@ def test_grid_tasks_end_to_end_on_the_test_world(tmp_path, tiny_world):
     assert set(rec["test"]["correct"]) == test_ids
     assert rec["test"]["em"] == pytest.approx(sum(rec["test"]["correct"].values()) / len(test_ids))
     assert [r["step"] for r in rec["records"] if "eval/val_em" in r] == [2, 3]  # the curve is validation
-    assert set(b["splits"]["val"]["questions"][0]) == {"id", "hops", "family", "train_answer"}
+    assert set(b["splits"]["val"]["questions"][0]) == {"id", "hops", "family", "subject", "train_answer"}
     assert not {q["id"] for q in b["splits"]["val"]["questions"]} & test_ids
     assert grid.run_task(str(config), 1e-3, "grpo", 0, runs_root, compact_dir, str(tiny_world)) == path
     grid.write_design(compact_dir, {"config": "quick", "methods": ["grpo"], "lrs": [1e-3], "seeds": [0]})

@@ -36,10 +36,9 @@ class PhaseThresholds:
     collapse_entropy_ratio: float = 2.0  # entropy over its early baseline
     collapse_reward_ratio: float = 0.3  # reward at or below this share of its peak = crashed
     min_peak_reward: float = 0.05  # a peak below this is too small to crash from
-    # collapse alarm: the probe set's log-likelihood this many nats/token below its best measurement. Chosen on two
-    # labs on the v5 world (8 updates as 4 epochs, and one pass at lr 2e-3: 0.5 / 0.75 / 1.0 warned 5 / 4 / 2 of 7
-    # collapses with 6 / 3 / 2 false alarms in 17 runs) and then checked on two later ones (lr 1.5e-3 and 1e-3;
-    # docs/lab.md, "The alarms")
+    # collapse alarm: the probe set's log-likelihood this many nats/token below its best measurement. Scored on the
+    # committed comparison (docs/lab/summary.json: 18 runs, 9 reward collapses) it preceded 1 of the 9 collapses and
+    # stayed quiet on 8 of the 9 other runs (docs/lab.md, "The detector, measured")
     drawdown_alarm_logp: float = 0.75
     # evidence proportional to the run: a phase (and the early warning) is reported only once its condition has held
     # on `persistence()` consecutive steps; a short run cannot be called collapsed on one noisy step
@@ -120,7 +119,7 @@ class PhaseDetector:
     signature). It names LLD, which nearly every run of the labs showed, collapsed or not.
     Drawdown alarm (the collapse alarm): the probe set's latest log-likelihood per token at least
     ``drawdown_alarm_logp`` below its best measurement so far, ``probe_best - probe_now >= drawdown_alarm_logp``. It
-    fires on far fewer runs that do not collapse (docs/lab.md, "The alarms").
+    is scored against the reward collapse in docs/lab.md, "The detector, measured".
 
     Evidence proportional to the run: the rules above give a *raw* phase per step; the reported phase is the least
     severe raw phase of the last ``thresholds.persistence()`` steps (a phase must hold that long before it is

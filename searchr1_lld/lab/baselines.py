@@ -23,6 +23,8 @@ from searchr1_lld.jsonl import read_jsonl
 from searchr1_lld.rewards import normalize_answer
 
 SLICES = ("all", "not_guessable")
+SUBJECT_KEY = "subject"  # metadata key of a world's QA row: the entity the question asks about (its cluster)
+HOPS_KEY = "hops"  # metadata key of a world's QA row: 1 (single-hop) or 2 (through a bridge entity)
 BASELINE_NAMES = ("majority", "warm_start_no_retrieval", "warm_start")
 
 
@@ -58,10 +60,30 @@ def majority_correct(rows: Sequence[dict[str, Any]], train_rows: Sequence[dict[s
     return out
 
 
+def subject_of(row: dict[str, Any]) -> str:
+    """The subject (entity) a world's QA row asks about: the cluster the intervals resample
+    (:mod:`searchr1_lld.lab.intervals`). KeyError naming the key when the row has none."""
+    meta = row.get("metadata") or {}
+    if SUBJECT_KEY not in meta:
+        raise KeyError(f"QA row {row.get('id')!r} has no metadata[{SUBJECT_KEY!r}]: not a synthetic world's row?")
+    return str(meta[SUBJECT_KEY])
+
+
+def hops_of(row: dict[str, Any]) -> int:
+    """How many searches a world's QA row needs (1: single-hop; 2: a bridge entity first)."""
+    return int(row["metadata"][HOPS_KEY])
+
+
 def question_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """What the report needs of each held-out question: id, hops, family, whether its answer is a training answer."""
-    return [{"id": str(r["id"]), "hops": r["metadata"]["hops"], "family": r["metadata"]["family"],
+    """What the report needs of each held-out question: id, hops, family, subject, whether its answer is a training
+    answer."""
+    return [{"id": str(r["id"]), "hops": hops_of(r), "family": r["metadata"]["family"], "subject": subject_of(r),
              "train_answer": bool(r["metadata"].get("train_answer"))} for r in rows]
+
+
+def subjects(questions: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """Question id -> subject, from :func:`question_table`'s rows (the clusters of the intervals)."""
+    return {q["id"]: q["subject"] for q in questions if q.get("subject") is not None}
 
 
 def slice_em(correct: dict[str, float], questions: Sequence[dict[str, Any]]) -> dict[str, float | None]:

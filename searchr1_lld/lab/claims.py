@@ -11,9 +11,10 @@ What is computed (pure: compact records in, numbers out)
     greedy EM on the validation split at the last step) and its test EM, overall and on the not-guessable slice;
     selection: per method, the learning rate with the highest mean final validation EM over its seeds (ties: the
     lower rate); the test split plays no part in it;
-    test_em_ci: per method at its selected rate, mean test EM with a 95 % bootstrap interval that resamples seeds and
-    then questions (:func:`bootstrap`), overall and on the not-guessable slice; the difference between two methods
-    resamples each method's seeds and one common draw of questions;
+    test_em_ci: per method at its selected rate, mean test EM with a 95 % bootstrap interval that resamples the
+    questions' subjects (clusters: every question of a drawn subject) and the seeds
+    (:func:`searchr1_lld.lab.intervals.clustered_bootstrap`), overall and on the not-guessable slice; the difference
+    between two methods is paired: one common draw of subjects, each method's seeds drawn on their own;
     stable learning rates: per method, the rates at which no seed's reward collapsed;
     detector: per alarm, sensitivity (collapsed runs alarmed before the collapse), specificity (runs that did not
     collapse and never alarmed) and lead times, over every run.
@@ -28,16 +29,15 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from searchr1_lld.lab.analysis import finite, lld_verdict, phase_summary, trend_summary
-from searchr1_lld.lab.baselines import BASELINE_NAMES, slice_em
+from searchr1_lld.lab.baselines import BASELINE_NAMES, slice_em, subjects
 from searchr1_lld.lab.compact import read_runs
+from searchr1_lld.lab.intervals import clustered_bootstrap, format_interval
 from searchr1_lld.lab.methods import METHODS, REPO_ROOT
 
 README_BEGIN = "<!-- lab-results:begin (python -m searchr1_lld.lab report) -->"
 README_END = "<!-- lab-results:end -->"
 DESIGN_FILE = "design.json"  # the grid the driver was started with (methods, learning rates, seeds, config)
 ALARMS = ("early_warning", "steady_decay", "accelerated_collapse", "collapse_alarm")
-N_BOOT = 2000
-BOOT_SEED = 0
 
 
 def run_claims(run: dict[str, Any], questions: Sequence[dict[str, Any]] | None) -> dict[str, Any]:
@@ -71,30 +71,6 @@ def run_claims(run: dict[str, Any], questions: Sequence[dict[str, Any]] | None) 
                      "probe_logp_start": trend["probe_logp_start"], "probe_logp_end": trend["probe_logp_end"]},
         "train_s": run.get("train_s"),
     }
-
-
-def bootstrap(per_run: Sequence[dict[str, float]], ids: Sequence[str], n: int = N_BOOT, seed: int = BOOT_SEED,
-              other: Sequence[dict[str, float]] | None = None) -> dict[str, Any]:
-    """Mean EM over runs (seeds) x questions ``ids`` and its 95 % percentile interval: each replicate draws the runs
-    with replacement, then the questions with replacement. With ``other``: the difference mean(per_run) -
-    mean(other), each side's runs drawn on their own, the questions drawn once for both."""
-    import numpy as np
-
-    if not per_run or not ids or (other is not None and not other):
-        return {"mean": None, "lo": None, "hi": None, "runs": len(per_run), "questions": len(ids)}
-    a = np.array([[float(r[i]) for i in ids] for r in per_run])
-    b = np.array([[float(r[i]) for i in ids] for r in other]) if other is not None else None
-    rng = np.random.default_rng(seed)
-    stats = np.empty(n)
-    for k in range(n):
-        q = rng.integers(0, len(ids), len(ids))
-        value = a[rng.integers(0, len(a), len(a))][:, q].mean()
-        if b is not None:
-            value -= b[rng.integers(0, len(b), len(b))][:, q].mean()
-        stats[k] = value
-    point = a.mean() - (b.mean() if b is not None else 0.0)
-    lo, hi = np.percentile(stats, [2.5, 97.5])
-    return {"mean": float(point), "lo": float(lo), "hi": float(hi), "runs": len(per_run), "questions": len(ids)}
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -147,10 +123,11 @@ def selection_claims(runs: Sequence[dict[str, Any]], design: dict[str, Any], com
 
 
 def held_out_claims(raw: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], seeds: Sequence[int],
-                chosen: dict[str, dict[str, Any]], test_ids: list[str], slice_ids: list[str]
-                ) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """Test EM with bootstrap intervals of each method at its ``chosen`` rate (all questions, the not-guessable
-    slice), and, with two methods, the difference of the second minus the first."""
+                chosen: dict[str, dict[str, Any]], test_ids: list[str], slice_ids: list[str],
+                clusters: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Test EM with subject-clustered bootstrap intervals of each method at its ``chosen`` rate (all questions, the
+    not-guessable slice; ``clusters``: question id -> subject), and, with two methods, the paired difference of the
+    second minus the first."""
     raw_by = {(r["method"], r["lr"], r["seed"]): r for r in raw}
 
     def correct_at(m: str, lr: float) -> list[dict[str, float]]:
@@ -160,13 +137,13 @@ def held_out_claims(raw: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]
     for m, ch in chosen.items():
         mine = [r for r in runs if r["method"] == m and r["lr"] == ch["lr"]]
         test_em_ci[m] = {"lr": ch["lr"], "per_seed": {str(r["seed"]): r["test_em"] for r in mine},
-                         "all": bootstrap(correct_at(m, ch["lr"]), test_ids),
-                         "not_guessable": bootstrap(correct_at(m, ch["lr"]), slice_ids)}
+                         "all": clustered_bootstrap(correct_at(m, ch["lr"]), test_ids, clusters),
+                         "not_guessable": clustered_bootstrap(correct_at(m, ch["lr"]), slice_ids, clusters)}
     difference = None
     if len(chosen) == 2:
         (a, la), (b, lb) = ((m, chosen[m]["lr"]) for m in reversed(list(chosen)))
         difference = {"of": a, "minus": b, **{
-            name: bootstrap(correct_at(a, la), ids, other=correct_at(b, lb))
+            name: clustered_bootstrap(correct_at(a, la), ids, clusters, other=correct_at(b, lb))
             for name, ids in (("all", test_ids), ("not_guessable", slice_ids))}}
     return test_em_ci, difference
 
@@ -185,7 +162,8 @@ def build_summary(runs_dir: str | Path) -> dict[str, Any]:
     selection = selection_claims(runs, design, complete)
     test_ids = [q["id"] for q in questions.get("test", [])]
     slice_ids = [q["id"] for q in questions.get("test", []) if not q["train_answer"]]
-    test_em_ci, difference = held_out_claims(raw, runs, design["seeds"], selection["chosen"], test_ids, slice_ids)
+    test_em_ci, difference = held_out_claims(raw, runs, design["seeds"], selection["chosen"], test_ids, slice_ids,
+                                             subjects(questions.get("test", [])))
     stable = {m: [c["lr"] for c in selection["grid"][m] if c["seeds"] and not c["reward_collapsed"]]
               for m in design["methods"]}
     baselines = {split: {name: slice_em(v["correct"][name], v["questions"]) for name in BASELINE_NAMES}
@@ -195,7 +173,8 @@ def build_summary(runs_dir: str | Path) -> dict[str, Any]:
         "labels": {m: METHODS[m].label for m in design["methods"]}, "runs_finished": len(runs),
         "runs_planned": expected, "complete": complete,
         "world": {k: (base or {}).get(k) for k in ("world_config", "world_hash", "world_counts")},
-        "slice_sizes": {"test": len(test_ids), "test_not_guessable": len(slice_ids)},
+        "slice_sizes": {"test": len(test_ids), "test_not_guessable": len(slice_ids),
+                        "test_subjects": len(set(subjects(questions.get("test", [])).values()))},
         "baselines": baselines.get("test", {}), "baselines_val": baselines.get("val", {}),
         "selection": selection, "test_em_ci": test_em_ci, "difference": difference, "stable_lrs": stable,
         "detector": detector_claims(runs), "runs": runs,
@@ -214,9 +193,7 @@ def _f(x: Any, nd: int = 2) -> str:
 
 
 def _ci(cell: dict[str, Any] | None) -> str:
-    if not cell or cell.get("mean") is None:
-        return "-"
-    return f"{cell['mean']:.3f} [{cell['lo']:.3f}, {cell['hi']:.3f}]"
+    return format_interval(cell, 3)
 
 
 def _lrs(values: Sequence[float]) -> str:
@@ -264,7 +241,8 @@ def readme_block(s: dict[str, Any]) -> str:
     diff = s["difference"]
     if diff:
         lines.append(f"\n{s['labels'][diff['of']]} minus {s['labels'][diff['minus']]}, each at its own selected rate: "
-                     f"{_ci(diff['all'])} (not-guessable slice {_ci(diff['not_guessable'])}). {reading(s)}")
+                     f"{_ci(diff['all'])} (not-guessable slice {_ci(diff['not_guessable'])}; 95 % paired bootstrap "
+                     f"over the {s['slice_sizes'].get('test_subjects', '-')} test subjects and the seeds). {reading(s)}")
     det = s["detector"]
     lines.append(f"Detector over all {s['runs_finished']} runs ({det['collapsed_runs']} reward collapses): " + "; ".join(
         f"{a.replace('_', ' ')} sensitivity {_f(det[a]['sensitivity'])}, specificity {_f(det[a]['specificity'])}"

@@ -109,7 +109,10 @@ def _test_section(s: dict[str, Any]) -> list[str]:
         return ["The comparison is pending: no learning rate is selected and no test figure is claimed until every "
                 "run of the design has finished.", ""]
     out = ["## Test EM at each method's own selected learning rate", "",
-           "95 % bootstrap intervals: seeds resampled, then questions.", "",
+           f"95 % bootstrap intervals that resample subjects, not questions: each replicate draws the "
+           f"{s['slice_sizes'].get('test_subjects', '-')} test subjects (the entity a question asks about) with "
+           "replacement, every question of a drawn subject, and the seeds; a difference is paired (one draw of "
+           "subjects for both methods).", "",
            "| method | lr | test EM [95 % CI] | per seed | not guessable [95 % CI] | stable learning rates |",
            "|---|---:|---|---|---|---|"]
     for m, ci in s["test_em_ci"].items():

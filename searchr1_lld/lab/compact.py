@@ -3,7 +3,8 @@
 
 A run's file holds its identity (method, seed, learning rate), the per-step series the phase detector reads (reward,
 likelihood of correct responses, probe set, gradient norm, entropy, valid searches) and the validation curve, and
-its test result question by question (the bootstrap resamples questions). Written once, when the run has finished.
+its test result question by question (the bootstrap resamples the questions' subjects, which the baselines' file
+records per question). Written once, when the run has finished.
 """
 
 from __future__ import annotations

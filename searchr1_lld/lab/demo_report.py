@@ -1,0 +1,224 @@
+"""The demo's figures and report, pure: per-slice EM and gains with subject-clustered intervals, the claim on
+validation, the example trajectory, the report (``summary.json``, ``README.md``), the README's demo line and the
+spread over seeds. :mod:`searchr1_lld.demo` runs the recipe and hands its results here."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from searchr1_lld.lab.intervals import clustered_bootstrap, format_interval
+from searchr1_lld.lab.methods import REPO_ROOT
+
+POLICY_LABELS = {"majority": "majority training answer per question type",
+                 "warm_start_no_retrieval": "warm start, no retrieval", "warm_start": "warm start (step 0)",
+                 "trained": "trained"}
+REPRODUCE = """## Reproduce
+
+The selection, on the validation split: the warm start's validation EM (step 0, measured by the first selection run)
+and one run per learning rate (here 5e-4; then 1e-3 and 2e-3 the same way; `--select-steps` and
+`--select-eval-every` set its length and how often it is scored):
+
+```
+python -m searchr1_lld.demo --select-lr 5e-4 --select-dir docs/demo/select
+```
+
+The demo at the chosen settings (what `make demo` runs, plus this report and the README's demo line): the gain
+claimed on validation, then the test split scored once:
+
+```
+python -m searchr1_lld.demo --report docs/demo --readme README.md
+```
+
+The same recipe (the settings chosen once) trained and scored on 3 seeds, one report per seed and their spread:
+
+```
+python -m searchr1_lld.demo --seeds 0,1,2 --report docs/demo/seeds
+```
+"""
+INTERVAL_TEXT = ("95 % paired bootstrap intervals that resample subjects (the entity a question asks about), not "
+                 "questions: every question of a drawn subject counts, and a gain scores both policies on one draw")
+
+
+def pick_example(before: dict[str, dict], after: dict[str, dict]) -> str | None:
+    """The id of one test question the trained policy answers and the warm start does not: a multi-hop one where the
+    trained policy searched once per hop and the warm start searched fewer times (the second search it learned)
+    first, then a multi-hop one the trained policy searched twice (a right answer after fewer searches is a lucky
+    guess, not the second hop), then any multi-hop one, then the first id in order; None if there is none."""
+    won = [i for i in sorted(after) if i in before and after[i]["em"] > before[i]["em"]]
+    multi = [i for i in won if after[i].get("hops") == 2]
+    searched = [i for i in multi if len(after[i].get("queries") or []) >= 2]
+    learned = [i for i in searched if len(before[i].get("queries") or []) < 2]
+    return (learned or searched or multi or won or [None])[0]
+
+
+def format_example(rid: str, before: dict, after: dict, width: int = 600) -> str:
+    """Question, gold answers and the two greedy trajectories (response text, observations included)."""
+    def body(r: dict) -> str:
+        text = r["response_text"].strip()
+        return text if len(text) <= width else text[:width] + " ..."
+
+    return "\n".join([
+        f"example test question ({rid}, {before.get('hops')}-hop): {before['question']}  gold: {before['golden_answers']}",
+        f"--- warm start (EM {before['em']:.0f}, queries {before['queries']}, answer {before['prediction']!r}):",
+        body(before),
+        f"--- trained (EM {after['em']:.0f}, queries {after['queries']}, answer {after['prediction']!r}):",
+        body(after),
+    ])
+
+
+def replace_readme_line(text: str, line: str) -> str:
+    """``text`` with its one line that begins with ``Demo result:`` replaced by ``line``."""
+    lines = text.split("\n")
+    at = [i for i, old in enumerate(lines) if old.startswith("Demo result:")]
+    if len(at) != 1:
+        raise ValueError(f"the README must have exactly one 'Demo result:' line, found {len(at)}")
+    lines[at[0]] = line
+    return "\n".join(lines)
+
+
+def repo_relative(path: Path) -> str:
+    """``path`` relative to the repository when it lies inside it (a committed report names no machine's dirs)."""
+    path = Path(path).resolve()
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+
+
+def question_slices(questions: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Question ids per slice: ``all``, ``not_guessable`` (no gold answer is a training answer), ``<h>-hop``."""
+    out = {"all": [q["id"] for q in questions],
+           "not_guessable": [q["id"] for q in questions if not q["train_answer"]]}
+    for h in sorted({q["hops"] for q in questions}):
+        out[f"{h}-hop"] = [q["id"] for q in questions if q["hops"] == h]
+    return out
+
+
+def em_intervals(correct: dict[str, int], questions: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per slice, one policy's EM (``correct``: id -> 0/1) with its subject-clustered 95 % interval."""
+    clusters = {q["id"]: q["subject"] for q in questions}
+    return {name: clustered_bootstrap([correct], ids, clusters) for name, ids in question_slices(questions).items()}
+
+
+def gain_intervals(before: dict[str, int], after: dict[str, int],
+                   questions: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per slice, EM of ``after`` minus EM of ``before`` with its paired subject-clustered 95 % interval."""
+    clusters = {q["id"]: q["subject"] for q in questions}
+    return {name: clustered_bootstrap([after], ids, clusters, other=[before])
+            for name, ids in question_slices(questions).items()}
+
+
+def claimed(gains: dict[str, dict[str, Any]]) -> dict[str, bool]:
+    """Per slice, whether a gain is claimed: its interval lies wholly above 0."""
+    return {name: iv["lo"] is not None and iv["lo"] > 0 for name, iv in gains.items()}
+
+
+def _settings_text(summary: dict) -> str:
+    ch = summary["selection"]
+    if ch["steps"] == 0:
+        return "the warm start (step 0) chosen on validation: nothing trained"
+    return f"lr {ch['lr']:g} and {ch['steps']} steps chosen on validation"
+
+
+def _claim_text(summary: dict) -> str:
+    val = summary["validation"]
+    gain = format_interval(val["gain"]["all"])
+    if val["claimed"]["all"]:
+        return f"the gain is claimed: on validation it is {gain}, above 0"
+    return f"no gain is claimed: on validation it is {gain}, which does not exclude 0"
+
+
+def readme_line(summary: dict) -> str:
+    """The README's one-line demo result, from the demo's summary.json."""
+    em, gain, n = summary["test_em"], summary["test_gain"], summary["slice_n"]
+    two = (f"; two-hop ({n['2-hop']}) {em['warm_start']['2-hop']['mean']:.2f} -> {em['trained']['2-hop']['mean']:.2f}, "
+           f"gain {format_interval(gain['2-hop'])}") if "2-hop" in gain else ""
+    return (f"Demo result: test EM {em['warm_start']['all']['mean']:.2f} -> {em['trained']['all']['mean']:.2f}, gain "
+            f"{format_interval(gain['all'])}{two}; majority-answer baseline {em['majority']['all']['mean']:.2f}, warm "
+            f"start without retrieval {em['warm_start_no_retrieval']['all']['mean']:.2f} ({n['all']} test questions "
+            f"over {summary['test_subjects']} subjects, 95 % paired bootstrap over subjects; seed {summary['seed']}, "
+            f"{_settings_text(summary)}, where {_claim_text(summary)}; 2-core {summary['machine'].split(',')[0]})")
+
+
+
+def em_table(em: dict[str, dict[str, dict]], gain: dict[str, dict], slice_n: dict[str, int], split: str) -> str:
+    """EM [95 % interval] of every policy and baseline in ``em`` per slice, and the trained policy's gain."""
+    cols = list(slice_n)
+    head = {"all": "all", "not_guessable": "not guessable"}
+    lines = [f"| {split} EM [95 % CI] | " + " | ".join(f"{head.get(c, c)} ({slice_n[c]})" for c in cols) + " |",
+             "|---|" + "---|" * len(cols)]
+    for key, label in POLICY_LABELS.items():
+        if key in em:
+            lines.append(f"| {label} | " + " | ".join(format_interval(em[key].get(c)) for c in cols) + " |")
+    lines.append("| gain: trained - warm start | " + " | ".join(format_interval(gain.get(c)) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def _selection_lines(ch: dict) -> list[str]:
+    cand = [f"| {'-' if c['lr'] is None else format(c['lr'], 'g')} | {c['steps']} | {c['val_em']:.2f} |"
+            for c in ch["candidates"]]
+    return ["## The selection (validation split)", "", ch["procedure"][:1].upper() + ch["procedure"][1:] + ".", "",
+            "| lr | step | validation EM |", "|---:|---:|---:|", *cand, ""]
+
+
+def write_report(report_dir: Path, summary: dict, table: str, example: str, command: str) -> None:
+    """``summary.json`` and a README.md that shows it (the numbers README.md's demo line quotes); ``command``: what
+    wrote it."""
+    report_dir.mkdir(parents=True, exist_ok=True)
+    (report_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    val, t = summary["validation"], summary["time_s"]
+    lines = [
+        "# The demo's result", "",
+        f"Generated by {command}.", "",
+        f"- machine: {summary['machine']}; torch {summary['torch']}",
+        f"- run: configs/tiny.yaml, seed {summary['seed']}, {summary['steps']} steps of {summary['method']}; "
+        f"{_settings_text(summary)} (validation EM {summary['selection']['val_em']:.2f}); greedy evaluation",
+        f"- intervals: {INTERVAL_TEXT}",
+        f"- claim, on validation ({val['questions']} questions over {val['subjects']} subjects, after the selection "
+        f"on the same split): {_claim_text(summary)}",
+        f"- test ({summary['slice_n']['all']} questions over {summary['test_subjects']} subjects), scored once, "
+        "after the claim",
+        f"- wall time: world {t['world']:.0f} s{' (built earlier, reused)' if summary['world_reused'] else ''}, "
+        f"training {t['training']:.0f} s, evaluation {t['eval']:.0f} s; world config hash "
+        f"{summary['world_config_hash']}", "",
+        em_table(summary["test_em"], summary["test_gain"], summary["slice_n"], "test"), "",
+        "## The claim (validation split)", "",
+        em_table(val["em"], val["gain"], val["slice_n"], "validation"), "",
+        *_selection_lines(summary["selection"]),
+        "## The evaluator's table (test)", "", table, "", "## One test question", "", "```", example, "```", "",
+        REPRODUCE,
+    ]
+    (report_dir / "README.md").write_text("\n".join(lines))
+
+
+def seeds_summary(summaries: list[dict]) -> dict[str, Any]:
+    """Per seed, the test gain (all, two-hop) and the validation claim; the spread of the gains over the seeds."""
+    rows = [{"seed": s["seed"], "claimed": s["validation"]["claimed"]["all"],
+             **{f"gain_{k}": s["test_gain"].get(k) for k in ("all", "2-hop")},
+             "warm_start": s["test_em"]["warm_start"]["all"]["mean"], "trained": s["test_em"]["trained"]["all"]["mean"]}
+            for s in summaries]
+    spread = {}
+    for key in ("gain_all", "gain_2-hop"):
+        means = [r[key]["mean"] for r in rows if r[key] and r[key]["mean"] is not None]
+        spread[key] = {"min": min(means), "max": max(means), "mean": statistics.fmean(means),
+                       "std": statistics.stdev(means) if len(means) > 1 else 0.0} if means else None
+    return {"seeds": rows, "spread": spread, "every_seed_gains": all(r["gain_all"]["lo"] is not None and
+                                                                      r["gain_all"]["lo"] > 0 for r in rows)}
+
+
+def write_seeds_report(report_dir: Path, seeds: dict[str, Any], command: str) -> None:
+    """``seeds.json`` and ``README.md`` of a ``--seeds`` run: one row per seed and the spread."""
+    report_dir.mkdir(parents=True, exist_ok=True)
+    (report_dir / "seeds.json").write_text(json.dumps(seeds, indent=2) + "\n")
+    rows = [f"| {r['seed']} | {r['warm_start']:.2f} | {r['trained']:.2f} | {format_interval(r['gain_all'])} | "
+            f"{format_interval(r['gain_2-hop'])} | {'yes' if r['claimed'] else 'no'} | [seed{r['seed']}](seed{r['seed']}/README.md) |"
+            for r in seeds["seeds"]]
+    spread = "; ".join(f"{k.removeprefix('gain_')} gain from {v['min']:+.2f} to {v['max']:+.2f} (mean {v['mean']:+.2f}, "
+                       f"std {v['std']:.2f})" for k, v in seeds["spread"].items() if v)
+    lines = ["# The demo's recipe on several seeds", "", f"Generated by `{command}`: the settings chosen on validation "
+             "once, then trained, claimed on validation and tested once per seed.", "", f"Intervals: {INTERVAL_TEXT}.",
+             "", "| seed | warm start test EM | trained test EM | gain [95 % CI] | two-hop gain [95 % CI] | claimed on "
+             "validation | report |", "|---:|---:|---:|---|---|---|---|", *rows, "",
+             f"Spread over the seeds: {spread or '-'}. Every seed's test gain above 0: "
+             f"{'yes' if seeds['every_seed_gains'] else 'no'}.", ""]
+    (report_dir / "README.md").write_text("\n".join(lines))
