@@ -115,7 +115,11 @@ def _packed_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: to
     the N^2 of a block-diagonal mask. Returns ``[1, N, heads, d]`` as transformers' attention functions do."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward  # deferred: transformers
 
+    packed_mask = isinstance(attention_mask, torch.Tensor) and attention_mask.numel() == 0  # _packed_sdpa_mask's
     if cu_seq_lens_q is None:
+        if packed_mask:
+            raise ValueError("packed sequences (positions restarting within a row) need their boundaries: pass "
+                             "cu_seq_lens_q (policy_logprobs.packed_response_logprobs)")
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     if query.shape[0] != 1:
@@ -128,11 +132,23 @@ def _packed_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: to
     return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
 
 
+def _packed_sdpa_mask(*args: Any, attention_mask: torch.Tensor | None = None, allow_is_causal_skip: bool = True,
+                      **kwargs: Any) -> torch.Tensor | None:
+    """sdpa's mask, except for packed sequences (no attention mask, and transformers found positions restarting
+    within a row, so it may not skip the mask): an empty tensor in place of the ``[1, 1, N, N]`` block-diagonal mask,
+    which the packed attention never reads (it follows cu_seq_lens_q) and refuses without cu_seq_lens_q."""
+    from transformers.masking_utils import sdpa_mask  # deferred: transformers
+
+    if attention_mask is None and not allow_is_causal_skip:
+        return torch.empty(0, dtype=torch.bool)
+    return sdpa_mask(*args, attention_mask=attention_mask, allow_is_causal_skip=allow_is_causal_skip, **kwargs)
+
+
 def use_packed_attention(model: torch.nn.Module) -> bool:
     """Give an sdpa model (transformers) the packed attention (:func:`_packed_sdpa_attention`, registered once); True
     when ``model`` can run packed forwards (sdpa switched, or a flash-attention implementation, varlen already)."""
     from transformers import AttentionInterface  # deferred: transformers
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask  # deferred: transformers
+    from transformers.masking_utils import AttentionMaskInterface  # deferred: transformers
 
     config = getattr(model, "config", None)
     impl = getattr(config, "_attn_implementation", None)
@@ -141,7 +157,7 @@ def use_packed_attention(model: torch.nn.Module) -> bool:
     if impl != "sdpa" or not callable(getattr(model, "set_attn_implementation", None)):
         return False
     AttentionInterface.register(PACKED_SDPA, _packed_sdpa_attention)
-    AttentionMaskInterface.register(PACKED_SDPA, sdpa_mask)  # unpacked forwards: sdpa's own mask
+    AttentionMaskInterface.register(PACKED_SDPA, _packed_sdpa_mask)
     model.set_attn_implementation(PACKED_SDPA)
     return True
 

@@ -122,10 +122,12 @@ def train_step(learner: Learner, rows: list[dict[str, Any]], *, step: int, probe
     # the LLD monitor: likelihoods after the step's updates. Its own forward: every forward of the update ran with
     # the weights before some optimiser step (the last mini-batch's included), none with the weights after the last
     metrics.update(monitor_metrics(learner, batch, trajs, logp_old))
-    metrics["time/step_s"] = time.time() - t0
     probe.offer(trajs)
     if cfg.trainer.probe_every and (step + 1) % cfg.trainer.probe_every == 0:
+        t_probe = time.time()
         metrics.update(probe.measure(functools.partial(probe_logprobs, learner)))
+        metrics["time/probe_s"] = time.time() - t_probe
+    metrics["time/step_s"] = time.time() - t0
     metrics = distributed.reduce_metrics(learner.accelerator, metrics)
     report = detector.update(metrics)
     metrics.update({"phase/name": report.phase, "phase/id": float(PHASE_ID[report.phase]),
