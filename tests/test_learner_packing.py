@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -25,9 +27,10 @@ def test_pack_rows_lays_rows_back_to_back():
     assert rows["input_ids"].tolist() == [[11, 12, 21, 22, 13, 14, 15, 16]]
     assert rows["position_ids"].tolist() == [[0, 1, 2, 3, 0, 1, 2, 0]]
     assert rows["cu_seq_lens"].tolist() == [0, 4, 7, 8]
-    assert rows["logit_index"].tolist() == [1, 2, 3, 6]  # 12 -> 21, 21 -> 22, 22 -> 23, 15 -> 24
-    assert rows["labels"].tolist() == [21, 22, 23, 24]
-    assert rows["out_index"].tolist() == [0, 1, 2, 3]  # [b=3, t=3]: row 0 columns 0-2, row 1 column 0
+    # 12 -> 21, 22 -> 23, 15 -> 24 (22 is an observation token: never predicted)
+    assert rows["logit_index"].tolist() == [1, 3, 6]
+    assert rows["labels"].tolist() == [21, 23, 24]
+    assert rows["out_index"].tolist() == [0, 2, 3]  # [b=3, t=3]: row 0 columns 0 and 2, row 1 column 0
     assert batching.forward_positions(rows) == (8, 8)
     padded = batching.select_rows(batch, [0, 1, 2])  # width p + t - 1 = 3 + 3 - 1 = 5 for each of 3 rows
     assert batching.forward_positions(padded) == (15, 9)
@@ -52,7 +55,7 @@ def test_packed_forward_equals_padded_rows(tiny_qwen2, fused):
     gradients, on a random Qwen2 with grouped key/value heads."""
     g = torch.Generator().manual_seed(1)
     trajs = [_traj(torch.randint(2, 64, (p,), generator=g).tolist(), torch.randint(2, 64, (r,), generator=g).tolist(),
-                   [1] * r) for p, r in ((3, 9), (7, 2), (5, 0), (4, 6))]
+                   [int(j % 4 != 2) for j in range(r)]) for p, r in ((3, 9), (7, 2), (5, 0), (4, 6))]
     batch = to_batch(trajs, pad_token_id=0)
     idx = [0, 1, 2, 3]
     settings = dict(chunk_size=5, temperature=0.7, compute_entropy=True, fused=fused)
@@ -81,7 +84,7 @@ def test_an_unpacked_forward_is_plain_sdpa(tiny_qwen2):
     """With the packed attention installed, a padded batch (attention mask, no boundaries) runs sdpa as before."""
     from transformers import Qwen2ForCausalLM
 
-    reference = Qwen2ForCausalLM(tiny_qwen2.config).eval()
+    reference = Qwen2ForCausalLM(copy.deepcopy(tiny_qwen2.config)).eval()
     reference.load_state_dict(tiny_qwen2.state_dict())
     reference.set_attn_implementation("sdpa")
     ids = torch.tensor([[0, 0, 5, 6, 7], [3, 4, 5, 6, 7]])
@@ -90,6 +93,8 @@ def test_an_unpacked_forward_is_plain_sdpa(tiny_qwen2):
     with torch.no_grad():
         a = tiny_qwen2(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=False).logits
         b = reference(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=False).logits
+    assert tiny_qwen2.config._attn_implementation == policy_logprobs.PACKED_SDPA
+    assert reference.config._attn_implementation == "sdpa"
     assert torch.equal(a * am[..., None], b * am[..., None])
 
 
@@ -144,3 +149,9 @@ def test_the_update_is_the_same_packed_and_padded(tmp_path, tiny_world, shared_r
     assert n == out[True]["actor/updates"] and float(grads[0].norm()) > 0
     for a, b in zip(grads[n:], grads[:n]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_a_packed_row_without_its_boundaries_is_refused(tiny_qwen2):
+    """Positions restarting within a row and no cu_seq_lens_q: an error, never attention across the sequences."""
+    with pytest.raises(ValueError, match="cu_seq_lens_q"):
+        tiny_qwen2(input_ids=torch.tensor([[3, 4, 5, 6]]), position_ids=torch.tensor([[0, 1, 0, 1]]), use_cache=False)

@@ -141,7 +141,8 @@ def pack_rows(batch: Any, idx: Sequence[int]) -> dict[str, Any]:
     back to back without its last token (which predicts nothing), ``N = sum_i (p_i + r_i - 1)`` positions:
 
     input_ids / position_ids ``[1, N]`` (positions restart at 0 at each row), cu_seq_lens ``[b + 1]`` int32 (the rows'
-    boundaries), logit_index ``[M]`` (the position whose logits predict each of the M response tokens),
+    boundaries), logit_index ``[M]`` (the position whose logits predict each of the M generated response tokens:
+    observation tokens are read by the model but never predicted, every loss and metric masks them out),
     labels ``[M]`` (those tokens), out_index ``[M]`` (where each goes in the flattened ``[b, t]``).
     A row with no response keeps its prompt (at least one position) and predicts nothing.
     """
@@ -156,9 +157,10 @@ def pack_rows(batch: Any, idx: Sequence[int]) -> dict[str, Any]:
         n = max(1, p + r - 1)
         ids.append(tokens[:n])
         positions.append(torch.arange(n))
-        logit_index.append(torch.arange(bounds[-1] + p - 1, bounds[-1] + p - 1 + r))
-        labels.append(tokens[p:])
-        out_index.append(torch.arange(k * t, k * t + r))
+        generated = torch.nonzero(batch.response_mask[i, :r], as_tuple=True)[0]  # observations predict nothing
+        logit_index.append(bounds[-1] + p - 1 + generated)
+        labels.append(tokens[p:][generated])
+        out_index.append(k * t + generated)
         bounds.append(bounds[-1] + n)
     rows.update(
         input_ids=torch.cat(ids)[None], position_ids=torch.cat(positions)[None], attention_mask=None,
