@@ -19,7 +19,9 @@ way.
 
     RESULT learner_padded_token_share_padded X      (before: padded rows)
     RESULT learner_padded_token_share X             (after: packed)
-    RESULT update_tokens_per_s_packed_over_padded X (median of the per-pair ratios)
+    RESULT update_tokens_per_s_packed_over_padded X (median of the per-pair ratios, wall time)
+    RESULT update_tokens_per_cpu_s_packed_over_padded X (the same in the process's CPU time, less sensitive to
+                                                        other work on a shared machine)
     RESULT monitor_share_of_step_padded X           (before)
     RESULT monitor_share_of_step X                  (after)
 """
@@ -75,19 +77,22 @@ def main() -> None:
     tr = Trainer(cfg, run_dir=out)
 
     update_s: list[float] = []
+    update_cpu_s: list[float] = []
     update_tokens: list[int] = []
     real_update = step.update_policy
 
     def timed_update(learner: Any, batch: Any, *a: Any, **k: Any) -> Any:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         result = real_update(learner, batch, *a, **k)
         update_s.append(time.perf_counter() - t0)
+        update_cpu_s.append(time.process_time() - c0)
         update_tokens.append(int(batch.attention_mask.sum()))
         return result
 
     step.update_policy = timed_update
     share: dict[str, list[float]] = {v: [] for v in VARIANTS}
     tok_s: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    tok_cpu_s: dict[str, list[float]] = {v: [] for v in VARIANTS}
     monitor: dict[str, list[float]] = {v: [] for v in VARIANTS}
     print(f"config {args.config}, world {world}, {tr.updates_per_step} updates a step, {args.pairs} timed pairs "
           f"after 1 warm-up pair, probe counted every {probe_every} steps", flush=True)
@@ -102,13 +107,14 @@ def main() -> None:
             rate = update_tokens[-1] / update_s[-1]
             inst = instruments_share(m, probe_every)
             print(f"{'warm-up' if pair == 0 else f'pair {pair}'} {name:6s} step {m['time/step_s']:6.2f} s, update "
-                  f"{update_s[-1]:6.2f} s ({update_tokens[-1]} tokens, {rate:7.1f} tokens/s), padded share "
+                  f"{update_s[-1]:6.2f} s wall {update_cpu_s[-1]:6.2f} s CPU ({update_tokens[-1]} tokens, {rate:7.1f} tokens/s), padded share "
                   f"{m['actor/padded_token_share']:.4f}, monitor {m['time/monitor_forward_s']:.2f} s + probe "
                   f"{m.get('time/probe_s', 0.0):.2f} s: instruments {inst:.4f} of the step; pg_loss "
                   f"{m['actor/pg_loss']:.6f}, llds/loss {m.get('llds/loss', 0.0):.6f}", flush=True)
             if pair:
                 share[name].append(m["actor/padded_token_share"])
                 tok_s[name].append(rate)
+                tok_cpu_s[name].append(update_tokens[-1] / update_cpu_s[-1])
                 monitor[name].append(inst)
     ratio = statistics.median(a / b for a, b in zip(tok_s["packed"], tok_s["padded"]))
     print(f"RESULT learner_padded_token_share_padded {statistics.mean(share['padded']):.4f}")
@@ -116,6 +122,8 @@ def main() -> None:
     print(f"RESULT update_tokens_per_s_padded {statistics.median(tok_s['padded']):.1f}")
     print(f"RESULT update_tokens_per_s_packed {statistics.median(tok_s['packed']):.1f}")
     print(f"RESULT update_tokens_per_s_packed_over_padded {ratio:.4f}")
+    cpu_ratio = statistics.median(a / b for a, b in zip(tok_cpu_s["packed"], tok_cpu_s["padded"]))
+    print(f"RESULT update_tokens_per_cpu_s_packed_over_padded {cpu_ratio:.4f}")
     print(f"RESULT monitor_share_of_step_padded {statistics.median(monitor['padded']):.4f}")
     print(f"RESULT monitor_share_of_step {statistics.median(monitor['packed']):.4f}")
     shutil.rmtree(out, ignore_errors=True)
