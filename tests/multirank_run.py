@@ -118,7 +118,7 @@ ident_b = ranks_identical(vec_b)
 def packed_against_padded(tr: Trainer) -> dict:
     """One rollout of uneven responses, then with pack_sequences on and off: the batch log-probs (policy and
     reference) and one step's updates at learning rate 0 (the weights stay put, so both variants' gradients are taken
-    at the same weights): their losses and gradient norms (all-reduced over the ranks). The largest differences."""
+    at the same weights): their losses and gradient norms (all-reduced over the ranks): the log-probs' largest differences, the metrics of both."""
     from searchr1_lld.algo.advantages import grpo_outcome_advantages
     from searchr1_lld.rollout.types import to_batch
 
@@ -133,13 +133,16 @@ def packed_against_padded(tr: Trainer) -> dict:
         learner.cfg.trainer.pack_sequences = packed
         logp = step.batch_logprobs(learner, learner.model, batch)
         ref = step.batch_logprobs(learner, learner.ref_model, batch)
-        m = step.update_policy(learner, batch, adv, logp, ref, None, None, step=0)
+        # the sampling policy 0.1 nat above the current one on every token, the same for both: LLDS's gate is then
+        # open on the preserving responses in both runs (with logp_old == logp_new it would follow float noise)
+        old = (out[False][0] if packed else logp) + 0.1 * batch.response_mask
+        m = step.update_policy(learner, batch, adv, old, ref, None, None, step=0)
         out[packed] = (logp, ref, m)
     learner.scheduler.step = scheduler_step
-    keys = ("actor/pg_loss", "actor/entropy", "actor/kl_ref", "actor/grad_norm", "actor/grad_norm_mean")
+    keys = ("actor/pg_loss", "actor/entropy", "actor/kl_ref", "llds/loss", "actor/grad_norm", "actor/grad_norm_mean")
     return {"logp": float((out[True][0] - out[False][0]).abs().max()),
             "ref": float((out[True][1] - out[False][1]).abs().max()),
-            "metrics": max(abs(out[True][2][k] - out[False][2][k]) / max(abs(out[False][2][k]), 1e-6) for k in keys),
+            "metrics": {k: (out[False][2][k], out[True][2][k]) for k in keys},  # (padded, packed)
             "grad_norm": out[False][2]["actor/grad_norm"],
             "padded_share": (out[False][2]["actor/padded_token_share"], out[True][2]["actor/padded_token_share"]),
             "lengths": sorted(set(batch.attention_mask.sum(1).tolist()))}

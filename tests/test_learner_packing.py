@@ -108,7 +108,8 @@ def test_the_update_is_the_same_packed_and_padded(tmp_path, tiny_world, shared_r
 
     cfg = load_config(None, SMALL + [f"trainer.output_dir={tmp_path}", "trainer.run_name=run",
                                      "trainer.ppo_mini_batch_size=4", "trainer.ppo_epochs=2", "rollout.n=4",
-                                     "rollout.max_turns=2", "trainer.micro_batch_token_budget=1200"])
+                                     "rollout.max_turns=2", "trainer.micro_batch_token_budget=1200",
+                                     "algorithm.entropy_coef=0.01"])
     tr = _trainer(cfg, tiny_world, shared_retriever, reward_of_index=lambda i: float(i % 3 == 0))
     learner = tr.learner
     step.seed_everything(0)

@@ -326,7 +326,7 @@ def rows_logprobs(learner: Learner, model: torch.nn.Module, rows: dict[str, Any]
                   compute_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token log-probs [b, t] (and entropies [b, t]) of the responses of ``rows`` (:func:`model_rows` of b
     trajectories) under ``model``: log_softmax(logits / temperature), computed from the final hidden states through
-    the LM head chunk by chunk (full logits never exist; policy_logprobs). Packed rows: 0 past each response's end."""
+    the LM head chunk by chunk (full logits never exist; policy_logprobs). Packed rows: 0 off the response mask."""
     dev = learner.accelerator.device
     temperature = learner.cfg.rollout.temperature
     settings = dict(chunk_size=learner.cfg.trainer.logprob_chunk_size or None,
