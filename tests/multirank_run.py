@@ -8,7 +8,8 @@ To make the ranks disagree, rank 1 cuts every micro-batch to one response (rank 
 runs fewer micro-batches and must pad; in step 2 rank 1 (only) makes the first micro-batch loss NaN, so the first update
 of step 2 must be skipped on both ranks. Every rollout of run A is recorded (response ids and the engine's log-probs,
 per step, from both ranks): step 2's come from the policy after step 1, so they show whether the rollout engine
-received the update. Writes OUT_DIR/result.json (rank 0) and OUT_DIR/params_{a,b}.pt (rank 0).
+received the update. Last, on run B's trainer, packed micro-batches against padded rows (the same log-probs, losses and
+gradient norms). Writes OUT_DIR/result.json (rank 0) and OUT_DIR/params_{a,b}.pt (rank 0).
 """
 
 from __future__ import annotations
@@ -112,6 +113,43 @@ res_b = b.run(evaluate=False)
 vec_b = flat_params(b)
 ident_b = ranks_identical(vec_b)
 
+
+
+def packed_against_padded(tr: Trainer) -> dict:
+    """One rollout of uneven responses, then with pack_sequences on and off: the batch log-probs (policy and
+    reference) and one step's updates at learning rate 0 (the weights stay put, so both variants' gradients are taken
+    at the same weights): their losses and gradient norms (all-reduced over the ranks): the log-probs' largest differences, the metrics of both."""
+    from searchr1_lld.algo.advantages import grpo_outcome_advantages
+    from searchr1_lld.rollout.types import to_batch
+
+    learner = tr.learner
+    batch = to_batch(learner.rollout(tr.sampler.next_batch()), learner.tokenizer.pad_token_id)
+    adv = grpo_outcome_advantages(batch.rewards, batch.group_ids)
+    scheduler_step, learner.scheduler.step = learner.scheduler.step, lambda *a, **k: None
+    for group in learner.optimizer.param_groups:
+        group["lr"] = 0.0
+    out = {}
+    for packed in (False, True):
+        learner.cfg.trainer.pack_sequences = packed
+        logp = step.batch_logprobs(learner, learner.model, batch)
+        ref = step.batch_logprobs(learner, learner.ref_model, batch)
+        # the sampling policy 0.1 nat above the current one on every token, the same for both: LLDS's gate is then
+        # open on the preserving responses in both runs (with logp_old == logp_new it would follow float noise)
+        old = (out[False][0] if packed else logp) + 0.1 * batch.response_mask
+        m = step.update_policy(learner, batch, adv, old, ref, None, None, step=0)
+        out[packed] = (logp, ref, m)
+    learner.scheduler.step = scheduler_step
+    keys = ("actor/pg_loss", "actor/entropy", "actor/kl_ref", "llds/loss", "actor/grad_norm", "actor/grad_norm_mean")
+    return {"logp": float((out[True][0] - out[False][0]).abs().max()),
+            "ref": float((out[True][1] - out[False][1]).abs().max()),
+            "metrics": {k: (out[False][2][k], out[True][2][k]) for k in keys},  # (padded, packed)
+            "grad_norm": out[False][2]["actor/grad_norm"],
+            "padded_share": (out[False][2]["actor/padded_token_share"], out[True][2]["actor/padded_token_share"]),
+            "lengths": sorted(set(batch.attention_mask.sum(1).tolist()))}
+
+
+packing = packed_against_padded(b)
+
 if RANK == 0:
     torch.save(vec_a, out_dir / "params_a.pt")
     torch.save(vec_b, out_dir / "params_b.pt")
@@ -128,6 +166,7 @@ if RANK == 0:
         "history_a": [{k: h.get(k) for k in keys} for h in res_a.history],
         "rollouts_a": rollouts_a,
         "history_b": [{k: h.get(k) for k in keys} for h in res_b.history],
+        "packed_against_padded": packing,
     }
     (out_dir / "result.json").write_text(json.dumps(result, indent=1))
     print("RESULT_JSON " + json.dumps(result))

@@ -8,7 +8,8 @@ the first update of step 2 non-finite (both ranks must skip it). Asserted: exit 
 ppo_mini_batch_size x ppo_epochs; padding happened; the NaN update was skipped on both ranks; ranks bit-identical after
 2 steps (DDP, ZeRO-2; ZeRO-3 gathered); resume == uninterrupted; KL(ref) is 0 on the first update of step 0; the
 ZeRO-2 / ZeRO-3 policies after step 1 equal the DDP one within fp32 tolerance, and so do the rollouts of step 2, which
-that policy generates (ZeRO-3 generates on a separate full copy that must receive every update).
+that policy generates (ZeRO-3 generates on a separate full copy that must receive every update); packed
+micro-batches give the padded rows' log-probs, losses and gradient norms (one rollout, updates at learning rate 0).
 """
 
 from __future__ import annotations
@@ -72,6 +73,12 @@ def _check_common(res: dict) -> None:
     assert res["ranks_identical_a"] and res["ranks_identical_b"]
     assert res["steps_b_ran"] == 1 and res["a_equals_b"], res["a_b_max_abs_diff"]  # resume == uninterrupted
     assert res["history_b"][0] == a2
+    packing = res["packed_against_padded"]  # packed micro-batches == padded rows under this wrapper
+    assert len(packing["lengths"]) > 2 and packing["grad_norm"] > 0, packing
+    assert packing["logp"] < 1e-4 and packing["ref"] < 1e-4, packing
+    for key, (padded, packed) in packing["metrics"].items():
+        assert packed == pytest.approx(padded, rel=1e-4, abs=1e-6), (key, packing)
+    assert packing["padded_share"][0] > 0 and packing["padded_share"][1] == 0.0, packing
 
 
 @pytest.mark.slow

@@ -155,6 +155,9 @@ class TrainerConfig:
                                    "(the authors' fixed count; the unit of algorithm.loss_scale=micro-batch-mean), "
                                    "run in forward/backward passes within micro_batch_token_budget; 0 = micro-batches "
                                    "cut by the token budget alone")
+    pack_sequences: bool = opt(True, "forward/backward passes without padding: a micro-batch's responses back to back "
+                                      "in one sequence, positions restarting and attention bounded per response "
+                                      "(sdpa and flash-attention models; others, and false, run padded rows)")
     ppo_epochs: int = opt(1, "passes over a step's responses")
     lr: float = opt(1e-6, "AdamW learning rate")
     warmup_ratio: float = opt(0.285, "linear warm-up over this share of all optimiser steps")

@@ -133,3 +133,48 @@ def pad_cols(x: torch.Tensor, width: int, value: float = 0.0) -> torch.Tensor:
     if x.shape[1] == width:
         return x
     return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+
+def pack_rows(batch: Any, idx: Sequence[int]) -> dict[str, Any]:
+    """Rows ``idx`` of a TrajectoryBatch as one packed sequence, no padding: what :func:`select_rows` returns (the
+    ``[b, t]`` tensors the objective reads) and, in place of its padded model inputs, each row's prompt and response
+    back to back without its last token (which predicts nothing), ``N = sum_i (p_i + r_i - 1)`` positions:
+
+    input_ids / position_ids ``[1, N]`` (positions restart at 0 at each row), cu_seq_lens ``[b + 1]`` int32 (the rows'
+    boundaries), logit_index ``[M]`` (the position whose logits predict each of the M generated response tokens:
+    observation tokens are read by the model but never predicted, every loss and metric masks them out),
+    labels ``[M]`` (those tokens), out_index ``[M]`` (where each goes in the flattened ``[b, t]``).
+    A row with no response keeps its prompt (at least one position) and predicts nothing.
+    """
+    rows = select_rows(batch, idx)
+    t = rows["responses"].shape[1]
+    P = batch.prompt_length
+    ids, positions, logit_index, labels, out_index, bounds = [], [], [], [], [], [0]
+    for k, i in enumerate(idx):
+        am = batch.attention_mask[i]
+        p, r = int(am[:P].sum()), int(am[P:].sum())
+        tokens = batch.input_ids[i, P - p : P + r]
+        n = max(1, p + r - 1)
+        ids.append(tokens[:n])
+        positions.append(torch.arange(n))
+        generated = torch.nonzero(batch.response_mask[i, :r], as_tuple=True)[0]  # observations predict nothing
+        logit_index.append(bounds[-1] + p - 1 + generated)
+        labels.append(tokens[p:][generated])
+        out_index.append(k * t + generated)
+        bounds.append(bounds[-1] + n)
+    rows.update(
+        input_ids=torch.cat(ids)[None], position_ids=torch.cat(positions)[None], attention_mask=None,
+        cu_seq_lens=torch.tensor(bounds, dtype=torch.int32), logit_index=torch.cat(logit_index),
+        labels=torch.cat(labels), out_index=torch.cat(out_index),
+    )
+    return rows
+
+
+def forward_positions(rows: dict[str, Any]) -> tuple[int, int]:
+    """(positions a forward over ``rows`` computes, those of them that are real tokens) for :func:`select_rows`'s
+    padded rows (the model input drops the last column) or :func:`pack_rows`'s packed ones (no padding)."""
+    if rows.get("cu_seq_lens") is not None:
+        n = int(rows["input_ids"].numel())
+        return n, n
+    am = rows["attention_mask"][:, :-1]
+    return int(am.numel()), int(am.sum())

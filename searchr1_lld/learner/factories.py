@@ -19,6 +19,7 @@ from searchr1_lld.config import Config, TrainerConfig
 from searchr1_lld.data import flashrag
 from searchr1_lld.distributed import DistributedFacts, outside_zero3
 from searchr1_lld.jsonl import read_rows_files
+from searchr1_lld.learner import policy_logprobs
 from searchr1_lld.protocols import Accelerator, Retriever, Tokenizer
 from searchr1_lld.rollout.agent_loop import encode_prompt
 from searchr1_lld.rollout.backends import make_backend
@@ -76,6 +77,8 @@ def load_policy_and_tokenizer(cfg: Config):
     if cfg.model.attn_implementation:
         kwargs["attn_implementation"] = cfg.model.attn_implementation
     model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs)  # fp32 master weights; bf16 via autocast
+    if cfg.trainer.pack_sequences:  # sdpa attention that also runs packed forwards (unpacked ones unchanged)
+        policy_logprobs.use_packed_attention(model)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False

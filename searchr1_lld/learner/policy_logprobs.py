@@ -94,3 +94,120 @@ def response_logprobs(
             f"(got {None if hidden is None else tuple(hidden.shape)}); pass fused=False for this model")
     return linear_logprobs_entropy(hidden[:, start:], head.weight, labels, bias=head.bias, chunk_size=chunk_size,
                                    temperature=temperature, compute_entropy=compute_entropy)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# packed sequences: several responses in one row, no padding (learner.batching.pack_rows builds the inputs)
+# --------------------------------------------------------------------------------------------------------------------
+
+# the attention implementation of a packed forward on sdpa models: scaled-dot-product attention per sequence
+PACKED_SDPA = "sdpa_packed"
+# implementations whose attention already follows the sequence boundaries of cu_seq_lens_q / cu_seq_lens_k
+_NATIVE_VARLEN = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
+
+
+def _packed_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                           attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                           cu_seq_lens_q: torch.Tensor | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' sdpa attention, except for a packed forward (``cu_seq_lens_q`` given: query, key, value
+    ``[1, heads, N, d]`` holding the sequences ``cu_seq_lens_q[i]:cu_seq_lens_q[i+1]`` back to back): causal attention
+    within each sequence, one ``scaled_dot_product_attention`` per sequence, so the cost is sum_i L_i^2 rather than
+    the N^2 of a block-diagonal mask. Returns ``[1, N, heads, d]`` as transformers' attention functions do."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward  # deferred: transformers
+
+    packed_mask = isinstance(attention_mask, torch.Tensor) and attention_mask.numel() == 0  # _packed_sdpa_mask's
+    if cu_seq_lens_q is None:
+        if packed_mask:
+            raise ValueError("packed sequences (positions restarting within a row) need their boundaries: pass "
+                             "cu_seq_lens_q (policy_logprobs.packed_response_logprobs)")
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    if query.shape[0] != 1:
+        raise ValueError(f"a packed forward holds its sequences in one row; got a batch of {query.shape[0]}")
+    bounds = cu_seq_lens_q.tolist()
+    gqa = key.shape[1] != query.shape[1]
+    out = [torch.nn.functional.scaled_dot_product_attention(
+        query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], dropout_p=dropout, scale=scaling, is_causal=True,
+        enable_gqa=gqa) for s, e in zip(bounds[:-1], bounds[1:])]
+    return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _packed_sdpa_mask(*args: Any, attention_mask: torch.Tensor | None = None, allow_is_causal_skip: bool = True,
+                      **kwargs: Any) -> torch.Tensor | None:
+    """sdpa's mask, except for packed sequences (no attention mask, and transformers found positions restarting
+    within a row, so it may not skip the mask): an empty tensor in place of the ``[1, 1, N, N]`` block-diagonal mask,
+    which the packed attention never reads (it follows cu_seq_lens_q) and refuses without cu_seq_lens_q."""
+    from transformers.masking_utils import sdpa_mask  # deferred: transformers
+
+    if attention_mask is None and not allow_is_causal_skip:
+        return torch.empty(0, dtype=torch.bool)
+    return sdpa_mask(*args, attention_mask=attention_mask, allow_is_causal_skip=allow_is_causal_skip, **kwargs)
+
+
+def use_packed_attention(model: torch.nn.Module) -> bool:
+    """Give an sdpa model (transformers) the packed attention (:func:`_packed_sdpa_attention`, registered once); True
+    when ``model`` can run packed forwards (sdpa switched, or a flash-attention implementation, varlen already)."""
+    from transformers import AttentionInterface  # deferred: transformers
+    from transformers.masking_utils import AttentionMaskInterface  # deferred: transformers
+
+    config = getattr(model, "config", None)
+    impl = getattr(config, "_attn_implementation", None)
+    if impl in _NATIVE_VARLEN or impl == PACKED_SDPA:
+        return True
+    if impl != "sdpa" or not callable(getattr(model, "set_attn_implementation", None)):
+        return False
+    AttentionInterface.register(PACKED_SDPA, _packed_sdpa_attention)
+    AttentionMaskInterface.register(PACKED_SDPA, _packed_sdpa_mask)
+    model.set_attn_implementation(PACKED_SDPA)
+    return True
+
+
+def runs_packed(model: torch.nn.Module) -> bool:
+    """Whether ``model`` (plain, DDP or DeepSpeed engine) runs packed forwards (:func:`use_packed_attention`)."""
+    inner = model
+    while isinstance(getattr(inner, "module", None), torch.nn.Module):
+        inner = inner.module
+    impl = getattr(getattr(inner, "config", None), "_attn_implementation", None)
+    return impl == PACKED_SDPA or impl in _NATIVE_VARLEN
+
+
+def packed_response_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    cu_seq_lens: torch.Tensor,
+    logit_index: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    chunk_size: int | None,
+    temperature: float,
+    compute_entropy: bool,
+    fused: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log_softmax(logits / temperature) at ``labels`` ``[M]`` (and the entropy ``[M]``), fp32, of a packed forward.
+
+    ``input_ids``, ``position_ids`` ``[1, N]``: sequences back to back, positions restarting at 0 at each;
+    ``cu_seq_lens`` ``[S + 1]`` int32: their boundaries; ``logit_index`` ``[M]``: the positions whose logits predict
+    ``labels``. No attention mask: the attention (:func:`use_packed_attention`) follows ``cu_seq_lens``.
+    """
+    if not runs_packed(model):
+        raise RuntimeError(f"{type(model).__name__} does not run packed forwards (policy_logprobs.use_packed_attention)")
+    longest = int((cu_seq_lens[1:] - cu_seq_lens[:-1]).max())
+    kwargs = dict(input_ids=input_ids, attention_mask=None, position_ids=position_ids, use_cache=False,
+                  cu_seq_lens_q=cu_seq_lens, cu_seq_lens_k=cu_seq_lens, max_length_q=longest, max_length_k=longest)
+    head = fused_output_head(model) if fused else None
+    if head is None:
+        logits = model(**kwargs).logits[:, logit_index]
+        lp, ent = chunked_logprobs_entropy(logits, labels[None], chunk_size=chunk_size, temperature=temperature,
+                                           compute_entropy=compute_entropy)
+    else:
+        with _capture_head_input(head) as captured:
+            model(**kwargs)
+        hidden = captured.get("hidden")
+        if hidden is None or hidden.dim() != 3 or hidden.shape[:2] != input_ids.shape:
+            raise RuntimeError(f"the output head of {type(model).__name__} did not see the final hidden states "
+                               f"[1, N, H]; pass fused=False for this model")
+        lp, ent = linear_logprobs_entropy(hidden[:, logit_index], head.weight, labels[None], bias=head.bias,
+                                          chunk_size=chunk_size, temperature=temperature,
+                                          compute_entropy=compute_entropy)
+    return lp[0], (ent[0] if ent is not None else None)

@@ -122,10 +122,12 @@ def train_step(learner: Learner, rows: list[dict[str, Any]], *, step: int, probe
     # the LLD monitor: likelihoods after the step's updates. Its own forward: every forward of the update ran with
     # the weights before some optimiser step (the last mini-batch's included), none with the weights after the last
     metrics.update(monitor_metrics(learner, batch, trajs, logp_old))
-    metrics["time/step_s"] = time.time() - t0
     probe.offer(trajs)
     if cfg.trainer.probe_every and (step + 1) % cfg.trainer.probe_every == 0:
+        t_probe = time.time()
         metrics.update(probe.measure(functools.partial(probe_logprobs, learner)))
+        metrics["time/probe_s"] = time.time() - t_probe
+    metrics["time/step_s"] = time.time() - t0
     metrics = distributed.reduce_metrics(learner.accelerator, metrics)
     report = detector.update(metrics)
     metrics.update({"phase/name": report.phase, "phase/id": float(PHASE_ID[report.phase]),
@@ -256,7 +258,7 @@ def micro_step(learner: Learner, batch: TrajectoryBatch, mb: list[int], spec: Ob
     count; ``micro_batch_counts``: its micro-batch's (tokens, responses) when the rows are one of several passes);
     ``weight`` 0 = a padding micro-batch (same collectives, zero gradient). Returns (metric sums, tokens)."""
     dev = learner.accelerator.device
-    rows = batching.select_rows(batch, mb)
+    rows = model_rows(learner, learner.model, batch, mb)
     t = rows["responses"].shape[1]
     idx = torch.as_tensor(mb)
     mask = rows["response_mask"].to(dev)
@@ -271,7 +273,9 @@ def micro_step(learner: Learner, batch: TrajectoryBatch, mb: list[int], spec: Ob
         )
         learner.backward(loss * weight if weight != 1.0 else loss, last)
     n_tok = float(mask.sum())
-    out = {f"actor/{k}": m[k] * n_tok for k in ("pg_loss", "pg_clip_frac", "approx_kl", "entropy", "kl_ref") if k in m}
+    positions, real = batching.forward_positions(rows)
+    out = {"actor/forward_positions": float(positions), "actor/forward_padding": float(positions - real)}
+    out.update({f"actor/{k}": m[k] * n_tok for k in ("pg_loss", "pg_clip_frac", "approx_kl", "entropy", "kl_ref") if k in m})
     if "llds/loss" in m:
         out["llds/active_token_frac"] = m["llds/active_token_frac"] * n_tok
         out["llds/mean_penalty"] = m["llds/mean_penalty"] * n_tok
@@ -298,6 +302,8 @@ def update_metrics(sums: dict[str, float], grad_norms: list[float], first_kl: li
     out["actor/grad_norm"] = max(finite) if finite else float("nan")
     out["actor/grad_norm_mean"] = sum(finite) / len(finite) if finite else float("nan")
     out["actor/updates"] = float(len(grad_norms))
+    if sums.get("actor/forward_positions"):  # positions of the update's forwards that are padding
+        out["actor/padded_token_share"] = sums["actor/forward_padding"] / sums["actor/forward_positions"]
     if first_kl[1] > 0:  # 0 at step 0: the reference and the policy are the same weights in the same dtype
         out["actor/kl_ref_first_update"] = first_kl[0] / first_kl[1]
     return out
@@ -308,19 +314,34 @@ def update_metrics(sums: dict[str, float], grad_norms: list[float], first_kl: li
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def rows_logprobs(learner: Learner, model: torch.nn.Module, rows: dict[str, torch.Tensor], *,
+def model_rows(learner: Learner, model: torch.nn.Module, batch: TrajectoryBatch, idx: list[int]) -> dict[str, Any]:
+    """Rows ``idx`` of ``batch`` as one forward's inputs: packed without padding (batching.pack_rows) under
+    trainer.pack_sequences when ``model`` runs packed forwards, else padded (batching.select_rows)."""
+    if learner.cfg.trainer.pack_sequences and policy_logprobs.runs_packed(model):
+        return batching.pack_rows(batch, idx)
+    return batching.select_rows(batch, idx)
+
+
+def rows_logprobs(learner: Learner, model: torch.nn.Module, rows: dict[str, Any], *,
                   compute_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Token log-probs [b, t] (and entropies [b, t]) of the responses of ``rows`` (batching.select_rows of b
+    """Token log-probs [b, t] (and entropies [b, t]) of the responses of ``rows`` (:func:`model_rows` of b
     trajectories) under ``model``: log_softmax(logits / temperature), computed from the final hidden states through
-    the LM head chunk by chunk (full logits never exist; policy_logprobs)."""
+    the LM head chunk by chunk (full logits never exist; policy_logprobs). Packed rows: 0 off the response mask."""
     dev = learner.accelerator.device
     temperature = learner.cfg.rollout.temperature
-    return policy_logprobs.response_logprobs(
-        model, rows["input_ids"][:, :-1].to(dev), rows["attention_mask"][:, :-1].to(dev),
-        rows["position_ids"][:, :-1].to(dev), rows["responses"].to(dev), rows["p"] - 1,
-        chunk_size=learner.cfg.trainer.logprob_chunk_size or None, temperature=temperature if temperature > 0 else 1.0,
-        compute_entropy=compute_entropy,
-    )
+    settings = dict(chunk_size=learner.cfg.trainer.logprob_chunk_size or None,
+                    temperature=temperature if temperature > 0 else 1.0, compute_entropy=compute_entropy)
+    if rows.get("cu_seq_lens") is None:
+        return policy_logprobs.response_logprobs(
+            model, rows["input_ids"][:, :-1].to(dev), rows["attention_mask"][:, :-1].to(dev),
+            rows["position_ids"][:, :-1].to(dev), rows["responses"].to(dev), rows["p"] - 1, **settings)
+    lp, ent = policy_logprobs.packed_response_logprobs(
+        model, rows["input_ids"].to(dev), rows["position_ids"].to(dev), rows["cu_seq_lens"].to(dev),
+        rows["logit_index"].to(dev), rows["labels"].to(dev), **settings)
+    b, t = rows["responses"].shape
+    out_index = rows["out_index"].to(dev)
+    unflatten = lambda x: x.new_zeros(b * t).index_copy(0, out_index, x).view(b, t)  # noqa: E731
+    return unflatten(lp), (unflatten(ent) if ent is not None else None)
 
 
 def batch_logprobs(learner: Learner, model: torch.nn.Module, batch: TrajectoryBatch) -> torch.Tensor:
@@ -337,7 +358,7 @@ def batch_logprobs(learner: Learner, model: torch.nn.Module, batch: TrajectoryBa
     with evaluating(model), autocast:
         for k in range(n_micro):
             mb = micro[k] if k < len(micro) else micro[0][:1]
-            lp, _ = rows_logprobs(learner, model, batching.select_rows(batch, mb), compute_entropy=False)
+            lp, _ = rows_logprobs(learner, model, model_rows(learner, model, batch, mb), compute_entropy=False)
             if k < len(micro):
                 out[torch.as_tensor(mb)] = batching.pad_cols(lp.float().cpu(), T)
     return out * batch.response_mask
