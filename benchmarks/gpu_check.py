@@ -89,6 +89,8 @@ def expected_results(shapes: dict) -> dict[str, list[str]]:
         "resident_before_gib", "optimizer_step_s_llds_on", "optimizer_step_s_llds_off", "llds_step_overhead_ratio",
         "monitor_forward_s", "monitor_forward_share", "peak_gib", "persistent_gib", "tokens_per_micro_batch",
         "with_reference")]
+    learner += ["packing_resident_before_gib", "packing_padded_token_share", "packing_update_tokens_per_s_padded",
+                "packing_update_tokens_per_s_packed", "packing_packed_over_padded", "packing_logprob_max_gap"]
     zero2 = [f"zero2_{MODELS[1]}_{k}" for k in ("optimizer_step_s_llds_on", "peak_gib")]
     logprobs = [f"logprob_{k}_T{t}_{mode}" for t in shapes["logprob_tokens"] for mode in ("bf16", "autocast")
                 for k in ("fused_peak_gib", "naive_peak_gib", "fused_s", "naive_s", "peak_ratio", "time_ratio")]

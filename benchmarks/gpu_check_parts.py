@@ -240,20 +240,25 @@ def logp_agreement(device: torch.device, shapes: dict, smoke: bool) -> dict[str,
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def synthetic_batch(rows: int, tokens: int, vocab: int, group: int = 4):
+def synthetic_batch(rows: int, tokens: int, vocab: int, group: int = 4, uneven: bool = False):
     """``rows`` trajectories of ``tokens`` tokens each (prompt 1/8; response: generated, observation, generated,
-    answer), rewards alternating 1/0 within groups of ``group``."""
+    answer), rewards alternating 1/0 within groups of ``group``. ``uneven``: row i has ``tokens`` x (1/4 .. 1)
+    tokens instead (spread evenly, shuffled), as one-search and three-search trajectories share a batch."""
     from searchr1_lld.rollout.types import Trajectory, to_batch
 
     g = torch.Generator().manual_seed(0)
-    p = max(tokens // 8, 2)
-    r = tokens - p
-    obs0, obs1 = r // 3, r // 3 + r // 4
-    mask = [1] * obs0 + [0] * (obs1 - obs0) + [1] * (r - obs1)
-    answer = [0] * (r - max(r // 16, 1)) + [1] * max(r // 16, 1)
+    lengths = [tokens] * rows
+    if uneven:
+        order = torch.randperm(rows, generator=g).tolist()
+        lengths = [max(int(tokens * (0.25 + 0.75 * k / max(rows - 1, 1))), 16) for k in order]
     trajs = []
-    for i in range(rows):
-        ids = torch.randint(3, vocab, (tokens,), generator=g).tolist()
+    for i, length in enumerate(lengths):
+        p = max(length // 8, 2)
+        r = length - p
+        obs0, obs1 = r // 3, r // 3 + r // 4
+        mask = [1] * obs0 + [0] * (obs1 - obs0) + [1] * (r - obs1)
+        answer = [0] * (r - max(r // 16, 1)) + [1] * max(r // 16, 1)
+        ids = torch.randint(3, vocab, (length,), generator=g).tolist()
         trajs.append(Trajectory(row={"id": str(i)}, group_id=i // group, prompt_ids=ids[:p], response_ids=ids[p:],
                                 response_mask=mask, answer_mask=answer, engine_logprobs=[-1.0 * m for m in mask],
                                 action_spans=[(0, obs0), (obs1, r)], valid_searches=1, reward=float(i % 2 == 0)))
@@ -344,6 +349,46 @@ def measure_learner(model_name: str, smoke: bool, shapes: dict, accelerator: Any
     return res
 
 
+def measure_packing(smoke: bool, shapes: dict, accelerator: Any) -> dict[str, Any]:
+    """The smallest model on uneven trajectories (``synthetic_batch(uneven=True)``): update_policy with packed
+    forwards (trainer.pack_sequences, the packed attention) against padded rows, paired and alternating; the padded
+    share of the padded forwards' positions, each path's tokens/s, their ratio, and the largest |log-prob|
+    difference between the two paths on the response tokens (bf16 autocast on GPU)."""
+    from searchr1_lld.algo import advantages as adv_fns
+    from searchr1_lld.learner import policy_logprobs, step
+
+    dev = accelerator.device
+    learner, vocab = learner_context(MODELS[0], smoke, shapes, accelerator, with_reference=False)
+    if not policy_logprobs.use_packed_attention(learner.module):
+        raise RuntimeError(f"{learner.module.config._attn_implementation} attention cannot run packed forwards")
+    batch = synthetic_batch(shapes["rows"], shapes["tokens_per_row"], vocab, uneven=True)
+    advantages = adv_fns.grpo_outcome_advantages(batch.rewards, batch.group_ids)
+    tokens = float(batch.attention_mask.sum())
+
+    def run(packed: bool) -> tuple[dict[str, float], float]:
+        learner.cfg.trainer.pack_sequences = packed
+        return timed(lambda: step.update_policy(learner, batch, advantages, logp_old, None, None, None, step=0), dev)
+
+    learner.cfg.trainer.pack_sequences = False
+    logp_padded = step.batch_logprobs(learner, learner.model, batch)
+    learner.cfg.trainer.pack_sequences = True
+    logp_old = step.batch_logprobs(learner, learner.model, batch)
+    gap = (logp_old - logp_padded).abs()[batch.response_mask.bool()].max().item()
+    run(True)  # warm-up (also allocates AdamW's state)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    padded_share = float("nan")
+    for k in range(shapes["pairs"][MODELS[0]]):
+        for packed in ((True, False) if k % 2 == 0 else (False, True)):
+            metrics, seconds = run(packed)
+            times[packed].append(seconds)
+            if not packed:
+                padded_share = metrics.get("actor/padded_token_share", float("nan"))
+    packed_s, padded_s = statistics.median(times[True]), statistics.median(times[False])
+    return {"packing_padded_token_share": padded_share, "packing_update_tokens_per_s_padded": tokens / padded_s,
+            "packing_update_tokens_per_s_packed": tokens / packed_s, "packing_packed_over_padded": padded_s / packed_s,
+            "packing_logprob_max_gap": gap}
+
+
 def section_learner(device: torch.device, shapes: dict, smoke: bool) -> dict[str, Any]:
     """0.5B / 1.5B / 3B, one after the other in one process (accelerate, bf16 autocast on GPU, gradient
     checkpointing, AdamW). The accelerator keeps every model and optimiser it prepared, so each model's are released
@@ -359,6 +404,10 @@ def section_learner(device: torch.device, shapes: dict, smoke: bool) -> dict[str
         out[f"learner_{name}_resident_before_gib"] = resident_bytes(device) / GIB
         guarded(out, f"learner_{name}", lambda name=name: measure_learner(
             name, smoke, shapes, acc, shapes["pairs"][name], shapes["reference"][name], f"learner_{name}"), device)
+    acc.free_memory()
+    free(device)
+    out["packing_resident_before_gib"] = resident_bytes(device) / GIB
+    guarded(out, "packing", lambda: measure_packing(smoke, shapes, acc), device)
     return out
 
 

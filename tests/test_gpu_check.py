@@ -54,8 +54,8 @@ def test_the_learner_section_holds_one_model_at_a_time(smoke_report):
     previous turn would add their tensors: at least the toy 0.5B's weights, 140 KB at smoke shapes."""
     r = smoke_report[0]["results"]
     baseline = r[f"learner_{gpu_check.MODELS[0]}_resident_before_gib"]
-    for m in gpu_check.MODELS[1:]:
-        assert abs(r[f"learner_{m}_resident_before_gib"] - baseline) * 2**30 < 4096, (m, r)
+    for key in [f"learner_{m}_resident_before_gib" for m in gpu_check.MODELS[1:]] + ["packing_resident_before_gib"]:
+        assert abs(r[key] - baseline) * 2**30 < 4096, (key, r)
 
 
 def test_smoke_json_has_every_field(smoke_report):
@@ -89,6 +89,9 @@ def test_smoke_figures_are_sane(smoke_report):
     # fp32 engine and fp32 learner compute the same log-probs up to rounding; a bf16 engine differs more
     assert r["logp_gap_fp32_max"] < 1e-4 and r["logp_gap_fp32_tokens"] > 0
     assert r["logp_gap_bf16_mean"] > r["logp_gap_fp32_mean"]
+    # uneven rows: a share of the padded forwards' positions is padding, the packed path computes the same log-probs
+    assert 0 < r["packing_padded_token_share"] < 1 and r["packing_logprob_max_gap"] < 1e-4
+    assert r["packing_packed_over_padded"] > 0
     assert r["logprob_tile_rows_chosen"] == 256 and r["logprob_tile_vocab_chosen"] == gpu_check.SMOKE["vocab"]
 
 
