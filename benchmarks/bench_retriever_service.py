@@ -44,7 +44,8 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+if str(REPO) not in sys.path:  # a --baseline child has REPO on PYTHONPATH, after the older retriever/
+    sys.path.insert(0, str(REPO))
 
 
 # --------------------------------------------------------------------------------------------------- child: the server
