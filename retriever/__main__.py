@@ -92,7 +92,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     s.add_argument("--token", default=os.environ.get("SEARCHR1_RETRIEVER_TOKEN"),
                    help="require 'Authorization: Bearer TOKEN' (default: $SEARCHR1_RETRIEVER_TOKEN)")
     s.add_argument("--no-batching", action="store_true", help="search each request on its own (for comparison)")
-    s.add_argument("--batch-window-ms", type=float, default=2.0)
+    s.add_argument("--batch-window-ms", type=float, default=250.0,
+                   help="the most a batch waits for the clients of the last batch to come back (never longer than "
+                        "the last search took)")
     s.add_argument("--max-batch-queries", type=int, default=256)
     s.add_argument("--device", default=None)
     s.add_argument("--gpu-index", action="store_true", help="clone the FAISS index onto all GPUs (faiss-gpu)")

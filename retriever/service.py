@@ -7,11 +7,11 @@
     GET /metrics   request counts by status, queries, batches, latency percentiles
 
 Concurrent requests are batched: each request puts its queries on an asyncio queue; one worker takes everything
-queued, runs one encode + search for the union in a worker thread, and hands each request its slice. The worker
-waits up to ``batch_window_ms`` for more requests (at most ``max_batch_queries``) only while clients are concurrent
-(requests queued up during the last search, or the last batch held several); a request from a lone client at an
-idle server is searched at once, so batching never delays it. ``batching=False`` runs every request's search on its own in the thread pool (the way the
-reference Search-R1 server does) for comparison.
+queued, runs one encode + search for the union in a worker thread, and hands each request its slice. A Flat search
+reads the whole index per call, so after answering R requests the worker waits for those R clients to come back
+(besides the requests queued; at most ``batch_window_ms`` and the last search's duration) instead of splitting them
+over two calls; a lone client (R = 1) is searched at once. ``batching=False`` searches each request on its own in
+the thread pool (as the reference Search-R1 server does) for comparison.
 
 Search-R1's trainer traffic is accepted as its own server accepts it: ``queries: []`` (a turn where no trajectory
 searched) -> ``{"result": []}``; an empty query ``""`` (``<search> </search>``) is searched like any other; one POST
@@ -58,9 +58,9 @@ class ServiceSettings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
     token: str | None = None
-    batching: bool = True
-    batch_window_ms: float = 2.0
-    max_batch_queries: int = 256
+    batching: bool = True  # False: one search per request, as the reference server does
+    batch_window_ms: float = 250.0  # the most a batch waits for the clients of the last batch to come back
+    max_batch_queries: int = 256  # a batch stops taking requests at this many queries
 
 
 class BadRequest(Exception):
@@ -202,6 +202,7 @@ class QueryBatcher:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retriever-search")
         self._task: asyncio.Task | None = None
         self._last_batch_requests = 0
+        self._last_search_s = 0.0
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._worker())
@@ -221,22 +222,18 @@ class QueryBatcher:
         return await future
 
     async def _collect(self) -> list[tuple[list[str], int, asyncio.Future]]:
-        """Everything queued now, plus up to ``window`` for more, but only while clients are concurrent (requests
-        queued up during the last search, or the last batch held several requests); a lone client never waits."""
-        try:
-            batch = [self.queue.get_nowait()]  # queued during the previous search: the server is busy
-        except asyncio.QueueEmpty:
-            batch = [await self.queue.get()]
-            if self._last_batch_requests < 2:  # idle server, lone client: search this request at once
-                return batch
+        """Everything queued now, then more until the clients of the last batch are back too (as many requests as
+        it answered, besides those already queued) or the wait reaches ``window`` or the last search's duration."""
+        expected = self._last_batch_requests + self.queue.qsize()  # a lone client at an idle server: 1, no wait
+        batch = [await self.queue.get()]
         size = len(batch[0][0])
-        deadline = time.monotonic() + self.window_s
+        deadline = time.monotonic() + min(self.window_s, self._last_search_s)
         while size < self.max_batch:
             try:
                 item = self.queue.get_nowait()
             except asyncio.QueueEmpty:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if len(batch) >= expected or remaining <= 0:
                     break
                 try:
                     item = await asyncio.wait_for(self.queue.get(), remaining)
@@ -257,6 +254,7 @@ class QueryBatcher:
             queries = [q for item in batch for q in item[0]]
             topk = max(item[1] for item in batch)
             self.metrics.record_batch(len(queries))
+            started = time.monotonic()
             try:
                 hits = await loop.run_in_executor(self.executor, self.search, queries, topk)
             except Exception as e:  # noqa: BLE001 - every waiting request gets the error, the worker lives on
@@ -264,6 +262,8 @@ class QueryBatcher:
                     if not future.done():
                         future.set_exception(e)
                 continue
+            finally:
+                self._last_search_s = time.monotonic() - started
             start = 0
             for item_queries, item_topk, future in batch:
                 part = [h[:item_topk] for h in hits[start:start + len(item_queries)]]

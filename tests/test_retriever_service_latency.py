@@ -10,7 +10,8 @@ import time
 
 from fastapi.testclient import TestClient
 
-from retriever.service import PortInUseError, ServiceSettings, bind_socket, create_app, json_depth_exceeds
+from retriever.service import (Metrics, PortInUseError, QueryBatcher, ServiceSettings, bind_socket, create_app,
+                               json_depth_exceeds)
 
 
 def test_accepted_connections_get_tcp_nodelay():
@@ -95,3 +96,29 @@ def test_deeply_nested_body_is_a_counted_400_with_one_log_line(caplog):
     assert m["rejected_by_reason"] == {"json_too_deep": 1} and m["requests_by_status"] == {"200": 1, "400": 1}
     lines = [rec for rec in caplog.records if rec.name == "retriever.service"]
     assert len(lines) == 1 and "\n" not in lines[0].getMessage() and not lines[0].exc_info
+
+
+def test_a_batch_waits_for_the_clients_of_the_last_one_instead_of_splitting_them():
+    """8 clients that come back 0 to 14 ms after their answer, a 100 ms search: every batch holds all 8 requests
+    (searching whatever arrived within a few ms would split them over two index passes)."""
+    sizes = []
+
+    def search(queries, topk):
+        sizes.append(len(queries))
+        time.sleep(0.1)
+        return [[{"id": q, "contents": q, "score": 1.0}] for q in queries]
+
+    async def main():
+        batcher = QueryBatcher(search, window_ms=250, max_batch_queries=256, metrics=Metrics())
+        batcher.start()
+
+        async def client(c):
+            for i in range(4):
+                assert (await batcher.submit([f"{c}-{i}"], 1))[0][0]["id"] == f"{c}-{i}"
+                await asyncio.sleep(0.002 * c)
+
+        await asyncio.gather(*(client(c) for c in range(8)))
+        await batcher.stop()
+
+    asyncio.run(main())
+    assert sizes == [8, 8, 8, 8], sizes
