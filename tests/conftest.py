@@ -32,8 +32,8 @@ def free_port() -> int:
 TEST_WORLD_CONFIG = WorldConfig(
     seed=0,
     num_people=24,
-    num_cities=8,
-    num_companies=10,
+    num_cities=12,
+    num_companies=16,  # with 12 cities: 24 validation and 24 test questions, one per fact
     num_rivers=4,
     distractors_per_entity=1,
     multi_hop_fraction=0.4,

