@@ -240,6 +240,10 @@ def warm_start_shortfalls(card: dict[str, Any]) -> list[str]:
         last = [c for c in checks if c.get("stage") == stage][-1:]
         acc = ", ".join(f"{k} {v:.2f}" for k, v in last[0].items() if isinstance(v, float)) if last else "not measured"
         out.append(f"drill stage {stage!r} used its whole budget without meeting its copy targets (last check: {acc})")
+    one_token = policy.get("name_words_one_token")
+    if isinstance(one_token, float) and one_token < 1.0:
+        out.append(f"only {one_token:.2f} of the corpus' name words are one token after a space: raise "
+                   "tokenizer_vocab_size")
     greedy = (card.get("warm_start") or {}).get("greedy") or {}
     for key, target in WARM_START_TARGETS.items():
         value = greedy.get(key)

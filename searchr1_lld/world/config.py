@@ -49,7 +49,7 @@ class WorldConfig:
                                   "like the test split's; one question per fact): what learning rates and step counts are chosen on")
     num_test_questions: int = opt(400, "questions in the test split (scored once per run, at its end; the world "
                                   "build never reads it)")
-    tokenizer_vocab_size: int = opt(2048, "vocabulary of the world's tokenizer (BPE + tags; year tokens come on top)")
+    tokenizer_vocab_size: int = opt(6144, "vocabulary of the world's tokenizer (BPE + tags; year tokens come on top): large enough that every name word of the corpus is one token after a space (the default world's 1,639 name words: 2048 left 88 of them one token, 4096 1,246, 6144 all)")
     tokenizer_year_tokens: bool = opt(
         True, "every year of the corpus is one token (' 1874', like a name word) and the warm start's renaming maps "
         "years onto the corpus' years; false: years are digit tokens and renamed to any year 1000-1999")
@@ -61,7 +61,7 @@ class WorldConfig:
     warmstart_trajectories: int = opt(2400, "warm start: scripted trajectories (steps = trajectories x epochs / batch)")
     warmstart_epochs: int = opt(1, "warm start: epochs over the trajectories")
     warmstart_lr: float = opt(5e-4, "warm start: peak learning rate of the trajectory phase (cosine decay)")
-    warmstart_drills: int = opt(64000, "warm start: copy drills before the trajectories (drills.build_copy_drills); with batch 16, the drill-step budget (4,000 steps; the default world on an Intel Xeon uses it all, answer probe 0.46 < its 0.6 target, and still copies: docs/lab.md)")
+    warmstart_drills: int = opt(64000, "warm start: copy drills before the trajectories (drills.build_copy_drills); with batch 16, the drill-step budget (4,000 steps; a stage ends earlier once its copy targets are met)")
     warmstart_drill_lr: float = opt(2e-3, "warm start: learning rate of the drill phase (1e-2 never forms the copy circuit)")
     warmstart_drill_batch_size: int = opt(16, "warm start: drills per optimiser step")
     warmstart_drill_prompt_share: float = opt(0.25, "warm start: share of the drills (the last) that start from the whole prompt")
@@ -75,7 +75,7 @@ class WorldConfig:
     warmstart_answer_think: str = opt("quote", "warm start: the think before an answer: `quote` (the passage's words from the last mention of its title up to the answer, a span copy; docs/lab.md) or `fixed` (`found it`: the answer is a lookup)")
     warmstart_bridge_think: str = opt("fixed", "warm start: the think before the second hop's search: `fixed` (`one more hop`: the bridge entity is a lookup) or `quote` (the first hop's passage from its title up to the bridge entity, a span copy like the answer's; docs/lab.md)")
     warmstart_quality: float = opt(0.6, "warm start: share of trajectories that are fully correct")
-    warmstart_one_hop_share: float = opt(0.5, "warm start: share of multi-hop trajectories that answer after the first hop (drawn before warmstart_quality): the second hop is then a decision RL learns (0.5: greedy multi-hop EM 0.33 vs single-hop 0.45, docs/lab.md)")
+    warmstart_one_hop_share: float = opt(0.5, "warm start: share of multi-hop trajectories that answer after the first hop (drawn before warmstart_quality): the second hop is then a decision RL learns (configs/world/default.yaml: 0.85)")
     warmstart_batch_size: int = opt(8, "warm start: trajectories per optimiser step")
     warmstart_shuffle_names: bool = opt(True, "warm start: rename entities/years per trajectory (copy, don't memorise)")
     warmstart_env_loss_weight: float = opt(0.3, "warm start: LM-loss weight of prompt/observation tokens (generated: 1)")

@@ -10,7 +10,8 @@ A seeded generator (``generate_world(cfg)``) invents
 - QA rows (:mod:`.questions`) in the project schema ``{id, question, golden_answers, data_source, metadata}`` in two families:
   single-hop (one search on the subject suffices) and multi-hop (the first passage names a bridge entity, whose own
   passage states the answer: two chained searches), with ``metadata = {"hops", "family", "support_ids", "subject",
-  "bridge"}``.
+  "bridge", "fact"}`` (``fact``: the entity that holds the answer and the attribute, ``"Mera Ost|birth_year"``; the
+  held-out splits ask one question per fact, and their test questions are drawn with ``WorldConfig.test_seed``).
 
 Train / validation / test splits without entity leakage: people, cities and companies are partitioned into a train,
 a validation and a test part, each *closed under the relations that questions follow* (a test company's founder is a
