@@ -40,10 +40,10 @@ def test_deterministic_for_a_seed() -> None:
 
 def test_sizes_follow_the_config(world) -> None:
     counts = world.counts()
-    assert (counts["people"], counts["cities"], counts["companies"], counts["rivers"]) == (60, 20, 24, 8)
-    assert counts["distractor_passages"] == 60 + 20 + 24  # one per person, city, company
-    assert counts["train_questions"] == 400 and counts["test_questions"] == 100
-    assert counts["train_multi_hop"] == round(400 * 0.4) and counts["test_multi_hop"] == round(100 * 0.4)
+    assert (counts["people"], counts["cities"], counts["companies"], counts["rivers"]) == (300, 150, 280, 8)
+    assert counts["distractor_passages"] == 300 + 150 + 280  # one per person, city, company
+    assert (counts["train_questions"], counts["val_questions"], counts["test_questions"]) == (400, 400, 400)
+    assert counts["train_multi_hop"] == counts["val_multi_hop"] == counts["test_multi_hop"] == 200
 
 
 def test_corpus_format(world) -> None:
@@ -60,7 +60,7 @@ def test_row_schema(world) -> None:
         assert set(r) == {"id", "question", "golden_answers", "data_source", "metadata"}
         assert r["question"].endswith("?") and r["golden_answers"] and r["data_source"] == "synthetic"
         assert r["metadata"]["hops"] in (1, 2) and len(r["metadata"]["support_ids"]) == r["metadata"]["hops"]
-    assert len({r["id"] for r in world.train_rows + world.test_rows}) == 500
+    assert len({r["id"] for r in world.train_rows + world.test_rows}) == 800
 
 
 def test_every_answer_is_stated_by_its_support_passage(world) -> None:
@@ -111,6 +111,55 @@ def test_train_val_and_test_share_no_subject_bridge_or_support_passage(world) ->
         assert not {r["question"] for r in splits[a]} & {r["question"] for r in splits[b]}, (a, b)
 
 
+def test_held_out_splits_ask_one_question_per_fact(world) -> None:
+    """Validation and test hold 400 questions each, no two asking the same fact (``metadata["fact"]``: the entity
+    that holds the answer and the attribute), within a split or across splits; every row names its cluster (the
+    subject) and its hop count."""
+    from searchr1_lld.world.questions import FACT_ATTRIBUTE
+
+    facts = {}
+    for split in ("val", "test"):
+        rows = getattr(world, f"{split}_rows")
+        assert len(rows) >= 400
+        facts[split] = [r["metadata"]["fact"] for r in rows]
+        assert len(set(facts[split])) == len(rows), split
+        for r in rows:
+            meta = r["metadata"]
+            holder = meta["bridge"] if meta["hops"] == 2 else meta["subject"]
+            assert meta["fact"] == f"{holder}|{FACT_ATTRIBUTE[meta['family']]}"
+            assert meta["subject"] and meta["hops"] in (1, 2)
+    train_facts = {r["metadata"]["fact"] for r in world.train_rows}
+    assert not set(facts["val"]) & set(facts["test"]) and not train_facts & (set(facts["val"]) | set(facts["test"]))
+
+
+def test_a_founder_question_and_the_founder_s_own_question_are_one_fact() -> None:
+    """"When was the founder of X born?" asks what "When was <X's founder> born?" asks: the same fact, so a held-out
+    split never holds both, while the two multi-hop families of one founder are two facts."""
+    from searchr1_lld.world.generate import Company, Person
+    from searchr1_lld.world.questions import candidates
+
+    person = Person("Ash Bren", 1850, "Mora", "poet", "val")
+    company = Company("Velm Works", "Ash Bren", 1890, "Mora", "textile", "val")
+    parts = {"people": [person], "cities": [], "companies": [company], "doc_id_of": {"Ash Bren": "0", "Velm Works": "1"}}
+    parts["cities"] = [type("C", (), {"name": "Mora", "river": "Sel River", "founded_year": 1200, "split": "val"})()]
+    parts["doc_id_of"]["Mora"] = "2"
+    single, multi = candidates(parts, "val", ("founder_birth_year", "founder_birth_city"))
+    fact_of = {q["family"]: q["fact"] for q in single + multi}
+    assert fact_of["founder_birth_year"] == fact_of["person_birth_year"] == "Ash Bren|birth_year"
+    assert fact_of["founder_birth_city"] == fact_of["person_birth_city"] != fact_of["founder_birth_year"]
+
+
+def test_the_test_questions_follow_their_own_seed(world) -> None:
+    """The test split's questions are drawn with ``test_seed``: another test seed draws other test questions and
+    leaves the training and validation questions as they are."""
+    other = generate_world(dataclasses.replace(DEFAULT, test_seed=DEFAULT.test_seed + 1))
+    assert other.train_rows == world.train_rows and other.val_rows == world.val_rows
+    assert [r["metadata"]["fact"] for r in other.test_rows] != [r["metadata"]["fact"] for r in world.test_rows]
+    assert {r["metadata"]["subject"] for r in other.test_rows} <= {p.name for p in world.people + world.companies
+                                                                   if p.split == "test"} | {
+        c.name for c in world.cities if c.split == "test"}
+
+
 def test_held_out_rows_say_whether_their_answer_is_a_training_answer(world) -> None:
     from searchr1_lld.rewards import normalize_answer
     from searchr1_lld.world.splits import guessable
@@ -155,8 +204,10 @@ def test_name_words_are_grouped_by_the_role_they_play(world) -> None:
 def test_impossible_sizes_are_clear_errors() -> None:
     with pytest.raises(ValueError, match="num_people"):
         generate_world(dataclasses.replace(DEFAULT, num_people=1))
-    with pytest.raises(ValueError, match="distinct ones"):
+    with pytest.raises(ValueError, match="distinct questions"):
         generate_world(dataclasses.replace(DEFAULT, num_train_questions=100_000))
+    with pytest.raises(ValueError, match="one per fact.*num_val_questions"):
+        generate_world(dataclasses.replace(DEFAULT, num_val_questions=2_000))
 
 
 def test_overrides_parse_and_hash() -> None:
@@ -208,17 +259,17 @@ def test_ensure_world_reuses_a_finished_build(tiny_world: Path, tiny_world_confi
     assert (tiny_world / "model" / "config.json").stat().st_mtime_ns == model_mtime
 
 
-YEAR_HOPS = dataclasses.replace(DEFAULT, num_people=80, num_companies=32, multi_hop_fraction=0.5, multi_hop_families=[
-    "founder_birth_year", "founder_occupation", "hq_founded_year", "birthplace_founded_year"])
+OTHER_HOPS = dataclasses.replace(DEFAULT, multi_hop_families=[
+    "founder_occupation", "founder_birth_city", "hq_river", "birthplace_founded_year"])
 
 
 def test_multi_hop_families_choose_what_the_world_asks(world) -> None:
     assert {r["metadata"]["family"] for r in world.test_rows if r["metadata"]["hops"] == 2} == {
-        "founder_birth_year", "founder_birth_city", "founder_occupation", "hq_river", "birthplace_river"}
-    chosen = generate_world(YEAR_HOPS)
+        "founder_birth_year", "founder_birth_city", "hq_founded_year", "birthplace_founded_year"}
+    chosen = generate_world(OTHER_HOPS)
     multi = [r for r in chosen.train_rows + chosen.test_rows if r["metadata"]["hops"] == 2]
-    assert {r["metadata"]["family"] for r in multi} == set(YEAR_HOPS.multi_hop_families)
-    assert chosen.counts()["test_multi_hop"] == 50
+    assert {r["metadata"]["family"] for r in multi} == set(OTHER_HOPS.multi_hop_families)
+    assert chosen.counts()["test_multi_hop"] == 200
     # the city-year families: the bridge is the city, its passage states the founding year, the first one does not
     cities = {c.name: c for c in chosen.cities}
     for r in multi:
@@ -252,3 +303,80 @@ def test_warm_start_shortfalls_name_unmet_drill_targets_and_weak_figures() -> No
     card["warm_start"]["greedy"]["answer_copied_rate"] = 0.5
     assert warm_start_shortfalls(card) == []
     assert warm_start_shortfalls({"warm_start": {"greedy": {"answer_copied_rate": float("nan")}}}) == []
+
+
+def _measured(one_hop: float, two_hop: float, pass_k: float, majority: float) -> dict:
+    return {"split": "val", "greedy_em_by_hops": {"1": one_hop, "2": two_hop}, "two_hop_pass_at_k": pass_k,
+            "majority_train_answer_em_by_hops": {"1": 0.3, "2": majority}}
+
+
+def test_acceptance_names_every_figure_it_misses() -> None:
+    """The warm start's acceptance on validation: single-hop greedy EM >= 0.8, two-hop greedy EM <= 0.15, two-hop
+    pass@k >= 0.4, two-hop majority-training-answer EM <= 0.05; the bounds themselves pass, every miss is named."""
+    from searchr1_lld.world.build import acceptance
+
+    ok = acceptance(_measured(0.8, 0.15, 0.4, 0.05))
+    assert ok["passed"] and ok["missed"] == [] and ok["split"] == "val"
+    assert set(ok["figures"]) == {"greedy_one_hop_em", "greedy_two_hop_em", "two_hop_pass_at_k",
+                                  "two_hop_majority_train_answer_em"}
+    bad = acceptance(_measured(0.79, 0.2, 0.39, 0.06))
+    assert not bad["passed"] and len(bad["missed"]) == 4
+    assert "greedy_one_hop_em 0.790, needs >= 0.8" in bad["missed"][0]
+    assert "greedy_two_hop_em 0.200, needs <= 0.15" in bad["missed"][1]
+    one = acceptance(_measured(0.9, 0.1, 0.5, 0.0) | {"two_hop_pass_at_k": float("nan")})
+    assert one["missed"] == ["acceptance missed: two_hop_pass_at_k nan, needs >= 0.4 (val split)"]
+    assert warm_start_shortfalls({"acceptance": one}) == one["missed"]
+
+
+def test_pass_at_k_and_majority_answer_baseline_by_hand() -> None:
+    from types import SimpleNamespace
+
+    from searchr1_lld.world.scoring import majority_answer_em, pass_at_k
+
+    def traj(row_id: str, reward: float):
+        return SimpleNamespace(row={"id": row_id}, reward=reward)
+
+    # row a solved by one of its 3 samples, b by none, c by two: pass@3 = 2/3
+    trajs = [traj("a", 0), traj("a", 1), traj("a", 0), traj("b", 0), traj("b", 0), traj("b", 0),
+             traj("c", 1), traj("c", 1), traj("c", 0)]
+    assert pass_at_k(trajs) == pytest.approx(2 / 3)
+
+    def row(family: str, answer: str) -> dict:
+        return {"golden_answers": [answer], "metadata": {"family": family}}
+
+    train = [row("f", "1850"), row("f", "1850"), row("f", "1900"), row("g", "Mora"), row("g", "Kel")]
+    held_out = [row("f", "1850"), row("f", "1901"), row("g", "Kel"), row("g", "Mora"), row("h", "x")]
+    # f's majority is 1850 (1 of 2 right); g ties between Kel and Mora: the alphabetically first, Kel (1 of 2);
+    # h has no training answer (0 of 1)
+    assert majority_answer_em(train, held_out) == pytest.approx(2 / 5)
+
+
+def test_the_build_measures_on_validation_and_never_reads_test(tmp_path, monkeypatch) -> None:
+    """A whole build with its measurement, every read of a ``qa/test.jsonl`` an error: the build finishes, measured
+    on the validation split, its acceptance in ``world.json``."""
+    import builtins
+    import io
+
+    from conftest import TEST_WORLD_CONFIG
+    from searchr1_lld.world.build import build_world
+
+    real_open = builtins.open
+
+    def guarded_open(file, mode="r", *args, **kwargs):
+        path = Path(file) if isinstance(file, (str, Path)) else None
+        if path is not None and path.name == "test.jsonl" and path.parent.name == "qa" and "r" in mode:
+            raise AssertionError(f"the world build read the test split: {path}")
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", guarded_open)
+    monkeypatch.setattr(io, "open", guarded_open)
+    cfg = dataclasses.replace(TEST_WORLD_CONFIG, num_train_questions=16, num_val_questions=8, num_test_questions=8,
+                              warmstart_trajectories=16, warmstart_drills=0, warmstart_measure_pass_k=2)
+    card = build_world(tmp_path / "w", cfg, progress=False, measure=True)
+    with pytest.raises(AssertionError, match="read the test split"):
+        read_jsonl(tmp_path / "w" / "qa" / "test.jsonl")  # the guard is live
+    assert card["warm_start"]["split"] == "val" and card["warm_start"]["questions"] == 8
+    assert card["acceptance"]["split"] == "val" and len(card["acceptance"]["figures"]) == 4
+    assert card["test_seed"] == cfg.test_seed
+    assert json.loads((tmp_path / "w" / "world.json").read_text())["acceptance"] == json.loads(
+        json.dumps(card["acceptance"]))

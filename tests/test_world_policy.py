@@ -177,18 +177,6 @@ def test_name_shuffler_renames_consistently() -> None:
     assert len(seen) > 2  # different trajectories get different names
 
 
-def test_permutation_draws_what_random_sample_draws() -> None:
-    """The renamer's permutation is ``Random.sample(items, len(items))`` draw for draw (the worlds built before it
-    keep their drills), for pool sizes from 0 to 200 (powers of two and their neighbours included), and leaves the
-    generator in the same state."""
-    for n in [0, 1, 2, 3, 5, 6, 7, 8, 9, 16, 17, 63, 64, 65, 71, 200]:
-        items = [f"w{i}" for i in range(n)]
-        for seed in range(5):
-            a, b = random.Random(seed), random.Random(seed)
-            assert TR.permutation(a, items) == b.sample(items, n)
-            assert a.getrandbits(64) == b.getrandbits(64)
-
-
 def test_name_shuffler_maps_years_onto_the_year_pool() -> None:
     """With a year pool (the corpus' years, one token each) every year becomes a pool year, one bijection per
     trajectory: two different years never collide, the same year is renamed alike everywhere."""
@@ -632,3 +620,17 @@ def test_copy_metrics_by_hand() -> None:
     assert m["right_without_gold_rate"] == pytest.approx(2 / 4)  # the third (wrong entity) and the fourth (no search)
     assert m["em"] == pytest.approx(3 / 4)
     assert "answer_copied_rate" not in ME.summarize_trajectories(trajs)  # without the corpus: not measured
+
+
+def test_one_token_share_counts_name_words_kept_whole(tiny_world: Path, tiny_tokenizer) -> None:
+    """The build records which share of the corpus' name words are one token after a space; in the test world all
+    are, an invented long word is not, and a share below 1 is a shortfall the build warns about."""
+    from searchr1_lld.world.build import read_card, warm_start_shortfalls
+    from searchr1_lld.world.generate import name_word_groups
+    from searchr1_lld.world.tokenizer import one_token_share
+
+    words = sorted({w for ws in name_word_groups(read_jsonl(tiny_world / "corpus.jsonl")).values() for w in ws})
+    assert one_token_share(tiny_tokenizer, words) == 1.0 == read_card(tiny_world)["policy"]["name_words_one_token"]
+    assert one_token_share(tiny_tokenizer, [words[0], "Qzxqzxqzxqzx"]) == 0.5
+    assert any("raise tokenizer_vocab_size" in line
+               for line in warm_start_shortfalls({"policy": {"name_words_one_token": 0.5}}))

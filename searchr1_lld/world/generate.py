@@ -10,7 +10,8 @@ A seeded generator (``generate_world(cfg)``) invents
 - QA rows (:mod:`.questions`) in the project schema ``{id, question, golden_answers, data_source, metadata}`` in two families:
   single-hop (one search on the subject suffices) and multi-hop (the first passage names a bridge entity, whose own
   passage states the answer: two chained searches), with ``metadata = {"hops", "family", "support_ids", "subject",
-  "bridge"}``.
+  "bridge", "fact"}`` (``fact``: the entity that holds the answer and the attribute, ``"Mera Ost|birth_year"``; the
+  held-out splits ask one question per fact, and their test questions are drawn with ``WorldConfig.test_seed``).
 
 Train / validation / test splits without entity leakage: people, cities and companies are partitioned into a train,
 a validation and a test part, each *closed under the relations that questions follow* (a test company's founder is a
@@ -265,10 +266,14 @@ def _people(rng: random.Random, names: _NameMaker, cfg: WorldConfig, shares: dic
 
 def _companies(rng: random.Random, names: _NameMaker, cfg: WorldConfig, shares: dict[str, float],
                people_by_split: dict[str, list[Person]], city_by_split: dict[str, list[str]]) -> list[Company]:
-    """The (real) companies, each founded by a person of its split and seated in a city of its split."""
+    """The (real) companies, each founded by a person of its split (a distinct one while the split has people who
+    founded none: each founder is a fact of its own) and seated in a city of its split."""
     companies: list[Company] = []
+    founders: dict[str, list[Person]] = {lab: [] for lab in people_by_split}
     for lab in split_labels(rng, cfg.num_companies, shares):
-        founder = rng.choice(people_by_split[lab])
+        if not founders[lab]:  # every person of the split founds one company before anyone founds a second
+            founders[lab] = rng.sample(people_by_split[lab], len(people_by_split[lab]))
+        founder = founders[lab].pop()
         name = f"{names.word()} {rng.choice(COMPANY_SUFFIXES)}"
         names.claim(name)
         companies.append(Company(name=name, founder=founder.name,

@@ -1,5 +1,7 @@
-"""The warm start measured through the real rollout: greedy and sampled EM, format-valid rate, and where the answers
-came from, on the world's test split with the world's own retriever."""
+"""The warm start measured through the real rollout on the world's **validation** split (never test: the test split
+is scored once per run, by the trainer, and no build choice may look at it), with the world's own retriever:
+greedy and sampled EM, format-valid rate, where the answers came from, EM by hop count, pass@k on the two-hop
+questions and the majority-training-answer baseline that the acceptance (``build.WARM_START_ACCEPTANCE``) checks."""
 
 from __future__ import annotations
 
@@ -14,43 +16,60 @@ from searchr1_lld.jsonl import read_jsonl
 from searchr1_lld.protocols import Retriever
 from searchr1_lld.rollout.agent_loop import run_agent_loop
 from searchr1_lld.rollout.backends.hf import HFBackend
-from searchr1_lld.world.scoring import summarize_trajectories
+from searchr1_lld.world.scoring import majority_answer_em, pass_at_k, summarize_trajectories
+
+MEASURED_SPLIT = "val"
+
+
+def _em_by_hops(trajs: list) -> dict[str, float]:
+    """Mean reward of ``trajs`` per ``metadata["hops"]`` (``"1"``, ``"2"``; a hop count without rows is left out)."""
+    out: dict[str, float] = {}
+    for hops in (1, 2):
+        sel = [t for t in trajs if t.row["metadata"]["hops"] == hops]
+        if sel:
+            out[str(hops)] = sum(t.reward for t in sel) / len(sel)
+    return out
 
 
 def measure_warm_start(world_dir: str | Path, *, retriever: Retriever | None = None, limit: int = 0,
-                       sample_n: int = 1, seed: int = 0, progress: bool = False,
+                       sample_n: int = 1, pass_k: int = 8, seed: int = 0, progress: bool = False,
                        rollout_cfg: RolloutConfig | None = None) -> dict[str, Any]:
-    """Roll the world's warm-started policy out on its test split with the world's real retriever.
+    """Roll the world's warm-started policy out on its validation split (``qa/val.jsonl``; ``limit`` > 0: its first
+    ``limit`` rows) with the world's real retriever.
 
-    Returns ``{"greedy": summary, "sampled": summary, "by_hops": {1: em, 2: em}, ...}``: greedy decoding (how the
-    evaluator scores) and temperature-1 sampling (what GRPO sees). Summary fields: see
-    :func:`.scoring.summarize_trajectories`.
+    Returns ``{"split": "val", "questions", "greedy": summary, "sampled": summary, "greedy_em_by_hops",
+    "sampled_em_by_hops", "two_hop_pass_at_k", "pass_k", "majority_train_answer_em_by_hops", ...}``: greedy decoding
+    (how the evaluator scores), temperature-1 sampling (what GRPO sees; ``sample_n`` per row), ``pass_k`` samples per
+    two-hop row (the share with at least one right answer: whether a GRPO group there holds a reward), and the EM of
+    answering each question with its family's most frequent training answer
+    (:func:`.scoring.majority_answer_em`). Summary fields: see :func:`.scoring.summarize_trajectories`.
     """
     world_dir = Path(world_dir)
-    rows = read_jsonl(world_dir / "qa" / "test.jsonl")
+    rows = read_jsonl(world_dir / "qa" / f"{MEASURED_SPLIT}.jsonl")
     if limit:
         rows = rows[:limit]
+    train_rows = read_jsonl(world_dir / "qa" / "train.jsonl")
     tokenizer = AutoTokenizer.from_pretrained(str(world_dir / "tokenizer"))
     model = AutoModelForCausalLM.from_pretrained(str(world_dir / "model"))
     model.eval()
     retriever = retriever or InProcessRetriever(world_dir / "index")
     cfg = rollout_cfg or RolloutConfig(temperature=1.0, top_p=1.0, max_turns=4, topk=3, max_tokens_per_turn=64)
     backend = HFBackend(model, tokenizer, batch_size=cfg.generation_batch_size, seed=seed)
-    greedy = run_agent_loop(rows, backend=backend, tokenizer=tokenizer, retriever=retriever, cfg=cfg, n=1,
-                            greedy=True, progress=progress)
-    sampled = run_agent_loop(rows, backend=backend, tokenizer=tokenizer, retriever=retriever, cfg=cfg, n=sample_n,
-                             greedy=False, progress=progress)
+
+    def roll(subset: list[dict], n: int, greedy: bool) -> list:
+        return run_agent_loop(subset, backend=backend, tokenizer=tokenizer, retriever=retriever, cfg=cfg, n=n,
+                              greedy=greedy, progress=progress)
+
+    greedy = roll(rows, 1, True)
+    sampled = roll(rows, sample_n, False)
+    two_hop = [r for r in rows if r["metadata"]["hops"] == 2]
+    passes = roll(two_hop, pass_k, False) if two_hop else []
     contents_of = {p["id"]: p["contents"] for p in read_jsonl(world_dir / "corpus.jsonl")}
-    by_hops: dict[str, float] = {}
-    sampled_by_hops: dict[str, float] = {}
-    for hops in (1, 2):
-        sel = [t for t in greedy if t.row["metadata"]["hops"] == hops]
-        if sel:
-            by_hops[str(hops)] = sum(t.reward for t in sel) / len(sel)
-        sel = [t for t in sampled if t.row["metadata"]["hops"] == hops]
-        if sel:
-            sampled_by_hops[str(hops)] = sum(t.reward for t in sel) / len(sel)
-    return {"greedy": summarize_trajectories(greedy, contents_of), "sampled": summarize_trajectories(sampled, contents_of),
-            "greedy_em_by_hops": by_hops, "sampled_em_by_hops": sampled_by_hops,
-            "max_tokens_per_turn": cfg.max_tokens_per_turn, "max_turns": cfg.max_turns, "sample_n": sample_n,
-            "test_questions": len(rows)}
+    majority = {str(h): majority_answer_em(train_rows, [r for r in rows if r["metadata"]["hops"] == h])
+                for h in (1, 2)}
+    return {"split": MEASURED_SPLIT, "questions": len(rows),
+            "greedy": summarize_trajectories(greedy, contents_of), "sampled": summarize_trajectories(sampled, contents_of),
+            "greedy_em_by_hops": _em_by_hops(greedy), "sampled_em_by_hops": _em_by_hops(sampled),
+            "two_hop_pass_at_k": pass_at_k(passes), "pass_k": pass_k,
+            "majority_train_answer_em_by_hops": majority,
+            "max_tokens_per_turn": cfg.max_tokens_per_turn, "max_turns": cfg.max_turns, "sample_n": sample_n}

@@ -42,6 +42,18 @@ MULTI_HOP = {
 assert tuple(MULTI_HOP) == MULTI_HOP_FAMILIES, "config.MULTI_HOP_FAMILIES names the families of MULTI_HOP"
 
 
+# family -> the attribute its answer is (of the subject, single-hop; of the bridge entity, multi-hop): a question
+# asks the fact "<entity>|<attribute>", so "When was the founder of X born?" and "When was <X's founder> born?" ask
+# one fact, as do the founder questions of two companies with one founder.
+FACT_ATTRIBUTE = {
+    "person_birth_year": "birth_year", "person_birth_city": "birth_city", "person_occupation": "occupation",
+    "company_founder": "founder", "company_year": "founded_year", "company_hq": "hq_city", "city_river": "river",
+    "founder_birth_year": "birth_year", "founder_birth_city": "birth_city", "founder_occupation": "occupation",
+    "hq_river": "river", "birthplace_river": "river", "hq_founded_year": "founded_year",
+    "birthplace_founded_year": "founded_year",
+}
+
+
 def _river_golds(river: str) -> list[str]:
     return [river, river.removesuffix(" River")]
 
@@ -57,9 +69,10 @@ def candidates(world_parts: dict[str, Any], split: str, multi_hop_families: tupl
     multi: list[dict] = []
 
     def add(pool, family, templates, subject, golds, support, bridge=""):
+        fact = f"{bridge or subject}|{FACT_ATTRIBUTE[family]}"
         for k, tpl in enumerate(templates):
             pool.append({"family": family, "template": k, "question": tpl.format(s=subject), "golds": golds,
-                         "support": support, "subject": subject, "bridge": bridge})
+                         "support": support, "subject": subject, "bridge": bridge, "fact": fact})
 
     for p in world_parts["people"]:
         if p.split != split:
@@ -109,18 +122,46 @@ def _answer_in(golds: list[str], contents: str) -> bool:
     return any(contains_phrase(contents, g) for g in golds)
 
 
+def _one_per_fact(rng: random.Random, pool: list[dict], n: int, taken: set[str]) -> list[dict]:
+    """Up to ``n`` questions of ``pool`` in a seeded order, at most one per fact and none of a fact in ``taken``
+    (the facts chosen are added to ``taken``); each fact's template drawn at random."""
+    order = rng.sample(pool, len(pool))
+    chosen = []
+    for q in order:
+        if len(chosen) == n:
+            break
+        if q["fact"] not in taken:
+            taken.add(q["fact"])
+            chosen.append(q)
+    return chosen
+
+
 def sample_questions(rng: random.Random, single: list[dict], multi: list[dict], n: int, multi_frac: float,
                       passages: list[dict], split: str) -> list[dict]:
+    """``n`` questions of a split (share ``multi_frac`` multi-hop). A held-out split (validation, test) asks one
+    question per fact: no two ask the same fact (``FACT_ATTRIBUTE``), the multi-hop ones drawn first, so that its
+    questions are as many independent measurements as the facts allow; the training split draws distinct
+    questions. ValueError naming the shortfall when the split's entities hold too few."""
     # a multi-hop question must not be answerable from its first passage alone
     multi = [q for q in multi if not _answer_in(q["golds"], passages[int(q["support"][0])]["contents"])]
     n_multi = round(n * multi_frac)
     n_single = n - n_multi
-    if n_multi > len(multi) or n_single > len(single):
+    if split in HELD_OUT_SPLITS:
+        taken: set[str] = set()
+        chosen_multi = _one_per_fact(rng, multi, n_multi, taken)
+        chosen_single = _one_per_fact(rng, single, n_single, taken)
+        what = "distinct facts"
+    else:  # training questions may ask a fact twice (another template, another company of one founder)
+        chosen_multi = rng.sample(multi, n_multi) if n_multi <= len(multi) else multi
+        chosen_single = rng.sample(single, n_single) if n_single <= len(single) else single
+        what = "distinct questions"
+    if len(chosen_multi) < n_multi or len(chosen_single) < n_single:
+        one_per_fact = ", one per fact," if split in HELD_OUT_SPLITS else ""
         raise ValueError(
-            f"{split}: asked for {n_single} single-hop and {n_multi} multi-hop questions but the world only has "
-            f"{len(single)} and {len(multi)} distinct ones; raise num_people/num_companies/num_cities or lower "
-            f"num_{split}_questions")
-    chosen = rng.sample(single, n_single) + rng.sample(multi, n_multi)
+            f"{split}: asked for {n_single} single-hop and {n_multi} multi-hop questions{one_per_fact} but the "
+            f"world only has {len(chosen_single)} and {len(chosen_multi)} {what} for them; raise "
+            f"num_people/num_companies/num_cities or lower num_{split}_questions")
+    chosen = chosen_single + chosen_multi
     rng.shuffle(chosen)
     rows = []
     for i, q in enumerate(chosen):
@@ -130,7 +171,7 @@ def sample_questions(rng: random.Random, single: list[dict], multi: list[dict], 
             "golden_answers": list(q["golds"]),
             "data_source": DATA_SOURCE,
             "metadata": {"hops": len(q["support"]), "family": q["family"], "support_ids": list(q["support"]),
-                         "subject": q["subject"], "bridge": q["bridge"]},
+                         "subject": q["subject"], "bridge": q["bridge"], "fact": q["fact"]},
         })
     return rows
 
@@ -138,12 +179,14 @@ def sample_questions(rng: random.Random, single: list[dict], multi: list[dict], 
 def question_splits(rng: random.Random, cfg: WorldConfig, parts: dict[str, Any], passages: list[dict[str, str]],
                      splits: tuple[str, ...]) -> dict[str, list[dict]]:
     """Every split's QA rows (``parts``: people, cities, companies and doc ids), the held-out rows marked where
-    their answer is a training answer."""
+    their answer is a training answer; train and validation drawn with ``rng``, test with ``cfg.test_seed``."""
     families = tuple(cfg.multi_hop_families)
     rows = {}
     for split in splits:
         single, multi = candidates(parts, split, families)
-        rows[split] = sample_questions(rng, single, multi, getattr(cfg, f"num_{split}_questions"),
+        # the test questions are drawn with their own seed: no recipe setting or other split moves them
+        split_rng = random.Random(cfg.test_seed) if split == "test" else rng
+        rows[split] = sample_questions(split_rng, single, multi, getattr(cfg, f"num_{split}_questions"),
                                         cfg.multi_hop_fraction, passages, split)
     for split in HELD_OUT_SPLITS:
         mark_train_answers(rows[split], rows["train"])

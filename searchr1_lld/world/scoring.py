@@ -71,3 +71,31 @@ def summarize_trajectories(trajs: list, contents_of: dict[str, str] | None = Non
         out.update(provenance_rates([answer_provenance(t.retrieved_ids, t.row["golden_answers"], t.prediction,
                                                        t.reward > 0.5, contents_of) for t in trajs]))
     return out
+
+
+def pass_at_k(trajs: list) -> float:
+    """Share of the rows (``traj.row["id"]``) with at least one trajectory of reward 1 among their samples: pass@k
+    of k samples per row (NaN without trajectories)."""
+    solved: dict[str, bool] = {}
+    for t in trajs:
+        solved[t.row["id"]] = solved.get(t.row["id"], False) or t.reward > 0.5
+    return sum(solved.values()) / len(solved) if solved else float("nan")
+
+
+def majority_answer_em(train_rows: list[dict], rows: list[dict]) -> float:
+    """EM of the majority-answer baseline on ``rows``: each row answered with the most frequent first gold answer of
+    the training rows of its family (``metadata["family"]``; ties: the alphabetically first), no answer for a family
+    training lacks. How much a policy that guesses an answer type's usual value would score (NaN for no rows)."""
+    counts: dict[str, dict[str, int]] = {}
+    for r in train_rows:
+        by_answer = counts.setdefault(r["metadata"]["family"], {})
+        by_answer[r["golden_answers"][0]] = by_answer.get(r["golden_answers"][0], 0) + 1
+    majority = {family: min(c, key=lambda a: (-c[a], a)) for family, c in counts.items()}
+    if not rows:
+        return float("nan")
+    hits = 0
+    for r in rows:
+        guess = majority.get(r["metadata"]["family"])
+        golds = {normalize_answer(g) for g in r["golden_answers"]}
+        hits += guess is not None and normalize_answer(guess) in golds
+    return hits / len(rows)

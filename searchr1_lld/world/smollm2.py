@@ -157,11 +157,12 @@ def link_world_data(base: Path, out: Path) -> None:
 
 
 def build_smollm2_world(base: str | Path, out: str | Path, *, trajectories: int = 192, lr: float = 1e-4,
-                        batch_size: int = 8, measure_limit: int = 0, progress: bool = True,
+                        batch_size: int = 8, measure_limit: int = 0, pass_k: int = 8, progress: bool = True,
                         policy: tuple[Tokenizer, torch.nn.Module] | None = None) -> dict[str, Any]:
     """SFT SmolLM2 on ``trajectories`` of the base world's scripted trajectories; write the world dir ``out``
     (see the module docstring) and return its card. ``policy``: an already loaded ``load_smollm2()`` pair to train
-    in place (else loaded here)."""
+    in place (else loaded here). ``measure_limit`` / ``pass_k``: validation rows measured (0 = all) and samples per
+    two-hop row for pass@k (:func:`.measure.measure_warm_start`)."""
     base, out = Path(base), Path(out)
     card = read_card(base)
     if card is None:
@@ -197,7 +198,7 @@ def build_smollm2_world(base: str | Path, out: str | Path, *, trajectories: int 
         "tokens": stats["tokens"], "parameters": count_parameters(model), "vocab_size": len(tokenizer),
         "mean_example_tokens": sum(lengths) / len(lengths), "max_example_tokens": max(lengths)}
     t2 = time.time()
-    measured = measure_warm_start(out, retriever=retriever, limit=measure_limit, seed=world_cfg.seed,
+    measured = measure_warm_start(out, retriever=retriever, limit=measure_limit, pass_k=pass_k, seed=world_cfg.seed,
                                   progress=progress)
     new_card = {**card, "policy": policy_stats, "warm_start": measured, "base_world": str(base.resolve()),
                 "timings_s": {"load_s": round(t_load, 1), "sft_s": round(t_sft, 1),
@@ -214,10 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trajectories", type=int, default=192, help="scripted SFT trajectories (one epoch)")
     p.add_argument("--lr", type=float, default=1e-4, help="peak SFT learning rate (10%% warmup, cosine to 0)")
     p.add_argument("--batch-size", type=int, default=8, help="trajectories per SFT step")
-    p.add_argument("--measure-limit", type=int, default=0, help="test questions rolled out for world.json (0 = all)")
+    p.add_argument("--pass-k", type=int, default=8, help="samples per two-hop validation question for pass@k")
+    p.add_argument("--measure-limit", type=int, default=0, help="validation questions rolled out for world.json (0 = all)")
     a = p.parse_args(argv)
     card = build_smollm2_world(a.world, a.out, trajectories=a.trajectories, lr=a.lr, batch_size=a.batch_size,
-                               measure_limit=a.measure_limit)
+                               measure_limit=a.measure_limit, pass_k=a.pass_k)
     ws, pol = card["warm_start"], card["policy"]
     print(f"SFT: {pol['steps']} steps, loss {pol['first_loss']:.3f} -> {pol['final_loss']:.3f} "
           f"({card['timings_s']['sft_s']:.0f} s)")

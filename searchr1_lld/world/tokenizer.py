@@ -98,3 +98,13 @@ def corpus_years(texts: list[str]) -> list[str]:
 NAME_WORD_REPEATS = 64  # occurrences of each name word in the tokenizer's training text
 
 
+
+
+def one_token_share(tokenizer, words: list[str]) -> float:
+    """Share of ``words`` that are one token after a space (``" Mouxra"``), as the policy copies a name word: a
+    vocabulary too small for the corpus' names splits them, and copying a name becomes a multi-token circuit
+    (NaN for no words)."""
+    if not words:
+        return float("nan")
+    ids = tokenizer([" " + w for w in words], add_special_tokens=False)["input_ids"]
+    return sum(len(x) == 1 for x in ids) / len(words)

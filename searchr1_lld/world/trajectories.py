@@ -285,30 +285,6 @@ def year_pool(cfg: WorldConfig, results: list[list[dict]], passages: list[dict] 
     return corpus_years([d["contents"] for d in docs]) or None
 
 
-def permutation(rng: random.Random, items: list[str]) -> list[str]:
-    """``rng.sample(items, len(items))``: the same permutation from the same draws, ~3x faster.
-
-    CPython's ``Random.sample`` takes its pool branch when k = n: item ``i`` of the result is drawn uniformly from
-    the ``n - i`` items not yet taken (``getrandbits`` of the bit length, rejected until below ``n - i``), and the
-    last untaken item fills the gap. The warm start renames every name group per drill (64,000 drills, ~70 words a
-    group): inlining the draw saves ~10 s of the default world's build and keeps its drills, hence the world, as
-    they were (tests/test_data_policy.py checks the equality against ``Random.sample``).
-    """
-    pool = list(items)
-    n = len(pool)
-    getrandbits = rng.getrandbits
-    out = [None] * n
-    for i in range(n):
-        left = n - i
-        bits = left.bit_length()
-        j = getrandbits(bits)
-        while j >= left:
-            j = getrandbits(bits)
-        out[i] = pool[j]
-        pool[j] = pool[left - 1]
-    return out
-
-
 class NameShuffler:
     """Rename a trajectory consistently: every entity-name word -> a random other name word *of the same role*
     (a city for a city, a person's last name for a last name, ...), every year -> another year of ``years`` (the
@@ -342,25 +318,44 @@ class NameShuffler:
         if not seen:
             raise ValueError("no name words to shuffle")
         self.words = sorted(seen, key=lambda w: (-len(w), w))
-        self.name_re = re.compile(r"\b(" + "|".join(map(re.escape, self.words)) + r")\b")
+        self.group_of = {w: k for k, words in enumerate(self.groups) for w in words}
+        # a candidate word: a run of letters (names are invented letter words); only those in ``group_of`` change
+        self.word_re = re.compile(r"\b([A-Za-z]+)\b")
         # years: with ``years`` (the corpus' years, one token each) a bijection onto those years, else any year
         # 1000-1999 (digit tokens)
         self.years = sorted(set(years)) if years else None
+        self.year_set = set(self.years or ())
         self.year_re = re.compile(YEAR_PATTERN if self.years else r"\b(1\d{3})\b")
 
-    def __call__(self, segments: list[Segment], rng: random.Random) -> list[Segment]:
+    def _mapping(self, texts: list[str], rng: random.Random) -> tuple[dict[str, str], dict[str, str]]:
+        """One trajectory's bijections: each name word of ``texts`` -> a distinct word of its group, each pool year
+        -> a distinct pool year (drawn only for the words and years the trajectory holds: the same law as a
+        permutation of the whole pool, at a cost independent of the pool's size)."""
+        present: list[set[str]] = [set() for _ in self.groups]
+        found_years: set[str] = set()
+        for text in texts:
+            for w in self.word_re.findall(text):
+                k = self.group_of.get(w)
+                if k is not None:
+                    present[k].add(w)
+            found_years.update(y for y in self.year_re.findall(text) if y in self.year_set)
         names: dict[str, str] = {}
-        for words in self.groups:
-            names.update(zip(words, permutation(rng, words)))
-        years: dict[str, str] = {}
-        if self.years:
-            years.update(zip(self.years, permutation(rng, self.years)))
+        for k, words in enumerate(present):
+            ordered = sorted(words)
+            names.update(zip(ordered, rng.sample(self.groups[k], len(ordered))))
+        ordered_years = sorted(found_years)
+        years = dict(zip(ordered_years, rng.sample(self.years, len(ordered_years)))) if ordered_years else {}
+        return names, years
+
+    def __call__(self, segments: list[Segment], rng: random.Random) -> list[Segment]:
+        texts = [seg.text for seg in segments] + [h["contents"] for seg in segments for h in seg.hits or []]
+        names, years = self._mapping(texts, rng)
 
         def new_year() -> str:
             return rng.choice(self.years) if self.years else str(rng.randint(1000, 1999))
 
         def rename(text: str) -> str:
-            text = self.name_re.sub(lambda m: names[m.group(1)], text)
+            text = self.word_re.sub(lambda m: names.get(m.group(1), m.group(1)), text)
             return self.year_re.sub(lambda m: years.setdefault(m.group(1), new_year()), text)
 
         out = []

@@ -17,7 +17,8 @@ import torch
 from searchr1_lld.inference import evaluating
 from searchr1_lld.world.config import WorldConfig
 from searchr1_lld.world.drills import build_copy_drills, build_drill_probes
-from searchr1_lld.world.tokenizer import corpus_years, tokenizer_training_texts, train_tokenizer
+from searchr1_lld.world.generate import name_word_groups
+from searchr1_lld.world.tokenizer import corpus_years, one_token_share, tokenizer_training_texts, train_tokenizer
 from searchr1_lld.world.trajectories import SearchFn, build_warmstart_examples
 
 
@@ -314,6 +315,8 @@ def build_tiny_policy(out_dir: str | Path, passages: list[dict], train_rows: lis
         **stats,
         "parameters": count_parameters(model),
         "vocab_size": len(tokenizer),
+        "name_words_one_token": one_token_share(
+            tokenizer, sorted({w for words in name_word_groups(passages).values() for w in words})),
         "examples": len(examples),
         "drills": sum(len(stage) for stage in drills.values()),
         "mean_example_tokens": sum(lengths) / len(lengths),
