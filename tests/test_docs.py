@@ -121,9 +121,6 @@ def test_relative_links_resolve(doc: Path):
 # Pointers from code and configs into a document's section: ``docs/x.md, "Section"`` or ``docs/x.md, section "..."``
 _POINTER = re.compile(r"(docs/[\w/.-]+\.md),? (?:section )?\"([^\"\n]+)\"")
 POINTER_SUFFIXES = {".py", ".yaml", ".yml", ".toml", ".cfg"}
-# The world's configs are rewritten with the world (its recipe and comments together); their pointers are checked
-# here once that lands: drop this exemption then.
-POINTERS_CHECKED_ELSEWHERE = {"configs/world"}
 
 
 def section_pointers(text: str) -> list[tuple[str, str]]:
@@ -156,8 +153,7 @@ def _pointer_sources() -> list[Path]:
     for path in sorted(ROOT.rglob("*")):
         parts = path.relative_to(ROOT).parts
         if (path.is_file() and path.suffix in POINTER_SUFFIXES and not set(parts) & SKIP_DIRS
-                and path != Path(__file__).resolve()  # this file's examples point at docs/x.md
-                and not any(rel(path).startswith(d + "/") for d in POINTERS_CHECKED_ELSEWHERE)):
+                and path != Path(__file__).resolve()):  # this file's examples point at docs/x.md
             out.append(path)
     return out
 
