@@ -40,7 +40,7 @@ def test_build_smollm2_world_trains_saves_and_measures(smollm2, tiny_world, tmp_
     tokenizer, model = smollm2[0], copy.deepcopy(smollm2[1])
     before = {k: v.clone() for k, v in model.state_dict().items() if k.endswith("q_proj.weight")}
     out = tmp_path / "w"
-    card = build_smollm2_world(tiny_world, out, trajectories=8, batch_size=8, lr=1e-4, measure_limit=1, pass_k=1,
+    card = build_smollm2_world(tiny_world, out, trajectories=2, batch_size=2, lr=1e-4, measure_limit=1, pass_k=1,
                                progress=False, policy=(tokenizer, model))
     assert card["policy"]["name"] == POLICY_NAME and card["policy"]["steps"] == 1
     assert torch.isfinite(torch.tensor(card["policy"]["first_loss"]))
