@@ -183,14 +183,19 @@ class _T:
         self.row, self.reward = {"id": rid}, reward
 
 
-def test_probe_set_keeps_first_correct_and_measures():
+def test_probe_set_takes_one_batch_and_measures():
     probe = ProbeSet(2)
-    probe.offer([_T("a", 0.0), _T("b", 1.0), _T("b", 1.0)])
-    probe.offer([_T("c", 1.0), _T("d", 1.0)])
+    assert not probe.offer([_T("a", 0.0), _T("b", 0.0)])  # no correct response: still empty
+    assert probe.offer([_T("a", 0.0), _T("b", 1.0), _T("b", 1.0)])  # one per prompt, from this batch only
+    assert not probe.offer([_T("c", 1.0), _T("d", 1.0)])  # frozen: every measurement is over the same responses
+    assert [t.row["id"] for t in probe.trajectories] == ["b"] and probe.filled and not probe.measured
+    probe = ProbeSet(2)
+    probe.offer([_T("b", 1.0), _T("c", 1.0), _T("d", 1.0)])
     assert [t.row["id"] for t in probe.trajectories] == ["b", "c"]
     out = probe.measure(lambda trajs: (torch.tensor([[-1.0, -3.0], [-2.0, 0.0]]), torch.tensor([[1.0, 1.0], [1.0, 0.0]])))
     assert out["probe/logp_per_token"] == pytest.approx(-6 / 3)
     assert out["probe/logp_per_response"] == pytest.approx(-3.0)
+    assert probe.measured
 
 
 def test_phase_collapse_seen_through_probe_when_no_correct_responses_are_sampled():

@@ -131,6 +131,11 @@ def test_one_real_step(tmp_path, tiny_world, shared_retriever, variant):
     assert 0 < m["time/monitor_forward_s"] < m["time/step_s"]
     assert "probe/logp_per_token" in m and m["phase/name"] in ("healthy", "early_stagnation", "steady_decay",
                                                                  "accelerated_collapse")
+    # the probe set (group 0's correct response) is measured before the update too; the update raised its likelihood
+    assert m["probe/initial_logp_per_token"] < m["probe/logp_per_token"]
+    assert m["adv/nonzero_frac"] == pytest.approx(0.5)  # group 0 carries signal, group 1 (all wrong) none
+    assert 1 <= m["actor/signal_updates"] <= m["actor/updates"]
+    assert 0 < m["actor/grad_norm_signal"] <= m["actor/grad_norm"]
     if variant == "llds":
         # after the first mini-batch update logp_new != logp_old, so LLDS acts on some tokens
         assert m["llds/active_token_frac"] > 0 and math.isfinite(m["llds/loss"])

@@ -194,11 +194,14 @@ def engine_learner_gap(
 
 
 class ProbeSet:
-    """A fixed set of correct trajectories whose likelihood is re-measured every ``probe_every`` steps.
+    """A fixed set of correct trajectories whose likelihood is re-measured during training.
 
-    Filled once from the first rollout batches that contain correct responses (up to ``size``), then frozen.
-    ``measure(logp_fn)`` calls ``logp_fn(trajectories) -> (token_logp [B, T], response_mask [B, T])`` and returns
-    ``probe/logp_per_token`` and ``probe/logp_per_response`` (means over the probe set).
+    Filled from the first rollout batch that holds correct responses (one per prompt, up to ``size``), then frozen:
+    every measurement is over the same responses. The trainer measures it before the update of the step that filled
+    it (``probe/initial_logp_per_token``: the likelihood the policy gave them when they were sampled) and then every
+    ``trainer.probe_every`` steps after the update. ``measure(logp_fn)`` calls ``logp_fn(trajectories) ->
+    (token_logp [B, T], response_mask [B, T])`` and returns ``probe/logp_per_token`` and ``probe/logp_per_response``
+    (means over the probe set).
     """
 
     def __init__(self, size: int):
@@ -206,23 +209,27 @@ class ProbeSet:
             raise ValueError("probe size must be >= 0")
         self.size = size
         self.trajectories: list[Any] = []
+        self.measured = False  # measured at least once (the first measurement is the initial one)
 
     @property
-    def full(self) -> bool:
-        return len(self.trajectories) >= self.size
+    def filled(self) -> bool:
+        """Whether the set has taken its responses (it takes them from one batch and then no more)."""
+        return bool(self.trajectories) or self.size == 0
 
-    def offer(self, trajectories: Sequence[Any]) -> None:
-        """Add correct trajectories until the set is full (one per prompt first, for variety)."""
-        if self.full:
-            return
-        seen = {t.row.get("id") if isinstance(t.row, dict) else id(t.row) for t in self.trajectories}
+    def offer(self, trajectories: Sequence[Any]) -> bool:
+        """Take the batch's correct trajectories, one per prompt, up to ``size``, if the set is still empty; returns
+        whether this call filled it."""
+        if self.filled:
+            return False
+        seen: set[Any] = set()
         for t in trajectories:
-            if self.full:
+            if len(self.trajectories) >= self.size:
                 break
             key = t.row.get("id") if isinstance(t.row, dict) else id(t.row)
             if float(t.reward) > 0.5 and key not in seen:
                 self.trajectories.append(t)
                 seen.add(key)
+        return bool(self.trajectories)
 
     def state(self) -> list[Any]:
         return list(self.trajectories)
@@ -231,6 +238,7 @@ class ProbeSet:
         if not self.trajectories:
             return {}
         token_logp, mask = logp_fn(self.trajectories)
+        self.measured = True
         seq = sequence_logp(token_logp, mask)
         return {
             "probe/logp_per_token": float(seq.sum()) / max(float(mask.float().sum()), 1.0),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,8 @@ from searchr1_lld.lab.methods import Method
 
 BASELINES_FILE = "baselines.json.gz"
 SERIES_KEYS = ("reward/em_mean", "lld/correct_logp_old_per_token", "lld/incorrect_logp_old_per_token",
-               "probe/logp_per_token", "actor/grad_norm", "actor/entropy", "rollout/valid_searches_mean",
-               "eval/val_em")
+               "probe/logp_per_token", "probe/initial_logp_per_token", "actor/grad_norm", "actor/grad_norm_signal",
+               "adv/nonzero_frac", "actor/entropy", "rollout/valid_searches_mean", "eval/val_em")
 
 
 def lr_tag(lr: float) -> str:
@@ -61,14 +62,24 @@ def compact_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"step": int(r["step"]), **{k: _round(r[k]) for k in SERIES_KEYS if k in r}} for r in records]
 
 
+def git_commit(cwd: str | Path) -> dict[str, Any]:
+    """The commit the working tree at ``cwd`` is at and whether its tracked files differ from it (what a run
+    records of the code it ran); ``{"commit": None, ...}`` outside a git checkout."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True,
+                           text=True)
+    return {"commit": head.stdout.strip() or None, "dirty": bool(dirty.stdout.strip())}
+
+
 def run_record(method: Method, seed: int, lr: float, lab_run: dict[str, Any], records: list[dict[str, Any]],
-               test_correct: dict[str, int], world_hash: str | None) -> dict[str, Any]:
+               test_correct: dict[str, int], world_hash: str | None, code: dict[str, Any] | None = None
+               ) -> dict[str, Any]:
     """The compact record of one finished run: ``lab_run`` is its lab_run.json, ``records`` its metrics.jsonl,
-    ``test_correct`` its greedy test EM per question id."""
+    ``test_correct`` its greedy test EM per question id, ``code`` the commit it ran (:func:`git_commit`)."""
     ev = lab_run["eval"]
     return {
         "method": method.key, "label": method.label, "seed": seed, "lr": lr, "steps": lab_run["steps"],
-        "world_hash": world_hash, "settings": lab_run.get("settings"),
+        "world_hash": world_hash, "settings": lab_run.get("settings"), "code": code,
         "records": compact_records(records),
         "test": {"em": ev["em"], "em_single_hop": ev.get("em_single_hop"), "em_multi_hop": ev.get("em_multi_hop"),
                  "mean_valid_searches": ev.get("mean_valid_searches"), "correct": test_correct},

@@ -30,7 +30,7 @@ from searchr1_lld.lab.analysis import load_records
 from searchr1_lld.lab.baselines import NoRetrieval, correct_by_id, majority_correct, question_table, read_split
 from searchr1_lld.lab.claims import DESIGN_FILE
 from searchr1_lld.lab.claims_report import CURVES_FILE, write_outputs
-from searchr1_lld.lab.compact import BASELINES_FILE, compact_name, lr_tag, run_record, write_gz_json
+from searchr1_lld.lab.compact import BASELINES_FILE, compact_name, git_commit, lr_tag, run_record, write_gz_json
 from searchr1_lld.lab.evaluating import evaluate_policy, load_policy
 from searchr1_lld.lab.methods import METHODS, REPO_ROOT, lab_config, parse_methods, parse_seeds, read_lab_config
 from searchr1_lld.lab.running import prepare_world, repo_relative, resolve_world_dir, run_lab
@@ -58,6 +58,7 @@ def run_task(config_path: str, lr: float, method_key: str, seed: int, runs_root:
         return out
     runs_dir = runs_root / f"lr{lr_tag(lr)}"
     method = METHODS[method_key]
+    code = git_commit(REPO_ROOT)  # the code this run starts from
     summary = run_lab(config_path=config_path, overrides=[f"trainer.lr={lr}"], seeds=[seed], methods=[method],
                       out_dir=runs_dir / f"report-{method_key}-seed{seed}", runs_dir=runs_dir, sampled=0,
                       train_eval=0, command="python -m searchr1_lld.lab task", world_dir=world_dir)
@@ -65,7 +66,8 @@ def run_task(config_path: str, lr: float, method_key: str, seed: int, runs_root:
     card = read_card(REPO_ROOT / summary["world"]["dir"]) or {}  # an absolute dir stays absolute
     lab_run = {**rec, "settings": dict(summary["shared_settings"])}
     write_gz_json(out, run_record(method, seed, lr, lab_run, load_records(rec["run_dir"]),
-                                  correct_by_id(Path(rec["run_dir"]) / "eval"), card.get("config_hash")))
+                                  correct_by_id(Path(rec["run_dir"]) / "eval"), card.get("config_hash"),
+                                  code=code))
     return out
 
 

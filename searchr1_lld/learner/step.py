@@ -104,6 +104,7 @@ def train_step(learner: Learner, rows: list[dict[str, Any]], *, step: int, probe
     # advantages; logp_old under the current policy, logp_ref under the frozen initial one; rollout correction
     advantages = adv_fns.grpo_outcome_advantages(batch.rewards, batch.group_ids, eps=cfg.algorithm.adv_eps,
                                                  norm_by_std=cfg.algorithm.norm_adv_by_std)
+    metrics["adv/nonzero_frac"] = float((advantages != 0).float().mean())  # responses that carry signal
     logp_old = batch_logprobs(learner, learner.model, batch)
     logp_ref = batch_logprobs(learner, learner.ref_model, batch) if learner.ref_model is not None else None
     if batch.has_engine_logprobs:
@@ -115,6 +116,15 @@ def train_step(learner: Learner, rows: list[dict[str, Any]], *, step: int, probe
     if cfg.algorithm.llds.enabled and lam_answer is not None:
         metrics["llds/lam_answer_effective"] = min(lam_answer, cfg.algorithm.llds.lam)
 
+    # the probe set: filled from the first batch with correct responses; measured (on every rank together, once all
+    # ranks hold theirs) before the first update that follows, then every trainer.probe_every steps after the update
+    probe.offer(trajs)
+    measure_probe = bool(cfg.trainer.probe_every) and not distributed.any_rank(learner.accelerator, not probe.filled)
+    if measure_probe and not probe.measured:
+        metrics.update({k.replace("probe/", "probe/initial_"): v
+                        for k, v in probe.measure(functools.partial(probe_logprobs, learner)).items()
+                        if k != "probe/size"})
+
     # ppo_epochs x mini-batches x micro-batches of objective + backward; one guarded optimiser step per mini-batch
     update = update_policy(learner, batch, advantages, logp_old, logp_ref, tis_weights, lam_answer, step=step)
     metrics.update(update)
@@ -122,8 +132,7 @@ def train_step(learner: Learner, rows: list[dict[str, Any]], *, step: int, probe
     # the LLD monitor: likelihoods after the step's updates. Its own forward: every forward of the update ran with
     # the weights before some optimiser step (the last mini-batch's included), none with the weights after the last
     metrics.update(monitor_metrics(learner, batch, trajs, logp_old))
-    probe.offer(trajs)
-    if cfg.trainer.probe_every and (step + 1) % cfg.trainer.probe_every == 0:
+    if measure_probe and (step + 1) % cfg.trainer.probe_every == 0:
         t_probe = time.time()
         metrics.update(probe.measure(functools.partial(probe_logprobs, learner)))
         metrics["time/probe_s"] = time.time() - t_probe
@@ -203,6 +212,9 @@ def update_policy(learner: Learner, batch: TrajectoryBatch, advantages: torch.Te
     sums: dict[str, float] = {}
     first_kl = [0.0, 0.0]  # KL(ref) token sum and tokens of the step's first mini-batch (before any update)
     grad_norms: list[float] = []
+    # per update: whether any response of its mini-batch (on any rank) has a non-zero advantage, i.e. carries signal
+    has_signal = distributed.agree_max(learner.accelerator, [
+        int(bool((advantages[[i for mb in mini for i in mb]] != 0).any())) for mini in plan])
     skipped = pads = 0
     learner.model.train()
     for mi, (mini, count) in enumerate(zip(plan, n_micro)):
@@ -227,7 +239,7 @@ def update_policy(learner: Learner, batch: TrajectoryBatch, advantages: torch.Te
         gn, ok = learner.optimizer_step()  # and the LR scheduler's, when applied
         grad_norms.append(gn)
         skipped += int(not ok)
-    out = update_metrics(sums, grad_norms, first_kl)
+    out = update_metrics(sums, grad_norms, first_kl, has_signal)
     out.update({"actor/skipped_updates": float(skipped), "actor/micro_batches": float(sum(n_micro)),
                 "actor/padding_micro_batches": float(pads),  # this rank's zero-weight ones (mean over ranks)
                 "actor/lr": learner.optimizer.param_groups[0]["lr"]})
@@ -286,8 +298,12 @@ def micro_step(learner: Learner, batch: TrajectoryBatch, mb: list[int], spec: Ob
     return out, n_tok
 
 
-def update_metrics(sums: dict[str, float], grad_norms: list[float], first_kl: list[float]) -> dict[str, float]:
-    """The step's actor/* and llds/* metrics from the micro-batch sums and the per-update gradient norms."""
+def update_metrics(sums: dict[str, float], grad_norms: list[float], first_kl: list[float],
+                   has_signal: list[int] | None = None) -> dict[str, float]:
+    """The step's actor/* and llds/* metrics from the micro-batch sums and the per-update gradient norms;
+    ``has_signal`` (one flag per update): its mini-batch held a response with a non-zero advantage, which
+    ``actor/grad_norm_signal`` (the largest gradient norm of those updates; NaN when none) and
+    ``actor/signal_updates`` count (an update of all-zero advantages has only the KL's and LLDS's gradients)."""
     out: dict[str, float] = {}
     tok = max(sums.get("tokens", 0.0), 1.0)
     for key in TOKEN_MEANS:
@@ -302,6 +318,10 @@ def update_metrics(sums: dict[str, float], grad_norms: list[float], first_kl: li
     out["actor/grad_norm"] = max(finite) if finite else float("nan")
     out["actor/grad_norm_mean"] = sum(finite) / len(finite) if finite else float("nan")
     out["actor/updates"] = float(len(grad_norms))
+    if has_signal is not None:
+        signal = [g for g, flag in zip(grad_norms, has_signal) if flag and math.isfinite(g)]
+        out["actor/grad_norm_signal"] = max(signal) if signal else float("nan")
+        out["actor/signal_updates"] = float(sum(has_signal))
     if sums.get("actor/forward_positions"):  # positions of the update's forwards that are padding
         out["actor/padded_token_share"] = sums["actor/forward_padding"] / sums["actor/forward_positions"]
     if first_kl[1] > 0:  # 0 at step 0: the reference and the policy are the same weights in the same dtype

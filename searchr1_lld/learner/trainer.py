@@ -153,6 +153,7 @@ class Trainer:
             "skipped_updates": self.skipped_updates,
             "history": self.detector.history,
             "probe": [dataclasses.asdict(t) for t in self.probe.trajectories],
+            "probe_measured": self.probe.measured,
         }
         lr = self.learner
         path = ckpt.save_checkpoint(
@@ -183,6 +184,7 @@ class Trainer:
         self.detector.history = list(state.get("history", []))
         self.probe.trajectories = [Trajectory(**{**t, "action_spans": [tuple(s) for s in t["action_spans"]]})
                                    for t in state.get("probe", [])]
+        self.probe.measured = bool(state.get("probe_measured", self.probe.trajectories))
         lr.sync_engine()
         return path
 
