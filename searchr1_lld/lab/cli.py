@@ -8,6 +8,7 @@ import sys
 from searchr1_lld.config import ConfigError
 from searchr1_lld.lab.claims_report import main as report_main
 from searchr1_lld.lab.grid import main as grid_main
+from searchr1_lld.lab.prereg import main as prereg_main
 from searchr1_lld.lab.methods import FULL_CONFIG, METHODS, QUICK_CONFIG, parse_methods, parse_seeds
 from searchr1_lld.lab.running import run_lab
 
@@ -20,6 +21,8 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
         return grid_main(args_in)
     if args_in and args_in[0] == "report":
         return report_main(args_in[1:])
+    if args_in and args_in[0] == "prereg-report":
+        return prereg_main(args_in[1:])
     p = argparse.ArgumentParser(prog="python -m searchr1_lld.lab", description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="the few-minute mode (configs/lab/quick.yaml, seed 0)")

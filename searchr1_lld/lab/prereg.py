@@ -24,12 +24,14 @@ Anything else the report shows is exploratory and says so.
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from searchr1_lld.lab.analysis import finite, window_mean
 from searchr1_lld.lab.baselines import subjects
+from searchr1_lld.lab.claims import clean
 from searchr1_lld.lab.compact import read_runs
 from searchr1_lld.lab.detection import (Alarm, drop_below_start, held_out_collapse_step, median,
                                         newcombe_difference, ratio_over_early, score_alarm, wilson)
@@ -220,3 +222,99 @@ def analyse(prereg: Mapping[str, Any], runs_dir: str | Path) -> dict[str, Any]:
             "alarms": [score_alarm([{**lab, "records": r["records"]} for lab, r in zip(labels, raw)], a)
                        for a in alarms],
             "phenomena": phenomena_table(labels), "runs": labels}
+
+
+def _f(x: Any, nd: int = 2) -> str:
+    return f"{x:.{nd}f}" if finite(x) else "-"
+
+
+def _share(w: Mapping[str, Any]) -> str:
+    """``k/n = p [lo, hi]`` of a :func:`.detection.wilson` cell."""
+    if not w.get("n"):
+        return "-"
+    return f"{w['k']}/{w['n']} = {w['value']:.2f} [{w['lo']:.2f}, {w['hi']:.2f}]"
+
+
+def _diff(d: Mapping[str, Any]) -> str:
+    return "-" if d.get("value") is None else f"{d['value']:+.2f} [{d['lo']:+.2f}, {d['hi']:+.2f}]"
+
+
+def render(s: Mapping[str, Any]) -> str:
+    """The registered analysis as markdown (every figure from :func:`analyse`'s summary)."""
+    reg = s["registration"]
+    lines = ["# The pre-registered death-spiral comparison: results", "",
+             f"Registered in `docs/lab/preregistration.md` (analysis code at commit `{reg.get('analysis_commit')}`); "
+             f"rebuilt by `{reg['analysis_command']}`. {s['runs_finished']} of {s['runs_planned']} runs finished"
+             + ("." if s["complete"] else ": every figure below is interim until the grid is complete."), "",
+             f"Held-out label: validation EM at or below {_f(s['collapse_bound'], 3)} (0.3 x the warm start's "
+             f"{_f(s['warm_start_val_em'], 3)}) at every evaluation from some step to the end.", "",
+             "## H1: collapse share per arm and learning rate (held-out label)", "",
+             "| arm | " + " | ".join(f"lr {lr}" for lr in next(iter(s["H1"]["cells"].values()), {})) + " |",
+             "|---|" + "---|" * len(next(iter(s["H1"]["cells"].values()), {}))]
+    for arm, cells in s["H1"]["cells"].items():
+        lines.append(f"| {arm} | " + " | ".join(_share(c) for c in cells.values()) + " |")
+    one = s["H1"]
+    lines.append("")
+    if one.get("verdict"):
+        lines.append(f"H1 {one['verdict']}.")
+    for arm, a in one["arms"].items():
+        lines.append(f"- {arm} minus GRPO at lr {', '.join(one['rates'])}: {a['collapsed']}/{a['runs']} vs "
+                     f"{a['grpo_collapsed']}/{a['grpo_runs']}, difference {_diff(a['difference'])}: "
+                     f"{'supported' if a['supported'] else 'not supported'}.")
+    two = s["H2"]
+    lines += ["", f"## H2: the `{two['alarm']}` alarm", "",
+              f"Collapsed runs warned at least {two['lead_k']} steps ahead: {_share(two['warned_k_ahead'])}. "
+              f"Within the rates holding both outcomes ({', '.join(two['mixed_rates']) or 'none'}): fired in "
+              f"{_share(two['fired_in_collapsed'])} of collapsed runs, {_share(two['fired_in_not_collapsed'])} of the "
+              f"others, difference {_diff(two['difference'])}: "
+              + (two["verdict"] if two["verdict"] else "supported" if two["supported"] else "not supported") + "."]
+    three = s["H3"]
+    lines += ["", "## H3: single-hop test EM, LLDS arm minus GRPO at the H1 rates", ""]
+    if three.get("verdict"):
+        lines.append(f"H3 {three['verdict']}.")
+    for arm, a in three["arms"].items():
+        ci = a["difference"]
+        lines.append(f"- {arm}: {_f(ci['mean'], 3)} [{_f(ci['lo'], 3)}, {_f(ci['hi'], 3)}] over {ci['clusters']} "
+                     f"subjects: {'supported' if a['supported'] else 'not supported'}.")
+    lines += ["", "## Alarms against the held-out label (overall; within each rate)", "",
+              "| alarm | reads | where | collapsed | sensitivity [95 % Wilson] | specificity [95 % Wilson] | leads |",
+              "|---|---|---|---|---|---|---|"]
+    for a in s["alarms"]:
+        for where, sc in [("all rates", a["overall"]), *((f"lr {lr}", v) for lr, v in a["by_lr"].items())]:
+            lines.append(f"| {a['alarm']} | {', '.join(a['reads'])} | {where} | {sc['collapsed']}/{sc['runs']} | "
+                         f"{_share(sc['sensitivity'])} | {_share(sc['specificity'])} | "
+                         f"{', '.join(map(str, sc['lead_steps'])) or '-'} |")
+    lines += ["", "## Phenomena per arm and rate (means over seeds; exploratory description)", "",
+              "| arm | lr | runs | probe logp initial -> end | correct logp start -> end | incorrect logp start -> end "
+              "| entropy start -> end | grad norm max / early (all; with signal) | valid searches start -> end "
+              "| reward start -> end |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for p in s["phenomena"]:
+        pair = lambda a, b: f"{_f(p[a])} -> {_f(p[b])}"  # noqa: E731
+        lines.append(f"| {p['method']} | {p['lr']:g} | {p['runs']} | {pair('probe_logp_initial', 'probe_logp_end')} | "
+                     f"{pair('correct_logp_start', 'correct_logp_end')} | "
+                     f"{pair('incorrect_logp_start', 'incorrect_logp_end')} | {pair('entropy_start', 'entropy_end')} | "
+                     f"{_f(p['grad_norm_max_ratio'], 1)}; {_f(p['grad_norm_signal_max_ratio'], 1)} | "
+                     f"{pair('valid_searches_start', 'valid_searches_end')} | {pair('reward_start', 'reward_end')} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(prereg_path: str | Path, runs_dir: str | Path, out_dir: str | Path) -> dict[str, Any]:
+    """``out_dir/summary.json`` and ``out_dir/README.md`` of the registered analysis; returns the summary."""
+    summary = clean(analyse(load_preregistration(prereg_path), runs_dir))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    (out / "README.md").write_text(render(summary))
+    return summary
+
+
+def main(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m searchr1_lld.lab prereg-report", description=__doc__.split("\n\n")[0])
+    p.add_argument("--prereg", default=str(REPO_ROOT / PREREG_FILE), help="the registration's JSON")
+    p.add_argument("--runs", help="the grid's compact results (default: the registration's runs_dir)")
+    p.add_argument("--out", help="report dir (default: the registration's report_dir)")
+    args = p.parse_args(list(argv))
+    reg = load_preregistration(args.prereg)["registration"]
+    s = write_report(args.prereg, args.runs or REPO_ROOT / reg["runs_dir"], args.out or REPO_ROOT / reg["report_dir"])
+    print(f"{s['runs_finished']} of {s['runs_planned']} runs; report in {args.out or reg['report_dir']}")
+    return 0
