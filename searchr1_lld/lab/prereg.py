@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -318,3 +319,41 @@ def main(argv: Sequence[str]) -> int:
     s = write_report(args.prereg, args.runs or REPO_ROOT / reg["runs_dir"], args.out or REPO_ROOT / reg["report_dir"])
     print(f"{s['runs_finished']} of {s['runs_planned']} runs; report in {args.out or reg['report_dir']}")
     return 0
+
+
+def _git(repo: str | Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
+
+
+def registration_violations(repo: str | Path, prereg_file: str, runs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Why the runs cannot count as pre-registered, one sentence each (empty: they all can). ``prereg_file``: the
+    registration's path in the git repository ``repo``; ``runs``: compact run records (their ``code``).
+
+    Checked: the registration is committed and its recorded ``analysis_commit`` is an ancestor of the commit that
+    added it; every run records the clean commit it started from, which descends from the registration's commit and
+    holds the registration as it is now (a run started before it, from a dirty tree or under another registration
+    is named)."""
+    out: list[str] = []
+    added = _git(repo, "log", "--format=%H", "--diff-filter=A", "--", prereg_file).stdout.split()
+    if not added:
+        return [f"{prereg_file} is not committed"]
+    registered = added[-1]  # the commit that first added it
+    now = (Path(repo) / prereg_file).read_text()
+    analysis = json.loads(now)["registration"].get("analysis_commit")
+    if not analysis or _git(repo, "merge-base", "--is-ancestor", str(analysis), registered).returncode != 0:
+        out.append(f"analysis_commit {analysis!r} is not an ancestor of the registration's commit {registered[:10]}")
+    for run in runs:
+        name = f"{run.get('method')}-lr{run.get('lr')}-seed{run.get('seed')}"
+        code = run.get("code") or {}
+        commit = code.get("commit")
+        if not commit:
+            out.append(f"{name} records no commit")
+            continue
+        if code.get("dirty"):
+            out.append(f"{name} started from a tree with uncommitted changes ({commit[:10]})")
+        if _git(repo, "merge-base", "--is-ancestor", registered, commit).returncode != 0:
+            out.append(f"{name} started from {commit[:10]}, which does not descend from the registration's commit "
+                       f"{registered[:10]}")
+        elif _git(repo, "show", f"{commit}:{prereg_file}").stdout != now:
+            out.append(f"{name} started from {commit[:10]}, whose {prereg_file} differs from the registration's")
+    return out
