@@ -44,6 +44,8 @@ def _launch(kind: str, out_dir, world_dir) -> tuple[dict, float]:
     out = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     wall = time.time() - t0
     assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-6000:])
+    # DeepSpeed stays on gloo: its shared-memory op (minutes of g++ on a first launch) is never built
+    assert "shm_comm_op built" not in out.stdout + out.stderr
     print(f"RESULT multirank_{kind}_wall_s {wall:.1f}")
     return json.loads((out_dir / "result.json").read_text()), wall
 

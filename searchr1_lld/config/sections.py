@@ -179,7 +179,8 @@ class TrainerConfig:
                                 "benchmarks' eval/<name>/em with data.source=files) every N steps and at the last one "
                                 "(0 = off; runs evaluate the test rows before and after training anyway)")
     eval_limit: int = opt(0, "questions evaluated during training (first N; 0 = eval.limit, both 0 = all)")
-    probe_every: int = opt(5, "re-measure the probe set every N steps (0 = never)")
+    probe_every: int = opt(5, "re-measure the probe set every N steps (0 = never); it is also measured once before "
+                               "any update of it (probe/initial_logp_per_token)")
     probe_size: int = opt(16, "correct responses kept in the probe set")
     logprob_chunk_size: int = opt(0, "rows of one tile of the log-prob / entropy kernel (0 = sized to the device: "
                                      "256 rows x 8,192 vocabulary columns on CPU, whole-vocabulary tiles of a 256 MiB "

@@ -47,7 +47,18 @@ def make_accelerator(cfg: Config) -> accelerate.Accelerator:
         # accelerate finds no backend on a CPU-only machine unless told: it would then count 1 process although
         # DeepSpeed initialised gloo with all of them (and DeepSpeed's batch-size check fails)
         handlers.append(accelerate.utils.InitProcessGroupKwargs(backend="gloo"))
+        without_deepspeed_shm_op()
     return accelerate.Accelerator(cpu=use_cpu and not deepspeed_requested, mixed_precision=mixed, kwargs_handlers=handlers)
+
+
+def without_deepspeed_shm_op() -> None:
+    """Keep DeepSpeed's CPU communication backend on gloo: as it starts it JIT-compiles its shared-memory all-reduce
+    op (``deepspeed_shm_comm``: one to five minutes of g++ on a first launch, and again in every new build directory)
+    unless its table of compatible ops, which it reads before building, says the op is unavailable. gloo's
+    all-reduce does the same job at the sizes this project runs on CPU ranks."""
+    import deepspeed.ops  # deferred: DeepSpeed is imported only by launches that asked for it
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def configure_deepspeed(accelerator: Accelerator, dist: DistributedFacts, tc: TrainerConfig) -> None:
