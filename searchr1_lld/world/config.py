@@ -19,7 +19,7 @@ from searchr1_lld.config.validation import ConfigError, raise_first
 
 # Bump when the generator (generate.py), the warm-start recipe (tokenizer, trajectories, drills, renaming,
 # warm_start) or the prompt texts it trains on (searchr1_lld/prompts.py) change what a build produces.
-RECIPE_VERSION = 3
+RECIPE_VERSION = 4
 
 # The multi-hop question families the generator knows (questions.MULTI_HOP holds their templates).
 MULTI_HOP_FAMILIES = ("founder_birth_year", "founder_birth_city", "founder_occupation", "hq_river", "birthplace_river",
@@ -66,8 +66,8 @@ class WorldConfig:
     warmstart_drill_batch_size: int = opt(16, "warm start: drills per optimiser step")
     warmstart_drill_prompt_share: float = opt(0.25, "warm start: share of the drills (the last) that start from the whole prompt")
     warmstart_drill_check_every: int = opt(100, "warm start: drill steps between copy-accuracy checks on held-out drills; a curriculum stage ends once the targets are met (0 = run every drill)")
-    warmstart_drill_subject_target: float = opt(0.9, "warm start: teacher-forced subject-query copy accuracy that ends a drill stage (the last: with the answer target)")
-    warmstart_drill_answer_target: float = opt(0.6, "warm start: teacher-forced answer copy accuracy that ends the last drill stage (with the subject target)")
+    warmstart_drill_subject_target: float = opt(0.9, "warm start: teacher-forced subject-query copy accuracy that a drill stage (but the answer-only one) waits for, with the answer target")
+    warmstart_drill_answer_target: float = opt(0.6, "warm start: teacher-forced answer copy accuracy that every drill stage waits for (with the subject target)")
     warmstart_drill_bridge_target: float = opt(0.0, "warm start: teacher-forced bridge-query copy accuracy (the second hop's query, multi-hop questions) that the last drill stage also waits for (0 = not checked)")
     warmstart_drill_probes: int = opt(48, "warm start: held-out drills per kind and context for the copy-accuracy checks")
     warmstart_drill_answer_first: float = opt(0.0, "warm start: share of the drills spent first on answer drills alone (short context; the stage ends once the answer target is met)")

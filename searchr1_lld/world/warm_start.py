@@ -143,10 +143,11 @@ def _train_phase(model, opt, batches, steps: int, lr_at: Callable[[int], float],
 
 def _stage_targets(name: str, last: bool, cfg: WorldConfig) -> dict[str, float]:
     """The copy accuracies that end drill stage ``name`` (``last``: the curriculum's last stage; see
-    :func:`warm_start`)."""
+    :func:`warm_start`): the answer's in every stage (the answer copy forms after the query copy, and a stage that
+    ended on the query alone left it unformed), the subject query's in every stage but ``answer``, the bridge
+    query's in the last."""
     targets = {"subject_query": cfg.warmstart_drill_subject_target} if name != "answer" else {}
-    if name == "answer" or last:
-        targets["answer"] = cfg.warmstart_drill_answer_target
+    targets["answer"] = cfg.warmstart_drill_answer_target
     if last and cfg.warmstart_drill_bridge_target > 0:
         targets["bridge_query"] = cfg.warmstart_drill_bridge_target
     return targets
@@ -225,9 +226,8 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
     then constant. With ``probes`` (``build_drill_probes``) and ``cfg.warmstart_drill_check_every`` > 0 a stage
     ends on evidence: every that many steps the teacher-forced copy accuracy (``copy_accuracy``) on the stage's
     held-out probes (short / full context) is measured, and the stage ends once its targets are met: ``answer``
-    the answer accuracy ``cfg.warmstart_drill_answer_target``, ``short`` the subject-query accuracy
-    ``cfg.warmstart_drill_subject_target`` (the stage is there to form the query copy circuit), the last stage
-    (``full``) both, and the bridge-query accuracy ``cfg.warmstart_drill_bridge_target`` when it is > 0. Every stage
+    the answer accuracy ``cfg.warmstart_drill_answer_target``, ``short`` and the last stage (``full``) that and the
+    subject-query accuracy ``cfg.warmstart_drill_subject_target``, and the bridge-query accuracy ``cfg.warmstart_drill_bridge_target`` when it is > 0. Every stage
     but the last may use its own drills once; the last stage gets what is left of the budget, cycling over its
     drills.
     (The copy circuit forms in a phase change whose step varies from run to run: a fixed count stopped some builds
