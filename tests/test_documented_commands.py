@@ -292,6 +292,10 @@ ENTRIES: tuple[Entry, ...] = (
     RunByTest("lab_quick", ("python -m searchr1_lld.lab --quick --out runs/lab-quick/report",),
               where="tests/test_lab.py::test_quick_lab_report_is_consistent", snippet='lab.main(["--quick", "--out"',
               how="the same command with --runs-dir and --world-dir on the test world"),
+    RunByTest("prereg_report", ("python -m searchr1_lld.lab prereg-report",),
+              where="tests/test_prereg.py::test_the_report_command_writes_the_report",
+              snippet='lab_main(["prereg-report"',
+              how="the same command with --prereg, --runs and --out on a hand-made registration and grid"),
     RunByTest("sweep_local_two", (
         'python -m searchr1_lld.sweep expand --base configs/tiny.yaml --grid "algorithm.llds.lam=0,0.2" --local '
         '--out runs/sweep-lam',),
@@ -370,6 +374,13 @@ ENTRIES: tuple[Entry, ...] = (
         "--methods grpo,llds_action --runs-dir runs/compare --compact docs/lab/runs --jobs 2",),
         reason="the comparison: 18 runs of 40 steps on the large-quoted world, hours on 2 cores; its bookkeeping is "
                "tested in tests/test_lab_claims.py"),
+    CannotRun("prereg_grid", (
+        "python -m searchr1_lld.lab grid --config configs/lab/prereg.yaml --lrs <lrs> --seeds <seeds> "
+        "--methods grpo,llds_response,llds_action,llds_ma --runs-dir runs/prereg --compact docs/lab/prereg/runs "
+        "--jobs 2 --commit",),
+        reason="the registered grid: 4 arms x 4 learning rates x 5 seeds, hours on 2 cores, and refused into "
+               "docs/lab/prereg/runs until the registration is final (tests/test_prereg.py); the driver's "
+               "bookkeeping is tested in tests/test_lab_claims.py"),
     CannotRun("sweep_collect_paper", ("python -m searchr1_lld.sweep collect runs/paper/* --out runs/paper-summary",),
               reason="collects finished runs of the paper grid (8 GPUs each); the subcommand runs as sweep_collect"),
     CannotRun("preflight_paper", (

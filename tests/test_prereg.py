@@ -1,10 +1,16 @@
 """The pre-registered analysis on a hand-made grid of compact runs, and the registration itself."""
 
+import json
+import subprocess
 
 import pytest
 
-from searchr1_lld.lab.compact import BASELINES_FILE, compact_name, write_gz_json
-from searchr1_lld.lab.prereg import analyse, make_alarm, render
+from searchr1_lld.config import ConfigError
+from searchr1_lld.lab.cli import main as lab_main
+from searchr1_lld.lab.compact import BASELINES_FILE, compact_name, read_runs, write_gz_json
+from searchr1_lld.lab.methods import REPO_ROOT
+from searchr1_lld.lab.prereg import (PREREG_FILE, analyse, check_registered, load_preregistration, make_alarm,
+                                     registration_violations, render)
 
 PREREG = {
     "registration": {"analysis_command": "python -m searchr1_lld.lab prereg-report", "analysis_commit": "abc",
@@ -94,3 +100,69 @@ def test_a_registered_alarm_on_the_collapse_signal_is_refused():
 def test_the_analysis_reads_the_baselines(tmp_path):
     with pytest.raises(FileNotFoundError, match="baselines"):
         analyse(PREREG, tmp_path)
+
+
+def _git(repo, *args):
+    out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def test_the_provenance_check_catches_runs_started_before_or_beside_the_registration(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "t@t")
+    _git(repo, "config", "user.name", "t")
+    (repo / "analysis.py").write_text("x = 1\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "analysis")
+    analysis = _git(repo, "rev-parse", "HEAD")
+    reg = {"registration": {"analysis_commit": analysis}}
+    (repo / "prereg.json").write_text(json.dumps(reg))
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "registration")
+    registered = _git(repo, "rev-parse", "HEAD")
+    (repo / "run.txt").write_text("a result\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "a run lands")
+    later = _git(repo, "rev-parse", "HEAD")
+
+    def run(commit, dirty=False):
+        return {"method": "grpo", "lr": 1e-3, "seed": 0, "code": {"commit": commit, "dirty": dirty}}
+
+    assert registration_violations(repo, "prereg.json", [run(registered), run(later)]) == []
+    bad = registration_violations(repo, "prereg.json", [run(analysis), run(later, dirty=True), {"method": "x"}])
+    assert len(bad) == 3 and "does not descend" in bad[0] and "uncommitted" in bad[1] and "no commit" in bad[2]
+    (repo / "prereg.json").write_text(json.dumps({"registration": {"analysis_commit": analysis, "lrs": [1]}}))
+    _git(repo, "commit", "-q", "-am", "the registration edited after runs")
+    edited = registration_violations(repo, "prereg.json", [run(later)])
+    assert len(edited) == 1 and "differs from the registration" in edited[0]
+    (repo / "prereg.json").write_text(json.dumps({"registration": {"analysis_commit": later}}))
+    _git(repo, "commit", "-q", "-am", "analysis commit after the registration")
+    assert "not an ancestor" in registration_violations(repo, "prereg.json", [])[0]
+
+
+def test_the_committed_registration_precedes_every_run_of_its_grid():
+    prereg = load_preregistration()
+    runs, _ = read_runs(REPO_ROOT / prereg["registration"]["runs_dir"])
+    assert registration_violations(REPO_ROOT, PREREG_FILE, runs) == []
+
+
+def test_the_grid_refuses_the_registrations_runs_dir_until_it_is_registered(tmp_path):
+    reg = tmp_path / "prereg.json"
+    reg.write_text(json.dumps({"registration": {"status": "draft", "runs_dir": str(tmp_path / "runs")}}))
+    with pytest.raises(ConfigError, match="before its grid runs"):
+        check_registered(tmp_path / "runs", reg)
+    check_registered(tmp_path / "elsewhere", reg)  # another directory: an exploratory grid
+    reg.write_text(json.dumps({"registration": {"status": "registered", "runs_dir": str(tmp_path / "runs")}}))
+    check_registered(tmp_path / "runs", reg)
+
+
+def test_the_report_command_writes_the_report(grid, tmp_path, capsys):
+    prereg = tmp_path / "prereg.json"
+    prereg.write_text(json.dumps(PREREG))
+    out = tmp_path / "report"
+    assert lab_main(["prereg-report", "--prereg", str(prereg), "--runs", str(grid), "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["runs_finished"] == 8 and summary["H1"]["arms"]["llds_action"]["supported"]
+    assert "## H1" in (out / "README.md").read_text() and "8 of 8 runs" in capsys.readouterr().out

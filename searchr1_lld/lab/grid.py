@@ -33,6 +33,7 @@ from searchr1_lld.lab.claims_report import CURVES_FILE, write_outputs
 from searchr1_lld.lab.compact import BASELINES_FILE, compact_name, git_commit, lr_tag, run_record, write_gz_json
 from searchr1_lld.lab.evaluating import evaluate_policy, load_policy
 from searchr1_lld.lab.methods import METHODS, REPO_ROOT, lab_config, parse_methods, parse_seeds, read_lab_config
+from searchr1_lld.lab.prereg import check_registered
 from searchr1_lld.lab.running import prepare_world, repo_relative, resolve_world_dir, run_lab
 from searchr1_lld.lab.selection import selection_file
 from searchr1_lld.world import read_card
@@ -265,6 +266,7 @@ def main(argv: list[str]) -> int:
             return 0
         if args.jobs < 1:
             raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
+        check_registered(compact_dir)
         design = {"config": args.config, "methods": [m.key for m in parse_methods(args.methods)],
                   "lrs": parse_lrs(args.lrs), "seeds": parse_seeds(args.seeds)}
         write_design(compact_dir, design)

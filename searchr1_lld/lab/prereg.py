@@ -30,6 +30,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from searchr1_lld.config import ConfigError
 from searchr1_lld.lab.analysis import finite, window_mean
 from searchr1_lld.lab.baselines import subjects
 from searchr1_lld.lab.claims import clean
@@ -357,3 +358,14 @@ def registration_violations(repo: str | Path, prereg_file: str, runs: Sequence[M
         elif _git(repo, "show", f"{commit}:{prereg_file}").stdout != now:
             out.append(f"{name} started from {commit[:10]}, whose {prereg_file} differs from the registration's")
     return out
+
+
+def check_registered(compact_dir: str | Path, prereg_path: str | Path = REPO_ROOT / PREREG_FILE) -> None:
+    """Refuse (ConfigError) to run a grid into the registration's ``runs_dir`` before its status is ``registered``:
+    a run of a draft registration could not count as pre-registered. Any other directory passes."""
+    if not Path(prereg_path).is_file():
+        return
+    reg = load_preregistration(prereg_path)["registration"]
+    if Path(compact_dir).resolve() == (REPO_ROOT / reg["runs_dir"]).resolve() and reg.get("status") != "registered":
+        raise ConfigError(f"{reg['runs_dir']} holds the runs of the registration {prereg_path}, whose status is "
+                          f"{reg.get('status')!r}: register it (status 'registered') before its grid runs")
