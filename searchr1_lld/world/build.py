@@ -128,12 +128,9 @@ class _Stages:
         self.bar.update(1)
 
 
-def _build_artefacts(out_dir: Path, cfg: WorldConfig, stages: _Stages, measure: bool,
-                     progress: bool) -> tuple[Any, dict, dict]:
+def _build_artefacts(out_dir: Path, cfg: WorldConfig, stages: _Stages, measure: bool) -> tuple[Any, dict, dict]:
     """The world (corpus and QA files), its index, the tokenizer and warm-started policy and, with ``measure``, the
-    warm start's rollouts; returns (the generated world, the policy's statistics, the measurement or {}). With
-    ``progress`` the long stages show their own bar under the build's (the warm start's steps and copy accuracies,
-    the measurement's rollouts)."""
+    warm start's rollouts; returns (the generated world, the policy's statistics, the measurement or {})."""
     from searchr1_lld.world.measure import measure_warm_start  # deferred: transformers
     from searchr1_lld.world.warm_start import build_tiny_policy  # deferred: torch
 
@@ -146,12 +143,12 @@ def _build_artefacts(out_dir: Path, cfg: WorldConfig, stages: _Stages, measure: 
         retriever = InProcessRetriever(out_dir / "index")
     with stages.stage("policy", "policy: tokenizer and warm start"):
         policy_stats = build_tiny_policy(out_dir, world.passages, world.train_rows, retriever.search, cfg,
-                                         progress=progress)
+                                         progress=False)
     warm_start: dict[str, Any] = {}
     if measure:
         with stages.stage("measure", "measure: warm-start rollouts"):
             warm_start = measure_warm_start(out_dir, retriever=retriever, seed=cfg.seed,
-                                            pass_k=cfg.warmstart_measure_pass_k, progress=progress)
+                                            pass_k=cfg.warmstart_measure_pass_k, progress=False)
     return world, policy_stats, warm_start
 
 
@@ -165,7 +162,7 @@ def build_world(out_dir: Path, cfg: WorldConfig, *, progress: bool = True, measu
                bar_format="{desc}: {n_fmt}/{total_fmt} stages |{bar}| {elapsed}{postfix}")
     stages = _Stages(bar)
     with ticking(bar):
-        world, policy_stats, warm_start = _build_artefacts(out_dir, cfg, stages, measure, progress)
+        world, policy_stats, warm_start = _build_artefacts(out_dir, cfg, stages, measure)
         bar.set_postfix(stage="done")
     bar.close()
 
