@@ -307,15 +307,15 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world, monkeypatch):
     assert em_rows["warm start (untrained)"][6] == f"{warm_sampled['em']:.3f}" and warm_sampled["samples"] == 4
     assert summary["sampled"] == 4
 
-    # copy or recall (--train-eval 100 by default): every policy also evaluated greedily on the first training
-    # questions (RUN/eval_train); the table holds the provenance of each evaluation's own trajectories
+    # copy or recall (--train-eval 16 by default with --quick): every policy also evaluated greedily on the first
+    # training questions (RUN/eval_train); the table holds the provenance of each evaluation's own trajectories
     n_test = _lab_cfg(lab.QUICK_CONFIG).eval.limit
-    n_train = min(100, len((tiny_world / "qa" / "train.jsonl").read_text().splitlines()))
+    n_train = 16
     prov_rows = _table(md, "## Copy or recall")
     assert [r[:2] for r in prov_rows] == [
         ["warm start", f"test ({n_test} q)"], *[[m.label, "test"] for m in methods],
         ["warm start", f"train ({n_train} q)"], *[[m.label, "train"] for m in methods]]
-    assert summary["train_eval"] == 100
+    assert summary["train_eval"] == 16
     for m in methods:
         rec = next(r for r in summary["runs"] if r["method"] == m.key)
         train_res = json.loads((runs_dir / f"{m.key}-seed0" / "eval_train" / "results.json").read_text())

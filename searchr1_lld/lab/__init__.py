@@ -23,7 +23,7 @@ What one lab does
        single-hop / multi-hop EM and searches per question) on the trained policy, in memory, and with ``--sampled N``
        (default 4) the sampled policy's EM (``searchr1_lld.evaluation.sampled_em``: N rollouts per test question at
        the rollout temperature, one sampling seed for every policy; the warm start too), and with ``--train-eval N``
-       (default 100) greedy on the first N training questions (RUN/eval_train);
+       (default 100; 16 with --quick) greedy on the first N training questions (RUN/eval_train);
     4. one markdown report (``OUT/README.md``) + ``OUT/summary.json`` + side-by-side curves (``OUT/*.png``).
 
 Methods (:data:`METHODS`) differ ONLY in ``algorithm.llds.{enabled, gate, ma}``; every other setting, the LLDS

@@ -12,6 +12,8 @@ from searchr1_lld.lab.prereg import main as prereg_main
 from searchr1_lld.lab.methods import FULL_CONFIG, METHODS, QUICK_CONFIG, parse_methods, parse_seeds
 from searchr1_lld.lab.running import run_lab
 
+QUICK_TRAIN_EVAL = 16  # --quick's training questions evaluated per policy (quick.yaml scores 16 test questions)
+
 
 def main(argv: list[str] | None = None, description: str | None = None) -> int:
     """The command line; ``description``: its help text (the package's docstring). ``grid`` / ``task``: the
@@ -36,9 +38,10 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
     p.add_argument("--sampled", type=int, default=4, metavar="N",
                    help="also score every policy sampled: N rollouts per test question at the rollout temperature "
                         "(0 = greedy EM only; finished runs are scored from their last checkpoint)")
-    p.add_argument("--train-eval", type=int, default=100, metavar="N",
+    p.add_argument("--train-eval", type=int, default=None, metavar="N",
                    help="also evaluate every policy greedily on the first N training questions and report, for both "
-                        "splits, whether the answers were copied from a retrieved passage (0 = off; finished runs are "
+                        "splits, whether the answers were copied from a retrieved passage (default 100, with --quick "
+                        f"{QUICK_TRAIN_EVAL}: as many as it scores test questions; 0 = off; finished runs are "
                         "evaluated from their last checkpoint)")
     p.add_argument("--extend-from", metavar="DIR",
                    help="runs dir of this lab trained to fewer trainer.total_steps: missing runs are copied from there "
@@ -55,7 +58,8 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
             out_dir=args.out or ("runs/lab-quick/report" if args.quick else "docs/lab"),
             runs_dir=args.runs_dir or ("runs/lab-quick" if args.quick else "runs/lab"), world_dir=args.world_dir,
             quick=args.quick, report_only=args.report_only, fresh=args.fresh,
-            sampled=args.sampled, extend_from=args.extend_from, train_eval=args.train_eval,
+            sampled=args.sampled, extend_from=args.extend_from,
+            train_eval=args.train_eval if args.train_eval is not None else (QUICK_TRAIN_EVAL if args.quick else 100),
             command="python -m searchr1_lld.lab " + " ".join(argv if argv is not None else sys.argv[1:]),
         )
     except ConfigError as e:
