@@ -375,11 +375,12 @@ ENTRIES: tuple[Entry, ...] = (
         reason="the comparison: 18 runs of 40 steps on the large-quoted world, hours on 2 cores; its bookkeeping is "
                "tested in tests/test_lab_claims.py"),
     CannotRun("prereg_grid", (
-        "python -m searchr1_lld.lab grid --config configs/lab/prereg.yaml --lrs <lrs> --seeds <seeds> "
+        "python -m searchr1_lld.lab grid --config configs/lab/prereg.yaml --lrs 7e-4,1e-3,1.4e-3,2e-3 "
+        "--seeds 0,1,2,3,4 "
         "--methods grpo,llds_response,llds_action,llds_ma --runs-dir runs/prereg --compact docs/lab/prereg/runs "
         "--jobs 2 --commit",),
-        reason="the registered grid: 4 arms x 4 learning rates x 5 seeds, hours on 2 cores, and refused into "
-               "docs/lab/prereg/runs until the registration is final (tests/test_prereg.py); the driver's "
+        reason="the registered grid: 4 arms x 4 learning rates x 5 seeds, hours on 2 cores (its runs are committed "
+               "as they land and checked against the registration in tests/test_prereg.py); the driver's "
                "bookkeeping is tested in tests/test_lab_claims.py"),
     CannotRun("sweep_collect_paper", ("python -m searchr1_lld.sweep collect runs/paper/* --out runs/paper-summary",),
               reason="collects finished runs of the paper grid (8 GPUs each); the subcommand runs as sweep_collect"),

@@ -134,11 +134,12 @@ def test_the_provenance_check_catches_runs_started_before_or_beside_the_registra
     bad = registration_violations(repo, "prereg.json", [run(analysis), run(later, dirty=True), {"method": "x"}])
     assert len(bad) == 3 and "does not descend" in bad[0] and "uncommitted" in bad[1] and "no commit" in bad[2]
     (repo / "prereg.json").write_text(json.dumps({"registration": {"analysis_commit": analysis, "lrs": [1]}}))
-    _git(repo, "commit", "-q", "-am", "the registration edited after runs")
+    assert registration_violations(repo, "prereg.json", [])[0] == "prereg.json has uncommitted changes"
+    _git(repo, "commit", "-q", "-am", "the registration edited after a run started")
     edited = registration_violations(repo, "prereg.json", [run(later)])
-    assert len(edited) == 1 and "differs from the registration" in edited[0]
-    (repo / "prereg.json").write_text(json.dumps({"registration": {"analysis_commit": later}}))
-    _git(repo, "commit", "-q", "-am", "analysis commit after the registration")
+    assert len(edited) == 1 and "does not descend" in edited[0]
+    (repo / "prereg.json").write_text(json.dumps({"registration": {"analysis_commit": "0" * 40}}))
+    _git(repo, "commit", "-q", "-am", "an analysis commit outside the history")
     assert "not an ancestor" in registration_violations(repo, "prereg.json", [])[0]
 
 

@@ -330,19 +330,20 @@ def registration_violations(repo: str | Path, prereg_file: str, runs: Sequence[M
     """Why the runs cannot count as pre-registered, one sentence each (empty: they all can). ``prereg_file``: the
     registration's path in the git repository ``repo``; ``runs``: compact run records (their ``code``).
 
-    Checked: the registration is committed and its recorded ``analysis_commit`` is an ancestor of the commit that
-    added it; every run records the clean commit it started from, which descends from the registration's commit and
-    holds the registration as it is now (a run started before it, from a dirty tree or under another registration
-    is named)."""
-    out: list[str] = []
-    added = _git(repo, "log", "--format=%H", "--diff-filter=A", "--", prereg_file).stdout.split()
-    if not added:
+    The registration's commit is the last commit that changed ``prereg_file``; checked: the file in the working tree
+    is that commit's, and its recorded ``analysis_commit`` is an ancestor of it; every run records the clean commit it
+    started from, which descends from the registration's commit and holds the registration as it is (a run started
+    before the registration took its present form, or from a dirty tree, is named)."""
+    last = _git(repo, "log", "-1", "--format=%H", "--", prereg_file).stdout.strip()
+    if not last:
         return [f"{prereg_file} is not committed"]
-    registered = added[-1]  # the commit that first added it
     now = (Path(repo) / prereg_file).read_text()
+    out: list[str] = []
+    if _git(repo, "show", f"{last}:{prereg_file}").stdout != now:
+        out.append(f"{prereg_file} has uncommitted changes")
     analysis = json.loads(now)["registration"].get("analysis_commit")
-    if not analysis or _git(repo, "merge-base", "--is-ancestor", str(analysis), registered).returncode != 0:
-        out.append(f"analysis_commit {analysis!r} is not an ancestor of the registration's commit {registered[:10]}")
+    if not analysis or _git(repo, "merge-base", "--is-ancestor", str(analysis), last).returncode != 0:
+        out.append(f"analysis_commit {analysis!r} is not an ancestor of the registration's commit {last[:10]}")
     for run in runs:
         name = f"{run.get('method')}-lr{run.get('lr')}-seed{run.get('seed')}"
         code = run.get("code") or {}
@@ -352,9 +353,9 @@ def registration_violations(repo: str | Path, prereg_file: str, runs: Sequence[M
             continue
         if code.get("dirty"):
             out.append(f"{name} started from a tree with uncommitted changes ({commit[:10]})")
-        if _git(repo, "merge-base", "--is-ancestor", registered, commit).returncode != 0:
+        if _git(repo, "merge-base", "--is-ancestor", last, commit).returncode != 0:
             out.append(f"{name} started from {commit[:10]}, which does not descend from the registration's commit "
-                       f"{registered[:10]}")
+                       f"{last[:10]}")
         elif _git(repo, "show", f"{commit}:{prereg_file}").stdout != now:
             out.append(f"{name} started from {commit[:10]}, whose {prereg_file} differs from the registration's")
     return out
