@@ -8,6 +8,7 @@ import pytest
 from searchr1_lld.config import ConfigError
 from searchr1_lld.lab.cli import main as lab_main
 from searchr1_lld.lab.compact import BASELINES_FILE, compact_name, read_runs, write_gz_json
+from searchr1_lld.lab.grid import rebuild_report
 from searchr1_lld.lab.methods import REPO_ROOT
 from searchr1_lld.lab.prereg import (PREREG_FILE, analyse, check_registered, load_preregistration, make_alarm,
                                      registration_violations, render)
@@ -167,3 +168,20 @@ def test_the_report_command_writes_the_report(grid, tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["runs_finished"] == 8 and summary["H1"]["arms"]["llds_action"]["supported"]
     assert "## H1" in (out / "README.md").read_text() and "8 of 8 runs" in capsys.readouterr().out
+
+
+def test_the_grid_rebuilds_the_registered_report_into_its_own_dir(grid, tmp_path):
+    # a result of the registered grid rebuilds the registered analysis (never the other comparison's report)
+    reg = tmp_path / "prereg.json"
+    reg.write_text(json.dumps({**PREREG, "registration": {**PREREG["registration"], "status": "registered",
+                                                          "runs_dir": str(grid), "report_dir": str(tmp_path / "out")}}))
+    for run in grid.glob("*-seed1.json.gz"):
+        run.unlink()
+    paths = rebuild_report(grid, reg)
+    assert {p.name for p in paths} == {"design.json", "summary.json", "README.md"}
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["runs_finished"] == 4
+    for run in grid.glob("*.json.gz"):
+        if run.name != BASELINES_FILE:
+            run.unlink()
+    rebuild_report(grid, reg)  # the baselines alone: an interim report with nothing to test yet
+    assert "0 of 8 runs finished" in (tmp_path / "out" / "README.md").read_text()

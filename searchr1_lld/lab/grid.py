@@ -33,7 +33,8 @@ from searchr1_lld.lab.claims_report import CURVES_FILE, write_outputs
 from searchr1_lld.lab.compact import BASELINES_FILE, compact_name, git_commit, lr_tag, run_record, write_gz_json
 from searchr1_lld.lab.evaluating import evaluate_policy, load_policy
 from searchr1_lld.lab.methods import METHODS, REPO_ROOT, lab_config, parse_methods, parse_seeds, read_lab_config
-from searchr1_lld.lab.prereg import check_registered
+from searchr1_lld.lab.prereg import PREREG_FILE, check_registered, registration_of
+from searchr1_lld.lab.prereg import write_report as write_prereg_report
 from searchr1_lld.lab.running import prepare_world, repo_relative, resolve_world_dir, run_lab
 from searchr1_lld.lab.selection import selection_file
 from searchr1_lld.world import read_card
@@ -174,15 +175,27 @@ def commit(paths: Sequence[Path], message: str) -> None:
     print(f"[grid] could not commit {names}", flush=True)
 
 
+def rebuild_report(compact_dir: Path, prereg_path: Path = REPO_ROOT / PREREG_FILE) -> list[Path]:
+    """The report the compact results in ``compact_dir`` feed, rebuilt from them; the paths it wrote. The
+    registration's runs dir feeds the registered analysis (:mod:`.prereg`, its ``report_dir``); any other the
+    comparison's report in docs/lab and the README's lab block (:mod:`.claims_report`)."""
+    reg = registration_of(compact_dir, prereg_path)
+    if reg is not None:
+        out = REPO_ROOT / reg["report_dir"]
+        write_prereg_report(prereg_path, compact_dir, out)
+        return [compact_dir / DESIGN_FILE, out / "summary.json", out / "README.md"]
+    out = REPO_ROOT / "docs" / "lab"
+    write_outputs(compact_dir, out, REPO_ROOT / "README.md")
+    return [compact_dir / DESIGN_FILE, out / "summary.json", out / "README.md", out / CURVES_FILE,
+            REPO_ROOT / "README.md"]
+
+
 def finish(task: Task, commit_results: bool, compact_dir: Path | None) -> None:
-    """After a task is done: the lab's report rebuilt (``task.report``), then, with ``commit_results``, its files
-    committed."""
+    """After a task is done: the report its results feed rebuilt (``task.report``, :func:`rebuild_report`), then,
+    with ``commit_results``, its files committed."""
     paths = [task.done, *task.also_commit]
     if task.report and compact_dir is not None:
-        out = REPO_ROOT / "docs" / "lab"
-        write_outputs(compact_dir, out, REPO_ROOT / "README.md")
-        paths += [compact_dir / DESIGN_FILE, out / "summary.json", out / "README.md", out / CURVES_FILE,
-                  REPO_ROOT / "README.md"]
+        paths += rebuild_report(compact_dir)
     if commit_results:
         commit(paths, f"lab: result of {task.name}")
 

@@ -361,12 +361,19 @@ def registration_violations(repo: str | Path, prereg_file: str, runs: Sequence[M
     return out
 
 
+def registration_of(compact_dir: str | Path, prereg_path: str | Path = REPO_ROOT / PREREG_FILE
+                    ) -> dict[str, Any] | None:
+    """The registration whose ``runs_dir`` is ``compact_dir`` (its ``registration`` block), or None."""
+    if not Path(prereg_path).is_file():
+        return None
+    reg = load_preregistration(prereg_path)["registration"]
+    return reg if Path(compact_dir).resolve() == (REPO_ROOT / reg["runs_dir"]).resolve() else None
+
+
 def check_registered(compact_dir: str | Path, prereg_path: str | Path = REPO_ROOT / PREREG_FILE) -> None:
     """Refuse (ConfigError) to run a grid into the registration's ``runs_dir`` before its status is ``registered``:
     a run of a draft registration could not count as pre-registered. Any other directory passes."""
-    if not Path(prereg_path).is_file():
-        return
-    reg = load_preregistration(prereg_path)["registration"]
-    if Path(compact_dir).resolve() == (REPO_ROOT / reg["runs_dir"]).resolve() and reg.get("status") != "registered":
+    reg = registration_of(compact_dir, prereg_path)
+    if reg is not None and reg.get("status") != "registered":
         raise ConfigError(f"{reg['runs_dir']} holds the runs of the registration {prereg_path}, whose status is "
                           f"{reg.get('status')!r}: register it (status 'registered') before its grid runs")
