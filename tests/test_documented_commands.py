@@ -253,7 +253,7 @@ ENTRIES: tuple[Entry, ...] = (
     Run("lab_report", ("python -m searchr1_lld.lab report --runs docs/lab/runs --out docs/lab --readme README.md",),
         replace=(("--out docs/lab", "--out {work}/docs/lab"), ("README.md", "{readme_copy}"))),
     # a one-step selection run; its first run also scores the warm start on validation (step 0)
-    Run("demo_select", ("python -m searchr1_lld.demo --select-lr 5e-4 --select-dir docs/demo/select",),
+    Run("demo_select", ("python -m searchr1_lld.demo --select-lr 1e-3 --select-dir docs/demo/select",),
         replace=(("docs/demo", "{work}/docs/demo"),),
         append="--select-steps 1 --select-eval-every 1 --world {world_config} --world-dir {world} " + TOY_RUN),
     # at the settings that selection chose; the demo scores every validation and test question

@@ -18,11 +18,11 @@ POLICY_LABELS = {"majority": "majority training answer per question type",
 REPRODUCE = """## Reproduce
 
 The selection, on the validation split: the warm start's validation EM (step 0, measured by the first selection run)
-and one run per learning rate (here 5e-4; then 1e-3 and 2e-3 the same way; `--select-steps` and
+and one run per learning rate (here 1e-3; then 2e-3 the same way; `--select-steps` and
 `--select-eval-every` set its length and how often it is scored):
 
 ```
-python -m searchr1_lld.demo --select-lr 5e-4 --select-dir docs/demo/select
+python -m searchr1_lld.demo --select-lr 1e-3 --select-dir docs/demo/select
 ```
 
 The demo at the chosen settings (what `make demo` runs, plus this report and the README's demo line): the gain

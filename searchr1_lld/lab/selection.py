@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-SELECT_STEPS = 40  # steps of each selection run (the demo's --select-steps)
+SELECT_STEPS = 30  # steps of each selection run (the demo's --select-steps)
 SELECT_EVAL_EVERY = 5  # validation EM every N steps of a selection run (the demo's --select-eval-every)
 # what a selection run changes in the demo's config: a constant rate without warm-up, so that any prefix of it is a
 # run of that many steps
