@@ -12,7 +12,7 @@
 
     python -m searchr1_lld.demo [--config configs/tiny.yaml] [--world FILE] [--world-dir DIR] [--report DIR]
                                 [--select-dir DIR] [--seeds 0,1,2] [dotted.key=value ...]
-    python -m searchr1_lld.demo --select-lr 1e-3 [--select-steps 40] [--select-eval-every 5]   # one selection run
+    python -m searchr1_lld.demo --select-lr 1e-3 [--select-steps 30] [--select-eval-every 5]   # one selection run
 
 How the settings are chosen (validation only): the warm start's greedy validation EM (step 0) and one run per
 learning rate of ``--select-steps`` steps at a constant learning rate, its greedy validation EM every
