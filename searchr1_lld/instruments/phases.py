@@ -81,7 +81,8 @@ def _finite(values: Iterable[Any]) -> list[float]:
     return [float(v) for v in values if v is not None and isinstance(v, (int, float)) and math.isfinite(v)]
 
 
-def _median(values: list[float]) -> float:
+def median(values: Sequence[float]) -> float:
+    """The median of ``values`` (NaN when there are none)."""
     if not values:
         return NAN
     s = sorted(values)
@@ -206,7 +207,7 @@ class PhaseDetector:
         baseline, and their largest value over the baseline."""
         ev: dict[str, float] = {}
         for key, name in ((self.GRAD_NORM, "grad_norm"), (self.ENTROPY, "entropy")):
-            base = _median(_finite(series[key][: self.t.window]))
+            base = median(_finite(series[key][: self.t.window]))
             now = _nanmean(_finite(win[key])[-2:])
             valid_base = bool(base) and math.isfinite(base) and base > 0
             ev[f"{name}_baseline"] = base

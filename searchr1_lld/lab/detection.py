@@ -19,12 +19,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from searchr1_lld.lab.analysis import finite
+from searchr1_lld.instruments.phases import median
+from searchr1_lld.lab.analysis import VAL_EM_KEY, finite
 
-VAL_EM = "eval/val_em"
 REWARD = "reward/em_mean"
 # the series a collapse label is computed from: no alarm may read them
-COLLAPSE_SIGNALS = frozenset({VAL_EM, REWARD})
+COLLAPSE_SIGNALS = frozenset({VAL_EM_KEY, REWARD})
 Z95 = 1.959963984540054  # the standard normal's 97.5 % quantile
 
 
@@ -56,12 +56,9 @@ def _series(records: Sequence[Mapping[str, Any]], key: str) -> list[tuple[int, f
     return [(int(r["step"]), float(r[key])) for r in records if finite(r.get(key))]
 
 
-def median(values: Sequence[float]) -> float:
-    vals = sorted(values)
-    if not vals:
-        return float("nan")
-    mid = len(vals) // 2
-    return vals[mid] if len(vals) % 2 else 0.5 * (vals[mid - 1] + vals[mid])
+def early_median(values: Sequence[float], early: int) -> float:
+    """The median of the first ``early`` of ``values``, once a later value exists (NaN before)."""
+    return median(values[:early]) if len(values) > early else float("nan")
 
 
 @dataclass(frozen=True)
@@ -104,17 +101,13 @@ def drop_below_start(key: str, drop: float, start_points: int = 1, reference_key
     return rule
 
 
-def ratio_over_early(key: str, ratio: float, early_steps: int,
-                     when: Callable[[Mapping[str, Any]], bool] = lambda r: True
-                     ) -> Callable[[Sequence[Mapping[str, Any]]], bool]:
-    """Rule: the latest value of ``key`` (among the records ``when`` accepts) is at least ``ratio`` times the median
-    of its first ``early_steps`` such values; never before those are all in."""
+def ratio_over_early(key: str, ratio: float, early_steps: int) -> Callable[[Sequence[Mapping[str, Any]]], bool]:
+    """Rule: the latest finite value of ``key`` is at least ``ratio`` times the median of its first ``early_steps``
+    finite values; never before those are all in."""
     def rule(records: Sequence[Mapping[str, Any]]) -> bool:
-        vals = [float(r[key]) for r in records if finite(r.get(key)) and when(r)]
-        if len(vals) <= early_steps:
-            return False
-        base = median(vals[:early_steps])
-        return base > 0 and vals[-1] >= ratio * base
+        vals = [v for _, v in _series(records, key)]
+        base = early_median(vals, early_steps)
+        return finite(base) and base > 0 and vals[-1] >= ratio * base
     return rule
 
 

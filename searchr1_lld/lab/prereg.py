@@ -31,14 +31,15 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from searchr1_lld.config import ConfigError
-from searchr1_lld.lab.analysis import finite, window_mean
+from searchr1_lld.lab.analysis import finite, mean_std, val_em_curve, window_mean
 from searchr1_lld.lab.baselines import subjects
 from searchr1_lld.lab.claims import clean
 from searchr1_lld.lab.compact import read_runs
-from searchr1_lld.lab.detection import (Alarm, drop_below_start, held_out_collapse_step, median,
+from searchr1_lld.lab.detection import (Alarm, drop_below_start, early_median, held_out_collapse_step,
                                         newcombe_difference, ratio_over_early, score_alarm, wilson)
 from searchr1_lld.lab.intervals import clustered_bootstrap
 from searchr1_lld.lab.methods import REPO_ROOT
+from searchr1_lld.lab.report import fmt
 from searchr1_lld.instruments.phases import reward_collapse_step
 
 PREREG_FILE = "docs/lab/preregistration.json"
@@ -74,21 +75,14 @@ def warm_val_em(base: Mapping[str, Any]) -> float:
 
 def val_curve(records: Sequence[Mapping[str, Any]], warm_em: float) -> list[list[float]]:
     """``[[step, validation EM], ...]`` of a run, starting with the warm start's at step 0."""
-    return [[0, warm_em]] + [[int(r["step"]), float(r["eval/val_em"])] for r in records if finite(r.get("eval/val_em"))]
-
-
-def _first_finite(records: Sequence[Mapping[str, Any]], key: str) -> float:
-    vals = [r[key] for r in records if finite(r.get(key))]
-    return float(vals[0]) if vals else float("nan")
+    return [[0, warm_em], *val_em_curve(records)]
 
 
 def _ratio_to_early(records: Sequence[Mapping[str, Any]], key: str, early: int) -> float:
     """Largest value of ``key`` over the median of its first ``early`` finite values (NaN when undefined)."""
     vals = [float(r[key]) for r in records if finite(r.get(key))]
-    if len(vals) <= early:
-        return float("nan")
-    base = median(vals[:early])
-    return max(vals) / base if base > 0 else float("nan")
+    base = early_median(vals, early)
+    return max(vals) / base if finite(base) and base > 0 else float("nan")
 
 
 def phenomena(records: Sequence[Mapping[str, Any]], window: int, early_steps: int) -> dict[str, float]:
@@ -102,7 +96,7 @@ def phenomena(records: Sequence[Mapping[str, Any]], window: int, early_steps: in
                       ("valid_searches", "rollout/valid_searches_mean"), ("reward", "reward/em_mean")):
         out[f"{name}_start"] = window_mean(records, key, "first", window)
         out[f"{name}_end"] = window_mean(records, key, "last", window)
-    out["probe_logp_initial"] = _first_finite(records, "probe/initial_logp_per_token")
+    out["probe_logp_initial"] = window_mean(records, "probe/initial_logp_per_token", "first", 1)
     out["probe_logp_end"] = window_mean(records, "probe/logp_per_token", "last", 1)
     out["grad_norm_max_ratio"] = _ratio_to_early(records, "actor/grad_norm", early_steps)
     out["grad_norm_signal_max_ratio"] = _ratio_to_early(records, "actor/grad_norm_signal", early_steps)
@@ -195,14 +189,9 @@ def phenomena_table(labels: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
     for arm in dict.fromkeys(r["method"] for r in labels):
         for lr in sorted({r["lr"] for r in labels if r["method"] == arm}):
             mine = [r["phenomena"] for r in labels if r["method"] == arm and r["lr"] == lr]
-            mean = {k: _mean([p[k] for p in mine]) for k in mine[0]}
+            mean = {k: mean_std([p[k] for p in mine])[0] for k in mine[0]}
             rows.append({"method": arm, "lr": lr, "runs": len(mine), **mean})
     return rows
-
-
-def _mean(values: Sequence[float]) -> float | None:
-    vals = [v for v in values if finite(v)]
-    return sum(vals) / len(vals) if vals else None
 
 
 def analyse(prereg: Mapping[str, Any], runs_dir: str | Path) -> dict[str, Any]:
@@ -226,10 +215,6 @@ def analyse(prereg: Mapping[str, Any], runs_dir: str | Path) -> dict[str, Any]:
             "phenomena": phenomena_table(labels), "runs": labels}
 
 
-def _f(x: Any, nd: int = 2) -> str:
-    return f"{x:.{nd}f}" if finite(x) else "-"
-
-
 def _share(w: Mapping[str, Any]) -> str:
     """``k/n = p [lo, hi]`` of a :func:`.detection.wilson` cell."""
     if not w.get("n"):
@@ -248,8 +233,8 @@ def render(s: Mapping[str, Any]) -> str:
              f"Registered in `docs/lab/preregistration.md` (analysis code at commit `{reg.get('analysis_commit')}`); "
              f"rebuilt by `{reg['analysis_command']}`. {s['runs_finished']} of {s['runs_planned']} runs finished"
              + ("." if s["complete"] else ": every figure below is interim until the grid is complete."), "",
-             f"Held-out label: validation EM at or below {_f(s['collapse_bound'], 3)} (0.3 x the warm start's "
-             f"{_f(s['warm_start_val_em'], 3)}) at every evaluation from some step to the end.", "",
+             f"Held-out label: validation EM at or below {fmt(s['collapse_bound'], 3)} (0.3 x the warm start's "
+             f"{fmt(s['warm_start_val_em'], 3)}) at every evaluation from some step to the end.", "",
              "## H1: collapse share per arm and learning rate (held-out label)", "",
              "| arm | " + " | ".join(f"lr {lr}" for lr in next(iter(s["H1"]["cells"].values()), {})) + " |",
              "|---|" + "---|" * len(next(iter(s["H1"]["cells"].values()), {}))]
@@ -276,7 +261,7 @@ def render(s: Mapping[str, Any]) -> str:
         lines.append(f"H3 {three['verdict']}.")
     for arm, a in three["arms"].items():
         ci = a["difference"]
-        lines.append(f"- {arm}: {_f(ci['mean'], 3)} [{_f(ci['lo'], 3)}, {_f(ci['hi'], 3)}] over {ci['clusters']} "
+        lines.append(f"- {arm}: {fmt(ci['mean'], 3)} [{fmt(ci['lo'], 3)}, {fmt(ci['hi'], 3)}] over {ci['clusters']} "
                      f"subjects: {'supported' if a['supported'] else 'not supported'}.")
     lines += ["", "## Alarms against the held-out label (overall; within each rate)", "",
               "| alarm | reads | where | collapsed | sensitivity [95 % Wilson] | specificity [95 % Wilson] | leads |",
@@ -291,11 +276,11 @@ def render(s: Mapping[str, Any]) -> str:
               "| entropy start -> end | grad norm max / early (all; with signal) | valid searches start -> end "
               "| reward start -> end |", "|---|---|---|---|---|---|---|---|---|---|"]
     for p in s["phenomena"]:
-        pair = lambda a, b: f"{_f(p[a])} -> {_f(p[b])}"  # noqa: E731
+        pair = lambda a, b: f"{fmt(p[a], 2)} -> {fmt(p[b], 2)}"  # noqa: E731
         lines.append(f"| {p['method']} | {p['lr']:g} | {p['runs']} | {pair('probe_logp_initial', 'probe_logp_end')} | "
                      f"{pair('correct_logp_start', 'correct_logp_end')} | "
                      f"{pair('incorrect_logp_start', 'incorrect_logp_end')} | {pair('entropy_start', 'entropy_end')} | "
-                     f"{_f(p['grad_norm_max_ratio'], 1)}; {_f(p['grad_norm_signal_max_ratio'], 1)} | "
+                     f"{fmt(p['grad_norm_max_ratio'], 1)}; {fmt(p['grad_norm_signal_max_ratio'], 1)} | "
                      f"{pair('valid_searches_start', 'valid_searches_end')} | {pair('reward_start', 'reward_end')} |")
     return "\n".join(lines) + "\n"
 
