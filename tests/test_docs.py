@@ -188,6 +188,23 @@ def test_readme_lab_block_is_what_the_report_command_computes(tmp_path):
     assert (LAB_DIR / "README.md").read_text() == report_markdown(summary)
 
 
+def test_readme_prereg_block_is_what_the_registered_analysis_computes(tmp_path):
+    """README's block of the pre-registered comparison, docs/lab/prereg's summary, report and figures equal what
+    `python -m searchr1_lld.lab prereg-report` computes from the committed compact results (finished or not)."""
+    from searchr1_lld.lab.claims import readme_block_of
+    from searchr1_lld.lab.prereg import (PHENOMENA_FIGURES, README_BEGIN, README_END, load_preregistration,
+                                         readme_block, render, write_report)
+
+    reg = load_preregistration()["registration"]
+    summary = write_report(ROOT / "docs" / "lab" / "preregistration.json", ROOT / reg["runs_dir"], tmp_path)
+    report_dir = ROOT / reg["report_dir"]
+    assert readme_block_of(README.read_text(), README_BEGIN, README_END) == readme_block(summary)
+    assert json.loads((report_dir / "summary.json").read_text()) == summary
+    assert (report_dir / "README.md").read_text() == render(summary)
+    for stem in PHENOMENA_FIGURES:  # the report links one figure per phenomenon, each committed
+        assert (report_dir / f"{stem}.png").is_file() and f"({stem}.png)" in render(summary)
+
+
 def test_lab_summary_holds_what_a_reader_checks_first():
     summary = json.loads((LAB_DIR / "summary.json").read_text())
     assert {"selection", "baselines", "detector", "test_em_ci", "runs"} <= set(summary)

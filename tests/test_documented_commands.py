@@ -292,10 +292,11 @@ ENTRIES: tuple[Entry, ...] = (
     RunByTest("lab_quick", ("python -m searchr1_lld.lab --quick --out runs/lab-quick/report",),
               where="tests/test_lab.py::test_quick_lab_report_is_consistent", snippet='lab.main(["--quick", "--out"',
               how="the same command with --runs-dir and --world-dir on the test world"),
-    RunByTest("prereg_report", ("python -m searchr1_lld.lab prereg-report",),
+    RunByTest("prereg_report", ("python -m searchr1_lld.lab prereg-report",
+                                "python -m searchr1_lld.lab prereg-report --readme README.md"),
               where="tests/test_prereg.py::test_the_report_command_writes_the_report",
               snippet='lab_main(["prereg-report"',
-              how="the same command with --prereg, --runs and --out on a hand-made registration and grid"),
+              how="the same command with --prereg, --runs, --out and --readme on a hand-made registration and grid"),
     RunByTest("sweep_local_two", (
         'python -m searchr1_lld.sweep expand --base configs/tiny.yaml --grid "algorithm.llds.lam=0,0.2" --local '
         '--out runs/sweep-lam',),

@@ -10,8 +10,9 @@ from searchr1_lld.lab.cli import main as lab_main
 from searchr1_lld.lab.compact import BASELINES_FILE, compact_name, read_runs, write_gz_json
 from searchr1_lld.lab.grid import rebuild_report
 from searchr1_lld.lab.methods import REPO_ROOT
-from searchr1_lld.lab.prereg import (PREREG_FILE, analyse, check_registered, load_preregistration, make_alarm,
-                                     registration_violations, render)
+from searchr1_lld.lab.claims import readme_block_of
+from searchr1_lld.lab.prereg import (PREREG_FILE, README_BEGIN, README_END, analyse, check_registered,
+                                     load_preregistration, make_alarm, readme_block, registration_violations, render)
 
 PREREG = {
     "registration": {"analysis_command": "python -m searchr1_lld.lab prereg-report", "analysis_commit": "abc",
@@ -79,7 +80,11 @@ def test_registered_analysis_on_a_hand_made_grid(grid):
     assert probe["by_lr"]["0.001"]["sensitivity"]["k"] == 2 and probe["by_lr"]["0.0005"]["specificity"]["k"] == 4
     assert probe["overall"]["lead_steps"] == [3, 3]
     text = render(s)
-    assert "H1" in text and "probe_drop" in text and "4 of 4" not in text
+    assert "H1" in text and "probe_drop" in text and "4 of 4" not in text and "(likelihood.png)" in text
+    block = readme_block(s)
+    assert block.startswith("8 of 8 runs finished.\n") and "grpo 0/2, 2/2; llds_action 0/2, 0/2" in block
+    assert "- H1 (LLDS collapses less often than GRPO where GRPO collapses): llds_action minus GRPO -1.00 [-1.00, -0.07]: supported" in block  # H1
+    assert "firing share difference +1.00 [+0.07, +1.00]: supported" in block  # H2
 
 
 def test_an_unfinished_grid_says_so_and_h1_can_be_untestable(grid):
@@ -167,11 +172,14 @@ def test_the_grid_refuses_the_registrations_runs_dir_until_it_is_registered(tmp_
 def test_the_report_command_writes_the_report(grid, tmp_path, capsys):
     prereg = tmp_path / "prereg.json"
     prereg.write_text(json.dumps(PREREG))
-    out = tmp_path / "report"
-    assert lab_main(["prereg-report", "--prereg", str(prereg), "--runs", str(grid), "--out", str(out)]) == 0
+    out, readme = tmp_path / "report", tmp_path / "README.md"
+    readme.write_text(f"{README_BEGIN}\n{README_END}\n")
+    assert lab_main(["prereg-report", "--prereg", str(prereg), "--runs", str(grid), "--out", str(out),
+                     "--readme", str(readme)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["runs_finished"] == 8 and summary["H1"]["arms"]["llds_action"]["supported"]
     assert "## H1" in (out / "README.md").read_text() and "8 of 8 runs" in capsys.readouterr().out
+    assert readme_block_of(readme.read_text(), README_BEGIN, README_END) == readme_block(summary)
 
 
 def test_the_grid_rebuilds_the_registered_report_into_its_own_dir(grid, tmp_path):
@@ -179,13 +187,20 @@ def test_the_grid_rebuilds_the_registered_report_into_its_own_dir(grid, tmp_path
     reg = tmp_path / "prereg.json"
     reg.write_text(json.dumps({**PREREG, "registration": {**PREREG["registration"], "status": "registered",
                                                           "runs_dir": str(grid), "report_dir": str(tmp_path / "out")}}))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{README_BEGIN}\nold\n{README_END}\ntail\n")
     for run in grid.glob("*-seed1.json.gz"):
         run.unlink()
-    paths = rebuild_report(grid, reg)
-    assert {p.name for p in paths} == {"design.json", "summary.json", "README.md"}
+    paths = rebuild_report(grid, reg, readme)
+    assert {p.name for p in paths} == {"design.json", "summary.json", "README.md", "likelihood.png", "entropy.png",
+                                       "grad_norm.png", "valid_searches.png", "reward.png"}
+    assert all(p.is_file() for p in paths if p.name != "design.json")
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["runs_finished"] == 4
+    block = readme_block_of(readme.read_text(), README_BEGIN, README_END)
+    assert block.startswith("4 of 8 runs finished (interim") and "grpo 0/1, 1/1" in block
+    assert readme.read_text().startswith("intro\n") and readme.read_text().endswith("tail\n")
     for run in grid.glob("*.json.gz"):
         if run.name != BASELINES_FILE:
             run.unlink()
-    rebuild_report(grid, reg)  # the baselines alone: an interim report with nothing to test yet
+    rebuild_report(grid, reg, readme)  # the baselines alone: an interim report with nothing to test yet
     assert "0 of 8 runs finished" in (tmp_path / "out" / "README.md").read_text()

@@ -250,19 +250,21 @@ def readme_block(s: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def replace_readme_block(text: str, block: str) -> str:
-    """``text`` with its lab-results block replaced by ``block`` (ValueError when the markers are missing)."""
-    pattern = re.compile(re.escape(README_BEGIN) + r"\n.*?" + re.escape(README_END), re.S)
+def replace_readme_block(text: str, block: str, begin: str = README_BEGIN, end: str = README_END) -> str:
+    """``text`` with its block between the markers ``begin`` and ``end`` (default: the lab results') replaced by
+    ``block`` (ValueError when the markers are missing)."""
+    pattern = re.compile(re.escape(begin) + r"\n.*?" + re.escape(end), re.S)
     if not pattern.search(text):
-        raise ValueError(f"README has no {README_BEGIN!r} ... {README_END!r} block")
-    return pattern.sub(lambda _: f"{README_BEGIN}\n{block}{README_END}", text)
+        raise ValueError(f"README has no {begin!r} ... {end!r} block")
+    return pattern.sub(lambda _: f"{begin}\n{block}{end}", text)
 
 
-def readme_block_of(text: str) -> str:
-    """The lab-results block of a README's ``text`` (ValueError when missing)."""
-    m = re.search(re.escape(README_BEGIN) + r"\n(.*?)" + re.escape(README_END), text, re.S)
+def readme_block_of(text: str, begin: str = README_BEGIN, end: str = README_END) -> str:
+    """The block between the markers ``begin`` and ``end`` (default: the lab results') of a README's ``text``
+    (ValueError when missing)."""
+    m = re.search(re.escape(begin) + r"\n(.*?)" + re.escape(end), text, re.S)
     if not m:
-        raise ValueError("README has no lab-results block")
+        raise ValueError(f"README has no {begin!r} ... {end!r} block")
     return m.group(1)
 
 

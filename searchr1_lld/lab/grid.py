@@ -29,12 +29,11 @@ from searchr1_lld.config import ConfigError
 from searchr1_lld.lab.analysis import load_records
 from searchr1_lld.lab.baselines import NoRetrieval, correct_by_id, majority_correct, question_table, read_split
 from searchr1_lld.lab.claims import DESIGN_FILE
-from searchr1_lld.lab.claims_report import CURVES_FILE, write_outputs
+from searchr1_lld.lab.claims_report import CURVES_FILE
 from searchr1_lld.lab.compact import BASELINES_FILE, compact_name, git_commit, lr_tag, run_record, write_gz_json
 from searchr1_lld.lab.evaluating import evaluate_policy, load_policy
 from searchr1_lld.lab.methods import METHODS, REPO_ROOT, lab_config, parse_methods, parse_seeds, read_lab_config
-from searchr1_lld.lab.prereg import PREREG_FILE, check_registered, registration_of
-from searchr1_lld.lab.prereg import write_report as write_prereg_report
+from searchr1_lld.lab.prereg import PHENOMENA_FIGURES, PREREG_FILE, check_registered, registration_of
 from searchr1_lld.lab.running import prepare_world, repo_relative, resolve_world_dir, run_lab
 from searchr1_lld.lab.selection import selection_file
 from searchr1_lld.world import read_card
@@ -175,19 +174,25 @@ def commit(paths: Sequence[Path], message: str) -> None:
     print(f"[grid] could not commit {names}", flush=True)
 
 
-def rebuild_report(compact_dir: Path, prereg_path: Path = REPO_ROOT / PREREG_FILE) -> list[Path]:
+def rebuild_report(compact_dir: Path, prereg_path: Path = REPO_ROOT / PREREG_FILE,
+                   readme: Path = REPO_ROOT / "README.md") -> list[Path]:
     """The report the compact results in ``compact_dir`` feed, rebuilt from them; the paths it wrote. The
-    registration's runs dir feeds the registered analysis (:mod:`.prereg`, its ``report_dir``); any other the
-    comparison's report in docs/lab and the README's lab block (:mod:`.claims_report`)."""
+    registration's runs dir feeds the registered analysis (``prereg-report``, into its ``report_dir``); any other the
+    comparison's report in docs/lab (``report``); both replace their block of ``readme``. The report command runs in
+    a fresh interpreter, so a grid that runs for hours writes its reports with the code on disk, not the code it
+    started with."""
     reg = registration_of(compact_dir, prereg_path)
     if reg is not None:
         out = REPO_ROOT / reg["report_dir"]
-        write_prereg_report(prereg_path, compact_dir, out)
-        return [compact_dir / DESIGN_FILE, out / "summary.json", out / "README.md"]
-    out = REPO_ROOT / "docs" / "lab"
-    write_outputs(compact_dir, out, REPO_ROOT / "README.md")
-    return [compact_dir / DESIGN_FILE, out / "summary.json", out / "README.md", out / CURVES_FILE,
-            REPO_ROOT / "README.md"]
+        argv = ["prereg-report", "--prereg", str(prereg_path), "--runs", str(compact_dir), "--out", str(out)]
+        written = [out / "summary.json", out / "README.md", *(out / f"{stem}.png" for stem in PHENOMENA_FIGURES)]
+    else:
+        out = REPO_ROOT / "docs" / "lab"
+        argv = ["report", "--runs", str(compact_dir), "--out", str(out)]
+        written = [out / "summary.json", out / "README.md", out / CURVES_FILE]
+    subprocess.run([sys.executable, "-m", "searchr1_lld.lab", *argv, "--readme", str(readme)], cwd=REPO_ROOT,
+                   check=True)
+    return [compact_dir / DESIGN_FILE, *written, readme]
 
 
 def finish(task: Task, commit_results: bool, compact_dir: Path | None) -> None:

@@ -19,15 +19,17 @@ CURVES: dict[str, tuple[str, str, str]] = {
                       "nats / token"),
     "entropy": ("policy entropy (generated tokens)", "actor/entropy", "nats"),
     "grad_norm": ("gradient norm before clipping (max over updates)", "actor/grad_norm", "L2 norm"),
+    "grad_norm_signal": ("gradient norm, updates with non-zero advantages (max)", "actor/grad_norm_signal",
+                         "L2 norm"),
     "llds_active": ("LLDS activity: share of tokens penalised", "llds/active_token_frac", "fraction"),
     "valid_searches": ("valid searches per training response", "rollout/valid_searches_mean", "searches"),
     "val_em": ("validation EM (greedy, every trainer.eval_every steps)", "eval/val_em", "EM"),
 }
 # drawn only when some run logged them (eval/val_em: runs with trainer.eval_every > 0); the others always are
-OPTIONAL_CURVES = ("val_em",)
+OPTIONAL_CURVES = ("val_em", "grad_norm_signal")
 # drawn on a log axis: one spike before clipping (695 on one LLDS-MA run of the lab, others at 1-10)
 # flattens every other run on a linear axis
-LOG_SCALE_CURVES = ("grad_norm",)
+LOG_SCALE_CURVES = ("grad_norm", "grad_norm_signal")
 METHOD_COLORS = {"grpo": "#d62728", "llds_response": "#1f77b4", "llds_action": "#2ca02c", "llds_ma": "#9467bd"}
 
 
@@ -143,31 +145,34 @@ GRID_ROWS = {"val_em": "validation EM (greedy)", "reward": "training reward", "c
 
 
 def plot_grid(runs: Sequence[dict[str, Any]], methods: Sequence[Method], lrs: Sequence[float], path: Path,
-              references: dict[str, tuple[float, str]] | None = None) -> Path:
-    """One PNG of the comparison: a column per learning rate, a row per curve of :data:`GRID_ROWS`; in each panel
-    the methods overlaid (thin = one seed, bold = mean over seeds). ``runs``: compact run records (``method``,
-    ``seed``, ``lr``, ``records``); ``references`` as in :func:`plot_curves`. Returns ``path``."""
+              references: dict[str, tuple[float, str]] | None = None, rows: dict[str, str] | None = None) -> Path:
+    """One PNG of the comparison: a column per learning rate, a row per curve of ``rows`` (stem of :data:`CURVES`
+    -> short title; default :data:`GRID_ROWS`); in each panel the methods overlaid (thin = one seed, bold = mean
+    over seeds). ``runs``: compact run records (``method``, ``seed``, ``lr``, ``records``); ``references`` as in
+    :func:`plot_curves`. Returns ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     references = references or {}
-    fig, axes = plt.subplots(len(GRID_ROWS), len(lrs), figsize=(4.2 * len(lrs), 2.6 * len(GRID_ROWS)),
+    rows = rows or GRID_ROWS
+    fig, axes = plt.subplots(len(rows), len(lrs), figsize=(4.2 * len(lrs), 2.6 * len(rows)),
                              squeeze=False, sharex=True)
     for col, lr in enumerate(lrs):
         by_run = {(r["method"], r["seed"]): r["records"] for r in runs if r["lr"] == lr}
-        for row, stem in enumerate(GRID_ROWS):
+        for row, stem in enumerate(rows):
             ax = axes[row][col]
             _panel(ax, by_run, methods, stem, references, fontsize=8)
-            ax.set_title(f"lr {lr:g}: {GRID_ROWS[stem]}", fontsize=9)
-    for row, stem in enumerate(GRID_ROWS):  # one y range per row, so the learning rates compare at a glance
-        if stem not in LOG_SCALE_CURVES:
-            lows, highs = zip(*(axes[row][c].get_ylim() for c in range(len(lrs))))
+            ax.set_title(f"lr {lr:g}: {rows[stem]}", fontsize=9)
+    for row, stem in enumerate(rows):  # one y range per row, so the learning rates compare at a glance
+        drawn = [axes[row][c] for c in range(len(lrs)) if axes[row][c].has_data()]  # empty panels: 0..1 by default
+        if stem not in LOG_SCALE_CURVES and drawn:
+            lows, highs = zip(*(ax.get_ylim() for ax in drawn))
             for c in range(len(lrs)):
                 axes[row][c].set_ylim(min(lows), max(highs))
     _figure_legend(fig, axes)
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.39 / fig.get_figheight()))  # 0.39 in above for the legend
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)
     plt.close(fig)
