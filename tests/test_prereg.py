@@ -12,7 +12,8 @@ from searchr1_lld.lab.grid import rebuild_report
 from searchr1_lld.lab.methods import REPO_ROOT
 from searchr1_lld.lab.claims import readme_block_of
 from searchr1_lld.lab.prereg import (PREREG_FILE, README_BEGIN, README_END, analyse, check_registered,
-                                     load_preregistration, make_alarm, readme_block, registration_violations, render)
+                                     load_preregistration, make_alarm, readme_block, registration_violations, render,
+                                     spiral_statement)
 
 PREREG = {
     "registration": {"analysis_command": "python -m searchr1_lld.lab prereg-report", "analysis_commit": "abc",
@@ -85,6 +86,19 @@ def test_registered_analysis_on_a_hand_made_grid(grid):
     assert block.startswith("8 of 8 runs finished.\n") and "grpo 0/2, 2/2; llds_action 0/2, 0/2" in block
     assert "- H1 (LLDS collapses less often than GRPO where GRPO collapses): llds_action minus GRPO -1.00 [-1.00, -0.07]: supported" in block  # H1
     assert "firing share difference +1.00 [+0.07, +1.00]: supported" in block  # H2
+
+
+def test_the_plain_statement_names_collapses_and_whether_the_likelihood_fell_first(grid):
+    s = analyse(PREREG, grid)
+    assert spiral_statement(s) == ("2 runs collapsed on validation EM; in 2 of them the `probe_drop` alarm (the "
+                                   "likelihood of correct responses falling) came 2 or more steps first, the paper's "
+                                   "order.")
+    late = {**s, "runs": [{**r, "alarms": {**r["alarms"], "probe_drop": r["collapse_step"] - 1}}
+                          if r["collapse_step"] else r for r in s["runs"]]}  # the alarm one step ahead only
+    assert "none after the `probe_drop` alarm came 2 or more steps ahead" in spiral_statement(late)
+    calm = {**s, "complete": False, "runs_finished": 3, "runs": [r for r in s["runs"] if not r["collapse_step"]]}
+    assert spiral_statement(calm) == "No run's validation EM collapsed (so far, 3 of 8 runs)."
+    assert spiral_statement({**calm, "complete": True}).endswith("the sandbox did not reproduce the death spiral.")
 
 
 def test_an_unfinished_grid_says_so_and_h1_can_be_untestable(grid):

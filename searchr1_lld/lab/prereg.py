@@ -281,6 +281,7 @@ def render(s: Mapping[str, Any]) -> str:
              + ("." if s["complete"] else ": every figure below is interim until the grid is complete."), "",
              f"Held-out label: validation EM at or below {fmt(s['collapse_bound'], 3)} (0.3 x the warm start's "
              f"{fmt(s['warm_start_val_em'], 3)}) at every evaluation from some step to the end.", "",
+             f"**{spiral_statement(s)}**", "",
              "## H1: collapse share per arm and learning rate (held-out label)", "",
              "| arm | " + " | ".join(f"lr {lr}" for lr in next(iter(s["H1"]["cells"].values()), {})) + " |",
              "|---|" + "---|" * len(next(iter(s["H1"]["cells"].values()), {}))]
@@ -333,11 +334,32 @@ def write_figures(prereg: Mapping[str, Any], runs_dir: str | Path, out_dir: str 
             for stem, (_, rows) in PHENOMENA_FIGURES.items()]
 
 
+def spiral_statement(s: Mapping[str, Any]) -> str:
+    """One plain sentence: did any run collapse on held-out EM, and did the H2 alarm (the likelihood of correct
+    responses falling) come at least ``lead_k`` steps first, the order of the paper's death spiral."""
+    two = s["H2"]
+    collapsed = [r for r in s["runs"] if r["collapse_step"] is not None]
+    led = [r for r in collapsed if r["alarms"].get(two["alarm"]) is not None
+           and r["collapse_step"] - r["alarms"][two["alarm"]] >= two["lead_k"]]
+    where = "" if s["complete"] else f" (so far, {s['runs_finished']} of {s['runs_planned']} runs)"
+    if not collapsed:
+        return (f"No run's validation EM collapsed{where}" + (": at these learning rates the sandbox did not "
+                "reproduce the death spiral." if s["complete"] else "."))
+    if not led:
+        return (f"{len(collapsed)} runs collapsed on validation EM{where}, none after the `{two['alarm']}` alarm came "
+                f"{two['lead_k']} or more steps ahead: collapse without the paper's lazy likelihood displacement "
+                f"before it.")
+    return (f"{len(collapsed)} runs collapsed on validation EM{where}; in {len(led)} of them the `{two['alarm']}` "
+            f"alarm (the likelihood of correct responses falling) came {two['lead_k']} or more steps first, the "
+            f"paper's order.")
+
+
 def readme_block(s: Mapping[str, Any]) -> str:
     """The README's block of the registered comparison: what has finished, the collapse counts and each
     hypothesis's verdict (all from :func:`analyse`'s summary)."""
     lines = [f"{s['runs_finished']} of {s['runs_planned']} runs finished"
-             + (" (interim: no verdict below is final until the grid is complete)." if not s["complete"] else ".")]
+             + (" (interim: no verdict below is final until the grid is complete)." if not s["complete"] else "."),
+             spiral_statement(s)]
     cells = s["H1"]["cells"]
     lines.append("Held-out collapses (validation EM at or below 0.3 x the warm start's to the end) per arm at "
                  "learning rates " + ", ".join(next(iter(cells.values()), {})) + ": " + "; ".join(
