@@ -82,6 +82,8 @@ def test_registered_analysis_on_a_hand_made_grid(grid):
     assert probe["overall"]["lead_steps"] == [3, 3]
     text = render(s)
     assert "H1" in text and "probe_drop" in text and "4 of 4" not in text and "(likelihood.png)" in text
+    assert "| grpo | 0.001 | 0 | 0:0.50 2:0.50 4:0.50 6:0.00 8:0.00 10:0.00 | 6 | - | 0.000 |" in text  # a run
+    assert "| grpo | 0.500 ± 0.000 (2) | 0.000 ± 0.000 (2) |" in text  # validation EM at the end per arm and rate
     block = readme_block(s)
     assert block.startswith("8 of 8 runs finished.\n") and "grpo 0/2, 2/2; llds_action 0/2, 0/2" in block
     assert "- H1 (LLDS collapses less often than GRPO where GRPO collapses): llds_action minus GRPO -1.00 [-1.00, -0.07]: supported" in block  # H1

@@ -135,7 +135,7 @@ def run_labels(run: Mapping[str, Any], warm_em: float, label: Mapping[str, Any],
     return {"method": run["method"], "lr": run["lr"], "seed": run["seed"], "code": run.get("code"),
             "collapse_step": held_out_collapse_step(curve, warm_em, ratio=label["ratio"], persist=label["persist"]),
             "reward_collapse_step": int(records[idx]["step"]) if idx is not None else None,
-            "val_em_end": curve[-1][1], "test_em": run["test"]["em"],
+            "val_em_curve": curve, "val_em_end": curve[-1][1], "test_em": run["test"]["em"],
             "alarms": {a.name: a.first_step(records) for a in alarms},
             "phenomena": phenomena(records, phen["window"], phen["early_steps"])}
 
@@ -248,6 +248,27 @@ def _diff(d: Mapping[str, Any]) -> str:
     return "-" if d.get("value") is None else f"{d['value']:+.2f} [{d['lo']:+.2f}, {d['hi']:+.2f}]"
 
 
+def _runs_lines(runs: Sequence[Mapping[str, Any]], arms: Sequence[str]) -> list[str]:
+    """The report's runs: validation EM at the end per arm (in the order of ``arms``) and rate (mean and sd over
+    seeds), then every run's validation curve (from the warm start's at step 0), its collapse steps and test EM."""
+    lrs = sorted({r["lr"] for r in runs})
+    lines = ["", "## Validation EM at the end, per arm and rate (mean ± sd over seeds; exploratory description)", "",
+             "| arm | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " |", "|---|" + "---|" * len(lrs)]
+    for arm in arms:
+        cells = []
+        for lr in lrs:
+            mu, sd, n = mean_std([r["val_em_end"] for r in runs if r["method"] == arm and r["lr"] == lr])
+            cells.append(f"{fmt(mu, 3)} ± {fmt(sd, 3)} ({n})" if n else "-")
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    lines += ["", "## Runs", "", "| arm | lr | seed | validation EM by step | held-out collapse | reward collapse "
+              "| test EM |", "|---|---|---|---|---|---|---|"]
+    for r in sorted(runs, key=lambda r: (r["lr"], list(arms).index(r["method"]), r["seed"])):
+        curve = " ".join(f"{int(step)}:{fmt(em, 2)}" for step, em in r["val_em_curve"])
+        lines.append(f"| {r['method']} | {r['lr']:g} | {r['seed']} | {curve} | {r['collapse_step'] or '-'} | "
+                     f"{r['reward_collapse_step'] or '-'} | {fmt(r['test_em'], 3)} |")
+    return lines
+
+
 def _phenomena_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """The report's phenomena: the table of :func:`phenomena_table`'s ``rows``, then each phenomenon beside the
     paper's description with its figure (:data:`PHENOMENA_FIGURES`)."""
@@ -318,7 +339,7 @@ def render(s: Mapping[str, Any]) -> str:
             lines.append(f"| {a['alarm']} | {', '.join(a['reads'])} | {where} | {sc['collapsed']}/{sc['runs']} | "
                          f"{_share(sc['sensitivity'])} | {_share(sc['specificity'])} | "
                          f"{', '.join(map(str, sc['lead_steps'])) or '-'} |")
-    lines += _phenomena_lines(s["phenomena"])
+    lines += _phenomena_lines(s["phenomena"]) + _runs_lines(s["runs"], list(s["H1"]["cells"]))
     return "\n".join(lines) + "\n"
 
 
