@@ -3,9 +3,9 @@ strings, the engine/learner log-prob gap and TIS weights, and the weight stream,
 session (a module fixture; no other module builds one); two ranks, ``eval.py --backend vllm`` and SmolLM2 with a
 padded vocabulary run in processes of their own.
 
-The engine's model is the test world's policy (``VLLM_WORLD_CONFIG`` is the test world's config): its two 32-wide
-attention heads are a size vLLM's CPU attention kernels take (32..512). A missing vllm is a failure here, never a
-skip: ``make test`` installs it.
+The engine's model is the test world's policy with two 32-wide attention heads instead of four 16-wide ones (its own
+cached world, ``VLLM_WORLD_CONFIG``): vLLM's CPU attention kernels take head sizes 32..512. A missing vllm is a
+failure here, never a skip: ``make test`` installs it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from searchr1_lld.rollout import run_agent_loop, to_batch
 
 pytestmark = pytest.mark.slow
 
-VLLM_WORLD_CONFIG = TEST_WORLD_CONFIG  # its head size (32) is one vLLM's CPU kernels take: one world to build
+VLLM_WORLD_CONFIG = dataclasses.replace(TEST_WORLD_CONFIG, model_heads=2, model_kv_heads=1)
 # small budgets: the engine reserves 64 MiB of KV cache, no sleep mode (CUDA-only), prefix caching on as in training
 ENGINE_CFG = RolloutConfig(backend="vllm", max_turns=2, max_tokens_per_turn=48, max_obs_length=160,
                            max_total_length=1024, topk=2, temperature=1.0, vllm_kv_cache_memory_bytes=64 << 20,

@@ -136,7 +136,7 @@ def test_make_model_rejects_bad_shapes(tiny_tokenizer, tiny_world_config) -> Non
     import dataclasses
 
     with pytest.raises(ValueError, match="divisible by model_heads"):
-        WS.make_model(dataclasses.replace(tiny_world_config, model_hidden_size=65), tiny_tokenizer)
+        WS.make_model(dataclasses.replace(tiny_world_config, model_hidden_size=66), tiny_tokenizer)
 
 
 # ---------------------------------------------------------------------------------------------------------------
