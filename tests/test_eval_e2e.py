@@ -204,10 +204,11 @@ def test_eval_cli_through_a_service_started_with_a_token(tiny_world, tmp_path, m
                                       cli.build_parser().parse_args([*args, "--retriever-token", "s3cret"]), None)
         assert (built.mode, built.url, built.token, built.max_retries, built.timeout_s) == ("http", url, "s3cret", 0, 7)
         monkeypatch.delenv("SEARCHR1_RETRIEVER_TOKEN", raising=False)
+        assert cli.main([*args, "--retriever-token", "s3cret"]) == 0
+        _, trajs = _check_outputs(tmp_path / "tok", LIMIT)
+        assert any(t["valid_searches"] for t in trajs), "the policy made no search: the refusal below would go unseen"
         no_token = _args(tiny_world, tmp_path / "no-token", "--retriever-url", url)
         assert cli.main([*no_token, "--set", "retriever.max_retries=0", "rollout.max_tokens_per_turn=32"]) == 2  # 401
-        assert cli.main([*args, "--retriever-token", "s3cret"]) == 0
-        _check_outputs(tmp_path / "tok", LIMIT)
         assert cli.main(_args(tiny_world, tmp_path / "cfg", "--retriever-url", url, "--set",
                               "rollout.max_tokens_per_turn=32", "retriever.token=s3cret")) == 0  # token from config
         with pytest.raises(RetrieverError):
