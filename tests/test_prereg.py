@@ -220,3 +220,21 @@ def test_the_grid_rebuilds_the_registered_report_into_its_own_dir(grid, tmp_path
             run.unlink()
     rebuild_report(grid, reg, readme)  # the baselines alone: an interim report with nothing to test yet
     assert "0 of 8 runs finished" in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_a_report_that_fails_does_not_stop_the_grid(tmp_path, monkeypatch, capsys):
+    import subprocess as sp
+
+    from searchr1_lld.lab import grid as grid_mod
+
+    def broken(compact_dir):
+        raise sp.CalledProcessError(1, ["python", "-m", "searchr1_lld.lab", "prereg-report"])
+
+    committed = []
+    monkeypatch.setattr(grid_mod, "rebuild_report", broken)
+    monkeypatch.setattr(grid_mod, "commit", lambda paths, message: committed.append((list(paths), message)))
+    done = tmp_path / "run.json.gz"
+    done.write_text("x")
+    grid_mod.finish(grid_mod.Task("run", [], done, report=True), True, tmp_path)
+    assert committed == [([done], "lab: result of run")]  # the result is committed without the report
+    assert "failed (exit 1); committing the result alone" in capsys.readouterr().out

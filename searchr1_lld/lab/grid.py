@@ -197,10 +197,15 @@ def rebuild_report(compact_dir: Path, prereg_path: Path = REPO_ROOT / PREREG_FIL
 
 def finish(task: Task, commit_results: bool, compact_dir: Path | None) -> None:
     """After a task is done: the report its results feed rebuilt (``task.report``, :func:`rebuild_report`), then,
-    with ``commit_results``, its files committed."""
+    with ``commit_results``, its files committed. A report that fails to build is named in the log and the result
+    is committed without it: one broken report must not stop a grid of hours (the next result rebuilds it)."""
     paths = [task.done, *task.also_commit]
     if task.report and compact_dir is not None:
-        paths += rebuild_report(compact_dir)
+        try:
+            paths += rebuild_report(compact_dir)
+        except subprocess.CalledProcessError as e:
+            print(f"[grid] the report of {compact_dir} failed (exit {e.returncode}); committing the result alone",
+                  flush=True)
     if commit_results:
         commit(paths, f"lab: result of {task.name}")
 
