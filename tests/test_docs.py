@@ -192,8 +192,9 @@ def test_readme_prereg_block_is_what_the_registered_analysis_computes(tmp_path):
     """README's block of the pre-registered comparison, docs/lab/prereg's summary, report and figures equal what
     `python -m searchr1_lld.lab prereg-report` computes from the committed compact results (finished or not)."""
     from searchr1_lld.lab.claims import readme_block_of
-    from searchr1_lld.lab.prereg import (PHENOMENA_FIGURES, README_BEGIN, README_END, load_preregistration,
-                                         readme_block, render, write_report)
+    from searchr1_lld.lab.prereg import load_preregistration
+    from searchr1_lld.lab.prereg_report import (PHENOMENA_FIGURES, README_BEGIN, README_END, readme_block, render,
+                                                write_report)
 
     reg = load_preregistration()["registration"]
     summary = write_report(ROOT / "docs" / "lab" / "preregistration.json", ROOT / reg["runs_dir"], tmp_path)

@@ -11,9 +11,9 @@ from searchr1_lld.lab.compact import BASELINES_FILE, compact_name, read_runs, wr
 from searchr1_lld.lab.grid import rebuild_report
 from searchr1_lld.lab.methods import REPO_ROOT
 from searchr1_lld.lab.claims import readme_block_of
-from searchr1_lld.lab.prereg import (PREREG_FILE, README_BEGIN, README_END, analyse, check_registered,
-                                     load_preregistration, make_alarm, readme_block, registration_violations, render,
-                                     spiral_statement)
+from searchr1_lld.lab.prereg import (PREREG_FILE, analyse, check_registered, load_preregistration, make_alarm,
+                                     registration_violations)
+from searchr1_lld.lab.prereg_report import README_BEGIN, README_END, readme_block, render, spiral_statement
 
 PREREG = {
     "registration": {"analysis_command": "python -m searchr1_lld.lab prereg-report", "analysis_commit": "abc",
@@ -98,6 +98,9 @@ def test_the_plain_statement_names_collapses_and_whether_the_likelihood_fell_fir
     late = {**s, "runs": [{**r, "alarms": {**r["alarms"], "probe_drop": r["collapse_step"] - 1}}
                           if r["collapse_step"] else r for r in s["runs"]]}  # the alarm one step ahead only
     assert "none after the `probe_drop` alarm came 2 or more steps ahead" in spiral_statement(late)
+    one = {**s, "runs": [r for r in s["runs"] if not r["collapse_step"]] + [next(r for r in s["runs"]
+                                                                               if r["collapse_step"])]}
+    assert spiral_statement(one).startswith("1 run collapsed on validation EM; in 1 of them")
     calm = {**s, "complete": False, "runs_finished": 3, "runs": [r for r in s["runs"] if not r["collapse_step"]]}
     assert spiral_statement(calm) == "No run's validation EM collapsed (so far, 3 of 8 runs)."
     assert spiral_statement({**calm, "complete": True}).endswith("the sandbox did not reproduce the death spiral.")
@@ -110,6 +113,15 @@ def test_an_unfinished_grid_says_so_and_h1_can_be_untestable(grid):
     assert not s["complete"] and s["runs_finished"] == 6
     assert s["H1"]["verdict"].startswith("not testable") and s["H3"]["verdict"].startswith("not testable")
     assert "interim" in render(s)
+
+
+def test_an_arm_without_runs_at_the_h1_rate_says_so(grid):
+    for p in grid.glob("llds_action-lr0.001-*.json.gz"):  # GRPO collapsed at 1e-3; LLDS has not run there yet
+        p.unlink()
+    s = analyse(PREREG, grid)
+    block = readme_block(s)
+    assert "llds_action minus GRPO no run at these rates yet." in block  # H1 and H3 alike, not "-: not supported"
+    assert "- llds_action: no run at these rates yet." in render(s)
 
 
 def test_a_registered_alarm_on_the_collapse_signal_is_refused():

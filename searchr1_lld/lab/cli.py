@@ -8,7 +8,7 @@ import sys
 from searchr1_lld.config import ConfigError
 from searchr1_lld.lab.claims_report import main as report_main
 from searchr1_lld.lab.grid import main as grid_main
-from searchr1_lld.lab.prereg import main as prereg_main
+from searchr1_lld.lab.prereg_report import main as prereg_main
 from searchr1_lld.lab.methods import FULL_CONFIG, METHODS, QUICK_CONFIG, parse_methods, parse_seeds
 from searchr1_lld.lab.running import run_lab
 

@@ -33,7 +33,8 @@ from searchr1_lld.lab.claims_report import CURVES_FILE
 from searchr1_lld.lab.compact import BASELINES_FILE, compact_name, git_commit, lr_tag, run_record, write_gz_json
 from searchr1_lld.lab.evaluating import evaluate_policy, load_policy
 from searchr1_lld.lab.methods import METHODS, REPO_ROOT, lab_config, parse_methods, parse_seeds, read_lab_config
-from searchr1_lld.lab.prereg import PHENOMENA_FIGURES, PREREG_FILE, check_registered, registration_of
+from searchr1_lld.lab.prereg import PREREG_FILE, check_registered, registration_of
+from searchr1_lld.lab.prereg_report import PHENOMENA_FIGURES
 from searchr1_lld.lab.running import prepare_world, repo_relative, resolve_world_dir, run_lab
 from searchr1_lld.lab.selection import selection_file
 from searchr1_lld.world import read_card
