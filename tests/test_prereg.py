@@ -11,7 +11,7 @@ from searchr1_lld.lab.compact import BASELINES_FILE, compact_name, read_runs, wr
 from searchr1_lld.lab.grid import rebuild_report
 from searchr1_lld.lab.methods import REPO_ROOT
 from searchr1_lld.lab.claims import readme_block_of
-from searchr1_lld.lab.prereg import (PREREG_FILE, analyse, check_registered, load_preregistration, make_alarm,
+from searchr1_lld.lab.prereg import (PREREG_FILE, analyse, check_registered, h2, load_preregistration, make_alarm,
                                      registration_violations)
 from searchr1_lld.lab.prereg_report import README_BEGIN, README_END, readme_block, render, spiral_statement
 
@@ -86,7 +86,8 @@ def test_registered_analysis_on_a_hand_made_grid(grid):
     assert "| grpo | 0.500 ± 0.000 (2) | 0.000 ± 0.000 (2) |" in text  # validation EM at the end per arm and rate
     block = readme_block(s)
     assert block.startswith("8 of 8 runs finished.\n") and "grpo 0/2, 2/2; llds_action 0/2, 0/2" in block
-    assert "- H1 (LLDS collapses less often than GRPO where GRPO collapses): llds_action minus GRPO -1.00 [-1.00, -0.07]: supported" in block  # H1
+    assert ("- H1 (LLDS collapses less often than GRPO where GRPO collapses): llds_action minus GRPO -1.00 "
+            "[-1.00, -0.07]: supported") in block
     assert "firing share difference +1.00 [+0.07, +1.00]: supported" in block  # H2
 
 
@@ -95,13 +96,16 @@ def test_the_plain_statement_names_collapses_and_whether_the_likelihood_fell_fir
     assert spiral_statement(s) == ("2 runs collapsed on validation EM; in 2 of them the `probe_drop` alarm (the "
                                    "likelihood of correct responses falling) came 2 or more steps first, the paper's "
                                    "order.")
-    late = {**s, "runs": [{**r, "alarms": {**r["alarms"], "probe_drop": r["collapse_step"] - 1}}
-                          if r["collapse_step"] else r for r in s["runs"]]}  # the alarm one step ahead only
+
+    def of(runs, **kw):  # the summary of other runs: their H2 recomputed as the analysis computes it
+        return {**s, **kw, "runs": runs, "H2": h2(runs, "probe_drop", 2)}
+
+    late = of([{**r, "alarms": {**r["alarms"], "probe_drop": r["collapse_step"] - 1}}
+               if r["collapse_step"] else r for r in s["runs"]])  # the alarm one step ahead only
     assert "none after the `probe_drop` alarm came 2 or more steps ahead" in spiral_statement(late)
-    one = {**s, "runs": [r for r in s["runs"] if not r["collapse_step"]] + [next(r for r in s["runs"]
-                                                                               if r["collapse_step"])]}
+    one = of([r for r in s["runs"] if not r["collapse_step"]] + [next(r for r in s["runs"] if r["collapse_step"])])
     assert spiral_statement(one).startswith("1 run collapsed on validation EM; in 1 of them")
-    calm = {**s, "complete": False, "runs_finished": 3, "runs": [r for r in s["runs"] if not r["collapse_step"]]}
+    calm = of([r for r in s["runs"] if not r["collapse_step"]], complete=False, runs_finished=3)
     assert spiral_statement(calm) == "No run's validation EM collapsed (so far, 3 of 8 runs)."
     assert spiral_statement({**calm, "complete": True}).endswith("the sandbox did not reproduce the death spiral.")
 

@@ -35,7 +35,8 @@ PHENOMENA_FIGURES: dict[str, tuple[str, dict[str, str]]] = {
                     "incorrect_logp": "incorrect responses (sampled)"}),
     "entropy": ("entropy explodes in the accelerated collapse", {"entropy": "entropy"}),
     "grad_norm": ("the gradient norm explodes in the accelerated collapse",
-                  {"grad_norm": "gradient norm, all updates", "grad_norm_signal": "gradient norm, updates with signal"}),
+                  {"grad_norm": "gradient norm, all updates",
+                   "grad_norm_signal": "gradient norm, updates with signal"}),
     "valid_searches": ("not a symptom the paper names; LLDS-MA's adaptive answer coefficient reads it",
                        {"valid_searches": "valid searches per response"}),
     "reward": ("reward rises through stagnation and decay, then drops to zero in the collapse",
@@ -182,20 +183,19 @@ def write_figures(prereg: Mapping[str, Any], runs_dir: str | Path, out_dir: str 
 
 def spiral_statement(s: Mapping[str, Any]) -> str:
     """One plain sentence: did any run collapse on held-out EM, and did the H2 alarm (the likelihood of correct
-    responses falling) come at least ``lead_k`` steps first, the order of the paper's death spiral."""
+    responses falling) come at least ``lead_k`` steps first, the order of the paper's death spiral (H2's
+    ``warned_k_ahead``: k of the n collapsed runs)."""
     two = s["H2"]
-    collapsed = [r for r in s["runs"] if r["collapse_step"] is not None]
-    led = [r for r in collapsed if r["alarms"].get(two["alarm"]) is not None
-           and r["collapse_step"] - r["alarms"][two["alarm"]] >= two["lead_k"]]
+    collapsed, led = two["warned_k_ahead"]["n"], two["warned_k_ahead"]["k"]
     where = "" if s["complete"] else f" (so far, {s['runs_finished']} of {s['runs_planned']} runs)"
     if not collapsed:
         return (f"No run's validation EM collapsed{where}" + (": at these learning rates the sandbox did not "
                 "reproduce the death spiral." if s["complete"] else "."))
     if not led:
-        return (f"{_runs(len(collapsed))} collapsed on validation EM{where}, none after the `{two['alarm']}` alarm came "
+        return (f"{_runs(collapsed)} collapsed on validation EM{where}, none after the `{two['alarm']}` alarm came "
                 f"{two['lead_k']} or more steps ahead: collapse without the paper's lazy likelihood displacement "
                 f"before it.")
-    return (f"{_runs(len(collapsed))} collapsed on validation EM{where}; in {len(led)} of them the `{two['alarm']}` "
+    return (f"{_runs(collapsed)} collapsed on validation EM{where}; in {led} of them the `{two['alarm']}` "
             f"alarm (the likelihood of correct responses falling) came {two['lead_k']} or more steps first, the "
             f"paper's order.")
 
