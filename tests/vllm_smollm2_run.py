@@ -44,7 +44,7 @@ with torch.no_grad():
 model.save_pretrained(out / "model")
 tokenizer.save_pretrained(out / "model")
 
-cfg = RolloutConfig(backend="vllm", max_turns=1, max_tokens_per_turn=32, max_obs_length=120, max_total_length=2048,
+cfg = RolloutConfig(backend="vllm", max_turns=1, max_tokens_per_turn=16, max_obs_length=60, max_total_length=2048,
                     topk=2, temperature=1.0, vllm_kv_cache_memory_bytes=128 << 20, vllm_enforce_eager=True)
 backend = make_backend(cfg, tokenizer=tokenizer, model_path=str(out / "model"), seed=0, dtype="float32")
 retriever = make_retriever(RetrieverConfig(mode="inprocess", index_dir=str(world / "index")))
