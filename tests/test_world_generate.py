@@ -221,6 +221,26 @@ def test_overrides_parse_and_hash() -> None:
         parse_world_overrides(["num_people=many"])
 
 
+def test_an_option_that_is_off_leaves_the_hash_of_the_worlds_built_before_it() -> None:
+    """Off (its switch at its off value), an option's fields are not hashed: a world built before the option existed
+    keeps its identity, whatever the option's other fields say; on, every field of it counts."""
+    import hashlib
+    import json
+
+    from searchr1_lld.world.config import HASH_OMITTED_WHEN_OFF, RECIPE_VERSION
+
+    values = dataclasses.asdict(DEFAULT)
+    for _, fields in HASH_OMITTED_WHEN_OFF.values():
+        for key in fields:
+            del values[key]
+    before = hashlib.sha256(json.dumps({"recipe_version": RECIPE_VERSION, **values}, sort_keys=True).encode())
+    assert world_config_hash(DEFAULT) == before.hexdigest()[:12]
+    assert world_config_hash(dataclasses.replace(DEFAULT, warmstart_repeat_length=7)) == world_config_hash(DEFAULT)
+    on = dataclasses.replace(DEFAULT, warmstart_repeat_steps=100)
+    assert world_config_hash(on) != world_config_hash(DEFAULT)
+    assert world_config_hash(dataclasses.replace(on, warmstart_repeat_length=7)) != world_config_hash(on)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the built world on disk (the shared tiny_world fixture)
 # ---------------------------------------------------------------------------------------------------------------

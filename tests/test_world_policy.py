@@ -565,6 +565,49 @@ def test_answer_stage_comes_first_and_ends_on_the_answer_target(tiny_world: Path
     assert [(c["step"], c["stage"]) for c in never["drill_checks"]][:3] == [(2, "answer"), (3, "answer"), (5, "short")]
 
 
+def test_repeat_batches_repeat_their_first_half_and_weigh_only_the_predictable_repeat() -> None:
+    """Each batch is L random tokens twice (L in [max // 2, max]); the weight is 1 from the repeat's second token on:
+    the first token of the repeat follows nothing that predicts it."""
+    vocab = [11, 12, 13, 14, 15]
+    batches = WS.repeat_batches(vocab, 3, 6, torch.Generator().manual_seed(0))
+    lengths = set()
+    for _ in range(20):
+        ids, attn, weight = next(batches)
+        length = ids.shape[1] // 2
+        lengths.add(length)
+        assert ids.shape == attn.shape == weight.shape == (3, 2 * length) and 3 <= length <= 6
+        assert torch.equal(ids[:, :length], ids[:, length:]) and set(ids.flatten().tolist()) <= set(vocab)
+        assert attn.all()
+        assert weight[:, :length + 1].sum() == 0 and weight[:, length + 1:].eq(1).all()
+    assert len(lengths) > 1
+
+
+def test_repeat_vocabulary_leaves_out_the_tags_and_special_tokens(tiny_tokenizer) -> None:
+    vocab = set(WS.repeat_vocabulary(tiny_tokenizer))
+    left_out = set(range(len(tiny_tokenizer))) - vocab
+    assert left_out == {tiny_tokenizer.eos_token_id, tiny_tokenizer.pad_token_id,
+                        *tiny_tokenizer.convert_tokens_to_ids(list(P.TAG_TOKENS))}
+
+
+def test_the_repeat_phase_comes_first_and_is_counted(tiny_world: Path, tiny_tokenizer, tiny_world_config) -> None:
+    """``warmstart_repeat_steps`` steps of repeats before the trajectories (and drills), reported in the stats; the
+    phase needs the tokens it draws from."""
+    import dataclasses
+
+    cfg = dataclasses.replace(tiny_world_config, warmstart_repeat_steps=3, warmstart_repeat_length=4,
+                              warmstart_drills=0, warmstart_trajectories=8)
+    examples = [([1, 2, 3, 4], [0, 0, 1, 1])] * 8
+    model = WS.make_model(cfg, tiny_tokenizer)
+    stats = WS.warm_start(model, examples, cfg, pad_id=tiny_tokenizer.pad_token_id, batch_size=4, progress=False,
+                          repeat_tokens=WS.repeat_vocabulary(tiny_tokenizer))
+    assert stats["repeat_steps"] == 3 and math.isfinite(stats["repeat_final_loss"]) and stats["steps"] == 2
+    off = WS.warm_start(model, examples, dataclasses.replace(cfg, warmstart_repeat_steps=0),
+                        pad_id=tiny_tokenizer.pad_token_id, batch_size=4, progress=False)
+    assert off["repeat_steps"] == 0 and math.isnan(off["repeat_final_loss"])
+    with pytest.raises(ValueError, match="repeat_tokens"):
+        WS.warm_start(model, examples, cfg, pad_id=tiny_tokenizer.pad_token_id, batch_size=4, progress=False)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the warm-started policy generates the protocol at a measured rate
 # ---------------------------------------------------------------------------------------------------------------

@@ -39,15 +39,22 @@ from retriever.build import build_index
 from retriever.inprocess import InProcessRetriever
 from searchr1_lld.bookkeeping.tracking import quiet_library_output, ticking
 from searchr1_lld.config import ConfigError
-from searchr1_lld.world.config import RECIPE_VERSION, WorldConfig, load_world_config
+from searchr1_lld.world.config import HASH_OMITTED_WHEN_OFF, RECIPE_VERSION, WorldConfig, load_world_config
 from searchr1_lld.world.generate import generate_world, write_world_files
 
 CARD = "world.json"
 
 
 def world_config_hash(cfg: WorldConfig) -> str:
-    """Stable short hash of the config and :data:`~searchr1_lld.world.config.RECIPE_VERSION`."""
-    payload = json.dumps({"recipe_version": RECIPE_VERSION, **dataclasses.asdict(cfg)}, sort_keys=True)
+    """Stable short hash of the config and :data:`~searchr1_lld.world.config.RECIPE_VERSION`; the fields of an
+    option that is off (:data:`~searchr1_lld.world.config.HASH_OMITTED_WHEN_OFF`) are left out, so a world built
+    before the option existed keeps its hash."""
+    values = dataclasses.asdict(cfg)
+    for switch, (off, fields) in HASH_OMITTED_WHEN_OFF.items():
+        if values[switch] == off:
+            for key in fields:
+                del values[key]
+    payload = json.dumps({"recipe_version": RECIPE_VERSION, **values}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 

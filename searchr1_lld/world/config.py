@@ -21,6 +21,11 @@ from searchr1_lld.config.validation import ConfigError, raise_first
 # warm_start) or the prompt texts it trains on (searchr1_lld/prompts.py) change what a build produces.
 RECIPE_VERSION = 4
 
+# Options added after worlds were identified by their hash (a registered comparison names its world's hash): switch
+# field -> (its value when the option is off, the option's fields). Off, the build is what it was before the option
+# existed, so world_config_hash leaves the fields out and those worlds keep their identity.
+HASH_OMITTED_WHEN_OFF = {"warmstart_repeat_steps": (0, ("warmstart_repeat_steps", "warmstart_repeat_length"))}
+
 # The multi-hop question families the generator knows (questions.MULTI_HOP holds their templates).
 MULTI_HOP_FAMILIES = ("founder_birth_year", "founder_birth_city", "founder_occupation", "hq_river", "birthplace_river",
                       "hq_founded_year", "birthplace_founded_year")
@@ -61,6 +66,8 @@ class WorldConfig:
     warmstart_trajectories: int = opt(2400, "warm start: scripted trajectories (steps = trajectories x epochs / batch)")
     warmstart_epochs: int = opt(1, "warm start: epochs over the trajectories")
     warmstart_lr: float = opt(5e-4, "warm start: peak learning rate of the trajectory phase (cosine decay)")
+    warmstart_repeat_steps: int = opt(0, "warm start: steps of a first phase on random-token sequences repeated once (batches of 32, loss on the repeat only, lr warmstart_drill_lr): only a copy (induction) circuit lowers that loss, and the drills' copy targets then form sooner (docs/lab.md, \"The repeat phase\"); 0 = none")
+    warmstart_repeat_length: int = opt(24, "warm start: longest random sequence of the repeat phase (each batch draws a length between half of it and it, then repeats it)")
     warmstart_drills: int = opt(64000, "warm start: copy drills before the trajectories (drills.build_copy_drills); with batch 16, the drill-step budget (4,000 steps; a stage ends earlier once its copy targets are met)")
     warmstart_drill_lr: float = opt(2e-3, "warm start: learning rate of the drill phase (1e-2 never forms the copy circuit)")
     warmstart_drill_batch_size: int = opt(16, "warm start: drills per optimiser step")
@@ -75,7 +82,7 @@ class WorldConfig:
     warmstart_answer_think: str = opt("quote", "warm start: the think before an answer: `quote` (the passage's words from the last mention of its title up to the answer, a span copy; docs/lab.md) or `fixed` (`found it`: the answer is a lookup)")
     warmstart_bridge_think: str = opt("fixed", "warm start: the think before the second hop's search: `fixed` (`one more hop`: the bridge entity is a lookup) or `quote` (the first hop's passage from its title up to the bridge entity, a span copy like the answer's; docs/lab.md)")
     warmstart_quality: float = opt(0.6, "warm start: share of trajectories that are fully correct")
-    warmstart_one_hop_share: float = opt(0.5, "warm start: share of multi-hop trajectories that answer after the first hop (drawn before warmstart_quality): the second hop is then a decision RL learns (configs/world/default.yaml: 0.85)")
+    warmstart_one_hop_share: float = opt(0.5, "warm start: share of multi-hop trajectories that answer after the first hop (drawn before warmstart_quality): the second hop is then a decision RL learns (configs/world/default.yaml sets its own)")
     warmstart_batch_size: int = opt(8, "warm start: trajectories per optimiser step")
     warmstart_shuffle_names: bool = opt(True, "warm start: rename entities/years per trajectory (copy, don't memorise)")
     warmstart_env_loss_weight: float = opt(0.3, "warm start: LM-loss weight of prompt/observation tokens (generated: 1)")
@@ -108,6 +115,8 @@ def validate_world(w: WorldConfig) -> None:
         (0 <= w.warmstart_drill_subject_target <= 1, "warmstart_drill_subject_target", "must be in [0, 1]"),
         (0 <= w.warmstart_drill_answer_target <= 1, "warmstart_drill_answer_target", "must be in [0, 1]"),
         (0 <= w.warmstart_drill_bridge_target <= 1, "warmstart_drill_bridge_target", "must be in [0, 1]"),
+        (w.warmstart_repeat_steps >= 0, "warmstart_repeat_steps", "must be >= 0"),
+        (w.warmstart_repeat_length >= 2, "warmstart_repeat_length", "must be >= 2"),
         (w.warmstart_drill_probes >= 1, "warmstart_drill_probes", "must be >= 1"),
         (w.warmstart_measure_pass_k >= 1, "warmstart_measure_pass_k", "must be >= 1"),
         (0 <= w.warmstart_drill_answer_share <= 1, "warmstart_drill_answer_share", "must be in [0, 1]"),

@@ -103,6 +103,34 @@ def _batches(examples: list[tuple[list[int], list[int]]], batch_size: int, pad_i
         yield ids, attn, lmask
 
 
+REPEAT_BATCH_SIZE = 32  # sequences per step of the repeat phase
+
+
+def repeat_vocabulary(tokenizer) -> list[int]:
+    """The token ids the repeat phase draws from: every id of ``tokenizer`` but its special tokens (eos, pad) and
+    the protocol's tags (``prompts.TAG_TOKENS``), which only the trajectories may teach."""
+    from searchr1_lld.prompts import TAG_TOKENS
+
+    excluded = set(tokenizer.all_special_ids) | set(tokenizer.convert_tokens_to_ids(list(TAG_TOKENS)))
+    return [i for i in range(len(tokenizer)) if i not in excluded]
+
+
+def repeat_batches(token_ids: list[int], batch_size: int, max_length: int, generator: torch.Generator):
+    """Endless batches of random token sequences, each repeated once: (input_ids [B, 2L], attention_mask [B, 2L],
+    loss_weight [B, 2L]), ``L`` drawn per batch in ``[max_length // 2, max_length]``, the tokens uniformly from
+    ``token_ids``. The weight is 1 on the repeat's tokens after its first (which follows nothing predictable), 0
+    elsewhere: once the repeat starts, the token that followed the current one the first time is the next one, so
+    only a copy circuit lowers the loss."""
+    vocab = torch.tensor(token_ids, dtype=torch.long)
+    while True:
+        length = int(torch.randint(max(1, max_length // 2), max_length + 1, (1,), generator=generator))
+        first = vocab[torch.randint(len(vocab), (batch_size, length), generator=generator)]  # [B, L]
+        ids = torch.cat([first, first], dim=1)  # [B, 2L]
+        weight = torch.zeros(ids.shape, dtype=torch.float)
+        weight[:, length + 1:] = 1.0
+        yield ids, torch.ones_like(ids), weight
+
+
 def copy_accuracy(model, probes: dict[str, list[tuple[list[int], list[int]]]], pad_id: int,
                   batch_size: int = 32) -> dict[str, float]:
     """Teacher-forced copy accuracy per drill kind: the share of probe drills whose generated segment (the think
@@ -217,9 +245,15 @@ def _trajectory_phase(model, opt, examples: list[tuple[list[int], list[int]]], c
 def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldConfig, *, pad_id: int,
                batch_size: int = 16, progress: bool = True,
                drills: list[list[tuple[list[int], list[int]]]] = (),
-               probes: dict[str, dict[str, list[tuple[list[int], list[int]]]]] | None = None) -> dict[str, Any]:
-    """Supervised phase: copy drills (``build_copy_drills``) at lr ``cfg.warmstart_drill_lr``, then whole
-    trajectories at peak lr ``cfg.warmstart_lr`` (lower: a high lr there undoes the copying), one AdamW.
+               probes: dict[str, dict[str, list[tuple[list[int], list[int]]]]] | None = None,
+               repeat_tokens: list[int] = ()) -> dict[str, Any]:
+    """Supervised phase: random-token repeats (``cfg.warmstart_repeat_steps`` > 0), copy drills
+    (``build_copy_drills``) at lr ``cfg.warmstart_drill_lr``, then whole trajectories at peak lr
+    ``cfg.warmstart_lr`` (lower: a high lr there undoes the copying), one AdamW.
+
+    Repeat phase: ``cfg.warmstart_repeat_steps`` steps of :func:`repeat_batches` over ``repeat_tokens``
+    (:func:`repeat_vocabulary`), lr ``cfg.warmstart_drill_lr`` after a linear warmup of 50 steps. Only copying lowers
+    its loss, so the copy circuit starts forming on cheap short sequences before any drill.
 
     Drill phase: the curriculum's stages in order (``build_copy_drills``), batches of
     ``cfg.warmstart_drill_batch_size``, linear warmup over the first 10% of the drill-step budget (all drills once),
@@ -236,7 +270,7 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
     warmup when there are no drills). The loss is the LM loss on generated tokens (weight 1) plus, at weight
     ``cfg.warmstart_env_loss_weight``, on the prompt and observation tokens of the trajectories (a little
     "pretraining" on copy-rich text; drills weight only their generated segment).
-    Returns ``{"first_loss", "final_loss", "steps", "tokens", "drill_steps", "drill_final_loss", "drill_stop",
+    Returns ``{"first_loss", "final_loss", "steps", "tokens", "repeat_steps", "repeat_final_loss", "drill_steps", "drill_final_loss", "drill_stop",
     "drill_checks"}`` (final = mean of the last 10% of the trajectory phase; ``drill_stop``: stage name ->
     ``targets met`` / ``budget used``; ``drill_checks``: every measurement,
     ``{step, stage, context, <kind>: accuracy}``).
@@ -249,12 +283,19 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
     drills = {name: stage for name, stage in (drills or {}).items() if stage}
     budget = sum(math.ceil(len(stage) / cfg.warmstart_drill_batch_size) for stage in drills.values())
     traj_steps = math.ceil(len(examples) / batch_size) * cfg.warmstart_epochs
+    repeat_steps = cfg.warmstart_repeat_steps
+    if repeat_steps and not repeat_tokens:
+        raise ValueError("warmstart_repeat_steps > 0 needs the tokens to draw from (repeat_tokens)")
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.warmstart_lr, weight_decay=0.01, betas=(0.9, 0.98))
     model.train()
-    bar = tqdm(total=budget + traj_steps, desc="warm start", disable=not progress, leave=False)
+    bar = tqdm(total=repeat_steps + budget + traj_steps, desc="warm start", disable=not progress, leave=False)
+    repeat_losses = _train_phase(
+        model, opt, repeat_batches(list(repeat_tokens), REPEAT_BATCH_SIZE, cfg.warmstart_repeat_length,
+                                   torch.Generator().manual_seed(cfg.seed + 5)),
+        repeat_steps, lambda s: cfg.warmstart_drill_lr * min(1.0, (s + 1) / 50), bar) if repeat_steps else []
     drill = _DrillPhase(model, opt, cfg, pad_id, rng, bar, probes)
     drill.run(drills, budget)
-    bar.total = len(drill.losses) + traj_steps
+    bar.total = repeat_steps + len(drill.losses) + traj_steps
     bar.refresh()
     losses = _trajectory_phase(model, opt, examples, cfg, steps=traj_steps, batch_size=batch_size, pad_id=pad_id,
                                rng=rng, warmup=0 if drills else max(1, traj_steps // 10), bar=bar)
@@ -264,6 +305,8 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
     drill_tail = drill.losses[-max(1, len(drill.losses) // 10):]
     return {"first_loss": losses[0], "final_loss": sum(tail) / len(tail), "steps": len(losses),
             "tokens": sum(len(x) for x, _ in examples) * cfg.warmstart_epochs,
+            "repeat_steps": len(repeat_losses),
+            "repeat_final_loss": sum(repeat_losses[-20:]) / len(repeat_losses[-20:]) if repeat_losses else float("nan"),
             "drill_steps": len(drill.losses),
             "drill_final_loss": sum(drill_tail) / len(drill_tail) if drill.losses else float("nan"),
             "drill_stop": drill.stops, "drill_checks": drill.checks}
@@ -307,7 +350,7 @@ def build_tiny_policy(out_dir: str | Path, passages: list[dict], train_rows: lis
                   if drills and cfg.warmstart_drill_check_every > 0 else None)
         bar.update(1)
     stats = warm_start(model, examples, cfg, pad_id=tokenizer.pad_token_id, batch_size=cfg.warmstart_batch_size,
-                       progress=progress, drills=drills, probes=probes)
+                       progress=progress, drills=drills, probes=probes, repeat_tokens=repeat_vocabulary(tokenizer))
     model.save_pretrained(str(model_dir))
     tokenizer.save_pretrained(str(model_dir))  # the model dir is self-contained too
     lengths = [len(x) for x, _ in examples]
