@@ -1,8 +1,8 @@
 """When the warm start's copy circuit forms: the drill phase of a world's warm start from a fresh model, without and
 with the repeat phase (``warmstart_repeat_steps``: random-token sequences repeated once) in front, on the same drills
-and held-out probes, in one run.
+and held-out probes, in one run (``--repeat-steps``: one variant per length).
 
-    .venv/bin/python benchmarks/bench_copy_formation.py [--world .cache/world] [--repeat-steps 600]
+    .venv/bin/python benchmarks/bench_copy_formation.py [--world .cache/world] [--repeat-steps 0,600]
         [--drill-steps 1500] [--check-every 100] [--threshold 0.8] [key=value world overrides ...]
 
 The world (built by ``python -m searchr1_lld.world build``) gives the corpus, the index, the training questions, the
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world", default=str(ROOT / ".cache" / "world"))
-    parser.add_argument("--repeat-steps", type=int, default=600)
+    parser.add_argument("--repeat-steps", default="0,600", help="comma-separated repeat-phase lengths, one variant each")
     parser.add_argument("--drill-steps", type=int, default=1500)
     parser.add_argument("--check-every", type=int, default=100)
     parser.add_argument("--threshold", type=float, default=0.8)
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     probes = build_drill_probes(rows, search, tokenizer, cfg, cfg.warmstart_drill_probes, passages=passages)
     one_step = drills["short"][:cfg.warmstart_batch_size]  # the trajectory phase: one step, not measured
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    for repeat in (0, args.repeat_steps):
+    for repeat in (int(n) for n in args.repeat_steps.split(",")):
         variant = f"repeat{repeat}"
         c = dataclasses.replace(cfg, warmstart_repeat_steps=repeat)
         start = time.perf_counter()
