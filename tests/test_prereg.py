@@ -191,14 +191,17 @@ def test_the_committed_registration_precedes_every_run_of_its_grid():
     assert registration_violations(REPO_ROOT, PREREG_FILE, runs) == []
 
 
-def test_the_registered_world_config_still_builds_the_registered_world():
-    """The registration names its world by config file and hash: an edit of that file, a new WorldConfig field or a
-    recipe change that alters the hash would give the remaining runs another world than the registered one."""
+def test_the_registered_grid_still_trains_on_the_registered_world():
+    """The registration names its grid config and its world's hash: the world file that grid config names must still
+    hash to it (an edit of that file, a new WorldConfig field or a recipe change would give a run of the registered
+    grid command another world than the registered one)."""
+    from searchr1_lld.lab.methods import read_lab_config
     from searchr1_lld.world import load_world_config
     from searchr1_lld.world.build import world_config_hash
 
-    world = load_preregistration()["world"]
-    assert world_config_hash(load_world_config(world["config"])) == world["hash"]
+    prereg = load_preregistration()
+    _, world_file, _ = read_lab_config(prereg["grid"]["config"], [])
+    assert world_config_hash(load_world_config(world_file)) == prereg["world"]["hash"]
 
 
 def test_the_grid_refuses_the_registrations_runs_dir_until_it_is_registered(tmp_path):
