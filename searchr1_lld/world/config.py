@@ -66,7 +66,7 @@ class WorldConfig:
     warmstart_trajectories: int = opt(2400, "warm start: scripted trajectories (steps = trajectories x epochs / batch)")
     warmstart_epochs: int = opt(1, "warm start: epochs over the trajectories")
     warmstart_lr: float = opt(5e-4, "warm start: peak learning rate of the trajectory phase (cosine decay)")
-    warmstart_repeat_steps: int = opt(0, "warm start: steps of a first phase on random-token sequences repeated once (batches of 32, loss on the repeat only, lr warmstart_drill_lr): only a copy (induction) circuit lowers that loss, and the drills' copy targets then form sooner (docs/lab.md, \"The repeat phase\"); 0 = none")
+    warmstart_repeat_steps: int = opt(0, 'warm start: steps of a first phase on random-token sequences repeated once (batches of 32, loss on the repeat only, lr warmstart_drill_lr): only a copy (induction) circuit lowers that loss, and the drills\' copy targets then form sooner (docs/lab.md, "The repeat phase"); 0 = none')
     warmstart_repeat_length: int = opt(24, "warm start: longest random sequence of the repeat phase (each batch draws a length between half of it and it, then repeats it)")
     warmstart_drills: int = opt(64000, "warm start: copy drills before the trajectories (drills.build_copy_drills); with batch 16, the drill-step budget (4,000 steps; a stage ends earlier once its copy targets are met)")
     warmstart_drill_lr: float = opt(2e-3, "warm start: learning rate of the drill phase (1e-2 never forms the copy circuit)")
