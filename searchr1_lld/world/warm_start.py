@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 
 from searchr1_lld.inference import evaluating
+from searchr1_lld.prompts import TAG_TOKENS
 from searchr1_lld.world.config import WorldConfig
 from searchr1_lld.world.drills import build_copy_drills, build_drill_probes
 from searchr1_lld.world.generate import name_word_groups
@@ -109,8 +110,6 @@ REPEAT_BATCH_SIZE = 32  # sequences per step of the repeat phase
 def repeat_vocabulary(tokenizer) -> list[int]:
     """The token ids the repeat phase draws from: every id of ``tokenizer`` but its special tokens (eos, pad) and
     the protocol's tags (``prompts.TAG_TOKENS``), which only the trajectories may teach."""
-    from searchr1_lld.prompts import TAG_TOKENS
-
     excluded = set(tokenizer.all_special_ids) | set(tokenizer.convert_tokens_to_ids(list(TAG_TOKENS)))
     return [i for i in range(len(tokenizer)) if i not in excluded]
 
@@ -270,8 +269,9 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
     warmup when there are no drills). The loss is the LM loss on generated tokens (weight 1) plus, at weight
     ``cfg.warmstart_env_loss_weight``, on the prompt and observation tokens of the trajectories (a little
     "pretraining" on copy-rich text; drills weight only their generated segment).
-    Returns ``{"first_loss", "final_loss", "steps", "tokens", "repeat_steps", "repeat_final_loss", "drill_steps", "drill_final_loss", "drill_stop",
-    "drill_checks"}`` (final = mean of the last 10% of the trajectory phase; ``drill_stop``: stage name ->
+    Returns ``{"first_loss", "final_loss", "steps", "tokens", "repeat_steps", "repeat_final_loss", "drill_steps",
+    "drill_final_loss", "drill_stop", "drill_checks"}`` (final = mean of the last 10% of the trajectory phase;
+    ``repeat_final_loss``: mean of the repeat phase's last 20 steps, NaN without one; ``drill_stop``: stage name ->
     ``targets met`` / ``budget used``; ``drill_checks``: every measurement,
     ``{step, stage, context, <kind>: accuracy}``).
     """
