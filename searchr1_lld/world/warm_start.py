@@ -225,6 +225,19 @@ class _DrillPhase:
         return "budget used"
 
 
+def _repeat_phase(model, opt, cfg: WorldConfig, repeat_tokens: list[int], bar) -> list[float]:
+    """``cfg.warmstart_repeat_steps`` steps of :func:`repeat_batches` over ``repeat_tokens``, lr
+    ``cfg.warmstart_drill_lr`` after a linear warmup of 50 steps; the losses (none when the phase is off)."""
+    if not cfg.warmstart_repeat_steps:
+        return []
+    if not repeat_tokens:
+        raise ValueError("warmstart_repeat_steps > 0 needs the tokens to draw from (repeat_tokens)")
+    batches = repeat_batches(list(repeat_tokens), REPEAT_BATCH_SIZE, cfg.warmstart_repeat_length,
+                             torch.Generator().manual_seed(cfg.seed + 5))
+    return _train_phase(model, opt, batches, cfg.warmstart_repeat_steps,
+                        lambda s: cfg.warmstart_drill_lr * min(1.0, (s + 1) / 50), bar)
+
+
 def _trajectory_phase(model, opt, examples: list[tuple[list[int], list[int]]], cfg: WorldConfig, *, steps: int,
                       batch_size: int, pad_id: int, rng: random.Random, warmup: int, bar) -> list[float]:
     """``cfg.warmstart_epochs`` epochs of the trajectories, peak lr ``cfg.warmstart_lr`` with ``warmup`` steps (0 =
@@ -284,15 +297,10 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
     budget = sum(math.ceil(len(stage) / cfg.warmstart_drill_batch_size) for stage in drills.values())
     traj_steps = math.ceil(len(examples) / batch_size) * cfg.warmstart_epochs
     repeat_steps = cfg.warmstart_repeat_steps
-    if repeat_steps and not repeat_tokens:
-        raise ValueError("warmstart_repeat_steps > 0 needs the tokens to draw from (repeat_tokens)")
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.warmstart_lr, weight_decay=0.01, betas=(0.9, 0.98))
     model.train()
     bar = tqdm(total=repeat_steps + budget + traj_steps, desc="warm start", disable=not progress, leave=False)
-    repeat_losses = _train_phase(
-        model, opt, repeat_batches(list(repeat_tokens), REPEAT_BATCH_SIZE, cfg.warmstart_repeat_length,
-                                   torch.Generator().manual_seed(cfg.seed + 5)),
-        repeat_steps, lambda s: cfg.warmstart_drill_lr * min(1.0, (s + 1) / 50), bar) if repeat_steps else []
+    repeat_losses = _repeat_phase(model, opt, cfg, repeat_tokens, bar)
     drill = _DrillPhase(model, opt, cfg, pad_id, rng, bar, probes)
     drill.run(drills, budget)
     bar.total = repeat_steps + len(drill.losses) + traj_steps
@@ -306,7 +314,7 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
     return {"first_loss": losses[0], "final_loss": sum(tail) / len(tail), "steps": len(losses),
             "tokens": sum(len(x) for x, _ in examples) * cfg.warmstart_epochs,
             "repeat_steps": len(repeat_losses),
-            "repeat_final_loss": sum(repeat_losses[-20:]) / len(repeat_losses[-20:]) if repeat_losses else float("nan"),
+            "repeat_final_loss": sum(repeat_losses[-20:]) / len(repeat_losses[-20:]) if repeat_losses else math.nan,
             "drill_steps": len(drill.losses),
             "drill_final_loss": sum(drill_tail) / len(drill_tail) if drill.losses else float("nan"),
             "drill_stop": drill.stops, "drill_checks": drill.checks}
