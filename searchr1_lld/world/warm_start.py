@@ -259,13 +259,9 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
                drills: list[list[tuple[list[int], list[int]]]] = (),
                probes: dict[str, dict[str, list[tuple[list[int], list[int]]]]] | None = None,
                repeat_tokens: list[int] = ()) -> dict[str, Any]:
-    """Supervised phase: random-token repeats (``cfg.warmstart_repeat_steps`` > 0), copy drills
-    (``build_copy_drills``) at lr ``cfg.warmstart_drill_lr``, then whole trajectories at peak lr
-    ``cfg.warmstart_lr`` (lower: a high lr there undoes the copying), one AdamW.
-
-    Repeat phase: ``cfg.warmstart_repeat_steps`` steps of :func:`repeat_batches` over ``repeat_tokens``
-    (:func:`repeat_vocabulary`), lr ``cfg.warmstart_drill_lr`` after a linear warmup of 50 steps. Only copying lowers
-    its loss, so the copy circuit starts forming on cheap short sequences before any drill.
+    """Supervised phase: random-token repeats over ``repeat_tokens`` (:func:`_repeat_phase`: only copying lowers
+    their loss), copy drills (``build_copy_drills``) at lr ``cfg.warmstart_drill_lr``, then whole trajectories at
+    peak lr ``cfg.warmstart_lr`` (lower: a high lr there undoes the copying), one AdamW.
 
     Drill phase: the curriculum's stages in order (``build_copy_drills``), batches of
     ``cfg.warmstart_drill_batch_size``, linear warmup over the first 10% of the drill-step budget (all drills once),
