@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
 import time
@@ -40,21 +39,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="world config key=value")
     args = parser.parse_args(argv)
 
-    import torch
     from transformers import AutoTokenizer
 
     from retriever.inprocess import InProcessRetriever
     from searchr1_lld.jsonl import read_jsonl
     from searchr1_lld.world import warm_start as WS
-    from searchr1_lld.world.build import parse_world_overrides, read_card
+    from searchr1_lld.world import load_world_config, read_card
     from searchr1_lld.world.drills import COPY_DRILL_KINDS, build_copy_drills, build_drill_probes
 
     world = Path(args.world)
     card = read_card(world)
     if card is None:
         raise SystemExit(f"{world} holds no built world (python -m searchr1_lld.world build --out {world})")
-    base = parse_world_overrides([f"{k}={json.dumps(v) if isinstance(v, list) else v}"
-                                  for k, v in card["config"].items()] + args.overrides)
+    base = load_world_config(overrides=args.overrides, values=card["config"])
     cfg = dataclasses.replace(base, warmstart_drills=args.drill_steps * base.warmstart_drill_batch_size,
                               warmstart_drill_prompt_share=0.0, warmstart_drill_answer_first=0.0,
                               warmstart_drill_check_every=args.check_every, warmstart_drill_subject_target=1.0,
@@ -65,7 +62,6 @@ def main(argv: list[str] | None = None) -> int:
     drills = build_copy_drills(rows, search, tokenizer, cfg, passages=passages)
     probes = build_drill_probes(rows, search, tokenizer, cfg, cfg.warmstart_drill_probes, passages=passages)
     one_step = drills["short"][:cfg.warmstart_batch_size]  # the trajectory phase: one step, not measured
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     for repeat in (int(n) for n in args.repeat_steps.split(",")):
         variant = f"repeat{repeat}"
         c = dataclasses.replace(cfg, warmstart_repeat_steps=repeat)

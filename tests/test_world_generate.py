@@ -221,6 +221,19 @@ def test_overrides_parse_and_hash() -> None:
         parse_world_overrides(["num_people=many"])
 
 
+def test_a_world_config_loads_from_a_cards_values_with_overrides() -> None:
+    """A built world's ``world.json`` config (every field, lists included) reloads to the same config, overrides on
+    top; a YAML and values together are refused."""
+    from searchr1_lld.world import load_world_config
+
+    built = dataclasses.replace(DEFAULT, num_people=80, multi_hop_families=["hq_river"], warmstart_repeat_steps=5)
+    values = json.loads(json.dumps(dataclasses.asdict(built)))  # as a card stores it
+    assert load_world_config(values=values) == built
+    assert load_world_config(overrides=["seed=3"], values=values) == dataclasses.replace(built, seed=3)
+    with pytest.raises(ValueError, match="not both"):
+        load_world_config("configs/world/default.yaml", values=values)
+
+
 def test_an_option_that_is_off_leaves_the_hash_of_the_worlds_built_before_it() -> None:
     """Off (its switch at its off value), an option's fields are not hashed: a world built before the option existed
     keeps its identity, whatever the option's other fields say; on, every field of it counts."""

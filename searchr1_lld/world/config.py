@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from retriever.kinds import KindName
 
@@ -123,10 +124,14 @@ def validate_world(w: WorldConfig) -> None:
     ], w, prefix="world.")
 
 
-def load_world_config(path: str | Path | None = None, overrides: list[str] | None = None) -> WorldConfig:
+def load_world_config(path: str | Path | None = None, overrides: list[str] | None = None, *,
+                      values: dict[str, Any] | None = None) -> WorldConfig:
     """A validated :class:`WorldConfig` from a world YAML (``configs/world/*.yaml``; relative to
-    the repository root) and ``key=value`` overrides (a ``world.`` prefix is accepted)."""
-    values = read_yaml(resolve_repo_path(path)) if path else {}
+    the repository root) or from ``values`` (e.g. a built world's ``world.json`` ``config``), and ``key=value``
+    overrides (a ``world.`` prefix is accepted)."""
+    if path and values is not None:
+        raise ValueError("load_world_config takes a world YAML or values, not both")
+    values = read_yaml(resolve_repo_path(path)) if path else dict(values or {})
     keys = []
     for text in overrides or []:
         key, sep, raw = text.partition("=")
