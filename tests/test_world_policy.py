@@ -589,8 +589,8 @@ def test_repeat_vocabulary_leaves_out_the_tags_and_special_tokens(tiny_tokenizer
                         *tiny_tokenizer.convert_tokens_to_ids(list(P.TAG_TOKENS))}
 
 
-def test_the_repeat_phase_comes_first_and_is_counted(tiny_world: Path, tiny_tokenizer, tiny_world_config) -> None:
-    """``warmstart_repeat_steps`` steps of repeats before the trajectories (and drills), reported in the stats; the
+def test_the_repeat_phase_runs_its_steps_and_is_counted(tiny_world: Path, tiny_tokenizer, tiny_world_config) -> None:
+    """``warmstart_repeat_steps`` steps of repeats run and are reported in the stats (NaN loss without them); the
     phase needs the tokens it draws from."""
     import dataclasses
 
