@@ -608,6 +608,56 @@ def test_the_repeat_phase_runs_its_steps_and_is_counted(tiny_world: Path, tiny_t
         WS.warm_start(model, examples, cfg, pad_id=tiny_tokenizer.pad_token_id, batch_size=4, progress=False)
 
 
+def test_practice_drills_copy_the_first_query_or_the_answer_from_the_whole_prompt(tiny_world: Path, tiny_tokenizer,
+                                                                                 tiny_world_config) -> None:
+    """The trajectory phase's practice drills start from the rollout's prompt and take turns: the subject query
+    (no observation before it) and the answer; none copies the bridge query (the second hop is left to RL)."""
+    from retriever.inprocess import InProcessRetriever
+
+    rows = read_jsonl(tiny_world / "qa" / "train.jsonl")
+    drills = DR.build_practice_drills(rows, InProcessRetriever(tiny_world / "index").search, tiny_tokenizer,
+                                      tiny_world_config, 6, passages=read_jsonl(tiny_world / "corpus.jsonl"))
+    assert len(drills) == 6
+    prompt = P.render_prompt(rows[0]["question"], "tiny")
+    for i, (ids, mask) in enumerate(drills):
+        start = mask.index(1)
+        context, generated = tiny_tokenizer.decode(ids[:start]), tiny_tokenizer.decode(ids[start:])
+        observations = context.count("<information>") - prompt.count("<information>")  # the prompt names the tag
+        assert context.startswith(prompt[:40])
+        if i % 2 == 0:
+            assert "<search>" in generated and "<answer>" not in generated and observations == 0
+        else:
+            assert "<answer>" in generated and observations >= 1
+
+
+def test_practice_drills_add_their_weighted_loss_to_each_trajectory_step(tiny_tokenizer, tiny_world_config) -> None:
+    """With ``warmstart_traj_drill_weight`` w > 0 the trajectory phase's first loss is the trajectories' loss plus w
+    x the practice drills' loss, both on the model as it was; with w = 0 the drills are not used."""
+    import copy
+    import dataclasses
+
+    cfg = dataclasses.replace(tiny_world_config, warmstart_drills=0, warmstart_trajectories=8,
+                              warmstart_drill_batch_size=4, warmstart_traj_drill_weight=0.5)
+    examples = [([1, 2, 3, 4, 5], [0, 0, 1, 1, 1])] * 8
+    practice = [([6, 7, 8, 9, 10, 11], [0, 0, 0, 1, 1, 1])] * 4
+    model = WS.make_model(cfg, tiny_tokenizer)
+    before = copy.deepcopy(model)
+
+    def loss_of(rows, env_weight):  # generated tokens weigh 1, the others env_weight (as in the phase's batches)
+        ids, generated = torch.tensor([x for x, _ in rows]), torch.tensor([m for _, m in rows], dtype=torch.float)
+        weights = generated + env_weight * (1 - generated)
+        with torch.no_grad():
+            return float(WS.generated_token_loss(before, ids, torch.ones_like(ids), weights))
+    trajectories = loss_of(examples[:4], cfg.warmstart_env_loss_weight)
+    expected = trajectories + 0.5 * loss_of(practice, 0.0)
+    stats = WS.warm_start(model, examples, cfg, pad_id=tiny_tokenizer.pad_token_id, batch_size=4, progress=False,
+                          practice=practice)
+    assert stats["steps"] == 2 and stats["first_loss"] == pytest.approx(expected, rel=1e-5)
+    off = WS.warm_start(copy.deepcopy(before), examples, dataclasses.replace(cfg, warmstart_traj_drill_weight=0.0),
+                        pad_id=tiny_tokenizer.pad_token_id, batch_size=4, progress=False, practice=practice)
+    assert off["first_loss"] == pytest.approx(trajectories, rel=1e-5)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the warm-started policy generates the protocol at a measured rate
 # ---------------------------------------------------------------------------------------------------------------

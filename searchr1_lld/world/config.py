@@ -25,7 +25,8 @@ RECIPE_VERSION = 4
 # Options added after worlds were identified by their hash (a registered comparison names its world's hash): switch
 # field -> (its value when the option is off, the option's fields). Off, the build is what it was before the option
 # existed, so world_config_hash leaves the fields out and those worlds keep their identity.
-HASH_OMITTED_WHEN_OFF = {"warmstart_repeat_steps": (0, ("warmstart_repeat_steps", "warmstart_repeat_length"))}
+HASH_OMITTED_WHEN_OFF = {"warmstart_repeat_steps": (0, ("warmstart_repeat_steps", "warmstart_repeat_length")),
+                         "warmstart_traj_drill_weight": (0.0, ("warmstart_traj_drill_weight",))}
 
 # The multi-hop question families the generator knows (questions.MULTI_HOP holds their templates).
 MULTI_HOP_FAMILIES = ("founder_birth_year", "founder_birth_city", "founder_occupation", "hq_river", "birthplace_river",
@@ -84,6 +85,7 @@ class WorldConfig:
     warmstart_bridge_think: str = opt("fixed", "warm start: the think before the second hop's search: `fixed` (`one more hop`: the bridge entity is a lookup) or `quote` (the first hop's passage from its title up to the bridge entity, a span copy like the answer's; docs/lab.md)")
     warmstart_quality: float = opt(0.6, "warm start: share of trajectories that are fully correct")
     warmstart_one_hop_share: float = opt(0.5, "warm start: share of multi-hop trajectories that answer after the first hop (drawn before warmstart_quality): the second hop is then a decision RL learns (configs/world/default.yaml sets its own)")
+    warmstart_traj_drill_weight: float = opt(0.0, 'warm start: each step of the trajectory phase adds this weight x the loss of a batch of whole-prompt subject-query and answer drills (warmstart_drill_batch_size of them; no bridge-query drills: the second hop stays the decision RL learns), so the copy circuit keeps its practice while the protocol is learned (docs/lab.md, "Practice through the trajectory phase"); 0 = trajectories alone')
     warmstart_batch_size: int = opt(8, "warm start: trajectories per optimiser step")
     warmstart_shuffle_names: bool = opt(True, "warm start: rename entities/years per trajectory (copy, don't memorise)")
     warmstart_env_loss_weight: float = opt(0.3, "warm start: LM-loss weight of prompt/observation tokens (generated: 1)")
@@ -117,6 +119,7 @@ def validate_world(w: WorldConfig) -> None:
         (0 <= w.warmstart_drill_answer_target <= 1, "warmstart_drill_answer_target", "must be in [0, 1]"),
         (0 <= w.warmstart_drill_bridge_target <= 1, "warmstart_drill_bridge_target", "must be in [0, 1]"),
         (w.warmstart_repeat_steps >= 0, "warmstart_repeat_steps", "must be >= 0"),
+        (w.warmstart_traj_drill_weight >= 0, "warmstart_traj_drill_weight", "must be >= 0"),
         (w.warmstart_repeat_length >= 2, "warmstart_repeat_length", "must be >= 2"),
         (w.warmstart_drill_probes >= 1, "warmstart_drill_probes", "must be >= 1"),
         (w.warmstart_measure_pass_k >= 1, "warmstart_measure_pass_k", "must be >= 1"),

@@ -17,7 +17,7 @@ import torch
 from searchr1_lld.inference import evaluating
 from searchr1_lld.prompts import TAG_TOKENS
 from searchr1_lld.world.config import WorldConfig
-from searchr1_lld.world.drills import build_copy_drills, build_drill_probes
+from searchr1_lld.world.drills import build_copy_drills, build_drill_probes, build_practice_drills
 from searchr1_lld.world.generate import name_word_groups
 from searchr1_lld.world.tokenizer import corpus_years, one_token_share, tokenizer_training_texts, train_tokenizer
 from searchr1_lld.world.trajectories import SearchFn, build_warmstart_examples
@@ -149,15 +149,17 @@ def copy_accuracy(model, probes: dict[str, list[tuple[list[int], list[int]]]], p
     return acc
 
 
-def _train_phase(model, opt, batches, steps: int, lr_at: Callable[[int], float], bar) -> list[float]:
-    """Run ``steps`` AdamW steps of ``generated_token_loss`` over ``batches`` (lr from ``lr_at(step)``); losses."""
+def _train_phase(model, opt, batches, steps: int, lr_at: Callable[[int], float], bar,
+                 loss_of: Callable[[Any], torch.Tensor] | None = None) -> list[float]:
+    """Run ``steps`` AdamW steps over ``batches`` (lr from ``lr_at(step)``), the loss ``loss_of(batch)``
+    (default: ``generated_token_loss`` of a batch ``(input_ids, attention_mask, loss_weight)``); the losses."""
     losses: list[float] = []
-    for step, (ids, attn, lmask) in enumerate(batches):
+    for step, batch in enumerate(batches):
         if step >= steps:
             break
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
-        loss = generated_token_loss(model, ids, attn, lmask)
+        loss = loss_of(batch) if loss_of else generated_token_loss(model, *batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -239,9 +241,12 @@ def _repeat_phase(model, opt, cfg: WorldConfig, repeat_tokens: list[int], bar) -
 
 
 def _trajectory_phase(model, opt, examples: list[tuple[list[int], list[int]]], cfg: WorldConfig, *, steps: int,
-                      batch_size: int, pad_id: int, rng: random.Random, warmup: int, bar) -> list[float]:
+                      batch_size: int, pad_id: int, rng: random.Random, warmup: int, bar,
+                      practice: list[tuple[list[int], list[int]]] = ()) -> list[float]:
     """``cfg.warmstart_epochs`` epochs of the trajectories, peak lr ``cfg.warmstart_lr`` with ``warmup`` steps (0 =
-    none) and cosine decay to 0 over ``steps``; the losses."""
+    none) and cosine decay to 0 over ``steps``; the losses. With ``practice`` drills and
+    ``cfg.warmstart_traj_drill_weight`` > 0 every step's loss adds that weight x the loss of a batch of
+    ``cfg.warmstart_drill_batch_size`` of them (cycled; the losses are then the sums)."""
     lr = cfg.warmstart_lr
 
     def traj_lr(s: int) -> float:
@@ -251,14 +256,22 @@ def _trajectory_phase(model, opt, examples: list[tuple[list[int], list[int]]], c
         for _ in range(cfg.warmstart_epochs):
             yield from _batches(examples, batch_size, pad_id, rng, cfg.warmstart_env_loss_weight)
 
-    return _train_phase(model, opt, traj_batches(), steps, traj_lr, bar)
+    weight = cfg.warmstart_traj_drill_weight
+    if not (practice and weight > 0):
+        return _train_phase(model, opt, traj_batches(), steps, traj_lr, bar)
+    drill_batches = _cycle(lambda: _batches(list(practice), cfg.warmstart_drill_batch_size, pad_id, rng))
+
+    def loss_of(pair) -> torch.Tensor:
+        trajectories, drills = pair
+        return generated_token_loss(model, *trajectories) + weight * generated_token_loss(model, *drills)
+    return _train_phase(model, opt, zip(traj_batches(), drill_batches), steps, traj_lr, bar, loss_of)
 
 
 def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldConfig, *, pad_id: int,
                batch_size: int = 16, progress: bool = True,
                drills: list[list[tuple[list[int], list[int]]]] = (),
                probes: dict[str, dict[str, list[tuple[list[int], list[int]]]]] | None = None,
-               repeat_tokens: list[int] = ()) -> dict[str, Any]:
+               repeat_tokens: list[int] = (), practice: list[tuple[list[int], list[int]]] = ()) -> dict[str, Any]:
     """Supervised phase: random-token repeats over ``repeat_tokens`` (:func:`_repeat_phase`: only copying lowers
     their loss), copy drills (``build_copy_drills``) at lr ``cfg.warmstart_drill_lr``, then whole trajectories at
     peak lr ``cfg.warmstart_lr`` (lower: a high lr there undoes the copying), one AdamW.
@@ -277,7 +290,8 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
     Trajectory phase: ``cfg.warmstart_epochs`` epochs of batches of ``batch_size``, cosine decay to 0 (with its own
     warmup when there are no drills). The loss is the LM loss on generated tokens (weight 1) plus, at weight
     ``cfg.warmstart_env_loss_weight``, on the prompt and observation tokens of the trajectories (a little
-    "pretraining" on copy-rich text; drills weight only their generated segment).
+    "pretraining" on copy-rich text; drills weight only their generated segment), plus, with ``practice`` drills
+    (``build_practice_drills``) and ``cfg.warmstart_traj_drill_weight`` > 0, that weight x a batch of them.
     Returns ``{"first_loss", "final_loss", "steps", "tokens", "repeat_steps", "repeat_final_loss", "drill_steps",
     "drill_final_loss", "drill_stop", "drill_checks"}`` (final = mean of the last 10% of the trajectory phase;
     ``repeat_final_loss``: mean of the repeat phase's last 20 steps, NaN without one; ``drill_stop``: stage name ->
@@ -302,7 +316,8 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
     bar.total = repeat_steps + len(drill.losses) + traj_steps
     bar.refresh()
     losses = _trajectory_phase(model, opt, examples, cfg, steps=traj_steps, batch_size=batch_size, pad_id=pad_id,
-                               rng=rng, warmup=0 if drills else max(1, traj_steps // 10), bar=bar)
+                               rng=rng, warmup=0 if drills else max(1, traj_steps // 10), bar=bar,
+                               practice=practice)
     bar.close()
     model.eval()
     tail = losses[-max(1, len(losses) // 10):]
@@ -350,11 +365,16 @@ def build_tiny_policy(out_dir: str | Path, passages: list[dict], train_rows: lis
     with tqdm(total=1, desc="warm-start data", disable=not progress, leave=False) as bar:
         examples = build_warmstart_examples(train_rows, search, tokenizer, cfg, passages=passages)
         drills = build_copy_drills(train_rows, search, tokenizer, cfg, passages=passages)
+        practice = (build_practice_drills(train_rows, search, tokenizer, cfg, cfg.warmstart_drill_batch_size
+                                          * math.ceil(len(examples) / cfg.warmstart_batch_size)
+                                          * cfg.warmstart_epochs, passages=passages)
+                    if cfg.warmstart_traj_drill_weight > 0 else [])
         probes = (build_drill_probes(train_rows, search, tokenizer, cfg, cfg.warmstart_drill_probes, passages=passages)
                   if drills and cfg.warmstart_drill_check_every > 0 else None)
         bar.update(1)
     stats = warm_start(model, examples, cfg, pad_id=tokenizer.pad_token_id, batch_size=cfg.warmstart_batch_size,
-                       progress=progress, drills=drills, probes=probes, repeat_tokens=repeat_vocabulary(tokenizer))
+                       progress=progress, drills=drills, probes=probes, repeat_tokens=repeat_vocabulary(tokenizer),
+                       practice=practice)
     model.save_pretrained(str(model_dir))
     tokenizer.save_pretrained(str(model_dir))  # the model dir is self-contained too
     lengths = [len(x) for x, _ in examples]
