@@ -96,19 +96,15 @@ def build_copy_drills(rows: list[dict], search: SearchFn, tokenizer, cfg: WorldC
     return {name: tokenize_many(drills, tokenizer) for name, drills in stages.items() if drills}
 
 
-PRACTICE_DRILL_KINDS = ("subject_query", "answer")
-
-
 def build_practice_drills(rows: list[dict], search: SearchFn, tokenizer, cfg: WorldConfig, n: int, topk: int = 3,
                           seed: int | None = None, passages: list[dict] | None = None
                           ) -> list[tuple[list[int], list[int]]]:
-    """``n`` whole-prompt copy drills for the trajectory phase (``cfg.warmstart_traj_drill_weight``), the kinds of
-    ``PRACTICE_DRILL_KINDS`` in turn: the subject query and the answer, never the bridge query (the second hop is
-    the decision the warm start leaves to RL). Drawn with their own seed, names shuffled as in the trajectories."""
+    """``n`` whole-prompt answer drills for the trajectory phase (``cfg.warmstart_traj_drill_weight``): the copy
+    that phase erodes is the answer's (the subject query's stays at 1.0), and a bridge-query drill would teach the
+    second hop the warm start leaves to RL. Drawn with their own seed, names shuffled as in the trajectories."""
     seed = cfg.seed if seed is None else seed
     draw = _drill_drawer(rows, search, tokenizer, cfg, topk, passages, random.Random(seed + 13))
-    kinds = PRACTICE_DRILL_KINDS
-    return tokenize_many([draw(full_prompt=True, kind=kinds[i % len(kinds)]) for i in range(n)], tokenizer)
+    return tokenize_many([draw(full_prompt=True, kind="answer") for _ in range(n)], tokenizer)
 
 
 def build_drill_probes(rows: list[dict], search: SearchFn, tokenizer, cfg: WorldConfig, n_per_kind: int,
