@@ -660,6 +660,19 @@ def test_practice_drills_add_their_weighted_loss_to_each_trajectory_step(tiny_to
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def test_em_by_groups_rewards_by_a_metadata_field() -> None:
+    from types import SimpleNamespace
+
+    def traj(hops, family, reward):
+        return SimpleNamespace(row={"metadata": {"hops": hops, "family": family}}, reward=reward)
+    trajs = [traj(1, "city_river", 0.0), traj(1, "company_hq", 1.0), traj(2, "hq_founded_year", 1.0),
+             traj(1, "company_hq", 0.0), traj(2, "hq_founded_year", 0.0), traj(2, "hq_founded_year", 1.0)]
+    assert ME.em_by(trajs, "hops") == {"1": pytest.approx(1 / 3), "2": pytest.approx(2 / 3)}
+    assert ME.em_by(trajs, "family") == {"city_river": 0.0, "company_hq": 0.5, "hq_founded_year": pytest.approx(2 / 3)}
+    assert list(ME.em_by(trajs, "family")) == ["city_river", "company_hq", "hq_founded_year"]
+    assert ME.em_by([], "hops") == {}
+
+
 @pytest.mark.slow
 def test_warm_start_follows_the_format_sometimes(tiny_world: Path) -> None:
     """Sampled rollouts of the warm-started model through the real agent loop and retriever: a measured share of

@@ -21,14 +21,13 @@ from searchr1_lld.world.scoring import majority_answer_em, pass_at_k, summarize_
 MEASURED_SPLIT = "val"
 
 
-def _em_by_hops(trajs: list) -> dict[str, float]:
-    """Mean reward of ``trajs`` per ``metadata["hops"]`` (``"1"``, ``"2"``; a hop count without rows is left out)."""
-    out: dict[str, float] = {}
-    for hops in (1, 2):
-        sel = [t for t in trajs if t.row["metadata"]["hops"] == hops]
-        if sel:
-            out[str(hops)] = sum(t.reward for t in sel) / len(sel)
-    return out
+def em_by(trajs: list, key: str) -> dict[str, float]:
+    """Mean reward of ``trajs`` per value of ``metadata[key]`` (e.g. ``hops``: ``"1"``, ``"2"``; ``family``), keys
+    as strings in sorted order; a value without rows is left out."""
+    groups: dict[str, list[float]] = {}
+    for t in trajs:
+        groups.setdefault(str(t.row["metadata"][key]), []).append(t.reward)
+    return {value: sum(rewards) / len(rewards) for value, rewards in sorted(groups.items())}
 
 
 def measure_warm_start(world_dir: str | Path, *, retriever: Retriever | None = None, limit: int = 0,
@@ -38,8 +37,8 @@ def measure_warm_start(world_dir: str | Path, *, retriever: Retriever | None = N
     ``limit`` rows) with the world's real retriever.
 
     Returns ``{"split": "val", "questions", "greedy": summary, "sampled": summary, "greedy_em_by_hops",
-    "sampled_em_by_hops", "two_hop_pass_at_k", "pass_k", "majority_train_answer_em_by_hops", ...}``: greedy decoding
-    (how the evaluator scores), temperature-1 sampling (what GRPO sees; ``sample_n`` per row), ``pass_k`` samples per
+    "sampled_em_by_hops", "greedy_em_by_family", "two_hop_pass_at_k", "pass_k", "majority_train_answer_em_by_hops",
+    ...}``: greedy decoding (how the evaluator scores; by family: which kinds of question it answers), temperature-1 sampling (what GRPO sees; ``sample_n`` per row), ``pass_k`` samples per
     two-hop row (the share with at least one right answer: whether a GRPO group there holds a reward), and the EM of
     answering each question with its family's most frequent training answer
     (:func:`.scoring.majority_answer_em`). Summary fields: see :func:`.scoring.summarize_trajectories`.
@@ -69,7 +68,8 @@ def measure_warm_start(world_dir: str | Path, *, retriever: Retriever | None = N
                 for h in (1, 2)}
     return {"split": MEASURED_SPLIT, "questions": len(rows),
             "greedy": summarize_trajectories(greedy, contents_of), "sampled": summarize_trajectories(sampled, contents_of),
-            "greedy_em_by_hops": _em_by_hops(greedy), "sampled_em_by_hops": _em_by_hops(sampled),
+            "greedy_em_by_hops": em_by(greedy, "hops"), "sampled_em_by_hops": em_by(sampled, "hops"),
+            "greedy_em_by_family": em_by(greedy, "family"),
             "two_hop_pass_at_k": pass_at_k(passes), "pass_k": pass_k,
             "majority_train_answer_em_by_hops": majority,
             "max_tokens_per_turn": cfg.max_tokens_per_turn, "max_turns": cfg.max_turns, "sample_n": sample_n}
