@@ -269,8 +269,7 @@ def _trajectory_phase(model, opt, examples: list[tuple[list[int], list[int]]], c
 
 def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldConfig, *, pad_id: int,
                batch_size: int = 16, progress: bool = True,
-               drills: list[list[tuple[list[int], list[int]]]] = (),
-               probes: dict[str, dict[str, list[tuple[list[int], list[int]]]]] | None = None,
+               drills: list[list[tuple[list[int], list[int]]]] = (), probes: dict[str, dict[str, list]] | None = None,
                repeat_tokens: list[int] = (), practice: list[tuple[list[int], list[int]]] = ()) -> dict[str, Any]:
     """Supervised phase: random-token repeats over ``repeat_tokens`` (:func:`_repeat_phase`: only copying lowers
     their loss), copy drills (``build_copy_drills``) at lr ``cfg.warmstart_drill_lr``, then whole trajectories at
@@ -282,9 +281,8 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
     ends on evidence: every that many steps the teacher-forced copy accuracy (``copy_accuracy``) on the stage's
     held-out probes (short / full context) is measured, and the stage ends once its targets are met: ``answer``
     the answer accuracy ``cfg.warmstart_drill_answer_target``, ``short`` and the last stage (``full``) that and the
-    subject-query accuracy ``cfg.warmstart_drill_subject_target``, and the bridge-query accuracy ``cfg.warmstart_drill_bridge_target`` when it is > 0. Every stage
-    but the last may use its own drills once; the last stage gets what is left of the budget, cycling over its
-    drills.
+    subject-query accuracy ``cfg.warmstart_drill_subject_target``, the last also ``cfg.warmstart_drill_bridge_target``
+    when > 0. Every stage but the last may use its drills once; the last gets what is left of the budget, cycling.
     (The copy circuit forms in a phase change whose step varies from run to run: a fixed count stopped some builds
     before it, docs/lab.md.)
     Trajectory phase: ``cfg.warmstart_epochs`` epochs of batches of ``batch_size``, cosine decay to 0 (with its own
