@@ -252,7 +252,8 @@ def test_an_option_that_is_off_leaves_the_hash_of_the_worlds_built_before_it() -
     on = dataclasses.replace(DEFAULT, warmstart_repeat_steps=100)
     assert world_config_hash(on) != world_config_hash(DEFAULT)
     assert world_config_hash(dataclasses.replace(on, warmstart_repeat_length=7)) != world_config_hash(on)
-    assert world_config_hash(dataclasses.replace(DEFAULT, warmstart_traj_drill_weight=0.5)) != world_config_hash(DEFAULT)
+    practice = dataclasses.replace(DEFAULT, warmstart_traj_drill_weight=0.5)
+    assert world_config_hash(practice) != world_config_hash(DEFAULT)
 
 
 # ---------------------------------------------------------------------------------------------------------------

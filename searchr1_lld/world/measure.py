@@ -38,9 +38,10 @@ def measure_warm_start(world_dir: str | Path, *, retriever: Retriever | None = N
 
     Returns ``{"split": "val", "questions", "greedy": summary, "sampled": summary, "greedy_em_by_hops",
     "sampled_em_by_hops", "greedy_em_by_family", "two_hop_pass_at_k", "pass_k", "majority_train_answer_em_by_hops",
-    ...}``: greedy decoding (how the evaluator scores; by family: which kinds of question it answers), temperature-1 sampling (what GRPO sees; ``sample_n`` per row), ``pass_k`` samples per
-    two-hop row (the share with at least one right answer: whether a GRPO group there holds a reward), and the EM of
-    answering each question with its family's most frequent training answer
+    ...}``: greedy decoding (how the evaluator scores; by family: which kinds of question it answers), temperature-1
+    sampling (what GRPO sees; ``sample_n`` per row), ``pass_k`` samples per two-hop row (the share with at least one
+    right answer: whether a GRPO group there holds a reward), and the EM of answering each question with its
+    family's most frequent training answer
     (:func:`.scoring.majority_answer_em`). Summary fields: see :func:`.scoring.summarize_trajectories`.
     """
     world_dir = Path(world_dir)
