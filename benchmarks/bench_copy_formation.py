@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world", default=str(ROOT / ".cache" / "world"))
-    parser.add_argument("--repeat-steps", default="0,600", help="comma-separated repeat-phase lengths, one variant each")
+    parser.add_argument("--repeat-steps", default="0,600",
+                        help="comma-separated repeat-phase lengths, one variant each")
     parser.add_argument("--drill-steps", type=int, default=1500)
     parser.add_argument("--check-every", type=int, default=100)
     parser.add_argument("--threshold", type=float, default=0.8)
@@ -55,13 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     cfg = dataclasses.replace(base, warmstart_drills=args.drill_steps * base.warmstart_drill_batch_size,
                               warmstart_drill_prompt_share=0.0, warmstart_drill_answer_first=0.0,
                               warmstart_drill_check_every=args.check_every, warmstart_drill_subject_target=1.0,
-                              warmstart_drill_answer_target=1.0, warmstart_drill_bridge_target=0.0)
+                              warmstart_drill_answer_target=1.0, warmstart_drill_bridge_target=0.0,
+                              warmstart_traj_drill_weight=0.0)
     rows, passages = read_jsonl(world / "qa" / "train.jsonl"), read_jsonl(world / "corpus.jsonl")
     tokenizer = AutoTokenizer.from_pretrained(str(world / "tokenizer"))
     search = InProcessRetriever(world / "index").search
     drills = build_copy_drills(rows, search, tokenizer, cfg, passages=passages)
     probes = build_drill_probes(rows, search, tokenizer, cfg, cfg.warmstart_drill_probes, passages=passages)
-    one_step = drills["short"][:cfg.warmstart_batch_size]  # the trajectory phase: one step, not measured
+    one_step = drills["short"][:cfg.warmstart_batch_size]  # the trajectory phase: one unmeasured step, no practice
     for repeat in (int(n) for n in args.repeat_steps.split(",")):
         variant = f"repeat{repeat}"
         c = dataclasses.replace(cfg, warmstart_repeat_steps=repeat)

@@ -629,7 +629,8 @@ def test_practice_drills_copy_the_answer_from_the_whole_prompt(tiny_world: Path,
 
 def test_practice_drills_add_their_weighted_loss_to_each_trajectory_step(tiny_tokenizer, tiny_world_config) -> None:
     """With ``warmstart_traj_drill_weight`` w > 0 the trajectory phase's first loss is the trajectories' loss plus w
-    x the practice drills' loss, both on the model as it was; with w = 0 the drills are not used."""
+    x the practice drills' loss, both on the model as it was; with w = 0 the drills are not used; w > 0 without
+    drills is refused."""
     import copy
     import dataclasses
 
@@ -653,6 +654,9 @@ def test_practice_drills_add_their_weighted_loss_to_each_trajectory_step(tiny_to
     off = WS.warm_start(copy.deepcopy(before), examples, dataclasses.replace(cfg, warmstart_traj_drill_weight=0.0),
                         pad_id=tiny_tokenizer.pad_token_id, batch_size=4, progress=False, practice=practice)
     assert off["first_loss"] == pytest.approx(trajectories, rel=1e-5)
+    with pytest.raises(ValueError, match="practice"):
+        WS.warm_start(copy.deepcopy(before), examples, cfg, pad_id=tiny_tokenizer.pad_token_id, batch_size=4,
+                      progress=False)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -240,13 +240,19 @@ def _repeat_phase(model, opt, cfg: WorldConfig, repeat_tokens: list[int], bar) -
                         lambda s: cfg.warmstart_drill_lr * min(1.0, (s + 1) / 50), bar)
 
 
+def trajectory_steps(num_examples: int, batch_size: int, cfg: WorldConfig) -> int:
+    """Optimiser steps of the trajectory phase: ``cfg.warmstart_epochs`` passes over ``num_examples`` in batches of
+    ``batch_size``."""
+    return math.ceil(num_examples / batch_size) * cfg.warmstart_epochs
+
+
 def _trajectory_phase(model, opt, examples: list[tuple[list[int], list[int]]], cfg: WorldConfig, *, steps: int,
                       batch_size: int, pad_id: int, rng: random.Random, warmup: int, bar,
                       practice: list[tuple[list[int], list[int]]] = ()) -> list[float]:
     """``cfg.warmstart_epochs`` epochs of the trajectories, peak lr ``cfg.warmstart_lr`` with ``warmup`` steps (0 =
-    none) and cosine decay to 0 over ``steps``; the losses. With ``practice`` drills and
-    ``cfg.warmstart_traj_drill_weight`` > 0 every step's loss adds that weight x the loss of a batch of
-    ``cfg.warmstart_drill_batch_size`` of them (cycled; the losses are then the sums)."""
+    none) and cosine decay to 0 over ``steps``; the losses. With ``cfg.warmstart_traj_drill_weight`` > 0 every
+    step's loss adds that weight x the loss of a batch of ``cfg.warmstart_drill_batch_size`` ``practice`` drills
+    (cycled; the losses are then the sums; the weight without drills is refused)."""
     lr = cfg.warmstart_lr
 
     def traj_lr(s: int) -> float:
@@ -257,9 +263,11 @@ def _trajectory_phase(model, opt, examples: list[tuple[list[int], list[int]]], c
             yield from _batches(examples, batch_size, pad_id, rng, cfg.warmstart_env_loss_weight)
 
     weight = cfg.warmstart_traj_drill_weight
-    if not (practice and weight > 0):
+    if not weight:
         return _train_phase(model, opt, traj_batches(), steps, traj_lr, bar)
-    drill_batches = _cycle(lambda: _batches(list(practice), cfg.warmstart_drill_batch_size, pad_id, rng))
+    if not practice:
+        raise ValueError("warmstart_traj_drill_weight > 0 needs the drills to practise (practice)")
+    drill_batches = _cycle(lambda: _batches(practice, cfg.warmstart_drill_batch_size, pad_id, rng))
 
     def loss_of(pair) -> torch.Tensor:
         trajectories, drills = pair
@@ -303,7 +311,7 @@ def warm_start(model, examples: list[tuple[list[int], list[int]]], cfg: WorldCon
     rng = random.Random(cfg.seed + 2)
     drills = {name: stage for name, stage in (drills or {}).items() if stage}
     budget = sum(math.ceil(len(stage) / cfg.warmstart_drill_batch_size) for stage in drills.values())
-    traj_steps = math.ceil(len(examples) / batch_size) * cfg.warmstart_epochs
+    traj_steps = trajectory_steps(len(examples), batch_size, cfg)
     repeat_steps = cfg.warmstart_repeat_steps
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.warmstart_lr, weight_decay=0.01, betas=(0.9, 0.98))
     model.train()
@@ -364,8 +372,8 @@ def build_tiny_policy(out_dir: str | Path, passages: list[dict], train_rows: lis
         examples = build_warmstart_examples(train_rows, search, tokenizer, cfg, passages=passages)
         drills = build_copy_drills(train_rows, search, tokenizer, cfg, passages=passages)
         practice = (build_practice_drills(train_rows, search, tokenizer, cfg, cfg.warmstart_drill_batch_size
-                                          * math.ceil(len(examples) / cfg.warmstart_batch_size)
-                                          * cfg.warmstart_epochs, passages=passages)
+                                          * trajectory_steps(len(examples), cfg.warmstart_batch_size, cfg),
+                                          passages=passages)
                     if cfg.warmstart_traj_drill_weight > 0 else [])
         probes = (build_drill_probes(train_rows, search, tokenizer, cfg, cfg.warmstart_drill_probes, passages=passages)
                   if drills and cfg.warmstart_drill_check_every > 0 else None)
