@@ -254,6 +254,8 @@ def test_an_option_that_is_off_leaves_the_hash_of_the_worlds_built_before_it() -
     assert world_config_hash(dataclasses.replace(on, warmstart_repeat_length=7)) != world_config_hash(on)
     practice = dataclasses.replace(DEFAULT, warmstart_traj_drill_weight=0.5)
     assert world_config_hash(practice) != world_config_hash(DEFAULT)
+    balanced = dataclasses.replace(DEFAULT, warmstart_family_balance=True)
+    assert world_config_hash(balanced) not in (world_config_hash(DEFAULT), world_config_hash(practice))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -254,6 +254,26 @@ def test_one_hop_share_makes_multi_hop_plans_stop_after_the_first_hop() -> None:
         TR.plan_trajectories(rows, 10, quality=0.6, seed=0, one_hop_share=1.5)
 
 
+def test_rows_drawn_by_family_give_a_rare_family_an_equal_share() -> None:
+    """``row_sampler``: uniform over rows draws as ``rng.choice`` did (the same rows, so worlds built before it keep
+    their plans); by family, a family of 1 row in 10 is drawn half the time against 9 rows of the other family, and
+    the plans of ``plan_trajectories(by_family=True)`` follow it."""
+    rows = [{"question": f"q{i}", "golden_answers": [f"a{i}"],
+             "metadata": {"hops": 1, "family": "city_river" if i == 0 else "company_hq", "subject": f"S{i}",
+                          "bridge": ""}} for i in range(10)]
+    a, b = random.Random(5), random.Random(5)
+    uniform = TR.row_sampler(rows, by_family=False)
+    assert [uniform(a)["question"] for _ in range(50)] == [b.choice(rows)["question"] for _ in range(50)]
+    balanced = TR.row_sampler(rows, by_family=True)
+    rng = random.Random(0)
+    rare = sum(balanced(rng)["metadata"]["family"] == "city_river" for _ in range(4000)) / 4000
+    assert abs(rare - 0.5) < 0.03
+    plans = TR.plan_trajectories(rows, 2000, quality=0.6, seed=0, by_family=True)
+    assert abs(sum(p.row["metadata"]["family"] == "city_river" for p in plans) / 2000 - 0.5) < 0.04
+    plain = TR.plan_trajectories(rows, 2000, quality=0.6, seed=0)
+    assert sum(p.row["metadata"]["family"] == "city_river" for p in plain) / 2000 < 0.14
+
+
 def test_segments_match_the_rollout_token_layout(tiny_world: Path, tiny_tokenizer, world_rows) -> None:
     """Prompt ids = agent_loop.encode_prompt; observation ids = ObservationTokenizer; loss only on generated text."""
     from retriever.inprocess import InProcessRetriever

@@ -26,7 +26,8 @@ RECIPE_VERSION = 4
 # field -> (its value when the option is off, the option's fields). Off, the build is what it was before the option
 # existed, so world_config_hash leaves the fields out and those worlds keep their identity.
 HASH_OMITTED_WHEN_OFF = {"warmstart_repeat_steps": (0, ("warmstart_repeat_steps", "warmstart_repeat_length")),
-                         "warmstart_traj_drill_weight": (0.0, ("warmstart_traj_drill_weight",))}
+                         "warmstart_traj_drill_weight": (0.0, ("warmstart_traj_drill_weight",)),
+                         "warmstart_family_balance": (False, ("warmstart_family_balance",))}
 
 # The multi-hop question families the generator knows (questions.MULTI_HOP holds their templates).
 MULTI_HOP_FAMILIES = ("founder_birth_year", "founder_birth_city", "founder_occupation", "hq_river", "birthplace_river",
@@ -86,6 +87,7 @@ class WorldConfig:
     warmstart_quality: float = opt(0.6, "warm start: share of trajectories that are fully correct")
     warmstart_one_hop_share: float = opt(0.5, "warm start: share of multi-hop trajectories that answer after the first hop (drawn before warmstart_quality): the second hop is then a decision RL learns (configs/world/default.yaml sets its own)")
     warmstart_traj_drill_weight: float = opt(0.0, 'warm start: each step of the trajectory phase adds this weight x the loss of a batch of whole-prompt answer drills (warmstart_drill_batch_size of them; no bridge-query drills: the second hop stays the decision RL learns), so the answer copy keeps its practice while the protocol is learned (docs/lab.md, "Practice through the trajectory phase"); 0 = trajectories alone')
+    warmstart_family_balance: bool = opt(False, 'warm start: draw the training rows of the trajectories and of every drill a question family first, then a row of it (uniform over families), instead of uniformly over rows: a family with few training rows (city_river: 11 of 400) gets its copy practised as often as the others (docs/lab.md, "Family-balanced practice")')
     warmstart_batch_size: int = opt(8, "warm start: trajectories per optimiser step")
     warmstart_shuffle_names: bool = opt(True, "warm start: rename entities/years per trajectory (copy, don't memorise)")
     warmstart_env_loss_weight: float = opt(0.3, "warm start: LM-loss weight of prompt/observation tokens (generated: 1)")

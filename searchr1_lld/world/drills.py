@@ -11,7 +11,7 @@ from searchr1_lld.prompts import format_observation, render_prompt
 from searchr1_lld.world.config import WorldConfig
 from searchr1_lld.world.questions import contains_phrase
 from searchr1_lld.world.trajectories import (THINK_FIRST, NameShuffler, SearchFn, Segment, answer_think, bridge_think,
-                                             name_pool, tokenize_many, year_pool)
+                                             name_pool, row_sampler, tokenize_many, year_pool)
 
 COPY_DRILL_KINDS = ("subject_query", "bridge_query", "answer")
 
@@ -122,7 +122,7 @@ def build_drill_probes(rows: list[dict], search: SearchFn, tokenizer, cfg: World
 
 def _drill_drawer(rows, search: SearchFn, tokenizer, cfg: WorldConfig, topk: int, passages, rng: random.Random):
     """A function drawing one copy drill's segments (``_drill_segments``, names shuffled as in the trajectories):
-    a random row, a random kind among those the row has (``bridge_query`` only for multi-hop rows; ``answer`` with
+    a random row (``row_sampler``: by family with ``cfg.warmstart_family_balance``), a random kind among those the row has (``bridge_query`` only for multi-hop rows; ``answer`` with
     probability ``cfg.warmstart_drill_answer_share`` when it is > 0) or the ``kind`` asked for; drills whose
     observation lacks the target are redrawn."""
     queries = sorted({r["metadata"][k] for r in rows for k in ("subject", "bridge") if r["metadata"][k]})
@@ -130,11 +130,12 @@ def _drill_drawer(rows, search: SearchFn, tokenizer, cfg: WorldConfig, topk: int
     results = list(hits_of.values())
     renamer = (NameShuffler(name_pool(rows, results, passages), years=year_pool(cfg, results, passages))
                if cfg.warmstart_shuffle_names else None)
-    multi = [r for r in rows if r["metadata"]["hops"] == 2]
+    draw_any = row_sampler(rows, cfg.warmstart_family_balance)
+    draw_multi = row_sampler([r for r in rows if r["metadata"]["hops"] == 2], cfg.warmstart_family_balance)
 
     def draw(full_prompt: bool, kind: str | None = None) -> list[Segment]:
         for _ in range(1000):
-            row = rng.choice(multi if kind == "bridge_query" else rows)
+            row = (draw_multi if kind == "bridge_query" else draw_any)(rng)
             kinds = COPY_DRILL_KINDS if row["metadata"]["hops"] == 2 else ("subject_query", "answer")
             pick = kind
             if pick is None and cfg.warmstart_drill_answer_share > 0:

@@ -70,9 +70,21 @@ def _wrong_answer(rng: random.Random, row: dict, pools: dict[str, list[str]]) ->
     return rng.choice(pool) if pool else "unknown"
 
 
+def row_sampler(rows: list[dict], by_family: bool) -> Callable[[random.Random], dict]:
+    """A function drawing one of ``rows`` with the ``rng`` it is given: uniformly, or (``by_family``) a question
+    family uniformly, then a row of it, so a family with few training rows is practised as often as any other."""
+    if not by_family:
+        return lambda rng: rng.choice(rows)
+    families: dict[str, list[dict]] = {}
+    for r in rows:
+        families.setdefault(r["metadata"]["family"], []).append(r)
+    groups = [families[f] for f in sorted(families)]
+    return lambda rng: rng.choice(rng.choice(groups))
+
+
 def plan_trajectories(rows: list[dict], n: int, quality: float, seed: int,
-                      one_hop_share: float = 0.0) -> list[TrajectoryPlan]:
-    """Sample ``n`` trajectory plans over ``rows`` (share ``quality`` fully correct).
+                      one_hop_share: float = 0.0, by_family: bool = False) -> list[TrajectoryPlan]:
+    """Sample ``n`` trajectory plans over ``rows`` (share ``quality`` fully correct; rows drawn by ``row_sampler``).
 
     ``one_hop_share``: share of the multi-hop rows' plans that stop after the first hop (``one_hop_only``), drawn
     before the quality draw (so that many fewer multi-hop plans are correct): a warm start whose most likely move
@@ -83,9 +95,10 @@ def plan_trajectories(rows: list[dict], n: int, quality: float, seed: int,
     rng = random.Random(seed)
     pools = _answer_pools(rows)
     kinds, weights = zip(*FLAWED_KINDS.items())
+    draw_row = row_sampler(rows, by_family)
     plans = []
     for _ in range(n):
-        row = rng.choice(rows)
+        row = draw_row(rng)
         meta = row["metadata"]
         gold = row["golden_answers"][0]
         hop_queries = [meta["subject"]] + ([meta["bridge"]] if meta["hops"] == 2 else [])
@@ -244,7 +257,7 @@ def build_warmstart_examples(rows: list[dict], search: SearchFn, tokenizer, cfg:
     next to its real facts."""
     seed = cfg.seed if seed is None else seed
     plans = plan_trajectories(rows, cfg.warmstart_trajectories, cfg.warmstart_quality, seed,
-                              cfg.warmstart_one_hop_share)
+                              cfg.warmstart_one_hop_share, cfg.warmstart_family_balance)
     queries = sorted({q for p in plans for q in p.queries})
     results = search(queries, topk) if queries else []
     hits_of = dict(zip(queries, results))
