@@ -345,7 +345,8 @@ ENTRIES: tuple[Entry, ...] = (
         "python -m searchr1_lld.world build --config configs/world/second-hop.yaml --out .cache/world-second-hop",
         "python -m searchr1_lld.world build --config configs/world/repeat-phase.yaml --out .cache/world-repeat-phase",
         "python -m searchr1_lld.world build --config configs/world/practice.yaml --out .cache/world-practice",
-        "python -m searchr1_lld.world build --config configs/world/balanced.yaml --out .cache/world-balanced"),
+        "python -m searchr1_lld.world build --config configs/world/balanced.yaml --out .cache/world-balanced",
+        "python -m searchr1_lld.world build --config configs/world/registered.yaml --out .cache/world-registered"),
         reason="builds a world for minutes on 2 cores (6.5 min the large one); the command runs as world_build and "
                "tests/test_configs.py loads every world config"),
     CannotRun("demo_other_world", (
