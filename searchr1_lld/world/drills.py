@@ -122,9 +122,10 @@ def build_drill_probes(rows: list[dict], search: SearchFn, tokenizer, cfg: World
 
 def _drill_drawer(rows, search: SearchFn, tokenizer, cfg: WorldConfig, topk: int, passages, rng: random.Random):
     """A function drawing one copy drill's segments (``_drill_segments``, names shuffled as in the trajectories):
-    a random row (``row_sampler``: by family with ``cfg.warmstart_family_balance``), a random kind among those the row has (``bridge_query`` only for multi-hop rows; ``answer`` with
-    probability ``cfg.warmstart_drill_answer_share`` when it is > 0) or the ``kind`` asked for; drills whose
-    observation lacks the target are redrawn."""
+    a random row (``row_sampler``: by family with ``cfg.warmstart_family_balance``), a random kind among those the
+    row has (``bridge_query`` only for multi-hop rows; ``answer`` with probability
+    ``cfg.warmstart_drill_answer_share`` when it is > 0) or the ``kind`` asked for; drills whose observation lacks the
+    target are redrawn."""
     queries = sorted({r["metadata"][k] for r in rows for k in ("subject", "bridge") if r["metadata"][k]})
     hits_of = dict(zip(queries, search(queries, topk)))
     results = list(hits_of.values())
