@@ -2,7 +2,8 @@
 
     1. build (or reuse) the synthetic search world: corpus, retriever index, QA splits (train / validation / test),
        tokenizer, warm-started policy (``python -m searchr1_lld.world build``; configs/world/default.yaml into
-       .cache/world)
+       .cache/world); for the default world the policy is the one shipped in assets/warm-start (checked to be built
+       for this world on the same data; training it anew takes ~20 min on 2 cores)
     2. train GRPO + LLDS on it (configs/tiny.yaml) at the learning rate and step count chosen on the validation split
        (``docs/demo/select/``); when the warm start (step 0) scored best there, nothing is trained
     3. score the warm start and the trained policy greedily on the validation split: the gain is claimed only where
@@ -56,9 +57,11 @@ from searchr1_lld.lab.demo_report import (INTERVAL_TEXT, claimed, em_intervals, 
 from searchr1_lld.lab.selection import (SELECT_EVAL_EVERY, SELECT_OVERRIDES, SELECT_STEPS, choose, read_warm_start,
                                         selection_file, selection_overrides, warm_start_file)
 from searchr1_lld.learner.trainer import RunResult, train
-from searchr1_lld.world import ensure_world, is_built, load_world_config, read_card, trainer_overrides
+from searchr1_lld.world import (ensure_world, is_built, load_world_config, read_card, trainer_overrides,
+                                world_config_hash)
 from searchr1_lld.world.build import warm_start_shortfalls
 from searchr1_lld.world.config import WorldConfig
+from searchr1_lld.world.shipped import shipped_for
 
 REPO = Path(__file__).resolve().parent.parent
 SPLIT_FILES = {"val": "val.jsonl", "test": "test.jsonl"}
@@ -171,11 +174,14 @@ def _settings(args: argparse.Namespace, world: Path) -> tuple[dict | None, World
 
 
 def _prepare_world(world: Path, world_cfg: WorldConfig) -> bool:
-    """Step 1: the world in ``world``, built unless it was built earlier (then True); its warm start's shortfalls as
+    """Step 1: the world in ``world``, built unless it was built earlier (then True), with the repository's shipped
+    warm start when it was made for this world (:mod:`searchr1_lld.world.shipped`); its warm start's shortfalls as
     warnings."""
     world_reused = is_built(world, world_cfg)
-    print(f"[1/3] synthetic world in {world}{' (built earlier)' if world_reused else ''}", flush=True)
-    ensure_world(world, world_cfg)
+    shipped = shipped_for(world_config_hash(world_cfg))
+    how = " (built earlier)" if world_reused else f" (policy: {repo_relative(shipped)})" if shipped else ""
+    print(f"[1/3] synthetic world in {world}{how}", flush=True)
+    ensure_world(world, world_cfg, warm_start_from=shipped)
     for line in warm_start_shortfalls(read_card(world) or {}):
         print(f"WARNING: {line} (the warm start's targets; what it means for RL: docs/lab.md)", flush=True)
     return world_reused

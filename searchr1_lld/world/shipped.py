@@ -1,0 +1,132 @@
+"""A warm-started policy shipped with the repository, so that a world build need not train it again.
+
+The policy stage of a world build (tokenizer and warm start, :mod:`.warm_start`) is ~20 minutes of a 2-core CPU for
+the default world; everything else takes seconds. ``assets/warm-start/`` holds the default world's policy as that
+build made it (``python -m searchr1_lld.world export``) and a manifest: the world config's hash, the SHA-256 of every
+file it ships and of the data files it was trained and measured on (``corpus.jsonl``, ``qa/train.jsonl``,
+``qa/val.jsonl``), and the build's own card (its warm-start statistics, validation measurement, acceptance, timings).
+
+A build given such a directory (``python -m searchr1_lld.world build --warm-start-from DIR``, what ``make world``
+runs) generates the corpus, the splits and the index as always, refuses the shipped policy unless the config hash and
+every data file's hash match, copies it, checks the copied bytes and records the shipped build's measurement (the
+same weights on the same validation file) in ``world.json``. Building without the flag trains the policy anew.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED_WARM_START = REPO / "assets" / "warm-start"  # the default world's warm start (make world)
+MANIFEST = "manifest.json"
+DATA_FILES = ("corpus.jsonl", "qa/train.jsonl", "qa/val.jsonl")  # what the policy was trained and measured on
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # model/ holds them too (a self-contained policy dir)
+CARD_KEYS = ("policy", "warm_start", "acceptance", "timings_s", "created_unix")  # of the build's world.json
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_manifest(src: str | Path) -> dict[str, Any]:
+    """The manifest of a shipped warm start (FileNotFoundError naming the file when ``src`` holds none)."""
+    path = Path(src) / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: not a shipped warm start "
+                                "(python -m searchr1_lld.world export makes one from a built world)")
+    return json.loads(path.read_text())
+
+
+def export_warm_start(world_dir: str | Path, out: str | Path) -> dict[str, Any]:
+    """Copy the finished world's policy (``world_dir/model``) to ``out/model`` and write ``out/manifest.json``;
+    returns the manifest. ValueError when ``world_dir`` holds no finished build."""
+    world_dir, out = Path(world_dir), Path(out)
+    card_path = world_dir / "world.json"
+    if not card_path.is_file():
+        raise ValueError(f"{world_dir} holds no finished world (no world.json)")
+    card = json.loads(card_path.read_text())
+    model_out = out / "model"
+    if model_out.exists():
+        shutil.rmtree(model_out)
+    shutil.copytree(world_dir / "model", model_out)
+    manifest = {
+        "config_hash": card["config_hash"],
+        "recipe_version": card["recipe_version"],
+        "data_sha256": {name: sha256_file(world_dir / name) for name in DATA_FILES},
+        "model_sha256": {p.name: sha256_file(p) for p in sorted(model_out.iterdir())},
+        "card": {key: card[key] for key in CARD_KEYS if key in card},
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def check_warm_start(src: str | Path, world_dir: str | Path, config_hash: str) -> dict[str, Any]:
+    """The manifest of the warm start shipped in ``src`` if it was built for the world config ``config_hash`` on the
+    very data now in ``world_dir``; ValueError naming what differs otherwise."""
+    manifest = read_manifest(src)
+    if manifest["config_hash"] != config_hash:
+        raise ValueError(f"the warm start in {src} was built for the world config {manifest['config_hash']}, this one "
+                         f"is {config_hash}: build the policy anew (without --warm-start-from; ~20 min on 2 cores)")
+    for name, digest in manifest["data_sha256"].items():
+        if sha256_file(Path(world_dir) / name) != digest:
+            raise ValueError(f"{name} differs from the file the warm start in {src} was trained on (same config "
+                             "hash, so the world generator changed without a RECIPE_VERSION bump): build the policy "
+                             "anew, or restore the generator")
+    return manifest
+
+
+def install_warm_start(src: str | Path, world_dir: str | Path, config_hash: str) -> dict[str, Any]:
+    """Copy the warm start shipped in ``src`` into ``world_dir/model`` and ``world_dir/tokenizer`` after
+    :func:`check_warm_start`, check every copied file's SHA-256 against the manifest; returns the manifest."""
+    src, world_dir = Path(src), Path(world_dir)
+    manifest = check_warm_start(src, world_dir, config_hash)
+    model_dir, tok_dir = world_dir / "model", world_dir / "tokenizer"
+    for d in (model_dir, tok_dir):
+        if d.exists():
+            shutil.rmtree(d)
+    shutil.copytree(src / "model", model_dir)
+    tok_dir.mkdir()
+    for name in TOKENIZER_FILES:
+        shutil.copy2(model_dir / name, tok_dir / name)
+    copied = {p.name: sha256_file(p) for p in sorted(model_dir.iterdir())}
+    if copied != manifest["model_sha256"]:
+        bad = sorted({name for name, _ in set(copied.items()) ^ set(manifest["model_sha256"].items())})
+        raise ValueError(f"the warm start in {src} does not match its manifest: {bad}")
+    return manifest
+
+
+def shipped_for(config_hash: str, src: str | Path = SHIPPED_WARM_START) -> Path | None:
+    """``src`` when it ships a warm start for the world config ``config_hash``, else None."""
+    try:
+        return Path(src) if read_manifest(src)["config_hash"] == config_hash else None
+    except FileNotFoundError:
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m searchr1_lld.world export",
+                                     description="Export a built world's warm-started policy and its manifest (what "
+                                                 "`python -m searchr1_lld.world build --warm-start-from` takes).")
+    parser.add_argument("--world", required=True, help="a finished world directory (python -m searchr1_lld.world build)")
+    parser.add_argument("--out", default=str(SHIPPED_WARM_START), help="where to write model/ and manifest.json")
+    args = parser.parse_args(argv)
+    try:
+        manifest = export_warm_start(args.world, args.out)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    accepted = (manifest["card"].get("acceptance") or {}).get("passed")
+    print(f"exported the warm start of world {manifest['config_hash']} to {args.out} "
+          f"({sum(1 for _ in manifest['model_sha256'])} files; acceptance on validation: "
+          f"{'passed' if accepted else 'not passed' if accepted is False else 'not measured'})")
+    return 0
