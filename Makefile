@@ -33,7 +33,7 @@ world: $(STAMP)
 	$(PY) -m searchr1_lld.world build --config configs/world/default.yaml --out .cache/world --warm-start-from assets/warm-start
 
 world-from-scratch: $(STAMP)
-	$(PY) -m searchr1_lld.world build --config configs/world/default.yaml --out .cache/world --force
+	$(PY) -m searchr1_lld.world build --config configs/world/default.yaml --out .cache/world --force --train-warm-start
 
 demo: world
 	$(PY) -m searchr1_lld.demo

@@ -181,7 +181,7 @@ def _prepare_world(world: Path, world_cfg: WorldConfig) -> bool:
     shipped = shipped_for(world_config_hash(world_cfg))
     how = " (built earlier)" if world_reused else f" (policy: {repo_relative(shipped)})" if shipped else ""
     print(f"[1/3] synthetic world in {world}{how}", flush=True)
-    ensure_world(world, world_cfg, warm_start_from=shipped)
+    ensure_world(world, world_cfg)  # takes the shipped warm start itself when there is one for this world
     for line in warm_start_shortfalls(read_card(world) or {}):
         print(f"WARNING: {line} (the warm start's targets; what it means for RL: docs/lab.md)", flush=True)
     return world_reused

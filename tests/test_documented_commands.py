@@ -341,6 +341,10 @@ ENTRIES: tuple[Entry, ...] = (
               "(its index: ~20 s of the real encoder) with the shipped warm start; the command runs as "
               "world_build_shipped on the test world, and tests/test_world_shipped.py checks the shipped warm start "
               "against the default world's data"),
+    CannotRun("world_build_trained", (
+        "python -m searchr1_lld.world build --config configs/world/default.yaml --out .cache/world --train-warm-start",),
+        reason="trains the default world's warm start anew (~20 min on 2 cores); the test world's build, policy "
+               "trained, runs in the tiny_world fixture and its command as world_build"),
     CannotRun("make_world_from_scratch", ("make world-from-scratch",),
               reason="trains the default world's warm start anew (~20 min on 2 cores); the command runs as world_build "
               "on the test world"),

@@ -89,3 +89,22 @@ def test_the_shipped_warm_start_is_the_default_worlds_and_passed_acceptance(tmp_
     assert committed["warm_start"] == manifest["card"]["warm_start"]
     assert committed["policy"] == manifest["card"]["policy"]
     assert shipped_for(world_config_hash(cfg)) == SHIPPED_WARM_START
+
+
+def test_every_build_of_a_world_takes_its_shipped_warm_start_unless_told_to_train(tiny_world: Path, tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    import searchr1_lld.world.build as build_module
+    import searchr1_lld.world.shipped as shipped_module
+
+    asset = tmp_path / "asset"
+    export_warm_start(tiny_world, asset)
+    monkeypatch.setattr(shipped_module, "SHIPPED_WARM_START", asset)
+    build_module.ensure_world(tmp_path / "w", TEST_WORLD_CONFIG, progress=False)
+    assert read_card(tmp_path / "w")["warm_start_from"]["dir"] == str(asset)
+
+    asked = []
+    monkeypatch.setattr(build_module, "build_world", lambda out, cfg, **kw: asked.append(kw["warm_start_from"]))
+    build_module.ensure_world(tmp_path / "x", TEST_WORLD_CONFIG, progress=False, use_shipped=False)
+    other = dataclasses.replace(TEST_WORLD_CONFIG, warmstart_lr=TEST_WORLD_CONFIG.warmstart_lr / 2)
+    build_module.ensure_world(tmp_path / "y", other, progress=False)
+    assert asked == [None, None]  # told to train; no shipped warm start for that config

@@ -41,7 +41,7 @@ from searchr1_lld.bookkeeping.tracking import quiet_library_output, ticking
 from searchr1_lld.config import ConfigError
 from searchr1_lld.world.config import HASH_OMITTED_WHEN_OFF, RECIPE_VERSION, WorldConfig, load_world_config
 from searchr1_lld.world.generate import generate_world, write_world_files
-from searchr1_lld.world.shipped import check_warm_start, install_warm_start
+from searchr1_lld.world.shipped import check_warm_start, install_warm_start, shipped_for
 
 CARD = "world.json"
 
@@ -102,17 +102,21 @@ def _clear_build(out_dir: Path) -> None:
 
 
 def ensure_world(out_dir: str | Path, world_cfg: WorldConfig | None = None, *, progress: bool = True,
-                 measure: bool | None = None, warm_start_from: str | Path | None = None) -> Path:
+                 measure: bool | None = None, warm_start_from: str | Path | None = None,
+                 use_shipped: bool = True) -> Path:
     """Return ``out_dir`` holding a finished world for ``world_cfg``, building it first if needed.
 
     ``measure`` (default ``world_cfg.warmstart_measure``): roll the warm-started policy out on the validation split
     and record its figures and their acceptance (:func:`acceptance`) in ``world.json``. ``warm_start_from``: the
-    policy shipped there (:mod:`.shipped`) instead of a new one (ValueError when it was not built for this world).
+    policy shipped there (:mod:`.shipped`) instead of a new one (ValueError when it was not built for this world);
+    without it, and with ``use_shipped``, the repository's (``assets/warm-start``) when it was built for this world.
     """
     cfg = world_cfg or WorldConfig()
     out_dir = Path(out_dir)
     if is_built(out_dir, cfg):
         return out_dir
+    if warm_start_from is None and use_shipped:
+        warm_start_from = shipped_for(world_config_hash(cfg))
     out_dir.mkdir(parents=True, exist_ok=True)
     with FileLock(str(out_dir) + ".lock"):
         if is_built(out_dir, cfg):  # another process finished it while we waited
@@ -293,9 +297,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild even if a finished build is there")
     parser.add_argument("--no-measure", action="store_true", help="skip the warm-start rollout measurement")
     parser.add_argument("--warm-start-from", metavar="DIR",
-                        help="take the policy shipped in DIR (assets/warm-start: the default world's, what `make "
-                             "world` uses) instead of training it (~20 min on 2 cores); refused unless it was built "
-                             "for this config on the same data; its build's measurement is recorded")
+                        help="take the policy shipped in DIR (python -m searchr1_lld.world export) instead of "
+                             "training it; refused unless it was built for this config on the same data; its build's "
+                             "measurement is recorded. Without it the repository's assets/warm-start is taken when it "
+                             "was built for this config (the default world's: ~20 min of 2 cores saved)")
+    parser.add_argument("--train-warm-start", action="store_true",
+                        help="train the policy even when assets/warm-start holds one for this config")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("overrides", nargs="*", help="WorldConfig key=value overrides")
     args = parser.parse_args(argv)
@@ -310,13 +317,15 @@ def main(argv: list[str] | None = None) -> int:
     reused = is_built(out, cfg)
     try:
         ensure_world(out, cfg, progress=not args.quiet, measure=False if args.no_measure else None,
-                     warm_start_from=args.warm_start_from)
+                     warm_start_from=args.warm_start_from, use_shipped=not args.train_warm_start)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     card = read_card(out)
     assert card is not None
-    print(f"world {'reused' if reused else 'built'}: {out} (config hash {card['config_hash']})")
+    shipped = (card.get("warm_start_from") or {}).get("dir")
+    print(f"world {'reused' if reused else 'built'}: {out} (config hash {card['config_hash']}"
+          f"{f'; policy shipped in {shipped}' if shipped else ''})")
     print(json.dumps({"counts": card["counts"], "warm_start": card["warm_start"], "timings_s": card["timings_s"]},
                      indent=2))
     accepted = card.get("acceptance") or {}

@@ -9,7 +9,9 @@ file it ships and of the data files it was trained and measured on (``corpus.jso
 A build given such a directory (``python -m searchr1_lld.world build --warm-start-from DIR``, what ``make world``
 runs) generates the corpus, the splits and the index as always, refuses the shipped policy unless the config hash and
 every data file's hash match, copies it, checks the copied bytes and records the shipped build's measurement (the
-same weights on the same validation file) in ``world.json``. Building without the flag trains the policy anew.
+same weights on the same validation file) in ``world.json``. Without the flag every build (``ensure_world``: the
+command, ``train.py --world``, the demo, the lab) takes ``assets/warm-start`` when it was built for its config, and
+trains the policy otherwise or with ``--train-warm-start`` (``make world-from-scratch``).
 """
 
 from __future__ import annotations
@@ -105,10 +107,12 @@ def install_warm_start(src: str | Path, world_dir: str | Path, config_hash: str)
     return manifest
 
 
-def shipped_for(config_hash: str, src: str | Path = SHIPPED_WARM_START) -> Path | None:
-    """``src`` when it ships a warm start for the world config ``config_hash``, else None."""
+def shipped_for(config_hash: str, src: str | Path | None = None) -> Path | None:
+    """``src`` (default :data:`SHIPPED_WARM_START`) when it ships a warm start for the world config ``config_hash``,
+    else None."""
+    src = Path(src) if src is not None else SHIPPED_WARM_START
     try:
-        return Path(src) if read_manifest(src)["config_hash"] == config_hash else None
+        return src if read_manifest(src)["config_hash"] == config_hash else None
     except FileNotFoundError:
         return None
 
