@@ -187,6 +187,12 @@ def _prepare_world(world: Path, world_cfg: WorldConfig) -> bool:
     return world_reused
 
 
+def _shipped_policy(world: Path) -> str | None:
+    """Where the world's policy was shipped from (repository-relative), None when its build trained it."""
+    shipped = ((read_card(world) or {}).get("warm_start_from") or {}).get("dir")
+    return repo_relative(Path(shipped)) if shipped else None
+
+
 def _train(cfg: Config, chosen: dict | None) -> tuple[RunResult | None, Path]:
     """Step 2: GRPO + LLDS at the chosen settings (a finished run with the same settings is reused as it is); the
     run (None when the warm start was chosen) and the policy to score."""
@@ -336,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as e:
             print(str(e), file=sys.stderr)
             return 1
-        summary.update(world_reused=world_reused, time_s={"world": round(t_world), **summary["time_s"]})
+        summary.update(world_reused=world_reused, world_policy_shipped=_shipped_policy(world),
+                       time_s={"world": round(t_world), **summary["time_s"]})
         summaries.append(summary)
         if args.report:
             rc = _write_outputs(args, Path(args.report) / f"seed{seed}" if args.seeds else Path(args.report),

@@ -165,6 +165,13 @@ def test_the_report_names_its_dir_relative_to_the_repository(tmp_path):
 
     assert repo_relative(REPO / "docs" / "demo") == "docs/demo"
     assert repo_relative(tmp_path) == str(tmp_path.resolve())
+def test_the_report_says_how_the_world_came_to_be():
+    assert demo_report._world_how({"world_reused": True, "world_policy_shipped": None}) == " (built earlier, reused)"
+    assert demo_report._world_how({"world_reused": False, "world_policy_shipped": "assets/warm-start"}) \
+        == " (its policy the warm start shipped in assets/warm-start)"
+    assert demo_report._world_how({"world_reused": False}) == ""  # trained by its build (or an older summary)
+
+
 TOY_TRAINING = ["trainer.train_batch_size=2", "rollout.n=2", "trainer.ppo_mini_batch_size=2", "rollout.max_turns=2",
                 "rollout.max_tokens_per_turn=24", "rollout.max_obs_length=60", "trainer.micro_batch_token_budget=1000",
                 "trainer.probe_size=2", "logging.progress_bar=false"]

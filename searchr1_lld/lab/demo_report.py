@@ -79,6 +79,14 @@ def replace_readme_line(text: str, line: str) -> str:
     return "\n".join(lines)
 
 
+def _world_how(summary: dict[str, Any]) -> str:
+    """How the demo's world came to be: reused, or built with the shipped warm start (older summaries: neither)."""
+    how = ["built earlier, reused"] if summary.get("world_reused") else []
+    if summary.get("world_policy_shipped"):
+        how.append(f"its policy the warm start shipped in {summary['world_policy_shipped']}")
+    return f" ({'; '.join(how)})" if how else ""
+
+
 def repo_relative(path: Path) -> str:
     """``path`` relative to the repository when it lies inside it (a committed report names no machine's dirs)."""
     path = Path(path).resolve()
@@ -178,7 +186,7 @@ def write_report(report_dir: Path, summary: dict, table: str, example: str, comm
         f"on the same split): {_claim_text(summary)}",
         f"- test ({summary['slice_n']['all']} questions over {summary['test_subjects']} subjects), scored once, "
         "after the claim",
-        f"- wall time: world {t['world']:.0f} s{' (built earlier, reused)' if summary['world_reused'] else ''}, "
+        f"- wall time: world {t['world']:.0f} s{_world_how(summary)}, "
         f"training {t['training']:.0f} s, evaluation {t['eval']:.0f} s; world config hash "
         f"{summary['world_config_hash']}", "",
         em_table(summary["test_em"], summary["test_gain"], summary["slice_n"], "test"), "",
