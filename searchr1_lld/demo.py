@@ -293,6 +293,21 @@ def run_recipe(args: argparse.Namespace, cfg: Config, chosen: dict | None, world
     return summary, (out / "test" / "table.md").read_text().strip(), example
 
 
+def command_line(args: argparse.Namespace) -> str:
+    """The command that makes the report of ``args``: every option that differs from its default (paths relative
+    to the repository), ``--seeds``, ``--report``, ``--readme`` and the overrides."""
+    defaults = _parser().parse_args([])
+    parts = ["python -m searchr1_lld.demo"]
+    for name in ("config", "world", "world_dir", "select_dir"):
+        value = getattr(args, name)
+        if Path(value).resolve() != Path(getattr(defaults, name)).resolve():
+            parts += [f"--{name.replace('_', '-')}", repo_relative(Path(value))]
+    parts += ["--seeds", args.seeds] if args.seeds else []
+    parts += ["--report", repo_relative(Path(args.report))]
+    parts += ["--readme", repo_relative(Path(args.readme))] if args.readme and not args.seeds else []
+    return " ".join(parts + list(args.overrides))
+
+
 def _write_outputs(args: argparse.Namespace, report: Path, summary: dict, table: str, example: str) -> int:
     """``--report``: the report (refused when the settings were not chosen on validation) and, with ``--readme``,
     the README's demo line."""
@@ -300,12 +315,9 @@ def _write_outputs(args: argparse.Namespace, report: Path, summary: dict, table:
         print("no report: the settings were not chosen on validation", file=sys.stderr)
         return 2
     if args.seeds:
-        command = (f"`python -m searchr1_lld.demo --seeds {args.seeds} --report {repo_relative(report.parent)}`, "
-                   f"seed {summary['seed']}")
+        command = f"`{command_line(args)}`, seed {summary['seed']}"
     else:
-        command = (f"`python -m searchr1_lld.demo --report {repo_relative(report)}"
-                   f"{' --readme ' + repo_relative(Path(args.readme)) if args.readme else ''}` (what `make demo` runs, "
-                   "plus the report)")
+        command = f"`{command_line(args)}` (what `make demo` runs, plus the report)"
     write_report(report, summary, table, example, command)
     print(f"report: {report / 'README.md'}")
     print(readme_line(summary))
@@ -351,8 +363,7 @@ def main(argv: list[str] | None = None) -> int:
             if rc:
                 return rc
     if args.report and args.seeds:
-        write_seeds_report(Path(args.report), seeds_summary(summaries), "python -m searchr1_lld.demo --seeds "
-                           f"{args.seeds} --report {repo_relative(Path(args.report))}")
+        write_seeds_report(Path(args.report), seeds_summary(summaries), command_line(args))
         print(f"seeds: {Path(args.report) / 'README.md'}")
     return 0
 

@@ -172,6 +172,20 @@ def test_the_report_says_how_the_world_came_to_be():
     assert demo_report._world_how({"world_reused": False}) == ""  # trained by its build (or an older summary)
 
 
+def test_the_report_names_the_command_that_made_it():
+    from searchr1_lld.lab.methods import REPO_ROOT
+
+    parse = demo._parser().parse_args
+    assert demo.command_line(parse(["--report", str(REPO_ROOT / "docs" / "demo"), "--readme", "README.md"])) \
+        == "python -m searchr1_lld.demo --report docs/demo --readme README.md"
+    args = parse(["--world", "configs/world/balanced-seed1.yaml", "--world-dir", ".cache/w1", "--select-dir",
+                  str(REPO_ROOT / "docs" / "x" / "select"), "--seeds", "0,1", "--report", "docs/x", "--readme",
+                  "README.md", "trainer.kl_coef=0"])
+    assert demo.command_line(args) == ("python -m searchr1_lld.demo --world configs/world/balanced-seed1.yaml "
+                                       "--world-dir .cache/w1 --select-dir docs/x/select --seeds 0,1 --report docs/x "
+                                       "trainer.kl_coef=0")  # --readme only without --seeds
+
+
 TOY_TRAINING = ["trainer.train_batch_size=2", "rollout.n=2", "trainer.ppo_mini_batch_size=2", "rollout.max_turns=2",
                 "rollout.max_tokens_per_turn=24", "rollout.max_obs_length=60", "trainer.micro_batch_token_budget=1000",
                 "trainer.probe_size=2", "logging.progress_bar=false"]
@@ -207,5 +221,7 @@ def test_the_recipe_trains_claims_on_validation_and_tests_once_on_the_test_world
     assert s["validation"]["claimed"]["all"] == (s["validation"]["gain"]["all"]["lo"] > 0)
     assert "## The claim (validation split)" in (report / "seed1" / "README.md").read_text()
     seeds = json.loads((report / "seeds.json").read_text())
-    assert [r["seed"] for r in seeds["seeds"]] == [1] and "python -m searchr1_lld.demo --seeds 1" in \
-        (report / "README.md").read_text()
+    assert [r["seed"] for r in seeds["seeds"]] == [1]
+    rel = demo_report.repo_relative
+    assert f"python -m searchr1_lld.demo --world {rel(world_yaml)} --world-dir {rel(tiny_world)} --select-dir " \
+        f"{rel(select)} --seeds 1 --report {rel(report)} " in (report / "README.md").read_text()  # the world named

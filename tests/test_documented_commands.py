@@ -366,12 +366,17 @@ ENTRIES: tuple[Entry, ...] = (
         "python -m searchr1_lld.world build --config configs/world/repeat-phase.yaml --out .cache/world-repeat-phase",
         "python -m searchr1_lld.world build --config configs/world/practice.yaml --out .cache/world-practice",
         "python -m searchr1_lld.world build --config configs/world/balanced.yaml --out .cache/world-balanced",
-        "python -m searchr1_lld.world build --config configs/world/registered.yaml --out .cache/world-registered"),
+        "python -m searchr1_lld.world build --config configs/world/registered.yaml --out .cache/world-registered",
+        "python -m searchr1_lld.world build --config configs/world/balanced-seed1.yaml --out .cache/world-balanced-seed1"),
         reason="builds a world for minutes on 2 cores (6.5 min the large one); the command runs as world_build and "
                "tests/test_configs.py loads every world config"),
     CannotRun("demo_other_world", (
         "python -m searchr1_lld.demo --world configs/world/second-hop.yaml --world-dir .cache/world-second-hop",
-        "python -m searchr1_lld.demo --world configs/world/v5.yaml --world-dir .cache/world-v5"),
+        "python -m searchr1_lld.demo --world configs/world/v5.yaml --world-dir .cache/world-v5",
+        "python -m searchr1_lld.demo --world configs/world/balanced-seed1.yaml --world-dir .cache/world-balanced-seed1 "
+        "--select-lr 1e-3 --select-dir docs/lab/balanced-seed1/select",
+        "python -m searchr1_lld.demo --world configs/world/balanced-seed1.yaml --world-dir .cache/world-balanced-seed1 "
+        "--select-dir docs/lab/balanced-seed1/select --seeds 0,1,2 --report docs/lab/balanced-seed1/seeds"),
         reason="builds that world first (minutes on 2 cores); the demo runs on the test world as demo_report"),
     CannotRun("world_smollm2", (
         "python -m searchr1_lld.world smollm2 --world .cache/world-v5 --out .cache/smollm2-world",
