@@ -78,7 +78,7 @@ def check_warm_start(src: str | Path, world_dir: str | Path, config_hash: str) -
     manifest = read_manifest(src)
     if manifest["config_hash"] != config_hash:
         raise ValueError(f"the warm start in {src} was built for the world config {manifest['config_hash']}, this one "
-                         f"is {config_hash}: build the policy anew (without --warm-start-from; ~20 min on 2 cores)")
+                         f"is {config_hash}: build without --warm-start-from to train its policy")
     for name, digest in manifest["data_sha256"].items():
         if sha256_file(Path(world_dir) / name) != digest:
             raise ValueError(f"{name} differs from the file the warm start in {src} was trained on (same config "
@@ -131,6 +131,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     accepted = (manifest["card"].get("acceptance") or {}).get("passed")
     print(f"exported the warm start of world {manifest['config_hash']} to {args.out} "
-          f"({sum(1 for _ in manifest['model_sha256'])} files; acceptance on validation: "
+          f"({len(manifest['model_sha256'])} files; acceptance on validation: "
           f"{'passed' if accepted else 'not passed' if accepted is False else 'not measured'})")
     return 0
