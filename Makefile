@@ -2,7 +2,7 @@
 #   make demo   -> set up .venv, build the synthetic world (make world), train GRPO+LLDS on CPU, evaluate, print the table
 #   make test   -> set up .venv and run the test suite
 # make world takes the default world's warm-started policy shipped in assets/warm-start (checked: built for this world
-# on the same data); make world-from-scratch trains it anew (~20 min on 2 cores; the same weights on this CPU).
+# on the same data); make world-from-scratch trains it anew (~20 min on 2 cores).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python

