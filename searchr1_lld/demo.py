@@ -57,11 +57,9 @@ from searchr1_lld.lab.demo_report import (INTERVAL_TEXT, claimed, em_intervals, 
 from searchr1_lld.lab.selection import (SELECT_EVAL_EVERY, SELECT_OVERRIDES, SELECT_STEPS, choose, read_warm_start,
                                         selection_file, selection_overrides, warm_start_file)
 from searchr1_lld.learner.trainer import RunResult, train
-from searchr1_lld.world import (ensure_world, is_built, load_world_config, read_card, trainer_overrides,
-                                world_config_hash)
+from searchr1_lld.world import ensure_world, is_built, load_world_config, read_card, trainer_overrides
 from searchr1_lld.world.build import warm_start_shortfalls
 from searchr1_lld.world.config import WorldConfig
-from searchr1_lld.world.shipped import shipped_for
 
 REPO = Path(__file__).resolve().parent.parent
 SPLIT_FILES = {"val": "val.jsonl", "test": "test.jsonl"}
@@ -178,10 +176,11 @@ def _prepare_world(world: Path, world_cfg: WorldConfig) -> bool:
     warm start when it was made for this world (:mod:`searchr1_lld.world.shipped`); its warm start's shortfalls as
     warnings."""
     world_reused = is_built(world, world_cfg)
-    shipped = shipped_for(world_config_hash(world_cfg))
-    how = " (built earlier)" if world_reused else f" (policy: {repo_relative(shipped)})" if shipped else ""
-    print(f"[1/3] synthetic world in {world}{how}", flush=True)
+    print(f"[1/3] synthetic world in {world}{' (built earlier)' if world_reused else ''}", flush=True)
     ensure_world(world, world_cfg)  # takes the shipped warm start itself when there is one for this world
+    shipped = None if world_reused else _shipped_policy(world)
+    if shipped:
+        print(f"      its policy: the warm start shipped in {shipped}", flush=True)
     for line in warm_start_shortfalls(read_card(world) or {}):
         print(f"WARNING: {line} (the warm start's targets; what it means for RL: docs/lab.md)", flush=True)
     return world_reused

@@ -13,8 +13,9 @@ from conftest import REPO_ROOT, TEST_WORLD_CONFIG
 from searchr1_lld.world.build import build_world, main as build_main, read_card, world_config_hash
 from searchr1_lld.world.config import load_world_config
 from searchr1_lld.world.generate import generate_world, write_world_files
+from retriever.corpus import file_sha256
 from searchr1_lld.world.shipped import (DATA_FILES, MANIFEST, SHIPPED_WARM_START, export_warm_start, read_manifest,
-                                        sha256_file, shipped_for)
+                                        shipped_for)
 
 
 def _files(d: Path) -> dict[str, bytes]:
@@ -71,6 +72,9 @@ def test_the_build_command_refuses_a_warm_start_for_another_world(tmp_path: Path
                      "--warm-start-from", str(SHIPPED_WARM_START)])
     assert rc == 2
     assert "was built for the world config" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # one way to get the policy, not two
+        build_main(["--out", str(tmp_path / "v"), "--warm-start-from", str(SHIPPED_WARM_START), "--train-warm-start"])
+    assert "not allowed with argument" in capsys.readouterr().err
 
 
 def test_the_shipped_warm_start_is_the_default_worlds_and_passed_acceptance(tmp_path: Path) -> None:
@@ -79,8 +83,8 @@ def test_the_shipped_warm_start_is_the_default_worlds_and_passed_acceptance(tmp_
     assert manifest["config_hash"] == world_config_hash(cfg), \
         "the default world changed: build it (make world-from-scratch) and export its warm start"
     write_world_files(generate_world(cfg), tmp_path)  # the generator still writes the data it was trained on
-    assert {name: sha256_file(tmp_path / name) for name in DATA_FILES} == manifest["data_sha256"]
-    assert {p.name: sha256_file(p) for p in sorted((SHIPPED_WARM_START / "model").iterdir())} \
+    assert {name: file_sha256(tmp_path / name) for name in DATA_FILES} == manifest["data_sha256"]
+    assert {p.name: file_sha256(p) for p in sorted((SHIPPED_WARM_START / "model").iterdir())} \
         == manifest["model_sha256"]
     assert manifest["card"]["acceptance"]["passed"] and manifest["card"]["acceptance"]["split"] == "val"
     # the committed card of the default world's build (docs/lab.md's figures) is this warm start's

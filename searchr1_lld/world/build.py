@@ -153,15 +153,15 @@ def _build_artefacts(out_dir: Path, cfg: WorldConfig, stages: _Stages, measure: 
     with stages.stage("world", "world: corpus and questions"):
         world = generate_world(cfg)
         paths = write_world_files(world, out_dir)
-        if warm_start_from is not None:  # refuse a shipped warm start for another world before the index is built
-            check_warm_start(warm_start_from, out_dir, world_config_hash(cfg))
+        # a shipped warm start for another world (or other data) is refused before the index is built
+        manifest = check_warm_start(warm_start_from, out_dir, world_config_hash(cfg)) if warm_start_from else {}
     with stages.stage("index", "index: encoding the corpus"):
         build_index(paths["corpus"], out_dir / "index", encoder=cfg.encoder, retriever=cfg.retriever,
                     show_progress=False)
         retriever = InProcessRetriever(out_dir / "index")
-    if warm_start_from is not None:
+    if manifest:
         with stages.stage("policy", "policy: the shipped warm start"):
-            manifest = install_warm_start(warm_start_from, out_dir, world_config_hash(cfg))
+            install_warm_start(warm_start_from, out_dir, manifest)
         # the shipped build's measurement: the same weights (checked) on the same validation file (checked)
         return world, manifest["card"]["policy"], manifest["card"].get("warm_start") or {}, manifest
     with stages.stage("policy", "policy: tokenizer and warm start"):
@@ -172,7 +172,7 @@ def _build_artefacts(out_dir: Path, cfg: WorldConfig, stages: _Stages, measure: 
         with stages.stage("measure", "measure: warm-start rollouts"):
             warm_start = measure_warm_start(out_dir, retriever=retriever, seed=cfg.seed,
                                             pass_k=cfg.warmstart_measure_pass_k, progress=False)
-    return world, policy_stats, warm_start, {}
+    return world, policy_stats, warm_start, manifest
 
 
 def build_world(out_dir: Path, cfg: WorldConfig, *, progress: bool = True, measure: bool = True,
@@ -296,12 +296,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="world YAML (WorldConfig keys; relative: to the repository root)")
     parser.add_argument("--force", action="store_true", help="rebuild even if a finished build is there")
     parser.add_argument("--no-measure", action="store_true", help="skip the warm-start rollout measurement")
-    parser.add_argument("--warm-start-from", metavar="DIR",
+    policy = parser.add_mutually_exclusive_group()
+    policy.add_argument("--warm-start-from", metavar="DIR",
                         help="take the policy shipped in DIR (python -m searchr1_lld.world export) instead of "
                              "training it; refused unless it was built for this config on the same data; its build's "
                              "measurement is recorded. Without it the repository's assets/warm-start is taken when it "
                              "was built for this config (the default world's: ~20 min of 2 cores saved)")
-    parser.add_argument("--train-warm-start", action="store_true",
+    policy.add_argument("--train-warm-start", action="store_true",
                         help="train the policy even when assets/warm-start holds one for this config")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("overrides", nargs="*", help="WorldConfig key=value overrides")

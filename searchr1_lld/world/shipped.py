@@ -17,12 +17,13 @@ trains the policy otherwise or with ``--train-warm-start`` (``make world-from-sc
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
+
+from retriever.corpus import file_sha256
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED_WARM_START = REPO / "assets" / "warm-start"  # the default world's warm start (make world)
@@ -30,14 +31,6 @@ MANIFEST = "manifest.json"
 DATA_FILES = ("corpus.jsonl", "qa/train.jsonl", "qa/val.jsonl")  # what the policy was trained and measured on
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # model/ holds them too (a self-contained policy dir)
 CARD_KEYS = ("policy", "warm_start", "acceptance", "timings_s", "created_unix")  # of the build's world.json
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_manifest(src: str | Path) -> dict[str, Any]:
@@ -64,8 +57,8 @@ def export_warm_start(world_dir: str | Path, out: str | Path) -> dict[str, Any]:
     manifest = {
         "config_hash": card["config_hash"],
         "recipe_version": card["recipe_version"],
-        "data_sha256": {name: sha256_file(world_dir / name) for name in DATA_FILES},
-        "model_sha256": {p.name: sha256_file(p) for p in sorted(model_out.iterdir())},
+        "data_sha256": {name: file_sha256(world_dir / name) for name in DATA_FILES},
+        "model_sha256": {p.name: file_sha256(p) for p in sorted(model_out.iterdir())},
         "card": {key: card[key] for key in CARD_KEYS if key in card},
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -80,18 +73,17 @@ def check_warm_start(src: str | Path, world_dir: str | Path, config_hash: str) -
         raise ValueError(f"the warm start in {src} was built for the world config {manifest['config_hash']}, this one "
                          f"is {config_hash}: build without --warm-start-from to train its policy")
     for name, digest in manifest["data_sha256"].items():
-        if sha256_file(Path(world_dir) / name) != digest:
+        if file_sha256(Path(world_dir) / name) != digest:
             raise ValueError(f"{name} differs from the file the warm start in {src} was trained on (same config "
                              "hash, so the world generator changed without a RECIPE_VERSION bump): build the policy "
                              "anew, or restore the generator")
     return manifest
 
 
-def install_warm_start(src: str | Path, world_dir: str | Path, config_hash: str) -> dict[str, Any]:
-    """Copy the warm start shipped in ``src`` into ``world_dir/model`` and ``world_dir/tokenizer`` after
-    :func:`check_warm_start`, check every copied file's SHA-256 against the manifest; returns the manifest."""
+def install_warm_start(src: str | Path, world_dir: str | Path, manifest: dict[str, Any]) -> None:
+    """Copy the warm start shipped in ``src`` into ``world_dir/model`` and ``world_dir/tokenizer`` and check every
+    copied file's SHA-256 against ``manifest`` (the one :func:`check_warm_start` returned for this world)."""
     src, world_dir = Path(src), Path(world_dir)
-    manifest = check_warm_start(src, world_dir, config_hash)
     model_dir, tok_dir = world_dir / "model", world_dir / "tokenizer"
     for d in (model_dir, tok_dir):
         if d.exists():
@@ -100,11 +92,10 @@ def install_warm_start(src: str | Path, world_dir: str | Path, config_hash: str)
     tok_dir.mkdir()
     for name in TOKENIZER_FILES:
         shutil.copy2(model_dir / name, tok_dir / name)
-    copied = {p.name: sha256_file(p) for p in sorted(model_dir.iterdir())}
+    copied = {p.name: file_sha256(p) for p in sorted(model_dir.iterdir())}
     if copied != manifest["model_sha256"]:
         bad = sorted({name for name, _ in set(copied.items()) ^ set(manifest["model_sha256"].items())})
         raise ValueError(f"the warm start in {src} does not match its manifest: {bad}")
-    return manifest
 
 
 def shipped_for(config_hash: str, src: str | Path | None = None) -> Path | None:
