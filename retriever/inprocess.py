@@ -52,22 +52,41 @@ class InProcessRetriever:
                                                              corpus_path=corpus_path, mmap=mmap, use_gpu=use_gpu,
                                                              search_params=search_params, skip_verify=skip_verify,
                                                              show_progress=show_progress)
+        self._memo: dict[tuple[str, int], list[dict]] = {}
 
     @classmethod
     def from_parts(cls, backend: SearchBackend, docstore: Documents, info: dict) -> "InProcessRetriever":
         """Assemble from a backend (``.search(queries, k) -> (scores, rows)``) and a doc store (``.get(row)``)."""
         self = cls.__new__(cls)
         self.backend, self.docstore, self._info = backend, docstore, dict(info)
+        self._memo = {}
         return self
 
     def info(self) -> dict:
         return dict(self._info)
 
+    # results of this many (query, k) pairs are kept for later calls (searches are deterministic); beyond it the
+    # memo starts afresh
+    MEMO_ENTRIES = 65536
+
     def search(self, queries: list[str], topk: int) -> list[list[dict]]:
+        """The ``topk`` best hits of each query. A query asked twice in one call (the samples of a GRPO group often
+        search alike), or asked in an earlier call, is searched once: the same hits, each hit a new dict."""
         validate_queries(queries, topk)
         if not queries:
             return []
         k = min(int(topk), len(self.docstore))
+        memo = self._memo
+        todo = [q for q in dict.fromkeys(queries) if (q, k) not in memo]
+        if todo:
+            if len(memo) + len(todo) > self.MEMO_ENTRIES:
+                memo.clear()
+            for query, hits in zip(todo, self._search_backend(todo, k)):
+                memo[(query, k)] = hits
+        return [[dict(hit) for hit in memo[(q, k)]] for q in queries]
+
+    def _search_backend(self, queries: list[str], k: int) -> list[list[dict]]:
+        """One backend search of ``queries`` (distinct), its rows resolved to documents."""
         scores, rows = self.backend.search(list(queries), k)
         results = []
         for q_scores, q_rows in zip(scores, rows):

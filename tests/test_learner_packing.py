@@ -36,6 +36,35 @@ def test_pack_rows_lays_rows_back_to_back():
     assert batching.forward_positions(padded) == (15, 9)
 
 
+def test_pack_rows_lays_a_shared_prompt_out_once():
+    """Rows 0 and 2 share prompt [11, 12]: it is laid out once; each row is a (prompt, response) pair of segments."""
+    batch = to_batch([_traj([11, 12], [21, 22, 23], [1, 0, 1]), _traj([13, 14, 15], [24], [1]),
+                      _traj([11, 12], [25, 26], [1, 1])], pad_token_id=0)
+    rows = batching.pack_rows(batch, [0, 1, 2], share_prompts=True)
+    # 11 12 | 21 22 | 13 14 15 | (none: row 1's only response token predicts nothing) | 25
+    assert rows["input_ids"].tolist() == [[11, 12, 21, 22, 13, 14, 15, 25]]
+    assert rows["position_ids"].tolist() == [[0, 1, 2, 3, 0, 1, 2, 2]]
+    assert rows["segments"].tolist() == [[0, 2, 2, 2], [4, 3, 7, 0], [0, 2, 7, 1]]
+    assert rows["cu_seq_lens"] is None
+    # 12 -> 21, 22 -> 23; 15 -> 24; 12 -> 25 (the shared prompt's last position), 25 -> 26
+    assert rows["logit_index"].tolist() == [1, 3, 6, 1, 7]
+    assert rows["labels"].tolist() == [21, 23, 24, 25, 26]
+    assert rows["out_index"].tolist() == [0, 2, 3, 6, 7]
+    assert batching.forward_positions(rows) == (8, 8)
+    unshared = batching.pack_rows(batch, [0, 1, 2])
+    assert unshared["segments"] is None and unshared["input_ids"].shape[1] == 10
+
+
+def test_micro_batches_by_prompt_keep_groups_and_pay_each_prompt_once():
+    # rows 0-2 group 7 (prompt 10, lengths 30, 20, 25: 10 + 20 + 10 + 15 = 55), rows 3-4 group 8 (prompt 5)
+    prompts, lengths, groups = [10, 10, 10, 5, 5], [30, 20, 25, 9, 7], [7, 7, 7, 8, 8]
+    assert batching.micro_batches_by_prompt(prompts, lengths, groups, 55) == [[0, 1, 2], [3, 4]]
+    assert batching.micro_batches_by_prompt(prompts, lengths, groups, 100) == [[0, 1, 2, 3, 4]]  # 55 + 5 + 4 + 2
+    # a group over the budget is split, the new part paying its prompt again
+    assert batching.micro_batches_by_prompt(prompts, lengths, groups, 45) == [[0, 1], [2, 3, 4]]
+    assert batching.micro_batches_by_prompt(prompts, lengths, groups, 1) == [[0], [1], [2], [3], [4]]
+
+
 @pytest.fixture(scope="module")
 def tiny_qwen2():
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -49,18 +78,29 @@ def tiny_qwen2():
     return model
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_packed_forward_equals_padded_rows(tiny_qwen2, fused):
-    """Log-probs and entropies of uneven rows (prompts 3-7 tokens, responses 0-9), packed and padded, and their
-    gradients, on a random Qwen2 with grouped key/value heads."""
+def _uneven_batch(share: bool):
+    """Rows with prompts of 3-7 tokens and responses of 0-9; with ``share``, rows 1 and 3 repeat row 0's prompt."""
     g = torch.Generator().manual_seed(1)
-    trajs = [_traj(torch.randint(2, 64, (p,), generator=g).tolist(), torch.randint(2, 64, (r,), generator=g).tolist(),
-                   [int(j % 4 != 2) for j in range(r)]) for p, r in ((3, 9), (7, 2), (5, 0), (4, 6))]
-    batch = to_batch(trajs, pad_token_id=0)
+    prompts = [torch.randint(2, 64, (p,), generator=g).tolist() for p in (3, 7, 5, 4)]
+    if share:
+        prompts[1] = prompts[3] = prompts[0]
+    trajs = [_traj(prompt, torch.randint(2, 64, (r,), generator=g).tolist(), [int(j % 4 != 2) for j in range(r)])
+             for prompt, r in zip(prompts, (9, 2, 0, 6))]
+    return to_batch(trajs, pad_token_id=0)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("share", [False, True])
+def test_packed_forward_equals_padded_rows(tiny_qwen2, fused, share):
+    """Log-probs and entropies of uneven rows (prompts 3-7 tokens, responses 0-9), packed and padded, and their
+    gradients, on a random Qwen2 with grouped key/value heads; packed with a prompt shared by three rows too."""
+    batch = _uneven_batch(share)
     idx = [0, 1, 2, 3]
     settings = dict(chunk_size=5, temperature=0.7, compute_entropy=True, fused=fused)
     padded = batching.select_rows(batch, idx)
-    packed = batching.pack_rows(batch, idx)
+    packed = batching.pack_rows(batch, idx, share_prompts=share)
+    if share:
+        assert packed["input_ids"].shape[1] == 3 + 8 + 1 + 5 + 5  # the shared prompt once
     mask = padded["response_mask"]
     lp_pad, ent_pad = policy_logprobs.response_logprobs(
         tiny_qwen2, padded["input_ids"][:, :-1], padded["attention_mask"][:, :-1], padded["position_ids"][:, :-1],
@@ -69,7 +109,7 @@ def test_packed_forward_equals_padded_rows(tiny_qwen2, fused):
     grads_pad = torch.autograd.grad(loss_pad, list(tiny_qwen2.parameters()))
     lp, ent = policy_logprobs.packed_response_logprobs(
         tiny_qwen2, packed["input_ids"], packed["position_ids"], packed["cu_seq_lens"], packed["logit_index"],
-        packed["labels"], **settings)
+        packed["labels"], segments=packed["segments"], **settings)
     flat = lambda x: x.new_zeros(mask.numel()).index_copy(0, packed["out_index"], x).view(mask.shape)  # noqa: E731
     loss = ((flat(lp) + 0.3 * flat(ent)) * mask).sum()
     grads = torch.autograd.grad(loss, list(tiny_qwen2.parameters()))
@@ -78,6 +118,42 @@ def test_packed_forward_equals_padded_rows(tiny_qwen2, fused):
     torch.testing.assert_close(loss, loss_pad, rtol=1e-5, atol=1e-5)
     for a, b in zip(grads, grads_pad):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_a_rows_log_probs_do_not_depend_on_the_rows_packed_with_it(tiny_qwen2):
+    """With shared prompts, each row's log-probs are the same to the bit alone, with other rows, with or without
+    gradient: the learner's log-probs before an update (a no-grad pass over micro-batches of whole groups) equal
+    the update's first forward (other micro-batches, with grad), so LLDS sees logp_new == logp_old there. (The
+    output head runs as one tile here: a BLAS may round a row differently by the height of its tile, whatever the
+    layout; at the tiny world's shapes it does not, test_trainer checks the step.)"""
+    batch = _uneven_batch(True)
+    settings = dict(chunk_size=256, temperature=1.0, compute_entropy=False)
+
+    def logps(idx, grad):
+        rows = batching.pack_rows(batch, idx, share_prompts=True)
+        with torch.set_grad_enabled(grad):
+            lp, _ = policy_logprobs.packed_response_logprobs(
+                tiny_qwen2, rows["input_ids"], rows["position_ids"], None, rows["logit_index"], rows["labels"],
+                segments=rows["segments"], **settings)
+        parts = torch.split(lp.detach(), [int(batch.response_mask[i].sum()) for i in idx])
+        return {i: part for i, part in zip(idx, parts)}
+
+    together = logps([0, 1, 2, 3], False)
+    for idx, grad in (([3], False), ([1, 0], True), ([3, 2, 0], True), ([0], True)):
+        for i, part in logps(idx, grad).items():
+            assert torch.equal(part, together[i]), (idx, grad, i)
+
+
+def test_shared_prompts_need_the_packed_sdpa_attention(tiny_qwen2):
+    batch = _uneven_batch(True)
+    rows = batching.pack_rows(batch, [0, 1], share_prompts=True)
+    other = copy.deepcopy(tiny_qwen2)
+    other.config._attn_implementation = "flash_attention_2"  # varlen kernels follow cu_seq_lens only
+    assert policy_logprobs.runs_packed(other) and not policy_logprobs.shares_prompts(other)
+    with pytest.raises(RuntimeError, match="share prompts need the packed sdpa attention"):
+        policy_logprobs.packed_response_logprobs(other, rows["input_ids"], rows["position_ids"], None,
+                                                 rows["logit_index"], rows["labels"], segments=rows["segments"],
+                                                 chunk_size=4, temperature=1.0, compute_entropy=False)
 
 
 def test_an_unpacked_forward_is_plain_sdpa(tiny_qwen2):

@@ -64,6 +64,33 @@ def micro_batches_by_tokens(lengths: Sequence[int], indices: Sequence[int], toke
     return out
 
 
+def micro_batches_by_prompt(prompt_lengths: Sequence[int], lengths: Sequence[int], group_ids: Sequence[int],
+                            token_budget: int) -> list[list[int]]:
+    """Split rows ``0 .. B-1`` into micro-batches of whole groups (rows of a group share their prompt, which a packed
+    forward with shared prompts lays out once) whose packed size, each group's prompt once plus each row's
+    ``length - prompt length`` response tokens, stays within ``token_budget``; a group larger than the budget is
+    split into parts, each paying its prompt (a single row over the budget gets its own micro-batch). Groups in
+    order of first appearance, rows in batch order."""
+    groups: dict[int, list[int]] = {}
+    for i, g in enumerate(group_ids):
+        groups.setdefault(int(g), []).append(i)
+    out: list[list[int]] = []
+    cur: list[int] = []
+    used = 0
+    for rows in groups.values():
+        prompt = prompt_lengths[rows[0]]
+        for i in rows:
+            cost = lengths[i] - prompt + (prompt if not cur or cur[-1] not in rows else 0)
+            if cur and used + cost > token_budget:
+                out.append(cur)
+                cur, used, cost = [], 0, lengths[i]
+            cur.append(i)
+            used += cost
+    if cur:
+        out.append(cur)
+    return out
+
+
 def micro_batches_by_count(indices: Sequence[int], rows_per_micro: int) -> list[list[int]]:
     """Split ``indices`` in their given order into micro-batches of ``rows_per_micro`` rows (the last may be short
     when the count does not divide), as verl's actor splits a mini-batch."""
@@ -135,7 +162,7 @@ def pad_cols(x: torch.Tensor, width: int, value: float = 0.0) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
 
 
-def pack_rows(batch: Any, idx: Sequence[int]) -> dict[str, Any]:
+def pack_rows(batch: Any, idx: Sequence[int], *, share_prompts: bool = False) -> dict[str, Any]:
     """Rows ``idx`` of a TrajectoryBatch as one packed sequence, no padding: what :func:`select_rows` returns (the
     ``[b, t]`` tensors the objective reads) and, in place of its padded model inputs, each row's prompt and response
     back to back without its last token (which predicts nothing), ``N = sum_i (p_i + r_i - 1)`` positions:
@@ -145,27 +172,47 @@ def pack_rows(batch: Any, idx: Sequence[int]) -> dict[str, Any]:
     observation tokens are read by the model but never predicted, every loss and metric masks them out),
     labels ``[M]`` (those tokens), out_index ``[M]`` (where each goes in the flattened ``[b, t]``).
     A row with no response keeps its prompt (at least one position) and predicts nothing.
+
+    ``share_prompts``: a prompt that an earlier row of ``idx`` has too (the responses of one GRPO group) is laid out
+    once; each row is then a prompt segment and a response segment, ``segments`` ``[b, 4]`` long (prompt start,
+    prompt length, response start, response length) for the attention (policy_logprobs: each prompt attends
+    causally to itself, each response to its prompt and causally to itself), and cu_seq_lens is None.
     """
     rows = select_rows(batch, idx)
     t = rows["responses"].shape[1]
     P = batch.prompt_length
-    ids, positions, logit_index, labels, out_index, bounds = [], [], [], [], [], [0]
+    ids, positions, logit_index, labels, out_index, segments = [], [], [], [], [], []
+    prompt_start: dict[tuple[int, ...], int] = {}
+    n = 0  # positions laid out so far
     for k, i in enumerate(idx):
         am = batch.attention_mask[i]
         p, r = int(am[:P].sum()), int(am[P:].sum())
-        tokens = batch.input_ids[i, P - p : P + r]
-        n = max(1, p + r - 1)
-        ids.append(tokens[:n])
-        positions.append(torch.arange(n))
+        prompt, response = batch.input_ids[i, P - p : P], batch.input_ids[i, P : P + r]
+        key = tuple(prompt.tolist()) if share_prompts else None
+        ps = prompt_start.get(key) if share_prompts else None
+        if ps is None:
+            ps = n
+            ids.append(prompt)
+            positions.append(torch.arange(p))
+            n += p
+            if share_prompts:
+                prompt_start[key] = ps
+        body = response[: max(r - 1, 0)]  # the last response token predicts nothing
+        ids.append(body)
+        positions.append(torch.arange(p, p + len(body)))
+        segments.append((ps, p, n, len(body)))
         generated = torch.nonzero(batch.response_mask[i, :r], as_tuple=True)[0]  # observations predict nothing
-        logit_index.append(bounds[-1] + p - 1 + generated)
-        labels.append(tokens[p:][generated])
+        # response token g is predicted by the position before it: the prompt's last one for g = 0
+        logit_index.append(torch.where(generated == 0, ps + p - 1, n + generated - 1))
+        labels.append(response[generated])
         out_index.append(k * t + generated)
-        bounds.append(bounds[-1] + n)
+        n += len(body)
     rows.update(
         input_ids=torch.cat(ids)[None], position_ids=torch.cat(positions)[None], attention_mask=None,
-        cu_seq_lens=torch.tensor(bounds, dtype=torch.int32), logit_index=torch.cat(logit_index),
-        labels=torch.cat(labels), out_index=torch.cat(out_index),
+        logit_index=torch.cat(logit_index), labels=torch.cat(labels), out_index=torch.cat(out_index),
+        cu_seq_lens=None if share_prompts else torch.tensor(
+            [0] + [ps + p + m for ps, p, _, m in segments], dtype=torch.int32),
+        segments=torch.tensor(segments, dtype=torch.long) if share_prompts else None,
     )
     return rows
 
@@ -173,7 +220,7 @@ def pack_rows(batch: Any, idx: Sequence[int]) -> dict[str, Any]:
 def forward_positions(rows: dict[str, Any]) -> tuple[int, int]:
     """(positions a forward over ``rows`` computes, those of them that are real tokens) for :func:`select_rows`'s
     padded rows (the model input drops the last column) or :func:`pack_rows`'s packed ones (no padding)."""
-    if rows.get("cu_seq_lens") is not None:
+    if rows.get("cu_seq_lens") is not None or rows.get("segments") is not None:
         n = int(rows["input_ids"].numel())
         return n, n
     am = rows["attention_mask"][:, :-1]

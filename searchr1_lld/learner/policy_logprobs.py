@@ -115,6 +115,9 @@ def _packed_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: to
     the N^2 of a block-diagonal mask. Returns ``[1, N, heads, d]`` as transformers' attention functions do."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward  # deferred: transformers
 
+    segments = kwargs.pop("packed_segments", None)
+    if segments is not None:
+        return _segmented_attention(query, key, value, segments, dropout, scaling), None
     packed_mask = isinstance(attention_mask, torch.Tensor) and attention_mask.numel() == 0  # _packed_sdpa_mask's
     if cu_seq_lens_q is None:
         if packed_mask:
@@ -130,6 +133,33 @@ def _packed_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: to
         query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], dropout_p=dropout, scale=scaling, is_causal=True,
         enable_gqa=gqa) for s, e in zip(bounds[:-1], bounds[1:])]
     return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _segmented_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, segments: torch.Tensor,
+                         dropout: float, scaling: float | None) -> torch.Tensor:
+    """Attention of a packed forward whose rows share prompts (batching.pack_rows with share_prompts): query
+    ``[1, heads, N, d]``, key and value ``[1, kv_heads, N, d]``; ``segments`` ``[S, 4]``: each row's prompt start,
+    prompt length, response start and response length, a prompt laid out once, before the first response that
+    follows it. Each prompt attends causally to itself; each response to its prompt and causally to itself (response
+    token j sees the prompt and response tokens 0..j). Returns ``[1, N, heads, d]``.
+
+    Every piece depends on its own prompt and response only, so a row's result does not depend on the rows packed
+    with it (the learner's log-probs before an update equal the update's first forward to the bit)."""
+    gqa = key.shape[1] != query.shape[1]
+    attend = lambda q, k, v, **kw: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
+        q, k, v, dropout_p=dropout, scale=scaling, enable_gqa=gqa, **kw)
+    pieces, laid_out = [], set()
+    for ps, p, rs, m in segments.tolist():
+        if ps not in laid_out:
+            laid_out.add(ps)
+            pieces.append(attend(query[:, :, ps : ps + p], key[:, :, ps : ps + p], value[:, :, ps : ps + p],
+                                 is_causal=True))
+        if m:
+            keys = torch.cat([key[:, :, ps : ps + p], key[:, :, rs : rs + m]], dim=2)
+            values = torch.cat([value[:, :, ps : ps + p], value[:, :, rs : rs + m]], dim=2)
+            visible = torch.arange(p + m, device=query.device)[None, :] <= torch.arange(p, p + m, device=query.device)[:, None]
+            pieces.append(attend(query[:, :, rs : rs + m], keys, values, attn_mask=visible))
+    return torch.cat(pieces, dim=2).transpose(1, 2).contiguous()
 
 
 def _packed_sdpa_mask(*args: Any, attention_mask: torch.Tensor | None = None, allow_is_causal_skip: bool = True,
@@ -162,20 +192,31 @@ def use_packed_attention(model: torch.nn.Module) -> bool:
     return True
 
 
-def runs_packed(model: torch.nn.Module) -> bool:
-    """Whether ``model`` (plain, DDP or DeepSpeed engine) runs packed forwards (:func:`use_packed_attention`)."""
+def _attention_implementation(model: torch.nn.Module) -> str | None:
+    """The attention implementation of ``model`` (plain, DDP or DeepSpeed engine) per its config."""
     inner = model
     while isinstance(getattr(inner, "module", None), torch.nn.Module):
         inner = inner.module
-    impl = getattr(getattr(inner, "config", None), "_attn_implementation", None)
+    return getattr(getattr(inner, "config", None), "_attn_implementation", None)
+
+
+def runs_packed(model: torch.nn.Module) -> bool:
+    """Whether ``model`` (plain, DDP or DeepSpeed engine) runs packed forwards (:func:`use_packed_attention`)."""
+    impl = _attention_implementation(model)
     return impl == PACKED_SDPA or impl in _NATIVE_VARLEN
+
+
+def shares_prompts(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s packed forwards can lay out a prompt once for several rows (the packed sdpa attention;
+    flash-attention's varlen kernels follow cu_seq_lens only)."""
+    return _attention_implementation(model) == PACKED_SDPA
 
 
 def packed_response_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
     position_ids: torch.Tensor,
-    cu_seq_lens: torch.Tensor,
+    cu_seq_lens: torch.Tensor | None,
     logit_index: torch.Tensor,
     labels: torch.Tensor,
     *,
@@ -183,18 +224,28 @@ def packed_response_logprobs(
     temperature: float,
     compute_entropy: bool,
     fused: bool = True,
+    segments: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log_softmax(logits / temperature) at ``labels`` ``[M]`` (and the entropy ``[M]``), fp32, of a packed forward.
 
     ``input_ids``, ``position_ids`` ``[1, N]``: sequences back to back, positions restarting at 0 at each;
     ``cu_seq_lens`` ``[S + 1]`` int32: their boundaries; ``logit_index`` ``[M]``: the positions whose logits predict
-    ``labels``. No attention mask: the attention (:func:`use_packed_attention`) follows ``cu_seq_lens``.
+    ``labels``. No attention mask: the attention (:func:`use_packed_attention`) follows ``cu_seq_lens``, or, for rows
+    that share prompts (``segments`` ``[S, 4]`` from batching.pack_rows; cu_seq_lens None), the segments (only with
+    the packed sdpa attention, :func:`shares_prompts`).
     """
     if not runs_packed(model):
         raise RuntimeError(f"{type(model).__name__} does not run packed forwards (policy_logprobs.use_packed_attention)")
-    longest = int((cu_seq_lens[1:] - cu_seq_lens[:-1]).max())
-    kwargs = dict(input_ids=input_ids, attention_mask=None, position_ids=position_ids, use_cache=False,
-                  cu_seq_lens_q=cu_seq_lens, cu_seq_lens_k=cu_seq_lens, max_length_q=longest, max_length_k=longest)
+    if segments is not None:
+        if not shares_prompts(model):
+            raise RuntimeError(f"rows that share prompts need the packed sdpa attention; {type(model).__name__} "
+                               "runs another (pack its rows without share_prompts)")
+        kwargs = dict(input_ids=input_ids, attention_mask=None, position_ids=position_ids, use_cache=False,
+                      packed_segments=segments)
+    else:
+        longest = int((cu_seq_lens[1:] - cu_seq_lens[:-1]).max())
+        kwargs = dict(input_ids=input_ids, attention_mask=None, position_ids=position_ids, use_cache=False,
+                      cu_seq_lens_q=cu_seq_lens, cu_seq_lens_k=cu_seq_lens, max_length_q=longest, max_length_k=longest)
     head = fused_output_head(model) if fused else None
     if head is None:
         logits = model(**kwargs).logits[:, logit_index]

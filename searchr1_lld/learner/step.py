@@ -338,7 +338,7 @@ def model_rows(learner: Learner, model: torch.nn.Module, batch: TrajectoryBatch,
     """Rows ``idx`` of ``batch`` as one forward's inputs: packed without padding (batching.pack_rows) under
     trainer.pack_sequences when ``model`` runs packed forwards, else padded (batching.select_rows)."""
     if learner.cfg.trainer.pack_sequences and policy_logprobs.runs_packed(model):
-        return batching.pack_rows(batch, idx)
+        return batching.pack_rows(batch, idx, share_prompts=policy_logprobs.shares_prompts(model))
     return batching.select_rows(batch, idx)
 
 
@@ -351,13 +351,14 @@ def rows_logprobs(learner: Learner, model: torch.nn.Module, rows: dict[str, Any]
     temperature = learner.cfg.rollout.temperature
     settings = dict(chunk_size=learner.cfg.trainer.logprob_chunk_size or None,
                     temperature=temperature if temperature > 0 else 1.0, compute_entropy=compute_entropy)
-    if rows.get("cu_seq_lens") is None:
+    if rows.get("cu_seq_lens") is None and rows.get("segments") is None:
         return policy_logprobs.response_logprobs(
             model, rows["input_ids"][:, :-1].to(dev), rows["attention_mask"][:, :-1].to(dev),
             rows["position_ids"][:, :-1].to(dev), rows["responses"].to(dev), rows["p"] - 1, **settings)
+    to_dev = lambda x: None if x is None else x.to(dev)  # noqa: E731
     lp, ent = policy_logprobs.packed_response_logprobs(
-        model, rows["input_ids"].to(dev), rows["position_ids"].to(dev), rows["cu_seq_lens"].to(dev),
-        rows["logit_index"].to(dev), rows["labels"].to(dev), **settings)
+        model, rows["input_ids"].to(dev), rows["position_ids"].to(dev), to_dev(rows["cu_seq_lens"]),
+        rows["logit_index"].to(dev), rows["labels"].to(dev), segments=rows["segments"], **settings)
     b, t = rows["responses"].shape
     out_index = rows["out_index"].to(dev)
     unflatten = lambda x: x.new_zeros(b * t).index_copy(0, out_index, x).view(b, t)  # noqa: E731
@@ -371,7 +372,12 @@ def batch_logprobs(learner: Learner, model: torch.nn.Module, batch: TrajectoryBa
     B, T = batch.responses.shape
     out = torch.zeros(B, T)
     lengths = batch.attention_mask.sum(1).tolist()
-    micro = batching.micro_batches_by_tokens(lengths, range(B), learner.cfg.trainer.micro_batch_token_budget)
+    budget = learner.cfg.trainer.micro_batch_token_budget
+    if learner.cfg.trainer.pack_sequences and policy_logprobs.shares_prompts(model):  # a group's prompt laid out once
+        prompts = batch.attention_mask[:, : batch.prompt_length].sum(1).tolist()
+        micro = batching.micro_batches_by_prompt(prompts, lengths, batch.group_ids.tolist(), budget)
+    else:
+        micro = batching.micro_batches_by_tokens(lengths, range(B), budget)
     (n_micro,) = distributed.agree_max(learner.accelerator, [len(micro)])
     # the reference runs under the same autocast as the (prepared) policy
     autocast = learner.accelerator.autocast() if model is learner.ref_model else contextlib.nullcontext()

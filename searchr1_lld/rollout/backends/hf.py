@@ -1,8 +1,17 @@
 """Transformers generation backend: batched sampling with a KV cache, written over ``model(...)``.
 
 One engine call = the prompts split into batches of ``batch_size`` (longest first, so each batch pads little), each
-batch LEFT-padded and prefilled once, then decoded token by token with the cache. A sequence leaves the batch as soon
-as it emits eos or completes a stop string (its rows are dropped from the cache), so finished sequences cost nothing.
+batch prefilled once, then decoded token by token with a KV cache. A sequence leaves the batch as soon as it emits eos
+or completes a stop string, so finished sequences cost (almost) nothing. Two decoders, the same samples:
+
+- Llama-family models (Qwen2, Llama, Mistral; ``kv_decode.unsupported_reason`` is None): :class:`KVDecoder`
+  (kv_decode.py), the model's own modules over a cache written in place, no padding, and the prefixes of the previous
+  call (a trajectory's earlier turns) and duplicate prompts (a GRPO group's) not prefilled again;
+- any other causal LM, or ``fast_decode=False``: ``model(...)`` with transformers' ``DynamicCache``, the batch
+  LEFT-padded, finished rows dropped from the cache at once (a one-time warning says why a model takes this path).
+
+Both draw the same random numbers in the same order (one :func:`sample_next_token` call per decode step over the
+running sequences, in batch order), so their samples differ only where float rounding of the logits flips a draw.
 
 Sampling (pure function :func:`sample_next_token`, the log-prob convention of backends/base.py):
 
@@ -14,6 +23,7 @@ Sampling (pure function :func:`sample_next_token`, the log-prob convention of ba
 from __future__ import annotations
 
 import inspect
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Optional
 
@@ -22,6 +32,8 @@ import torch
 from searchr1_lld.inference import evaluating
 from searchr1_lld.protocols import Tokenizer
 from searchr1_lld.rollout.backends.base import BackendBase, GenerationOutput, StopDetector, eos_token_ids
+from searchr1_lld.rollout.backends.kv_decode import (PREFIX_STORE_BYTES, KVCache, KVDecoder, PrefixStore,
+                                                     unsupported_reason, weights_version)
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
@@ -130,10 +142,12 @@ class HFBackend(BackendBase):
     """Generation with a transformers causal LM (CPU or GPU), the learner's own module or a copy of it."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, *, batch_size: int = 64, seed: Optional[int] = None,
-                 shares_learner_weights: bool = False) -> None:
+                 shares_learner_weights: bool = False, fast_decode: bool = True) -> None:
         """``shares_learner_weights``: ``model`` is the learner's own module (the trainer's CPU / small-GPU set-up),
-        so :meth:`load_weights` has nothing to do. ``sleep``/``wake_up`` are no-ops beyond the state check: the
-        module's memory belongs to the learner (or, for a separate copy, stays put: the HF path is for small models)."""
+        so :meth:`load_weights` has nothing to do. ``sleep``/``wake_up`` are no-ops beyond the state check (and
+        ``sleep`` drops the cached prefixes): the module's memory belongs to the learner (or, for a separate copy,
+        stays put: the HF path is for small models). ``fast_decode``: decode with :class:`KVDecoder` when the model
+        is one it runs (module docstring); False = always ``model(...)``."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.model = model
@@ -146,6 +160,15 @@ class HFBackend(BackendBase):
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_id = int(pad if pad is not None else (min(self.eos_ids) if self.eos_ids else 0))
         self.cache_keyword = cache_keyword(model)
+        self.kv_decoder: Optional[KVDecoder] = None
+        self._stores = (PrefixStore(), PrefixStore())  # (the previous call's sequences, this call's)
+        if fast_decode:
+            reason = unsupported_reason(model)
+            if reason is None:
+                self.kv_decoder = KVDecoder(model)
+            else:
+                warnings.warn(f"the hf backend decodes {type(model).__name__} with model(...) and a DynamicCache, the "
+                              f"slower path: {reason}", stacklevel=2)
 
     @property
     def device(self) -> torch.device:
@@ -175,15 +198,99 @@ class HFBackend(BackendBase):
         detector = StopDetector(self.tokenizer, stop_strings, self.eos_ids)
         order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
         outputs: list[Optional[GenerationOutput]] = [None] * len(prompts)
+        generate_batch = self._generate_batch if self.kv_decoder is None else self._generate_batch_kv
         with evaluating(self.model):
+            if self.kv_decoder is not None:
+                self._begin_prefix_store()
             for start in range(0, len(order), self.batch_size):
                 chunk = order[start : start + self.batch_size]
-                batch_out = self._generate_batch(
+                batch_out = generate_batch(
                     [prompts[i] for i in chunk], max_new_tokens, detector, temperature, top_p, greedy
                 )
                 for i, out in zip(chunk, batch_out):
                     outputs[i] = out
+            if self.kv_decoder is not None:
+                self._end_prefix_store()
         return outputs  # type: ignore[return-value]
+
+    def sleep(self) -> None:
+        super().sleep()
+        self._stores = (PrefixStore(), PrefixStore())  # the weights will change: the cached prefixes are stale
+
+    # ------------------------------------------------------------------------------------------------------------
+    def _begin_prefix_store(self) -> None:
+        """The previous call's sequences to reuse (none when the weights changed since), an empty store for this
+        call's."""
+        previous = self._stores[1]
+        if previous.version != weights_version(self.model):
+            previous = PrefixStore()
+        self._stores = (previous, PrefixStore(version=weights_version(self.model)))
+
+    def _end_prefix_store(self) -> None:
+        """Keep this call's sequences for the next call when they fit :data:`PREFIX_STORE_BYTES`."""
+        current = self._stores[1]
+        self._stores = (PrefixStore(), current if current.nbytes <= PREFIX_STORE_BYTES else PrefixStore())
+
+    @torch.no_grad()
+    def _generate_batch_kv(self, prompts: list[list[int]], max_new_tokens: int, detector: StopDetector,
+                           temperature: float, top_p: float, greedy: bool) -> list[GenerationOutput]:
+        """:meth:`_generate_batch` with :class:`KVDecoder`: prefill (reusing cached prefixes), then one token per
+        step for every cache row, the running ones sampled; the cache is compacted to the running rows once a
+        quarter of its rows have finished."""
+        decoder, (previous, current) = self.kv_decoder, self._stores
+        cache = decoder.new_cache(len(prompts), max(len(p) for p in prompts) + max_new_tokens)
+        logits = self._prefill_kv(cache, prompts, previous)
+        record = _DecodeRecord.empty(len(prompts))
+        where: list[tuple[KVCache, int]] = [(cache, b) for b in range(len(prompts))]  # each sequence's cache row
+        running = torch.arange(len(prompts), device=logits.device)  # cache row of each running sequence
+        rng = self._rng()
+        for step in range(max_new_tokens):
+            tokens, logps = sample_next_token(
+                logits[running], temperature=temperature, top_p=top_p, greedy=greedy, generator=rng
+            )
+            keep = record.add(tokens.tolist(), logps.tolist(), detector)
+            if not keep or step == max_new_tokens - 1:
+                break
+            record.alive = [record.alive[j] for j in keep]
+            running, tokens = running[keep], tokens[keep]
+            if 4 * len(keep) <= 3 * cache.length.shape[0]:  # compact: a new cache of the running rows
+                cache = cache.select(running)
+                running = torch.arange(len(keep), device=logits.device)
+                for j, b in enumerate(record.alive):
+                    where[b] = (cache, j)
+            feed = torch.full_like(cache.length, self.pad_id)
+            feed[running] = tokens
+            logits = decoder.decode(cache, feed)
+        for b, (prompt, out) in enumerate(zip(prompts, record.tokens)):
+            current.add(prompt + out[:-1], *where[b])
+        current.nbytes += sum({id(c): c.nbytes for c, _ in where}.values())
+        return record.outputs()
+
+    def _prefill_kv(self, cache: KVCache, prompts: list[list[int]], previous: PrefixStore) -> torch.Tensor:
+        """Prompt b into cache row b: copied from an identical earlier prompt of the batch, or its tokens after the
+        longest prefix ``previous`` holds (copied from there) prefilled. Returns the next logits ``[B, V]``."""
+        first: dict[tuple[int, ...], int] = {}
+        rows, new_tokens, copies = [], [], []
+        for b, prompt in enumerate(prompts):
+            key = tuple(prompt)
+            if key in first:
+                copies.append((b, first[key]))
+                continue
+            first[key] = b
+            hit = previous.longest_prefix(prompt)
+            n = 0
+            if hit is not None:
+                n, source, source_row = hit
+                cache.copy_row(b, source, source_row, n)
+            rows.append(b)
+            new_tokens.append(prompt[n:])
+        fresh = self.kv_decoder.prefill(cache, rows, new_tokens)
+        logits = fresh.new_empty((len(prompts), fresh.shape[1]))
+        logits[rows] = fresh
+        for b, source in copies:
+            cache.copy_row(b, cache, source, len(prompts[b]))
+            logits[b] = logits[source]
+        return logits
 
     @torch.no_grad()
     def _generate_batch(
