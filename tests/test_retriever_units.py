@@ -370,3 +370,37 @@ def test_thread_defaults_are_set_before_openmp_loads():
 
     with pytest.raises(RuntimeError, match="before"):  # torch is loaded in this process: too late, and said so
         apply_thread_defaults(2)
+
+
+def test_inprocess_search_asks_the_backend_once_per_distinct_query():
+    """A query repeated within a call (a GRPO group's samples) or asked in an earlier call reaches the backend once;
+    every caller gets the same hits, each hit its own dict."""
+    import numpy as np
+
+    from retriever.inprocess import InProcessRetriever
+
+    docs = [{"id": str(i), "contents": f"Doc {i}\ntext {i}"} for i in range(4)]
+
+    class Backend:
+        calls: list[list[str]] = []
+
+        def search(self, queries, k):
+            self.calls.append(list(queries))
+            rows = np.array([[len(q) % 4, (len(q) + 1) % 4][:k] for q in queries])
+            return np.ones(rows.shape, dtype=np.float32), rows
+
+    class Store(list):
+        def get(self, row):
+            return self[row]
+
+    backend = Backend()
+    r = InProcessRetriever.from_parts(backend, Store(docs), {})
+    first = r.search(["ab", "abc", "ab", "ab"], topk=2)
+    assert backend.calls == [["ab", "abc"]]
+    assert first[0] == first[2] == first[3] and first[0][0]["id"] == "2" and first[1][0]["id"] == "3"
+    first[0][0]["contents"] = "changed by a caller"
+    again = r.search(["abc", "ab", "abcd"], topk=2)
+    assert backend.calls == [["ab", "abc"], ["abcd"]]  # only the new query
+    assert again[1][0]["contents"] == "Doc 2\ntext 2" and first[2][0]["contents"] == "Doc 2\ntext 2"
+    r.search(["ab"], topk=1)  # another k: searched anew
+    assert backend.calls[-1] == ["ab"]
