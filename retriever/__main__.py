@@ -45,7 +45,9 @@ def _add_build(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("build", help="build an index dir from a JSONL corpus")
     b.add_argument("--corpus", required=True, help="JSONL rows {\"id\", \"contents\"}")
     b.add_argument("--out", required=True, help="index dir to write (manifest.json inside)")
-    b.add_argument("--retriever", choices=list(KINDS), default="e5")
+    b.add_argument("--retriever", choices=list(KINDS), default="e5",
+                   help="e5: dense, any --encoder (e5's conventions: mean pooling, normalised, inner product) + "
+                        "FAISS; bm25: sparse (default: e5)")
     for kind in KINDS.values():
         kind.add_build_options(b)
     b.add_argument("--quiet", action="store_true")
