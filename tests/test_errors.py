@@ -94,3 +94,28 @@ def test_bugs_keep_their_traceback():
     assert cli.run_main(user_error, [], prog="x") == 2
     with pytest.raises(EvalError):
         cli.run_main(user_error, ["--debug"], prog="x")
+
+
+def test_eval_malformed_rows_files_are_one_line(tiny_world, tmp_path):
+    """--datasets NAME=FILE and --data FILE: a file that is not JSON lines, or not parquet, names itself and the
+    line, and no output is written."""
+    common = ("--model", str(tiny_world / "model"), "--index", str(tiny_world / "index"), "--template", "tiny",
+              "--no-progress")
+    proc = _run("eval.py", *common, "--datasets", "synthetic=README.md", "--out", str(tmp_path / "a"))
+    assert "README.md:1: not valid JSON" in _one_line_error(proc, "eval.py")
+    (tmp_path / "test.parquet").write_text("not parquet\n")
+    proc = _run("eval.py", *common, "--data", str(tmp_path / "test.parquet"), "--out", str(tmp_path / "b"))
+    assert "test.parquet: not a readable parquet file" in _one_line_error(proc, "eval.py")
+    (tmp_path / "lists.jsonl").write_text('["a question", "an answer"]\n')
+    proc = _run("eval.py", *common, "--data", str(tmp_path / "lists.jsonl"), "--out", str(tmp_path / "c"))
+    assert "lists.jsonl: row 1 is not a JSON object" in _one_line_error(proc, "eval.py")
+    assert not any(tmp_path.glob("[abc]"))
+
+
+def test_train_malformed_train_file_is_one_line(tiny_world, tmp_path):
+    from conftest import world_args
+
+    proc = _run("train.py", *world_args(tiny_world), "data.train_files=[README.md]",
+                f"trainer.output_dir={tmp_path}", "trainer.total_steps=1", timeout=180)
+    assert "README.md:1: not valid JSON" in _one_line_error(proc, "train.py")
+    assert not any(tmp_path.iterdir())  # no run dir
