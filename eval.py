@@ -1,4 +1,4 @@
-"""Evaluate Search-R1 checkpoints: greedy multi-turn rollouts -> EM per benchmark -> paper-style tables.
+r"""Evaluate Search-R1 checkpoints: greedy multi-turn rollouts -> EM per benchmark -> paper-style tables.
 
 Examples
     # the synthetic world's test split, its index, its tiny policy (python -m searchr1_lld.world build --out .cache/world)
