@@ -11,8 +11,8 @@ Steps: generate world (corpus + QA) -> retriever index (``retriever.build.build_
 tiny Qwen2 (:mod:`.tokenizer`, :mod:`.warm_start`) -> warm-start measurement through the real rollout on the
 validation split (:mod:`.measure`; the build never reads the test split) and its acceptance
 (:data:`WARM_START_ACCEPTANCE`) -> ``world.json`` written last, atomically. A dir whose ``world.json`` carries
-the same config hash is reused as is; a file lock makes concurrent builders (parallel test sessions) wait for one
-build instead of racing.
+the same config hash is reused as is (a killed build has none: the next one starts over; Ctrl-C removes what it had
+built); a file lock makes concurrent builders (parallel test sessions) wait for one build instead of racing.
 
 A trainer knows nothing of worlds: :func:`trainer_overrides` names the world's files in the run config's own keys
 (``model.path``, ``retriever.index_dir``, ``data.train_files``, ...).
@@ -188,9 +188,16 @@ def build_world(out_dir: Path, cfg: WorldConfig, *, progress: bool = True, measu
     bar = tqdm(total=len(names), desc="build world", unit="stage", disable=not progress,
                bar_format="{desc}: {n_fmt}/{total_fmt} stages |{bar}| {elapsed}{postfix}")
     stages = _Stages(bar)
-    with ticking(bar):
-        world, policy_stats, warm_start, manifest = _build_artefacts(out_dir, cfg, stages, measure, shipped)
-        bar.set_postfix(stage="done")
+    try:
+        with ticking(bar):
+            world, policy_stats, warm_start, manifest = _build_artefacts(out_dir, cfg, stages, measure, shipped)
+            bar.set_postfix(stage="done")
+    except KeyboardInterrupt:  # Ctrl-C: nothing half-built stays (without world.json no rerun would trust it)
+        bar.close()
+        _clear_build(out_dir)
+        with contextlib.suppress(OSError):
+            out_dir.rmdir()  # when nothing else is in it
+        raise
     bar.close()
 
     timings = {**stages.timings, "total_s": time.time() - t_start}
