@@ -178,21 +178,27 @@ def evaluate_checkpoint(model: str | None, out_dir: Path, name: str, s: dict[str
                                     rollout_cfg=s["rollout_cfg"], template=s["template"], backend=s["backend"],
                                     dtype=s["cfg"].model.dtype, retriever=s["retriever_source"])
     ev.check_provenance(out_dir, shard, provenance, overwrite=args.overwrite)
-    tokenizer = backend = retriever = None
-    if ev.count_pending(rows, out_dir, shard):  # a finished (resumed) evaluation loads no model and no index
-        tokenizer = ev.load_tokenizer(tok_path)
-        engine_cfg = dataclasses.replace(s["rollout_cfg"], backend=s["backend"], generation_batch_size=s["batch_size"])
-        # a shard takes its own device and port before its engine is built (shards of one node run side by side)
-        device = ev.prepare_shard_process(shard) if shard is not None else "auto"
-        if shard is not None:
-            print(f"shard {shard[0]}/{shard[1]} on {device} (LOCAL_RANK={os.environ['LOCAL_RANK']}, "
-                  f"MASTER_PORT={os.environ['MASTER_PORT']})", flush=True)
-        backend = backends.make_backend(engine_cfg, tokenizer=tokenizer, model_path=model_path,
-                                        dtype=s["cfg"].model.dtype, tokenizer_path=tok_path, device=device)
-        retriever = get_retriever()
-    return ev.evaluate(rows, backend=backend, tokenizer=tokenizer, retriever=retriever, rollout_cfg=s["rollout_cfg"],
-                       out_dir=out_dir, batch_size=s["batch_size"], template=s["template"],
-                       chat_template=s["chat_template"], shard=shard, name=name, progress=s["progress"])
+    try:
+        tokenizer = backend = retriever = None
+        if ev.count_pending(rows, out_dir, shard):  # a finished (resumed) evaluation loads no model and no index
+            tokenizer = ev.load_tokenizer(tok_path)
+            engine_cfg = dataclasses.replace(s["rollout_cfg"], backend=s["backend"],
+                                             generation_batch_size=s["batch_size"])
+            # a shard takes its own device and port before its engine is built (shards of one node run side by side)
+            device = ev.prepare_shard_process(shard) if shard is not None else "auto"
+            if shard is not None:
+                print(f"shard {shard[0]}/{shard[1]} on {device} (LOCAL_RANK={os.environ['LOCAL_RANK']}, "
+                      f"MASTER_PORT={os.environ['MASTER_PORT']})", flush=True)
+            backend = backends.make_backend(engine_cfg, tokenizer=tokenizer, model_path=model_path,
+                                            dtype=s["cfg"].model.dtype, tokenizer_path=tok_path, device=device)
+            retriever = get_retriever()
+        return ev.evaluate(rows, backend=backend, tokenizer=tokenizer, retriever=retriever,
+                           rollout_cfg=s["rollout_cfg"], out_dir=out_dir, batch_size=s["batch_size"],
+                           template=s["template"], chat_template=s["chat_template"], shard=shard, name=name,
+                           progress=s["progress"])
+    except BaseException:
+        ev.drop_unused_provenance(out_dir, shard)  # failed before its first question: nothing to resume
+        raise
 
 
 def _main(argv: list[str] | None = None) -> int:

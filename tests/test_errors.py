@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -125,3 +126,22 @@ def test_demo_seeds_that_are_not_integers_are_one_line():
     proc = _run("-m", "searchr1_lld.demo", "--seeds", "abc", timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines() == ["config error: --seeds must be comma-separated integers, got 'abc'"]
+
+
+def test_eval_with_a_retriever_url_nobody_answers_fails_in_seconds_and_leaves_nothing(tiny_world, tmp_path):
+    """A mistyped --retriever-url (nothing listens there): one line naming the URL after retriever.first_contact_s
+    (20 s), not after max_wait_s (300 s); no provenance of an evaluation that never started is left behind."""
+    from conftest import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    proc = _run("eval.py", "--model", str(tiny_world / "model"), "--template", "tiny", "--datasets",
+                f"synthetic={tiny_world / 'qa' / 'test.jsonl'}", "--retriever-url", url, "--limit", "2",
+                "--no-progress", "--out", str(tmp_path / "e"))
+    elapsed = time.monotonic() - t0
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert lines[-1].startswith(f"eval.py: error: RetrieverError: retriever at {url} never answered"), lines[-1]
+    assert "retriever.first_contact_s=20" in lines[-1] and elapsed < 90
+    assert all("not answering" in line for line in lines[:-1])  # one line per wait
+    assert not (tmp_path / "e").exists()
