@@ -104,8 +104,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_counts(args: argparse.Namespace) -> None:
+    """The count flags are in range (as the config's eval.* checks them): --limit >= 0 (0 = all), the rest >= 1."""
+    for flag, value, least in (("--limit", args.limit, 0), ("--batch-size", args.batch_size, 1),
+                               ("--max-turns", args.max_turns, 1), ("--topk", args.topk, 1)):
+        if value is not None and value < least:
+            raise ev.EvalError(f"{flag} must be >= {least}{' (0 = all)' if least == 0 else ''} (got {value})")
+
+
 def _resolve(args: argparse.Namespace) -> dict[str, Any]:
     """Config + flags -> the settings of this evaluation (flags win over the config's eval section)."""
+    _check_counts(args)
     cfg = load_config(args.config, args.set)
     e = cfg.eval
     if not (args.datasets or args.data or e.datasets):

@@ -145,3 +145,12 @@ def test_eval_with_a_retriever_url_nobody_answers_fails_in_seconds_and_leaves_no
     assert "retriever.first_contact_s=20" in lines[-1] and elapsed < 90
     assert all("not answering" in line for line in lines[:-1])  # one line per wait
     assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.parametrize("flag, value, message", [("--limit", "-5", "--limit must be >= 0 (0 = all) (got -5)"),
+                                                  ("--topk", "0", "--topk must be >= 1 (got 0)")])
+def test_eval_count_flags_out_of_range_are_refused(tiny_world, tmp_path, flag, value, message):
+    proc = _run("eval.py", "--model", str(tiny_world / "model"), "--index", str(tiny_world / "index"), "--datasets",
+                f"synthetic={tiny_world / 'qa' / 'test.jsonl'}", flag, value, "--out", str(tmp_path / "e"))
+    assert message in _one_line_error(proc, "eval.py")
+    assert not (tmp_path / "e").exists()

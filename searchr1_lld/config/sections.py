@@ -57,7 +57,7 @@ class RolloutConfig:
         "slowest (the reference); 'continuous' = a trajectory's next turn enters the engine as soon as its observation "
         "is ready, searches batched while the engine decodes (needs an engine with a request-level API: vLLM); "
         "'auto' = continuous when the engine has that API (vllm), turns otherwise (hf)")
-    n: int = opt(5, "responses per prompt (GRPO group size)")
+    n: int = opt(5, "responses per prompt (GRPO group size, >= 2)")
     temperature: float = opt(1.0, "sampling temperature (also divides the learner's logits)")
     top_p: float = opt(1.0, "nucleus sampling")
     max_turns: int = opt(4, "searches allowed; the turn after the last allowed search may only answer")
