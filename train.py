@@ -67,7 +67,7 @@ def world_overrides(world_config: str, world_dir: str) -> list[str]:
 
 
 def preflight(cfg, accelerate_config: str | None, gpu_memory_gib: float | None) -> int:
-    """``--preflight``: the report on stdout; each problem once more on stderr, one line each; 0 or 2."""
+    """``--preflight``: the report on stdout, then each problem on stderr, one line each; 0 or 2."""
     from searchr1_lld.learner import preflight as pre
     launch = pre.read_launch(accelerate_config) if accelerate_config else None
     result = pre.run_preflight(cfg, launch=launch, device_gib=gpu_memory_gib)

@@ -4,7 +4,8 @@
 
 Errors the user can fix (a bad config, a path that does not exist, a malformed data file, a model that is neither a
 local dir nor reachable on the hub, a retriever that is down, a file system problem) are printed as one line naming
-what and where; any other exception is a bug and keeps its traceback. ``--debug`` (or SEARCHR1_LLD_DEBUG=1) shows the traceback always.
+what and where; any other exception is a bug and keeps its traceback. ``--debug`` (or SEARCHR1_LLD_DEBUG=1) shows
+the traceback always. Ctrl-C is one line too (``prog: interrupted``, exit status 130).
 """
 
 from __future__ import annotations

@@ -319,7 +319,7 @@ def test_client_gives_up_on_a_url_that_never_answered_within_first_contact_s(cap
     client.backoff_s = 0.05
     assert client.search(["a"], 1)[0][0]["id"] == "1"
     t0 = time.monotonic()
-    with pytest.raises(RetrieverError, match=r"unavailable after \d+ attempt\(s\) over 1\.\d s, retriever.max_wait_s=1"):
+    with pytest.raises(RetrieverError, match=r"unavailable after \d+ attempt\(s\) over 1\.\d s, retriever.max_wait_s="):
         client.search(["a"], 1)
     assert time.monotonic() - t0 >= 1.0
     waits = [line for line in capsys.readouterr().err.splitlines() if "not answering" in line]
