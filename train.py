@@ -88,7 +88,8 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world", metavar="FILE", help="train on the synthetic world of this world config "
                         "(configs/world/*.yaml), built into --world-dir first if needed")
     parser.add_argument("--world-dir", default=".cache/world", help="where the --world world lives (default: %(default)s)")
-    parser.add_argument("--no-eval", action="store_true", help="skip the before/after test evaluation")
+    parser.add_argument("--no-eval", action="store_true",
+                        help="skip the test evaluation before and after training (each scores every test question)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of user errors too")
     parser.add_argument("--preflight", action="store_true",
                         help="check the config, data files, retriever and model, print the resource plan (GPU memory "
