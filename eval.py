@@ -99,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="delete earlier results in --out (of this shard) and start over, even if they came from "
                         "another model or other settings (without it such a rerun is refused)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (also: logging.progress_bar=false "
+                                                               "in --config)")
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors too")
     return p
 
@@ -136,7 +137,7 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
         "template": args.template or cfg.data.prompt_template,
         "chat_template": args.chat_template or cfg.data.chat_template,
         "backend": args.backend or e.backend,
-        "progress": not args.no_progress,
+        "progress": not args.no_progress and cfg.logging.progress_bar,
     }
 
 

@@ -73,14 +73,14 @@ def _read_trajectories(eval_dir: Path) -> dict[str, dict]:
 def _evaluate(cfg_file: Path, world: Path, split: str, policies: dict[str, Path], out: Path,
               limit: int = 0) -> dict[str, dict]:
     """Greedy ``eval.py`` of ``policies`` (name -> policy dir) on the world's ``split`` (the first ``limit``
-    questions; 0 = every one) into ``out/<name>``; per name, the trajectories by question id. RuntimeError with the
-    evaluator's error output."""
+    questions; 0 = every one) into ``out/<name>``; per name, the trajectories by question id. Its progress bars
+    (``logging.progress_bar`` of ``cfg_file``) and errors go to this process's stderr; RuntimeError when it fails."""
     cmd = [sys.executable, str(REPO / "eval.py"), "--datasets", f"synthetic={world / 'qa' / SPLIT_FILES[split]}",
            "--config", str(cfg_file), "--out", str(out), "--limit", str(limit), "--overwrite",
            "--compare", *(f"{name}={path}" for name, path in policies.items())]
-    proc = subprocess.run(cmd, cwd=REPO, text=True, capture_output=True)
+    proc = subprocess.run(cmd, cwd=REPO, text=True, stdout=subprocess.PIPE)
     if proc.returncode != 0:
-        raise RuntimeError(f"eval.py on {split} failed:\n{proc.stderr[-4000:]}")
+        raise RuntimeError(f"eval.py on {split} failed (exit status {proc.returncode}; its error is above)")
     (out / "table.md").write_text(proc.stdout.strip() + "\n")
     return {name: _read_trajectories(out / name) for name in policies}
 

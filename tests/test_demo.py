@@ -225,3 +225,18 @@ def test_the_recipe_trains_claims_on_validation_and_tests_once_on_the_test_world
     rel = demo_report.repo_relative
     assert f"python -m searchr1_lld.demo --world {rel(world_yaml)} --world-dir {rel(tiny_world)} --select-dir " \
         f"{rel(select)} --seeds 1 --report {rel(report)} " in (report / "README.md").read_text()  # the world named
+
+
+@pytest.mark.parametrize("progress_bar", [True, False])
+def test_the_demo_evaluation_shows_the_evaluators_progress(tiny_world, tmp_path, capfd, progress_bar):
+    """Step 3's eval.py runs show their bars (the config's logging.progress_bar), not minutes of silence."""
+    from conftest import REPO_ROOT, world_args
+    from searchr1_lld.config import load_config
+    from searchr1_lld.config.loading import save_config
+
+    cfg_file = tmp_path / "config.yaml"
+    save_config(load_config(str(REPO_ROOT / "configs" / "tiny.yaml"),
+                            world_args(tiny_world) + [f"logging.progress_bar={str(progress_bar).lower()}"]), cfg_file)
+    traj = demo._evaluate(cfg_file, tiny_world, "val", {"warm_start": tiny_world / "model"}, tmp_path / "val", limit=2)
+    assert len(traj["warm_start"]) == 2
+    assert ("eval synthetic: 100%" in capfd.readouterr().err) == progress_bar
