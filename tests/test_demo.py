@@ -44,6 +44,21 @@ def test_format_example_shows_both_trajectories_cut_to_width():
     assert text.splitlines()[1].startswith("--- warm start (EM 0") and "--- trained (EM 1" in text
 
 
+def test_format_example_keeps_every_search_and_the_answer_of_a_two_hop_trajectory():
+    """The example's point is the second search: the observations are cut to their first document, the model's own
+    text is kept whole (cut at 600 characters it ended before the second search)."""
+    docs = "\n".join(f'Doc {i}(Title: "Brosi {t}") Brosi {t} is a company founded in 1964 by Dith Drendsound. Its '
+                     f"headquarters are in Braendbrond." for i, t in ((1, "Holdings"), (2, "Foundry"), (3, "Works")))
+    response = ("<think> look it up </think>\n<search> Brosi Holdings </search>\n\n<information>" + docs
+                + "</information>\n\n<think> founded by Dith Drendsound </think>\n<search> Dith Drendsound </search>"
+                + "\n\n<information>" + docs + "</information>\n\n<answer> Thobro </answer>")
+    trained = {**_rec("a", 1.0, 2, pred="Thobro"), "response_text": response}
+    text = demo_report.format_example("a", _rec("a", 0.0, 2), trained)
+    shown = text.split("--- trained", 1)[1]
+    assert "<search> Dith Drendsound </search>" in shown and "<answer> Thobro </answer>" in shown
+    assert shown.count("Doc 1(") == 2 and "Doc 2(" not in shown and shown.count(" ...</information>") == 2
+
+
 def _selection(tmp_path, curves, warm_em=0.30, world_hash="h", warm_hash=None):
     """Hand-made selection results in ``tmp_path``: one run per (lr, curve), the warm start's validation EM."""
     from searchr1_lld.lab.selection import selection_file, warm_start_file
