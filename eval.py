@@ -1,4 +1,4 @@
-"""Evaluate Search-R1 checkpoints: greedy multi-turn rollouts -> EM per benchmark -> paper-style tables.
+r"""Evaluate Search-R1 checkpoints: greedy multi-turn rollouts -> EM per benchmark -> paper-style tables.
 
 Examples
     # the synthetic world's test split, its index, its tiny policy (python -m searchr1_lld.world build --out .cache/world)
@@ -99,13 +99,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="delete earlier results in --out (of this shard) and start over, even if they came from "
                         "another model or other settings (without it such a rerun is refused)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (also: logging.progress_bar=false "
+                                                               "in --config)")
     p.add_argument("--debug", action="store_true", help="show tracebacks of user errors too")
     return p
 
 
+def _check_counts(args: argparse.Namespace) -> None:
+    """The count flags are in range (as the config's eval.* checks them): --limit >= 0 (0 = all), the rest >= 1."""
+    for flag, value, least in (("--limit", args.limit, 0), ("--batch-size", args.batch_size, 1),
+                               ("--max-turns", args.max_turns, 1), ("--topk", args.topk, 1)):
+        if value is not None and value < least:
+            raise ev.EvalError(f"{flag} must be >= {least}{' (0 = all)' if least == 0 else ''} (got {value})")
+
+
 def _resolve(args: argparse.Namespace) -> dict[str, Any]:
     """Config + flags -> the settings of this evaluation (flags win over the config's eval section)."""
+    _check_counts(args)
     cfg = load_config(args.config, args.set)
     e = cfg.eval
     if not (args.datasets or args.data or e.datasets):
@@ -127,7 +137,7 @@ def _resolve(args: argparse.Namespace) -> dict[str, Any]:
         "template": args.template or cfg.data.prompt_template,
         "chat_template": args.chat_template or cfg.data.chat_template,
         "backend": args.backend or e.backend,
-        "progress": not args.no_progress,
+        "progress": not args.no_progress and cfg.logging.progress_bar,
     }
 
 
@@ -178,21 +188,27 @@ def evaluate_checkpoint(model: str | None, out_dir: Path, name: str, s: dict[str
                                     rollout_cfg=s["rollout_cfg"], template=s["template"], backend=s["backend"],
                                     dtype=s["cfg"].model.dtype, retriever=s["retriever_source"])
     ev.check_provenance(out_dir, shard, provenance, overwrite=args.overwrite)
-    tokenizer = backend = retriever = None
-    if ev.count_pending(rows, out_dir, shard):  # a finished (resumed) evaluation loads no model and no index
-        tokenizer = ev.load_tokenizer(tok_path)
-        engine_cfg = dataclasses.replace(s["rollout_cfg"], backend=s["backend"], generation_batch_size=s["batch_size"])
-        # a shard takes its own device and port before its engine is built (shards of one node run side by side)
-        device = ev.prepare_shard_process(shard) if shard is not None else "auto"
-        if shard is not None:
-            print(f"shard {shard[0]}/{shard[1]} on {device} (LOCAL_RANK={os.environ['LOCAL_RANK']}, "
-                  f"MASTER_PORT={os.environ['MASTER_PORT']})", flush=True)
-        backend = backends.make_backend(engine_cfg, tokenizer=tokenizer, model_path=model_path,
-                                        dtype=s["cfg"].model.dtype, tokenizer_path=tok_path, device=device)
-        retriever = get_retriever()
-    return ev.evaluate(rows, backend=backend, tokenizer=tokenizer, retriever=retriever, rollout_cfg=s["rollout_cfg"],
-                       out_dir=out_dir, batch_size=s["batch_size"], template=s["template"],
-                       chat_template=s["chat_template"], shard=shard, name=name, progress=s["progress"])
+    try:
+        tokenizer = backend = retriever = None
+        if ev.count_pending(rows, out_dir, shard):  # a finished (resumed) evaluation loads no model and no index
+            tokenizer = ev.load_tokenizer(tok_path)
+            engine_cfg = dataclasses.replace(s["rollout_cfg"], backend=s["backend"],
+                                             generation_batch_size=s["batch_size"])
+            # a shard takes its own device and port before its engine is built (shards of one node run side by side)
+            device = ev.prepare_shard_process(shard) if shard is not None else "auto"
+            if shard is not None:
+                print(f"shard {shard[0]}/{shard[1]} on {device} (LOCAL_RANK={os.environ['LOCAL_RANK']}, "
+                      f"MASTER_PORT={os.environ['MASTER_PORT']})", flush=True)
+            backend = backends.make_backend(engine_cfg, tokenizer=tokenizer, model_path=model_path,
+                                            dtype=s["cfg"].model.dtype, tokenizer_path=tok_path, device=device)
+            retriever = get_retriever()
+        return ev.evaluate(rows, backend=backend, tokenizer=tokenizer, retriever=retriever,
+                           rollout_cfg=s["rollout_cfg"], out_dir=out_dir, batch_size=s["batch_size"],
+                           template=s["template"], chat_template=s["chat_template"], shard=shard, name=name,
+                           progress=s["progress"])
+    except BaseException:
+        ev.drop_unused_provenance(out_dir, shard)  # failed before its first question: nothing to resume
+        raise
 
 
 def _main(argv: list[str] | None = None) -> int:

@@ -67,7 +67,7 @@ def world_overrides(world_config: str, world_dir: str) -> list[str]:
 
 
 def preflight(cfg, accelerate_config: str | None, gpu_memory_gib: float | None) -> int:
-    """``--preflight``: the report on stdout; each problem once more on stderr, one line each; 0 or 2."""
+    """``--preflight``: the report on stdout, then each problem on stderr, one line each; 0 or 2."""
     from searchr1_lld.learner import preflight as pre
     launch = pre.read_launch(accelerate_config) if accelerate_config else None
     result = pre.run_preflight(cfg, launch=launch, device_gib=gpu_memory_gib)
@@ -88,7 +88,8 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world", metavar="FILE", help="train on the synthetic world of this world config "
                         "(configs/world/*.yaml), built into --world-dir first if needed")
     parser.add_argument("--world-dir", default=".cache/world", help="where the --world world lives (default: %(default)s)")
-    parser.add_argument("--no-eval", action="store_true", help="skip the before/after test evaluation")
+    parser.add_argument("--no-eval", action="store_true",
+                        help="skip the test evaluation before and after training (each scores every test question)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of user errors too")
     parser.add_argument("--preflight", action="store_true",
                         help="check the config, data files, retriever and model, print the resource plan (GPU memory "

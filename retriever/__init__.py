@@ -35,6 +35,7 @@ class RetrieverSettings(Protocol):
     index_dir: str
     timeout_s: float
     max_wait_s: float
+    first_contact_s: float
     max_retries: int | None
     backoff_s: float
     token: str | None
@@ -60,7 +61,8 @@ def make_retriever(cfg: RetrieverSettings,
     if cfg.mode == "http":
         return RetrieverClient(cfg.url, timeout_s=cfg.timeout_s, max_wait_s=cfg.max_wait_s,
                                max_retries=cfg.max_retries, backoff_s=cfg.backoff_s, token=cfg.token,
-                               batch_size=getattr(cfg, "batch_size", 256))
+                               batch_size=getattr(cfg, "batch_size", 256),
+                               first_contact_s=cfg.first_contact_s)
     if cfg.mode != "inprocess":
         raise ValueError(f"retriever.mode must be 'inprocess' or 'http' (got {cfg.mode!r})")
     index_dir = cfg.index_dir or default_index_dir

@@ -1,4 +1,4 @@
-"""CLI: ``python -m retriever {build,import,download,serve,search}`` (also the console script ``searchr1-retriever``).
+r"""CLI: ``python -m retriever {build,import,download,serve,search}`` (also the console script ``searchr1-retriever``).
 
     python -m retriever build --corpus wiki-18.jsonl --encoder intfloat/e5-base-v2 --out indexes/e5_flat
                                                       # encodes on every visible GPU in fp16 (--devices to choose)
@@ -10,7 +10,8 @@
     python -m retriever search --index indexes/e5_flat "who wrote hamlet"   # one-off query, no server
 
 Errors a user can fix (missing index dir, port in use, damaged index, bad corpus row) are one line on stderr and exit
-status 2; ``--debug`` shows the traceback.
+status 2; ``--debug`` shows the traceback. Ctrl-C is one line too (exit status 130; ``serve`` shuts down gracefully
+first).
 
 Threads (serve, search): ``OMP_WAIT_POLICY=PASSIVE`` unless set, and ``--threads`` (default ``$OMP_NUM_THREADS``
 or min(4, usable cores)) for torch, FAISS and BLAS; see ``retriever/runtime.py``.
@@ -45,7 +46,9 @@ def _add_build(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("build", help="build an index dir from a JSONL corpus")
     b.add_argument("--corpus", required=True, help="JSONL rows {\"id\", \"contents\"}")
     b.add_argument("--out", required=True, help="index dir to write (manifest.json inside)")
-    b.add_argument("--retriever", choices=list(KINDS), default="e5")
+    b.add_argument("--retriever", choices=list(KINDS), default="e5",
+                   help="e5: dense, any --encoder (e5's conventions: mean pooling, normalised, inner product) + "
+                        "FAISS; bm25: sparse (default: e5)")
     for kind in KINDS.values():
         kind.add_build_options(b)
     b.add_argument("--quiet", action="store_true")
@@ -152,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _run(args)
+    except KeyboardInterrupt:  # Ctrl-C (serve: after uvicorn's graceful shutdown, which re-raises the signal)
+        print(f"python -m retriever {args.command}: interrupted", file=sys.stderr, flush=True)
+        return 130
     except USER_ERRORS as e:
         if args.debug:
             raise

@@ -48,7 +48,8 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, *, retriever: Kind
     manifest["build_seconds"] = round(time.time() - t0, 2)
     write_json_atomic(out_dir / MANIFEST_FILE, manifest)
     if show_progress:
-        print(f"[retriever] built {kind.name} index of {corpus.num_rows} docs in {out_dir} "
+        encoder = f" (encoder {manifest['encoder']})" if manifest.get("encoder") else ""
+        print(f"[retriever] built {kind.name} index{encoder} of {corpus.num_rows} docs in {out_dir} "
               f"({manifest['build_seconds']} s)", flush=True)
     return out_dir
 

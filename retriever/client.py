@@ -2,9 +2,12 @@
 
 A retriever restart takes minutes (loading a 60 GB index), so a service that is down or answers 5xx is waited for
 up to ``max_wait_s`` (default 5 minutes), sleeping ``backoff_s * 2**i`` capped at ``max_backoff_s`` between tries
-and printing one line per wait so the user sees why the run stalls. Failure is loud: a service that stays down past
-the deadline, or answers something that is not the contract, raises RetrieverError. The client never returns
-silently empty results.
+and printing one line per wait so the user sees why the run stalls. A URL where nothing has ever been reached
+(connection refused, unknown host, connect timeout: a mistyped URL, or no service started) is given up after
+``first_contact_s`` (default 20 s, time for a service started beside the client to bind its port) with the URL named;
+once the service has been reached (it answered, or it accepted a connection while loading its index) it is waited for
+the whole ``max_wait_s``. Failure is loud: a service that stays down past the deadline, or answers something that is
+not the contract, raises RetrieverError. The client never returns silently empty results.
 """
 
 from __future__ import annotations
@@ -26,23 +29,24 @@ class RetrieverClient:
     """``search(queries, topk) -> list[list[{"id", "contents", "score"}]]`` against a running service.
 
     Queries are sent ``batch_size`` at a time. Connection errors, timeouts and 5xx are retried until ``max_wait_s``
-    seconds have passed since the first failure (and at most ``max_retries`` times, if given), sleeping
-    ``min(backoff_s * 2**i, max_backoff_s)`` in between and printing one line per wait to stderr; 4xx and malformed
-    answers are not retried (they would fail the same way again).
+    seconds have passed since the first failure (``first_contact_s`` while the service has never been reached; at
+    most ``max_retries`` times, if given), sleeping ``min(backoff_s * 2**i, max_backoff_s)`` in between and printing
+    one line per wait to stderr; 4xx and malformed answers are not retried (they would fail the same way again).
     """
 
     def __init__(self, url: str, *, timeout_s: float = 30.0, max_wait_s: float = 300.0, backoff_s: float = 0.5,
                  max_backoff_s: float = 30.0, max_retries: int | None = None, token: str | None = None,
-                 batch_size: int = 256):
+                 batch_size: int = 256, first_contact_s: float = 20.0):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"retriever url must start with http:// or https:// (got {url!r})")
         if (timeout_s <= 0 or batch_size < 1 or backoff_s < 0 or max_wait_s < 0 or max_backoff_s < 0
-                or (max_retries is not None and max_retries < 0)):
+                or first_contact_s < 0 or (max_retries is not None and max_retries < 0)):
             raise ValueError("need timeout_s > 0, batch_size >= 1, backoff_s >= 0, max_backoff_s >= 0, "
-                             "max_wait_s >= 0, max_retries None or >= 0")
+                             "max_wait_s >= 0, first_contact_s >= 0, max_retries None or >= 0")
         self.url = url.rstrip("/")
         self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
-        self.max_wait_s, self.max_backoff_s = max_wait_s, max_backoff_s
+        self.max_wait_s, self.max_backoff_s, self.first_contact_s = max_wait_s, max_backoff_s, first_contact_s
+        self.reached = False  # the service answered, or accepted a connection, at least once
         self.batch_size = batch_size
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(timeout=timeout_s, headers=headers)
@@ -68,23 +72,36 @@ class RetrieverClient:
                 response = self._http.request(method, self.url + path, json=json_body)
             except (httpx.TransportError, httpx.TimeoutException) as e:  # refused, reset, timed out
                 last_error = f"{type(e).__name__}: {e}"
+                # refused, unknown host, no connection in time: nothing reached; a read timeout did connect
+                self.reached = self.reached or not isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout))
             else:
+                self.reached = True
                 if response.status_code < 500:
                     return self._answer(response, path)
                 last_error = f"HTTP {response.status_code}: {response.text[:300]}"
             now = time.monotonic()
             first_failure = now if first_failure is None else first_failure
             waited = now - first_failure
-            remaining = self.max_wait_s - waited
+            limit, setting = ((self.max_wait_s, "max_wait_s") if self.reached or self.max_wait_s <= self.first_contact_s
+                              else (self.first_contact_s, "first_contact_s"))
+            remaining = limit - waited
             if remaining <= 0 or (self.max_retries is not None and attempt > self.max_retries):
-                raise RetrieverError(f"retriever at {self.url}{path} unavailable after {attempt} attempt(s) over "
-                                     f"{waited:.1f} s (retriever.max_wait_s={self.max_wait_s:g}; last error: "
-                                     f"{last_error}); is `python -m retriever serve` running?")
+                raise self._unavailable(path, f"{attempt} attempt(s) over {waited:.1f} s, retriever.{setting}="
+                                              f"{limit:g}; last error: {last_error}")
             delay = min(self.backoff_s * 2 ** (attempt - 1), self.max_backoff_s, remaining)
             self._wait_line(f"[retriever] {self.url}{path} not answering ({last_error.splitlines()[0][:120]}); "
                             f"retry {attempt} in {delay:.1f} s (waited {waited:.0f} s of "
-                            f"retriever.max_wait_s={self.max_wait_s:g})")
+                            f"retriever.{setting}={limit:g})")
             time.sleep(delay)
+
+    def _unavailable(self, path: str, tried: str) -> RetrieverError:
+        """The error of a request given up; ``tried``: the attempts, the time and the setting that ended them."""
+        if not self.reached:
+            return RetrieverError(f"retriever at {self.url} never answered: nothing is reachable there ({tried}); "
+                                  "check the URL (--retriever-url, retriever.url) and that `python -m retriever "
+                                  "serve` runs there")
+        return RetrieverError(f"retriever at {self.url}{path} unavailable after {tried}; is `python -m retriever "
+                              "serve` running?")
 
     def _answer(self, response: httpx.Response, path: str) -> Any:
         if response.status_code != 200:

@@ -2,9 +2,10 @@
 
     sys.exit(run_main(main, argv))     # main(argv) -> int; errors the user can fix -> one line on stderr, exit 2
 
-Errors the user can fix (a bad config, a path that does not exist, a model that is neither a local dir nor reachable
-on the hub, a retriever that is down, a file system problem) are printed as one line naming what and where; any other
-exception is a bug and keeps its traceback. ``--debug`` (or SEARCHR1_LLD_DEBUG=1) shows the traceback always.
+Errors the user can fix (a bad config, a path that does not exist, a malformed data file, a model that is neither a
+local dir nor reachable on the hub, a retriever that is down, a file system problem) are printed as one line naming
+what and where; any other exception is a bug and keeps its traceback. ``--debug`` (or SEARCHR1_LLD_DEBUG=1) shows
+the traceback always. Ctrl-C is one line too (``prog: interrupted``, exit status 130).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from retriever.client import RetrieverError
 from retriever.faiss_index import FaissSetupError
 from searchr1_lld.config import ConfigError
 from searchr1_lld.data.specs import EvalError
+from searchr1_lld.jsonl import DataFileError
 
 
 class UserError(Exception):
@@ -55,11 +57,12 @@ def check_model_source(name: str, what: str, *, tokenizer: bool = False) -> None
 
 def _friendly(exc: BaseException) -> str | None:
     """The one-line message of an error the user can fix, or None for a bug."""
-    kinds = (UserError, ConfigError, OSError, EvalError, RetrieverError, FaissSetupError, HFValidationError)
+    kinds = (UserError, ConfigError, OSError, EvalError, DataFileError, RetrieverError, FaissSetupError,
+             HFValidationError)
     if not isinstance(exc, kinds):
         return None
     text = " ".join(str(exc).split())
-    if isinstance(exc, (UserError, ConfigError, EvalError)):
+    if isinstance(exc, (UserError, ConfigError, EvalError, DataFileError)):
         return text
     return f"{type(exc).__name__}: {text}"
 

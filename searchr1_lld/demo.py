@@ -44,12 +44,14 @@ from typing import Any
 import torch
 
 from searchr1_lld.bookkeeping.checkpoint import latest_checkpoint
+from searchr1_lld.cli import run_main
 from searchr1_lld.bookkeeping.tracking import describe_machine, quiet_library_output, read_metrics
 from searchr1_lld.config import Config, ConfigError, load_config
 from searchr1_lld.config.loading import save_config
 from searchr1_lld.jsonl import read_jsonl
 from searchr1_lld.lab.baselines import NoRetrieval, majority_correct, question_table, read_split
 from searchr1_lld.lab.evaluating import evaluate_policy, load_policy
+from searchr1_lld.lab.methods import parse_seeds
 from searchr1_lld.lab.demo_report import (INTERVAL_TEXT, claimed, em_intervals, em_table, format_example,
                                           gain_intervals, pick_example, question_slices, readme_line,
                                           replace_readme_line, repo_relative, seeds_summary, write_report,
@@ -71,14 +73,14 @@ def _read_trajectories(eval_dir: Path) -> dict[str, dict]:
 def _evaluate(cfg_file: Path, world: Path, split: str, policies: dict[str, Path], out: Path,
               limit: int = 0) -> dict[str, dict]:
     """Greedy ``eval.py`` of ``policies`` (name -> policy dir) on the world's ``split`` (the first ``limit``
-    questions; 0 = every one) into ``out/<name>``; per name, the trajectories by question id. RuntimeError with the
-    evaluator's error output."""
+    questions; 0 = every one) into ``out/<name>``; per name, the trajectories by question id. Its progress bars
+    (``logging.progress_bar`` of ``cfg_file``) and errors go to this process's stderr; RuntimeError when it fails."""
     cmd = [sys.executable, str(REPO / "eval.py"), "--datasets", f"synthetic={world / 'qa' / SPLIT_FILES[split]}",
            "--config", str(cfg_file), "--out", str(out), "--limit", str(limit), "--overwrite",
            "--compare", *(f"{name}={path}" for name, path in policies.items())]
-    proc = subprocess.run(cmd, cwd=REPO, text=True, capture_output=True)
+    proc = subprocess.run(cmd, cwd=REPO, text=True, stdout=subprocess.PIPE)
     if proc.returncode != 0:
-        raise RuntimeError(f"eval.py on {split} failed:\n{proc.stderr[-4000:]}")
+        raise RuntimeError(f"eval.py on {split} failed (exit status {proc.returncode}; its error is above)")
     (out / "table.md").write_text(proc.stdout.strip() + "\n")
     return {name: _read_trajectories(out / name) for name in policies}
 
@@ -327,11 +329,16 @@ def _write_outputs(args: argparse.Namespace, report: Path, summary: dict, table:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; Ctrl-C -> one line, exit status 130 (:func:`searchr1_lld.cli.run_main`)."""
+    return run_main(_main, argv, prog="python -m searchr1_lld.demo")
+
+
+def _main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     world = Path(args.world_dir)
     try:
         chosen, world_cfg, cfg = _settings(args, world)
-        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [cfg.trainer.seed]
+        seeds = parse_seeds(args.seeds) if args.seeds else [cfg.trainer.seed]
     except (ConfigError, ValueError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

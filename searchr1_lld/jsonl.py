@@ -1,9 +1,11 @@
 """The one reader of the project's row files: JSONL (one JSON object a line) and parquet.
 
-``read_jsonl``: every non-blank line is a JSON value; a bad line raises ``ValueError("path:line: ...")``, except a
-bad *last* line when ``partial_tail=True`` (a file another process is still appending to, or a crash mid-write:
+``read_jsonl``: every non-blank line is a JSON value; a bad line raises ``DataFileError("path:line: ...")``, except
+a bad *last* line when ``partial_tail=True`` (a file another process is still appending to, or a crash mid-write:
 that line is dropped). ``read_rows``: QA rows (JSONL or parquet) with the project schema checked; Search-R1's own
-data files are read as they are (:func:`from_search_r1`).
+data files are read as they are (:func:`from_search_r1`). A file that is not what its reader expects is a
+:class:`DataFileError` naming the file (and the line), a mistake the user fixes (the entry points print it as one
+line).
 """
 
 from __future__ import annotations
@@ -13,6 +15,11 @@ from pathlib import Path
 from typing import Any
 
 QA_KEYS = ("id", "question", "golden_answers")
+
+
+class DataFileError(ValueError):
+    """A data file that is not what its reader expects (not JSON lines, not parquet, rows without the QA keys); the
+    message names the file and, for JSONL, the line."""
 
 
 def read_jsonl(path: str | Path, *, partial_tail: bool = False) -> list[Any]:
@@ -30,7 +37,7 @@ def read_jsonl(path: str | Path, *, partial_tail: bool = False) -> list[Any]:
         except json.JSONDecodeError as e:
             if partial_tail and i == len(lines) - 1:  # no newline after it: a partial write
                 break
-            raise ValueError(f"{path}:{i + 1}: not valid JSON ({e.msg})") from None
+            raise DataFileError(f"{path}:{i + 1}: not valid JSON ({e.msg})") from None
     return rows
 
 
@@ -42,16 +49,24 @@ def read_rows(path: str | Path) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"rows file not found: {path}")
     if path.suffix == ".parquet":
+        import pyarrow
         import pyarrow.parquet as pq
 
-        rows = pq.read_table(path).to_pylist()
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except pyarrow.ArrowException as e:
+            raise DataFileError(f"{path}: not a readable parquet file ({e})") from None
     else:
         rows = read_jsonl(path)
+    not_objects = [i + 1 for i, r in enumerate(rows) if not isinstance(r, dict)]
+    if not_objects:
+        raise DataFileError(f"{path}: row {not_objects[0]} is not a JSON object; QA rows are objects with keys "
+                            f"{', '.join(QA_KEYS)}")
     rows = [from_search_r1(r, i, path.stem) for i, r in enumerate(rows)]
     for r in rows:
         missing = [k for k in QA_KEYS if k not in r]
         if missing:
-            raise ValueError(f"{path}: row {r.get('id')!r} lacks {missing}")
+            raise DataFileError(f"{path}: row {r.get('id')!r} lacks {missing}")
     return rows
 
 

@@ -3,6 +3,7 @@
 import pytest
 
 from searchr1_lld.config import Config, ConfigError, load_config, parse_override, save_config
+from conftest import REPO_ROOT
 
 
 def _write(path, text):
@@ -105,6 +106,12 @@ def test_wrong_types_rejected(override, key):
 def test_impossible_values_rejected(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(None, overrides)
+
+
+def test_a_group_of_one_response_is_refused_for_what_it_is():
+    """rollout.n=1 on the tiny config (whose mini-batch would not divide either): the message is about rollout.n."""
+    with pytest.raises(ConfigError, match=r"^rollout\.n: must be >= 2: GRPO's advantage compares the responses"):
+        load_config(str(REPO_ROOT / "configs" / "tiny.yaml"), ["rollout.n=1"])
 
 
 def test_bad_override_syntax():

@@ -44,6 +44,21 @@ def test_format_example_shows_both_trajectories_cut_to_width():
     assert text.splitlines()[1].startswith("--- warm start (EM 0") and "--- trained (EM 1" in text
 
 
+def test_format_example_keeps_every_search_and_the_answer_of_a_two_hop_trajectory():
+    """The example's point is the second search: the observations are cut to their first document, the model's own
+    text is kept whole (cut at 600 characters it ended before the second search)."""
+    docs = "\n".join(f'Doc {i}(Title: "Brosi {t}") Brosi {t} is a company founded in 1964 by Dith Drendsound. Its '
+                     f"headquarters are in Braendbrond." for i, t in ((1, "Holdings"), (2, "Foundry"), (3, "Works")))
+    response = ("<think> look it up </think>\n<search> Brosi Holdings </search>\n\n<information>" + docs
+                + "</information>\n\n<think> founded by Dith Drendsound </think>\n<search> Dith Drendsound </search>"
+                + "\n\n<information>" + docs + "</information>\n\n<answer> Thobro </answer>")
+    trained = {**_rec("a", 1.0, 2, pred="Thobro"), "response_text": response}
+    text = demo_report.format_example("a", _rec("a", 0.0, 2), trained)
+    shown = text.split("--- trained", 1)[1]
+    assert "<search> Dith Drendsound </search>" in shown and "<answer> Thobro </answer>" in shown
+    assert shown.count("Doc 1(") == 2 and "Doc 2(" not in shown and shown.count(" ...</information>") == 2
+
+
 def _selection(tmp_path, curves, warm_em=0.30, world_hash="h", warm_hash=None):
     """Hand-made selection results in ``tmp_path``: one run per (lr, curve), the warm start's validation EM."""
     from searchr1_lld.lab.selection import selection_file, warm_start_file
@@ -225,3 +240,18 @@ def test_the_recipe_trains_claims_on_validation_and_tests_once_on_the_test_world
     rel = demo_report.repo_relative
     assert f"python -m searchr1_lld.demo --world {rel(world_yaml)} --world-dir {rel(tiny_world)} --select-dir " \
         f"{rel(select)} --seeds 1 --report {rel(report)} " in (report / "README.md").read_text()  # the world named
+
+
+@pytest.mark.parametrize("progress_bar", [True, False])
+def test_the_demo_evaluation_shows_the_evaluators_progress(tiny_world, tmp_path, capfd, progress_bar):
+    """Step 3's eval.py runs show their bars (the config's logging.progress_bar), not minutes of silence."""
+    from conftest import REPO_ROOT, world_args
+    from searchr1_lld.config import load_config
+    from searchr1_lld.config.loading import save_config
+
+    cfg_file = tmp_path / "config.yaml"
+    save_config(load_config(str(REPO_ROOT / "configs" / "tiny.yaml"),
+                            world_args(tiny_world) + [f"logging.progress_bar={str(progress_bar).lower()}"]), cfg_file)
+    traj = demo._evaluate(cfg_file, tiny_world, "val", {"warm_start": tiny_world / "model"}, tmp_path / "val", limit=2)
+    assert len(traj["warm_start"]) == 2
+    assert ("eval synthetic: 100%" in capfd.readouterr().err) == progress_bar

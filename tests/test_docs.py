@@ -61,6 +61,32 @@ def test_no_numbered_sessions_or_issues_in_code_configs_or_tests():
     assert not hits, "state the finding, not the session or issue it came from:\n" + "\n".join(hits)
 
 
+def collapsed_continuations(source: str) -> list[str]:
+    """The docstrings of a Python source whose shell examples end a line in a backslash that the string literal
+    swallows (``\\`` + newline in a non-raw string joins the lines: ``--help`` then prints them as one)."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        if not (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+            continue
+        text = ast.get_source_segment(source, body[0]) or ""
+        if re.search(r"(?<!\\)(\\\\)*\\\n", text) and "\\\n" not in body[0].value.value:
+            found.append(getattr(node, "name", "<module>"))
+    return found
+
+
+def test_docstrings_keep_the_line_continuations_of_their_examples():
+    assert collapsed_continuations('"""Run\n    python x.py --a \\\n        --b\n"""\n') == ["<module>"]
+    assert collapsed_continuations('r"""Run\n    python x.py --a \\\n        --b\n"""\n') == []
+    assert collapsed_continuations('"""A literal backslash \\\\\n ends this line."""\n') == []
+    hits = [f"{rel(p)}: {name}" for p in _tree_text_files() if p.suffix == ".py"
+            for name in collapsed_continuations(p.read_text())]
+    assert not hits, "make these docstrings raw (r\"\"\"), or their --help joins the example lines:\n" + "\n".join(hits)
+
+
 def test_the_pattern_catches_what_it_should():
     # written as (word, rest) pairs so that this file does not match its own pattern
     for word, rest in (("session", " 12"), ("Session", "-4"), ("sessions", " 22-23"), ("issue", " 14"),

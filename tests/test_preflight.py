@@ -69,7 +69,21 @@ def test_missing_files_are_one_line_each_and_exit_2(tiny_world, tmp_path, capsys
     assert code == 2
     assert len(err) == 3 and all(line.startswith("train.py: preflight: ") for line in err), err
     assert [line.split(": ")[2] for line in err] == ["data.train_files", "data.test_files", "retriever.index_dir"]
-    assert "3 problem(s): the run cannot start" in out
+    assert "3 problem(s), one a line below: the run cannot start" in out
+    assert "PROBLEM" not in out and "rows file not found" not in out  # each problem once, on stderr
+    assert "evaluation: not computed (its rows files cannot be read here" in out  # data.test_files named, missing
+
+
+def test_missing_flashrag_files_name_the_command_that_writes_them(tiny_world, tmp_path, capsys):
+    flash = tmp_path / "flashrag"
+    code, out, err = _run(capsys, f"model.path={tiny_world / 'model'}", f"model.tokenizer_path={tiny_world / 'tokenizer'}",
+                          f"retriever.index_dir={tiny_world / 'index'}", "data.test_files=[]", "trainer.eval_every=5",
+                          f"data.train_files=[{flash / 'train' / 'nq.jsonl'}]",
+                          f"eval.datasets=[nq={flash / 'test' / 'nq.jsonl'},bamboogle={flash / 'test/bamboogle.jsonl'}]")
+    assert code == 2 and len(err) == 3, err
+    assert (f"note     3 FlashRAG rows file(s) missing under {flash}: `python -m searchr1_lld.data.flashrag --out "
+            f"{flash} --train-mix nq` writes them") in out
+    assert "evaluation: not computed" in out and "evaluation: none" not in out
 
 
 def test_a_hub_id_offline_and_a_model_dir_without_tokenizer(tiny_world, tmp_path, capsys, monkeypatch):

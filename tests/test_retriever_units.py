@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import httpx
 import pytest
@@ -289,6 +290,50 @@ def test_client_retries_5xx_then_succeeds_and_gives_up_with_clear_message():
         _client_with(lambda r: httpx.Response(200, text="<html>")).search(["a"], 1)
 
 
+def test_client_gives_up_on_a_url_that_never_answered_within_first_contact_s(capsys):
+    """Refused (a mistyped port) or no such host: given up after first_contact_s with the URL named, not after
+    max_wait_s; a service that answered once and then went down is waited for (max_wait_s)."""
+    def refused(request):
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+    def no_connection(request):  # an address nobody answers (a mistyped IP)
+        raise httpx.ConnectTimeout("timed out", request=request)
+
+    for error in (refused, no_connection):
+        client = _client_with(error, max_wait_s=300, first_contact_s=0.3)
+        client.backoff_s = 0.05
+        t0 = time.monotonic()
+        with pytest.raises(RetrieverError, match=r"retriever at http://retriever.test never answered: nothing is "
+                                                 r"reachable there .*first_contact_s=0.3.*check the URL"):
+            client.search(["a"], 1)
+        assert time.monotonic() - t0 < 5
+    calls = []
+
+    def answers_then_down(request):
+        calls.append(1)
+        if len(calls) == 1:
+            return httpx.Response(200, json=format_result([[{"id": "1", "contents": "c", "score": 1.0}]], True))
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+    client = _client_with(answers_then_down, max_wait_s=1.0, first_contact_s=0.1)
+    client.backoff_s = 0.05
+    assert client.search(["a"], 1)[0][0]["id"] == "1"
+    t0 = time.monotonic()
+    with pytest.raises(RetrieverError, match=r"unavailable after \d+ attempt\(s\) over 1\.\d s, retriever.max_wait_s="):
+        client.search(["a"], 1)
+    assert time.monotonic() - t0 >= 1.0
+    waits = [line for line in capsys.readouterr().err.splitlines() if "not answering" in line]
+    assert waits and "retriever.max_wait_s=1" in waits[-1]
+
+    def loading(request):  # the port is bound while the index loads: the connection is accepted, no answer yet
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    client = _client_with(loading, max_wait_s=0.6, first_contact_s=0.1)
+    client.backoff_s = 0.05
+    with pytest.raises(RetrieverError, match=r"unavailable after .* over 0\.\d s, retriever.max_wait_s=0.6"):
+        client.search(["a"], 1)
+
+
 def test_client_validates_input_before_sending():
     client = _client_with(lambda r: pytest.fail("must not send"))
     for queries, topk in ((["a"], 0), ([1], 3), ("abc", 3)):
@@ -298,8 +343,9 @@ def test_client_validates_input_before_sending():
 
 
 def test_make_retriever_modes(tmp_path):
-    client = make_retriever(RetrieverConfig(mode="http", url="http://127.0.0.1:9", max_retries=0, batch_size=7))
-    assert isinstance(client, RetrieverClient) and client.batch_size == 7
+    client = make_retriever(RetrieverConfig(mode="http", url="http://127.0.0.1:9", max_retries=0, batch_size=7,
+                                            first_contact_s=4.0))
+    assert isinstance(client, RetrieverClient) and (client.batch_size, client.first_contact_s) == (7, 4.0)
     with pytest.raises(ValueError, match="index_dir is empty"):
         make_retriever(RetrieverConfig(mode="inprocess"))
     with pytest.raises(FileNotFoundError, match="no manifest.json"):

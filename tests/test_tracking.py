@@ -1,6 +1,7 @@
 """Tracking: metrics.jsonl (NaN -> null, resume truncation), PNG plots with phase bands, progress bar off."""
 
 import json
+import time
 from types import SimpleNamespace
 
 from searchr1_lld.bookkeeping.tracking import PLOTS, Tracker, read_metrics
@@ -214,3 +215,17 @@ def test_online_without_credentials_says_so_and_logs_offline(tmp_path, monkeypat
         assert run.settings.mode == "offline"
     finally:
         run.finish()
+
+
+def test_the_training_bar_starts_when_training_does(tmp_path, capsys):
+    """What runs before the first step (the evaluation before training) is not on the training bar's clock."""
+    cfg = SimpleNamespace(wandb=False, wandb_project="x", wandb_mode="offline", plot_every=0, progress_bar=True)
+    tr = Tracker(tmp_path, cfg, total_steps=2)
+    time.sleep(1.5)
+    assert "train" not in capsys.readouterr().err  # no bar yet
+    tr.start_bar()
+    for step in (1, 2):
+        tr.log(step, {"reward/em_mean": 0.5})
+    tr.close()
+    final = [part for part in capsys.readouterr().err.replace("\r", "\n").splitlines() if "2/2" in part]
+    assert len(final) == 1 and "[00:00<" in final[0], final

@@ -315,3 +315,13 @@ def test_max_prompt_length_is_enforced_on_the_training_prompts(tiny_world):
     with pytest.raises(ValueError, match=rf"data.max_prompt_length={longest - 1}: the training prompt of row .* is "
                                          rf"{longest} tokens"):
         check_prompt_lengths(rows, tok, load_config(None, [f"data.max_prompt_length={longest - 1}"]))
+
+
+def test_the_evaluations_before_and_after_training_show_progress(tiny_world, shared_retriever, tmp_path, capsys):
+    cfg = _cfg(tmp_path, "trainer.total_steps=1", "trainer.eval_limit=2", "trainer.save_every=0",
+               "logging.progress_bar=true")
+    _trainer(cfg, tiny_world, shared_retriever).run()
+    err = capsys.readouterr().err.replace("\r", "\n")
+    for bar in ("eval test (before training): 100%", "train: 100%", "eval test (after training): 100%"):
+        assert bar in err, err[-3000:]
+    assert err.index("eval test (before training)") < err.index("train: ") < err.index("eval test (after training)")

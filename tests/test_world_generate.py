@@ -340,6 +340,27 @@ def test_warm_start_shortfalls_name_unmet_drill_targets_and_weak_figures() -> No
     card["warm_start"]["greedy"]["answer_copied_rate"] = 0.5
     assert warm_start_shortfalls(card) == []
     assert warm_start_shortfalls({"warm_start": {"greedy": {"answer_copied_rate": float("nan")}}}) == []
+    # a drill stage that ran out of budget is no shortfall of a warm start that then passed its acceptance (the
+    # shipped default world's: drill_stop short "budget used", acceptance passed)
+    card["policy"]["drill_stop"]["full"] = "budget used"
+    assert len(warm_start_shortfalls(card)) == 1
+    assert warm_start_shortfalls({**card, "acceptance": {"passed": True, "missed": []}}) == []
+
+
+def test_a_reused_world_is_one_line(tiny_world, tmp_path, capsys) -> None:
+    """``world build`` of a world already built says so in one line (the build's summary and warnings came with the
+    build)."""
+    import yaml
+
+    from conftest import TEST_WORLD_CONFIG
+    from searchr1_lld.world.build import main
+
+    config = tmp_path / "world.yaml"
+    config.write_text(yaml.safe_dump(dataclasses.asdict(TEST_WORLD_CONFIG)))
+    assert main(["--config", str(config), "--out", str(tiny_world), "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [f"world reused: {tiny_world} (config hash {world_config_hash(TEST_WORLD_CONFIG)})"]
+    assert err == ""
 
 
 def _measured(one_hop: float, two_hop: float, pass_k: float, majority: float) -> dict:

@@ -321,6 +321,7 @@ class Tracker:
         self.plot_dir = self.run_dir / "plots"
         self._wandb = None
         self._bar = None
+        self._bar_steps: tuple[int, int] | None = None  # (total, first) steps of the bar start_bar shows
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -333,9 +334,18 @@ class Tracker:
         if getattr(logging_cfg, "wandb", False) and logging_cfg.wandb_mode != "disabled":
             self._init_wandb(config or {}, run_name or self.run_dir.name)
         if getattr(logging_cfg, "progress_bar", True) and total_steps and start_step < total_steps:
-            from tqdm.auto import tqdm
+            self._bar_steps = (total_steps, start_step)
 
-            self._bar = tqdm(total=total_steps, initial=start_step, desc="train", dynamic_ncols=True)
+    def start_bar(self) -> None:
+        """Show the training bar from now on (its clock and rate then count training only, not what ran before the
+        first step, such as the evaluation before training); the first :meth:`log` starts it otherwise."""
+        if self._bar_steps is None:
+            return
+        from tqdm.auto import tqdm
+
+        total, start = self._bar_steps
+        self._bar_steps = None
+        self._bar = tqdm(total=total, initial=start, desc="train", dynamic_ncols=True)
 
     def _init_wandb(self, config: dict[str, Any], name: str) -> None:
         self._wandb = init_wandb(self.run_dir, self.cfg, config, name=name, job_type="train")
@@ -343,6 +353,7 @@ class Tracker:
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.enabled:
             return
+        self.start_bar()
         row = {"step": step, **metrics}
         self.records.append(row)
         with open(self.metrics_path, "a") as f:

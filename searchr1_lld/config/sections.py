@@ -57,7 +57,7 @@ class RolloutConfig:
         "slowest (the reference); 'continuous' = a trajectory's next turn enters the engine as soon as its observation "
         "is ready, searches batched while the engine decodes (needs an engine with a request-level API: vLLM); "
         "'auto' = continuous when the engine has that API (vllm), turns otherwise (hf)")
-    n: int = opt(5, "responses per prompt (GRPO group size)")
+    n: int = opt(5, "responses per prompt (GRPO group size, >= 2)")
     temperature: float = opt(1.0, "sampling temperature (also divides the learner's logits)")
     top_p: float = opt(1.0, "nucleus sampling")
     max_turns: int = opt(4, "searches allowed; the turn after the last allowed search may only answer")
@@ -92,6 +92,8 @@ class RetrieverConfig:
     index_dir: str = opt("", "inprocess: the index dir (python -m retriever build; required in inprocess mode)")
     timeout_s: float = opt(30.0, "http: per request")
     max_wait_s: float = opt(300.0, "http: keep retrying a down / 5xx service this long")
+    first_contact_s: float = opt(20.0, "http: give up after this long on a URL where nothing was ever reached "
+                                 "(refused, unknown host: a mistyped URL); a service reached once gets max_wait_s")
     max_retries: Optional[int] = opt(None, "http: cap on retries within max_wait_s (null = no cap)")
     backoff_s: float = opt(0.5, "http: first wait; doubles per retry, capped at 30 s")
     token: Optional[str] = opt(None, "http: bearer token of a service started with --token (null: "

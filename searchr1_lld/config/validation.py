@@ -59,7 +59,8 @@ def algorithm_checks(alg: AlgorithmConfig) -> list[Check]:
 def rollout_checks(rollout: RolloutConfig, data: DataConfig) -> list[Check]:
     """rollout.*: sampling, turns and lengths (the total against data.max_prompt_length), the vLLM engine."""
     return [
-        (rollout.n >= 1, "rollout.n", "must be >= 1"),
+        (rollout.n >= 2, "rollout.n", "must be >= 2: GRPO's advantage compares the responses to one prompt (one "
+         "response is its own group mean: its advantage is 0, nothing is learned)"),
         (rollout.temperature >= 0, "rollout.temperature", "must be >= 0"),
         (0 < rollout.top_p <= 1, "rollout.top_p", "must be in (0, 1]"),
         (rollout.max_turns >= 1, "rollout.max_turns", "must be >= 1"),
@@ -96,6 +97,7 @@ def retriever_checks(retriever: RetrieverConfig) -> list[Check]:
         (retriever.max_retries is None or retriever.max_retries >= 0, "retriever.max_retries",
          "must be null or >= 0"),
         (retriever.max_wait_s >= 0, "retriever.max_wait_s", "must be >= 0"),
+        (retriever.first_contact_s >= 0, "retriever.first_contact_s", "must be >= 0"),
         (retriever.timeout_s > 0, "retriever.timeout_s", "must be > 0"),
         (retriever.batch_size >= 1, "retriever.batch_size", "must be >= 1"),
         (retriever.backoff_s >= 0, "retriever.backoff_s", "must be >= 0"),

@@ -33,9 +33,9 @@ averages).
 """
 
 from searchr1_lld.evaluation.files import (DECODING_KEYS, MODEL_FILE_PATTERNS, TrajectoryLog, check_provenance,
-                                           count_pending, eval_provenance, finalize, merge_shards, model_fingerprint,
-                                           parse_shard, provenance_path, read_records, rows_sha256, sha256_file,
-                                           shard_rows, trajectories_path)
+                                           count_pending, drop_unused_provenance, eval_provenance, finalize,
+                                           merge_shards, model_fingerprint, parse_shard, provenance_path, read_records,
+                                           rows_sha256, sha256_file, shard_rows, trajectories_path)
 from searchr1_lld.evaluation.metrics import (BENCHMARKS, DISPLAY_NAMES, KNOWN_DATASETS, RESULTS_CSV, RESULTS_JSON,
                                              RESULTS_MD, TRAJECTORIES, EvalError, average_em,
                                              dataset_metrics, dataset_name, parse_datasets, record_from_trajectory, relative_gain,
@@ -48,7 +48,8 @@ from searchr1_lld.evaluation.tables import (csv_table, detail_table, load_result
                                             write_tables)
 
 __all__ = [
-    "DECODING_KEYS", "MODEL_FILE_PATTERNS", "TrajectoryLog", "check_provenance", "count_pending", "eval_provenance",
+    "DECODING_KEYS", "MODEL_FILE_PATTERNS", "TrajectoryLog", "check_provenance", "count_pending",
+    "drop_unused_provenance", "eval_provenance",
     "finalize", "merge_shards", "model_fingerprint", "parse_shard", "provenance_path", "read_records", "rows_sha256",
     "sha256_file", "shard_rows", "trajectories_path", "BENCHMARKS", "DISPLAY_NAMES", "KNOWN_DATASETS", "RESULTS_CSV",
     "RESULTS_JSON", "RESULTS_MD", "TRAJECTORIES", "EvalError", "average_em", "dataset_metrics", "dataset_name",

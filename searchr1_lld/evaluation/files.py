@@ -3,6 +3,7 @@ shards into results."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -141,6 +142,17 @@ def check_provenance(out_dir: str | Path, shard: tuple[int, int] | None, provena
     tmp = prov.with_name(prov.name + ".part")
     tmp.write_text(json.dumps(provenance, indent=1, sort_keys=True) + "\n")
     tmp.rename(prov)
+
+
+def drop_unused_provenance(out_dir: str | Path, shard: tuple[int, int] | None) -> None:
+    """After a failed evaluation: remove the provenance :func:`check_provenance` wrote when no record followed it
+    (the run failed before its first question), and ``out_dir`` when that leaves it empty; nothing is left that
+    looks like a started evaluation."""
+    if read_records(trajectories_path(out_dir, shard)):
+        return
+    provenance_path(out_dir, shard).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        Path(out_dir).rmdir()  # only when empty
 
 
 def parse_shard(text: str | None) -> tuple[int, int] | None:

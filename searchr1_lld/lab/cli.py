@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from searchr1_lld.config import ConfigError
+from searchr1_lld.cli import run_main
 from searchr1_lld.lab.claims_report import main as report_main
 from searchr1_lld.lab.grid import main as grid_main
 from searchr1_lld.lab.prereg_report import main as prereg_main
@@ -25,6 +25,11 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
         return report_main(args_in[1:])
     if args_in and args_in[0] == "prereg-report":
         return prereg_main(args_in[1:])
+    return run_main(lambda a: _lab(a, description), argv, prog="python -m searchr1_lld.lab")
+
+
+def _lab(argv: list[str] | None, description: str | None) -> int:
+    """The lab's runs and report; a config error or Ctrl-C -> one line (:func:`searchr1_lld.cli.run_main`)."""
     p = argparse.ArgumentParser(prog="python -m searchr1_lld.lab", description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="the few-minute mode (configs/lab/quick.yaml, seed 0)")
@@ -47,22 +52,18 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
                    help="runs dir of this lab trained to fewer trainer.total_steps: missing runs are copied from there "
                         "and trained on from their last checkpoint (DIR is not changed)")
     p.add_argument("--fresh", action="store_true", help="retrain runs that already finished with the same config")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of user errors too")
     p.add_argument("overrides", nargs="*", help="key=value config overrides applied to every method")
     args = p.parse_args(argv)
     config = args.config or str(QUICK_CONFIG if args.quick else FULL_CONFIG)
-    try:
-        seeds = parse_seeds(args.seeds or ("0" if args.quick else "0,1"))
-        methods = parse_methods(args.methods)
-        run_lab(
-            config_path=config, overrides=args.overrides, seeds=seeds, methods=methods,
-            out_dir=args.out or ("runs/lab-quick/report" if args.quick else "docs/lab"),
-            runs_dir=args.runs_dir or ("runs/lab-quick" if args.quick else "runs/lab"), world_dir=args.world_dir,
-            quick=args.quick, report_only=args.report_only, fresh=args.fresh,
-            sampled=args.sampled, extend_from=args.extend_from,
-            train_eval=args.train_eval if args.train_eval is not None else (QUICK_TRAIN_EVAL if args.quick else 100),
-            command="python -m searchr1_lld.lab " + " ".join(argv if argv is not None else sys.argv[1:]),
-        )
-    except ConfigError as e:
-        print(f"lab: error: {e}", file=sys.stderr)
-        return 2
+    run_lab(
+        config_path=config, overrides=args.overrides, seeds=parse_seeds(args.seeds or ("0" if args.quick else "0,1")),
+        methods=parse_methods(args.methods),
+        out_dir=args.out or ("runs/lab-quick/report" if args.quick else "docs/lab"),
+        runs_dir=args.runs_dir or ("runs/lab-quick" if args.quick else "runs/lab"), world_dir=args.world_dir,
+        quick=args.quick, report_only=args.report_only, fresh=args.fresh,
+        sampled=args.sampled, extend_from=args.extend_from,
+        train_eval=args.train_eval if args.train_eval is not None else (QUICK_TRAIN_EVAL if args.quick else 100),
+        command="python -m searchr1_lld.lab " + " ".join(argv if argv is not None else sys.argv[1:]),
+    )
     return 0

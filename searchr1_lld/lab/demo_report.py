@@ -5,6 +5,7 @@ spread over seeds. :mod:`searchr1_lld.demo` runs the recipe and hands its result
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -54,10 +55,15 @@ def pick_example(before: dict[str, dict], after: dict[str, dict]) -> str | None:
     return (learned or searched or multi or won or [None])[0]
 
 
-def format_example(rid: str, before: dict, after: dict, width: int = 600) -> str:
-    """Question, gold answers and the two greedy trajectories (response text, observations included)."""
+_INFORMATION = re.compile(r"<information>(.*?)</information>", re.DOTALL)
+
+
+def format_example(rid: str, before: dict, after: dict, width: int = 1500) -> str:
+    """Question, gold answers and the two greedy trajectories: the model's text whole (every search and the answer)
+    with each observation cut to its first document; a response longer than ``width`` after that is cut there."""
     def body(r: dict) -> str:
-        text = r["response_text"].strip()
+        text = _INFORMATION.sub(lambda m: f"<information>{(m.group(1).strip().splitlines() or [''])[0]} ..."
+                                          "</information>", r["response_text"].strip())
         return text if len(text) <= width else text[:width] + " ..."
 
     return "\n".join([

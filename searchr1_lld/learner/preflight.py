@@ -143,7 +143,10 @@ def eval_plan(cfg: Config, sizes: dict[str, int]) -> list[str]:
     per_set = {k: (min(n, limit) if limit else n) for k, n in sizes.items()}
     questions = sum(per_set.values())
     if not questions:
-        return ["evaluation: none (no data.test_files, no eval.datasets)"]
+        if cfg.data.test_files or (e.datasets and tc.eval_every):
+            return ["evaluation: not computed (its rows files cannot be read here: see the problems)"]
+        unused = ", and trainer.eval_every=0 leaves eval.datasets unused" if e.datasets else ", no eval.datasets"
+        return [f"evaluation: none (no data.test_files{unused})"]
     listing = ", ".join(f"{k} {n:,}" for k, n in per_set.items())
     tokens = questions * (e.max_turns + 1) * r.max_tokens_per_turn
     lines = [f"evaluation: {questions:,} questions per evaluation ({listing}); at most {tokens / 1e6:.2f} M generated "
@@ -205,6 +208,17 @@ def _flashrag_sets(pf: Preflight, key: str, names: list[str], split: str | None)
     return sizes
 
 
+def _flashrag_hint(pf: Preflight, cfg: Config, paths: list[str]) -> None:
+    """A note naming the command that writes the missing ``paths`` that have the layout of FlashRAG's prepared files
+    (``DIR/train/<name>.jsonl``, ``DIR/test/<name>.jsonl``: what the paper configs read)."""
+    missing = [Path(p) for p in paths if not Path(p).exists() and Path(p).parent.name in ("train", "test")
+               and Path(p).stem in flashrag.EXPECTED_EVAL_COUNTS]  # the seven benchmarks, nq and hotpotqa among them
+    if missing:
+        out = missing[0].parent.parent
+        pf.notes.append(f"{len(missing)} FlashRAG rows file(s) missing under {out}: `python -m searchr1_lld.data."
+                        f"flashrag --out {out} --train-mix {cfg.data.train_mix}` writes them")
+
+
 def check_data(pf: Preflight, cfg: Config) -> dict[str, int]:
     """Training and evaluation rows; returns the evaluation sets' sizes ``{name: questions}``."""
     d = cfg.data
@@ -222,6 +236,8 @@ def check_data(pf: Preflight, cfg: Config) -> dict[str, int]:
                 sizes.update({dataset_name(spec): n for n in check_rows(pf, f"eval.datasets {name}", [path]).values()})
             else:
                 sizes.update(_flashrag_sets(pf, "eval.datasets", [name], None))
+    named = [s.partition("=")[2] for s in parse_datasets(cfg.eval.datasets) if "=" in s] if cfg.eval.datasets else []
+    _flashrag_hint(pf, cfg, (d.train_files if d.source == "files" else []) + d.test_files + named)
     return sizes
 
 
@@ -449,12 +465,13 @@ def run_preflight(cfg: Config, *, launch: Launch | None = None, device_gib: floa
 
 
 def format_report(pf: Preflight) -> str:
-    """The report printed by ``train.py --preflight`` (the problems are printed again, one a line, on stderr)."""
+    """The report printed by ``train.py --preflight``: the checks that passed, the notes, the plan and the verdict
+    (the problems follow it on stderr, one a line)."""
     lines = ["preflight checks:"]
     lines += [f"  ok       {x}" for x in pf.ok]
     lines += [f"  note     {x}" for x in pf.notes]
-    lines += [f"  PROBLEM  {x}" for x in pf.problems]
     lines += ["resource plan (computed from the model's config; formulas: searchr1_lld/memory_plan.py):"]
     lines += [f"  {x}" for x in pf.plan]
-    verdict = "the run can start" if not pf.problems else f"{len(pf.problems)} problem(s): the run cannot start"
+    verdict = ("the run can start" if not pf.problems
+               else f"{len(pf.problems)} problem(s), one a line below: the run cannot start")
     return "\n".join(lines + [f"preflight: {verdict}"])

@@ -94,9 +94,10 @@ class Learner:
                 template=cfg.data.prompt_template, chat_template=cfg.data.chat_template, progress=False,
             )
 
-    def evaluate(self, rows: list[dict[str, Any]], desc: str = "eval") -> dict[str, float]:
+    def evaluate(self, rows: list[dict[str, Any]], desc: str = "eval", progress: bool = False) -> dict[str, float]:
         """Greedy EM on ``rows`` through :func:`searchr1_lld.evaluation.evaluate` (eval.max_turns, eval.topk; in
-        memory), rows sharded over processes and the EM summed over them: ``{"em", "n"}`` ({} for no rows)."""
+        memory), rows sharded over processes and the EM summed over them: ``{"em", "n"}`` ({} for no rows).
+        ``progress``: a bar of the questions, on the main process (labelled ``eval <desc>``)."""
         if not rows:
             return {}
         cfg, e, ws = self.cfg, self.cfg.eval, self.dist.world_size
@@ -105,7 +106,7 @@ class Learner:
                 {desc: rows}, backend=self.backend, tokenizer=self.tokenizer, retriever=self.retriever,
                 rollout_cfg=evaluation.eval_rollout_config(cfg.rollout, max_turns=e.max_turns, topk=e.topk),
                 batch_size=e.batch_size, template=cfg.data.prompt_template, chat_template=cfg.data.chat_template,
-                progress=False, shard=(self.dist.rank, ws) if ws > 1 else None)
+                progress=progress and self.dist.is_main, shard=(self.dist.rank, ws) if ws > 1 else None)
         mine = res["datasets"].get(desc, {"em": 0.0, "n": 0})  # a rank may get no rows
         totals = torch.tensor([mine["em"] * mine["n"], float(mine["n"])], device=self.accelerator.device)
         if ws > 1:

@@ -130,9 +130,9 @@ class Trainer:
         self.phase_report = result.phase_report
         return {**result.metrics, "actor/skipped_updates_total": float(self.skipped_updates)}
 
-    def evaluate(self, rows: list[dict], desc: str = "eval") -> dict[str, float]:
+    def evaluate(self, rows: list[dict], desc: str = "eval", progress: bool = False) -> dict[str, float]:
         """Greedy EM on ``rows`` (:meth:`Learner.evaluate`)."""
-        return self.learner.evaluate(rows, desc)
+        return self.learner.evaluate(rows, desc, progress)
 
     def evaluate_benchmarks(self, rows_by_dataset: dict[str, list[dict]]) -> dict[str, float]:
         """eval/<dataset>/em for each benchmark and eval/avg_em (mean over datasets), greedy, eval.max_turns/topk."""
@@ -202,6 +202,7 @@ class Trainer:
         if evaluate and rows.test:
             em_before = self._em_before(rows.test)
             tracker.write(f"test EM before training: {em_before:.4f} ({len(rows.test)} questions)")
+        tracker.start_bar()  # its clock counts training only
         last_metrics: dict[str, Any] = {}
         last_phase, last_drawdown = "healthy", None
         while self.step < self.cfg.trainer.total_steps:
@@ -289,7 +290,8 @@ class Trainer:
                           last_metrics: dict[str, Any]) -> tuple[float, str]:
         """Test EM after training (the last step's in-loop evaluation already scored this policy when it ran on
         test) and the before/after table, written to RUN/eval.md and eval.json."""
-        em_after = last_metrics["eval/em"] if "eval/em" in last_metrics else self.evaluate(test_rows)["em"]
+        em_after = last_metrics["eval/em"] if "eval/em" in last_metrics else self.evaluate(
+            test_rows, "test (after training)", self.cfg.logging.progress_bar)["em"]
         table = eval_table(em_before, em_after, len(test_rows))
         if self.learner.dist.is_main:
             (self.run_dir / "eval.md").write_text(table + "\n")
@@ -312,7 +314,7 @@ class Trainer:
         path = self.run_dir / "eval_before.json"
         if path.is_file():
             return json.loads(path.read_text())["em"]
-        em = self.evaluate(test_rows)["em"]
+        em = self.evaluate(test_rows, "test (before training)", self.cfg.logging.progress_bar)["em"]
         if self.learner.dist.is_main:
             path.write_text(json.dumps({"em": em, "n": len(test_rows)}))
         return em

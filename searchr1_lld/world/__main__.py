@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+from searchr1_lld.cli import run_main
 from searchr1_lld.world.build import main as build_main
 from searchr1_lld.world.shipped import main as export_main
 
@@ -17,6 +18,11 @@ USAGE = """usage: python -m searchr1_lld.world {build,export,smollm2} [options]
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; Ctrl-C -> one line, exit status 130 (:func:`searchr1_lld.cli.run_main`)."""
+    return run_main(_dispatch, argv, prog="python -m searchr1_lld.world")
+
+
+def _dispatch(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE, end="")

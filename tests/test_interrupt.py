@@ -1,0 +1,69 @@
+"""Ctrl-C (SIGINT) prints one line and leaves nothing half-built that a rerun would trust: the retriever service, the
+world build and the lab, each as a user starts it."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO_ROOT, TEST_WORLD_CONFIG
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+       "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+
+
+def _start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, *args], cwd=REPO_ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _interrupt(proc: subprocess.Popen) -> tuple[str, list[str]]:
+    """SIGINT (what Ctrl-C sends) to ``proc``; its stdout and its stderr's lines (progress bars' redraws split off)."""
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    return out, [line for line in err.replace("\r", "\n").splitlines() if line.strip()]
+
+
+def _wait_for(what, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not what():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_ctrl_c_stops_the_retriever_service_with_one_line(tiny_world):
+    proc = _start("-m", "retriever", "serve", "--index", str(tiny_world / "index"), "--port", "0")
+    assert "retriever ready on http://127.0.0.1:" in proc.stdout.readline() + proc.stdout.readline()
+    _, err = _interrupt(proc)
+    assert err == ["python -m retriever serve: interrupted"]
+
+
+@pytest.mark.parametrize("entry", ["world", "lab"])
+def test_ctrl_c_during_a_world_build_is_one_line_and_leaves_no_half_built_world(entry, tmp_path):
+    """Interrupted once the world's files are written (its index, tokenizer and policy still to come): the build
+    removes what it wrote, so the next run builds it anew."""
+    world = tmp_path / "world"
+    if entry == "world":
+        config = tmp_path / "world.yaml"  # the test world, built anew in a dir of its own
+        config.write_text(yaml.safe_dump(dataclasses.asdict(TEST_WORLD_CONFIG)))
+        proc = _start("-m", "searchr1_lld.world", "build", "--config", str(config), "--out", str(world), "--quiet")
+    else:
+        proc = _start("-m", "searchr1_lld.lab", "--quick", "--world-dir", str(world), "--runs-dir",
+                      str(tmp_path / "runs"), "--out", str(tmp_path / "report"))
+    _wait_for(lambda: (world / "qa" / "test.jsonl").is_file(), proc)
+    _, err = _interrupt(proc)
+    assert err[-1] == f"python -m searchr1_lld.{entry}: interrupted"
+    assert all(line.startswith("build world:") for line in err[:-1]), err  # its progress bar, if any
+    assert not world.exists() or not any(world.iterdir())
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "report").exists()
