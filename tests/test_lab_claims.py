@@ -168,6 +168,24 @@ def test_run_tasks_runs_dependencies_first_and_reports_failures(tmp_path):
     assert sorted(failed) == ["c", "d"] and (tmp_path / "a").is_file() and (tmp_path / "b").is_file()
 
 
+def test_each_worker_runs_the_threads_it_is_given(tmp_path, monkeypatch):
+    """Every worker sees its thread count in OMP/MKL/OpenBLAS_NUM_THREADS: given, or the cores shared out."""
+    import sys
+
+    monkeypatch.setattr(grid, "usable_cores", lambda: 2)
+    assert grid.threads_per_job(2) == 1 and grid.threads_per_job(1) == 2 and grid.threads_per_job(3) == 1
+    assert grid.threads_per_job(2, threads=3) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    code = ("import os, sys; open(sys.argv[1], 'w').write(','.join(os.environ[k] for k in "
+            "('OMP_NUM_THREADS', 'MKL_NUM_THREADS', 'OPENBLAS_NUM_THREADS')))")
+    tasks = [grid.Task(n, [sys.executable, "-c", code, str(tmp_path / n)], tmp_path / n, ()) for n in ("a", "b")]
+    assert grid.run_tasks(tasks, jobs=2, log_dir=tmp_path / "logs", poll_s=0.05) == []
+    assert (tmp_path / "a").read_text() == (tmp_path / "b").read_text() == "1,1,1"
+    (tmp_path / "a").unlink()
+    assert grid.run_tasks(tasks[:1], jobs=1, log_dir=tmp_path / "logs", poll_s=0.05) == []
+    assert (tmp_path / "a").read_text() == "2,2,2"
+
+
 @pytest.mark.slow
 def test_grid_tasks_end_to_end_on_the_test_world(tmp_path, tiny_world):
     """The baselines and one run of the quick lab on the test world, their compact results, and the report."""

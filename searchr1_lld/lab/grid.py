@@ -6,6 +6,10 @@ demo's selection runs, as separate worker processes, ``jobs`` at a time.
     python -m searchr1_lld.lab task --config ... --lr 1e-3 --method grpo --seed 0 --runs-dir ... --compact ...
     python -m searchr1_lld.lab task --baselines --config ... --runs-dir ... --compact ...
 
+Each worker runs ``--threads`` torch/BLAS threads (``OMP_NUM_THREADS``; default: the usable cores shared out over the
+``--jobs``, at least 1): two single-threaded jobs keep a 2-core machine busy through each other's serial stretches,
+where one two-threaded job leaves a core idle (docs/lab.md, "The lab's cost").
+
 A task is done when its compact result exists (``docs/lab/runs/<method>-lr<lr>-seed<seed>.json.gz``,
 ``baselines.json.gz``; the demo's ``docs/demo/select/lr<lr>.json`` and ``docs/demo/summary.json``): a rerun of the
 same command skips it. An interrupted run resumes from its last checkpoint in ``--runs-dir`` (the lab's own resume).
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -25,6 +30,7 @@ from pathlib import Path
 from typing import Sequence
 
 from retriever import make_retriever
+from retriever.runtime import THREAD_ENV_VARS, usable_cores
 from searchr1_lld.config import ConfigError
 from searchr1_lld.lab.analysis import load_records
 from searchr1_lld.lab.baselines import NoRetrieval, correct_by_id, majority_correct, question_table, read_split
@@ -211,16 +217,30 @@ def finish(task: Task, commit_results: bool, compact_dir: Path | None) -> None:
         commit(paths, f"lab: result of {task.name}")
 
 
+def threads_per_job(jobs: int, threads: int = 0) -> int:
+    """Intra-op threads of each of ``jobs`` workers: ``threads`` when given (> 0), else the usable cores shared out
+    over the jobs (at least 1)."""
+    return threads if threads > 0 else max(1, usable_cores() // max(jobs, 1))
+
+
+def worker_env(threads: int) -> dict[str, str]:
+    """The driver's environment with every thread-count variable (OMP, MKL, OpenBLAS) set to ``threads``."""
+    return {**os.environ, **{name: str(threads) for name in THREAD_ENV_VARS}}
+
+
 def run_tasks(tasks: Sequence[Task], jobs: int, log_dir: Path, commit_results: bool = False,
-              poll_s: float = 10.0, compact_dir: Path | None = None) -> list[str]:
-    """Run the tasks not yet done, ``jobs`` at a time, each after the tasks it waits for; returns the names of the
-    tasks that failed (a task depending on a failed one is not started). Each finished task: :func:`finish`."""
+              poll_s: float = 10.0, compact_dir: Path | None = None, threads: int = 0) -> list[str]:
+    """Run the tasks not yet done, ``jobs`` at a time (each with :func:`threads_per_job` threads), each after the
+    tasks it waits for; returns the names of the tasks that failed (a task depending on a failed one is not
+    started). Each finished task: :func:`finish`."""
+    env = worker_env(threads_per_job(jobs, threads))
     log_dir.mkdir(parents=True, exist_ok=True)
     by_name = {t.name: t for t in tasks}
     pending = [t for t in tasks if not t.done.exists()]
     running: dict[str, tuple[subprocess.Popen, object]] = {}
     failed: list[str] = []
-    print(f"[grid] {len(tasks) - len(pending)} of {len(tasks)} tasks done earlier; {len(pending)} to run", flush=True)
+    print(f"[grid] {len(tasks) - len(pending)} of {len(tasks)} tasks done earlier; {len(pending)} to run, {jobs} at a "
+          f"time with {env['OMP_NUM_THREADS']} thread(s) each", flush=True)
     while pending or running:
         for t in list(pending):
             if len(running) >= jobs:
@@ -232,7 +252,8 @@ def run_tasks(tasks: Sequence[Task], jobs: int, log_dir: Path, commit_results: b
             if not all(by_name[d].done.exists() for d in t.after if d in by_name):
                 continue
             log = open(log_dir / f"{t.name}.log", "a")
-            running[t.name] = (subprocess.Popen(t.argv, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT), log)
+            running[t.name] = (subprocess.Popen(t.argv, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env),
+                               log)
             pending.remove(t)
             print(f"[grid] {time.strftime('%H:%M:%S')} started {t.name}", flush=True)
         if pending and not running:
@@ -267,6 +288,8 @@ def main(argv: list[str]) -> int:
         p.add_argument("--seeds", default="0,1,2")
         p.add_argument("--methods", default="grpo,llds_action")
         p.add_argument("--jobs", type=int, default=2, help="worker processes at a time")
+        p.add_argument("--threads", type=int, default=0, help="torch/BLAS threads of each worker (default: the "
+                       "usable cores / --jobs, at least 1)")
         p.add_argument("--demo", action="store_true", help="also the demo's selection runs (at --demo-lrs) and the "
                        "demo with the settings chosen on validation (docs/demo), interleaved with the lab's tasks")
         p.add_argument("--demo-lrs", default="5e-4,1e-3,2e-3")
@@ -288,8 +311,8 @@ def main(argv: list[str]) -> int:
                 raise ConfigError(f"task needs --lr, --method (one of {list(METHODS)}) and --seed, or --baselines")
             print(run_task(args.config, args.lr, args.method, args.seed, runs_root, compact_dir, args.world_dir))
             return 0
-        if args.jobs < 1:
-            raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
+        if args.jobs < 1 or args.threads < 0:
+            raise ConfigError(f"--jobs must be >= 1 and --threads >= 0, got {args.jobs} and {args.threads}")
         check_registered(compact_dir)
         design = {"config": args.config, "methods": [m.key for m in parse_methods(args.methods)],
                   "lrs": parse_lrs(args.lrs), "seeds": parse_seeds(args.seeds)}
@@ -298,7 +321,7 @@ def main(argv: list[str]) -> int:
         if args.demo:
             tasks = interleave(tasks, demo_tasks(parse_lrs(args.demo_lrs), REPO_ROOT / "docs" / "demo"))
         failed = run_tasks(tasks, args.jobs, runs_root / "logs", commit_results=args.commit,
-                           compact_dir=compact_dir)
+                           compact_dir=compact_dir, threads=args.threads)
     except ConfigError as e:
         print(f"lab: error: {e}", file=sys.stderr)
         return 2
