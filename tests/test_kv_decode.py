@@ -129,6 +129,7 @@ def test_a_model_it_does_not_run_takes_the_model_path_with_a_warning():
     sliding = make_model()
     sliding.model.layers[0].self_attn.sliding_window = 16
     assert kv_decode.unsupported_reason(sliding) == "sliding-window attention"
+    assert kv_decode.unsupported_reason(make_model().to("meta")) == "the model is on meta, not the CPU"
 
 
 def test_greedy_answers_on_the_test_world_are_the_model_paths(tiny_world):

@@ -17,8 +17,9 @@ tiny world's 2-layer policy that overhead was most of a rollout. :class:`KVDecod
   change in between (:func:`weights_version`).
 
 Supported: the model types in :data:`KV_DECODE_MODEL_TYPES` (decoder layers of RMSNorm, rotary q/k/v/o attention with
-grouped-query heads and full causal attention, RMSNorm, MLP). :func:`unsupported_reason` says why another model is
-not; the backend then decodes with ``model(...)`` (rollout/backends/hf.py).
+grouped-query heads and full causal attention, RMSNorm, MLP), on the CPU (the sandbox's small policies; GPU runs
+generate with vLLM, and on a GPU ``model(...)`` prefills a batch in one call). :func:`unsupported_reason` says why
+another model is not; the backend then decodes with ``model(...)`` (rollout/backends/hf.py).
 
 Arithmetic: every module is the model's own, so projections, norms and the head compute what ``model(...)`` does;
 attention is computed here (scaled dot product, softmax in fp32), so logits agree with the ``model(...)`` path to float
@@ -62,13 +63,16 @@ def unsupported_reason(model: torch.nn.Module) -> Optional[str]:
             return "query/key norms in attention"
     if any(getattr(p, "ds_id", None) is not None for p in model.parameters()):
         return "DeepSpeed ZeRO-3 partitioned parameters"
+    device = model.get_output_embeddings().weight.device
+    if device.type != "cpu":  # measured on CPUs only; on a GPU, model(...) batches its prefill in one call
+        return f"the model is on {device}, not the CPU"
     return None
 
 
-def weights_version(model: torch.nn.Module) -> tuple[int, ...]:
-    """A value that changes whenever a parameter of ``model`` is modified in place (an optimiser step, a weight load):
-    torch's per-tensor version counters."""
-    return tuple(p._version for p in model.parameters())
+def weights_version(model: torch.nn.Module) -> tuple[tuple[int, int], ...]:
+    """A value that changes whenever a parameter of ``model`` is modified in place (an optimiser step, a weight load:
+    torch's per-tensor version counters) or given new storage."""
+    return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
 @dataclass
@@ -108,7 +112,7 @@ class KVCache:
 class PrefixStore:
     """Cached sequences of one engine call, for the next: ``entries[n][tuple of n token ids] = (cache, row)``."""
 
-    version: tuple[int, ...] = ()
+    version: tuple[tuple[int, int], ...] = ()
     entries: dict[int, dict[tuple[int, ...], tuple[KVCache, int]]] = field(default_factory=dict)
     nbytes: int = 0
 
