@@ -325,3 +325,30 @@ def test_the_evaluations_before_and_after_training_show_progress(tiny_world, sha
     for bar in ("eval test (before training): 100%", "train: 100%", "eval test (after training): 100%"):
         assert bar in err, err[-3000:]
     assert err.index("eval test (before training)") < err.index("train: ") < err.index("eval test (after training)")
+
+
+def test_the_fast_paths_train_as_the_reference_paths_do(tmp_path, tiny_world, shared_retriever, monkeypatch):
+    """Three training steps (groups of 4, LLDS on, KL on) with the KV decoder and shared-prompt packing, and with
+    the model(...) decoder and one prompt per row: the same samples and the same metrics to float rounding."""
+    from searchr1_lld.learner import policy_logprobs
+    from searchr1_lld.rollout.backends.hf import HFBackend
+
+    runs = {}
+    for fast in (True, False):
+        cfg = _cfg(tmp_path / str(fast), "trainer.train_batch_size=4", "rollout.n=4", "trainer.ppo_mini_batch_size=8",
+                   "rollout.max_turns=2", "trainer.micro_batch_token_budget=1200")
+        tr = _trainer(cfg, tiny_world, shared_retriever)
+        if not fast:
+            learner = tr.learner
+            learner.backend = HFBackend(learner.model, learner.tokenizer, batch_size=cfg.rollout.generation_batch_size,
+                                        seed=learner.backend.seed, shares_learner_weights=True, fast_decode=False)
+            monkeypatch.setattr(policy_logprobs, "shares_prompts", lambda model: False)
+        assert (tr.learner.backend.kv_decoder is not None) == fast
+        runs[fast] = [tr.train_step() for _ in range(3)]
+        monkeypatch.undo()
+    for fast_m, ref_m in zip(runs[True], runs[False]):
+        assert fast_m["rollout/response_length_mean"] == ref_m["rollout/response_length_mean"]
+        for key in ("actor/pg_loss", "actor/kl_ref", "actor/entropy", "actor/grad_norm", "llds/active_token_frac",
+                    "lld/correct_logp_new_per_token", "probe/logp_per_token"):
+            assert fast_m[key] == pytest.approx(ref_m[key], rel=1e-3, abs=1e-6), key
+    assert runs[True][-1]["llds/active_token_frac"] > 0
