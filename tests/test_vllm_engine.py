@@ -222,6 +222,41 @@ def test_a_parameter_missing_from_the_stream_is_an_error_naming_it(engine, learn
     assert float((torch.tensor(lp) - _learner_token_logprobs(learner, prompt, ids)).abs().max()) < 1e-3
 
 
+def test_a_name_the_engine_skips_is_an_error_naming_it(engine, learner, tokenizer, rows):
+    """The world's model ties its LM head to the embedding, so the engine model holds no ``lm_head.weight``: vLLM
+    takes a streamed one without a word (every learner name still arrives). The engine's own parameters, read back
+    after the load, show it; a complete stream afterwards leaves the engine equal to the learner again."""
+    from searchr1_lld.rollout.agent_loop import encode_prompt
+
+    named = [(n, p.detach()) for n, p in learner.named_parameters()]
+    assert "lm_head.weight" not in dict(named)
+    head = ("lm_head.weight", learner.get_output_embeddings().weight.detach() * 2)
+    with pytest.raises(RuntimeError, match=r"not held by the engine model \(vLLM skipped them\): lm_head[.]weight"):
+        engine.load_weights(iter([*named, head]))
+    engine.load_weights(iter(named))  # names and shapes as the engine holds them: no error
+    prompt = encode_prompt(tokenizer, rows[0]["question"], "tiny")
+    (ids,), (lp,) = _sampled_logprobs(engine, [prompt])
+    assert float((torch.tensor(lp) - _learner_token_logprobs(learner, prompt, ids)).abs().max()) < 1e-3
+
+
+def test_loading_weights_under_running_requests_fails_with_the_reason(engine, learner, tokenizer, rows):
+    """A request that holds KV blocks makes vLLM refuse the prefix-cache reset; the load says why, and goes through
+    once the request is aborted."""
+    from searchr1_lld.rollout.agent_loop import encode_prompt
+
+    engine.add_request("held-0", encode_prompt(tokenizer, rows[0]["question"], "tiny"), max_new_tokens=40,
+                       stop_strings=[], temperature=1.0, top_p=1.0, greedy=True)
+    engine.step()  # prefilled: its blocks are in use
+    named = [(n, p.detach()) for n, p in learner.named_parameters()]
+    try:
+        assert engine.has_unfinished_requests()
+        with pytest.raises(RuntimeError, match="requests still in the engine hold KV blocks"):
+            engine.load_weights(iter(named))
+    finally:
+        engine.abort_requests(["held-0"])
+    engine.load_weights(iter(named))
+
+
 def test_stop_string_ending_inside_a_token_cuts_after_that_token(engine, learner, tokenizer, rows):
     """The contract (backends/base.py): the output ends with the token that completed the stop string, even when
     the string ends inside it; the HF backend on the same weights, greedy, must return the same ids."""
