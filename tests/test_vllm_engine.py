@@ -348,6 +348,46 @@ def test_eval_cli_with_the_vllm_backend_equals_the_hf_backend(vllm_world, tmp_pa
     assert res_vllm["datasets"] == res_hf["datasets"]
 
 
+def test_eval_compare_runs_two_checkpoints_in_one_vllm_engine(vllm_world, tmp_path):
+    """``eval.py --compare a=A b=B --backend vllm`` (its own process): the world's model saved twice, B with other
+    weights. vLLM builds one engine (its log says so once), B's weights are streamed into it, and B's trajectories
+    are those of ``eval.py --backend hf --model B`` (greedy, fp32), not A's."""
+    import json
+    import subprocess
+    import sys
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(vllm_world / "model"), dtype=torch.float32)
+    model.save_pretrained(tmp_path / "a")
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    model.save_pretrained(tmp_path / "b")
+    common = ["--tokenizer", str(vllm_world / "tokenizer"), "--index", str(vllm_world / "index"), "--template", "tiny",
+              "--datasets", f"synthetic={vllm_world / 'qa' / 'test.jsonl'}", "--limit", "6", "--set",
+              "model.dtype=float32", "rollout.max_total_length=1024", "rollout.vllm_enforce_eager=true",
+              f"rollout.vllm_kv_cache_memory_bytes={64 << 20}"]
+
+    def run(*args):
+        proc = subprocess.run([sys.executable, "eval.py", *args, *common], cwd=REPO_ROOT, env=_clean_env(),
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout + proc.stderr
+
+    def texts(out):
+        return [json.loads(line)["response_text"] for line in (out / "trajectories.jsonl").read_text().splitlines()]
+
+    log = run("--backend", "vllm", "--compare", f"a={tmp_path / 'a'}", f"b={tmp_path / 'b'}", "--out",
+              str(tmp_path / "cmp"))
+    assert log.count("Initializing a V1 LLM engine") == 1, log[-3000:]
+    assert f"{tmp_path / 'b'}: weights streamed into the running vLLM engine" in log
+    run("--backend", "hf", "--model", str(tmp_path / "b"), "--out", str(tmp_path / "hf-b"))
+    assert texts(tmp_path / "cmp" / "b") == texts(tmp_path / "hf-b")
+    assert texts(tmp_path / "cmp" / "a") != texts(tmp_path / "cmp" / "b")
+
+
 def test_smollm2_with_padded_vocabulary_rows_through_the_agent_loop(vllm_world, tmp_path):
     """SmolLM2 (a real BPE tokenizer; its own process and engine) with 64 embedding rows past the tokenizer that
     copy tokens it likes: the engine never samples them, and its log-probs are the learner's softmax over the
