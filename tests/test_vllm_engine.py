@@ -390,8 +390,9 @@ def test_eval_compare_runs_two_checkpoints_in_one_vllm_engine(vllm_world, tmp_pa
 
 def test_smollm2_with_padded_vocabulary_rows_through_the_agent_loop(vllm_world, tmp_path):
     """SmolLM2 (a real BPE tokenizer; its own process and engine) with 64 embedding rows past the tokenizer that
-    copy tokens it likes: the engine never samples them, and its log-probs are the learner's softmax over the
-    tokenizer's ids (the learner's full softmax would give the padded rows a large share: proof the mask acts)."""
+    copy tokens it likes: the engine never samples them, and its log-probs are the learner's (response_logprobs with
+    the backend's vocab_limit: a softmax over the tokenizer's ids; the full softmax would give the padded rows a
+    large share: proof the mask acts)."""
     import json
     import subprocess
     import sys
@@ -414,8 +415,13 @@ def test_smollm2_with_padded_vocabulary_rows_through_the_agent_loop(vllm_world, 
         assert max(t["response"]) < tokens  # no padded id was ever sampled
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([ids])).logits[0, len(t["prompt"]) - 1 : -1].float()
-        target = torch.tensor(t["response"])[:, None]
-        masked = torch.log_softmax(logits[:, :tokens], -1).gather(-1, target)[:, 0]
+        n = len(ids)
+        with torch.no_grad():  # the learner's own log-probs, over the engine's vocabulary
+            masked, _ = response_logprobs(model, torch.tensor([ids[:-1]]), torch.ones(1, n - 1, dtype=torch.long),
+                                          torch.arange(n - 1)[None], torch.tensor([t["response"]]),
+                                          len(t["prompt"]) - 1, chunk_size=64, temperature=1.0,
+                                          compute_entropy=False, vocab_limit=res["vocab_limit"])
+        masked = masked[0]
         diffs.append((torch.tensor(t["engine_logprobs"]) - masked)[gen].abs())
         padded_mass.append(torch.softmax(logits, -1)[:, tokens:].sum(-1)[gen])
     assert float(torch.cat(diffs).max()) < 1e-3
