@@ -116,6 +116,20 @@ def response_logprobs(
 PACKED_SDPA = "sdpa_packed"
 # implementations whose attention already follows the sequence boundaries of cu_seq_lens_q / cu_seq_lens_k
 _NATIVE_VARLEN = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
+# the same flash attention from the kernels hub: transformers switches ``flash_attention_N`` to these when flash-attn
+# is not installed and the ``kernels`` package is (transformers' FLASH_ATTN_KERNEL_FALLBACK; a name may carry
+# ``@revision`` or ``:function``); they run through the same varlen code path
+_HUB_FLASH_KERNELS = ("kernels-community/flash-attn2", "kernels-community/flash-attn3",
+                      "kernels-community/vllm-flash-attn3", "kernels-community/aiter-flash-attn",
+                      "kernels-community/flash-attn4")
+
+
+def follows_sequence_boundaries(impl: str | None) -> bool:
+    """Whether the attention implementation ``impl`` runs packed forwards as it is (flash attention, local or from
+    the kernels hub)."""
+    if not impl:
+        return False
+    return impl in _NATIVE_VARLEN or impl.split("@")[0].split(":")[0] in _HUB_FLASH_KERNELS
 
 
 def _packed_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -158,16 +172,20 @@ def _packed_sdpa_mask(*args: Any, attention_mask: torch.Tensor | None = None, al
 
 def use_packed_attention(model: torch.nn.Module) -> bool:
     """Give an sdpa model (transformers) the packed attention (:func:`_packed_sdpa_attention`, registered once); True
-    when ``model`` can run packed forwards (sdpa switched, or a flash-attention implementation, varlen already)."""
+    when ``model`` runs packed forwards (sdpa switched, or a flash-attention implementation, varlen already). Any
+    other implementation is a ValueError naming it: packing is asked for and would otherwise be off without a word."""
     from transformers import AttentionInterface  # deferred: transformers
     from transformers.masking_utils import AttentionMaskInterface  # deferred: transformers
 
     config = getattr(model, "config", None)
     impl = getattr(config, "_attn_implementation", None)
-    if impl in _NATIVE_VARLEN or impl == PACKED_SDPA:
+    if follows_sequence_boundaries(impl) or impl == PACKED_SDPA:
         return True
     if impl != "sdpa" or not callable(getattr(model, "set_attn_implementation", None)):
-        return False
+        raise ValueError(f"trainer.pack_sequences: {type(model).__name__} runs {impl!r} attention, which cannot run "
+                         "packed forwards; set model.attn_implementation to sdpa or a flash-attention implementation "
+                         "(flash_attention_2, or kernels-community/flash-attn2 from the kernels hub), or "
+                         "trainer.pack_sequences=false")
     AttentionInterface.register(PACKED_SDPA, _packed_sdpa_attention)
     AttentionMaskInterface.register(PACKED_SDPA, _packed_sdpa_mask)
     model.set_attn_implementation(PACKED_SDPA)
@@ -180,7 +198,7 @@ def runs_packed(model: torch.nn.Module) -> bool:
     while isinstance(getattr(inner, "module", None), torch.nn.Module):
         inner = inner.module
     impl = getattr(getattr(inner, "config", None), "_attn_implementation", None)
-    return impl == PACKED_SDPA or impl in _NATIVE_VARLEN
+    return impl == PACKED_SDPA or follows_sequence_boundaries(impl)
 
 
 def packed_response_logprobs(
