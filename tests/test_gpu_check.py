@@ -127,6 +127,27 @@ def test_smoke_zero2_section(tmp_path):
     assert r["zero2_engine_gradient_clipping"] == Config().trainer.grad_clip
 
 
+@pytest.mark.slow
+def test_smoke_e2e_section_trains_evaluates_and_searches_from_a_thread(tmp_path):
+    """The end-to-end section on CPU: the world and its dense index, train.py for 3 steps, eval.py on the checkpoint,
+    the dense retriever searched from a fresh thread; the whole check's budgets keep it within its 540 s."""
+    out = tmp_path / "gpu_check.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--smoke", "--sections", "e2e",
+                           "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["sections"]["e2e"]["status"] == "ok", report["sections"]["e2e"]
+    r = report["results"]
+    assert r["e2e_train_steps"] == 3 and r["e2e_train_checkpoint"] == "step_000003" and r["e2e_train_s"] > 0
+    assert r["e2e_eval_questions"] == 8 and 0 <= r["e2e_eval_em"] <= 1
+    assert r["e2e_encode_devices"] == r["e2e_thread_encoder_device"] == "cpu" and r["e2e_thread_hits_equal"] is True
+    assert set(gpu_check.expected_results(gpu_check.SMOKE)["e2e"]) <= set(r)
+    full = gpu_check.FULL
+    assert set(gpu_check.SECTION_ORDER) == set(full["budget_s"]) and full["total_budget_s"] == 540
+    assert 2 * full["e2e_entry_timeout_s"] < full["budget_s"]["e2e"]  # train and eval fit the section's budget
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # --report: docs/gpu.md from the committed JSON files
 # --------------------------------------------------------------------------------------------------------------------
@@ -190,6 +211,19 @@ def test_renderer_on_hand_made_reports():
         gpu_check_report.replace_block("no block here", block)
     doc = f"before\n{gpu_check_report.BEGIN} -->\nold\n{gpu_check_report.END}\nafter\n"
     assert gpu_check_report.replace_block(doc, block) == f"before\n{block}\nafter\n"
+
+
+def test_renderer_shows_the_end_to_end_section():
+    report = hand_report({"e2e": ("ok", 80.0)}, {"e2e_gpus": 2, "e2e_encode_devices": "cuda:0", "e2e_train_steps": 3,
+                                                 "e2e_train_s": 31.25, "e2e_eval_em": 0.125, "e2e_eval_s": None,
+                                                 "e2e_thread_encoder_device": "cuda:1",
+                                                 "e2e_thread_worker_start_device": 0, "e2e_thread_hits_equal": True})
+    lines = gpu_check_report.render_block([("g.json", report)], {}, "x.md").splitlines()
+    assert "| e2e | `g.json` | ok | 80 | 120 |" in lines
+    for row in ("| train.py: steps | 3 |", "| train.py: s (3 steps, with start-up) | 31.2 |", "| eval.py: EM | 0.125 |",
+                "| eval.py: s | - |", "| retriever built on | cuda:1 |", "| fresh thread starts on CUDA device | 0 |",
+                "| fresh thread's hits equal the building thread's | True |"):
+        assert row in lines, row
 
 
 def test_learner_plan_is_the_plan_without_engine_retriever_or_context():
