@@ -291,8 +291,8 @@ def learner_context(model_name: str, smoke: bool, shapes: dict, accelerator: Any
     factories.configure_deepspeed(accelerator, dist, tc)  # DeepSpeed: one micro-batch per engine call, clipping
     model, optimizer = accelerator.prepare(model, optimizer)
     # no rollout (synthetic batches): a backend without an engine, whose vocabulary is the head's every row
-    learner = Learner(cfg=cfg, accelerator=accelerator, dist=dist, model=model, optimizer=optimizer, scheduler=scheduler,
-                      ref_model=ref, tokenizer=None, backend=BackendBase(), retriever=None)
+    learner = Learner(cfg=cfg, accelerator=accelerator, dist=dist, model=model, optimizer=optimizer,
+                      scheduler=scheduler, ref_model=ref, tokenizer=None, backend=BackendBase(), retriever=None)
     return learner, model_config(model_name, smoke).vocab_size
 
 

@@ -25,8 +25,9 @@ accumulation as configs/deepspeed/*.json set them):
     engine      vLLM claims gpu_memory_utilization x the GPU's *total* memory (weights + activations + KV cache)
                 while awake; asleep (level 2) it keeps its bookkeeping (ENGINE_ASLEEP_BYTES), Model Runner V2's
                 output bin counts max_num_seqs x V x 4 B and its CUDA-graph pool (vllm_asleep_bytes); without sleep
-                mode its whole claim stays through the update. The HF engine: the KV cache of its batch, tokens x 2 x layers x kv_heads x
-                head_dim x 2 B (freed for the update), plus under ZeRO-3 a full bf16 copy of the weights 2P
+                mode its whole claim stays through the update. The HF engine: the KV cache of its batch, tokens x 2
+                x layers x kv_heads x head_dim x 2 B (freed for the update), plus under ZeRO-3 a full bf16 copy of
+                the weights 2P
     activations update phase, one forward pass of T padded tokens (pass_tokens), with a = the bytes of the
                 weights' dtype (2: bf16 under DeepSpeed; 4: fp32 weights under autocast without it, whose residual
                 stream, norms and final hidden states stay fp32): checkpointed layer inputs L T H a, one layer

@@ -378,11 +378,13 @@ def test_what_the_engine_holds_is_compared_with_what_was_streamed():
     no_v = mismatches({k: v for k, v in QWEN_LIKE_STREAM.items() if ".v_proj" not in k})
     assert len(no_v) == 1 and no_v[0].startswith("model.layers.0.self_attn.qkv_proj.weight has shape (16, 8) in the "
                                                  "engine, the stream gave model.layers.0.self_attn.q_proj.weight (8, 8)")
-    assert len(mismatches({**QWEN_LIKE_STREAM, "model.embed_tokens.weight": (60, 8)})) == 1  # 128 rows pad 100, not 60
+    # 128 rows pad 100 rows, not 60
+    assert len(mismatches({**QWEN_LIKE_STREAM, "model.embed_tokens.weight": (60, 8)})) == 1
     assert len(mismatches({**QWEN_LIKE_STREAM, "model.norm.weight": (8, 1)})) == 1
-    dropped = engine_mismatches(QWEN_LIKE_STREAM, {**_qwen_like_mapping(QWEN_LIKE_STREAM), "model.norm.weight": None},
-                                QWEN_LIKE_HELD)  # the model's name mapper drops it
-    assert dropped[0].endswith("skipped them): model.norm.weight") and "not filled by the stream: model.norm" in dropped[1]
+    mapped = {**_qwen_like_mapping(QWEN_LIKE_STREAM), "model.norm.weight": None}  # the model's name mapper drops it
+    dropped = engine_mismatches(QWEN_LIKE_STREAM, mapped, QWEN_LIKE_HELD)
+    assert dropped[0].endswith("skipped them): model.norm.weight")
+    assert "not filled by the stream: model.norm" in dropped[1]
 
 
 def test_a_load_the_engine_does_not_hold_stops_with_the_names(monkeypatch):

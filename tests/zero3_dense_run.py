@@ -1,6 +1,7 @@
-"""Launched by tests/test_retriever_zero3.py under `accelerate launch --config_file configs/accelerate/cpu_2proc_zero3.yaml`
-(2 CPU processes, DeepSpeed ZeRO-3 over gloo): the in-process dense retriever as the trainer builds it
-(factories.make_retriever), then, as a control, the same encoder loaded without the trainer's guard.
+"""Launched by tests/test_retriever_zero3.py under
+`accelerate launch --config_file configs/accelerate/cpu_2proc_zero3.yaml` (2 CPU processes, DeepSpeed ZeRO-3 over
+gloo): the in-process dense retriever as the trainer builds it (factories.make_retriever), then, as a control, the
+same encoder loaded without the trainer's guard.
 
     python tests/zero3_dense_run.py INDEX_DIR OUT_DIR QUERY...
 

@@ -27,7 +27,8 @@ def make_backend(cfg: RolloutConfig, *, model: Optional[torch.nn.Module] = None,
     """Build the backend named by ``cfg.backend`` (a RolloutConfig; ``cfg.generation_batch_size`` sequences per call).
 
     "hf": generation with ``model``, or with the model loaded from ``model_path`` (in eval mode, ``dtype``: auto =
-    bf16 on GPU, fp32 on CPU; ``device`` auto = this thread's current GPU as cuda:<index> if there is one, or a device such as cuda:1);
+    bf16 on GPU, fp32 on CPU; ``device`` auto = this thread's current GPU as cuda:<index> if there is one, or a
+    device such as cuda:1);
     ``shares_learner_weights``: it is the learner's own module, so weight loads are no-ops. "vllm": one engine on
     this rank's GPU loaded from ``model_path`` (rank / world size from the launcher's environment);
     ``parameter_names``: the learner's parameter names, every one of which each weight load must deliver (default:

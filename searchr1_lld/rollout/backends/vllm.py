@@ -35,7 +35,8 @@ parsed out of this file's own source, so the check cannot drift from the code).
   (``LLM.apply_model``), against the names and shapes streamed (vllm_weights.py): a name vLLM skipped or a
   parameter nothing filled is an error naming it (vLLM itself only logs a warning, and after a level-2 sleep a
   parameter not streamed holds garbage). The prefix cache is then reset so no KV computed with old weights is
-  reused (``reset_prefix_cache`` refuses while requests hold blocks: an error then, never ignored); :meth:`wake_up` allocates the KV cache (``wake_up(tags=["kv_cache"])``).
+  reused (``reset_prefix_cache`` refuses while requests hold blocks: an error then, never ignored); :meth:`wake_up`
+  allocates the KV cache (``wake_up(tags=["kv_cache"])``).
 - Sampling: ``SamplingParams`` with the stop strings kept in the output, special tokens kept in the text (the tags
   may be added tokens), ``logprobs=0`` (the sampled token's log-prob). ``logprobs_mode="processed_logprobs"``
   gives log_softmax(logits / temperature), the convention of backends/base.py (with top-p < 1 vLLM renormalises
@@ -67,7 +68,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 import torch
 
