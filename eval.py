@@ -44,7 +44,6 @@ from typing import Any, Callable
 
 import retriever as retrievers
 from searchr1_lld import evaluation as ev
-from searchr1_lld.rollout import backends
 from searchr1_lld.cli import check_model_source, run_main
 from searchr1_lld.config import load_config
 
@@ -176,7 +175,9 @@ def _retriever_config(cfg: Any, args: argparse.Namespace, index: str | None) -> 
 
 
 def evaluate_checkpoint(model: str | None, out_dir: Path, name: str, s: dict[str, Any], args: argparse.Namespace,
-                        get_retriever: Callable[[], Any]) -> dict[str, Any] | None:
+                        get_retriever: Callable[[], Any], engines: dict[str, Any]) -> dict[str, Any] | None:
+    """One checkpoint's evaluation into ``out_dir``; ``engines``: the process's engine, shared by the checkpoints of
+    --compare (``CheckpointEngines``, built by the first that needs one)."""
     model_path = model or s["cfg"].model.path
     if not model_path:
         raise ev.EvalError("no model: --model (or model.path in --config)")
@@ -199,8 +200,9 @@ def evaluate_checkpoint(model: str | None, out_dir: Path, name: str, s: dict[str
             if shard is not None:
                 print(f"shard {shard[0]}/{shard[1]} on {device} (LOCAL_RANK={os.environ['LOCAL_RANK']}, "
                       f"MASTER_PORT={os.environ['MASTER_PORT']})", flush=True)
-            backend = backends.make_backend(engine_cfg, tokenizer=tokenizer, model_path=model_path,
-                                            dtype=s["cfg"].model.dtype, tokenizer_path=tok_path, device=device)
+            if not engines:
+                engines["engine"] = ev.CheckpointEngines(engine_cfg, dtype=s["cfg"].model.dtype, device=device)
+            backend = engines["engine"].backend_for(model_path, tokenizer, tok_path)
             retriever = get_retriever()
         return ev.evaluate(rows, backend=backend, tokenizer=tokenizer, retriever=retriever,
                            rollout_cfg=s["rollout_cfg"], out_dir=out_dir, batch_size=s["batch_size"],
@@ -244,6 +246,7 @@ def _main(argv: list[str] | None = None) -> int:
     index = args.index or (s["cfg"].retriever.index_dir if s["cfg"].retriever.mode == "inprocess" else None)
     s["retriever_source"] = args.retriever_url or (str(Path(index).resolve()) if index else "")
     cache: list[Any] = []
+    engines: dict[str, Any] = {}  # one generation engine per process, for every checkpoint of --compare
 
     def get_retriever() -> Any:  # built on first use, shared by the checkpoints of --compare
         if not cache:
@@ -256,7 +259,7 @@ def _main(argv: list[str] | None = None) -> int:
             name, sep, path = item.partition("=")
             if not sep or not name or not path:
                 raise ev.EvalError(f"--compare takes NAME=PATH items, got {item!r}")
-            res = evaluate_checkpoint(path, out / name, name, s, args, get_retriever)
+            res = evaluate_checkpoint(path, out / name, name, s, args, get_retriever, engines)
             if res is None:
                 raise ev.EvalError("--compare cannot be combined with --shard")
             methods.append((name, res))
@@ -265,7 +268,7 @@ def _main(argv: list[str] | None = None) -> int:
         print(table)
         return 0
     res = evaluate_checkpoint(args.model, out, args.name or ev.model_label(args.model or s["cfg"].model.path), s, args,
-                              get_retriever)
+                              get_retriever, engines)
     if res is None:
         print(f"shard {args.shard} done -> {ev.trajectories_path(out, ev.parse_shard(args.shard))}; "
               f"merge with: python eval.py --merge --out {out}")

@@ -30,7 +30,10 @@ Sections (benchmarks/gpu_check_parts.py):
   accelerate as a launched run (fp32 gradient reduction and accumulation; ``zero2_engine_*``: the settings the
   engine ran with); skipped when DeepSpeed is not importable;
 - logprobs: peak memory and time of forward + backward of log-prob + entropy, fused tiles vs naive, V = 151,936,
-  T = 4,096 / 8,192 / 16,384, H = 1,536, and a sweep of the CUDA tile budget at T = 16,384.
+  T = 4,096 / 8,192 / 16,384, H = 1,536, and a sweep of the CUDA tile budget at T = 16,384;
+- e2e (benchmarks/gpu_check_e2e.py): the test-sized synthetic world with a dense index encoded on the device by a
+  random encoder, ``train.py`` for 3 steps on the device (HF backend, that index in process), ``eval.py`` on its
+  checkpoint, and the dense retriever built on the last GPU and searched from a fresh thread (``e2e_thread_*``).
 Prints ``RESULT <name> <value>`` per figure and writes one JSON: device, versions, shapes, per-section status and
 wall time, and every result (null with the section's error when it failed). ``--report`` renders such files, a later
 file's sections replacing an earlier one's, between the markers of ``--doc`` (benchmarks/gpu_check_report.py), with
@@ -65,7 +68,8 @@ FULL = {
     "vocab": 151936, "logprob_hidden": 1536, "logprob_tokens": [4096, 8192, 16384], "tile_sweep_mib": [64, 1024],
     # a 1.5B DeepSpeed start (import, process group, ZeRO-2 partitions) takes up to a few minutes; the total keeps
     # the whole check within 9 minutes: the last section (zero2) gets what the others left of it, at most its own
-    "budget_s": {"rollout": 300, "learner": 190, "zero2": 240, "logprobs": 80}, "total_budget_s": 540,
+    "budget_s": {"rollout": 300, "learner": 190, "zero2": 240, "logprobs": 80, "e2e": 150}, "total_budget_s": 540,
+    "e2e_entry_timeout_s": 60,
 }
 SMOKE = {
     "rollout_batches": [4, 8], "agreement_batch": 8, "max_turns": 1, "max_tokens_per_turn": 4,
@@ -73,9 +77,12 @@ SMOKE = {
     "reference": {"qwen2.5-0.5b": True, "qwen2.5-1.5b": True, "qwen2.5-3b": False},
     "pairs": {"qwen2.5-0.5b": 1, "qwen2.5-1.5b": 1, "qwen2.5-3b": 1},
     "vocab": 4096, "logprob_hidden": 32, "logprob_tokens": [64, 128], "tile_sweep_mib": [1],
-    "budget_s": {"rollout": 120, "learner": 120, "zero2": 300, "logprobs": 120}, "total_budget_s": 900,
+    "budget_s": {"rollout": 120, "learner": 120, "zero2": 300, "logprobs": 120, "e2e": 400}, "total_budget_s": 900,
+    "e2e_entry_timeout_s": 180,
 }
-SECTION_ORDER = ("logprobs", "learner", "rollout", "zero2")
+# the measured sections of the H200 run took logprobs 14 s, learner 103 s, zero2 31 s, rollout 139-300 s: the
+# rollout, whose figures need the most time and matter least for a first GPU contact, runs last on what is left
+SECTION_ORDER = ("logprobs", "learner", "zero2", "e2e", "rollout")
 MIN_SECTION_S = 20  # a section is not started with less of the total budget left
 VERSIONED = ("torch", "transformers", "accelerate", "triton", "deepspeed", "tokenizers")
 
@@ -98,7 +105,10 @@ def expected_results(shapes: dict) -> dict[str, list[str]]:
     logprobs += [f"logprob_tile_{mib}mib_{k}" for mib in shapes["tile_sweep_mib"]
                  for k in ("rows", f"s_T{t_max}", f"peak_gib_T{t_max}")]
     logprobs += ["logprob_tile_rows_chosen", "logprob_tile_vocab_chosen"]
-    return {"rollout": rollout, "learner": learner, "zero2": zero2, "logprobs": logprobs}
+    e2e = ["e2e_gpus", "e2e_encode_devices", "e2e_train_s", "e2e_train_steps", "e2e_train_checkpoint", "e2e_eval_s",
+           "e2e_eval_questions", "e2e_eval_em", "e2e_thread_encoder_device", "e2e_thread_worker_start_device",
+           "e2e_thread_hits_equal"]
+    return {"rollout": rollout, "learner": learner, "zero2": zero2, "logprobs": logprobs, "e2e": e2e}
 
 
 def package_versions() -> dict[str, str | None]:

@@ -270,6 +270,7 @@ def learner_context(model_name: str, smoke: bool, shapes: dict, accelerator: Any
     from searchr1_lld.distributed import DistributedFacts
     from searchr1_lld.learner import factories, optim
     from searchr1_lld.learner.state import Learner
+    from searchr1_lld.rollout.backends.base import BackendBase
 
     cfg = Config()
     tc = cfg.trainer
@@ -289,8 +290,9 @@ def learner_context(model_name: str, smoke: bool, shapes: dict, accelerator: Any
     dist = DistributedFacts.of(accelerator)
     factories.configure_deepspeed(accelerator, dist, tc)  # DeepSpeed: one micro-batch per engine call, clipping
     model, optimizer = accelerator.prepare(model, optimizer)
-    learner = Learner(cfg=cfg, accelerator=accelerator, dist=dist, model=model, optimizer=optimizer, scheduler=scheduler,
-                  ref_model=ref, tokenizer=None, backend=None, retriever=None)  # no rollout: synthetic batches
+    # no rollout (synthetic batches): a backend without an engine, whose vocabulary is the head's every row
+    learner = Learner(cfg=cfg, accelerator=accelerator, dist=dist, model=model, optimizer=optimizer,
+                      scheduler=scheduler, ref_model=ref, tokenizer=None, backend=BackendBase(), retriever=None)
     return learner, model_config(model_name, smoke).vocab_size
 
 
@@ -538,5 +540,13 @@ def section_logprobs(device: torch.device, shapes: dict, smoke: bool) -> dict[st
     return out
 
 
+def section_e2e(device: torch.device, shapes: dict, smoke: bool) -> dict[str, Any]:
+    """train.py, eval.py and the dense retriever from a fresh thread on the device (benchmarks/gpu_check_e2e.py)."""
+    import gpu_check_e2e
+
+    return gpu_check_e2e.section_e2e(device, shapes, smoke)
+
+
 SECTIONS: dict[str, Callable[[torch.device, dict, bool], dict[str, Any]]] = {
-    "rollout": section_rollout, "learner": section_learner, "zero2": section_zero2, "logprobs": section_logprobs}
+    "rollout": section_rollout, "learner": section_learner, "zero2": section_zero2, "logprobs": section_logprobs,
+    "e2e": section_e2e}

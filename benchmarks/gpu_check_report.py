@@ -13,10 +13,10 @@ from typing import Any
 
 from searchr1_lld import memory_plan as mp
 MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b")
-SECTIONS = ("learner", "zero2", "rollout", "logprobs")
+SECTIONS = ("learner", "zero2", "rollout", "logprobs", "e2e")
 # which section a result belongs to, by its name's prefix
 PREFIXES = {"rollout": ("rollout_", "logp_gap_", "agreement_"), "learner": ("learner_",), "zero2": ("zero2_",),
-            "logprobs": ("logprob_",)}
+            "logprobs": ("logprob_",), "e2e": ("e2e_",)}
 BEGIN = "<!-- gpu-check:begin"
 END = "<!-- gpu-check:end -->"
 GIB = 2**30
@@ -159,6 +159,23 @@ def logprob_tables(res: dict[str, Any], shapes: dict) -> list[str]:
                      f"fused s, T = {t_max:,}", f"fused peak GiB, T = {t_max:,}"], sweep))
 
 
+E2E_ROWS = (("GPUs", "e2e_gpus"), ("dense index encoded on", "e2e_encode_devices"),
+            ("train.py: steps", "e2e_train_steps"), ("train.py: s (3 steps, with start-up)", "e2e_train_s"),
+            ("train.py: checkpoint", "e2e_train_checkpoint"), ("eval.py: questions", "e2e_eval_questions"),
+            ("eval.py: EM", "e2e_eval_em"), ("eval.py: s", "e2e_eval_s"),
+            ("retriever built on", "e2e_thread_encoder_device"),
+            ("fresh thread starts on CUDA device", "e2e_thread_worker_start_device"),
+            ("fresh thread's hits equal the building thread's", "e2e_thread_hits_equal"))
+
+
+def e2e_table(res: dict[str, Any]) -> list[str]:
+    """The end-to-end section's figures, one row each (``-``: not reached)."""
+    def shown(value: Any) -> str:
+        return "-" if value is None else num(value, ".3g") if isinstance(value, float) else str(value)
+
+    return table(["end to end", "value"], [[label, shown(res.get(key))] for label, key in E2E_ROWS])
+
+
 def render_block(sources: list[tuple[str, dict]], model_configs: dict[str, dict], doc: str) -> str:
     """The markdown block of ``sources`` ([(path as the command names it, report)], later sections overriding),
     between its markers; ``model_configs``: the HF config of each model (benchmarks/model_configs/) for the plan."""
@@ -180,6 +197,9 @@ def render_block(sources: list[tuple[str, dict]], model_configs: dict[str, dict]
         shapes = origin["logprobs"][1]["shapes"]
         lines += ["", f"**Log-prob + entropy, forward + backward, V = {shapes['vocab']:,}, "
                       f"H = {shapes['logprob_hidden']:,}: fused tiles vs naive**", "", *logprob_tables(res, shapes)]
+    if "e2e" in origin:
+        lines += ["", "**End to end: train.py and eval.py on the device, the dense retriever from a fresh thread**", "",
+                  *e2e_table(res)]
     return "\n".join(lines + ["", END])
 
 

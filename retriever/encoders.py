@@ -74,8 +74,18 @@ def resolve_encoder_path(name: str) -> str:
     return name  # a hub id; from_pretrained resolves it (fails offline with the hub's own message)
 
 
-def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
+def resolve_device(device: str | None = None) -> str:
+    """The device an encoder is built on, always explicit: ``None`` -> this thread's current CUDA device as
+    ``cuda:<index>`` when there is a GPU, else ``cpu``; a bare ``cuda`` -> ``cuda:<index>`` of this thread's current
+    device; anything else as given.
+
+    Resolved once, when the encoder is built: PyTorch's current device is per thread (a new thread starts on
+    cuda:0), so an encoder built on cuda:1 and called from a worker thread must name cuda:1 in every move."""
+    if device is None and not torch.cuda.is_available():
+        return "cpu"
+    if device is None or device == "cuda":
+        return f"cuda:{torch.cuda.current_device()}"
+    return device
 
 
 def mean_pool(last_hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -111,7 +121,7 @@ class E5Encoder:
         self.pooling = pooling
         self.name = name
         self.path = resolve_encoder_path(name)
-        self.device = device or default_device()
+        self.device = resolve_device(device)
         self.max_length = int(max_length)
         self.query_prefix = query_prefix
         self.passage_prefix = passage_prefix
@@ -201,7 +211,7 @@ def get_encoder(name: str, *, device: str | None = None, max_length: int = 256,
                 pooling: str = "mean") -> E5Encoder:
     """A shared E5Encoder per (model, device, settings) in this process: loading the weights once is enough for any
     number of builds and retrievers (inference is read-only, so sharing across threads is safe)."""
-    key = (resolve_encoder_path(name), device or default_device(), int(max_length), query_prefix, passage_prefix,
+    key = (resolve_encoder_path(name), resolve_device(device), int(max_length), query_prefix, passage_prefix,
            pooling)
     if key not in _ENCODERS:
         _ENCODERS[key] = E5Encoder(name, device=device, max_length=max_length, query_prefix=query_prefix,

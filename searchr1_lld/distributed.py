@@ -24,6 +24,30 @@ def free_ports(n: int = 1, host: str = "127.0.0.1") -> list[int]:
         return [s.getsockname()[1] for s in socks]
 
 
+def explicit_device(device: str = "auto") -> str:
+    """A device named in full: ``auto`` -> ``cuda:<index>`` of this thread's current GPU when there is one, else
+    ``cpu``; a bare ``cuda`` -> ``cuda:<index>``; anything else as given. PyTorch's current device is per thread
+    (a new thread starts on cuda:0), so a bare ``cuda`` means a different GPU in a worker thread."""
+    if device == "auto" and not torch.cuda.is_available():
+        return "cpu"
+    if device in ("auto", "cuda"):
+        return f"cuda:{torch.cuda.current_device()}"
+    return device
+
+
+def thread_cuda_device() -> int | None:
+    """This thread's current CUDA device index (None without a GPU): what a worker thread started from here must
+    set (:func:`set_thread_cuda_device`) to compute on the same GPU."""
+    return torch.cuda.current_device() if torch.cuda.is_available() else None
+
+
+def set_thread_cuda_device(index: int | None) -> None:
+    """An executor initializer: the worker thread's current CUDA device becomes ``index`` (None: no GPU, nothing to
+    set)."""
+    if index is not None:
+        torch.cuda.set_device(index)
+
+
 @dataclass(frozen=True)
 class DistributedFacts:
     """What the learner asks about its processes, resolved once at set-up (:meth:`of`)."""

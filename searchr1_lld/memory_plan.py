@@ -23,9 +23,11 @@ accumulation as configs/deepspeed/*.json set them):
     retriever   the FAISS shard the co-located `retriever serve --gpu-index` puts on this GPU (+ its temp memory
                 and CUDA context)
     engine      vLLM claims gpu_memory_utilization x the GPU's *total* memory (weights + activations + KV cache)
-                while awake; asleep (level 2) it keeps about ENGINE_ASLEEP_BYTES; without sleep mode its whole claim
-                stays through the update. The HF engine: the KV cache of its batch, tokens x 2 x layers x kv_heads x
-                head_dim x 2 B (freed for the update), plus under ZeRO-3 a full bf16 copy of the weights 2P
+                while awake; asleep (level 2) it keeps its bookkeeping (ENGINE_ASLEEP_BYTES), Model Runner V2's
+                output bin counts max_num_seqs x V x 4 B and its CUDA-graph pool (vllm_asleep_bytes); without sleep
+                mode its whole claim stays through the update. The HF engine: the KV cache of its batch, tokens x 2
+                x layers x kv_heads x head_dim x 2 B (freed for the update), plus under ZeRO-3 a full bf16 copy of
+                the weights 2P
     activations update phase, one forward pass of T padded tokens (pass_tokens), with a = the bytes of the
                 weights' dtype (2: bf16 under DeepSpeed; 4: fp32 weights under autocast without it, whose residual
                 stream, norms and final hidden states stay fp32): checkpointed layer inputs L T H a, one layer
@@ -48,6 +50,13 @@ GB = 1e9
 H100_80GB = 81_559 * 2**20  # total memory CUDA reports for an 80 GB H100 (what vLLM multiplies its fraction by)
 CONTEXT_BYTES = 1.5 * GB  # CUDA context + NCCL buffers + allocator slack of one training process
 ENGINE_ASLEEP_BYTES = 0.5 * GB  # vLLM at sleep level 2: its allocator's bookkeeping and small buffers
+# vLLM's default max_num_seqs for an LLM on a GPU of >= 70 GiB (H100, H200; engine/arg_utils.py), 256 on smaller ones;
+# Model Runner V2 sizes its per-request sampler state by it
+VLLM_MAX_NUM_SEQS = 1024
+# the CUDA-graph pool a vLLM engine keeps through sleep (captured graphs live in PyTorch's graph pool, outside the
+# sleep-mode allocator): an allowance, not measured here; vLLM logs its own figure at start-up ("CUDA graph pool
+# memory: X GiB (actual)"), and an engine with rollout.vllm_enforce_eager has none
+CUDA_GRAPH_POOL_BYTES = 1.0 * GB
 FAISS_TEMP_BYTES = 1.5 * 2**30  # StandardGpuResources' default temporary memory per GPU
 RETRIEVER_CONTEXT_BYTES = 0.5 * GB  # the retriever process's CUDA context on each GPU it uses
 MARGIN_FLOOR = 0.10  # configs keep at least this fraction of the GPU free at the first wake-up
@@ -214,16 +223,27 @@ def activation_bytes(shape: ModelShape, tokens: int, *, fused_head: bool, zero_s
     return kept + layer + head + live
 
 
+def vllm_asleep_bytes(shape: ModelShape, *, max_num_seqs: int = VLLM_MAX_NUM_SEQS,
+                      graph_pool_bytes: float = CUDA_GRAPH_POOL_BYTES) -> float:
+    """What a vLLM engine keeps through a level-2 sleep: its allocator's bookkeeping (ENGINE_ASLEEP_BYTES), Model
+    Runner V2's penalty state, allocated outside the sleep-mode pool whatever the requests ask for
+    (vllm/v1/worker/gpu/sample/penalties.py: output bin counts ``max_num_seqs x V`` int32 and the prompt bin mask
+    ``max_num_seqs x ceil(V / 32)`` int32; 0.62 GB at 1,024 x 151,936), and the CUDA-graph pool."""
+    bins = max_num_seqs * (shape.vocab + -(-shape.vocab // 32)) * 4
+    return ENGINE_ASLEEP_BYTES + bins + graph_pool_bytes
+
+
 def gpu_memory_plan(shape: ModelShape, *, zero_stage: int, data_parallel: int, gpu_bytes: float,
                     vllm_gpu_memory_utilization: float, reference: bool, micro_batch_tokens: int,
                     fused_head: bool | None = None, retriever_bytes: float = 0.0,
                     gradient_checkpointing: bool = True, buckets: Buckets = Buckets(),
                     offload_optimizer: bool = False, engine_sleeps: bool = True, hf_engine_tokens: int | None = None,
-                    contexts: float = CONTEXT_BYTES) -> MemoryPlan:
+                    contexts: float = CONTEXT_BYTES, graph_pool_bytes: float = CUDA_GRAPH_POOL_BYTES) -> MemoryPlan:
     """The :class:`MemoryPlan` of one GPU that holds a learner rank and its vLLM engine (and, with
     ``retriever_bytes``, a shard of a co-located GPU retriever). ``fused_head`` (default: not ZeRO-3): log-probs from
     the hidden states chunk by chunk (policy_logprobs); False = the full logits are materialised. ``engine_sleeps``
-    False: vLLM keeps its claim through the update. ``hf_engine_tokens``: the HF engine in place of vLLM, with a KV
+    False: vLLM keeps its claim through the update; asleep it keeps :func:`vllm_asleep_bytes` (``graph_pool_bytes``:
+    its CUDA-graph pool, 0 for an eager engine). ``hf_engine_tokens``: the HF engine in place of vLLM, with a KV
     cache of that many tokens (generation_batch_size x max_total_length; ``vllm_gpu_memory_utilization`` unused)."""
     fused = zero_stage != 3 if fused_head is None else fused_head
     ref = ((4 if zero_stage == 0 else 2) * shape.params / (data_parallel if zero_stage == 3 else 1)) if reference \
@@ -235,7 +255,7 @@ def gpu_memory_plan(shape: ModelShape, *, zero_stage: int, data_parallel: int, g
         raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1]; got {vllm_gpu_memory_utilization}")
     else:
         awake, weights, overhead = vllm_gpu_memory_utilization * gpu_bytes, 2 * shape.params, 2 * GB
-        asleep = ENGINE_ASLEEP_BYTES if engine_sleeps else awake
+        asleep = vllm_asleep_bytes(shape, graph_pool_bytes=graph_pool_bytes) if engine_sleeps else awake
     return MemoryPlan(
         gpu=float(gpu_bytes), reference=ref, contexts=float(contexts), retriever=float(retriever_bytes),
         learner=learner_bytes(shape, zero_stage, data_parallel, buckets, offload_optimizer=offload_optimizer),
@@ -294,6 +314,7 @@ def markdown_table(plans: dict[str, MemoryPlan]) -> str:
         ("**margin at the first wake-up**",
          lambda p: f"**{g(p.margin_at_wake_up)} ({pct(p.margin_at_wake_up_fraction)})**"),
         ("update: activations of one forward pass", lambda p: g(p.activations)),
+        ("update: engine asleep (bookkeeping, V2 bin counts, CUDA graphs)", lambda p: g(p.engine_asleep)),
         ("**update**", lambda p: f"**{g(p.update)}**"),
         ("**margin at the update**", lambda p: f"**{g(p.gpu - p.update)} ({pct(p.margin_at_update_fraction)})**"),
     ]

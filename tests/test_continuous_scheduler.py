@@ -166,3 +166,42 @@ def test_the_scheduler_setting():
         uses_continuous_scheduler(CONTINUOUS, plain)
     with pytest.raises(ValueError, match="request-level API"):
         run_continuous(rows(1), backend=plain, tokenizer=make_tokenizer(), retriever=DictRetriever(), cfg=CFG)
+
+
+class LaggingStreamBackend(ScriptedStreamBackend):
+    """The scripted stream with asynchronous scheduling's visible behaviour (vLLM's default on GPU): a finished
+    request is reported one or more steps late, and a seeded third of the steps return nothing at all, while the
+    scheduler keeps adding requests."""
+
+    def __init__(self, *args, seed: int = 0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rng = random.Random(seed)
+        self.held: list[tuple[str, object]] = []  # finished, not reported yet
+        self.empty_steps_with_requests_waiting = 0
+
+    def step(self):
+        self.held += super().step()
+        if self.rng.random() < 1 / 3 or not self.held:
+            self.empty_steps_with_requests_waiting += bool(self._running or self.held)
+            return []
+        out, self.held = self.held, []
+        return out
+
+    def has_unfinished_requests(self) -> bool:
+        return super().has_unfinished_requests() or bool(self.held)
+
+    def abort_requests(self, request_ids):
+        super().abort_requests(request_ids)
+        self.held = [(r, o) for r, o in self.held if r not in set(request_ids)]
+
+
+@pytest.mark.parametrize("seed, max_total_length, max_turns", CASES,
+                         ids=["roomy", "tight-budget", "tighter-budget", "one-search"])
+def test_engine_steps_that_return_nothing_change_no_trajectory(seed, max_total_length, max_turns):
+    limits = dict(max_total_length=max_total_length, max_turns=max_turns)
+    ref, _ = rollout(ScriptedBackend(drawn_policy(seed), make_tokenizer()), dataclasses.replace(TURNS, **limits))
+    lagging = LaggingStreamBackend(drawn_policy(seed), make_tokenizer(), step_s=STEP_S, seed=seed)
+    got, timings = rollout(lagging, dataclasses.replace(CONTINUOUS, **limits))
+    assert [dataclasses.asdict(t) for t in got] == [dataclasses.asdict(t) for t in ref]
+    assert lagging.empty_steps_with_requests_waiting > 10 and not lagging.has_unfinished_requests()
+    assert timings["decode_iterations"] == lagging.steps

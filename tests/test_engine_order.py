@@ -29,6 +29,7 @@ class RecordingBackend:
     def __init__(self, inner, events):
         self.inner, self.events = inner, events
         self.streams: list[list[tuple[str, torch.Tensor]]] = []
+        self.vocab_limit = inner.vocab_limit
 
     def generate(self, prompts, **kw):
         self.events.append("generate")

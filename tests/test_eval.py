@@ -430,3 +430,54 @@ def test_data_file_gives_one_benchmark_per_data_source_read_once(tmp_path, monke
         "nq": ["nq-test-0", "nq-test-2"], "bamboogle": ["bamboogle-test-1", "bamboogle-test-4"],
         "musique": ["musique-test-3"], "mine": ["x"]}
     assert reads == [str(merged), str(plain)]  # once each
+
+
+class _StreamedBackend:
+    """Stands in for a running vLLM engine: records what each load streams into it."""
+
+    def __init__(self):
+        self.loads: list[dict] = []
+
+    def load_weights(self, named):
+        self.loads.append({n: t.clone() for n, t in named})
+
+
+def _tiny_checkpoint(path, seed, **config):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+               num_key_value_heads=1, tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(Qwen2Config(**{**cfg, **config}))
+    model.save_pretrained(path)
+    return model
+
+
+def test_later_checkpoints_stream_into_the_first_vllm_engine_or_are_refused(tmp_path, monkeypatch):
+    """One engine per process: the first checkpoint builds it (make_backend), a later one of the same model is
+    streamed into it from its safetensors, one of another shape or tokenizer is refused naming why."""
+    import torch
+
+    from searchr1_lld.evaluation import engines
+
+    built = []
+    monkeypatch.setattr(engines, "make_backend", lambda cfg, **kw: built.append(kw["model_path"]) or _StreamedBackend())
+    vocab = SimpleNamespace(get_vocab=lambda: {"a": 0, "b": 1})
+    _tiny_checkpoint(tmp_path / "a", 0)
+    b = _tiny_checkpoint(tmp_path / "b", 1)
+    _tiny_checkpoint(tmp_path / "wide", 2, hidden_size=32)
+    pool = ev.CheckpointEngines(RolloutConfig(backend="vllm"))
+    first = pool.backend_for(str(tmp_path / "a"), vocab, "tok")
+    assert pool.backend_for(str(tmp_path / "b"), vocab, "tok") is first and built == [str(tmp_path / "a")]
+    (streamed,) = first.loads
+    assert streamed.keys() == dict(b.named_parameters()).keys()
+    assert all(torch.equal(streamed[n], p) for n, p in b.named_parameters())
+    with pytest.raises(ev.EvalError, match="config differs from .*a's in hidden_size.*--compare-dirs"):
+        pool.backend_for(str(tmp_path / "wide"), vocab, "tok")
+    with pytest.raises(ev.EvalError, match="its tokenizer differs"):
+        pool.backend_for(str(tmp_path / "b"), SimpleNamespace(get_vocab=lambda: {"a": 0}), "tok")
+    hf = ev.CheckpointEngines(RolloutConfig(backend="hf"))  # plain torch models: one each, the previous freed
+    hf.backend_for(str(tmp_path / "a"), vocab, "tok")
+    hf.backend_for(str(tmp_path / "wide"), vocab, "tok")
+    assert built[1:] == [str(tmp_path / "a"), str(tmp_path / "wide")]

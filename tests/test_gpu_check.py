@@ -101,19 +101,25 @@ def test_unknown_section_is_one_line_exit_2():
     assert proc.returncode == 2 and "unknown section" in proc.stderr
 
 
+def smoke_section(section: str, tmp_path: Path, timeout_s: float) -> dict:
+    """``gpu_check.py --smoke --sections <section>`` in its own process: the results of the section, which must be ok
+    (DeepSpeed's CPU communication extension is built once, cached in the repository)."""
+    out = tmp_path / "gpu_check.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
+           "TORCH_EXTENSIONS_DIR": str(REPO / ".cache" / "torch_extensions")}
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--smoke", "--sections", section,
+                           "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["sections"][section]["status"] == "ok", report["sections"][section]
+    return report["results"]
+
+
 @pytest.mark.slow
 def test_smoke_zero2_section(tmp_path):
     """The ZeRO-2 section on one CPU rank (DeepSpeed builds its CPU communication extension once, cached)."""
     pytest.importorskip("deepspeed")
-    out = tmp_path / "gpu_check.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
-           "TORCH_EXTENSIONS_DIR": str(REPO / ".cache" / "torch_extensions")}
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--smoke", "--sections", "zero2",
-                           "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(out.read_text())
-    assert report["sections"]["zero2"]["status"] == "ok", report["sections"]["zero2"]
-    r = report["results"]
+    r = smoke_section("zero2", tmp_path, timeout_s=900)
     assert r["zero2_qwen2.5-1.5b_optimizer_step_s_llds_on"] > 0
     # the engine ran with the project's configs/deepspeed/zero2.json and the trainer's overrides
     ds = json.loads((REPO / "configs" / "deepspeed" / "zero2.json").read_text())
@@ -125,6 +131,20 @@ def test_smoke_zero2_section(tmp_path):
     from searchr1_lld.config import Config
 
     assert r["zero2_engine_gradient_clipping"] == Config().trainer.grad_clip
+
+
+@pytest.mark.slow
+def test_smoke_e2e_section_trains_evaluates_and_searches_from_a_thread(tmp_path):
+    """The end-to-end section on CPU: the world and its dense index, train.py for 3 steps, eval.py on the checkpoint,
+    the dense retriever searched from a fresh thread; the whole check's budgets keep it within its 540 s."""
+    r = smoke_section("e2e", tmp_path, timeout_s=600)
+    assert r["e2e_train_steps"] == 3 and r["e2e_train_checkpoint"] == "step_000003" and r["e2e_train_s"] > 0
+    assert r["e2e_eval_questions"] == 8 and 0 <= r["e2e_eval_em"] <= 1
+    assert r["e2e_encode_devices"] == r["e2e_thread_encoder_device"] == "cpu" and r["e2e_thread_hits_equal"] is True
+    assert set(gpu_check.expected_results(gpu_check.SMOKE)["e2e"]) <= set(r)
+    full = gpu_check.FULL
+    assert set(gpu_check.SECTION_ORDER) == set(full["budget_s"]) and full["total_budget_s"] == 540
+    assert 2 * full["e2e_entry_timeout_s"] < full["budget_s"]["e2e"]  # train and eval fit the section's budget
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -190,6 +210,19 @@ def test_renderer_on_hand_made_reports():
         gpu_check_report.replace_block("no block here", block)
     doc = f"before\n{gpu_check_report.BEGIN} -->\nold\n{gpu_check_report.END}\nafter\n"
     assert gpu_check_report.replace_block(doc, block) == f"before\n{block}\nafter\n"
+
+
+def test_renderer_shows_the_end_to_end_section():
+    report = hand_report({"e2e": ("ok", 80.0)}, {"e2e_gpus": 2, "e2e_encode_devices": "cuda:0", "e2e_train_steps": 3,
+                                                 "e2e_train_s": 31.25, "e2e_eval_em": 0.125, "e2e_eval_s": None,
+                                                 "e2e_thread_encoder_device": "cuda:1",
+                                                 "e2e_thread_worker_start_device": 0, "e2e_thread_hits_equal": True})
+    lines = gpu_check_report.render_block([("g.json", report)], {}, "x.md").splitlines()
+    assert "| e2e | `g.json` | ok | 80 | 120 |" in lines
+    for row in ("| train.py: steps | 3 |", "| train.py: s (3 steps, with start-up) | 31.2 |", "| eval.py: EM | 0.125 |",
+                "| eval.py: s | - |", "| retriever built on | cuda:1 |", "| fresh thread starts on CUDA device | 0 |",
+                "| fresh thread's hits equal the building thread's | True |"):
+        assert row in lines, row
 
 
 def test_learner_plan_is_the_plan_without_engine_retriever_or_context():

@@ -232,3 +232,26 @@ def test_a_packed_row_without_its_boundaries_is_refused(tiny_qwen2):
     """Positions restarting within a row and no cu_seq_lens_q: an error, never attention across the sequences."""
     with pytest.raises(ValueError, match="cu_seq_lens_q"):
         tiny_qwen2(input_ids=torch.tensor([[3, 4, 5, 6]]), position_ids=torch.tensor([[0, 1, 0, 1]]), use_cache=False)
+
+
+def test_flash_attention_from_the_kernels_hub_runs_packed_and_other_attention_is_refused(tiny_qwen2):
+    """transformers switches flash_attention_N to a kernels-hub repository when flash-attn is missing and the kernels
+    package is there; those names run packed forwards as flash_attention_2 does. Every name transformers can switch
+    to is recognised (read from transformers, so a new one fails here); an implementation that cannot run packed
+    forwards is an error naming it, not a silent fall-back to padding."""
+    from transformers import modeling_flash_attention_utils as fa
+
+    from searchr1_lld.learner.policy_logprobs import follows_sequence_boundaries
+
+    hub = set(fa.FLASH_ATTN_KERNEL_FALLBACK.values()) | {"kernels-community/aiter-flash-attn",
+                                                        "kernels-community/vllm-flash-attn3"}
+    assert all(follows_sequence_boundaries(name) for name in hub), hub
+    assert follows_sequence_boundaries("kernels-community/flash-attn2@v2:flash_attn_varlen_func")
+    assert not follows_sequence_boundaries("eager") and not follows_sequence_boundaries("kernels-community/other")
+    model = copy.deepcopy(tiny_qwen2)
+    model.config._attn_implementation = "kernels-community/flash-attn2"
+    assert policy_logprobs.use_packed_attention(model) and policy_logprobs.runs_packed(model)
+    model.config._attn_implementation = "eager"
+    with pytest.raises(ValueError, match="'eager' attention, which cannot run packed forwards.*pack_sequences=false"):
+        policy_logprobs.use_packed_attention(model)
+    assert not policy_logprobs.runs_packed(model)

@@ -31,7 +31,9 @@ def test_hand_computed_plan():
     resident = 18e9 / 4 + 8e6 + 2e9 / 4 + mp.CONTEXT_BYTES + 3e9
     assert plan.rollout == pytest.approx(resident + 50e9)
     assert plan.margin_at_wake_up_fraction == pytest.approx((100e9 - resident - 50e9) / 100e9)
-    assert plan.update == pytest.approx(resident + mp.ENGINE_ASLEEP_BYTES + 84000 + 4e6)
+    asleep = mp.ENGINE_ASLEEP_BYTES + 1024 * (100 + 4) * 4 + mp.CUDA_GRAPH_POOL_BYTES  # bin counts and mask, graphs
+    assert plan.engine_asleep == pytest.approx(asleep)
+    assert plan.update == pytest.approx(resident + asleep + 84000 + 4e6)
     assert plan.kv_cache == pytest.approx(50e9 - 2e9 - 2e9)
     with pytest.raises(ValueError, match="zero_stage"):
         mp.learner_bytes(shape, 1, 4)  # ZeRO-1 is not in the arithmetic
@@ -182,3 +184,18 @@ def test_fused_head_tiles_have_the_rows_the_code_uses():
     small = mp.activation_bytes(mp.QWEN25["3b"], 100, fused_head=True, zero_stage=2)
     assert small == 36 * 100 * 2048 * 2 + 2 * 100 * 41216 * 2 + 2 * 100 * 2048 * 2 + 3 * 100 * 151936 * 4 \
         + 151936 * 2048 * 6
+
+
+def test_a_sleeping_vllm_engine_keeps_its_bin_counts_and_graph_pool():
+    """Model Runner V2 allocates output bin counts of max_num_seqs x V int32 outside the sleep-mode pool: 0.62 GB at
+    1,024 sequences x 151,936 (Qwen2.5); the CUDA-graph pool stays too, unless the engine runs eagerly."""
+    qwen = mp.QWEN25["3b"]
+    assert qwen.vocab == 151_936
+    bins = mp.vllm_asleep_bytes(qwen, graph_pool_bytes=0.0) - mp.ENGINE_ASLEEP_BYTES
+    assert bins == 1024 * (151_936 + 4_748) * 4 and round(bins / mp.GB, 2) == 0.64  # 0.62 counts + 0.02 mask
+    common = dict(zero_stage=2, data_parallel=8, gpu_bytes=mp.H100_80GB, vllm_gpu_memory_utilization=0.5,
+                  reference=True, micro_batch_tokens=16384)
+    graphs, eager = mp.gpu_memory_plan(qwen, **common), mp.gpu_memory_plan(qwen, graph_pool_bytes=0.0, **common)
+    assert graphs.engine_asleep - eager.engine_asleep == mp.CUDA_GRAPH_POOL_BYTES
+    assert eager.engine_asleep == pytest.approx(mp.ENGINE_ASLEEP_BYTES + bins)
+    assert graphs.update - eager.update == mp.CUDA_GRAPH_POOL_BYTES

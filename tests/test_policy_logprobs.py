@@ -69,3 +69,53 @@ def test_fallback_for_heads_that_are_not_plain_linear():
     model.config.final_logit_softcapping = None
     model.lm_head.weight.ds_id = 0  # what a DeepSpeed ZeRO-3 partitioned parameter carries
     assert policy_logprobs.fused_output_head(model) is None
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_padded_vocabulary_rows_are_left_out_of_the_softmax_as_the_engine_does(fused):
+    """With ``vocab_limit`` the softmax runs over the ids below it only (the vLLM engine masks the rows past the
+    tokenizer with a -inf logit bias): log_softmax(logits[..., :limit]), not the full head's, and the padded rows get
+    no gradient."""
+    model = _tiny_qwen2(False)
+    ids, att, pos = _inputs()
+    limit, start = 80, 4
+    labels = ids[:, start + 1:].clamp(max=limit - 1)
+    with torch.no_grad():  # padded rows that would take a visible share of the full softmax
+        model.lm_head.weight[limit:] = model.lm_head.weight[labels.flatten()[:97 - limit]] * 3
+    with torch.no_grad():
+        logits = model(input_ids=ids[:, :-1], attention_mask=att[:, :-1], position_ids=pos[:, :-1]).logits[:, start:]
+    expected = torch.log_softmax(logits[..., :limit].float() / 0.7, -1).gather(-1, labels[..., None])[..., 0]
+    full = torch.log_softmax(logits.float() / 0.7, -1).gather(-1, labels[..., None])[..., 0]
+    logp, _ = policy_logprobs.response_logprobs(model, ids[:, :-1], att[:, :-1], pos[:, :-1], labels, start,
+                                                chunk_size=5, temperature=0.7, compute_entropy=False, fused=fused,
+                                                vocab_limit=limit)
+    torch.testing.assert_close(logp, expected, atol=1e-5, rtol=0)
+    assert float((logp.detach() - full).abs().max()) > 1e-2  # the padded rows did matter
+    logp.sum().backward()
+    assert float(model.lm_head.weight.grad[limit:].abs().sum()) == 0
+    assert float(model.lm_head.weight.grad[:limit].abs().sum()) > 0
+
+
+def test_the_learner_takes_the_engines_vocabulary():
+    """step.rows_logprobs passes the rollout engine's vocab_limit to the log-prob computation."""
+    from types import SimpleNamespace
+
+    from searchr1_lld.learner import step
+
+    model = _tiny_qwen2(False)
+    ids, att, pos = _inputs()
+    rows = {"input_ids": ids, "attention_mask": att, "position_ids": pos, "responses": ids[:, 5:] % 80, "p": 5}
+
+    def learner(limit):
+        return SimpleNamespace(accelerator=SimpleNamespace(device=torch.device("cpu")), backend=SimpleNamespace(
+            vocab_limit=limit), cfg=SimpleNamespace(rollout=SimpleNamespace(temperature=1.0),
+                                                    trainer=SimpleNamespace(logprob_chunk_size=4)))
+
+    with torch.no_grad():
+        limited, _ = step.rows_logprobs(learner(80), model, rows, compute_entropy=False)
+        full, _ = step.rows_logprobs(learner(None), model, rows, compute_entropy=False)
+        expected, _ = policy_logprobs.response_logprobs(model, ids[:, :-1], att[:, :-1], pos[:, :-1], rows["responses"],
+                                                        4, chunk_size=4, temperature=1.0, compute_entropy=False,
+                                                        vocab_limit=80)
+    torch.testing.assert_close(limited, expected)
+    assert not torch.allclose(limited, full)

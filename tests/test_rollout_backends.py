@@ -259,13 +259,17 @@ def test_vllm_output_conversion():
 
 
 class FakeLLM:
-    """The LLM surface the backend uses: generate, sleep, wake_up, collective_rpc("reload_weights"), reset_prefix_cache
-    and model_config (dtype, padded vocabulary rows)."""
+    """The LLM surface the backend uses: generate, sleep, wake_up, collective_rpc("reload_weights"), reset_prefix_cache,
+    apply_model (on a model holding ``held``: name -> shape, without a name mapper), llm_engine's
+    has_unfinished_requests and model_config (dtype, padded vocabulary rows)."""
 
-    def __init__(self, dtype=torch.float32, vocab_rows=None):
+    def __init__(self, dtype=torch.float32, vocab_rows=None, held=None, resets=(True,), unfinished=False):
         self.log: list = []
         self.loaded: list = []
         self.model_config = SimpleNamespace(dtype=dtype, get_vocab_size=lambda: vocab_rows or len(make_tokenizer()))
+        self.held = held or {}  # the engine model's parameters: name -> shape
+        self.resets = list(resets)  # what reset_prefix_cache answers, call by call (the last one from then on)
+        self.llm_engine = SimpleNamespace(has_unfinished_requests=lambda: unfinished)
 
     def generate(self, requests, sampling_params, use_tqdm):
         self.log.append(("generate", requests, sampling_params))
@@ -283,6 +287,11 @@ class FakeLLM:
 
     def reset_prefix_cache(self):
         self.log.append(("reset_prefix_cache",))
+        return self.resets.pop(0) if len(self.resets) > 1 else self.resets[0]
+
+    def apply_model(self, func):
+        model = SimpleNamespace(named_parameters=lambda: [(n, torch.empty(s)) for n, s in self.held.items()])
+        return [func(model)]
 
 
 def _vllm_backend(llm, monkeypatch, names=("weight", "bias"), **cfg):
@@ -295,7 +304,7 @@ def _vllm_backend(llm, monkeypatch, names=("weight", "bias"), **cfg):
 
 
 def test_vllm_backend_with_a_fake_engine(monkeypatch):
-    llm = FakeLLM()
+    llm = FakeLLM(held={"weight": (2, 2), "bias": (2,)})
     be = _vllm_backend(llm, monkeypatch)
     outs = be.generate([[1, 2, 3], [4]], max_new_tokens=8, stop_strings=["</search>"], temperature=1.0, top_p=1.0,
                        greedy=False)
@@ -316,7 +325,7 @@ def test_vllm_backend_with_a_fake_engine(monkeypatch):
 
 
 def test_vllm_sleep_mode_switch_does_what_it_says(monkeypatch):
-    llm = FakeLLM()
+    llm = FakeLLM(held={"w": (1,)})
     be = _vllm_backend(llm, monkeypatch, names=["w"], vllm_enable_sleep_mode=False)
     be.sleep()
     be.load_weights([("w", torch.zeros(1))])
@@ -330,7 +339,7 @@ def test_vllm_sleep_mode_switch_does_what_it_says(monkeypatch):
 
 
 def test_vllm_weights_are_cast_to_the_engine_dtype_and_must_all_arrive(monkeypatch):
-    llm = FakeLLM(dtype=torch.bfloat16)
+    llm = FakeLLM(dtype=torch.bfloat16, held={"a.weight": (2,), "b.weight": (2,), "steps": (1,)})
     be = _vllm_backend(llm, monkeypatch, names=["a.weight", "b.weight", "steps"])
     w = torch.tensor([1.0, 2.0 ** -10 + 1.0])
     be.load_weights([("a.weight", w), ("b.weight", w.double()), ("steps", torch.tensor([3]))])
@@ -340,6 +349,63 @@ def test_vllm_weights_are_cast_to_the_engine_dtype_and_must_all_arrive(monkeypat
     assert loaded["steps"].dtype == torch.int64  # integer tensors are not floating-point weights: left as they are
     with pytest.raises(RuntimeError, match=r"did not receive 1 of the engine model's 3 parameters: b\.weight"):
         be.load_weights([("a.weight", w), ("steps", torch.tensor([3]))])
+
+
+# Qwen2's layout in vLLM: q/k/v rows stacked into qkv_proj, the embedding padded to a multiple of 64, tied head
+QWEN_LIKE_STREAM = {"model.embed_tokens.weight": (100, 8), "model.layers.0.self_attn.q_proj.weight": (8, 8),
+                    "model.layers.0.self_attn.k_proj.weight": (4, 8), "model.layers.0.self_attn.v_proj.weight": (4, 8),
+                    "model.norm.weight": (8,)}
+QWEN_LIKE_HELD = {"model.embed_tokens.weight": (128, 8), "model.layers.0.self_attn.qkv_proj.weight": (16, 8),
+                  "model.norm.weight": (8,)}
+
+
+def _qwen_like_mapping(names):
+    return {n: n.replace(".q_proj", ".qkv_proj").replace(".k_proj", ".qkv_proj").replace(".v_proj", ".qkv_proj")
+            for n in names}
+
+
+def test_what_the_engine_holds_is_compared_with_what_was_streamed():
+    from searchr1_lld.rollout.backends.vllm_weights import engine_mismatches
+
+    def mismatches(streamed, held=QWEN_LIKE_HELD):
+        return engine_mismatches(streamed, _qwen_like_mapping(streamed), held)
+
+    assert mismatches(QWEN_LIKE_STREAM) == []  # stacked rows add up, the padded embedding takes 100 rows
+    skipped = mismatches({**QWEN_LIKE_STREAM, "lm_head.weight": (100, 8)})  # a tied engine has no lm_head
+    assert skipped == ["streamed but not held by the engine model (vLLM skipped them): lm_head.weight"]
+    unfilled = mismatches({k: v for k, v in QWEN_LIKE_STREAM.items() if k != "model.norm.weight"})
+    assert unfilled == ["held by the engine model but not filled by the stream: model.norm.weight"]
+    no_v = mismatches({k: v for k, v in QWEN_LIKE_STREAM.items() if ".v_proj" not in k})
+    assert len(no_v) == 1 and no_v[0].startswith("model.layers.0.self_attn.qkv_proj.weight has shape (16, 8) in the "
+                                                 "engine, the stream gave model.layers.0.self_attn.q_proj.weight (8, 8)")
+    # 128 rows pad 100 rows, not 60
+    assert len(mismatches({**QWEN_LIKE_STREAM, "model.embed_tokens.weight": (60, 8)})) == 1
+    assert len(mismatches({**QWEN_LIKE_STREAM, "model.norm.weight": (8, 1)})) == 1
+    mapped = {**_qwen_like_mapping(QWEN_LIKE_STREAM), "model.norm.weight": None}  # the model's name mapper drops it
+    dropped = engine_mismatches(QWEN_LIKE_STREAM, mapped, QWEN_LIKE_HELD)
+    assert dropped[0].endswith("skipped them): model.norm.weight")
+    assert "not filled by the stream: model.norm" in dropped[1]
+
+
+def test_a_load_the_engine_does_not_hold_stops_with_the_names(monkeypatch):
+    llm = FakeLLM(held={"weight": (2, 2)})  # an engine model without the learner's bias
+    be = _vllm_backend(llm, monkeypatch, names=("weight", "bias"))
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(RuntimeError, match=r"not held by the engine model \(vLLM skipped them\): bias"):
+        be.load_weights((n, p.detach()) for n, p in model.named_parameters())
+
+
+def test_a_refused_prefix_cache_reset_is_retried_once_or_fails_with_the_reason(monkeypatch):
+    names, held = ("w",), {"w": (1,)}
+    llm = FakeLLM(held=held, resets=(False, True))  # blocks still being freed: the second ask succeeds
+    _vllm_backend(llm, monkeypatch, names=names).load_weights([("w", torch.zeros(1))])
+    assert llm.log.count(("reset_prefix_cache",)) == 2
+    be = _vllm_backend(FakeLLM(held=held, resets=(False,)), monkeypatch, names=names)
+    with pytest.raises(RuntimeError, match="refused to reset its prefix cache with no request in the engine"):
+        be.load_weights([("w", torch.zeros(1))])
+    be = _vllm_backend(FakeLLM(held=held, resets=(False, True), unfinished=True), monkeypatch, names=names)
+    with pytest.raises(RuntimeError, match="requests still in the engine hold KV blocks.*abort_requests"):
+        be.load_weights([("w", torch.zeros(1))])
 
 
 def test_vllm_padded_vocabulary_rows_are_never_allowed(monkeypatch):

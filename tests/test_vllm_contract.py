@@ -49,7 +49,15 @@ def test_the_check_covers_every_engine_call():
     assert {"LLM", "SamplingParams", "LLM.generate", "LLM.sleep", "LLM.wake_up", "LLM.collective_rpc",
             "worker.reload_weights", "LLM.reset_prefix_cache", "attr.model_config.dtype",
             "attr.model_config.get_vocab_size", "engine.add_request", "engine.step", "engine.has_unfinished_requests",
-            "engine.abort_request"} <= targets
+            "engine.abort_request", "LLM.apply_model"} <= targets
+
+
+def test_the_weight_check_pads_embeddings_as_the_release_does(release):
+    """vllm_weights.VOCAB_PADDING is the pinned release's vocabulary padding of embeddings and LM heads."""
+    from searchr1_lld.rollout.backends.vllm_weights import VOCAB_PADDING
+
+    text = release.read("vllm/model_executor/layers/vocab_parallel_embedding.py")
+    assert re.findall(r"^DEFAULT_VOCAB_PADDING_SIZE = (\d+)$", text, re.M) == [str(VOCAB_PADDING)]
 
 
 def test_a_wrong_llm_keyword_fails(release):

@@ -222,6 +222,41 @@ def test_a_parameter_missing_from_the_stream_is_an_error_naming_it(engine, learn
     assert float((torch.tensor(lp) - _learner_token_logprobs(learner, prompt, ids)).abs().max()) < 1e-3
 
 
+def test_a_name_the_engine_skips_is_an_error_naming_it(engine, learner, tokenizer, rows):
+    """The world's model ties its LM head to the embedding, so the engine model holds no ``lm_head.weight``: vLLM
+    takes a streamed one without a word (every learner name still arrives). The engine's own parameters, read back
+    after the load, show it; a complete stream afterwards leaves the engine equal to the learner again."""
+    from searchr1_lld.rollout.agent_loop import encode_prompt
+
+    named = [(n, p.detach()) for n, p in learner.named_parameters()]
+    assert "lm_head.weight" not in dict(named)
+    head = ("lm_head.weight", learner.get_output_embeddings().weight.detach() * 2)
+    with pytest.raises(RuntimeError, match=r"not held by the engine model \(vLLM skipped them\): lm_head[.]weight"):
+        engine.load_weights(iter([*named, head]))
+    engine.load_weights(iter(named))  # names and shapes as the engine holds them: no error
+    prompt = encode_prompt(tokenizer, rows[0]["question"], "tiny")
+    (ids,), (lp,) = _sampled_logprobs(engine, [prompt])
+    assert float((torch.tensor(lp) - _learner_token_logprobs(learner, prompt, ids)).abs().max()) < 1e-3
+
+
+def test_loading_weights_under_running_requests_fails_with_the_reason(engine, learner, tokenizer, rows):
+    """A request that holds KV blocks makes vLLM refuse the prefix-cache reset; the load says why, and goes through
+    once the request is aborted."""
+    from searchr1_lld.rollout.agent_loop import encode_prompt
+
+    engine.add_request("held-0", encode_prompt(tokenizer, rows[0]["question"], "tiny"), max_new_tokens=40,
+                       stop_strings=[], temperature=1.0, top_p=1.0, greedy=True)
+    engine.step()  # prefilled: its blocks are in use
+    named = [(n, p.detach()) for n, p in learner.named_parameters()]
+    try:
+        assert engine.has_unfinished_requests()
+        with pytest.raises(RuntimeError, match="requests still in the engine hold KV blocks"):
+            engine.load_weights(iter(named))
+    finally:
+        engine.abort_requests(["held-0"])
+    engine.load_weights(iter(named))
+
+
 def test_stop_string_ending_inside_a_token_cuts_after_that_token(engine, learner, tokenizer, rows):
     """The contract (backends/base.py): the output ends with the token that completed the stop string, even when
     the string ends inside it; the HF backend on the same weights, greedy, must return the same ids."""
@@ -313,10 +348,51 @@ def test_eval_cli_with_the_vllm_backend_equals_the_hf_backend(vllm_world, tmp_pa
     assert res_vllm["datasets"] == res_hf["datasets"]
 
 
+def test_eval_compare_runs_two_checkpoints_in_one_vllm_engine(vllm_world, tmp_path):
+    """``eval.py --compare a=A b=B --backend vllm`` (its own process): the world's model saved twice, B with other
+    weights. vLLM builds one engine (its log says so once), B's weights are streamed into it, and B's trajectories
+    are those of ``eval.py --backend hf --model B`` (greedy, fp32), not A's."""
+    import json
+    import subprocess
+    import sys
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(vllm_world / "model"), dtype=torch.float32)
+    model.save_pretrained(tmp_path / "a")
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    model.save_pretrained(tmp_path / "b")
+    common = ["--tokenizer", str(vllm_world / "tokenizer"), "--index", str(vllm_world / "index"), "--template", "tiny",
+              "--datasets", f"synthetic={vllm_world / 'qa' / 'test.jsonl'}", "--limit", "6", "--set",
+              "model.dtype=float32", "rollout.max_total_length=1024", "rollout.vllm_enforce_eager=true",
+              f"rollout.vllm_kv_cache_memory_bytes={64 << 20}"]
+
+    def run(*args):
+        proc = subprocess.run([sys.executable, "eval.py", *args, *common], cwd=REPO_ROOT, env=_clean_env(),
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout + proc.stderr
+
+    def texts(out):
+        return [json.loads(line)["response_text"] for line in (out / "trajectories.jsonl").read_text().splitlines()]
+
+    log = run("--backend", "vllm", "--compare", f"a={tmp_path / 'a'}", f"b={tmp_path / 'b'}", "--out",
+              str(tmp_path / "cmp"))
+    assert log.count("Initializing a V1 LLM engine") == 1, log[-3000:]
+    assert f"{tmp_path / 'b'}: weights streamed into the running vLLM engine" in log
+    run("--backend", "hf", "--model", str(tmp_path / "b"), "--out", str(tmp_path / "hf-b"))
+    assert texts(tmp_path / "cmp" / "b") == texts(tmp_path / "hf-b")
+    assert texts(tmp_path / "cmp" / "a") != texts(tmp_path / "cmp" / "b")
+
+
 def test_smollm2_with_padded_vocabulary_rows_through_the_agent_loop(vllm_world, tmp_path):
     """SmolLM2 (a real BPE tokenizer; its own process and engine) with 64 embedding rows past the tokenizer that
-    copy tokens it likes: the engine never samples them, and its log-probs are the learner's softmax over the
-    tokenizer's ids (the learner's full softmax would give the padded rows a large share: proof the mask acts)."""
+    copy tokens it likes: the engine never samples them, and its log-probs are the learner's (response_logprobs with
+    the backend's vocab_limit: a softmax over the tokenizer's ids; the full softmax would give the padded rows a
+    large share: proof the mask acts)."""
     import json
     import subprocess
     import sys
@@ -339,8 +415,13 @@ def test_smollm2_with_padded_vocabulary_rows_through_the_agent_loop(vllm_world, 
         assert max(t["response"]) < tokens  # no padded id was ever sampled
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([ids])).logits[0, len(t["prompt"]) - 1 : -1].float()
-        target = torch.tensor(t["response"])[:, None]
-        masked = torch.log_softmax(logits[:, :tokens], -1).gather(-1, target)[:, 0]
+        n = len(ids)
+        with torch.no_grad():  # the learner's own log-probs, over the engine's vocabulary
+            masked, _ = response_logprobs(model, torch.tensor([ids[:-1]]), torch.ones(1, n - 1, dtype=torch.long),
+                                          torch.arange(n - 1)[None], torch.tensor([t["response"]]),
+                                          len(t["prompt"]) - 1, chunk_size=64, temperature=1.0,
+                                          compute_entropy=False, vocab_limit=res["vocab_limit"])
+        masked = masked[0]
         diffs.append((torch.tensor(t["engine_logprobs"]) - masked)[gen].abs())
         padded_mass.append(torch.softmax(logits, -1)[:, tokens:].sum(-1)[gen])
     assert float(torch.cat(diffs).max()) < 1e-3

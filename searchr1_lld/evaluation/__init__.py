@@ -27,11 +27,12 @@ Each shard process takes its own device and rendezvous port, and :func:`run_shar
 (shards.py).
 
 Layout: metrics.py (records, metrics; pure), tables.py (markdown / CSV / results files), files.py (trajectories file,
-provenance, shards), shards.py (shard processes: device, port, ``--gpus``), run.py (rows of each dataset,
-:func:`evaluate`, :func:`compare`), paper_table.py (the paper's table over several runs, with the paper's quoted
-averages).
+provenance, shards), shards.py (shard processes: device, port, ``--gpus``), engines.py (one generation engine per
+process for every checkpoint of a comparison), run.py (rows of each dataset, :func:`evaluate`, :func:`compare`),
+paper_table.py (the paper's table over several runs, with the paper's quoted averages).
 """
 
+from searchr1_lld.evaluation.engines import CheckpointEngines, checkpoint_weights
 from searchr1_lld.evaluation.files import (DECODING_KEYS, MODEL_FILE_PATTERNS, TrajectoryLog, check_provenance,
                                            count_pending, drop_unused_provenance, eval_provenance, finalize,
                                            merge_shards, model_fingerprint, parse_shard, provenance_path, read_records,
@@ -57,5 +58,5 @@ __all__ = [
     "eval_rollout_config", "evaluate", "load_eval_rows", "load_tokenizer", "sampled_em", "csv_table", "detail_table",
     "load_results", "markdown_table", "write_results", "write_tables", "PAPER_AVERAGE_EM", "paper_config",
     "paper_table", "write_paper_table", "prepare_shard_process", "run_shards",
-    "shard_device", "shard_env",
+    "shard_device", "shard_env", "CheckpointEngines", "checkpoint_weights",
 ]

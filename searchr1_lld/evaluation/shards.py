@@ -61,7 +61,7 @@ def prepare_shard_process(shard: tuple[int, int], environ: MutableMapping[str, s
     import torch
 
     if gpus > 0 and torch.cuda.is_available():
-        torch.cuda.set_device(device)  # "cuda" (the in-process retriever's encoder) then means this device too
+        torch.cuda.set_device(device)  # the in-process retriever's encoder, built next, resolves to this device
     return device
 
 

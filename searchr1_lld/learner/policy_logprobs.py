@@ -43,6 +43,15 @@ def fused_output_head(model: torch.nn.Module) -> torch.nn.Linear | None:
     return head
 
 
+def sampled_vocabulary(head: torch.nn.Linear, vocab_limit: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The rows of the LM head's weight (and bias) that the rollout engine samples from: the first ``vocab_limit``
+    (the tokenizer's ids; the embedding rows past them are padding the engine masks with a logit bias of -inf), or
+    all of them for None. Views: the gradient reaches those rows of the parameter."""
+    if vocab_limit is None:
+        return head.weight, head.bias
+    return head.weight[:vocab_limit], (head.bias[:vocab_limit] if head.bias is not None else None)
+
+
 @contextlib.contextmanager
 def _capture_head_input(head: torch.nn.Module):
     """Within the block, the head's input is recorded in the yielded dict and replaced by an empty slice."""
@@ -72,17 +81,19 @@ def response_logprobs(
     temperature: float,
     compute_entropy: bool,
     fused: bool = True,
+    vocab_limit: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log_softmax(logits[:, start:] / temperature) at ``labels`` ``[B, T']`` (and the entropy), fp32.
+    """log_softmax(logits[:, start:, :vocab_limit] / temperature) at ``labels`` ``[B, T']`` (and the entropy), fp32.
 
     ``input_ids``, ``attention_mask``, ``position_ids`` ``[B, L]`` go to the model; positions ``start..L-1`` predict
     ``labels``. ``fused=False`` (or a model without a plain head, or ZeRO-3) takes the logits path. ``chunk_size``: rows
-    of a log-prob tile (None = sized to the device, algo.logprobs.tile_shape).
+    of a log-prob tile (None = sized to the device, algo.logprobs.tile_shape). ``vocab_limit``: the softmax runs over
+    the ids below it only, as the rollout engine's does (:func:`sampled_vocabulary`); None: every row of the head.
     """
     head = fused_output_head(model) if fused else None
     kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     if head is None:
-        logits = model(**kwargs).logits[:, start:]
+        logits = model(**kwargs).logits[:, start:, :vocab_limit]
         return chunked_logprobs_entropy(logits, labels, chunk_size=chunk_size, temperature=temperature,
                                         compute_entropy=compute_entropy)
     with _capture_head_input(head) as captured:
@@ -92,7 +103,8 @@ def response_logprobs(
         raise RuntimeError(
             f"the output head of {type(model).__name__} did not see the final hidden states [B, L, H] "
             f"(got {None if hidden is None else tuple(hidden.shape)}); pass fused=False for this model")
-    return linear_logprobs_entropy(hidden[:, start:], head.weight, labels, bias=head.bias, chunk_size=chunk_size,
+    weight, bias = sampled_vocabulary(head, vocab_limit)
+    return linear_logprobs_entropy(hidden[:, start:], weight, labels, bias=bias, chunk_size=chunk_size,
                                    temperature=temperature, compute_entropy=compute_entropy)
 
 
@@ -104,6 +116,20 @@ def response_logprobs(
 PACKED_SDPA = "sdpa_packed"
 # implementations whose attention already follows the sequence boundaries of cu_seq_lens_q / cu_seq_lens_k
 _NATIVE_VARLEN = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
+# the same flash attention from the kernels hub: transformers switches ``flash_attention_N`` to these when flash-attn
+# is not installed and the ``kernels`` package is (transformers' FLASH_ATTN_KERNEL_FALLBACK; a name may carry
+# ``@revision`` or ``:function``); they run through the same varlen code path
+_HUB_FLASH_KERNELS = ("kernels-community/flash-attn2", "kernels-community/flash-attn3",
+                      "kernels-community/vllm-flash-attn3", "kernels-community/aiter-flash-attn",
+                      "kernels-community/flash-attn4")
+
+
+def follows_sequence_boundaries(impl: str | None) -> bool:
+    """Whether the attention implementation ``impl`` runs packed forwards as it is (flash attention, local or from
+    the kernels hub)."""
+    if not impl:
+        return False
+    return impl in _NATIVE_VARLEN or impl.split("@")[0].split(":")[0] in _HUB_FLASH_KERNELS
 
 
 def _packed_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -157,7 +183,8 @@ def _segmented_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         if m:
             keys = torch.cat([key[:, :, ps : ps + p], key[:, :, rs : rs + m]], dim=2)
             values = torch.cat([value[:, :, ps : ps + p], value[:, :, rs : rs + m]], dim=2)
-            visible = torch.arange(p + m, device=query.device)[None, :] <= torch.arange(p, p + m, device=query.device)[:, None]
+            positions = torch.arange(p + m, device=query.device)
+            visible = positions[None, :] <= positions[p:, None]  # response token j sees positions 0 .. p + j
             pieces.append(attend(query[:, :, rs : rs + m], keys, values, attn_mask=visible))
     return torch.cat(pieces, dim=2).transpose(1, 2).contiguous()
 
@@ -176,16 +203,20 @@ def _packed_sdpa_mask(*args: Any, attention_mask: torch.Tensor | None = None, al
 
 def use_packed_attention(model: torch.nn.Module) -> bool:
     """Give an sdpa model (transformers) the packed attention (:func:`_packed_sdpa_attention`, registered once); True
-    when ``model`` can run packed forwards (sdpa switched, or a flash-attention implementation, varlen already)."""
+    when ``model`` runs packed forwards (sdpa switched, or a flash-attention implementation, varlen already). Any
+    other implementation is a ValueError naming it: packing is asked for and would otherwise be off without a word."""
     from transformers import AttentionInterface  # deferred: transformers
     from transformers.masking_utils import AttentionMaskInterface  # deferred: transformers
 
     config = getattr(model, "config", None)
     impl = getattr(config, "_attn_implementation", None)
-    if impl in _NATIVE_VARLEN or impl == PACKED_SDPA:
+    if follows_sequence_boundaries(impl) or impl == PACKED_SDPA:
         return True
     if impl != "sdpa" or not callable(getattr(model, "set_attn_implementation", None)):
-        return False
+        raise ValueError(f"trainer.pack_sequences: {type(model).__name__} runs {impl!r} attention, which cannot run "
+                         "packed forwards; set model.attn_implementation to sdpa or a flash-attention implementation "
+                         "(flash_attention_2, or kernels-community/flash-attn2 from the kernels hub), or "
+                         "trainer.pack_sequences=false")
     AttentionInterface.register(PACKED_SDPA, _packed_sdpa_attention)
     AttentionMaskInterface.register(PACKED_SDPA, _packed_sdpa_mask)
     model.set_attn_implementation(PACKED_SDPA)
@@ -203,7 +234,7 @@ def _attention_implementation(model: torch.nn.Module) -> str | None:
 def runs_packed(model: torch.nn.Module) -> bool:
     """Whether ``model`` (plain, DDP or DeepSpeed engine) runs packed forwards (:func:`use_packed_attention`)."""
     impl = _attention_implementation(model)
-    return impl == PACKED_SDPA or impl in _NATIVE_VARLEN
+    return impl == PACKED_SDPA or follows_sequence_boundaries(impl)
 
 
 def shares_prompts(model: torch.nn.Module) -> bool:
@@ -225,8 +256,10 @@ def packed_response_logprobs(
     compute_entropy: bool,
     fused: bool = True,
     segments: torch.Tensor | None = None,
+    vocab_limit: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log_softmax(logits / temperature) at ``labels`` ``[M]`` (and the entropy ``[M]``), fp32, of a packed forward.
+    """log_softmax(logits[..., :vocab_limit] / temperature) at ``labels`` ``[M]`` (and the entropy ``[M]``), fp32, of
+    a packed forward (``vocab_limit``: :func:`response_logprobs`'s).
 
     ``input_ids``, ``position_ids`` ``[1, N]``: sequences back to back, positions restarting at 0 at each;
     ``cu_seq_lens`` ``[S + 1]`` int32: their boundaries; ``logit_index`` ``[M]``: the positions whose logits predict
@@ -248,7 +281,7 @@ def packed_response_logprobs(
                       cu_seq_lens_q=cu_seq_lens, cu_seq_lens_k=cu_seq_lens, max_length_q=longest, max_length_k=longest)
     head = fused_output_head(model) if fused else None
     if head is None:
-        logits = model(**kwargs).logits[:, logit_index]
+        logits = model(**kwargs).logits[:, logit_index, :vocab_limit]
         lp, ent = chunked_logprobs_entropy(logits, labels[None], chunk_size=chunk_size, temperature=temperature,
                                            compute_entropy=compute_entropy)
     else:
@@ -258,7 +291,8 @@ def packed_response_logprobs(
         if hidden is None or hidden.dim() != 3 or hidden.shape[:2] != input_ids.shape:
             raise RuntimeError(f"the output head of {type(model).__name__} did not see the final hidden states "
                                f"[1, N, H]; pass fused=False for this model")
-        lp, ent = linear_logprobs_entropy(hidden[:, logit_index], head.weight, labels[None], bias=head.bias,
+        weight, bias = sampled_vocabulary(head, vocab_limit)
+        lp, ent = linear_logprobs_entropy(hidden[:, logit_index], weight, labels[None], bias=bias,
                                           chunk_size=chunk_size, temperature=temperature,
                                           compute_entropy=compute_entropy)
     return lp[0], (ent[0] if ent is not None else None)

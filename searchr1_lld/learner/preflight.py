@@ -380,6 +380,7 @@ def gpu_plan(pf: Preflight, cfg: Config, shape: mp.ModelShape, launch: Launch, g
                                           cfg.trainer.micro_batch_token_budget),
         gradient_checkpointing=cfg.model.gradient_checkpointing, buckets=launch.buckets,
         offload_optimizer=launch.offload_optimizer, engine_sleeps=r.vllm_enable_sleep_mode,
+        graph_pool_bytes=0.0 if r.vllm_enforce_eager else mp.CUDA_GRAPH_POOL_BYTES,
         hf_engine_tokens=None if r.backend == "vllm" else r.generation_batch_size * r.max_total_length,
         retriever_bytes=_retriever_gpu_bytes(pf, cfg, index, launch.ranks_per_node) if on_gpu else 0.0,
         contexts=mp.CONTEXT_BYTES if on_gpu else 0.0)

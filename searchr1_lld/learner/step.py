@@ -345,12 +345,14 @@ def model_rows(learner: Learner, model: torch.nn.Module, batch: TrajectoryBatch,
 def rows_logprobs(learner: Learner, model: torch.nn.Module, rows: dict[str, Any], *,
                   compute_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token log-probs [b, t] (and entropies [b, t]) of the responses of ``rows`` (:func:`model_rows` of b
-    trajectories) under ``model``: log_softmax(logits / temperature), computed from the final hidden states through
-    the LM head chunk by chunk (full logits never exist; policy_logprobs). Packed rows: 0 off the response mask."""
+    trajectories) under ``model``: log_softmax(logits / temperature) over the ids the rollout engine samples from
+    (``backend.vocab_limit``), computed from the final hidden states through the LM head chunk by chunk (full logits
+    never exist; policy_logprobs). Packed rows: 0 off the response mask."""
     dev = learner.accelerator.device
     temperature = learner.cfg.rollout.temperature
     settings = dict(chunk_size=learner.cfg.trainer.logprob_chunk_size or None,
-                    temperature=temperature if temperature > 0 else 1.0, compute_entropy=compute_entropy)
+                    temperature=temperature if temperature > 0 else 1.0, compute_entropy=compute_entropy,
+                    vocab_limit=learner.backend.vocab_limit)  # the engine's softmax: the ids it samples from
     if rows.get("cu_seq_lens") is None and rows.get("segments") is None:
         return policy_logprobs.response_logprobs(
             model, rows["input_ids"][:, :-1].to(dev), rows["attention_mask"][:, :-1].to(dev),

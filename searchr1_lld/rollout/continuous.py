@@ -11,10 +11,12 @@ the same per-trajectory rules (turn_rules.py), on an engine with a request-level
 - a finished turn is applied at once (:func:`~searchr1_lld.rollout.turn_rules.apply_turn`): an answer or a spent
   budget ends the trajectory, an invalid action appends its message and the next turn enters the engine in the same
   iteration, a valid search joins the searches waiting for the retriever;
-- retrieval runs in a worker thread while the engine keeps decoding: the searches that became ready while no
-  retrieval was running go to the retriever as ONE batch; when it returns, every observation is appended and those
-  trajectories' next turns enter the engine together. One batch is in flight at a time (the searches that become
-  ready meanwhile form the next), so a retriever client is never called from two threads at once;
+- retrieval runs in a worker thread while the engine keeps decoding (on this rank's GPU: PyTorch's current device
+  is per thread, so the thread first sets the caller's, :func:`~searchr1_lld.distributed.set_thread_cuda_device`):
+  the searches that became ready while no retrieval was running go to the retriever as ONE batch; when it returns,
+  every observation is appended and those trajectories' next turns enter the engine together. One batch is in
+  flight at a time (the searches that become ready meanwhile form the next), so a retriever client is never called
+  from two threads at once;
 - the engine idles only when every unfinished trajectory waits for the retriever (``timings['retrieve_wait_s']``).
 
 Token bookkeeping is the turn-batched loop's: the same functions append the same ids, masks and log-probs for the
@@ -35,6 +37,7 @@ from tqdm.auto import tqdm
 
 from searchr1_lld import prompts as P
 from searchr1_lld.config import RolloutConfig
+from searchr1_lld.distributed import set_thread_cuda_device, thread_cuda_device
 from searchr1_lld.protocols import Retriever, Tokenizer
 from searchr1_lld.rollout.backends.base import GenerationBackend, GenerationOutput, RequestStreamBackend
 from searchr1_lld.rollout.turn_rules import (RolloutClock, RolloutRun, TrajectoryState, apply_turn,
@@ -103,7 +106,8 @@ class _Scheduler:
     def run(self, states: list[TrajectoryState], progress: bool) -> None:
         """Every trajectory to its end; unfinished requests aborted if anything fails."""
         bar = tqdm(total=len(states), desc="rollout trajectories", disable=not progress, leave=False)
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-retrieval") as pool:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-retrieval",
+                                initializer=set_thread_cuda_device, initargs=(thread_cuda_device(),)) as pool:
             try:
                 for state in states:
                     if not state.done:

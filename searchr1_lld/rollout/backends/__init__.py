@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 
 from searchr1_lld.config import RolloutConfig
+from searchr1_lld.distributed import explicit_device
 from searchr1_lld.protocols import Tokenizer
 from searchr1_lld.rollout.backends.base import BackendBase, GenerationBackend, GenerationOutput, StopDetector
 from searchr1_lld.rollout.backends.hf import HFBackend
@@ -26,7 +27,8 @@ def make_backend(cfg: RolloutConfig, *, model: Optional[torch.nn.Module] = None,
     """Build the backend named by ``cfg.backend`` (a RolloutConfig; ``cfg.generation_batch_size`` sequences per call).
 
     "hf": generation with ``model``, or with the model loaded from ``model_path`` (in eval mode, ``dtype``: auto =
-    bf16 on GPU, fp32 on CPU; ``device`` auto = cuda if available, or a device such as cuda:1);
+    bf16 on GPU, fp32 on CPU; ``device`` auto = this thread's current GPU as cuda:<index> if there is one, or a
+    device such as cuda:1);
     ``shares_learner_weights``: it is the learner's own module, so weight loads are no-ops. "vllm": one engine on
     this rank's GPU loaded from ``model_path`` (rank / world size from the launcher's environment);
     ``parameter_names``: the learner's parameter names, every one of which each weight load must deliver (default:
@@ -50,12 +52,11 @@ def make_backend(cfg: RolloutConfig, *, model: Optional[torch.nn.Module] = None,
 
 
 def _load_hf_model(model_path: str, dtype: str, device: str) -> torch.nn.Module:
-    """The causal LM in ``model_path`` in eval mode on ``device`` (auto: cuda if available), in ``dtype`` (auto:
+    """The causal LM in ``model_path`` in eval mode on ``device`` (auto: the current GPU if any), in ``dtype`` (auto:
     bf16 on GPU, fp32 on CPU)."""
     from transformers import AutoModelForCausalLM
 
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = explicit_device(device)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(
         dtype, torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
     return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).to(device).eval()

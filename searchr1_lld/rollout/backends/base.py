@@ -48,7 +48,11 @@ class GenerationBackend(Protocol):
       iterator or the tensors after copying). Tied weights appear once (under the name the learner owns).
     - ``sleep``/``wake_up`` are idempotent; a backend without memory to hand back implements them as no-ops.
     - ``generate`` while asleep is an error: the trainer must call ``wake_up`` first.
+    - ``vocab_limit``: the engine samples only ids below it and its log-probs are a softmax over them (None: every
+      row of the model's head); the learner's log-probs use the same softmax.
     """
+
+    vocab_limit: Optional[int]
 
     def generate(
         self,
@@ -97,6 +101,9 @@ class BackendBase:
     """Shared argument checks and the sleep bookkeeping (no-op memory hooks unless a backend overrides them)."""
 
     asleep: bool = False
+    # the engine samples only ids below this (the embedding rows past the tokenizer are padding it masks), and its
+    # log-probs are a softmax over them; None: every row of the model's head. The learner's softmax follows it.
+    vocab_limit: Optional[int] = None
 
     def sleep(self) -> None:
         """Default: nothing to hand back (the engine shares the learner's memory or has none); only the state flips."""

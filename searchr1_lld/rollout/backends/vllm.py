@@ -31,9 +31,12 @@ parsed out of this file's own source, so the check cannot drift from the code).
   process's worker), nothing is pickled or written to disk (a CPU engine keeps plain torch linears so that the
   reload reaches its kernels: :func:`use_plain_cpu_linears`). Each tensor is cast to the engine's dtype before it is
   handed over; the names that went through are checked against the parameters of the model the engine was built
-  from (read from its config on the meta device), and a missing one is an error naming it (vLLM itself only logs
-  a warning, and after a level-2 sleep a parameter not streamed holds garbage). The prefix cache is then reset so
-  no KV computed with old weights is reused; :meth:`wake_up` allocates the KV cache (``wake_up(tags=["kv_cache"])``).
+  from (read from its config on the meta device), and the engine model's own parameters, read on the worker
+  (``LLM.apply_model``), against the names and shapes streamed (vllm_weights.py): a name vLLM skipped or a
+  parameter nothing filled is an error naming it (vLLM itself only logs a warning, and after a level-2 sleep a
+  parameter not streamed holds garbage). The prefix cache is then reset so no KV computed with old weights is
+  reused (``reset_prefix_cache`` refuses while requests hold blocks: an error then, never ignored); :meth:`wake_up`
+  allocates the KV cache (``wake_up(tags=["kv_cache"])``).
 - Sampling: ``SamplingParams`` with the stop strings kept in the output, special tokens kept in the text (the tags
   may be added tokens), ``logprobs=0`` (the sampled token's log-prob). ``logprobs_mode="processed_logprobs"``
   gives log_softmax(logits / temperature), the convention of backends/base.py (with top-p < 1 vLLM renormalises
@@ -62,9 +65,10 @@ unit-tested with fake objects; ``tests/test_vllm_engine.py`` runs the backend on
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 import torch
 
@@ -72,6 +76,8 @@ from searchr1_lld.config import RolloutConfig
 from searchr1_lld.distributed import free_ports
 from searchr1_lld.protocols import Tokenizer
 from searchr1_lld.rollout.backends.base import BackendBase, GenerationOutput
+from searchr1_lld.rollout.backends.vllm_weights import (WeightStream, check_engine_holds, engine_view,
+                                                           model_parameter_names)
 
 if TYPE_CHECKING:  # vllm is imported when an engine is built (module docstring)
     from vllm import LLM, SamplingParams
@@ -266,41 +272,6 @@ def hide_llvmlite_dunders() -> None:
     wrapper._dunders_hidden = True
 
 
-def model_parameter_names(model_path: str, trust_remote_code: bool = False) -> set[str]:
-    """The parameter names of the HF model in ``model_path`` (local dir or hub id), as the learner's
-    ``named_parameters()`` yields them (tied weights once): the model is built from its config on the meta device,
-    no weights are read."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-    return {name for name, _ in model.named_parameters()}
-
-
-class WeightStream:
-    """The learner's ``(name, tensor)`` pairs on their way into the engine: each tensor cast to the engine's dtype
-    (no per-parameter conversion inside vLLM, half the bytes for an fp32 learner and a bf16 engine), each name
-    recorded for :meth:`check_complete`."""
-
-    def __init__(self, named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype) -> None:
-        self.named_tensors, self.dtype = named_tensors, dtype
-        self.names: set[str] = set()
-
-    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in self.named_tensors:
-            self.names.add(name)
-            yield name, (tensor if tensor.dtype == self.dtype or not tensor.is_floating_point()
-                         else tensor.to(self.dtype))
-
-    def check_complete(self, expected: set[str]) -> None:
-        missing = sorted(expected - self.names)
-        if missing:
-            shown = ", ".join(missing[:8]) + (f", ... ({len(missing)} in all)" if len(missing) > 8 else "")
-            raise RuntimeError(f"load_weights did not receive {len(missing)} of the engine model's {len(expected)} "
-                               f"parameters: {shown}; the engine now holds stale or unloaded values for them")
-
-
 def release_cached_learner_memory() -> None:
     """Return PyTorch's cached-but-unused blocks (the update's activations) to the driver before the engine maps
     its memory again: vLLM's sleep-mode allocator sits outside PyTorch's cache and cannot reuse them otherwise."""
@@ -409,8 +380,8 @@ class VLLMBackend(BackendBase):
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Stream the learner's weights into the engine model (one tensor at a time, cast to the engine's dtype)
-        through vLLM's in-place reload; every parameter of the model must come through (else RuntimeError naming
-        the missing ones). Then drop stale prefix KV."""
+        through vLLM's in-place reload; every parameter of the model must come through, and the engine model must
+        hold exactly what came (vllm_weights.py; else RuntimeError naming the names). Then drop stale prefix KV."""
         if self._expected_names is None:
             self._expected_names = model_parameter_names(self.model_path)
         if not self._weights_awake:
@@ -419,8 +390,24 @@ class VLLMBackend(BackendBase):
             self._weights_awake = True
         stream = WeightStream(named_tensors, self.llm.model_config.dtype)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(stream)})
-        self.llm.reset_prefix_cache()
         stream.check_complete(self._expected_names)
+        (view,) = self.llm.apply_model(functools.partial(engine_view, streamed=sorted(stream.shapes)))
+        check_engine_holds(stream.shapes, view)
+        self._reset_prefix_cache()
+
+    def _reset_prefix_cache(self) -> None:
+        """Drop the prefix KV computed with the old weights. vLLM refuses (False) while requests hold KV blocks:
+        with requests in the engine that is an error (a rollout finishes or aborts its requests before the weights
+        change); with none left, blocks still being freed, it is asked once more."""
+        if self.llm.reset_prefix_cache():
+            return
+        if self.llm.llm_engine.has_unfinished_requests():
+            raise RuntimeError("vLLM refused to reset its prefix cache: requests still in the engine hold KV blocks "
+                               "computed with the old weights; finish or abort them (abort_requests) before "
+                               "load_weights")
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache with no request in the engine; prefixes "
+                               "computed with the old weights could be reused")
 
     def wake_up(self) -> None:
         """Take the rest of the memory back (KV cache; the weights too if no load_weights came in between)."""
