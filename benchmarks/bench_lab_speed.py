@@ -17,6 +17,10 @@ median over ``--pairs`` pairs:
 Both trees run the same seed on the same rows; the children also report the steps' metrics, and the benchmark prints
 the largest relative difference of the shared ones (``same_metrics``), a check that the speed-up changed no result.
 
+``--jobs-threads`` instead runs two runs of this tree as the grid can: two single-threaded jobs side by side, and one
+two-threaded job after the other, and prints the wall time of each (``RESULT lab_two_jobs_s_over_one_job_two_threads_
+<config>``: below 1, two jobs use the two cores better).
+
 ``--profile`` (one tree, default this one) instead prints where a step's and a pass's time goes: rollout generation
 (of which token sampling), retrieval, the log-prob passes (old policy, reference, the monitor's after the update,
 the probe set), the update (forward, backward and optimiser steps), the rest of the step, and the validation pass
@@ -24,6 +28,7 @@ split the same way. docs/lab_speed.md holds its tables.
 
     .venv/bin/python benchmarks/bench_lab_speed.py [--baseline COMMIT] [--configs prereg,tiny] [--pairs 3] [--steps 2]
     .venv/bin/python benchmarks/bench_lab_speed.py --profile [--tree DIR] [--configs prereg,tiny] [--steps 2]
+    .venv/bin/python benchmarks/bench_lab_speed.py --jobs-threads [--configs prereg] [--steps 5]
 """
 
 from __future__ import annotations
@@ -56,18 +61,29 @@ def baseline_tree(commit: str) -> Path:
     return out
 
 
+def start_child(tree: Path, config: str, world: Path, steps: int, profile: bool, tmp: str,
+                threads: int = 1) -> subprocess.Popen:
+    """A child process on ``tree``'s package with ``threads`` threads, reporting to ``tmp``/report.json."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(tree), WANDB_MODE="offline")
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(tree), "--config", str(ROOT / config),
+           "--world", str(world), "--steps", str(steps), "--out", f"{tmp}/report.json", "--run-dir", f"{tmp}/run"]
+    return subprocess.Popen(cmd + (["--profile"] if profile else []), env=env, cwd=tmp, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def child_report(proc: subprocess.Popen, tmp: str) -> dict:
+    """The report of a started child, once it has finished."""
+    _, err = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"child failed:\n{err[-3000:]}")
+    return json.loads(Path(f"{tmp}/report.json").read_text())
+
+
 def run_child(tree: Path, config: str, world: Path, steps: int, profile: bool) -> dict:
     """One child process on ``tree``'s package (one thread); its JSON report."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(tree), WANDB_MODE="offline")
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(tree), "--config", str(ROOT / config),
-               "--world", str(world), "--steps", str(steps), "--out", f"{tmp}/report.json", "--run-dir", f"{tmp}/run"]
-        proc = subprocess.run(cmd + (["--profile"] if profile else []), env=env, cwd=tmp, capture_output=True,
-                              text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"child on {tree} failed:\n{proc.stderr[-3000:]}")
-        return json.loads(Path(f"{tmp}/report.json").read_text())
+        return child_report(start_child(tree, config, world, steps, profile, tmp), tmp)
 
 
 # ----------------------------------------------------------------------------------------------------------- child
@@ -194,6 +210,30 @@ def compare(args: argparse.Namespace, world: Path) -> None:
     print(f"RESULT lab_eval_s_over_baseline {worst['eval']:.3f}")
 
 
+def jobs_and_threads(args: argparse.Namespace, world: Path) -> None:
+    """Two runs of this tree's ``--configs`` (the first) as the grid would run them: two single-threaded jobs side by
+    side, then one two-threaded job after the other; the wall time of each way."""
+    name = args.configs.split(",")[0]
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        t0 = time.perf_counter()
+        procs = [(start_child(ROOT, CONFIGS[name], world, args.steps, False, d, threads=1), d) for d in (a, b)]
+        side_by_side = [child_report(p, d) for p, d in procs]
+        two_jobs_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    one_after_other = []
+    for _ in range(2):
+        with tempfile.TemporaryDirectory() as d:
+            one_after_other.append(child_report(start_child(ROOT, CONFIGS[name], world, args.steps, False, d,
+                                                            threads=2), d))
+    one_job_s = time.perf_counter() - t0
+    step = lambda reps: statistics.median(s for r in reps for s in r["step_s"])  # noqa: E731
+    print(f"{name}: 2 jobs x 1 thread: {two_jobs_s:.0f} s for two runs (a step {step(side_by_side):.2f} s, a "
+          f"validation pass {statistics.median(r['eval_s'] for r in side_by_side):.1f} s); 1 job x 2 threads: "
+          f"{one_job_s:.0f} s (a step {step(one_after_other):.2f} s, a validation pass "
+          f"{statistics.median(r['eval_s'] for r in one_after_other):.1f} s)")
+    print(f"RESULT lab_two_jobs_s_over_one_job_two_threads_{name} {two_jobs_s / one_job_s:.3f}")
+
+
 def profile(args: argparse.Namespace, world: Path) -> None:
     tree = Path(args.tree).resolve() if args.tree else ROOT
     for name in args.configs.split(","):
@@ -221,6 +261,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2, help="timed training steps per child (after one warm-up step)")
     ap.add_argument("--world", default=str(ROOT / ".cache" / "world"), help="a built world (make world)")
     ap.add_argument("--profile", action="store_true", help="the phase table of one tree instead of the comparison")
+    ap.add_argument("--jobs-threads", action="store_true", help="two runs as 2 jobs x 1 thread and as 1 job x 2 "
+                    "threads, on this tree (the first of --configs), instead of the comparison")
     ap.add_argument("--tree", default="", help="--profile: the tree to profile (default this one)")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     ap.add_argument("--config", default="", help=argparse.SUPPRESS)
@@ -235,7 +277,7 @@ def main() -> None:
     unknown = set(args.configs.split(",")) - set(CONFIGS)
     if unknown:
         sys.exit(f"unknown config(s) {sorted(unknown)}; known: {sorted(CONFIGS)}")
-    (profile if args.profile else compare)(args, world)
+    (profile if args.profile else jobs_and_threads if args.jobs_threads else compare)(args, world)
 
 
 if __name__ == "__main__":
