@@ -27,7 +27,7 @@ Every interval is a 95 % paired bootstrap that resamples the questions' subjects
 (:mod:`searchr1_lld.lab.intervals`): questions about one entity stand or fall together.
 
 ``--report DIR`` also writes the result as ``DIR/summary.json``, ``DIR/em_by_hop.png`` and ``DIR/README.md``
-(docs/demo/ holds the committed one, which the README quotes: :func:`readme_line`, and shows: its figure); with
+(docs/demo/ holds the committed one; the README quotes its line, :func:`readme_line`, and shows its figure); with
 ``--seeds`` one report per seed in ``DIR/seed<N>/`` and the spread over the seeds in ``DIR/README.md`` and
 ``DIR/seeds.json``.
 """
