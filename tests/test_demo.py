@@ -262,6 +262,10 @@ def test_the_recipe_trains_claims_on_validation_and_tests_once_on_the_test_world
     assert s["validation"]["questions"] == 24
     assert s["validation"]["claimed"]["all"] == (s["validation"]["gain"]["all"]["lo"] > 0)
     assert "## The claim (validation split)" in (report / "seed1" / "README.md").read_text()
+    figure = demo_report.RESULT_FIGURE  # drawn from the seed's numbers, in its report and in the run's demo-eval/
+    assert demo_report.read_figure_rows(report / "seed1" / figure) == json.loads(json.dumps(demo_report.figure_rows(s)))
+    (drawn,) = (tmp_path / "runs").glob(f"*/demo-eval/{figure}")
+    assert demo_report.read_figure_rows(drawn) == demo_report.read_figure_rows(report / "seed1" / figure)
     seeds = json.loads((report / "seeds.json").read_text())
     assert [r["seed"] for r in seeds["seeds"]] == [1]
     rel = demo_report.repo_relative

