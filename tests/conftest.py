@@ -20,12 +20,19 @@ from searchr1_lld.world.config import WorldConfig  # noqa: E402
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def make_venv_recipe() -> tuple[str, list[str]]:
-    """The Makefile's recipe that builds .venv (what a fresh clone's `make test`, and so CI, installs) and the extras
-    of this repository that it installs."""
-    recipe = (REPO_ROOT / "Makefile").read_text().split("$(STAMP):", 1)[1].split("\n\n", 1)[0]
-    (extras,) = re.findall(r'-e "\.\[([^\]]*)\]"', recipe)
-    return recipe, extras.split(",")
+def make_rule(target: str) -> tuple[str, str]:
+    """The Makefile's rule for ``target`` (as written, e.g. ``$(STAMP)``): its prerequisites and its recipe."""
+    rule = (REPO_ROOT / "Makefile").read_text().split(f"\n{target}:", 1)[1].split("\n\n", 1)[0]
+    prerequisites, _, recipe = rule.partition("\n")
+    return prerequisites.strip(), recipe
+
+
+def make_venv_recipe(stamps: tuple[str, ...] = ("$(STAMP)", "$(TEST_STAMP)")) -> tuple[str, list[str]]:
+    """The Makefile's recipes that build .venv (by default both stamps: what a fresh clone's `make test`, and so CI,
+    installs; ``("$(STAMP)",)``: what `make demo` installs) and the extras of this repository they install."""
+    recipe = "\n".join(make_rule(stamp)[1] for stamp in stamps)
+    extras = re.findall(r'-e "\.\[([^\]]*)\]"', recipe)
+    return recipe, sorted({e for group in extras for e in group.split(",")})
 
 
 def free_port() -> int:

@@ -153,6 +153,33 @@ def test_readme_line_and_table_show_the_baselines_intervals_and_the_claim():
     assert "| gain: trained - warm start | 0.38 [" in table
 
 
+def test_the_result_figure_draws_the_test_em_by_hop_with_intervals(tmp_path):
+    import matplotlib.image
+
+    s = _summary()
+    rows = demo_report.figure_rows(s)
+    assert [(r["slice"], r["questions"]) for r in rows] == [("single-hop", 4), ("two-hop", 4), ("all", 8)]
+    assert (rows[1]["warm_start"]["mean"], rows[1]["trained"]["mean"]) == (0.0, 0.75)
+    assert rows[2]["trained"] == {k: s["test_em"]["trained"]["all"][k] for k in ("mean", "lo", "hi")}
+    path = demo_report.write_figure(s, tmp_path / "a" / demo_report.RESULT_FIGURE)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and demo_report.read_figure_rows(path) == rows
+    s["test_em"]["trained"]["2-hop"] = {"mean": 0.25, "lo": 0.0, "hi": 0.5}  # other numbers, another picture
+    other = demo_report.write_figure(s, tmp_path / "b.png")
+    assert demo_report.read_figure_rows(other)[1]["trained"]["mean"] == 0.25
+    assert (matplotlib.image.imread(path) != matplotlib.image.imread(other)).any()
+
+
+def test_the_report_shows_its_figure(tmp_path):
+    s = {**_summary(), "steps": 25, "method": "grpo+llds", "torch": "2", "world_config_hash": "h",
+         "time_s": {"world": 1, "training": 2, "eval": 3}}
+    s["selection"] = {**s["selection"], "val_em": 0.5, "procedure": "p", "candidates": []}
+    s["validation"] = {**s["validation"], "questions": 8, "subjects": 4, "slice_n": s["slice_n"],
+                       "em": s["test_em"], "gain": s["test_gain"]}
+    demo_report.write_report(tmp_path, s, "table", "example", "`python -m searchr1_lld.demo --report x`")
+    assert f"]({demo_report.RESULT_FIGURE})" in (tmp_path / "README.md").read_text()
+    assert demo_report.read_figure_rows(tmp_path / demo_report.RESULT_FIGURE) == demo_report.figure_rows(s)
+
+
 def test_seeds_summary_reports_every_seed_and_the_spread(tmp_path):
     from searchr1_lld.lab.demo_report import seeds_summary, write_seeds_report
 
@@ -235,6 +262,10 @@ def test_the_recipe_trains_claims_on_validation_and_tests_once_on_the_test_world
     assert s["validation"]["questions"] == 24
     assert s["validation"]["claimed"]["all"] == (s["validation"]["gain"]["all"]["lo"] > 0)
     assert "## The claim (validation split)" in (report / "seed1" / "README.md").read_text()
+    figure = demo_report.RESULT_FIGURE  # drawn from the seed's numbers, in its report and in the run's demo-eval/
+    assert demo_report.read_figure_rows(report / "seed1" / figure) == json.loads(json.dumps(demo_report.figure_rows(s)))
+    (drawn,) = (tmp_path / "runs").glob(f"*/demo-eval/{figure}")
+    assert demo_report.read_figure_rows(drawn) == demo_report.read_figure_rows(report / "seed1" / figure)
     seeds = json.loads((report / "seeds.json").read_text())
     assert [r["seed"] for r in seeds["seeds"]] == [1]
     rel = demo_report.repo_relative

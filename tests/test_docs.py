@@ -254,3 +254,14 @@ def test_readme_demo_result_is_one_line_copied_from_the_demo_report():
     summary = json.loads(path.read_text())
     assert lines[0] == readme_line(summary)
     assert summary["selection"] is not None, "the demo's settings were chosen on validation"
+
+
+def test_readme_shows_the_demo_figure_drawn_from_the_demo_report():
+    """README.md and docs/demo/README.md show the demo's figure; the committed one was drawn from the committed
+    summary.json's numbers (``write_figure`` stores them in the PNG), so a rerun of the report replaces both."""
+    from searchr1_lld.lab.demo_report import RESULT_FIGURE, figure_rows, read_figure_rows
+
+    assert f"docs/demo/{RESULT_FIGURE}" in links(README.read_text())
+    assert RESULT_FIGURE in links((DEMO_DIR / "README.md").read_text())
+    summary = json.loads((DEMO_DIR / "summary.json").read_text())
+    assert read_figure_rows(DEMO_DIR / RESULT_FIGURE) == figure_rows(summary)

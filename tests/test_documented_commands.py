@@ -357,8 +357,6 @@ ENTRIES: tuple[Entry, ...] = (
     CannotRun("demo_without_report", ("python -m searchr1_lld.demo",),
               reason="the demo of demo_report without its last step (--report: write summary.json and README.md)"),
     CannotRun("make_test", ("make test",), reason="is this test suite (this file is part of it)"),
-    CannotRun("make_venv", ("make venv",), reason="installs the environment from PyPI; `make test` builds it first, "
-              "so every run of this suite has run it"),
     CannotRun("make_bench", ("make bench",), reason="runs every benchmarks/bench_*.py: measurements, each minutes "
               "long on 2 cores, beyond this suite's budget"),
     CannotRun("world_build_prose", ("python -m searchr1_lld.world build",),

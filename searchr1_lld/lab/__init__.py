@@ -1,7 +1,7 @@
 """The death-spiral lab: GRPO vs LLDS (response gate, action gate, LLDS-MA) on the synthetic world, on a CPU.
 
     python -m searchr1_lld.lab                       # full comparison (configs/lab/lab.yaml, seeds 0,1) -> docs/lab
-    python -m searchr1_lld.lab --quick --out /tmp/lab   # a few minutes: configs/lab/quick.yaml, one seed
+    python -m searchr1_lld.lab --quick --out /tmp/lab   # under a minute on the demo's world: configs/lab/quick.yaml
     python -m searchr1_lld.lab --seeds 0,1 --methods grpo,llds_action trainer.lr=1e-3 rollout.n=8   # exploration
     python -m searchr1_lld.lab --report-only --runs-dir runs/lab    # rebuild the report from finished runs
     python -m searchr1_lld.lab --runs-dir runs/lab-90 --extend-from runs/lab trainer.total_steps=90   # 30 more steps

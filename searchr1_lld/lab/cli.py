@@ -32,7 +32,9 @@ def _lab(argv: list[str] | None, description: str | None) -> int:
     """The lab's runs and report; a config error or Ctrl-C -> one line (:func:`searchr1_lld.cli.run_main`)."""
     p = argparse.ArgumentParser(prog="python -m searchr1_lld.lab", description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="the few-minute mode (configs/lab/quick.yaml, seed 0)")
+    p.add_argument("--quick", action="store_true",
+                   help="a check of the pipeline in about a minute, not a comparison (configs/lab/quick.yaml: the "
+                        "demo's world, seed 0, 3 tiny steps per method)")
     p.add_argument("--config", help="lab config (default: configs/lab/lab.yaml, or quick.yaml with --quick)")
     p.add_argument("--seeds", help="comma-separated seeds (default: 0,1, about an hour on 2 cores; 0 with --quick)")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {list(METHODS)}")

@@ -175,11 +175,63 @@ def _selection_lines(ch: dict) -> list[str]:
             "| lr | step | validation EM |", "|---:|---:|---:|", *cand, ""]
 
 
+RESULT_FIGURE = "em_by_hop.png"  # the demo's result as one figure (docs/demo's is the one README.md shows)
+FIGURE_SLICES = {"1-hop": "single-hop", "2-hop": "two-hop", "all": "all"}
+FIGURE_POLICIES = {"warm_start": "#9e9e9e", "trained": "#2ca02c"}  # policy -> bar colour
+
+
+def figure_rows(summary: dict) -> list[dict[str, Any]]:
+    """What the result figure draws, from the summary's test EM: per slice (single-hop, two-hop, all) its question
+    count and the warm start's and the trained policy's EM with their 95 % intervals."""
+    em, n = summary["test_em"], summary["slice_n"]
+    return [{"slice": label, "questions": n[key],
+             **{p: {k: em[p][key][k] for k in ("mean", "lo", "hi")} for p in FIGURE_POLICIES}}
+            for key, label in FIGURE_SLICES.items() if key in n]
+
+
+def write_figure(summary: dict, path: Path) -> Path:
+    """The demo's result as one bar chart: warm start vs trained test EM by hop with their 95 % intervals
+    (:func:`figure_rows`, also stored as JSON in the PNG's ``Description`` text, :func:`read_figure_rows`)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, width = figure_rows(summary), 0.38
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for k, (policy, color) in enumerate(FIGURE_POLICIES.items()):
+        xs = [i + (k - 0.5) * width for i in range(len(rows))]
+        iv = [r[policy] for r in rows]
+        ax.bar(xs, [v["mean"] for v in iv], width, color=color, label=POLICY_LABELS[policy],
+               yerr=[[v["mean"] - v["lo"] for v in iv], [v["hi"] - v["mean"] for v in iv]], capsize=4)
+        for x, v in zip(xs, iv):
+            ax.text(x, v["hi"] + 0.02, f"{v['mean']:.2f}", ha="center", fontsize=8)
+    ax.set_xticks(range(len(rows)), [f"{r['slice']} ({r['questions']})" for r in rows])
+    ax.set(ylim=(0, 1.08), ylabel="test EM (greedy)",
+           title=f"The demo: test EM by hop, seed {summary['seed']} ({summary['machine']})")
+    ax.legend(loc="upper right", fontsize=8, frameon=False)
+    fig.text(0.01, 0.01, "whiskers: 95 % bootstrap intervals over subjects; (n): test questions", fontsize=7)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, metadata={"Description": json.dumps(rows)})
+    plt.close(fig)
+    return path
+
+
+def read_figure_rows(path: Path) -> list[dict[str, Any]]:
+    """The numbers a result figure was drawn from (:func:`write_figure` stores them in the PNG)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return json.loads(image.text["Description"])
+
+
 def write_report(report_dir: Path, summary: dict, table: str, example: str, command: str) -> None:
-    """``summary.json`` and a README.md that shows it (the numbers README.md's demo line quotes); ``command``: what
-    wrote it."""
+    """``summary.json``, its figure (:data:`RESULT_FIGURE`) and a README.md that shows them (the numbers README.md's
+    demo line quotes); ``command``: what wrote it."""
     report_dir.mkdir(parents=True, exist_ok=True)
     (report_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_figure(summary, report_dir / RESULT_FIGURE)
     val, t = summary["validation"], summary["time_s"]
     lines = [
         "# The demo's result", "",
@@ -196,6 +248,7 @@ def write_report(report_dir: Path, summary: dict, table: str, example: str, comm
         f"training {t['training']:.0f} s, evaluation {t['eval']:.0f} s; world config hash "
         f"{summary['world_config_hash']}", "",
         em_table(summary["test_em"], summary["test_gain"], summary["slice_n"], "test"), "",
+        f"![warm start vs trained test EM by hop, 95 % intervals]({RESULT_FIGURE})", "",
         "## The claim (validation split)", "",
         em_table(val["em"], val["gain"], val["slice_n"], "validation"), "",
         *_selection_lines(summary["selection"]),

@@ -191,6 +191,11 @@ def curve_section(s: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+QUICK_NOTE = ("Quick mode checks that the pipeline runs end to end (the world, the warm start scored, every method "
+              "trained a few tiny steps and evaluated, this report) on a few test questions: its EM differences are "
+              "noise, not a comparison of the methods (that is docs/lab.md).")
+
+
 def _setup_section(s: dict[str, Any]) -> list[str]:
     """Title, command, config, seeds and methods, the world, the time, and the settings the methods share."""
     w = s["world"]
@@ -210,6 +215,7 @@ def _setup_section(s: dict[str, Any]) -> list[str]:
          + ("this report was rebuilt with --report-only from finished runs." if s.get("report_only") else
             f"this pass took {s['wall_s'] / 60:.1f} min of wall time.")),
         "",
+        *([QUICK_NOTE, ""] if s["quick"] else []),
         "The methods share every setting; they differ only in `algorithm.llds.{enabled,gate,ma}` (checked by "
         "`check_only_llds_differs` before training). LLDS-MA here is the **adaptive** variant: answer-span "
         "coefficient `min(lam, lam_answer * max(mean valid searches - 1, 0))`.",

