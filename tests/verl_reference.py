@@ -16,6 +16,7 @@ import subprocess
 import sys
 import types
 import zipfile
+from unittest import mock
 from pathlib import Path
 
 import pytest
@@ -85,20 +86,12 @@ def load_core_algos() -> types.ModuleType:
         sources = {n: z.read(f"{n.replace('.', '/')}.py").decode() for n in
                    ("verl.utils.import_utils", "verl.utils.torch_functional", "verl.trainer.ppo.core_algos")}
     modules = _stand_ins()
-    saved = {n: sys.modules.get(n) for n in [*modules, *sources]}
-    try:
-        sys.modules.update(modules)
+    with mock.patch.dict(sys.modules, modules):  # sys.modules as it was afterwards
         for name, source in sources.items():
             mod = _exec(name, source, modules)
             parent, _, leaf = name.rpartition(".")
             setattr(modules[parent], leaf, mod)
         return modules["verl.trainer.ppo.core_algos"]
-    finally:
-        for n, m in saved.items():
-            if m is None:
-                sys.modules.pop(n, None)
-            else:
-                sys.modules[n] = m
 
 
 @pytest.fixture(scope="session")
