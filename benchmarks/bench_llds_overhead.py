@@ -20,7 +20,8 @@ import time
 
 import torch
 
-from searchr1_lld.algo.objective import ObjectiveSpec, mini_batch_denominators, objective
+from searchr1_lld.algo.objective import mini_batch_denominators, objective
+from searchr1_lld.config import AlgorithmConfig, LLDSConfig
 
 
 def make_batch(b: int, t: int, seed: int = 0, token_advantages: bool = False) -> dict[str, torch.Tensor]:
@@ -45,12 +46,12 @@ def make_batch(b: int, t: int, seed: int = 0, token_advantages: bool = False) ->
     }
 
 
-SPEC = ObjectiveSpec(policy_loss="ppo_clip", kl_coef=0.001, kl_type="low_var_kl", llds_gate="action")
+SPEC = AlgorithmConfig(policy_loss="ppo_clip", kl_coef=0.001, kl_type="low_var_kl", llds=LLDSConfig(gate="action"))
 
 
 def step(batch: dict[str, torch.Tensor], with_llds: bool) -> None:
     """One micro-batch as the trainer runs it: objective forward (metrics converted to floats) + backward."""
-    spec = dataclasses.replace(SPEC, llds_lam=0.2 if with_llds else 0.0)
+    spec = dataclasses.replace(SPEC, llds=dataclasses.replace(SPEC.llds, enabled=with_llds, lam=0.2))
     logp_new = batch["logp_new_data"].clone().requires_grad_(True)
     loss, metrics = objective(spec, logp_new, batch["logp_old"], batch["adv"], batch["mask"], mini_tokens=batch["n_tok"],
                        mini_responses=batch["n_resp"], logp_ref=batch["ref_logp"])

@@ -38,7 +38,7 @@ from searchr1_lld.learner import step
 
 def _llds(enabled: bool) -> Callable[[Any], None]:
     def apply(tr: Any) -> None:
-        tr.cfg.algorithm.llds.enabled = enabled  # read by step.objective_spec at every update
+        tr.cfg.algorithm.llds.enabled = enabled  # read by the objective at every update
 
     return apply
 

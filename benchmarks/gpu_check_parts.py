@@ -306,7 +306,7 @@ def timed(fn: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
 
 def learner_update(learner: Any, batch: Any, llds_on: bool, logp_old, logp_ref, advantages) -> float:
     from searchr1_lld.learner import step
-    learner.cfg.algorithm.llds.enabled = llds_on  # read by step.objective_spec at every update
+    learner.cfg.algorithm.llds.enabled = llds_on  # read by the objective at every update
     _, seconds = timed(lambda: step.update_policy(learner, batch, advantages, logp_old, logp_ref, None, None, step=0),
                        learner.accelerator.device)
     return seconds

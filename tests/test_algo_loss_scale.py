@@ -10,7 +10,8 @@ import torch
 
 from searchr1_lld.learner import batching
 from searchr1_lld.algo import aggregation
-from searchr1_lld.algo.objective import ObjectiveSpec, loss_denominators, mini_batch_denominators, objective
+from algorithm_settings import algorithm
+from searchr1_lld.algo.objective import loss_denominators, mini_batch_denominators, objective
 from searchr1_lld.config import ConfigError, load_config
 from test_algo_objective import _batch as objective_batch
 
@@ -24,7 +25,7 @@ MICRO = ([0], [1, 2])
 
 def _accumulate(scale: str) -> tuple[float, torch.Tensor]:
     """Sum over the micro-batches of the objective's value and its gradient w.r.t. logp_new [3, 3]."""
-    spec = ObjectiveSpec(llds_lam=1.0, llds_gate="none", loss_scale=scale)
+    spec = algorithm(llds_lam=1.0, llds_gate="none", loss_scale=scale)
     n_tok, n_resp = mini_batch_denominators(MASK)
     theta = LOGP_NEW.clone().requires_grad_(True)
     total = 0.0
@@ -74,13 +75,13 @@ def _loss(spec, theta, rows, logp_old, logp_ref, adv, mask, n_tok, n_resp, k):
 @pytest.mark.parametrize("agg_mode", list(aggregation.AGG_MODES))
 def test_micro_batch_mean_is_the_mean_of_each_micro_batch_as_its_own_mini_batch(agg_mode):
     theta, logp_old, logp_ref, adv, mask = _batch()
-    kw = dict(agg_mode=agg_mode, kl_coef=0.3, entropy_coef=0.05, llds_lam=0.5, llds_gate="action")
+    kw = dict(loss_agg_mode=agg_mode, kl_coef=0.3, entropy_coef=0.05, llds_lam=0.5, llds_gate="action")
     micro = ([4, 1], [0, 3, 6], [2, 5])
     n_tok, n_resp = mini_batch_denominators(mask)
-    authors = ObjectiveSpec(**kw, loss_scale="micro-batch-mean")
+    authors = algorithm(**kw, loss_scale="micro-batch-mean")
     acc = sum(torch.autograd.grad(_loss(authors, theta, rows, logp_old, logp_ref, adv, mask, n_tok, n_resp,
                                         len(micro)), theta)[0] for rows in micro)
-    own = ObjectiveSpec(**kw, loss_scale="mini-batch-token-mean")
+    own = algorithm(**kw, loss_scale="mini-batch-token-mean")
     ref = torch.zeros_like(theta)
     for rows in micro:  # each micro-batch alone is a mini-batch: its own token mean, then / K
         sub_tok, sub_resp = mini_batch_denominators(mask[torch.as_tensor(rows)])
@@ -94,14 +95,14 @@ def test_micro_batch_mean_is_the_mean_of_each_micro_batch_as_its_own_mini_batch(
 
 def test_denominators_and_errors():
     mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
-    spec = ObjectiveSpec(loss_scale="micro-batch-mean")
+    spec = algorithm(loss_scale="micro-batch-mean")
     assert loss_denominators(spec, mask, mini_tokens=10.0, mini_responses=4.0, micro_batches=3) == (6.0, 6.0)
-    assert loss_denominators(ObjectiveSpec(), mask, mini_tokens=10.0, mini_responses=4.0, micro_batches=3) == (10.0, 10.0)
-    seq = ObjectiveSpec(agg_mode="seq-mean-token-mean", loss_scale="micro-batch-mean")
+    assert loss_denominators(algorithm(), mask, mini_tokens=10.0, mini_responses=4.0, micro_batches=3) == (10.0, 10.0)
+    seq = algorithm(loss_agg_mode="seq-mean-token-mean", loss_scale="micro-batch-mean")
     assert loss_denominators(seq, mask, mini_tokens=10.0, mini_responses=4.0, micro_batches=3) == (3.0, 6.0)
     z = torch.zeros(2, 3)
     with pytest.raises(ValueError, match="loss scale"):
-        objective(ObjectiveSpec(loss_scale="sum"), z, z, torch.zeros(2), mask, mini_tokens=2.0, mini_responses=1.0)
+        objective(algorithm(loss_scale="sum"), z, z, torch.zeros(2), mask, mini_tokens=2.0, mini_responses=1.0)
     with pytest.raises(ValueError, match="micro_batches"):
         objective(spec, z, z, torch.zeros(2), mask, mini_tokens=2.0, mini_responses=1.0, micro_batches=0)
 
@@ -127,7 +128,7 @@ def test_config_keys():
 @pytest.mark.parametrize("agg_mode", list(aggregation.AGG_MODES))
 def test_a_micro_batch_run_in_several_passes_gives_the_same_gradient(agg_mode):
     theta, logp_old, logp_ref, adv, mask = _batch()
-    spec = ObjectiveSpec(agg_mode=agg_mode, kl_coef=0.3, entropy_coef=0.05, llds_lam=0.5, llds_gate="action",
+    spec = algorithm(loss_agg_mode=agg_mode, kl_coef=0.3, entropy_coef=0.05, llds_lam=0.5, llds_gate="action",
                          loss_scale="micro-batch-mean")
     n_tok, n_resp = mini_batch_denominators(mask)
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from searchr1_lld.algo import aggregation
-from searchr1_lld.algo.objective import ObjectiveSpec, mini_batch_denominators, objective
+from algorithm_settings import algorithm, with_lam_answer
+from searchr1_lld.algo.objective import mini_batch_denominators, objective
 
 
 def _batch(seed=0, B=7, T=9):
@@ -29,8 +30,9 @@ def _loss(spec, theta, rows, logp_old, logp_ref, adv, mask, answer, n_tok, n_res
     idx = torch.as_tensor(rows)
     logp_new = torch.nn.functional.logsigmoid(theta[idx])
     entropy = -logp_new.exp() * logp_new  # any differentiable per-token term
-    loss, _ = objective(spec, logp_new, logp_old[idx], adv[idx], mask[idx], mini_tokens=n_tok, mini_responses=n_resp,
-                        logp_ref=logp_ref[idx], entropy=entropy, answer_mask=answer[idx], lam_answer=lam_answer)
+    loss, _ = objective(with_lam_answer(spec, lam_answer), logp_new, logp_old[idx], adv[idx], mask[idx],
+                        mini_tokens=n_tok, mini_responses=n_resp, logp_ref=logp_ref[idx], entropy=entropy,
+                        answer_mask=answer[idx])
     return loss
 
 
@@ -38,7 +40,7 @@ def _loss(spec, theta, rows, logp_old, logp_ref, adv, mask, answer, n_tok, n_res
 @pytest.mark.parametrize("policy", ["ppo_clip", "gspo"])
 def test_uneven_micro_batches_accumulate_to_the_mini_batch_gradient(agg_mode, policy):
     theta, logp_old, logp_ref, adv, mask, answer = _batch()
-    spec = ObjectiveSpec(policy_loss=policy, agg_mode=agg_mode, kl_coef=0.3, entropy_coef=0.05, llds_lam=0.5,
+    spec = algorithm(policy_loss=policy, loss_agg_mode=agg_mode, kl_coef=0.3, entropy_coef=0.05, llds_lam=0.5,
                          llds_gate="action", clip_low=0.1, clip_high=0.15, dual_clip=3.0)
     n_tok, n_resp = mini_batch_denominators(mask)
     assert (n_tok, n_resp) == (float(mask.sum()), 6.0)
@@ -68,7 +70,7 @@ def test_hand_computed_value_token_mean():
     ref = torch.tensor([[-1.5, -2.0], [-0.5, -1.0]])
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     adv = torch.tensor([2.0, -1.0])
-    spec = ObjectiveSpec(kl_coef=0.5, kl_type="k1", llds_lam=1.0)
+    spec = algorithm(kl_coef=0.5, kl_type="k1", llds_lam=1.0)
     loss, m = objective(spec, logp, logp.detach(), adv, mask, mini_tokens=6.0, mini_responses=4.0, logp_ref=ref)
     pg = -(2.0 + 2.0 - 1.0) / 6.0
     kl_term = 0.5 * (0.5 + 0.0 + 0.0) / 6.0
@@ -86,7 +88,7 @@ def test_hand_computed_value_and_gradient_with_every_term_active():
     ent = torch.tensor([[1.0, 2.0, 5.0], [0.5, 1.5, 5.0]], requires_grad=True)
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
     adv = torch.tensor([1.0, -1.0])
-    spec = ObjectiveSpec(kl_coef=0.5, kl_type="k2", entropy_coef=0.1, llds_lam=0.2, llds_gate="none")
+    spec = algorithm(kl_coef=0.5, kl_type="k2", entropy_coef=0.1, llds_lam=0.2, llds_gate="none")
     loss, m = objective(spec, logp, logp.detach() - log_r, adv, mask, mini_tokens=5.0, mini_responses=2.0,
                         logp_ref=logp.detach() - x, entropy=ent)
     e = math.exp
@@ -110,7 +112,7 @@ def test_hand_computed_value_and_gradient_with_every_term_active():
 
 def test_padding_micro_batch_has_zero_gradient_and_bad_denominators_fail():
     theta, logp_old, logp_ref, adv, mask, answer = _batch()
-    spec = ObjectiveSpec(kl_coef=0.1, llds_lam=0.2)
+    spec = algorithm(kl_coef=0.1, llds_lam=0.2)
     loss = _loss(spec, theta, [0, 1], logp_old, logp_ref, adv, mask, answer, 10.0, 2.0, None) * 0.0
     (g,) = torch.autograd.grad(loss, theta)
     assert float(g.abs().sum()) == 0.0

@@ -48,6 +48,7 @@ def test_paper_grid_is_complete():
         assert cfg.name == stem
         llds = cfg.algorithm.llds
         method = "grpo" if not llds.enabled else ("llds-ma" if llds.ma != "off" else "llds")
+        assert cfg.algorithm.method == method.replace("-", "_")
         combos.add((cfg.model.path, cfg.data.train_mix, method))
         assert stem.endswith("_" + method)
         # Search-R1's prompt for every model, through the tokenizer's chat template when it has one (Search-R1's rule)
@@ -94,7 +95,8 @@ def _reads_prepared_files(cfg):
 
 
 def test_ablation_grid():
-    abl = {p.stem: load_config(p) for p in sorted((CONFIGS / "ablations").glob("*.yaml")) if p.stem != "base"}
+    abl = {p.stem: load_config(p) for p in sorted((CONFIGS / "ablations").glob("*.yaml"))
+           if p.stem != "base" and not p.stem.startswith("method-")}
     lams = sorted(c.algorithm.llds.lam for s, c in abl.items() if s.startswith("lambda-"))
     assert lams == [0.0, 0.05, 0.1, 0.2, 0.5]
     assert {c.algorithm.llds.gate for s, c in abl.items() if s.startswith("gate-")} == {"none", "response", "action"}
@@ -102,8 +104,43 @@ def test_ablation_grid():
     for cfg in abl.values():  # one knob changed, the rest is the headline setting
         assert cfg.model.path == "Qwen/Qwen2.5-3B" and cfg.data.train_mix == "nq+hotpotqa"
         assert (cfg.data.prompt_template, cfg.data.chat_template) == ("search-r1", "auto")
-        assert cfg.algorithm.llds.enabled
+        assert cfg.algorithm.llds.enabled and cfg.algorithm.method == "llds"
         _reads_prepared_files(cfg)
+
+
+def _differences(a, b) -> set[str]:
+    from searchr1_lld.config import config_differences
+
+    return set(config_differences(a, b))
+
+
+def test_each_method_runs_on_the_papers_3b_cell_sharing_every_other_setting_with_llds():
+    """configs/ablations/method-<name>.yaml for every preset (the gate arms are gate-*.yaml): the same cell as the
+    LLDS ablation base, differing only in the name, algorithm.method and what the preset pins."""
+    from searchr1_lld.config.methods import METHODS, PINNED_KEYS
+
+    llds = load_config(CONFIGS / "ablations" / "base.yaml")
+    files = {p.stem.removeprefix("method-"): p for p in (CONFIGS / "ablations").glob("method-*.yaml")}
+    assert set(files) == set(METHODS) - {"llds_action", "llds_response"}
+    allowed = {"name", "algorithm.method", *(f"algorithm.{k}" for k in PINNED_KEYS)}
+    for name, path in files.items():
+        cfg = load_config(path)
+        assert cfg.algorithm.method == name and cfg.name == f"ablation-method-{name}"
+        assert (cfg.model.path, cfg.data.train_mix) == ("Qwen/Qwen2.5-3B", "nq+hotpotqa")
+        assert _differences(llds, cfg) <= allowed, name
+    assert _differences(llds, load_config(files["gspo"])) >= {"algorithm.policy_loss", "algorithm.llds.enabled"}
+
+
+def test_the_lab_runs_every_method_on_the_sandbox_with_the_llds_runs_settings(tmp_path):
+    """configs/lab/methods.yaml: every preset is a lab arm; the arms' configs differ only in the method's keys."""
+    from searchr1_lld.config.methods import METHODS
+    from searchr1_lld.lab.methods import check_only_llds_differs, method_config, parse_methods
+
+    arms = parse_methods(",".join(METHODS))
+    configs = [method_config(CONFIGS / "lab" / "methods.yaml", [], arm, 0, world_dir=".cache/world",
+                             runs_dir=tmp_path) for arm in arms]
+    check_only_llds_differs(configs)
+    assert [c.algorithm.method for c in configs] == list(METHODS)
 
 
 def test_eval_section_validation():

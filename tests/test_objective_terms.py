@@ -13,11 +13,10 @@ from searchr1_lld.algo.advantages import check_advantages
 from searchr1_lld.algo.aggregation import aggregate
 from searchr1_lld.algo.objective import objective
 from searchr1_lld.config import AlgorithmConfig
-from searchr1_lld.learner.step import objective_spec
 
 
 def test_the_built_in_terms_are_registered_in_the_order_they_are_summed():
-    assert list(terms.OBJECTIVE_TERMS)[:4] == ["policy_loss", "entropy", "kl", "llds"]
+    assert list(terms.OBJECTIVE_TERMS)[:5] == ["policy_loss", "entropy", "kl", "llds", "nll_anchor"]
     with pytest.raises(ValueError, match="objective term 'kl' is already registered"):
         terms.register_term("kl")(lambda batch, spec: (None, {}))
 
@@ -39,10 +38,10 @@ def test_a_registered_regulariser_enters_the_loss_through_its_config_entry(monke
     monkeypatch.setattr(terms, "OBJECTIVE_TERMS", dict(terms.OBJECTIVE_TERMS))
 
     @terms.register_term("squared_logp")
-    def squared_logp(batch: terms.TermBatch, spec: terms.ObjectiveSpec):
+    def squared_logp(batch: terms.TermBatch, alg: terms.AlgorithmSettings):
         """L = coef * agg(logp_new^2, D)."""
-        coef = spec.settings("squared_logp").coef
-        value = coef * aggregate(batch.logp_new.square(), batch.response_mask, spec.agg_mode,
+        coef = alg.squared_logp.coef
+        value = coef * aggregate(batch.logp_new.square(), batch.response_mask, alg.loss_agg_mode,
                                  denominator=batch.denominator)
         return value, {"squared_logp": float(value.detach())}
 
@@ -52,7 +51,7 @@ def test_a_registered_regulariser_enters_the_loss_through_its_config_entry(monke
     adv = torch.tensor([1.0, -2.0])
 
     def loss_and_grad(coef: float):
-        spec = objective_spec(AlgorithmWithSquaredLogp(squared_logp=SquaredLogpConfig(coef=coef)))
+        spec = AlgorithmWithSquaredLogp(squared_logp=SquaredLogpConfig(coef=coef))
         loss, m = objective(spec, logp, old, adv, mask, mini_tokens=4.0, mini_responses=2.0)
         return float(loss.detach()), torch.autograd.grad(loss, logp)[0], m
 

@@ -6,14 +6,15 @@ import pytest
 import torch
 
 from searchr1_lld.algo import policy_loss
-from searchr1_lld.algo.objective import ObjectiveSpec, objective
+from algorithm_settings import algorithm
+from searchr1_lld.algo.objective import objective
 from searchr1_lld.config import ConfigError, load_config
 
 
 def test_builtin_losses_are_registered_by_name():
     assert policy_loss.get_policy_loss_fn("ppo_clip") is policy_loss.ppo_clip_loss
     assert policy_loss.get_policy_loss_fn("gspo") is policy_loss.gspo_loss
-    with pytest.raises(ValueError, match=r"unknown policy loss 'nope'; registered: \['gspo', 'ppo_clip'"):
+    with pytest.raises(ValueError, match=r"unknown policy loss 'nope'; registered: \['clip_cov', 'gspo', 'kl_cov', 'ppo_clip'\]"):
         policy_loss.get_policy_loss_fn("nope")
     with pytest.raises(ValueError, match="already registered"):
         policy_loss.register_policy_loss("ppo_clip")(lambda *a, **k: None)
@@ -33,7 +34,7 @@ def test_a_new_loss_reaches_the_objective_and_the_config_without_other_edits(mon
     logp = torch.tensor([[-1.0, -2.0], [-0.5, -0.25]], requires_grad=True)
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     adv = torch.tensor([1.0, -2.0])
-    loss, m = objective(ObjectiveSpec(policy_loss="minus_logp"), logp, logp.detach(), adv, mask,
+    loss, m = objective(algorithm(policy_loss="minus_logp"), logp, logp.detach(), adv, mask,
                         mini_tokens=3.0, mini_responses=2.0)
     # by hand: -(1 * (-1 - 2) + (-2) * (-0.5)) / 3 = -(-3 + 1) / 3 = 2/3
     assert loss.item() == pytest.approx(2 / 3) and m["pg_loss"] == pytest.approx(2 / 3)
@@ -46,9 +47,7 @@ def test_a_new_loss_reaches_the_objective_and_the_config_without_other_edits(mon
 def test_the_objective_runs_the_loss_registered_under_the_configured_name(monkeypatch):
     """The default config's policy loss is looked up in the registry on every call: whatever is registered under
     that name is the loss (and gradient) the objective returns, the default PPO-clip included."""
-    from searchr1_lld.learner.step import objective_spec
-
-    spec = objective_spec(load_config(None, []).algorithm)
+    spec = load_config(None, []).algorithm
     assert spec.policy_loss == "ppo_clip"
     real = policy_loss.get_policy_loss_fn(spec.policy_loss)
     calls = []
@@ -62,7 +61,7 @@ def test_the_objective_runs_the_loss_registered_under_the_configured_name(monkey
     old = torch.tensor([[-1.1, -1.8], [-0.5, -0.4]])
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     adv = torch.tensor([1.0, -2.0])
-    plain = ObjectiveSpec(policy_loss=spec.policy_loss, clip_low=spec.clip_low, clip_high=spec.clip_high)
+    plain = algorithm(policy_loss=spec.policy_loss, clip_low=spec.clip_low, clip_high=spec.clip_high)
 
     def loss_and_grad():
         loss, m = objective(plain, logp, old, adv, mask, mini_tokens=3.0, mini_responses=2.0)

@@ -1,17 +1,22 @@
-"""The algorithm core: pure tensor functions (GRPO advantages, policy losses, KL, aggregation, LLDS, spans, log-probs).
+"""The algorithm core: pure tensor functions (advantages, policy losses, KL, aggregation, LLDS, the likelihood anchor,
+spans, log-probs).
 
-Every formula lives in exactly one function whose docstring states it with shapes. The terms of the objective are
-registered by name (algo/terms.py) and summed by algo/objective.py; the trainer calls the objective.
+Every formula lives in exactly one function whose docstring states it with shapes. Advantage estimators, policy
+losses, aggregation modes, KL estimators and the terms of the objective are registered by name (algo/registry.py);
+the objective (algo/objective.py) sums the terms; the trainer calls the objective.
 """
 
-from searchr1_lld.algo.advantages import broadcast_to_tokens, check_advantages, grpo_outcome_advantages
-from searchr1_lld.algo.aggregation import AGG_MODES, aggregate, masked_mean
+from searchr1_lld.algo.advantages import (ADVANTAGE_ESTIMATORS, broadcast_to_tokens, check_advantages,
+                                          get_advantage_fn, grpo_outcome_advantages)
+from searchr1_lld.algo.aggregation import AGG_MODES, AGGREGATIONS, aggregate, masked_mean
+from searchr1_lld.algo.anchor import nll_anchor_loss
 from searchr1_lld.algo.kl import KL_KINDS, kl_penalty
 from searchr1_lld.algo.llds import GATES, adaptive_lam_answer, llds_can_act, llds_gate, llds_loss, per_response_advantage
-from searchr1_lld.algo.objective import ObjectiveSpec, mini_batch_denominators, objective
+from searchr1_lld.algo.objective import AlgorithmSettings, mini_batch_denominators, objective
 from searchr1_lld.algo.terms import OBJECTIVE_TERMS, TermBatch, register_term
 from searchr1_lld.algo.logprobs import chunked_logprobs_entropy, linear_logprobs_entropy, naive_logprobs_entropy
-from searchr1_lld.algo.policy_loss import gspo_loss, ppo_clip_loss
+from searchr1_lld.algo.policy_loss import POLICY_LOSSES, gspo_loss, ppo_clip_loss
+from searchr1_lld.algo.covariance_losses import clip_cov_loss, kl_cov_loss
 from searchr1_lld.algo.spans import (
     action_span_list,
     action_spans,
@@ -21,9 +26,12 @@ from searchr1_lld.algo.spans import (
 )
 
 __all__ = [
+    "ADVANTAGE_ESTIMATORS",
     "AGG_MODES",
+    "AGGREGATIONS",
+    "AlgorithmSettings",
     "OBJECTIVE_TERMS",
-    "ObjectiveSpec",
+    "POLICY_LOSSES",
     "TermBatch",
     "GATES",
     "KL_KINDS",
@@ -37,8 +45,11 @@ __all__ = [
     "broadcast_to_tokens",
     "check_advantages",
     "chunked_logprobs_entropy",
+    "clip_cov_loss",
+    "get_advantage_fn",
     "grpo_outcome_advantages",
     "gspo_loss",
+    "kl_cov_loss",
     "kl_penalty",
     "linear_logprobs_entropy",
     "llds_can_act",
@@ -47,6 +58,7 @@ __all__ = [
     "masked_mean",
     "mini_batch_denominators",
     "naive_logprobs_entropy",
+    "nll_anchor_loss",
     "objective",
     "per_response_advantage",
     "ppo_clip_loss",

@@ -1,43 +1,123 @@
-"""GRPO outcome advantages: one scalar per response, normalised within its prompt group.
+"""Outcome advantages: one scalar per response from its score, its prompt group and (for a batch baseline) the
+response lengths. Every estimator is registered by name (``algorithm.advantage`` names the one the step uses):
 
-    A_i = (r_i - mean_{j in G(i)} r_j) / (std_{j in G(i)} r_j + eps)     norm_by_std=True  (GRPO)
-    A_i =  r_i - mean_{j in G(i)} r_j                                   norm_by_std=False (Dr. GRPO)
+    grpo                   A_i = (r_i - mean_{G(i)} r) / (std_{G(i)} r + eps)              (Shao et al. 2024)
+    grpo_no_std            A_i =  r_i - mean_{G(i)} r                                        (Dr. GRPO, Liu et al. 2025)
+    rloo                   A_i = |G| / (|G| - 1) * (r_i - mean_{G(i)} r)
+                               = r_i - mean_{j in G(i), j != i} r_j                          (Ahmadian et al. 2024)
+    reinforce_pp_baseline  c_i = r_i - mean_{G(i)} r, then whitened over the batch's response tokens:
+                           A_i = (c_i - mu) / sqrt(var + 1e-8),  mu = sum_i n_i c_i / N,
+                           var = sum_i n_i (c_i - mu)^2 / (N - 1),  n_i = sum_t m[i,t], N = sum_i n_i
+                                                                                          (REINFORCE++, Hu 2025)
 
-std is the *unbiased* sample standard deviation (divide by |G| - 1) by default, as in verl / Search-R1's
-``torch.std``; ``unbiased=False`` divides by |G|. A group with a single response has no baseline: its advantage is 0.
-A group whose rewards are all equal gets advantage 0 (numerator 0).
+std is the *unbiased* sample standard deviation (divide by |G| - 1) as in verl / Search-R1's ``torch.std``. A group
+with a single response has no baseline: its advantage is 0 under every estimator (verl gives such a response its raw
+score (grpo: divided by 1 + eps); ``rollout.n >= 2`` makes every group here at least two). A group whose rewards are
+all equal gets advantage 0 under grpo, grpo_no_std and rloo.
+
+An estimator is ``fn(scores [B], group_ids [B], response_mask [B, T], *, eps) -> advantages [B]``; the step broadcasts
+it to the tokens (:func:`broadcast_to_tokens`).
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
+from searchr1_lld.algo import registry
 
-def grpo_outcome_advantages(
-    scores: torch.Tensor, group_ids: torch.Tensor, *, eps: float = 1e-6, norm_by_std: bool = True, unbiased: bool = True
-) -> torch.Tensor:
-    """GRPO advantage ``[B]`` from outcome scores ``[B]`` and group ids ``[B]`` (any integers; vectorised)."""
+AdvantageFn = Callable[..., torch.Tensor]
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {}
+
+
+def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Decorator: register ``fn`` as the advantage estimator ``name`` (a name may be registered once)."""
+    return registry.register(ADVANTAGE_ESTIMATORS, "advantage estimator", name)
+
+
+def get_advantage_fn(name: str) -> AdvantageFn:
+    """The advantage estimator registered as ``name``; a clear error listing the known names otherwise."""
+    return registry.lookup(ADVANTAGE_ESTIMATORS, "advantage estimator", name)
+
+
+def _group_stats(scores: torch.Tensor, group_ids: torch.Tensor):
+    """(r [B] float, inverse [B] group index, count [G], centred r - mean_{G(i)} r [B]) of the scores."""
     if scores.dim() != 1 or group_ids.shape != scores.shape:
         raise ValueError(f"scores and group_ids must both be [B]; got {tuple(scores.shape)} and {tuple(group_ids.shape)}")
-    if eps <= 0:
-        raise ValueError(f"eps must be > 0, got {eps}")
-    if scores.numel() == 0:
-        return scores.clone()
     r = scores.detach().to(torch.float32 if not scores.is_floating_point() else scores.dtype)
     _, inverse = torch.unique(group_ids, return_inverse=True)
     n_groups = int(inverse.max()) + 1
     count = torch.zeros(n_groups, dtype=r.dtype, device=r.device).index_add_(0, inverse, torch.ones_like(r))
     mean = torch.zeros_like(count).index_add_(0, inverse, r) / count
-    centred = r - mean[inverse]
+    return r, inverse, count, r - mean[inverse]
+
+
+def _no_singletons(adv: torch.Tensor, inverse: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """``adv`` with 0 for the responses alone in their group (no baseline)."""
+    return torch.where((count == 1)[inverse], torch.zeros_like(adv), adv)
+
+
+def grpo_outcome_advantages(
+    scores: torch.Tensor, group_ids: torch.Tensor, *, eps: float = 1e-6, norm_by_std: bool = True, unbiased: bool = True
+) -> torch.Tensor:
+    """GRPO advantage ``[B]`` from outcome scores ``[B]`` and group ids ``[B]`` (any integers; vectorised):
+    (r_i - mean) / (std + eps), or r_i - mean when ``norm_by_std`` is False; ``unbiased=False`` divides the variance
+    by |G| instead of |G| - 1."""
+    if eps <= 0:
+        raise ValueError(f"eps must be > 0, got {eps}")
+    if scores.numel() == 0:
+        return scores.clone()
+    _, inverse, count, centred = _group_stats(scores, group_ids)
+    adv = centred
     if norm_by_std:
         sq = torch.zeros_like(count).index_add_(0, inverse, centred * centred)
         dof = (count - 1).clamp(min=1) if unbiased else count
-        std = (sq / dof).sqrt()
-        adv = centred / (std[inverse] + eps)
-    else:
-        adv = centred
-    singleton = (count == 1)[inverse]
-    return torch.where(singleton, torch.zeros_like(adv), adv)
+        adv = centred / ((sq / dof).sqrt()[inverse] + eps)
+    return _no_singletons(adv, inverse, count)
+
+
+@register_advantage("grpo")
+def grpo(scores: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tensor, *,
+         eps: float = 1e-6) -> torch.Tensor:
+    """GRPO: A_i = (r_i - mean_{G(i)} r) / (std_{G(i)} r + eps), ``[B]`` (``response_mask [B, T]`` unused)."""
+    return grpo_outcome_advantages(scores, group_ids, eps=eps, norm_by_std=True)
+
+
+@register_advantage("grpo_no_std")
+def grpo_no_std(scores: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tensor, *,
+                eps: float = 1e-6) -> torch.Tensor:
+    """Dr. GRPO's advantage: A_i = r_i - mean_{G(i)} r, ``[B]`` (no std division; mask and eps unused)."""
+    return grpo_outcome_advantages(scores, group_ids, eps=eps, norm_by_std=False)
+
+
+@register_advantage("rloo")
+def rloo(scores: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tensor, *,
+         eps: float = 1e-6) -> torch.Tensor:
+    """RLOO: A_i = r_i - mean of the other responses of its group = |G| / (|G| - 1) (r_i - mean_{G(i)} r), ``[B]``."""
+    if scores.numel() == 0:
+        return scores.clone()
+    _, inverse, count, centred = _group_stats(scores, group_ids)
+    scale = count / (count - 1).clamp(min=1)
+    return _no_singletons(centred * scale[inverse], inverse, count)
+
+
+@register_advantage("reinforce_pp_baseline")
+def reinforce_pp_baseline(scores: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tensor, *,
+                          eps: float = 1e-6) -> torch.Tensor:
+    """REINFORCE++ with a group baseline: c_i = r_i - mean_{G(i)} r, whitened by the token-weighted mean and unbiased
+    variance over the batch's N response tokens (module docstring); ``[B]``. Needs N >= 2."""
+    if response_mask.dim() != 2 or response_mask.shape[0] != scores.shape[0]:
+        raise ValueError(f"response_mask must be [B, T] with B={scores.shape[0]}; got {tuple(response_mask.shape)}")
+    _, inverse, count, centred = _group_stats(scores, group_ids)
+    c = _no_singletons(centred, inverse, count)
+    n = (response_mask != 0).sum(dim=1).to(c.dtype)  # tokens per response
+    total = n.sum()
+    if total < 2:
+        raise ValueError(f"reinforce_pp_baseline whitens over the batch's response tokens: needs >= 2, got {int(total)}")
+    mu = (n * c).sum() / total
+    var = (n * (c - mu) ** 2).sum() / (total - 1)
+    return (c - mu) * torch.rsqrt(var + 1e-8)
 
 
 def broadcast_to_tokens(adv: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

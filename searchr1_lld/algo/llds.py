@@ -47,7 +47,7 @@ def per_response_advantage(advantages: torch.Tensor, response_mask: torch.Tensor
     return torch.where(m.any(dim=1), adv, torch.zeros_like(adv))
 
 
-def _preserving_rows(advantages: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+def preserving_rows(advantages: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """``[B]`` bool: i in P. ``[B]`` advantages: A_i >= 0. ``[B, T]``: every response token's advantage is >= 0
     (the same thing for token-broadcast advantages; two tensor ops instead of a gather)."""
     check_advantages(advantages, m)
@@ -194,7 +194,7 @@ def llds_weight_and_stats(
     is the caller's), as one tensor so that all metrics are converted with one ``.tolist()``.
     """
     d_masked = torch.where(m, dd, 0.0)
-    in_p = _preserving_rows(advantages, m)  # [B]
+    in_p = preserving_rows(advantages, m)  # [B]
     g, starts = _gate(d_masked, m, in_p, gate, tau)
     active = g & (d_masked > 0)  # (g is False outside m)
     weight = active.to(dd.dtype).mul_(float(lam))  # m g c 1[d > 0] with c = lam
@@ -218,6 +218,22 @@ def llds_weight_and_stats(
         ]
     ).to(dd.dtype)
     return weight, safe_den, stats
+
+
+def answer_coefficient(ma: str, lam_answer: float, valid_searches_mean: float | None,
+                       rule: str = "code") -> float | None:
+    """LLDS-MA's answer-span coefficient lam_answer' (the coefficient applied there is min(lam_answer', lam)):
+    ``ma`` "off" -> None (no MA), "fixed" -> ``lam_answer``, "adaptive" -> :func:`adaptive_lam_answer` of the step's
+    mean number of valid searches per response (required then)."""
+    if ma == "off":
+        return None
+    if ma == "fixed":
+        return float(lam_answer)
+    if ma != "adaptive":
+        raise ValueError(f"unknown LLDS-MA mode {ma!r}; expected 'off', 'fixed' or 'adaptive'")
+    if valid_searches_mean is None:
+        raise ValueError("adaptive LLDS-MA needs the step's mean number of valid searches")
+    return adaptive_lam_answer(lam_answer, valid_searches_mean, rule)
 
 
 def adaptive_lam_answer(lam_answer: float, mean_valid_searches: float, rule: str = "code") -> float:

@@ -1,58 +1,55 @@
 """The terms of the objective: each a registered pure function of one micro-batch's tensors (algo/objective.py adds
 them up; autograd differentiates the sum).
 
-    L = sum, over the registered terms in registration order, of term(batch, spec)
+    L = sum, over the registered terms in registration order, of term(batch, alg)
 
-The built-in terms (D and D_LLDS are the denominators of algo/objective.py):
+The built-in terms (D and D_LLDS are the denominators of algo/objective.py) and the settings each reads:
 
-    policy_loss   pg * n / D                                 the policy loss registered as spec.policy_loss
-    entropy       - entropy_coef * agg(H, D)                 H: token entropies
-    kl            + kl_coef * agg(KL(logp_new || logp_ref), D)   estimator spec.kl_type (algo/kl.py)
-    llds          + L_LLDS, normalised by D_LLDS              algo/llds.py
+    policy_loss   pg * n / D                              algorithm.{policy_loss, clip_eps, clip_low, clip_high,
+                                                          dual_clip, loss_agg_mode} and the loss's own section
+                                                          algorithm.<policy_loss> when it has one (clip_cov, kl_cov)
+    entropy       - entropy_coef * agg(H, D)              algorithm.entropy_coef         H: token entropies
+    kl            + kl_coef * agg(KL(logp_new || logp_ref), D)   algorithm.{kl_coef, kl_type} (algo/kl.py)
+    llds          + L_LLDS, normalised by D_LLDS          algorithm.llds (LLDS-MA included; algo/llds.py)
+    nll_anchor    + coef * sum m 1[A >= 0] (-logp_new) / D_LLDS   algorithm.nll_anchor (algo/anchor.py)
 
-A term is ``term(batch: TermBatch, spec: ObjectiveSpec) -> (value, metrics)``: ``value`` a 0-dim tensor added to the
-loss, or None when the term is off (coefficient 0, or its input not given); ``metrics`` floats merged into the
-objective's. ``@register_term("name")`` adds a term to every objective. Its settings are the algorithm config's
-entry of the same name (``algorithm.<name>``), which the term reads as ``spec.settings("name")``: a new regulariser
-is one function, one config entry and one test, with no edit to :class:`ObjectiveSpec`, the objective or the learner.
-(The built-in terms read the fields of :class:`ObjectiveSpec`, which predate this.)
+A term is ``term(batch: TermBatch, alg: AlgorithmSettings) -> (value, metrics)``: ``value`` a 0-dim tensor added to
+the loss, or None when the term is off (coefficient 0, or its input not given); ``metrics`` floats merged into the
+objective's. ``@register_term("name")`` adds a term to every objective; its settings are the algorithm config's
+section of the same name (``algorithm.<name>``, read as ``getattr(alg, name)``): a new regulariser is one function,
+one config section and one test, with no edit to the objective or the learner.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
 
 import torch
 
-from searchr1_lld.algo import kl, llds, policy_loss, registry
-from searchr1_lld.algo.aggregation import aggregate, masked_mean, mini_batch_denominators
+from searchr1_lld.algo import anchor, kl, llds, policy_loss, registry
+from searchr1_lld.algo.aggregation import aggregate, default_denominator, masked_mean
 
 
-@dataclass(frozen=True)
-class ObjectiveSpec:
-    """The coefficients and modes of the objective (a view of ``AlgorithmConfig``)."""
+class AlgorithmSettings(Protocol):
+    """What the objective reads of a run's algorithm settings: ``AlgorithmConfig`` (config/sections.py) is the one
+    implementation; each built-in term reads the fields named in the module docstring, a registered term its own
+    section ``getattr(alg, name)``."""
 
-    policy_loss: str = "ppo_clip"  # a name registered in algo.policy_loss ("ppo_clip", "gspo", ...)
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = None
-    agg_mode: str = "token-mean"
-    kl_coef: float = 0.0
-    kl_type: str = "low_var_kl"
-    entropy_coef: float = 0.0
-    llds_lam: float = 0.0  # 0 = LLDS off
-    llds_gate: str = "action"
-    llds_tau: float = 0.0
-    loss_scale: str = "mini-batch-token-mean"  # or "micro-batch-mean" (algo/objective.py)
-    # the algorithm config's entries by name: where a term registered beyond the built-in ones finds its settings,
-    # under its own name (:meth:`settings`)
-    term_settings: Mapping[str, Any] = field(default_factory=dict)
-
-    def settings(self, term: str) -> Any:
-        """The settings of the term registered as ``term``: the algorithm config's entry of that name
-        (``algorithm.<term>``, e.g. a section dataclass); None when the config has none."""
-        return self.term_settings.get(term)
+    policy_loss: str
+    clip_eps: float
+    clip_low: float | None
+    clip_high: float | None
+    dual_clip: float | None
+    loss_agg_mode: str
+    loss_scale: str
+    seq_token_sum_norm: float
+    kl_coef: float
+    kl_type: str
+    entropy_coef: float
+    llds: Any  # LLDSConfig: enabled, lam, gate, tau, ma, lam_answer, ma_adaptive_rule
+    nll_anchor: Any  # NLLAnchorConfig: enabled, coef
 
 
 @dataclass(frozen=True)
@@ -67,12 +64,12 @@ class TermBatch:
     token_denominator: float  # D_LLDS: what token sums divide by (N_tok, or K n_tok under micro-batch-mean)
     logp_ref: torch.Tensor | None = None  # [B, T] reference log-probs (the KL term)
     entropy: torch.Tensor | None = None  # [B, T] token entropies (the entropy term; carry gradient)
-    answer_mask: torch.Tensor | None = None  # [B, T] 1 on the answer span (LLDS-MA, with lam_answer)
-    lam_answer: float | None = None  # LLDS-MA's answer-span coefficient (None = MA off)
+    answer_mask: torch.Tensor | None = None  # [B, T] 1 on the final answer span (LLDS-MA)
+    valid_searches_mean: float | None = None  # the step's mean number of valid searches per response (adaptive MA)
     token_weights: torch.Tensor | None = None  # [B, T] per-token policy-gradient weights (None = 1)
 
 
-TermFn = Callable[[TermBatch, ObjectiveSpec], "tuple[torch.Tensor | None, dict[str, float]]"]
+TermFn = Callable[[TermBatch, AlgorithmSettings], "tuple[torch.Tensor | None, dict[str, float]]"]
 OBJECTIVE_TERMS: dict[str, TermFn] = {}
 
 
@@ -81,54 +78,85 @@ def register_term(name: str) -> Callable[[TermFn], TermFn]:
     return registry.register(OBJECTIVE_TERMS, "objective term", name)
 
 
+def loss_settings(alg: AlgorithmSettings) -> dict[str, Any]:
+    """The keywords of the policy loss ``alg.policy_loss``: the clip ranges (clip_low / clip_high default to
+    clip_eps), dual_clip, agg_mode, and the fields of its own section ``algorithm.<policy_loss>`` if there is one."""
+    own = getattr(alg, alg.policy_loss, None)
+    return {"clip_low": alg.clip_low if alg.clip_low is not None else alg.clip_eps,
+            "clip_high": alg.clip_high if alg.clip_high is not None else alg.clip_eps,
+            "dual_clip": alg.dual_clip, "agg_mode": alg.loss_agg_mode,
+            **(dataclasses.asdict(own) if dataclasses.is_dataclass(own) else {})}
+
+
 @register_term("policy_loss")
-def policy_gradient(batch: TermBatch, spec: ObjectiveSpec) -> tuple[torch.Tensor, dict[str, float]]:
-    """L_pg = pg * n / D: pg is the policy loss registered as ``spec.policy_loss`` (algo/policy_loss.py), which
-    normalises by the micro-batch's own count n (tokens for agg_mode "token-mean", responses for the seq modes);
-    n / D rescales it to the same sum over D. Metrics: pg_loss, pg_clip_frac, approx_kl."""
-    loss_fn = policy_loss.get_policy_loss_fn(spec.policy_loss)
+def policy_gradient(batch: TermBatch, alg: AlgorithmSettings) -> tuple[torch.Tensor, dict[str, float]]:
+    """L_pg = pg * n / D: pg is the policy loss registered as ``alg.policy_loss`` (algo/policy_loss.py), which
+    normalises by the micro-batch's own n (aggregation.default_denominator: tokens, responses, or responses x width);
+    n / D rescales it to the same sum over D. Metrics: pg_loss, pg_clip_frac, approx_kl (and cov_token_frac of the
+    covariance losses)."""
+    loss_fn = policy_loss.get_policy_loss_fn(alg.policy_loss)
     extra = {} if batch.token_weights is None else {"token_weights": batch.token_weights}
-    pg, m = loss_fn(batch.logp_new, batch.logp_old, batch.advantages, batch.response_mask, clip_low=spec.clip_low,
-                    clip_high=spec.clip_high, dual_clip=spec.dual_clip, agg_mode=spec.agg_mode, **extra)
-    n_tok, n_resp = mini_batch_denominators(batch.response_mask)
-    local = n_tok if spec.agg_mode == "token-mean" else n_resp
-    return pg * (local / batch.denominator), {k: m[k] for k in ("pg_loss", "pg_clip_frac", "approx_kl")}
+    pg, m = loss_fn(batch.logp_new, batch.logp_old, batch.advantages, batch.response_mask, **loss_settings(alg),
+                    **extra)
+    local = default_denominator(batch.response_mask, alg.loss_agg_mode)
+    keep = ("pg_loss", "pg_clip_frac", "approx_kl", "cov_token_frac")
+    return pg * (local / batch.denominator), {k: m[k] for k in keep if k in m}
 
 
 @register_term("entropy")
-def entropy_bonus(batch: TermBatch, spec: ObjectiveSpec) -> tuple[torch.Tensor | None, dict[str, float]]:
+def entropy_bonus(batch: TermBatch, alg: AlgorithmSettings) -> tuple[torch.Tensor | None, dict[str, float]]:
     """L_H = -entropy_coef * agg(H, D) over the token entropies H ``[B, T]``; off when entropy_coef is 0. Metric
     (whenever H is given): entropy, the masked mean of H."""
     if batch.entropy is None:
         return None, {}
     value = None
-    if spec.entropy_coef:
-        value = -spec.entropy_coef * aggregate(batch.entropy, batch.response_mask, spec.agg_mode,
-                                               denominator=batch.denominator)
+    if alg.entropy_coef:
+        value = -alg.entropy_coef * aggregate(batch.entropy, batch.response_mask, alg.loss_agg_mode,
+                                              denominator=batch.denominator)
     return value, {"entropy": float(masked_mean(batch.entropy.detach(), batch.response_mask))}
 
 
 @register_term("kl")
-def kl_to_reference(batch: TermBatch, spec: ObjectiveSpec) -> tuple[torch.Tensor | None, dict[str, float]]:
-    """L_KL = kl_coef * agg(k(logp_new, logp_ref), D), k the estimator ``spec.kl_type`` (algo/kl.py; the reference
+def kl_to_reference(batch: TermBatch, alg: AlgorithmSettings) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """L_KL = kl_coef * agg(k(logp_new, logp_ref), D), k the estimator ``alg.kl_type`` (algo/kl.py; the reference
     is a constant); off when kl_coef <= 0. Metric (whenever logp_ref is given): kl_ref, the masked mean of k."""
     if batch.logp_ref is None:
         return None, {}
-    kl_tok = kl.kl_penalty(batch.logp_new, batch.logp_ref.detach(), spec.kl_type)
+    kl_tok = kl.kl_penalty(batch.logp_new, batch.logp_ref.detach(), alg.kl_type)
     value = None
-    if spec.kl_coef > 0:
-        value = spec.kl_coef * aggregate(kl_tok, batch.response_mask, spec.agg_mode, denominator=batch.denominator)
+    if alg.kl_coef > 0:
+        value = alg.kl_coef * aggregate(kl_tok, batch.response_mask, alg.loss_agg_mode, denominator=batch.denominator)
     return value, {"kl_ref": float(masked_mean(kl_tok.detach(), batch.response_mask))}
 
 
 @register_term("llds")
-def llds_regulariser(batch: TermBatch, spec: ObjectiveSpec) -> tuple[torch.Tensor | None, dict[str, float]]:
-    """L_LLDS = sum m g c max(0, logp_old - logp_new) / D_LLDS (algo/llds.py) with c = llds_lam (LLDS-MA: min(lam_answer,
-    llds_lam) on the answer span when lam_answer is given), gate llds_gate, threshold llds_tau; off when llds_lam is
-    0. Metrics: the llds/* of :func:`searchr1_lld.algo.llds.llds_loss`."""
-    if not spec.llds_lam > 0:
+def llds_regulariser(batch: TermBatch, alg: AlgorithmSettings) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """L_LLDS = sum m g c max(0, logp_old - logp_new) / D_LLDS (algo/llds.py) with c = llds.lam, and on the answer
+    span under LLDS-MA c = min(lam_answer', lam), lam_answer' = :func:`searchr1_lld.algo.llds.answer_coefficient` of
+    llds.ma (fixed, or adaptive from the step's mean valid searches); gate llds.gate, threshold llds.tau; off unless
+    llds.enabled and llds.lam > 0. Metrics: the llds/* of :func:`searchr1_lld.algo.llds.llds_loss`, and
+    llds/lam_answer_effective under MA."""
+    lc = alg.llds
+    if not (lc.enabled and lc.lam > 0):
         return None, {}
-    return llds.llds_loss(batch.logp_new, batch.logp_old, batch.advantages, batch.response_mask, gate=spec.llds_gate,
-                          lam=spec.llds_lam, tau=spec.llds_tau,
-                          answer_mask=batch.answer_mask if batch.lam_answer is not None else None,
-                          lam_answer=batch.lam_answer, denominator=batch.token_denominator)
+    lam_answer = llds.answer_coefficient(lc.ma, lc.lam_answer, batch.valid_searches_mean, lc.ma_adaptive_rule)
+    if lam_answer is not None and batch.answer_mask is None:
+        raise ValueError(f"algorithm.llds.ma={lc.ma} needs the answer mask of the micro-batch")
+    loss, metrics = llds.llds_loss(batch.logp_new, batch.logp_old, batch.advantages, batch.response_mask,
+                                   gate=lc.gate, lam=lc.lam, tau=lc.tau,
+                                   answer_mask=batch.answer_mask if lam_answer is not None else None,
+                                   lam_answer=lam_answer, denominator=batch.token_denominator)
+    if lam_answer is not None:
+        metrics["llds/lam_answer_effective"] = min(lam_answer, lc.lam)
+    return loss, metrics
+
+
+@register_term("nll_anchor")
+def likelihood_anchor(batch: TermBatch, alg: AlgorithmSettings) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """L_anchor = coef * sum m 1[A >= 0] (-logp_new) / D_LLDS (algo/anchor.py); off unless nll_anchor.enabled and
+    nll_anchor.coef > 0. Metrics: nll_anchor/*."""
+    s = alg.nll_anchor
+    if not (s.enabled and s.coef > 0):
+        return None, {}
+    return anchor.nll_anchor_loss(batch.logp_new, batch.advantages, batch.response_mask, coef=s.coef,
+                                  denominator=batch.token_denominator)

@@ -6,6 +6,7 @@ import dataclasses
 import typing
 from typing import Any, Iterator
 
+from searchr1_lld.config.methods import format_presets
 from searchr1_lld.config.root import Config
 
 
@@ -44,7 +45,8 @@ def format_help(cls: type = Config, prefix: str = "") -> str:
             doc = _section_help(cls, head[len(prefix):]) if head != prefix.rstrip(".") else (cls.__doc__ or "")
             lines += ["", f"[{head or 'top level'}]" + (f"  {doc}" if doc else "")]
         lines.append(f"  {key} ({_type_text(tp)}, default {default!r}): {f.metadata.get('help', '')}")
-    return "\n".join(lines).lstrip("\n") + "\n"
+    text = "\n".join(lines).lstrip("\n") + "\n"
+    return text + "\n" + format_presets() if cls is Config else text
 
 
 def _section_help(cls: type, dotted: str) -> str:

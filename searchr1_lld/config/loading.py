@@ -6,6 +6,8 @@ Rules
   ``Literal`` choices are enforced, ``Optional`` accepts ``null``/``None``).
 - ``Config.validate()`` rejects impossible values (lambda < 0, mini-batch larger than batch, ...) with the key's name.
 - A YAML file may start with ``_base_: other.yaml`` (path relative to the file); the file's keys override the base's.
+- ``algorithm.method: NAME`` fills in the settings the named method pins (config/methods.py); a pinned key written
+  with another value, in any file of the chain or an override, is an error.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from typing import Any, Literal
 
 import yaml
 
+from searchr1_lld.config.methods import METHODS
 from searchr1_lld.config.root import Config
+from searchr1_lld.config.sections import AlgorithmConfig
 from searchr1_lld.config.validation import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -187,8 +191,44 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
 
 
 def config_from_dict(values: dict[str, Any]) -> Config:
-    """A validated :class:`~searchr1_lld.config.Config` from a nested dict (unknown keys and bad types: errors)."""
-    return build_dataclass(Config, values).validate()
+    """A validated :class:`~searchr1_lld.config.Config` from a nested dict (unknown keys and bad types: errors), its
+    ``algorithm.method`` expanded (:func:`expand_method`)."""
+    return build_dataclass(Config, expand_method(values)).validate()
+
+
+def expand_method(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with the settings that its ``algorithm.method`` pins (config/methods.py) filled in. A pinned key
+    that ``values`` sets to another value is a ConfigError naming the key, the method and both values; an unknown
+    method lists the known ones; no method (or '') returns ``values`` unchanged."""
+    alg = values.get("algorithm")
+    name = alg.get("method", "") if isinstance(alg, dict) else ""
+    if not name:
+        return values
+    if name not in METHODS:
+        raise ConfigError(f"algorithm.method: unknown method {name!r}; known: {list(METHODS)} (or '' for none)")
+    out = _deep_merge(values, {})
+    for dotted, pinned in METHODS[name].settings.items():
+        *path, leaf = dotted.split(".")
+        node = out["algorithm"] = dict(out["algorithm"])
+        for part in path:
+            node[part] = dict(node.get(part) or {})
+            node = node[part]
+        if leaf in node:
+            tp = _field_type(AlgorithmConfig, dotted)
+            given = _coerce(node[leaf], tp, f"algorithm.{dotted}")
+            if given != pinned:
+                raise ConfigError(f"algorithm.{dotted}: algorithm.method={name} pins it to {pinned!r}, but the config "
+                                  f"sets {given!r}; remove the key, or set algorithm.method='' and write the method's "
+                                  "switches yourself")
+        node[leaf] = pinned
+    return out
+
+
+def _field_type(cls: type, dotted: str) -> Any:
+    """The annotation of the field ``dotted`` (``"llds.enabled"``) of the dataclass ``cls``."""
+    head, _, rest = dotted.partition(".")
+    tp = typing.get_type_hints(cls)[head]
+    return _field_type(tp, rest) if rest else tp
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:

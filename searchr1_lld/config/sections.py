@@ -125,16 +125,51 @@ class RolloutCorrectionConfig:
 
 
 @dataclass
+class NLLAnchorConfig:
+    """The plain likelihood anchor (algo/anchor.py): coef x NLL of the responses with A >= 0, no gate."""
+
+    enabled: bool = opt(False, "add the likelihood anchor to the objective (the method nll_anchor turns it on)")
+    coef: float = opt(0.2, "its coefficient; normalised like LLDS, so at coef = llds.lam an anchored token gets the "
+                      "gradient of an LLDS-active one")
+
+
+@dataclass
+class ClipCovConfig:
+    """Clip-Cov's settings (algo/covariance_losses.py; verl's defaults), read when algorithm.policy_loss=clip_cov."""
+
+    ratio: float = opt(2e-4, "share of response tokens whose gradient is removed (at least one)")
+    lb: float = opt(1.0, "only tokens with covariance above this are candidates")
+    ub: float = opt(5.0, "only tokens with covariance below this are candidates")
+
+
+@dataclass
+class KLCovConfig:
+    """KL-Cov's settings (algo/covariance_losses.py; verl's defaults), read when algorithm.policy_loss=kl_cov."""
+
+    ratio: float = opt(2e-4, "share of response tokens (largest covariance, at least one) given the |log-ratio| "
+                       "penalty")
+    coef: float = opt(0.1, "coefficient of that penalty")
+
+
+@dataclass
 class AlgorithmConfig:
-    norm_adv_by_std: bool = opt(True, "GRPO: divide group-centred rewards by the group std (False: Dr. GRPO)")
+    method: str = opt("", "a named method (config/methods.py: grpo, llds, llds_ma, dapo_clip_higher, dr_grpo, gspo, "
+                      "clip_cov, kl_cov, rloo, reinforce_pp_baseline, nll_anchor, ...) that pins the switches below "
+                      "(--help-config lists each expansion); a pinned key set to another value is an error; '' = "
+                      "the switches as written")
+    advantage: str = opt("grpo", "advantage estimator by registered name (algo/advantages.py: grpo, grpo_no_std, "
+                         "rloo, reinforce_pp_baseline)")
     adv_eps: float = opt(1e-6, "GRPO: epsilon of the std division")
-    policy_loss: str = opt("ppo_clip", "policy loss by registered name (algo/policy_loss.py: ppo_clip, gspo, ...)")
+    policy_loss: str = opt("ppo_clip", "policy loss by registered name (algo/policy_loss.py: ppo_clip, gspo; "
+                           "algo/covariance_losses.py: clip_cov, kl_cov)")
     clip_eps: float = opt(0.2, "PPO clip range (both sides unless clip_low / clip_high)")
     clip_low: Optional[float] = opt(None, "lower clip range; null = clip_eps")
-    clip_high: Optional[float] = opt(None, "upper clip range; null = clip_eps")
+    clip_high: Optional[float] = opt(None, "upper clip range; null = clip_eps (DAPO's clip-higher: 0.28)")
     dual_clip: Optional[float] = opt(None, "dual-clip constant c > 1 (null = off)")
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = opt(
-        "token-mean", "how token losses are averaged (algo/aggregation.py)")
+    loss_agg_mode: str = opt("token-mean", "how token losses are averaged, by registered name (algo/aggregation.py: "
+                             "token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm)")
+    seq_token_sum_norm: int = opt(4096, "seq-mean-token-sum-norm: the constant token budget C each response's token "
+                                  "sum is divided by (Dr. GRPO's generation budget; verl's loss_scale_factor)")
     loss_scale: Literal["mini-batch-token-mean", "micro-batch-mean"] = opt(
         "mini-batch-token-mean", "what a mini-batch's loss divides by (algo/objective.py): mini-batch-token-mean = "
         "the mini-batch's token (seq modes: response) total, this project's and later verl's default; "
@@ -144,6 +179,9 @@ class AlgorithmConfig:
     kl_type: Literal["k1", "abs", "k2", "mse", "low_var_kl", "k3"] = opt("low_var_kl", "KL estimator (algo/kl.py)")
     entropy_coef: float = opt(0.0, "entropy bonus coefficient")
     llds: LLDSConfig = section(LLDSConfig, "the LLDS regulariser")
+    nll_anchor: NLLAnchorConfig = section(NLLAnchorConfig, "the plain likelihood anchor")
+    clip_cov: ClipCovConfig = section(ClipCovConfig, "Clip-Cov's settings")
+    kl_cov: KLCovConfig = section(KLCovConfig, "KL-Cov's settings")
     rollout_correction: RolloutCorrectionConfig = section(RolloutCorrectionConfig, "engine/learner mismatch correction")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from searchr1_lld.config.methods import METHODS
 from searchr1_lld.config.sections import (AlgorithmConfig, DataConfig, EvalConfig, RetrieverConfig, RolloutConfig,
                                           TrainerConfig)
 from searchr1_lld.data.specs import EvalError, parse_datasets
@@ -32,27 +33,40 @@ def raise_first(checks: list[Check], cfg: object, prefix: str = "") -> None:
             raise ConfigError(f"{prefix}{key}: {msg} (got {get_dotted(cfg, key)!r})")
 
 
-def registered_policy_losses() -> list[str]:
-    """The names registered in algo/policy_loss.py (imported here: the config loads without torch until checked)."""
+def registered_names() -> dict[str, list[str]]:
+    """The names registered in algo/ by table: policy losses, advantage estimators, aggregation modes (imported here:
+    the config loads without torch until checked)."""
+    from searchr1_lld.algo.advantages import ADVANTAGE_ESTIMATORS  # deferred: torch
+    from searchr1_lld.algo.aggregation import AGGREGATIONS  # deferred: torch
     from searchr1_lld.algo.policy_loss import POLICY_LOSSES  # deferred: torch
 
-    return sorted(POLICY_LOSSES)
+    return {"policy_loss": sorted(POLICY_LOSSES), "advantage": sorted(ADVANTAGE_ESTIMATORS),
+            "loss_agg_mode": list(AGGREGATIONS)}
 
 
 def algorithm_checks(alg: AlgorithmConfig) -> list[Check]:
-    """algorithm.*: coefficients, clip ranges, the policy loss's registered name."""
-    losses = registered_policy_losses()
+    """algorithm.*: the method's name, coefficients, clip ranges, the registered names of the advantage estimator,
+    the policy loss and the aggregation mode."""
+    names = registered_names()
     return [
+        (alg.method == "" or alg.method in METHODS, "algorithm.method", f"must be '' or a preset {list(METHODS)}"),
         (alg.llds.lam >= 0, "algorithm.llds.lam", "must be >= 0"),
         (alg.llds.lam_answer >= 0, "algorithm.llds.lam_answer", "must be >= 0"),
+        (alg.nll_anchor.coef >= 0, "algorithm.nll_anchor.coef", "must be >= 0"),
         (alg.clip_eps > 0, "algorithm.clip_eps", "must be > 0"),
         (alg.clip_low is None or alg.clip_low > 0, "algorithm.clip_low", "must be > 0"),
         (alg.clip_high is None or alg.clip_high > 0, "algorithm.clip_high", "must be > 0"),
         (alg.dual_clip is None or alg.dual_clip > 1, "algorithm.dual_clip", "must be > 1"),
         (alg.kl_coef >= 0, "algorithm.kl_coef", "must be >= 0"),
         (alg.adv_eps > 0, "algorithm.adv_eps", "must be > 0"),
+        (alg.seq_token_sum_norm >= 1, "algorithm.seq_token_sum_norm", "must be >= 1"),
+        (alg.clip_cov.ratio > 0, "algorithm.clip_cov.ratio", "must be > 0"),
+        (alg.clip_cov.lb < alg.clip_cov.ub, "algorithm.clip_cov.lb", f"must be below clip_cov.ub ({alg.clip_cov.ub})"),
+        (alg.kl_cov.ratio > 0, "algorithm.kl_cov.ratio", "must be > 0"),
+        (alg.kl_cov.coef >= 0, "algorithm.kl_cov.coef", "must be >= 0"),
         (alg.rollout_correction.cap >= 1, "algorithm.rollout_correction.cap", "must be >= 1"),
-        (alg.policy_loss in losses, "algorithm.policy_loss", f"must name a registered policy loss {losses}"),
+        *[(getattr(alg, key) in known, f"algorithm.{key}", f"must name a registered one {known}")
+          for key, known in names.items()],
     ]
 
 

@@ -1,4 +1,5 @@
-"""The lab's arms and their configs: methods differ ONLY in ``algorithm.llds.{enabled, gate, ma}``."""
+"""The lab's arms and their configs: an arm is a method preset (``algorithm.method``, config/methods.py); methods
+differ ONLY in the settings the presets pin."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import Any, Sequence
 from searchr1_lld.config import (Config, ConfigError, apply_overrides, config_from_dict, flatten_dict, read_yaml,
                                  resolve_repo_path)
 from searchr1_lld.config import config_differences as differences
+from searchr1_lld.config.methods import METHODS as PRESETS
+from searchr1_lld.config.methods import PINNED_KEYS
 from searchr1_lld.world import trainer_overrides
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -22,27 +25,25 @@ REWARD_MARGIN = 0.02  # EM: a reward gain smaller than this is not called a rise
 
 @dataclass(frozen=True)
 class Method:
-    """One arm of the comparison: a label and the ``algorithm.llds.*`` overrides that define it."""
+    """One arm of the comparison: a method preset's name (config/methods.py), a label, and its override."""
 
     key: str
     label: str
     overrides: tuple[str, ...]
 
 
-METHODS: dict[str, Method] = {
-    m.key: m
-    for m in (
-        Method("grpo", "GRPO", ("algorithm.llds.enabled=false",)),
-        Method("llds_response", "LLDS (response gate)",
-               ("algorithm.llds.enabled=true", "algorithm.llds.gate=response", "algorithm.llds.ma='off'")),
-        Method("llds_action", "LLDS (action gate)",
-               ("algorithm.llds.enabled=true", "algorithm.llds.gate=action", "algorithm.llds.ma='off'")),
-        Method("llds_ma", "LLDS-MA (action gate, adaptive MA)",
-               ("algorithm.llds.enabled=true", "algorithm.llds.gate=action", "algorithm.llds.ma=adaptive")),
-    )
-}
-# Config keys a method may change; run bookkeeping keys that differ between runs by construction.
-METHOD_KEYS = ("algorithm.llds.enabled", "algorithm.llds.gate", "algorithm.llds.ma")
+LABELS = {"grpo": "GRPO", "llds": "LLDS", "llds_response": "LLDS (response gate)", "llds_action": "LLDS (action gate)",
+          "llds_ma": "LLDS-MA (action gate, adaptive MA)", "nll_anchor": "likelihood anchor",
+          "dapo_clip_higher": "DAPO clip-higher", "dr_grpo": "Dr. GRPO", "gspo": "GSPO", "clip_cov": "Clip-Cov",
+          "kl_cov": "KL-Cov", "rloo": "RLOO", "reinforce_pp_baseline": "REINFORCE++ (group baseline)"}
+# every arm the lab can run, by the preset names of algorithm.method (--methods takes any of them); a run's config
+# is the lab config + algorithm.method=<key>
+ARMS: dict[str, Method] = {key: Method(key, LABELS.get(key, key), (f"algorithm.method={key}",)) for key in PRESETS}
+# the lab's LLDS comparison (the default --methods)
+METHODS: dict[str, Method] = {key: ARMS[key] for key in ("grpo", "llds_response", "llds_action", "llds_ma")}
+# Config keys a method may change (algorithm.method and every key a preset pins); run bookkeeping keys that differ
+# between runs by construction.
+METHOD_KEYS = ("algorithm.method", *(f"algorithm.{k}" for k in PINNED_KEYS))
 RUN_KEYS = ("trainer.seed", "trainer.run_name", "trainer.output_dir")
 RUN_PLAN = "lab_plan.json"  # the config a run directory is being trained with (resume only into the same config)
 
@@ -59,11 +60,12 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def parse_methods(text: str) -> list[Method]:
+    """``"grpo,gspo"`` -> their arms: distinct method preset names (config/methods.py)."""
     keys = [k.strip() for k in text.split(",") if k.strip()]
-    unknown = [k for k in keys if k not in METHODS]
+    unknown = [k for k in keys if k not in ARMS]
     if not keys or unknown or len(set(keys)) != len(keys):
-        raise ConfigError(f"--methods must be distinct names from {list(METHODS)}, got {text!r}")
-    return [METHODS[k] for k in keys]
+        raise ConfigError(f"--methods must be distinct names from {list(ARMS)}, got {text!r}")
+    return [ARMS[k] for k in keys]
 
 
 def run_name(method: Method, seed: int) -> str:
@@ -95,7 +97,7 @@ def lab_config(config_path: str | Path, overrides: Sequence[str], world_dir: str
 
 def method_config(config_path: str | Path, overrides: Sequence[str], method: Method, seed: int, *,
                   world_dir: str | Path, runs_dir: str | Path) -> Config:
-    """The full config of one run: lab config + user overrides + the method's LLDS switches + seed and bookkeeping."""
+    """The full config of one run: lab config + user overrides + the method's preset + seed and bookkeeping."""
     return lab_config(config_path, [
         *overrides, *method.overrides, f"trainer.seed={seed}",
         f"trainer.output_dir={runs_dir}", f"trainer.run_name={run_name(method, seed)}",
@@ -117,7 +119,7 @@ def check_only_llds_differs(configs: Sequence[Config]) -> None:
         extra = [k for k in config_differences(configs[0], cfg) if k not in allowed]
         if extra:
             raise ConfigError(f"runs {configs[0].trainer.run_name} and {cfg.trainer.run_name} differ in {extra}: "
-                              "the methods must share every setting except algorithm.llds.{enabled,gate,ma}")
+                              f"the methods must share every setting except {list(METHOD_KEYS)}")
 
 
 def shared_settings(cfg: Config) -> list[tuple[str, Any]]:

@@ -25,8 +25,8 @@ import torch
 from searchr1_lld import distributed
 from searchr1_lld.algo import advantages as adv_fns
 from searchr1_lld.algo import llds, rollout_correction
-from searchr1_lld.algo.objective import ObjectiveSpec, mini_batch_denominators, objective
-from searchr1_lld.config import AlgorithmConfig, Config, LLDSConfig, RolloutCorrectionConfig
+from searchr1_lld.algo.objective import mini_batch_denominators, objective
+from searchr1_lld.config import Config, RolloutCorrectionConfig
 from searchr1_lld.inference import evaluating
 from searchr1_lld.instruments.monitor import (PHASE_ID, PhaseDetector, ProbeSet, engine_learner_gap,
                                               first_action_ids, likelihood_metrics, rollout_metrics,
@@ -48,7 +48,11 @@ class StepResult:
 
 # micro-batch metrics that are token-weighted means over the step (summed as value x tokens, divided at the end)
 TOKEN_MEANS = ("actor/entropy", "actor/pg_clip_frac", "actor/approx_kl", "actor/kl_ref", "actor/pg_loss",
-               "llds/active_token_frac", "llds/mean_penalty")
+               "actor/cov_token_frac", "llds/active_token_frac", "llds/mean_penalty")
+# micro-batch metrics of the objective kept as token-weighted means (actor/<name>)
+ACTOR_METRICS = ("pg_loss", "pg_clip_frac", "approx_kl", "entropy", "kl_ref", "cov_token_frac")
+# micro-batch metrics that hold one value for the whole step (the last micro-batch's is kept)
+STEP_VALUES = ("llds/lam_answer_effective",)
 
 
 def seed_everything(seed: int) -> None:
@@ -60,18 +64,6 @@ def seed_everything(seed: int) -> None:
 def step_seed(base_seed: int, step: int, rank: int, num_processes: int) -> int:
     """Seed of one (step, rank): distinct per rank and per step, fixed by the run's seed."""
     return base_seed * 1_000_003 + step * max(num_processes, 1) + rank
-
-
-def objective_spec(alg: AlgorithmConfig) -> ObjectiveSpec:
-    """The objective's coefficients and modes from ``AlgorithmConfig``; every entry of it by name for the terms
-    registered beyond the built-in ones (each reads the entry named after it: algo/terms.py)."""
-    return ObjectiveSpec(
-        policy_loss=alg.policy_loss, clip_low=alg.clip_low if alg.clip_low is not None else alg.clip_eps,
-        clip_high=alg.clip_high if alg.clip_high is not None else alg.clip_eps, dual_clip=alg.dual_clip,
-        agg_mode=alg.loss_agg_mode, kl_coef=alg.kl_coef, kl_type=alg.kl_type, entropy_coef=alg.entropy_coef,
-        llds_lam=alg.llds.lam if alg.llds.enabled else 0.0, llds_gate=alg.llds.gate, llds_tau=alg.llds.tau,
-        loss_scale=alg.loss_scale, term_settings=dict(vars(alg)),
-    )
 
 
 def llds_noop_warning(cfg: Config, updates_per_step: int) -> str | None:
@@ -101,9 +93,10 @@ def train_step(learner: Learner, rows: list[dict[str, Any]], *, step: int, probe
     batch = to_batch(trajs, learner.tokenizer.pad_token_id)
     metrics: dict[str, Any] = {**rollout_metrics(trajs), "time/rollout_s": t_rollout}
 
-    # advantages; logp_old under the current policy, logp_ref under the frozen initial one; rollout correction
-    advantages = adv_fns.grpo_outcome_advantages(batch.rewards, batch.group_ids, eps=cfg.algorithm.adv_eps,
-                                                 norm_by_std=cfg.algorithm.norm_adv_by_std)
+    # advantages (the estimator registered as algorithm.advantage); logp_old under the current policy, logp_ref
+    # under the frozen initial one; rollout correction
+    advantages = adv_fns.get_advantage_fn(cfg.algorithm.advantage)(batch.rewards, batch.group_ids,
+                                                                    batch.response_mask, eps=cfg.algorithm.adv_eps)
     metrics["adv/nonzero_frac"] = float((advantages != 0).float().mean())  # responses that carry signal
     logp_old = batch_logprobs(learner, learner.model, batch)
     logp_ref = batch_logprobs(learner, learner.ref_model, batch) if learner.ref_model is not None else None
@@ -112,9 +105,7 @@ def train_step(learner: Learner, rows: list[dict[str, Any]], *, step: int, probe
             batch.engine_logprobs, logp_old, batch.response_mask, torch.ones(len(trajs), dtype=torch.bool))
     tis_weights, tis_stats = correction_weights(cfg.algorithm.rollout_correction, batch, logp_old)
     metrics.update(tis_stats)
-    lam_answer = answer_coefficient(cfg.algorithm.llds, batch, learner)
-    if cfg.algorithm.llds.enabled and lam_answer is not None:
-        metrics["llds/lam_answer_effective"] = min(lam_answer, cfg.algorithm.llds.lam)
+    valid_searches = mean_valid_searches(batch, learner)
 
     # the probe set: filled from the first batch with correct responses; measured (on every rank together, once all
     # ranks hold theirs) before the first update that follows, then every trainer.probe_every steps after the update
@@ -126,7 +117,7 @@ def train_step(learner: Learner, rows: list[dict[str, Any]], *, step: int, probe
                         if k != "probe/size"})
 
     # ppo_epochs x mini-batches x micro-batches of objective + backward; one guarded optimiser step per mini-batch
-    update = update_policy(learner, batch, advantages, logp_old, logp_ref, tis_weights, lam_answer, step=step)
+    update = update_policy(learner, batch, advantages, logp_old, logp_ref, tis_weights, valid_searches, step=step)
     metrics.update(update)
 
     # the LLD monitor: likelihoods after the step's updates. Its own forward: every forward of the update ran with
@@ -175,20 +166,14 @@ def correction_weights(rc: RolloutCorrectionConfig, batch: TrajectoryBatch,
                                               mode=rc.mode, cap=rc.cap)
 
 
-def answer_coefficient(lc: LLDSConfig, batch: TrajectoryBatch, learner: Learner) -> float | None:
-    """LLDS-MA's answer-span coefficient (None = MA off): fixed, or adaptive from the batch mean of valid searches
-    over all ranks."""
-    if lc.ma == "fixed":
-        return lc.lam_answer
-    if lc.ma == "adaptive":
-        acc = learner.accelerator
-        mean_vs = float(acc.reduce(batch.valid_searches.float().mean().to(acc.device), "mean"))
-        return llds.adaptive_lam_answer(lc.lam_answer, mean_vs, lc.ma_adaptive_rule)
-    return None
+def mean_valid_searches(batch: TrajectoryBatch, learner: Learner) -> float:
+    """The step's mean number of valid searches per response over all ranks (what adaptive LLDS-MA reads)."""
+    acc = learner.accelerator
+    return float(acc.reduce(batch.valid_searches.float().mean().to(acc.device), "mean"))
 
 
 def update_policy(learner: Learner, batch: TrajectoryBatch, advantages: torch.Tensor, logp_old: torch.Tensor,
-                  logp_ref: torch.Tensor | None, tis_weights: torch.Tensor | None, lam_answer: float | None, *,
+                  logp_ref: torch.Tensor | None, tis_weights: torch.Tensor | None, valid_searches: float, *,
                   step: int) -> dict[str, float]:
     """ppo_epochs x mini-batches of ppo_mini_batch_size responses (this rank: its 1/world_size share) x micro-batches
     (token budget; every rank runs the max count, padding ones weigh 0); one optimiser step per mini-batch.
@@ -208,7 +193,6 @@ def update_policy(learner: Learner, batch: TrajectoryBatch, advantages: torch.Te
     plan = batching.plan_updates(batch.attention_mask.sum(1).tolist(), rows_per_mini, tc.ppo_epochs,
                                  tc.micro_batch_token_budget, gen, tc.micro_batch_size)
     n_micro = distributed.agree_max(learner.accelerator, [len(m) for m in plan])  # the same micro-batch count everywhere
-    spec = objective_spec(learner.cfg.algorithm)
     sums: dict[str, float] = {}
     first_kl = [0.0, 0.0]  # KL(ref) token sum and tokens of the step's first mini-batch (before any update)
     grad_norms: list[float] = []
@@ -222,8 +206,8 @@ def update_policy(learner: Learner, batch: TrajectoryBatch, advantages: torch.Te
         groups, counts = micro_batch_groups(batch, mini, tc.micro_batch_size)  # the loss's micro-batches
         for k in range(count):
             pad = k >= len(mini)  # zero-weight pass: this rank ran out, its peers did not
-            m_metrics, n_tok = micro_step(learner, batch, mini[0][:1] if pad else mini[k], spec, advantages, logp_old,
-                                          logp_ref, tis_weights, lam_answer, max(mini_tokens, 1.0),
+            m_metrics, n_tok = micro_step(learner, batch, mini[0][:1] if pad else mini[k], advantages, logp_old,
+                                          logp_ref, tis_weights, valid_searches, max(mini_tokens, 1.0),
                                           max(mini_resp, 1.0), last=k == count - 1, weight=0.0 if pad else 1.0,
                                           micro_batches=len(counts) if counts else len(mini),
                                           micro_batch_counts=counts[groups[k]] if counts and not pad else None)
@@ -235,7 +219,7 @@ def update_policy(learner: Learner, batch: TrajectoryBatch, advantages: torch.Te
                 first_kl[1] += n_tok
             sums["tokens"] = sums.get("tokens", 0.0) + n_tok
             for key, v in m_metrics.items():
-                sums[key] = sums.get(key, 0.0) + v
+                sums[key] = v if key in STEP_VALUES else sums.get(key, 0.0) + v
         gn, ok = learner.optimizer_step()  # and the LR scheduler's, when applied
         grad_norms.append(gn)
         skipped += int(not ok)
@@ -260,9 +244,9 @@ def micro_batch_groups(batch: TrajectoryBatch, passes: list[list[int]],
     return groups, [mini_batch_denominators(batch.response_mask[rows[g]]) for g in sorted(rows)]
 
 
-def micro_step(learner: Learner, batch: TrajectoryBatch, mb: list[int], spec: ObjectiveSpec,
-               advantages: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor | None,
-               tis_weights: torch.Tensor | None, lam_answer: float | None, mini_tokens: float, mini_resp: float, *,
+def micro_step(learner: Learner, batch: TrajectoryBatch, mb: list[int], advantages: torch.Tensor,
+               logp_old: torch.Tensor, logp_ref: torch.Tensor | None, tis_weights: torch.Tensor | None,
+               valid_searches: float, mini_tokens: float, mini_resp: float, *,
                last: bool, weight: float = 1.0, micro_batches: int = 1,
                micro_batch_counts: tuple[float, float] | None = None) -> tuple[dict[str, float], float]:
     """Forward + backward of one micro-batch (rows ``mb`` of ``batch``) of the objective (algo.objective, scaled by
@@ -278,16 +262,20 @@ def micro_step(learner: Learner, batch: TrajectoryBatch, mb: list[int], spec: Ob
     with learner.no_sync(last):
         logp_new, entropy = rows_logprobs(learner, learner.model, rows, compute_entropy=True)
         loss, m = objective(
-            spec, logp_new, cut(logp_old), advantages[idx].to(dev), mask, mini_tokens=mini_tokens,
-            mini_responses=mini_resp, logp_ref=cut(logp_ref), entropy=entropy,
-            answer_mask=rows["answer_mask"].to(dev) if lam_answer is not None else None, lam_answer=lam_answer,
-            token_weights=cut(tis_weights), micro_batches=micro_batches, micro_batch_counts=micro_batch_counts,
+            learner.cfg.algorithm, logp_new, cut(logp_old), advantages[idx].to(dev), mask, mini_tokens=mini_tokens,
+            mini_responses=mini_resp, logp_ref=cut(logp_ref), entropy=entropy, answer_mask=rows["answer_mask"].to(dev),
+            valid_searches_mean=valid_searches, token_weights=cut(tis_weights), micro_batches=micro_batches,
+            micro_batch_counts=micro_batch_counts,
         )
         learner.backward(loss * weight if weight != 1.0 else loss, last)
     n_tok = float(mask.sum())
     positions, real = batching.forward_positions(rows)
     out = {"actor/forward_positions": float(positions), "actor/forward_padding": float(positions - real)}
-    out.update({f"actor/{k}": m[k] * n_tok for k in ("pg_loss", "pg_clip_frac", "approx_kl", "entropy", "kl_ref") if k in m})
+    out.update({f"actor/{k}": m[k] * n_tok for k in ACTOR_METRICS if k in m})
+    if "nll_anchor/loss" in m:
+        out["nll_anchor/loss_sum"] = m["nll_anchor/loss"]  # mini-batch normalised: sums to the mini-batch loss
+    if "llds/lam_answer_effective" in m:
+        out["llds/lam_answer_effective"] = m["llds/lam_answer_effective"]  # the step's one value (not a sum)
     if "llds/loss" in m:
         out["llds/active_token_frac"] = m["llds/active_token_frac"] * n_tok
         out["llds/mean_penalty"] = m["llds/mean_penalty"] * n_tok
@@ -309,8 +297,10 @@ def update_metrics(sums: dict[str, float], grad_norms: list[float], first_kl: li
     for key in TOKEN_MEANS:
         if key in sums:
             out[key] = sums[key] / tok  # token-weighted mean over all micro-batches of the step
-    if "llds/loss_sum" in sums:
-        out["llds/loss"] = sums["llds/loss_sum"] / max(len(grad_norms), 1)  # mean LLDS loss per update
+    out.update({key: sums[key] for key in STEP_VALUES if key in sums})
+    for name in ("llds", "nll_anchor"):  # mean loss of the regulariser per update
+        if f"{name}/loss_sum" in sums:
+            out[f"{name}/loss"] = sums[f"{name}/loss_sum"] / max(len(grad_norms), 1)
     if "llds/gated_responses" in sums:
         out["llds/gated_responses_frac"] = sums["llds/gated_responses"] / max(sums["llds/responses"], 1.0)
         out["llds/gated_actions_frac"] = sums["llds/gated_actions"] / max(sums["llds/total_actions"], 1.0)

@@ -1,0 +1,99 @@
+"""verl's ``verl/trainer/ppo/core_algos.py`` from its PyPI release, loaded for comparison tests (no verl code is
+copied into this repository, and verl's heavy dependencies are not installed).
+
+The pinned wheel is downloaded once with ``pip download verl==VERSION --no-deps`` into ``.cache/verl`` (checked
+against its sha256). ``core_algos.py`` and the real ``verl/utils/torch_functional.py`` it computes with (masked means,
+sums, whitening) are executed from the wheel; the few imports they make that this comparison does not exercise are
+empty stand-ins: omegaconf's ``DictConfig``, verl's config classes ``AlgoConfig`` / ``ActorConfig``, its device
+helpers, ``tensordict.TensorDict``, and ``as_torch_index`` / ``group_mean_std`` (used only by the vectorised
+estimators, which the tests do not call). No function under test is replaced. A failed download fails the test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import types
+import zipfile
+from unittest import mock
+from pathlib import Path
+
+import pytest
+
+VERSION = "0.9.1"
+WHEEL = f"verl-{VERSION}-py3-none-any.whl"
+SHA256 = "db6e6f2a8d9d5808d9ec32d357a42319fdc6967df688ff9d9810050f49bfdd14"
+CACHE = Path(__file__).resolve().parents[1] / ".cache" / "verl"
+
+
+def wheel_path() -> Path:
+    """The pinned verl wheel in .cache/verl, downloaded from PyPI when missing; pytest.fail when that is impossible."""
+    path = CACHE / WHEEL
+    if not path.is_file():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run([sys.executable, "-m", "pip", "download", f"verl=={VERSION}", "--no-deps", "-d",
+                               str(CACHE)], capture_output=True, text=True, timeout=600)
+        if done.returncode != 0 or not path.is_file():
+            pytest.fail(f"the verl reference could not be downloaded (pip download verl=={VERSION} --no-deps; PyPI "
+                        f"must be reachable): {done.stderr[-2000:]}")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != SHA256:
+        pytest.fail(f"{path}: sha256 {digest}, expected {SHA256} (remove it to download it again)")
+    return path
+
+
+def _module(name: str, **attrs) -> types.ModuleType:
+    mod = types.ModuleType(name)
+    mod.__dict__.update(attrs)
+    return mod
+
+
+def _stand_ins() -> dict[str, types.ModuleType]:
+    """The empty stand-ins of the imports the compared functions do not use (module docstring)."""
+    class _Empty:
+        pass
+
+    def _unused(*args, **kwargs):
+        raise NotImplementedError("not part of the comparison")
+
+    return {
+        "omegaconf": _module("omegaconf", DictConfig=type("DictConfig", (), {})),
+        "tensordict": _module("tensordict", TensorDict=_Empty),
+        "verl": _module("verl", __path__=[]), "verl.utils": _module("verl.utils", __path__=[],
+                                                                    as_torch_index=_unused, group_mean_std=_unused),
+        "verl.utils.device": _module("verl.utils.device", get_device_name=lambda: "cpu", get_torch_device=_unused),
+        "verl.trainer": _module("verl.trainer", __path__=[]),
+        "verl.trainer.config": _module("verl.trainer.config", AlgoConfig=type("AlgoConfig", (), {})),
+        "verl.trainer.ppo": _module("verl.trainer.ppo", __path__=[]),
+        "verl.workers": _module("verl.workers", __path__=[]),
+        "verl.workers.config": _module("verl.workers.config", ActorConfig=type("ActorConfig", (), {})),
+    }
+
+
+def _exec(name: str, source: str, modules: dict[str, types.ModuleType]) -> types.ModuleType:
+    mod = types.ModuleType(name)
+    mod.__file__ = f"{WHEEL}/{name.replace('.', '/')}.py"
+    modules[name] = mod
+    sys.modules[name] = mod
+    exec(compile(source, mod.__file__, "exec"), mod.__dict__)
+    return mod
+
+
+def load_core_algos() -> types.ModuleType:
+    """verl's core_algos module, executed from the wheel (sys.modules is restored afterwards)."""
+    with zipfile.ZipFile(wheel_path()) as z:
+        sources = {n: z.read(f"{n.replace('.', '/')}.py").decode() for n in
+                   ("verl.utils.import_utils", "verl.utils.torch_functional", "verl.trainer.ppo.core_algos")}
+    modules = _stand_ins()
+    with mock.patch.dict(sys.modules, modules):  # sys.modules as it was afterwards
+        for name, source in sources.items():
+            mod = _exec(name, source, modules)
+            parent, _, leaf = name.rpartition(".")
+            setattr(modules[parent], leaf, mod)
+        return modules["verl.trainer.ppo.core_algos"]
+
+
+@pytest.fixture(scope="session")
+def verl_core_algos() -> types.ModuleType:
+    return load_core_algos()
