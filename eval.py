@@ -243,7 +243,7 @@ def _main(argv: list[str] | None = None) -> int:
     for what, path in models:
         check_model_source(path or "", what)
     check_model_source(args.tokenizer or "", "--tokenizer", tokenizer=True)
-    index = args.index or (s["cfg"].retriever.index_dir if s["cfg"].retriever.mode == "inprocess" else None)
+    index = args.index or retrievers.retriever_mode(s["cfg"].retriever).index_dir(s["cfg"].retriever)
     s["retriever_source"] = args.retriever_url or (str(Path(index).resolve()) if index else "")
     cache: list[Any] = []
     engines: dict[str, Any] = {}  # one generation engine per process, for every checkpoint of --compare

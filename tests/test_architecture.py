@@ -274,3 +274,50 @@ def test_the_architecture_picture_is_the_code():
     code = pictured_edges()
     expected = "\n".join(f"  {a} --> {b}" for a, b in sorted(code))
     assert drawn == code, f"redraw the picture from the code:\n{expected}"
+
+
+# the registries that read a generation backend's or a retriever mode's name; nothing else compares the name
+KIND_REGISTRIES = ("searchr1_lld/rollout/backends/kinds.py", "retriever/modes.py")
+KIND_NAMES = {"hf", "vllm", "inprocess", "http"}
+KIND_FIELDS = {"backend", "mode"}
+
+
+def kind_name_tests(source: str) -> list[int]:
+    """The lines of ``source`` that test a ``backend`` / ``mode`` value against a kind's name: a comparison
+    (``==``, ``!=``, ``in``) of such a field with a kind name (or a collection of them), or a table keyed by kind
+    names."""
+    def is_field(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr in KIND_FIELDS) or (
+            isinstance(node, ast.Name) and node.id in KIND_FIELDS)
+
+    def is_name(node: ast.AST) -> bool:
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return any(is_name(e) for e in node.elts)
+        return isinstance(node, ast.Constant) and node.value in KIND_NAMES
+
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(map(is_field, operands)) and any(map(is_name, operands)):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Dict) and sum(k is not None and is_name(k) for k in node.keys) >= 2:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_kind_test_finder_finds_string_tests():
+    assert kind_name_tests("if cfg.rollout.backend == 'vllm': pass") == [1]
+    assert kind_name_tests("x = 1\nok = rc.mode != 'http'") == [2]
+    assert kind_name_tests("ok = backend in ('hf', 'vllm')") == [1]
+    assert kind_name_tests("f = {'hf': a, 'vllm': b}[cfg.backend]") == [1]
+    assert kind_name_tests("rc = replace(rc, mode='http')\nk = kind.streams_requests") == []
+
+
+def test_no_string_test_on_a_backend_or_retriever_kind_outside_its_registry():
+    """A generation backend or a retriever mode is chosen once, by its registry (rollout/backends/kinds.py,
+    retriever/modes.py); every other module and the entry scripts ask the kind object, never the name."""
+    files = [*first_party_modules().values(), *sorted(REPO_ROOT.glob("*.py"))]
+    found = {str(f.relative_to(REPO_ROOT)): lines for f in files
+             if str(f.relative_to(REPO_ROOT)) not in KIND_REGISTRIES and (lines := kind_name_tests(f.read_text()))}
+    assert found == {}, f"ask the kind (backend_kind / retriever_mode) instead of testing its name: {found}"
