@@ -12,10 +12,12 @@ from pathlib import Path
 from conftest import REPO_ROOT
 
 PACKAGES = ("searchr1_lld", "retriever")
+# the entry scripts: argument parsing and one typed function of the package each (held to the packages' rules too)
+ENTRY_SCRIPTS = ("train.py", "eval.py")
 # the synthetic world's own package and its consumers (the demo and the lab run on it); train.py, an entry point,
 # may build it too (--world). Everything else is the core, which takes a model, a retriever and rows files.
 WORLD = "searchr1_lld.world"
-WORLD_USERS = ("searchr1_lld.world", "searchr1_lld.lab", "searchr1_lld.demo")
+WORLD_USERS = ("searchr1_lld.world", "searchr1_lld.lab", "searchr1_lld.demo", "train")
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
 # the optional dependencies heavy enough to defer: an import inside a function says which one it defers, as
@@ -33,6 +35,8 @@ def first_party_modules() -> dict[str, Path]:
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             out[".".join(parts)] = f
+    for script in ENTRY_SCRIPTS:
+        out[Path(script).stem] = REPO_ROOT / script
     return out
 
 
@@ -215,7 +219,8 @@ def test_the_config_is_typed_where_it_is_passed():
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 for a in node.args.args + node.args.kwonlyargs:
-                    if a.arg in ("cfg", "config") and (a.annotation is None or ast.unparse(a.annotation) == "Any"):
+                    if (a.arg in ("cfg", "config") or a.arg.endswith("_cfg")) and (
+                            a.annotation is None or ast.unparse(a.annotation) == "Any"):
                         untyped.append(f"{f.relative_to(REPO_ROOT)}:{node.lineno} {node.name}({a.arg})")
     assert untyped == [], f"annotate with the config's dataclass: {untyped}"
 
@@ -321,3 +326,17 @@ def test_no_string_test_on_a_backend_or_retriever_kind_outside_its_registry():
     found = {str(f.relative_to(REPO_ROOT)): lines for f in files
              if str(f.relative_to(REPO_ROOT)) not in KIND_REGISTRIES and (lines := kind_name_tests(f.read_text()))}
     assert found == {}, f"ask the kind (backend_kind / retriever_mode) instead of testing its name: {found}"
+
+
+def test_entry_scripts_are_thin():
+    """train.py and eval.py parse their arguments and call one typed function of the package: they define
+    ``build_parser`` and ``main`` and nothing else, and import no first-party module but the CLI helpers, the
+    command module that does the work (and, for train.py, the synthetic world it may train on)."""
+    for script in ENTRY_SCRIPTS:
+        tree = ast.parse((REPO_ROOT / script).read_text())
+        defined = sorted(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)))
+        assert defined == ["build_parser", "main"], f"{script}: move {defined} into the package"
+        first_party = sorted(n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.module
+                             and n.module.split(".")[0] in PACKAGES)
+        assert set(first_party) - {"searchr1_lld.cli", "searchr1_lld.world.training"} in (
+            {"searchr1_lld.evaluation.command"}, {"searchr1_lld.learner.command"}), f"{script}: {first_party}"
