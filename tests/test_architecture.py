@@ -247,8 +247,8 @@ def test_modules_stay_small():
 
 
 # the folders docs/architecture.md draws (leaf modules of the package root are listed there, not drawn)
-PICTURED = ("demo", "sweep", "lab", "world", "learner", "bookkeeping", "instruments", "evaluation", "rollout", "algo",
-            "config", "data", "retriever")
+PICTURED = ("demo", "sweep", "lab", "world", "learner", "preflight", "bookkeeping", "instruments", "evaluation",
+            "rollout", "algo", "config", "data", "retriever")
 
 
 def pictured_edges() -> set[tuple[str, str]]:
@@ -340,3 +340,13 @@ def test_entry_scripts_are_thin():
                              and n.module.split(".")[0] in PACKAGES)
         assert set(first_party) - {"searchr1_lld.cli", "searchr1_lld.world.training"} in (
             {"searchr1_lld.evaluation.command"}, {"searchr1_lld.learner.command"}), f"{script}: {first_party}"
+
+
+MAX_LOOSE_ROOT_MODULES = 6
+
+
+def test_the_package_root_holds_few_loose_modules():
+    """A subsystem's modules sit in its folder; the package root keeps a few shared leaves (the CLI helpers, the
+    distributed facts, the protocols, the reward, and the demo and sweep entry points)."""
+    loose = sorted(f.name for f in (REPO_ROOT / "searchr1_lld").glob("*.py") if f.name != "__init__.py")
+    assert len(loose) <= MAX_LOOSE_ROOT_MODULES, f"move into the folder each belongs to: {loose}"

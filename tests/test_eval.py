@@ -402,7 +402,7 @@ def test_data_file_gives_one_benchmark_per_data_source_read_once(tmp_path, monke
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    import searchr1_lld.jsonl as jsonl
+    import searchr1_lld.data.jsonl as jsonl
     from searchr1_lld.evaluation import command
 
     merged = tmp_path / "test.parquet"

@@ -18,7 +18,7 @@ from searchr1_lld import evaluation as ev
 from searchr1_lld.config import RolloutConfig, load_config
 from searchr1_lld.evaluation import command
 from searchr1_lld.rewards import exact_match
-from searchr1_lld.rollout.backends.scripted import ScriptedBackend
+from scripted_backends import ScriptedBackend
 
 REPO = Path(__file__).resolve().parents[1]
 LIMIT = 4
@@ -230,7 +230,7 @@ def test_eval_data_reads_search_r1_parquet_and_names_it_by_data_source(tiny_worl
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from searchr1_lld.jsonl import read_jsonl
+    from searchr1_lld.data.jsonl import read_jsonl
 
     rows = read_jsonl(tiny_world / "qa" / "test.jsonl")[:LIMIT]
     data = tmp_path / "test.parquet"

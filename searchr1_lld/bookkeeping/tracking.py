@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 from searchr1_lld.config import LoggingConfig
 from searchr1_lld.instruments.phases import PHASES
-from searchr1_lld.jsonl import read_jsonl
+from searchr1_lld.data.jsonl import read_jsonl
 
 def describe_machine() -> str:
     """This CPU's model name and core count, e.g. ``AMD EPYC 7B13, 2 cores`` (a CPU run's figures depend on the CPU;

@@ -24,7 +24,7 @@ from searchr1_lld.evaluation.run import (compare, distinct_labels, eval_rollout_
                                          load_tokenizer, model_label)
 from searchr1_lld.evaluation.shards import prepare_shard_process, run_shards
 from searchr1_lld.evaluation.tables import load_results, markdown_table
-from searchr1_lld.jsonl import read_rows
+from searchr1_lld.data.jsonl import read_rows
 from searchr1_lld.protocols import Retriever
 from searchr1_lld.rollout.backends.base import GenerationBackend
 

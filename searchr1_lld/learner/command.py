@@ -13,7 +13,7 @@ from searchr1_lld.bookkeeping.checkpoint import COMPLETE
 from searchr1_lld.bookkeeping.tracking import quiet_library_output
 from searchr1_lld.cli import UserError, check_model_source
 from searchr1_lld.config import Config, load_config
-from searchr1_lld.learner import preflight as pre
+from searchr1_lld.preflight import run as pre
 from searchr1_lld.learner.trainer import Trainer
 
 DEFAULT_CONFIG = "configs/tiny.yaml"

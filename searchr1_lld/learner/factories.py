@@ -18,7 +18,7 @@ import retriever
 from searchr1_lld.config import Config, TrainerConfig
 from searchr1_lld.data import flashrag
 from searchr1_lld.distributed import DistributedFacts, outside_zero3
-from searchr1_lld.jsonl import read_rows_files
+from searchr1_lld.data.jsonl import read_rows_files
 from searchr1_lld.learner import policy_logprobs
 from searchr1_lld.protocols import Accelerator, Retriever, Tokenizer
 from searchr1_lld.rollout.agent_loop import encode_prompt

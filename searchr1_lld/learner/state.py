@@ -22,7 +22,7 @@ import torch
 from searchr1_lld import evaluation
 from searchr1_lld.config import Config, RolloutConfig
 from searchr1_lld.distributed import DistributedFacts
-from searchr1_lld.inference import evaluating
+from searchr1_lld.rollout.inference import evaluating
 from searchr1_lld.learner import factories, optim
 from searchr1_lld.learner.weight_sync import sync_weights_to_engine
 from searchr1_lld.protocols import Accelerator, Retriever, Tokenizer

@@ -27,7 +27,7 @@ from searchr1_lld.algo import advantages as adv_fns
 from searchr1_lld.algo import llds, rollout_correction
 from searchr1_lld.algo.objective import ObjectiveSpec, mini_batch_denominators, objective
 from searchr1_lld.config import AlgorithmConfig, Config, LLDSConfig, RolloutCorrectionConfig
-from searchr1_lld.inference import evaluating
+from searchr1_lld.rollout.inference import evaluating
 from searchr1_lld.instruments.monitor import (PHASE_ID, PhaseDetector, ProbeSet, engine_learner_gap,
                                               first_action_ids, likelihood_metrics, rollout_metrics,
                                               shared_first_action_fraction)

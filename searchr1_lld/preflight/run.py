@@ -9,7 +9,7 @@ Checks (each a line; a problem makes the exit status 2, one line per problem on 
                 saying it cannot be downloaded here, else the hub is asked (unreachable: a note, not verified)
 
 The resource plan is computed from the model's config, never measured: GPU memory per phase and host memory at load
-and through training by searchr1_lld/memory_plan.py (its docstring gives every formula; docs/memory.md prints the
+and through training by searchr1_lld/preflight/memory_plan.py (its docstring gives every formula; docs/memory.md prints the
 same arithmetic for the paper's cells), from the launch (an accelerate config: processes, ZeRO stage, offload,
 zero3_init, DeepSpeed's bucket sizes), the engine (vLLM's fraction of the GPU, sleep mode and level; the HF engine's
 KV cache of generation_batch_size x max_total_length tokens), the largest forward pass of the update
@@ -38,8 +38,8 @@ from searchr1_lld.cli import looks_like_local_path
 from searchr1_lld.config import Config, read_yaml
 from searchr1_lld.data import flashrag
 from searchr1_lld.data.specs import dataset_name, parse_datasets
-from searchr1_lld.jsonl import read_rows
-from searchr1_lld import memory_plan as mp
+from searchr1_lld.data.jsonl import read_rows
+from searchr1_lld.preflight import memory_plan as mp
 GiB = float(1 << 30)
 
 
@@ -423,7 +423,7 @@ def format_report(pf: Preflight) -> str:
     lines = ["preflight checks:"]
     lines += [f"  ok       {x}" for x in pf.ok]
     lines += [f"  note     {x}" for x in pf.notes]
-    lines += ["resource plan (computed from the model's config; formulas: searchr1_lld/memory_plan.py):"]
+    lines += ["resource plan (computed from the model's config; formulas: searchr1_lld/preflight/memory_plan.py):"]
     lines += [f"  {x}" for x in pf.plan]
     verdict = ("the run can start" if not pf.problems
                else f"{len(pf.problems)} problem(s), one a line below: the run cannot start")
