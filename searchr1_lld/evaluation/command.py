@@ -25,7 +25,7 @@ from searchr1_lld.evaluation.run import (compare, distinct_labels, eval_rollout_
 from searchr1_lld.evaluation.shards import prepare_shard_process, run_shards
 from searchr1_lld.evaluation.tables import load_results, markdown_table
 from searchr1_lld.data.jsonl import read_rows
-from searchr1_lld.protocols import Retriever
+from searchr1_lld.protocols import Retriever, Tokenizer
 from searchr1_lld.rollout.backends.base import GenerationBackend
 
 Rows = list[dict[str, Any]]
@@ -162,7 +162,7 @@ class Resources:
         return self.retriever
 
 
-def _engine_for(model_path: str, tok_path: str, tokenizer: Any, plan: EvalPlan, shard: tuple[int, int] | None,
+def _engine_for(model_path: str, tok_path: str, tokenizer: Tokenizer, plan: EvalPlan, shard: tuple[int, int] | None,
                 shared: Resources) -> GenerationBackend:
     """The process's engine holding ``model_path``; a shard takes its own device and port before its engine is built
     (shards of one node run side by side)."""
