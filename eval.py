@@ -36,16 +36,12 @@ same --out resumes only when these match, otherwise it stops and lists the diffe
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
 
-import retriever as retrievers
-from searchr1_lld import evaluation as ev
-from searchr1_lld.cli import check_model_source, run_main
-from searchr1_lld.config import load_config
+from searchr1_lld.cli import run_main
+from searchr1_lld.evaluation.command import EvalOptions, run_eval
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,202 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _check_counts(args: argparse.Namespace) -> None:
-    """The count flags are in range (as the config's eval.* checks them): --limit >= 0 (0 = all), the rest >= 1."""
-    for flag, value, least in (("--limit", args.limit, 0), ("--batch-size", args.batch_size, 1),
-                               ("--max-turns", args.max_turns, 1), ("--topk", args.topk, 1)):
-        if value is not None and value < least:
-            raise ev.EvalError(f"{flag} must be >= {least}{' (0 = all)' if least == 0 else ''} (got {value})")
-
-
-def _resolve(args: argparse.Namespace) -> dict[str, Any]:
-    """Config + flags -> the settings of this evaluation (flags win over the config's eval section)."""
-    _check_counts(args)
-    cfg = load_config(args.config, args.set)
-    e = cfg.eval
-    if not (args.datasets or args.data or e.datasets):
-        raise ev.EvalError("no dataset: --datasets or --data (or eval.datasets in --config)")
-    named = ev.parse_datasets(args.datasets) if args.datasets else [] if args.data else ev.parse_datasets(e.datasets)
-    from searchr1_lld.jsonl import read_rows
-
-    file_rows = {f"{name}={f}": rows for f in args.data  # each --data file read once, here
-                 for name, rows in _file_benchmarks(f, read_rows(f)).items()}
-    datasets = ev.parse_datasets(named + list(file_rows))
-    return {
-        "cfg": cfg,
-        "datasets": datasets,
-        "file_rows": file_rows,
-        "limit": e.limit if args.limit is None else args.limit,
-        "batch_size": e.batch_size if args.batch_size is None else args.batch_size,
-        "rollout_cfg": ev.eval_rollout_config(cfg.rollout, max_turns=args.max_turns or e.max_turns,
-                                              topk=args.topk or e.topk),
-        "template": args.template or cfg.data.prompt_template,
-        "chat_template": args.chat_template or cfg.data.chat_template,
-        "backend": args.backend or e.backend,
-        "progress": not args.no_progress and cfg.logging.progress_bar,
-    }
-
-
-def _file_benchmarks(path: str, rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """The benchmarks of a rows file, by name: one per ``data_source`` when every row has one (Search-R1's merged
-    test.parquet holds all seven), else the whole file named by the file's name without suffix."""
-    if rows and all(r.get("data_source") for r in rows):
-        by_source: dict[str, list[dict[str, Any]]] = {}
-        for r in rows:
-            by_source.setdefault(str(r["data_source"]), []).append(r)
-        return by_source
-    return {Path(path).name.split(".")[0]: rows}
-
-
-def _default_tokenizer(model_path: str, cfg: Any) -> str:
-    """The model dir when it holds a tokenizer; a hub id (no such local path: a released checkpoint carries its
-    tokenizer); else the config's model.tokenizer_path / model.path (a run's saved config.yaml names its base model);
-    else the model path itself."""
-    if Path(model_path).is_dir() and any((Path(model_path) / f).exists()
-                                         for f in ("tokenizer.json", "tokenizer_config.json")):
-        return model_path
-    if not Path(model_path).exists():
-        return model_path
-    return cfg.model.tokenizer_path or cfg.model.path or model_path
-
-
-def _retriever_config(cfg: Any, args: argparse.Namespace, index: str | None) -> Any:
-    """The config's retriever section pointed at --retriever-url (timeouts, retries and the bearer token from the
-    config; --retriever-token / $SEARCHR1_RETRIEVER_TOKEN override the token) or at the in-process --index."""
-    rc = cfg.retriever
-    if args.retriever_url:
-        return dataclasses.replace(rc, mode="http", url=args.retriever_url, token=args.retriever_token or rc.token)
-    if not index:
-        raise ev.EvalError("need a retriever: --retriever-url URL or --index DIR")
-    return dataclasses.replace(rc, mode="inprocess", index_dir=str(index))
-
-
-def evaluate_checkpoint(model: str | None, out_dir: Path, name: str, s: dict[str, Any], args: argparse.Namespace,
-                        get_retriever: Callable[[], Any], engines: dict[str, Any]) -> dict[str, Any] | None:
-    """One checkpoint's evaluation into ``out_dir``; ``engines``: the process's engine, shared by the checkpoints of
-    --compare (``CheckpointEngines``, built by the first that needs one)."""
-    model_path = model or s["cfg"].model.path
-    if not model_path:
-        raise ev.EvalError("no model: --model (or model.path in --config)")
-    tok_path = args.tokenizer or _default_tokenizer(model_path, s["cfg"])
-    rows = ev.load_eval_rows(s["datasets"], limit=s["limit"], split=args.split, flashrag_dir=args.flashrag_dir,
-                             file_rows=s["file_rows"])
-    shard = ev.parse_shard(args.shard)
-    provenance = ev.eval_provenance(model_path=model_path, tokenizer_path=tok_path, rows_by_dataset=rows,
-                                    rollout_cfg=s["rollout_cfg"], template=s["template"], backend=s["backend"],
-                                    dtype=s["cfg"].model.dtype, retriever=s["retriever_source"])
-    ev.check_provenance(out_dir, shard, provenance, overwrite=args.overwrite)
-    try:
-        tokenizer = backend = retriever = None
-        if ev.count_pending(rows, out_dir, shard):  # a finished (resumed) evaluation loads no model and no index
-            tokenizer = ev.load_tokenizer(tok_path)
-            engine_cfg = dataclasses.replace(s["rollout_cfg"], backend=s["backend"],
-                                             generation_batch_size=s["batch_size"])
-            # a shard takes its own device and port before its engine is built (shards of one node run side by side)
-            device = ev.prepare_shard_process(shard) if shard is not None else "auto"
-            if shard is not None:
-                print(f"shard {shard[0]}/{shard[1]} on {device} (LOCAL_RANK={os.environ['LOCAL_RANK']}, "
-                      f"MASTER_PORT={os.environ['MASTER_PORT']})", flush=True)
-            if not engines:
-                engines["engine"] = ev.CheckpointEngines(engine_cfg, dtype=s["cfg"].model.dtype, device=device)
-            backend = engines["engine"].backend_for(model_path, tokenizer, tok_path)
-            retriever = get_retriever()
-        return ev.evaluate(rows, backend=backend, tokenizer=tokenizer, retriever=retriever,
-                           rollout_cfg=s["rollout_cfg"], out_dir=out_dir, batch_size=s["batch_size"],
-                           template=s["template"], chat_template=s["chat_template"], shard=shard, name=name,
-                           progress=s["progress"])
-    except BaseException:
-        ev.drop_unused_provenance(out_dir, shard)  # failed before its first question: nothing to resume
-        raise
-
-
-def _main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    out = Path(args.out)
-    if args.compare_dirs:
-        results = [ev.load_results(d) for d in args.compare_dirs]
-        labels = ev.distinct_labels([r.get("name") or Path(d).name for r, d in zip(results, args.compare_dirs)],
-                                    list(args.compare_dirs))
-        print(ev.compare(list(zip(labels, results)), out, baseline=args.baseline, result_dirs=args.compare_dirs))
-        return 0
-    s = _resolve(args)
-    from searchr1_lld.bookkeeping.tracking import quiet_library_output
-
-    quiet_library_output()
-    if args.gpus is not None:
-        if args.shard or args.merge or args.compare:
-            raise ev.EvalError("--gpus runs the shards itself: drop --shard / --merge / --compare")
-        check_model_source(args.model or "", "--model")
-        ev.run_shards(sys.argv[1:] if argv is None else argv, args.gpus, out, Path(__file__).resolve())
-    if args.merge or args.gpus is not None:
-        model = args.model or s["cfg"].model.path
-        res = ev.merge_shards(out, order=s["datasets"], name=args.name or (ev.model_label(model) if model else ""))
-        _log_wandb(args, s["cfg"], out, [(res["name"], res)])
-        print(ev.markdown_table([(res["name"], res)]))
-        return 0
-    # a missing model dir is named now, not as a hub-id error after the index is loaded
-    models = [("--model", args.model)]
-    models += [(f"--compare {item.partition('=')[0]}", item.partition("=")[2]) for item in args.compare or []]
-    for what, path in models:
-        check_model_source(path or "", what)
-    check_model_source(args.tokenizer or "", "--tokenizer", tokenizer=True)
-    index = args.index or (s["cfg"].retriever.index_dir if s["cfg"].retriever.mode == "inprocess" else None)
-    s["retriever_source"] = args.retriever_url or (str(Path(index).resolve()) if index else "")
-    cache: list[Any] = []
-    engines: dict[str, Any] = {}  # one generation engine per process, for every checkpoint of --compare
-
-    def get_retriever() -> Any:  # built on first use, shared by the checkpoints of --compare
-        if not cache:
-            cache.append(retrievers.make_retriever(_retriever_config(s["cfg"], args, index)))
-        return cache[0]
-
-    if args.compare:
-        methods = []
-        for item in args.compare:
-            name, sep, path = item.partition("=")
-            if not sep or not name or not path:
-                raise ev.EvalError(f"--compare takes NAME=PATH items, got {item!r}")
-            res = evaluate_checkpoint(path, out / name, name, s, args, get_retriever, engines)
-            if res is None:
-                raise ev.EvalError("--compare cannot be combined with --shard")
-            methods.append((name, res))
-        table = ev.compare(methods, out, baseline=args.baseline, result_dirs=[out / name for name, _ in methods])
-        _log_wandb(args, s["cfg"], out, methods)
-        print(table)
-        return 0
-    res = evaluate_checkpoint(args.model, out, args.name or ev.model_label(args.model or s["cfg"].model.path), s, args,
-                              get_retriever, engines)
-    if res is None:
-        print(f"shard {args.shard} done -> {ev.trajectories_path(out, ev.parse_shard(args.shard))}; "
-              f"merge with: python eval.py --merge --out {out}")
-        return 0
-    _log_wandb(args, s["cfg"], out, [(res["name"], res)])
-    print((out / ev.RESULTS_MD).read_text())
-    return 0
-
-
-def _log_wandb(args: argparse.Namespace, cfg: Any, out: Path, methods: list[tuple[str, dict[str, Any]]]) -> None:
-    """--wandb: the results as a wandb.Table in a run of their own (job type eval; resumed by the id in OUT)."""
-    if not args.wandb:
-        return
-    from searchr1_lld.bookkeeping.tracking import init_wandb, log_eval_results
-
-    settings = {"model": args.model or cfg.model.path, "datasets": list(methods[0][1]["datasets"]),
-                "eval": dataclasses.asdict(cfg.eval), "max_turns": args.max_turns or cfg.eval.max_turns,
-                "topk": args.topk or cfg.eval.topk}
-    run = init_wandb(out, cfg.logging, settings, name=args.name or methods[0][0] or out.name, job_type="eval")
-    if run is None:
-        return
-    try:
-        log_eval_results(run, methods)
-        print(f"wandb: results logged to run {run.id} ({getattr(run, 'url', None) or run.dir})")
-    finally:
-        run.finish()
-
-
 def main(argv: list[str] | None = None) -> int:
     """The CLI; errors the user can fix -> one line on stderr and exit status 2 (tracebacks with --debug)."""
-    return run_main(_main, argv, prog="eval.py")
+    return run_main(lambda a: run_eval(EvalOptions(**vars(build_parser().parse_args(a))), a, Path(__file__).resolve()),
+                    argv, prog="eval.py")
 
 
 if __name__ == "__main__":

@@ -26,58 +26,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from searchr1_lld.cli import UserError, check_model_source, run_main
-from searchr1_lld.config import load_config
-
-DEFAULT_CONFIG = "configs/tiny.yaml"
+from searchr1_lld.cli import run_main
+from searchr1_lld.learner.command import DEFAULT_CONFIG, TrainOptions, run_train
+from searchr1_lld.world.training import TrainingWorld
 
 
-def _resume_target(path: str) -> tuple[Path, str]:
-    """``--resume PATH`` -> (run dir, trainer.resume value): a run dir resumes its last checkpoint, a checkpoint dir
-    that one."""
-    from searchr1_lld.bookkeeping.checkpoint import COMPLETE
-
-    p = Path(path)
-    if (p / COMPLETE).is_file():
-        return p.parent.parent, str(p)
-    if (p / "config.yaml").is_file() or (p / "checkpoints").is_dir():
-        return p, "auto"
-    raise UserError(f"--resume {path}: neither a run directory (config.yaml, checkpoints/) nor a checkpoint "
-                    f"(step_N/ with {COMPLETE})")
-
-
-def config_reference() -> str:
-    """The run config's keys, then the synthetic world's (configs/world/*.yaml, train.py --world)."""
-    from searchr1_lld.config import format_help
-    from searchr1_lld.world import WorldConfig
-
-    return (format_help() + "\n# The synthetic world (configs/world/*.yaml, train.py --world FILE):\n\n"
-            + format_help(WorldConfig, prefix="world."))
-
-
-def world_overrides(world_config: str, world_dir: str) -> list[str]:
-    """Build (local rank 0) or wait for (the other ranks) the world of ``world_config`` in ``world_dir``; return
-    the run-config overrides that train on it."""
-    from searchr1_lld.world import ensure_world_on_ranks, load_world_config, trainer_overrides
-
-    ensure_world_on_ranks(world_dir, load_world_config(world_config))
-    return trainer_overrides(world_dir)
-
-
-def preflight(cfg, accelerate_config: str | None, gpu_memory_gib: float | None) -> int:
-    """``--preflight``: the report on stdout, then each problem on stderr, one line each; 0 or 2."""
-    from searchr1_lld.learner import preflight as pre
-    launch = pre.read_launch(accelerate_config) if accelerate_config else None
-    result = pre.run_preflight(cfg, launch=launch, device_gib=gpu_memory_gib)
-    print(pre.format_report(result), flush=True)
-    for problem in result.problems:
-        print(f"train.py: preflight: {problem}", file=sys.stderr)
-    return 2 if result.problems else 0
-
-
-def _main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=None,
                         help=f"YAML experiment config (default: {DEFAULT_CONFIG}; with --resume: the run's config.yaml)")
@@ -104,53 +59,13 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--help-config", action="store_true",
                         help="print every config key (by section, with type, default and help) and exit")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.total_steps=10")
-    args = parser.parse_args(argv)
-    if args.help_config:
-        print(config_reference())
-        return 0
-    run_dir = None
-    overrides = list(args.overrides)
-    config = args.config
-    if args.resume:
-        run_dir, resume = _resume_target(args.resume)
-        if config is None and (run_dir / "config.yaml").is_file():
-            config = str(run_dir / "config.yaml")
-        overrides.append(f"trainer.resume={resume}")
-    if args.world and args.preflight:  # named, not built: the preflight reports what is missing
-        from searchr1_lld.world import trainer_overrides
-
-        overrides = trainer_overrides(args.world_dir) + overrides
-    elif args.world:
-        overrides = world_overrides(args.world, args.world_dir) + overrides  # the command line's own keys win
-    cfg = load_config(config or DEFAULT_CONFIG, overrides)
-    if args.preflight:
-        return preflight(cfg, args.accelerate_config, args.gpu_memory_gib)
-    for value, key, is_tok in ((cfg.model.path, "model.path", False),
-                               (cfg.model.tokenizer_path, "model.tokenizer_path", True)):
-        try:
-            check_model_source(value, key, tokenizer=is_tok)
-        except UserError as e:
-            raise UserError(f"{e} (a synthetic world's policy and tokenizer: train.py --world "
-                            f"configs/world/default.yaml, or python -m searchr1_lld.world build)") from None
-
-    from searchr1_lld.bookkeeping.tracking import quiet_library_output
-    from searchr1_lld.learner.trainer import Trainer
-
-    quiet_library_output()
-    trainer = Trainer(cfg, run_dir=run_dir)
-    main_proc = trainer.learner.dist.is_main
-    if main_proc:
-        print(f"run directory: {trainer.run_dir}", flush=True)
-    result = trainer.run(evaluate=not args.no_eval, allow_changes=[k for a in args.allow_change for k in a.split(",")])
-    if main_proc:
-        print(f"steps: {result.steps}  skipped updates: {result.skipped_updates}")
-        print(f"run directory: {result.run_dir}", flush=True)
-    return 0
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """The CLI; errors the user can fix -> one line on stderr and exit status 2 (tracebacks with --debug)."""
-    return run_main(_main, argv, prog="train.py")
+    return run_main(lambda a: run_train(TrainOptions(**vars(build_parser().parse_args(a))), TrainingWorld()), argv,
+                    prog="train.py")
 
 
 if __name__ == "__main__":

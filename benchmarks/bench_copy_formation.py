@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from retriever.inprocess import InProcessRetriever
-    from searchr1_lld.jsonl import read_jsonl
+    from searchr1_lld.data.jsonl import read_jsonl
     from searchr1_lld.world import warm_start as WS
     from searchr1_lld.world import load_world_config, read_card
     from searchr1_lld.world.drills import COPY_DRILL_KINDS, build_copy_drills, build_drill_probes

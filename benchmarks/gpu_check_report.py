@@ -3,7 +3,7 @@ docs/gpu.md`` writes :func:`render_block` between the markers of the document (:
 
 Pure: report dicts in, markdown out. Files are read in order and a section of a later file (its status, wall time
 and results) replaces the same section of an earlier one, so a section rerun alone (``--sections rollout``) is
-merged over the full check. Beside the learner's measured memory it prints what ``searchr1_lld.memory_plan``
+merged over the full check. Beside the learner's measured memory it prints what ``searchr1_lld.preflight.memory_plan``
 predicts for the same shape (:func:`plan_rows`).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from searchr1_lld import memory_plan as mp
+from searchr1_lld.preflight import memory_plan as mp
 MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b")
 SECTIONS = ("learner", "zero2", "rollout", "logprobs", "e2e")
 # which section a result belongs to, by its name's prefix
@@ -188,7 +188,7 @@ def render_block(sources: list[tuple[str, dict]], model_configs: dict[str, dict]
         shapes = learner[1]["shapes"]
         lines += ["", f"**Learner: one optimiser step (micro-batch {shapes['micro_rows']} x "
                       f"{shapes['tokens_per_row']:,} tokens), memory, the monitor's share**", "", *learner_table(res),
-                  "", "**Memory plan (`searchr1_lld.memory_plan.learner_plan`) against the measurement**", "",
+                  "", "**Memory plan (`searchr1_lld.preflight.memory_plan.learner_plan`) against the measurement**", "",
                   *plan_table(res, learner[1], model_configs)]
     if "rollout" in origin:
         lines += ["", "**Rollout (HF backend) and the engine-vs-learner log-prob gap**", "",

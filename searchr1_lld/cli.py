@@ -21,7 +21,7 @@ from retriever.client import RetrieverError
 from retriever.faiss_index import FaissSetupError
 from searchr1_lld.config import ConfigError
 from searchr1_lld.data.specs import EvalError
-from searchr1_lld.jsonl import DataFileError
+from searchr1_lld.data.jsonl import DataFileError
 
 
 class UserError(Exception):

@@ -50,7 +50,7 @@ from searchr1_lld.cli import run_main
 from searchr1_lld.bookkeeping.tracking import describe_machine, quiet_library_output, read_metrics
 from searchr1_lld.config import Config, ConfigError, load_config
 from searchr1_lld.config.loading import save_config
-from searchr1_lld.jsonl import read_jsonl
+from searchr1_lld.data.jsonl import read_jsonl
 from searchr1_lld.lab.baselines import NoRetrieval, majority_correct, question_table, read_split
 from searchr1_lld.lab.evaluating import evaluate_policy, load_policy
 from searchr1_lld.lab.methods import parse_seeds

@@ -35,7 +35,7 @@ from typing import Any, Sequence
 import yaml
 
 from searchr1_lld.config import ConfigError, load_config
-from searchr1_lld.jsonl import read_jsonl
+from searchr1_lld.data.jsonl import read_jsonl
 from searchr1_lld.learner.trainer import train
 
 COLLAPSE_PHASE = "accelerated_collapse"

@@ -129,7 +129,7 @@ def tiny_model(tiny_world: Path):
 @pytest.fixture(scope="session")
 def world_rows(tiny_world: Path) -> list[dict]:
     """The test world's test-split QA rows."""
-    from searchr1_lld.jsonl import read_jsonl
+    from searchr1_lld.data.jsonl import read_jsonl
 
     return read_jsonl(tiny_world / "qa" / "test.jsonl")
 

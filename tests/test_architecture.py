@@ -12,10 +12,12 @@ from pathlib import Path
 from conftest import REPO_ROOT
 
 PACKAGES = ("searchr1_lld", "retriever")
+# the entry scripts: argument parsing and one typed function of the package each (held to the packages' rules too)
+ENTRY_SCRIPTS = ("train.py", "eval.py")
 # the synthetic world's own package and its consumers (the demo and the lab run on it); train.py, an entry point,
 # may build it too (--world). Everything else is the core, which takes a model, a retriever and rows files.
 WORLD = "searchr1_lld.world"
-WORLD_USERS = ("searchr1_lld.world", "searchr1_lld.lab", "searchr1_lld.demo")
+WORLD_USERS = ("searchr1_lld.world", "searchr1_lld.lab", "searchr1_lld.demo", "train")
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
 # the optional dependencies heavy enough to defer: an import inside a function says which one it defers, as
@@ -33,6 +35,8 @@ def first_party_modules() -> dict[str, Path]:
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             out[".".join(parts)] = f
+    for script in ENTRY_SCRIPTS:
+        out[Path(script).stem] = REPO_ROOT / script
     return out
 
 
@@ -215,7 +219,8 @@ def test_the_config_is_typed_where_it_is_passed():
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 for a in node.args.args + node.args.kwonlyargs:
-                    if a.arg in ("cfg", "config") and (a.annotation is None or ast.unparse(a.annotation) == "Any"):
+                    if (a.arg in ("cfg", "config") or a.arg.endswith("_cfg")) and (
+                            a.annotation is None or ast.unparse(a.annotation) == "Any"):
                         untyped.append(f"{f.relative_to(REPO_ROOT)}:{node.lineno} {node.name}({a.arg})")
     assert untyped == [], f"annotate with the config's dataclass: {untyped}"
 
@@ -242,8 +247,8 @@ def test_modules_stay_small():
 
 
 # the folders docs/architecture.md draws (leaf modules of the package root are listed there, not drawn)
-PICTURED = ("demo", "sweep", "lab", "world", "learner", "bookkeeping", "instruments", "evaluation", "rollout", "algo",
-            "config", "data", "retriever")
+PICTURED = ("demo", "sweep", "lab", "world", "learner", "preflight", "bookkeeping", "instruments", "evaluation",
+            "rollout", "algo", "config", "data", "retriever")
 
 
 def pictured_edges() -> set[tuple[str, str]]:
@@ -274,3 +279,74 @@ def test_the_architecture_picture_is_the_code():
     code = pictured_edges()
     expected = "\n".join(f"  {a} --> {b}" for a, b in sorted(code))
     assert drawn == code, f"redraw the picture from the code:\n{expected}"
+
+
+# the registries that read a generation backend's or a retriever mode's name; nothing else compares the name
+KIND_REGISTRIES = ("searchr1_lld/rollout/backends/kinds.py", "retriever/modes.py")
+KIND_NAMES = {"hf", "vllm", "inprocess", "http"}
+KIND_FIELDS = {"backend", "mode"}
+
+
+def kind_name_tests(source: str) -> list[int]:
+    """The lines of ``source`` that test a ``backend`` / ``mode`` value against a kind's name: a comparison
+    (``==``, ``!=``, ``in``) of such a field with a kind name (or a collection of them), or a table keyed by kind
+    names."""
+    def is_field(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr in KIND_FIELDS) or (
+            isinstance(node, ast.Name) and node.id in KIND_FIELDS)
+
+    def is_name(node: ast.AST) -> bool:
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return any(is_name(e) for e in node.elts)
+        return isinstance(node, ast.Constant) and node.value in KIND_NAMES
+
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(map(is_field, operands)) and any(map(is_name, operands)):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Dict) and sum(k is not None and is_name(k) for k in node.keys) >= 2:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_kind_test_finder_finds_string_tests():
+    assert kind_name_tests("if cfg.rollout.backend == 'vllm': pass") == [1]
+    assert kind_name_tests("x = 1\nok = rc.mode != 'http'") == [2]
+    assert kind_name_tests("ok = backend in ('hf', 'vllm')") == [1]
+    assert kind_name_tests("f = {'hf': a, 'vllm': b}[cfg.backend]") == [1]
+    assert kind_name_tests("rc = replace(rc, mode='http')\nk = kind.streams_requests") == []
+
+
+def test_no_string_test_on_a_backend_or_retriever_kind_outside_its_registry():
+    """A generation backend or a retriever mode is chosen once, by its registry (rollout/backends/kinds.py,
+    retriever/modes.py); every other module and the entry scripts ask the kind object, never the name."""
+    files = [*first_party_modules().values(), *sorted(REPO_ROOT.glob("*.py"))]
+    found = {str(f.relative_to(REPO_ROOT)): lines for f in files
+             if str(f.relative_to(REPO_ROOT)) not in KIND_REGISTRIES and (lines := kind_name_tests(f.read_text()))}
+    assert found == {}, f"ask the kind (backend_kind / retriever_mode) instead of testing its name: {found}"
+
+
+def test_entry_scripts_are_thin():
+    """train.py and eval.py parse their arguments and call one typed function of the package: they define
+    ``build_parser`` and ``main`` and nothing else, and import no first-party module but the CLI helpers, the
+    command module that does the work (and, for train.py, the synthetic world it may train on)."""
+    for script in ENTRY_SCRIPTS:
+        tree = ast.parse((REPO_ROOT / script).read_text())
+        defined = sorted(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)))
+        assert defined == ["build_parser", "main"], f"{script}: move {defined} into the package"
+        first_party = sorted(n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.module
+                             and n.module.split(".")[0] in PACKAGES)
+        assert set(first_party) - {"searchr1_lld.cli", "searchr1_lld.world.training"} in (
+            {"searchr1_lld.evaluation.command"}, {"searchr1_lld.learner.command"}), f"{script}: {first_party}"
+
+
+MAX_LOOSE_ROOT_MODULES = 6
+
+
+def test_the_package_root_holds_few_loose_modules():
+    """A subsystem's modules sit in its folder; the package root keeps a few shared leaves (the CLI helpers, the
+    distributed facts, the protocols, the reward, and the demo and sweep entry points)."""
+    loose = sorted(f.name for f in (REPO_ROOT / "searchr1_lld").glob("*.py") if f.name != "__init__.py")
+    assert len(loose) <= MAX_LOOSE_ROOT_MODULES, f"move into the folder each belongs to: {loose}"

@@ -14,11 +14,11 @@ import random
 
 import pytest
 
-from searchr1_lld import prompts as P
+from searchr1_lld.data import prompts as P
 from searchr1_lld.config import RolloutConfig
 from searchr1_lld.rollout import run_agent_loop
 from searchr1_lld.rollout.agent_loop import encode_prompt
-from searchr1_lld.rollout.backends.scripted import ScriptedBackend, ScriptedStreamBackend
+from scripted_backends import ScriptedBackend, ScriptedStreamBackend
 from searchr1_lld.rollout.continuous import run_continuous, uses_continuous_scheduler
 from test_rollout_support import DictRetriever, enc, make_tokenizer, row
 

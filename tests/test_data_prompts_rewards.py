@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from searchr1_lld import prompts as P
+from searchr1_lld.data import prompts as P
 from searchr1_lld.rewards import (
     em_reward,
     exact_match,

@@ -124,7 +124,7 @@ def test_the_retrieval_thread_searches_on_the_callers_gpu(fake_gpus):
     and must find cuda:3 current there (an encoder that moves queries with the current device would otherwise
     compute on cuda:0 next to weights on cuda:3)."""
     from searchr1_lld.rollout import run_agent_loop
-    from searchr1_lld.rollout.backends.scripted import ScriptedStreamBackend
+    from scripted_backends import ScriptedStreamBackend
 
     class DeviceRecordingRetriever(DictRetriever):
         def __init__(self):

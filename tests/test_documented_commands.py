@@ -203,7 +203,7 @@ WIKI18 = "needs Search-R1's wiki-18 corpus and e5 index from the hub (~70 GB)"
 ENTRIES: tuple[Entry, ...] = (
     # --- run here ------------------------------------------------------------------------------------------------
     Run("help_config", ("python train.py --help-config",), slow=False),
-    Run("memory_plan", ("python -m searchr1_lld.memory_plan",)),
+    Run("memory_plan", ("python -m searchr1_lld.preflight.memory_plan",)),
     # the build itself runs in the tiny_world fixture (ensure_world); here the command finds it built and reuses it
     Run("world_build", (
         "python -m searchr1_lld.world build --config configs/world/default.yaml --out .cache/world",
@@ -716,7 +716,7 @@ class Workspace:
     def company(self) -> str:
         """The first company of the test world's corpus (what a documented query about a company of the default
         world asks here)."""
-        from searchr1_lld.jsonl import read_jsonl
+        from searchr1_lld.data.jsonl import read_jsonl
         from searchr1_lld.world.generate import passage_kind, passage_title
 
         rows = read_jsonl(self.test_world / "corpus.jsonl")

@@ -286,20 +286,18 @@ def test_cli_default_tokenizer(tmp_path):
     from pathlib import Path
 
     from searchr1_lld.config import load_config
+    from searchr1_lld.evaluation import command as cli
 
-    spec = importlib.util.spec_from_file_location("eval_cli", Path(__file__).resolve().parents[1] / "eval.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
     ckpt = tmp_path / "policy"
     ckpt.mkdir()
     plain = load_config()
-    assert cli._default_tokenizer(str(ckpt), plain) == str(ckpt)
+    assert cli.default_tokenizer(str(ckpt), plain) == str(ckpt)
     tok = load_config(None, [f"model.tokenizer_path={tmp_path / 'tok'}"])  # a world's run names its tokenizer
-    assert cli._default_tokenizer(str(ckpt), tok) == str(tmp_path / "tok")
+    assert cli.default_tokenizer(str(ckpt), tok) == str(tmp_path / "tok")
     hub = load_config(None, ["model.path=Qwen/Qwen2.5-3B"])  # a run's config names its base model
-    assert cli._default_tokenizer(str(ckpt), hub) == "Qwen/Qwen2.5-3B"
+    assert cli.default_tokenizer(str(ckpt), hub) == "Qwen/Qwen2.5-3B"
     (ckpt / "tokenizer.json").write_text("{}")
-    assert cli._default_tokenizer(str(ckpt), hub) == str(ckpt)
+    assert cli.default_tokenizer(str(ckpt), hub) == str(ckpt)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -404,7 +402,8 @@ def test_data_file_gives_one_benchmark_per_data_source_read_once(tmp_path, monke
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    import searchr1_lld.jsonl as jsonl
+    import searchr1_lld.data.jsonl as jsonl
+    from searchr1_lld.evaluation import command
 
     merged = tmp_path / "test.parquet"
     pq.write_table(pa.Table.from_pylist([
@@ -422,10 +421,11 @@ def test_data_file_gives_one_benchmark_per_data_source_read_once(tmp_path, monke
     counting = lambda path: reads.append(str(path)) or real(path)  # noqa: E731
     monkeypatch.setattr(jsonl, "read_rows", counting)
     monkeypatch.setattr("searchr1_lld.evaluation.run.read_rows", counting)
+    monkeypatch.setattr("searchr1_lld.evaluation.command.read_rows", counting)
     args = cli.build_parser().parse_args(["--data", str(merged), str(plain), "--out", str(tmp_path / "o")])
-    s = cli._resolve(args)
-    assert s["datasets"] == [f"nq={merged}", f"bamboogle={merged}", f"musique={merged}", f"mine={plain}"]
-    rows = ev.load_eval_rows(s["datasets"], file_rows=s["file_rows"])
+    s = command.resolve(command.EvalOptions(**vars(args)))
+    assert s.datasets == [f"nq={merged}", f"bamboogle={merged}", f"musique={merged}", f"mine={plain}"]
+    rows = ev.load_eval_rows(s.datasets, file_rows=s.file_rows)
     assert {k: [r["id"] for r in v] for k, v in rows.items()} == {
         "nq": ["nq-test-0", "nq-test-2"], "bamboogle": ["bamboogle-test-1", "bamboogle-test-4"],
         "musique": ["musique-test-3"], "mine": ["x"]}

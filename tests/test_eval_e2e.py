@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from searchr1_lld import evaluation as ev
-from searchr1_lld.config import RolloutConfig
+from searchr1_lld.config import RolloutConfig, load_config
+from searchr1_lld.evaluation import command
 from searchr1_lld.rewards import exact_match
-from searchr1_lld.rollout.backends.scripted import ScriptedBackend
+from scripted_backends import ScriptedBackend
 
 REPO = Path(__file__).resolve().parents[1]
 LIMIT = 4
@@ -200,8 +201,9 @@ def test_eval_cli_through_a_service_started_with_a_token(tiny_world, tmp_path, m
         cli = _cli()
         args = _args(tiny_world, tmp_path / "tok", "--retriever-url", url)
         # the client eval.py builds: the token from --retriever-token (or the config), no retries on a 401
-        built = cli._retriever_config(cli.load_config(None, ["retriever.max_retries=0", "retriever.timeout_s=7"]),
-                                      cli.build_parser().parse_args([*args, "--retriever-token", "s3cret"]), None)
+        built = command.retriever_config(
+            load_config(None, ["retriever.max_retries=0", "retriever.timeout_s=7"]),
+            command.EvalOptions(**vars(cli.build_parser().parse_args([*args, "--retriever-token", "s3cret"]))), None)
         assert (built.mode, built.url, built.token, built.max_retries, built.timeout_s) == ("http", url, "s3cret", 0, 7)
         monkeypatch.delenv("SEARCHR1_RETRIEVER_TOKEN", raising=False)
         assert cli.main([*args, "--retriever-token", "s3cret"]) == 0
@@ -214,9 +216,9 @@ def test_eval_cli_through_a_service_started_with_a_token(tiny_world, tmp_path, m
         with pytest.raises(RetrieverError):
             import retriever as retrievers
 
-            retrievers.make_retriever(cli._retriever_config(
-                cli.load_config(None, ["retriever.max_retries=0"]),
-                cli.build_parser().parse_args(args), None)).search(["who"], topk=1)
+            retrievers.make_retriever(command.retriever_config(
+                load_config(None, ["retriever.max_retries=0"]),
+                command.EvalOptions(**vars(cli.build_parser().parse_args(args))), None)).search(["who"], topk=1)
     finally:
         server.should_exit = True
         thread.join(timeout=30)
@@ -228,7 +230,7 @@ def test_eval_data_reads_search_r1_parquet_and_names_it_by_data_source(tiny_worl
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from searchr1_lld.jsonl import read_jsonl
+    from searchr1_lld.data.jsonl import read_jsonl
 
     rows = read_jsonl(tiny_world / "qa" / "test.jsonl")[:LIMIT]
     data = tmp_path / "test.parquet"

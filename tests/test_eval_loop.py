@@ -8,7 +8,7 @@ import pytest
 
 from searchr1_lld import evaluation as ev
 from searchr1_lld.config import RolloutConfig
-from searchr1_lld.rollout.backends.scripted import ScriptedBackend
+from scripted_backends import ScriptedBackend
 from test_rollout_support import DictRetriever, enc, make_tokenizer, row
 
 SEARCH = "<think> I need the lake </think> <search> Lake Varo </search>"

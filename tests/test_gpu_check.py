@@ -19,7 +19,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import gpu_check  # noqa: E402
 import gpu_check_report  # noqa: E402
-from searchr1_lld import memory_plan as mp  # noqa: E402
+from searchr1_lld.preflight import memory_plan as mp  # noqa: E402
 
 CPU_NULL = ("_peak_gib", "_persistent_gib")  # no allocator statistics on CPU: present, null
 # runs gpu_check.py as the main program, then says whether that process (not its sections') imported torch

@@ -1,4 +1,4 @@
-"""searchr1_lld.memory_plan: the arithmetic by hand on a small shape, Qwen2.5's parameter counts from their configs,
+"""searchr1_lld.preflight.memory_plan: the arithmetic by hand on a small shape, Qwen2.5's parameter counts from their configs,
 and every paper config leaves 10 % of an 80 GB GPU free at the engine's first wake-up and at the update, with the
 wiki-18 retriever's GPU shards beside it (docs/memory.md prints the same plans)."""
 
@@ -8,7 +8,7 @@ import glob
 
 import pytest
 
-from searchr1_lld import memory_plan as mp
+from searchr1_lld.preflight import memory_plan as mp
 from searchr1_lld.config import load_config
 
 WIKI18 = (21_015_324, 768)  # passages x e5-base dimensions
@@ -99,7 +99,7 @@ def test_docs_memory_shows_the_plans_of_the_paper_configs():
     assert c7.trainer.micro_batch_size == c3.trainer.micro_batch_size
     table = mp.markdown_table(mp.paper_cells(c3.rollout.vllm_gpu_memory_utilization,
                                              c7.rollout.vllm_gpu_memory_utilization, tokens))
-    assert table in (REPO_ROOT / "docs" / "memory.md").read_text()  # regenerate: python -m searchr1_lld.memory_plan
+    assert table in (REPO_ROOT / "docs" / "memory.md").read_text()  # regenerate: python -m searchr1_lld.preflight.memory_plan
 
 
 def test_shape_of_a_text_config_and_an_exact_count():

@@ -77,8 +77,8 @@ def _series(n, reward, logp, grad, ent):
 def _final(history):
     det = PhaseDetector()
     report = None
-    for h in history:
-        report = det.update(h)
+    for i in range(len(history)):
+        report = det.detect(history[: i + 1])
     return report
 
 

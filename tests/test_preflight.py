@@ -8,8 +8,8 @@ import json
 
 from conftest import REPO_ROOT
 
-from searchr1_lld import memory_plan as mp
-from searchr1_lld.learner import preflight as pre
+from searchr1_lld.preflight import memory_plan as mp
+from searchr1_lld.preflight import run as pre
 from searchr1_lld.config import load_config
 
 GiB = 1 << 30

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from searchr1_lld import prompts as P
+from searchr1_lld.data import prompts as P
 from searchr1_lld.rewards import answer_char_span, extract_answer
 from searchr1_lld.rollout.agent_loop import answer_token_span
 

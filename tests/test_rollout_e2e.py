@@ -15,13 +15,13 @@ import threading
 import pytest
 import torch
 
-from searchr1_lld import prompts as P
+from searchr1_lld.data import prompts as P
 from searchr1_lld.config import RolloutConfig
 from searchr1_lld.rewards import exact_match
 from searchr1_lld.rollout import run_agent_loop, to_batch
 from searchr1_lld.rollout.agent_loop import ObservationTokenizer
 from searchr1_lld.rollout.backends.hf import HFBackend
-from searchr1_lld.rollout.backends.scripted import ScriptedBackend
+from scripted_backends import ScriptedBackend
 
 pytestmark = pytest.mark.slow
 

@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from searchr1_lld import prompts as P
+from searchr1_lld.data import prompts as P
 from searchr1_lld.config import RolloutConfig
 from searchr1_lld.rollout import run_agent_loop, to_batch
 from searchr1_lld.rollout.agent_loop import ObservationTokenizer, encode_prompt, parse_action
-from searchr1_lld.rollout.backends.scripted import ScriptedBackend
+from scripted_backends import ScriptedBackend
 from test_rollout_support import DictRetriever, enc, make_tokenizer, row
 
 CFG = RolloutConfig(max_turns=3, max_tokens_per_turn=64, max_obs_length=200, max_total_length=2048, topk=2)

@@ -8,7 +8,7 @@ import functools
 
 import torch
 
-from searchr1_lld import prompts as P
+from searchr1_lld.data import prompts as P
 
 EOS, PAD = "<|endoftext|>", "<|pad|>"
 

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from searchr1_lld.jsonl import read_rows
+from searchr1_lld.data.jsonl import read_rows
 
 PROMPT = [{"role": "user", "content": "Answer the given question. ... Question: who wrote hamlet?\n"}]
 

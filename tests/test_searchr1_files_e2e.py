@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from searchr1_lld import evaluation as ev
-from searchr1_lld.jsonl import read_jsonl
+from searchr1_lld.data.jsonl import read_jsonl
 from searchr1_lld.rewards import exact_match
 
 REPO = Path(__file__).resolve().parents[1]

@@ -200,12 +200,14 @@ def test_resume_reproduces_the_next_step(tmp_path, tiny_world, shared_retriever)
     del b1
     b2 = _trainer(cfg_b, tiny_world, shared_retriever)
     res_b = b2.run(evaluate=False)
-    assert res_b.steps == 2 and len(res_b.history) == 1  # only step 2 ran after the resume
+    # the resumed run's history covers every step: the one before the interruption came back with the checkpoint
+    assert res_b.steps == 2 and [h["step"] for h in res_b.history] == [1, 2] == [h["step"] for h in res_a.history]
     for pa, pb in zip(a.learner.model.parameters(), b2.learner.model.parameters()):
         assert torch.equal(pa, pb)
-    ma, mb = res_a.history[-1], res_b.history[-1]
-    for key in ("reward/em_mean", "actor/pg_loss", "actor/grad_norm", "lld/correct_logp_old_per_token", "llds/loss"):
-        assert ma[key] == mb[key] or (math.isnan(ma[key]) and math.isnan(mb[key])), key
+    for ma, mb in zip(res_a.history, res_b.history):
+        for key in ("reward/em_mean", "actor/pg_loss", "actor/grad_norm", "lld/correct_logp_old_per_token",
+                    "llds/loss", "phase/name"):
+            assert ma[key] == mb[key] or (math.isnan(ma[key]) and math.isnan(mb[key])), key
 
 
 def test_evaluation_during_training_leaves_the_training_unchanged(tmp_path, tiny_world, shared_retriever):

@@ -74,7 +74,7 @@ def _check_common(res: dict) -> None:
     assert res["kl_ref_first_update_step0"] == 0.0  # reference == policy, same dtype, before any update
     assert res["ranks_identical_a"] and res["ranks_identical_b"]
     assert res["steps_b_ran"] == 1 and res["a_equals_b"], res["a_b_max_abs_diff"]  # resume == uninterrupted
-    assert res["history_b"][0] == a2
+    assert res["history_b_steps"] == [1, 2] and res["history_b"] == [a1, a2]  # the resumed history covers both steps
     packing = res["packed_against_padded"]  # packed micro-batches == padded rows under this wrapper
     assert len(packing["lengths"]) > 2 and packing["grad_norm"] > 0, packing
     assert packing["logp"] < 1e-4 and packing["ref"] < 1e-4, packing

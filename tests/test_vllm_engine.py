@@ -84,7 +84,7 @@ def learner(vllm_world):
 
 @pytest.fixture(scope="session")
 def rows(vllm_world):
-    from searchr1_lld.jsonl import read_jsonl
+    from searchr1_lld.data.jsonl import read_jsonl
 
     return read_jsonl(vllm_world / "qa" / "test.jsonl")
 

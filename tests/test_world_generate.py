@@ -10,7 +10,7 @@ import pytest
 
 from searchr1_lld.world.build import ensure_world, parse_world_overrides, read_card, warm_start_shortfalls, world_config_hash
 from searchr1_lld.world.generate import generate_world, name_word_groups, passage_kind
-from searchr1_lld.jsonl import read_jsonl
+from searchr1_lld.data.jsonl import read_jsonl
 from searchr1_lld.config import ConfigError
 from searchr1_lld.world.config import WorldConfig
 from searchr1_lld.rewards import normalize_answer

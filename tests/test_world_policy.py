@@ -15,8 +15,8 @@ from searchr1_lld.world import tokenizer as TOK
 from searchr1_lld.world import trajectories as TR
 from searchr1_lld.world import warm_start as WS
 from searchr1_lld.world.generate import passage_title
-from searchr1_lld.jsonl import read_jsonl
-from searchr1_lld import prompts as P
+from searchr1_lld.data.jsonl import read_jsonl
+from searchr1_lld.data import prompts as P
 
 # ---------------------------------------------------------------------------------------------------------------
 # tokenizer

@@ -21,7 +21,7 @@ import torch
 
 from retriever import make_retriever
 from searchr1_lld.config import RetrieverConfig, RolloutConfig
-from searchr1_lld.jsonl import read_jsonl
+from searchr1_lld.data.jsonl import read_jsonl
 from searchr1_lld.rollout import run_agent_loop
 from searchr1_lld.rollout.agent_loop import encode_prompt
 from searchr1_lld.rollout.backends import make_backend

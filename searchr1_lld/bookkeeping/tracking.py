@@ -24,8 +24,9 @@ import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
+from searchr1_lld.config import LoggingConfig
 from searchr1_lld.instruments.phases import PHASES
-from searchr1_lld.jsonl import read_jsonl
+from searchr1_lld.data.jsonl import read_jsonl
 
 def describe_machine() -> str:
     """This CPU's model name and core count, e.g. ``AMD EPYC 7B13, 2 cores`` (a CPU run's figures depend on the CPU;
@@ -238,7 +239,7 @@ def wandb_run_id(run_dir: str | Path) -> tuple[str, bool]:
     return run_id, False
 
 
-def init_wandb(run_dir: str | Path, logging_cfg: Any, config: dict[str, Any], *, name: str,
+def init_wandb(run_dir: str | Path, logging_cfg: LoggingConfig, config: dict[str, Any], *, name: str,
                job_type: str = "train") -> Any:
     """A wandb run for ``run_dir`` (its files under ``run_dir/wandb``) with the ``logging.wandb_*`` settings
     (project, entity, group, tags), resumed by the id stored in ``run_dir`` (:func:`wandb_run_id`); None when wandb
@@ -305,7 +306,7 @@ class Tracker:
     def __init__(
         self,
         run_dir: str | Path,
-        logging_cfg: Any,
+        logging_cfg: LoggingConfig,
         config: dict[str, Any] | None = None,
         *,
         total_steps: int = 0,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from retriever.modes import retriever_mode
 from searchr1_lld.config.methods import METHODS
 from searchr1_lld.config.sections import (AlgorithmConfig, DataConfig, EvalConfig, RetrieverConfig, RolloutConfig,
                                           TrainerConfig)
@@ -87,8 +88,6 @@ def rollout_checks(rollout: RolloutConfig, data: DataConfig) -> list[Check]:
         (rollout.vllm_tensor_parallel_size == 1, "rollout.vllm_tensor_parallel_size",
          "must be 1: one engine per rank (TP ranks would have to call generate in lockstep, which the multi-turn "
          "agent loop does not; see rollout/backends/vllm.py)"),
-        (rollout.scheduler != "continuous" or rollout.backend == "vllm", "rollout.scheduler",
-         "continuous needs backend vllm (an engine with a request-level API); the hf engine runs turn by turn"),
         (rollout.vllm_sleep_level in (1, 2), "rollout.vllm_sleep_level", "must be 1 or 2"),
         (rollout.vllm_kv_cache_memory_bytes >= 0, "rollout.vllm_kv_cache_memory_bytes", "must be >= 0"),
         (rollout.generation_batch_size >= 1, "rollout.generation_batch_size", "must be >= 1"),
@@ -115,8 +114,7 @@ def retriever_checks(retriever: RetrieverConfig) -> list[Check]:
         (retriever.timeout_s > 0, "retriever.timeout_s", "must be > 0"),
         (retriever.batch_size >= 1, "retriever.batch_size", "must be >= 1"),
         (retriever.backoff_s >= 0, "retriever.backoff_s", "must be >= 0"),
-        (retriever.mode != "http" or retriever.url.startswith(("http://", "https://")), "retriever.url",
-         "must start with http:// or https://"),
+        *retriever_mode(retriever).checks(retriever),
     ]
 
 

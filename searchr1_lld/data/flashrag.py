@@ -35,8 +35,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from searchr1_lld.jsonl import read_jsonl
-from searchr1_lld.prompts import normalize_question
+from searchr1_lld.data.jsonl import read_jsonl
+from searchr1_lld.data.prompts import normalize_question
 
 HUB_REPO = "RUC-NLPIR/FlashRAG_datasets"
 EVAL_DATASETS = ["nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"]

@@ -14,7 +14,7 @@ from searchr1_lld.config import RolloutConfig
 from searchr1_lld.evaluation.metrics import (RESULTS_CSV, RESULTS_JSON, RESULTS_MD, TRAJECTORIES, EvalError,
                                              summarize)
 from searchr1_lld.evaluation.tables import write_results
-from searchr1_lld.jsonl import read_jsonl
+from searchr1_lld.data.jsonl import read_jsonl
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ from searchr1_lld.data.specs import EvalError, dataset_name, parse_datasets
 from searchr1_lld.evaluation.files import TrajectoryLog, finalize, shard_rows, trajectories_path
 from searchr1_lld.evaluation.metrics import dataset_metrics, record_from_trajectory, summarize
 from searchr1_lld.evaluation.paper_table import write_paper_table
-from searchr1_lld.jsonl import read_rows
+from searchr1_lld.data.jsonl import read_rows
 from searchr1_lld.protocols import Retriever, Tokenizer
 from searchr1_lld.rollout import agent_loop
 from searchr1_lld.rollout.backends.base import GenerationBackend

@@ -136,12 +136,6 @@ class PhaseDetector:
 
     def __init__(self, thresholds: PhaseThresholds | None = None):
         self.t = thresholds or PhaseThresholds()
-        self.history: list[dict[str, Any]] = []
-
-    def update(self, metrics: dict[str, Any]) -> PhaseReport:
-        """Append one step's metrics and return the current report."""
-        self.history.append(dict(metrics))
-        return self.detect(self.history)
 
     def detect(self, history: Sequence[dict[str, Any]]) -> PhaseReport:
         """The reported phase after ``history`` (persistence applied; see the class docstring)."""

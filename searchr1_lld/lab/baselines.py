@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from searchr1_lld.evaluation.files import read_records
 from searchr1_lld.evaluation.metrics import TRAJECTORIES
-from searchr1_lld.jsonl import read_jsonl
+from searchr1_lld.data.jsonl import read_jsonl
 from searchr1_lld.rewards import normalize_answer
 
 SLICES = ("all", "not_guessable")

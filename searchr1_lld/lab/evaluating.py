@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from searchr1_lld import evaluation as ev
-from searchr1_lld.inference import evaluating
+from searchr1_lld.rollout.inference import evaluating
 from searchr1_lld.bookkeeping.checkpoint import latest_checkpoint
 from searchr1_lld.config import Config, ConfigError
 from searchr1_lld.evaluation.files import read_records

@@ -15,7 +15,7 @@ from retriever import make_retriever
 from searchr1_lld.bookkeeping.tracking import describe_machine
 from searchr1_lld.config import Config, ConfigError, flatten_dict
 from searchr1_lld.evaluation import EvalError
-from searchr1_lld.jsonl import read_jsonl
+from searchr1_lld.data.jsonl import read_jsonl
 from searchr1_lld.lab.analysis import (aggregate, aggregate_curves, curve_summary, lld_verdict,
                                        load_records, phase_summary, val_em_curve, trend_summary, warning_summary)
 from searchr1_lld.lab.evaluating import (TRAIN_EVAL_DIR, eval_summary, evaluate_policy, evaluate_sampled,

@@ -18,12 +18,11 @@ import retriever
 from searchr1_lld.config import Config, TrainerConfig
 from searchr1_lld.data import flashrag
 from searchr1_lld.distributed import DistributedFacts, outside_zero3
-from searchr1_lld.jsonl import read_rows_files
+from searchr1_lld.data.jsonl import read_rows_files
 from searchr1_lld.learner import policy_logprobs
 from searchr1_lld.protocols import Accelerator, Retriever, Tokenizer
 from searchr1_lld.rollout.agent_loop import encode_prompt
-from searchr1_lld.rollout.backends import make_backend
-from searchr1_lld.rollout.backends.base import GenerationBackend
+from searchr1_lld.rollout.backends import BackendKind
 
 
 def make_accelerator(cfg: Config) -> accelerate.Accelerator:
@@ -128,14 +127,15 @@ def place_reference(ref: torch.nn.Module, accelerator: Accelerator, dist: Distri
     return engine
 
 
-def engine_copy(cfg: Config, policy: torch.nn.Module, accelerator: Accelerator,
+def engine_copy(cfg: Config, kind: BackendKind, policy: torch.nn.Module, accelerator: Accelerator,
                 dist: DistributedFacts) -> torch.nn.Module | None:
-    """ZeRO-3 + HF rollout: the engine generates on its own whole model (generation on the partitioned module would
-    need every rank to run the same forwards), built from the policy's config outside ZeRO-3's partitioning, on the
-    learner's device in the policy's dtype. Its weights are not set here: the trainer streams the learner's into it
-    at start and after every step, through the same path (:func:`searchr1_lld.learner.weight_sync.sync_weights_to_engine`).
-    Else None (the engine generates on the learner's own module)."""
-    if not (dist.zero_stage == 3 and cfg.rollout.backend == "hf"):
+    """ZeRO-3 + a kind that generates on the learner's module (HF): the engine generates on its own whole model
+    (generation on the partitioned module would need every rank to run the same forwards), built from the policy's
+    config outside ZeRO-3's partitioning, on the learner's device in the policy's dtype. Its weights are not set
+    here: the trainer streams the learner's into it at start and after every step, through the same path
+    (:func:`searchr1_lld.learner.weight_sync.sync_weights_to_engine`). Else None (the engine generates on the
+    learner's own module, or loads its own)."""
+    if not (dist.zero_stage == 3 and kind.generates_on_learner_module):
         return None
     from transformers import AutoModelForCausalLM
 
@@ -146,33 +146,11 @@ def engine_copy(cfg: Config, policy: torch.nn.Module, accelerator: Accelerator,
     return model.to(accelerator.device).eval().requires_grad_(False)
 
 
-def make_rollout_backend(cfg: Config, learner: torch.nn.Module, tokenizer: Tokenizer, model_path: str,
-                         engine_module: torch.nn.Module | None = None) -> GenerationBackend:
-    """The rollout engine for the learner's (unwrapped) module ``learner``.
-
-    HF: generation on ``engine_module`` when there is one (the ZeRO-3 full copy of :func:`engine_copy`: every
-    weight sync copies the learner's parameters into it), else on the learner's own module (no copy, weight loads
-    are no-ops). vLLM: one engine per rank (GPU) that the trainer streams the weights into after every update; the
-    names it must receive are the learner's own parameter names."""
-    if cfg.rollout.backend == "vllm":
-        return make_backend(cfg.rollout, tokenizer=tokenizer, model_path=model_path, seed=cfg.trainer.seed,
-                            dtype=cfg.model.dtype,
-                            tokenizer_path=getattr(tokenizer, "name_or_path", "") or cfg.model.tokenizer_path,
-                            parameter_names={name for name, _ in learner.named_parameters()})
-    # seed=None: the HF sampler draws from the global RNG, which every step re-seeds (resume stays reproducible)
-    if engine_module is not None:
-        return make_backend(cfg.rollout, model=engine_module, tokenizer=tokenizer, shares_learner_weights=False)
-    return make_backend(cfg.rollout, model=learner, tokenizer=tokenizer, shares_learner_weights=True)
-
-
 def make_retriever(cfg: Config, accelerator: Accelerator | None = None) -> Retriever:
     """retriever.make_retriever on ``cfg.retriever`` (in-process: ``retriever.index_dir``; http: the address of
     retriever.service_address: ``$SEARCHR1_RETRIEVER_URL`` over ``retriever.url``, the token likewise). An in-process
     encoder is loaded whole even under ZeRO-3 (:func:`searchr1_lld.distributed.outside_zero3`)."""
-    rc = cfg.retriever
-    if rc.mode == "http":
-        url, token = retriever.service_address(rc)
-        rc = dataclasses.replace(rc, url=url, token=token)
+    rc = retriever.retriever_mode(cfg.retriever).addressed(cfg.retriever)
     with outside_zero3(accelerator):
         return retriever.make_retriever(rc)
 

@@ -22,11 +22,12 @@ import torch
 from searchr1_lld import evaluation
 from searchr1_lld.config import Config, RolloutConfig
 from searchr1_lld.distributed import DistributedFacts
-from searchr1_lld.inference import evaluating
+from searchr1_lld.rollout.inference import evaluating
 from searchr1_lld.learner import factories, optim
 from searchr1_lld.learner.weight_sync import sync_weights_to_engine
 from searchr1_lld.protocols import Accelerator, Retriever, Tokenizer
 from searchr1_lld.rollout.agent_loop import run_agent_loop
+from searchr1_lld.rollout.backends import backend_kind
 from searchr1_lld.rollout.backends.base import GenerationBackend
 from searchr1_lld.rollout.types import Trajectory
 
@@ -50,6 +51,7 @@ class Learner:
     def build(cls, cfg: Config, total_updates: int, *, retriever: Retriever | None = None) -> Learner:
         """Policy, reference, optimiser (warm-up over ``total_updates`` optimiser steps), engine and retriever of
         ``cfg``; the engine receives the learner's weights when it holds a copy of its own."""
+        kind = backend_kind(cfg.rollout)  # the engine's kind, read once
         accelerator = factories.make_accelerator(cfg)
         dist = DistributedFacts.of(accelerator)
         model, tokenizer = factories.load_policy_and_tokenizer(cfg)
@@ -62,8 +64,8 @@ class Learner:
         ref_model = factories.place_reference(ref, accelerator, dist, dtype) if ref is not None else None
         if retriever is None:
             retriever = factories.make_retriever(cfg, accelerator)
-        engine_module = factories.engine_copy(cfg, module, accelerator, dist)
-        backend = factories.make_rollout_backend(cfg, module, tokenizer, cfg.model.path, engine_module=engine_module)
+        engine_module = factories.engine_copy(cfg, kind, module, accelerator, dist)
+        backend = kind.for_learner(cfg, module, tokenizer, cfg.model.path, engine_module)
         learner = cls(cfg=cfg, accelerator=accelerator, dist=dist, model=model, optimizer=optimizer,
                       scheduler=scheduler, ref_model=ref_model, tokenizer=tokenizer, backend=backend,
                       retriever=retriever)

@@ -17,7 +17,7 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -27,7 +27,7 @@ from searchr1_lld.algo import advantages as adv_fns
 from searchr1_lld.algo import llds, rollout_correction
 from searchr1_lld.algo.objective import mini_batch_denominators, objective
 from searchr1_lld.config import Config, RolloutCorrectionConfig
-from searchr1_lld.inference import evaluating
+from searchr1_lld.rollout.inference import evaluating
 from searchr1_lld.instruments.monitor import (PHASE_ID, PhaseDetector, ProbeSet, engine_learner_gap,
                                               first_action_ids, likelihood_metrics, rollout_metrics,
                                               shared_first_action_fraction)
@@ -79,10 +79,10 @@ def llds_noop_warning(cfg: Config, updates_per_step: int) -> str | None:
 
 
 def train_step(learner: Learner, rows: list[dict[str, Any]], *, step: int, probe: ProbeSet,
-               detector: PhaseDetector) -> StepResult:
+               detector: PhaseDetector, history: Sequence[dict[str, Any]]) -> StepResult:
     """Training step number ``step`` (0-based) on this rank's prompt ``rows``: rollout, advantages, ppo_epochs x
     mini-batches of updates, the LLD monitor (``probe`` re-measured every trainer.probe_every steps, ``detector``
-    updated), the new weights to the engine."""
+    run on the earlier steps' ``history`` and this one's metrics), the new weights to the engine."""
     cfg, dist = learner.cfg, learner.dist
     seed_everything(step_seed(cfg.trainer.seed, step, dist.rank, dist.world_size))
     t0 = time.time()
@@ -129,7 +129,7 @@ def train_step(learner: Learner, rows: list[dict[str, Any]], *, step: int, probe
         metrics["time/probe_s"] = time.time() - t_probe
     metrics["time/step_s"] = time.time() - t0
     metrics = distributed.reduce_metrics(learner.accelerator, metrics)
-    report = detector.update(metrics)
+    report = detector.detect([*history, metrics])
     metrics.update({"phase/name": report.phase, "phase/id": float(PHASE_ID[report.phase]),
                     "phase/drawdown_alarm": float(report.drawdown_alarm is not None)})
 

@@ -109,7 +109,7 @@ class Trainer:
         self.sampler = PromptSampler(self.train_rows, tc.train_batch_size, tc.seed, cfg.data.shuffle)
         self.detector = PhaseDetector()
         self.probe = ProbeSet(tc.probe_size)
-        self.history: list[dict[str, Any]] = []
+        self.history: list[dict[str, Any]] = []  # every step's metrics ({"step": n, ...}), resumed ones included
         self.best = BestCheckpoint(tc.keep_best, tc.keep_best_mode) if tc.keep_best else None
         self.step = 0  # training steps done (seeds the next step's RNG; the checkpoint's step)
         self.skipped_updates = 0  # optimiser steps skipped over the run for a non-finite gradient
@@ -124,11 +124,14 @@ class Trainer:
         prompts; advances the counters and returns the step's metrics."""
         dist = self.learner.dist
         rows = self.sampler.next_batch()[dist.rank :: dist.world_size]  # all ranks draw the same; each its share
-        result = step.train_step(self.learner, rows, step=self.step, probe=self.probe, detector=self.detector)
+        result = step.train_step(self.learner, rows, step=self.step, probe=self.probe, detector=self.detector,
+                                 history=self.history)
         self.step += 1
         self.skipped_updates += result.skipped_updates
         self.phase_report = result.phase_report
-        return {**result.metrics, "actor/skipped_updates_total": float(self.skipped_updates)}
+        metrics = {**result.metrics, "actor/skipped_updates_total": float(self.skipped_updates)}
+        self.history.append({"step": self.step, **metrics})
+        return metrics
 
     def evaluate(self, rows: list[dict], desc: str = "eval", progress: bool = False) -> dict[str, float]:
         """Greedy EM on ``rows`` (:meth:`Learner.evaluate`)."""
@@ -151,7 +154,7 @@ class Trainer:
         state = {
             "data": self.sampler.state(),
             "skipped_updates": self.skipped_updates,
-            "history": self.detector.history,
+            "history": self.history,
             "probe": [dataclasses.asdict(t) for t in self.probe.trajectories],
             "probe_measured": self.probe.measured,
         }
@@ -181,7 +184,8 @@ class Trainer:
         self.sampler.load_state(state["data"])
         # checkpoints written before the counter was named skipped_updates call it skipped_steps
         self.skipped_updates = int(state.get("skipped_updates", state.get("skipped_steps", 0)))
-        self.detector.history = list(state.get("history", []))
+        # checkpoints written before the history carried its step numbers: step i + 1 is the i-th record
+        self.history = [h if "step" in h else {"step": i + 1, **h} for i, h in enumerate(state.get("history", []))]
         self.probe.trajectories = [Trajectory(**{**t, "action_spans": [tuple(s) for s in t["action_spans"]]})
                                    for t in state.get("probe", [])]
         self.probe.measured = bool(state.get("probe_measured", self.probe.trajectories))
@@ -208,8 +212,8 @@ class Trainer:
         while self.step < self.cfg.trainer.total_steps:
             last_metrics = metrics = self.train_step()
             metrics.update(self._scheduled_evaluations(rows))
+            self.history[-1].update(metrics)
             tracker.log(self.step, metrics)
-            self.history.append({"step": self.step, **metrics})
             last_phase, last_drawdown = self._log_phase(tracker, last_phase, last_drawdown)
             self._save_on_schedule(metrics)
         self._save_last()

@@ -1,4 +1,4 @@
-"""Multi-turn Search-R1 rollout: the agent loop, trajectories, and generation backends (hf, vllm, scripted)."""
+"""Multi-turn Search-R1 rollout: the agent loop, trajectories, and generation backends (hf, vllm; their kinds)."""
 
 from searchr1_lld.rollout.agent_loop import run_agent_loop
 from searchr1_lld.rollout.types import Trajectory, TrajectoryBatch, to_batch

@@ -54,7 +54,7 @@ from typing import Optional
 
 from tqdm.auto import tqdm
 
-from searchr1_lld import prompts as P
+from searchr1_lld.data import prompts as P
 from searchr1_lld.config import RolloutConfig
 from searchr1_lld.protocols import Retriever, Tokenizer
 from searchr1_lld.rollout.backends.base import GenerationBackend

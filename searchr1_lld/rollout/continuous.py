@@ -35,7 +35,7 @@ from typing import Optional
 
 from tqdm.auto import tqdm
 
-from searchr1_lld import prompts as P
+from searchr1_lld.data import prompts as P
 from searchr1_lld.config import RolloutConfig
 from searchr1_lld.distributed import set_thread_cuda_device, thread_cuda_device
 from searchr1_lld.protocols import Retriever, Tokenizer

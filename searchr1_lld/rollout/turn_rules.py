@@ -15,7 +15,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Optional
 
-from searchr1_lld import prompts as P
+from searchr1_lld.data import prompts as P
 from searchr1_lld.algo.spans import action_span_list
 from searchr1_lld.config import RolloutConfig
 from searchr1_lld.protocols import Retriever, Tokenizer

@@ -19,7 +19,7 @@ from searchr1_lld.config.sections import opt
 from searchr1_lld.config.validation import ConfigError, raise_first
 
 # Bump when the generator (generate.py), the warm-start recipe (tokenizer, trajectories, drills, renaming,
-# warm_start) or the prompt texts it trains on (searchr1_lld/prompts.py) change what a build produces.
+# warm_start) or the prompt texts it trains on (searchr1_lld/data/prompts.py) change what a build produces.
 RECIPE_VERSION = 4
 
 # Options added after worlds were identified by their hash (a registered comparison names its world's hash): switch

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 
-from searchr1_lld.prompts import format_observation, render_prompt
+from searchr1_lld.data.prompts import format_observation, render_prompt
 from searchr1_lld.world.config import WorldConfig
 from searchr1_lld.world.questions import contains_phrase
 from searchr1_lld.world.trajectories import (THINK_FIRST, NameShuffler, SearchFn, Segment, answer_think, bridge_think,

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from retriever.inprocess import InProcessRetriever
 from searchr1_lld.config import RolloutConfig
-from searchr1_lld.jsonl import read_jsonl
+from searchr1_lld.data.jsonl import read_jsonl
 from searchr1_lld.protocols import Retriever
 from searchr1_lld.rollout.agent_loop import run_agent_loop
 from searchr1_lld.rollout.backends.hf import HFBackend

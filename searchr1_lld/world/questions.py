@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from searchr1_lld.prompts import normalize_question
+from searchr1_lld.data.prompts import normalize_question
 from searchr1_lld.rewards import normalize_answer
 from searchr1_lld.world.config import MULTI_HOP_FAMILIES, WorldConfig
 from searchr1_lld.world.splits import HELD_OUT_SPLITS, mark_train_answers

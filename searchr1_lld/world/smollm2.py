@@ -38,7 +38,7 @@ from filelock import FileLock
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from retriever.inprocess import InProcessRetriever
-from searchr1_lld.jsonl import read_jsonl
+from searchr1_lld.data.jsonl import read_jsonl
 from searchr1_lld.protocols import Tokenizer
 from searchr1_lld.world.build import read_card
 from searchr1_lld.world.config import WorldConfig

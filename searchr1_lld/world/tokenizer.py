@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from searchr1_lld.prompts import INVALID_ACTION_MESSAGE, TAG_TOKENS, format_observation, render_prompt
+from searchr1_lld.data.prompts import INVALID_ACTION_MESSAGE, TAG_TOKENS, format_observation, render_prompt
 from searchr1_lld.world.generate import COMPANY_SUFFIXES, INDUSTRIES, OCCUPATIONS, passage_title
 
 EOS_TOKEN = "<|endoftext|>"

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from searchr1_lld.prompts import INVALID_ACTION_MESSAGE, doc_title_text, format_observation, render_prompt
+from searchr1_lld.data.prompts import INVALID_ACTION_MESSAGE, doc_title_text, format_observation, render_prompt
 from searchr1_lld.protocols import Tokenizer
 from searchr1_lld.rollout.agent_loop import ObservationTokenizer
 from searchr1_lld.world.config import WorldConfig

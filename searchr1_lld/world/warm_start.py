@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 import torch
 
-from searchr1_lld.inference import evaluating
-from searchr1_lld.prompts import TAG_TOKENS
+from searchr1_lld.rollout.inference import evaluating
+from searchr1_lld.data.prompts import TAG_TOKENS
 from searchr1_lld.world.config import WorldConfig
 from searchr1_lld.world.drills import build_copy_drills, build_drill_probes, build_practice_drills
 from searchr1_lld.world.generate import name_word_groups

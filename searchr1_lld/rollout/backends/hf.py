@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Iterable, Optional
 
 import torch
 
-from searchr1_lld.inference import evaluating
+from searchr1_lld.rollout.inference import evaluating
 from searchr1_lld.protocols import Tokenizer
 from searchr1_lld.rollout.backends.base import BackendBase, GenerationOutput, StopDetector, eos_token_ids
 from searchr1_lld.rollout.backends.kv_decode import (PREFIX_STORE_BYTES, KVCache, KVDecoder, PrefixStore,

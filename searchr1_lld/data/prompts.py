@@ -37,7 +37,7 @@ ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 TAG_TOKENS = [THINK_OPEN, THINK_CLOSE, SEARCH_OPEN, SEARCH_CLOSE, INFO_OPEN, INFO_CLOSE, ANSWER_OPEN, ANSWER_CLOSE]
 STOP_STRINGS = [SEARCH_CLOSE, ANSWER_CLOSE]
 
-PROMPT_DIR = Path(__file__).resolve().parent.parent / "configs" / "prompts"
+PROMPT_DIR = Path(__file__).resolve().parents[2] / "configs" / "prompts"
 TEMPLATES = ("search-r1", "tiny")
 CHAT_MODES = ("auto", "always", "never")
 QUESTION_SLOT = "{question}"

@@ -9,7 +9,7 @@ Checks (each a line; a problem makes the exit status 2, one line per problem on 
                 saying it cannot be downloaded here, else the hub is asked (unreachable: a note, not verified)
 
 The resource plan is computed from the model's config, never measured: GPU memory per phase and host memory at load
-and through training by searchr1_lld/memory_plan.py (its docstring gives every formula; docs/memory.md prints the
+and through training by searchr1_lld/preflight/memory_plan.py (its docstring gives every formula; docs/memory.md prints the
 same arithmetic for the paper's cells), from the launch (an accelerate config: processes, ZeRO stage, offload,
 zero3_init, DeepSpeed's bucket sizes), the engine (vLLM's fraction of the GPU, sleep mode and level; the HF engine's
 KV cache of generation_batch_size x max_total_length tokens), the largest forward pass of the update
@@ -32,13 +32,14 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from retriever.manifest import check_manifest, read_manifest, verify_files
+from retriever.modes import IndexFacts, retriever_mode
+from searchr1_lld.rollout.backends.kinds import backend_kind
 from searchr1_lld.cli import looks_like_local_path
 from searchr1_lld.config import Config, read_yaml
 from searchr1_lld.data import flashrag
 from searchr1_lld.data.specs import dataset_name, parse_datasets
-from searchr1_lld.jsonl import read_rows
-from searchr1_lld import memory_plan as mp
+from searchr1_lld.data.jsonl import read_rows
+from searchr1_lld.preflight import memory_plan as mp
 GiB = float(1 << 30)
 
 
@@ -69,18 +70,6 @@ class Preflight:
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     plan: list[str] = field(default_factory=list)
-
-
-@dataclass
-class IndexFacts:
-    """What the plan needs of the retriever's index: its files' bytes (host RAM in-process), its size and type, and
-    how many GPUs a service reports its index sharded over (its /health ``load_mode``, ``gpu xN``)."""
-
-    host_bytes: float = 0.0
-    num_docs: int = 0
-    dim: int = 0
-    index_type: str = ""
-    service_gpus: int = 0
 
 
 # ------------------------------------------------------------------------------------------------- model and launch
@@ -242,47 +231,12 @@ def check_data(pf: Preflight, cfg: Config) -> dict[str, int]:
 
 
 def check_retriever(pf: Preflight, cfg: Config) -> IndexFacts:
-    """The index (in-process) or the service (http): what the plan needs of it (nothing known: zeros)."""
-    rc = cfg.retriever
-    expect = rc.expect_encoder
-    if rc.mode == "http":
-        import httpx
-
-        headers = {"Authorization": f"Bearer {rc.token}"} if rc.token else {}
-        try:
-            health = httpx.get(rc.url.rstrip("/") + "/health", timeout=min(5.0, rc.timeout_s), headers=headers).json()
-        except (httpx.HTTPError, ValueError) as e:
-            pf.problems.append(f"retriever.url {rc.url}: not reachable ({type(e).__name__}: {e}); start "
-                               "`python -m retriever serve --index DIR` first")
-            return IndexFacts()
-        encoder = health.get("encoder")
-        if expect and encoder and Path(str(encoder)).name != Path(expect).name:
-            pf.problems.append(f"retriever.url {rc.url} serves an index built with encoder {encoder!r}, "
-                               f"retriever.expect_encoder is {expect!r}")
-        else:
-            pf.ok.append(f"retriever: {rc.url} answers: {health.get('retriever')} index of "
-                         f"{health.get('num_docs')} docs, encoder {encoder}")
-        mode = str(health.get("load_mode") or "")
-        gpus = int(mode.split("x")[-1]) if mode.startswith("gpu x") and mode.split("x")[-1].isdigit() else 0
-        return IndexFacts(num_docs=int(health.get("num_docs") or 0), dim=int(health.get("dim") or 0),
-                          index_type=str(health.get("index_type") or ""), service_gpus=gpus)
-    if not rc.index_dir:
-        pf.problems.append("retriever.index_dir is empty (retriever.mode=inprocess): build one with "
-                           "`python -m retriever build` or use retriever.mode=http")
-        return IndexFacts()
-    try:
-        manifest = read_manifest(rc.index_dir)
-        verify_files(rc.index_dir, manifest, skip_hash=True)
-        check_manifest(manifest, encoder=expect, index_dir=rc.index_dir)
-    except (OSError, ValueError) as e:
-        pf.problems.append(f"retriever.index_dir: {' '.join(str(e).split())}")
-        return IndexFacts()
-    size = float(sum(v["bytes"] for v in (manifest.get("checksums") or {}).values()))
-    pf.ok.append(f"retriever: {rc.index_dir}: {manifest['retriever']} index of {manifest['num_docs']:,} docs"
-                 + (f", encoder {manifest['encoder']}" if manifest.get("encoder") else "")
-                 + f", file sizes as built ({_gb(size)})")
-    return IndexFacts(host_bytes=size, num_docs=int(manifest["num_docs"]), dim=int(manifest.get("dim") or 0),
-                      index_type=str(manifest.get("index_type") or ""))
+    """The index (in-process) or the service (http), as its mode inspects it: what the plan needs of it (nothing
+    known: zeros)."""
+    found = retriever_mode(cfg.retriever).inspect(cfg.retriever, _gb)
+    pf.ok.extend(found.ok)
+    pf.problems.extend(found.problems)
+    return found.facts
 
 
 def _local_dir_problem(path: Path, what: str, markers: tuple[str, ...]) -> str | None:
@@ -351,19 +305,17 @@ def _device_bytes(device_gib: float | None) -> tuple[float, str]:
 def _retriever_gpu_bytes(pf: Preflight, cfg: Config, index: IndexFacts, ranks_per_node: int) -> float:
     """The retriever's FAISS shards on each GPU: a service reporting a GPU index (counted as co-located), or
     retriever.use_gpu_index in-process (each of the node's ranks shards its own copy over the node's GPUs)."""
-    service = cfg.retriever.mode == "http" and index.service_gpus
-    inprocess = cfg.retriever.mode == "inprocess" and cfg.retriever.use_gpu_index
-    if not (service or inprocess):
+    copies = retriever_mode(cfg.retriever).gpu_index_copies(cfg.retriever, index, ranks_per_node)
+    if copies is None:
         return 0.0
     if not (index.index_type.endswith("Flat") and index.num_docs and index.dim):
         pf.notes.append(f"plan: the retriever's GPU index ({index.index_type or 'type unknown'}) is not counted (the "
                         "plan counts Flat codes)")
         return 0.0
-    if service:
-        pf.notes.append(f"plan: the retriever service's index on {index.service_gpus} GPU(s) is counted as sharded "
-                        "over this node's GPUs (a service on other GPUs gives it back)")
-        return mp.faiss_flat_shard_bytes(index.num_docs, index.dim, index.service_gpus)
-    return mp.faiss_flat_shard_bytes(index.num_docs, index.dim, ranks_per_node, processes=ranks_per_node)
+    shards, processes, note = copies
+    if note:
+        pf.notes.append(note)
+    return mp.faiss_flat_shard_bytes(index.num_docs, index.dim, shards, processes=processes)
 
 
 def gpu_plan(pf: Preflight, cfg: Config, shape: mp.ModelShape, launch: Launch, gpu_bytes: float, index: IndexFacts,
@@ -381,7 +333,7 @@ def gpu_plan(pf: Preflight, cfg: Config, shape: mp.ModelShape, launch: Launch, g
         gradient_checkpointing=cfg.model.gradient_checkpointing, buckets=launch.buckets,
         offload_optimizer=launch.offload_optimizer, engine_sleeps=r.vllm_enable_sleep_mode,
         graph_pool_bytes=0.0 if r.vllm_enforce_eager else mp.CUDA_GRAPH_POOL_BYTES,
-        hf_engine_tokens=None if r.backend == "vllm" else r.generation_batch_size * r.max_total_length,
+        hf_engine_tokens=backend_kind(r).hf_engine_tokens(r),
         retriever_bytes=_retriever_gpu_bytes(pf, cfg, index, launch.ranks_per_node) if on_gpu else 0.0,
         contexts=mp.CONTEXT_BYTES if on_gpu else 0.0)
 
@@ -414,7 +366,8 @@ def _plan_lines(pf: Preflight, cfg: Config, shape: mp.ModelShape, launch: Launch
                 index: IndexFacts) -> None:
     import torch
 
-    on_gpu = cfg.trainer.device == "cuda" or cfg.rollout.backend == "vllm" or (
+    kind = backend_kind(cfg.rollout)
+    on_gpu = cfg.trainer.device == "cuda" or kind.needs_gpu or (
         cfg.trainer.device == "auto" and (torch.cuda.is_available() or launch.deepspeed and launch.processes > 1))
     gpu_bytes, device_text = _device_bytes(device_gib)
     zero = f"DeepSpeed ZeRO-{launch.zero_stage}" if launch.deepspeed else "no DeepSpeed"
@@ -424,17 +377,15 @@ def _plan_lines(pf: Preflight, cfg: Config, shape: mp.ModelShape, launch: Launch
                    + (f"; GPU {device_text}" if on_gpu else ""))
     plan = gpu_plan(pf, cfg, shape, launch, gpu_bytes, index, on_gpu)
     if plan is not None:
-        _phase_lines(pf, plan, on_gpu, "vLLM" if cfg.rollout.backend == "vllm" else "HF engine")
-    if cfg.rollout.backend == "vllm" and not cfg.rollout.vllm_enable_sleep_mode:
-        pf.notes.append("plan: rollout.vllm_enable_sleep_mode=false: the engine keeps its reservation through the "
-                        "update")
+        _phase_lines(pf, plan, on_gpu, kind.label)
+    pf.notes.extend(kind.plan_notes(cfg.rollout))
     r, per_node, reference = cfg.rollout, launch.ranks_per_node, cfg.algorithm.kl_coef > 0
     loading = mp.host_bytes_at_load(shape, ranks_per_node=per_node, reference=reference,
                                     zero3_init=launch.deepspeed and launch.zero_stage == 3 and launch.zero3_init)
     steady = mp.host_bytes_steady(
         shape, ranks_per_node=per_node, data_parallel=launch.processes, offload_optimizer=launch.offload_optimizer,
-        parked_weights=r.backend == "vllm" and r.vllm_enable_sleep_mode and r.vllm_sleep_level == 1,
-        index_bytes=index.host_bytes if cfg.retriever.mode == "inprocess" else 0.0)
+        parked_weights=kind.parks_weights(r),
+        index_bytes=index.host_bytes if retriever_mode(cfg.retriever).index_in_process else 0.0)
     pf.plan.append(f"host RAM per node: {_gb(loading)} while loading, {_gb(steady)} steady beyond the processes "
                    "(offloaded optimiser, parked engine weights, in-process index)")
     per_ckpt = checkpoint_bytes(shape.params, launch)
@@ -451,6 +402,7 @@ def _plan_lines(pf: Preflight, cfg: Config, shape: mp.ModelShape, launch: Launch
 
 def run_preflight(cfg: Config, *, launch: Launch | None = None, device_gib: float | None = None) -> Preflight:
     """Every check of the module docstring on a validated config, and the plan when the model's shape is known."""
+    backend_kind(cfg.rollout)  # a rollout setting the engine's kind cannot serve stops the run before any check
     pf = Preflight()
     launch = launch or Launch()
     pf.ok.append(f"config: {cfg.name} resolved and valid")
@@ -471,7 +423,7 @@ def format_report(pf: Preflight) -> str:
     lines = ["preflight checks:"]
     lines += [f"  ok       {x}" for x in pf.ok]
     lines += [f"  note     {x}" for x in pf.notes]
-    lines += ["resource plan (computed from the model's config; formulas: searchr1_lld/memory_plan.py):"]
+    lines += ["resource plan (computed from the model's config; formulas: searchr1_lld/preflight/memory_plan.py):"]
     lines += [f"  {x}" for x in pf.plan]
     verdict = ("the run can start" if not pf.problems
                else f"{len(pf.problems)} problem(s), one a line below: the run cannot start")

@@ -337,7 +337,7 @@ def paper_cells(util_3b: float, util_7b: float, tokens: int, data_parallel: int 
     return cells
 
 
-if __name__ == "__main__":  # python -m searchr1_lld.memory_plan: the tables of docs/memory.md from the paper configs
+if __name__ == "__main__":  # python -m searchr1_lld.preflight.memory_plan: the tables of docs/memory.md from the paper configs
     from searchr1_lld.config import load_config
 
     c3 = load_config("configs/paper/qwen2.5-3b-base_nq-hotpotqa_llds-ma.yaml")

@@ -1,0 +1,299 @@
+"""What ``eval.py`` does, as typed functions: its flags (:class:`EvalOptions`) resolved with the config into an
+:class:`EvalPlan`, then one of its modes run by :func:`run_eval`: the paper's table from finished dirs
+(--compare-dirs), shard processes and their merge (--gpus, --merge), several checkpoints in one table (--compare), or
+one checkpoint (all or one shard of it). Flags win over the config's eval section."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import retriever as retrievers
+from searchr1_lld.bookkeeping.tracking import init_wandb, log_eval_results, quiet_library_output
+from searchr1_lld.cli import check_model_source
+from searchr1_lld.config import Config, RetrieverConfig, RolloutConfig, load_config
+from searchr1_lld.evaluation.engines import CheckpointEngines
+from searchr1_lld.evaluation.files import (check_provenance, count_pending, drop_unused_provenance, eval_provenance,
+                                           merge_shards, parse_shard, trajectories_path)
+from searchr1_lld.evaluation.metrics import RESULTS_MD, EvalError, parse_datasets
+from searchr1_lld.evaluation.run import (compare, distinct_labels, eval_rollout_config, evaluate, load_eval_rows,
+                                         load_tokenizer, model_label)
+from searchr1_lld.evaluation.shards import prepare_shard_process, run_shards
+from searchr1_lld.evaluation.tables import load_results, markdown_table
+from searchr1_lld.data.jsonl import read_rows
+from searchr1_lld.protocols import Retriever, Tokenizer
+from searchr1_lld.rollout.backends.base import GenerationBackend
+
+Rows = list[dict[str, Any]]
+Result = dict[str, Any]
+
+
+@dataclass
+class EvalOptions:
+    """eval.py's flags, one field each (``eval.py --help`` says what each does); None: not given."""
+
+    out: str
+    model: Optional[str] = None
+    tokenizer: Optional[str] = None
+    datasets: Optional[str] = None
+    data: list[str] = field(default_factory=list)
+    split: Optional[str] = None
+    flashrag_dir: Optional[str] = None
+    retriever_url: Optional[str] = None
+    retriever_token: Optional[str] = None
+    index: Optional[str] = None
+    name: str = ""
+    config: Optional[str] = None
+    set: list[str] = field(default_factory=list)
+    limit: Optional[int] = None
+    batch_size: Optional[int] = None
+    max_turns: Optional[int] = None
+    topk: Optional[int] = None
+    template: Optional[str] = None
+    chat_template: Optional[str] = None
+    backend: Optional[str] = None
+    shard: Optional[str] = None
+    gpus: Optional[int] = None
+    wandb: bool = False
+    merge: bool = False
+    compare: Optional[list[str]] = None
+    compare_dirs: Optional[list[str]] = None
+    baseline: Optional[str] = None
+    overwrite: bool = False
+    no_progress: bool = False
+    debug: bool = False
+
+
+@dataclass
+class EvalPlan:
+    """The settings of one evaluation: the config with the flags applied (:func:`resolve`)."""
+
+    cfg: Config
+    datasets: list[str]  # dataset specs: names, NAME=PATH files
+    file_rows: dict[str, Rows]  # the rows of each --data benchmark (``NAME=PATH`` -> rows), each file read once
+    limit: int  # first N questions of each dataset (0 = all)
+    batch_size: int  # questions per agent-loop call
+    rollout_cfg: RolloutConfig  # the evaluation's turns and documents per search
+    template: str
+    chat_template: str
+    backend: str  # the generation backend's name (rollout.backend of the engine)
+    progress: bool
+    retriever_source: str = ""  # the service's URL or the index dir (provenance)
+
+
+def check_counts(opts: EvalOptions) -> None:
+    """The count flags are in range (as the config's eval.* checks them): --limit >= 0 (0 = all), the rest >= 1."""
+    for flag, value, least in (("--limit", opts.limit, 0), ("--batch-size", opts.batch_size, 1),
+                               ("--max-turns", opts.max_turns, 1), ("--topk", opts.topk, 1)):
+        if value is not None and value < least:
+            raise EvalError(f"{flag} must be >= {least}{' (0 = all)' if least == 0 else ''} (got {value})")
+
+
+def resolve(opts: EvalOptions) -> EvalPlan:
+    """Config + flags -> the settings of this evaluation (flags win over the config's eval section)."""
+    check_counts(opts)
+    cfg = load_config(opts.config, opts.set)
+    e = cfg.eval
+    if not (opts.datasets or opts.data or e.datasets):
+        raise EvalError("no dataset: --datasets or --data (or eval.datasets in --config)")
+    named = parse_datasets(opts.datasets) if opts.datasets else [] if opts.data else parse_datasets(e.datasets)
+    file_rows = {f"{name}={f}": rows for f in opts.data  # each --data file read once, here
+                 for name, rows in file_benchmarks(f, read_rows(f)).items()}
+    return EvalPlan(
+        cfg=cfg, datasets=parse_datasets(named + list(file_rows)), file_rows=file_rows,
+        limit=e.limit if opts.limit is None else opts.limit,
+        batch_size=e.batch_size if opts.batch_size is None else opts.batch_size,
+        rollout_cfg=eval_rollout_config(cfg.rollout, max_turns=opts.max_turns or e.max_turns,
+                                        topk=opts.topk or e.topk),
+        template=opts.template or cfg.data.prompt_template, chat_template=opts.chat_template or cfg.data.chat_template,
+        backend=opts.backend or e.backend, progress=not opts.no_progress and cfg.logging.progress_bar)
+
+
+def file_benchmarks(path: str, rows: Rows) -> dict[str, Rows]:
+    """The benchmarks of a rows file, by name: one per ``data_source`` when every row has one (Search-R1's merged
+    test.parquet holds all seven), else the whole file named by the file's name without suffix."""
+    if rows and all(r.get("data_source") for r in rows):
+        by_source: dict[str, Rows] = {}
+        for r in rows:
+            by_source.setdefault(str(r["data_source"]), []).append(r)
+        return by_source
+    return {Path(path).name.split(".")[0]: rows}
+
+
+def default_tokenizer(model_path: str, cfg: Config) -> str:
+    """The model dir when it holds a tokenizer; a hub id (no such local path: a released checkpoint carries its
+    tokenizer); else the config's model.tokenizer_path / model.path (a run's saved config.yaml names its base model);
+    else the model path itself."""
+    if Path(model_path).is_dir() and any((Path(model_path) / f).exists()
+                                         for f in ("tokenizer.json", "tokenizer_config.json")):
+        return model_path
+    if not Path(model_path).exists():
+        return model_path
+    return cfg.model.tokenizer_path or cfg.model.path or model_path
+
+
+def retriever_config(cfg: Config, opts: EvalOptions, index: str | None) -> RetrieverConfig:
+    """The config's retriever section pointed at --retriever-url (timeouts, retries and the bearer token from the
+    config; --retriever-token / $SEARCHR1_RETRIEVER_TOKEN override the token) or at the in-process --index."""
+    rc = cfg.retriever
+    if opts.retriever_url:
+        return dataclasses.replace(rc, mode="http", url=opts.retriever_url, token=opts.retriever_token or rc.token)
+    if not index:
+        raise EvalError("need a retriever: --retriever-url URL or --index DIR")
+    return dataclasses.replace(rc, mode="inprocess", index_dir=str(index))
+
+
+@dataclass
+class Resources:
+    """What the checkpoints of one eval.py call share: the retriever (built on first use) and the generation engine
+    (one per process, ``CheckpointEngines``, built by the first checkpoint that needs one)."""
+
+    make_retriever: Callable[[], Retriever]
+    retriever: Optional[Retriever] = None
+    engines: Optional[CheckpointEngines] = None
+
+    def get_retriever(self) -> Retriever:
+        if self.retriever is None:
+            self.retriever = self.make_retriever()
+        return self.retriever
+
+
+def _engine_for(model_path: str, tok_path: str, tokenizer: Tokenizer, plan: EvalPlan, shard: tuple[int, int] | None,
+                shared: Resources) -> GenerationBackend:
+    """The process's engine holding ``model_path``; a shard takes its own device and port before its engine is built
+    (shards of one node run side by side)."""
+    engine_cfg = dataclasses.replace(plan.rollout_cfg, backend=plan.backend, generation_batch_size=plan.batch_size)
+    device = prepare_shard_process(shard) if shard is not None else "auto"
+    if shard is not None:
+        print(f"shard {shard[0]}/{shard[1]} on {device} (LOCAL_RANK={os.environ['LOCAL_RANK']}, "
+              f"MASTER_PORT={os.environ['MASTER_PORT']})", flush=True)
+    if shared.engines is None:
+        shared.engines = CheckpointEngines(engine_cfg, dtype=plan.cfg.model.dtype, device=device)
+    return shared.engines.backend_for(model_path, tokenizer, tok_path)
+
+
+def evaluate_checkpoint(model: str | None, out_dir: Path, name: str, plan: EvalPlan, opts: EvalOptions,
+                        shared: Resources) -> Result | None:
+    """One checkpoint's evaluation into ``out_dir`` (None for one shard of it)."""
+    model_path = model or plan.cfg.model.path
+    if not model_path:
+        raise EvalError("no model: --model (or model.path in --config)")
+    tok_path = opts.tokenizer or default_tokenizer(model_path, plan.cfg)
+    rows = load_eval_rows(plan.datasets, limit=plan.limit, split=opts.split, flashrag_dir=opts.flashrag_dir,
+                          file_rows=plan.file_rows)
+    shard = parse_shard(opts.shard)
+    provenance = eval_provenance(model_path=model_path, tokenizer_path=tok_path, rows_by_dataset=rows,
+                                 rollout_cfg=plan.rollout_cfg, template=plan.template, backend=plan.backend,
+                                 dtype=plan.cfg.model.dtype, retriever=plan.retriever_source)
+    check_provenance(out_dir, shard, provenance, overwrite=opts.overwrite)
+    try:
+        tokenizer = backend = retriever = None
+        if count_pending(rows, out_dir, shard):  # a finished (resumed) evaluation loads no model and no index
+            tokenizer = load_tokenizer(tok_path)
+            backend = _engine_for(model_path, tok_path, tokenizer, plan, shard, shared)
+            retriever = shared.get_retriever()
+        return evaluate(rows, backend=backend, tokenizer=tokenizer, retriever=retriever, rollout_cfg=plan.rollout_cfg,
+                        out_dir=out_dir, batch_size=plan.batch_size, template=plan.template,
+                        chat_template=plan.chat_template, shard=shard, name=name, progress=plan.progress)
+    except BaseException:
+        drop_unused_provenance(out_dir, shard)  # failed before its first question: nothing to resume
+        raise
+
+
+def log_wandb(opts: EvalOptions, cfg: Config, out: Path, methods: list[tuple[str, Result]]) -> None:
+    """--wandb: the results as a wandb.Table in a run of their own (job type eval; resumed by the id in OUT)."""
+    if not opts.wandb:
+        return
+    settings = {"model": opts.model or cfg.model.path, "datasets": list(methods[0][1]["datasets"]),
+                "eval": dataclasses.asdict(cfg.eval), "max_turns": opts.max_turns or cfg.eval.max_turns,
+                "topk": opts.topk or cfg.eval.topk}
+    run = init_wandb(out, cfg.logging, settings, name=opts.name or methods[0][0] or out.name, job_type="eval")
+    if run is None:
+        return
+    try:
+        log_eval_results(run, methods)
+        print(f"wandb: results logged to run {run.id} ({getattr(run, 'url', None) or run.dir})")
+    finally:
+        run.finish()
+
+
+def compare_dirs(opts: EvalOptions, out: Path) -> int:
+    """--compare-dirs: the paper's table from finished eval output dirs."""
+    dirs = opts.compare_dirs or []
+    results = [load_results(d) for d in dirs]
+    labels = distinct_labels([r.get("name") or Path(d).name for r, d in zip(results, dirs)], list(dirs))
+    print(compare(list(zip(labels, results)), out, baseline=opts.baseline, result_dirs=dirs))
+    return 0
+
+
+def shards_and_merge(opts: EvalOptions, plan: EvalPlan, out: Path, argv: list[str], script: Path) -> int:
+    """--gpus: run the shard processes of this node, then merge; --merge: merge the shard files in ``out``."""
+    if opts.gpus is not None:
+        if opts.shard or opts.merge or opts.compare:
+            raise EvalError("--gpus runs the shards itself: drop --shard / --merge / --compare")
+        check_model_source(opts.model or "", "--model")
+        run_shards(argv, opts.gpus, out, script)
+    model = opts.model or plan.cfg.model.path
+    res = merge_shards(out, order=plan.datasets, name=opts.name or (model_label(model) if model else ""))
+    log_wandb(opts, plan.cfg, out, [(res["name"], res)])
+    print(markdown_table([(res["name"], res)]))
+    return 0
+
+
+def prepare_checkpoints(opts: EvalOptions, plan: EvalPlan) -> Resources:
+    """Each model and tokenizer named by a flag checked now (a missing dir is named before the index is loaded); the
+    retriever (built on first use) and its source in ``plan``."""
+    models = [("--model", opts.model)]
+    models += [(f"--compare {item.partition('=')[0]}", item.partition("=")[2]) for item in opts.compare or []]
+    for what, path in models:
+        check_model_source(path or "", what)
+    check_model_source(opts.tokenizer or "", "--tokenizer", tokenizer=True)
+    rc = plan.cfg.retriever
+    index = opts.index or retrievers.retriever_mode(rc).index_dir(rc)
+    plan.retriever_source = opts.retriever_url or (str(Path(index).resolve()) if index else "")
+    return Resources(lambda: retrievers.make_retriever(retriever_config(plan.cfg, opts, index)))
+
+
+def compare_checkpoints(opts: EvalOptions, plan: EvalPlan, out: Path, shared: Resources) -> int:
+    """--compare NAME=PATH ...: each checkpoint into OUT/NAME, one table."""
+    methods = []
+    for item in opts.compare or []:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise EvalError(f"--compare takes NAME=PATH items, got {item!r}")
+        res = evaluate_checkpoint(path, out / name, name, plan, opts, shared)
+        if res is None:
+            raise EvalError("--compare cannot be combined with --shard")
+        methods.append((name, res))
+    table = compare(methods, out, baseline=opts.baseline, result_dirs=[out / name for name, _ in methods])
+    log_wandb(opts, plan.cfg, out, methods)
+    print(table)
+    return 0
+
+
+def run_eval(opts: EvalOptions, argv: list[str] | None, script: Path) -> int:
+    """eval.py with these flags (``argv``: the command line the shard processes of --gpus repeat; ``script``: the
+    entry script they run); 0 when done."""
+    out = Path(opts.out)
+    if opts.compare_dirs:
+        return compare_dirs(opts, out)
+    plan = resolve(opts)
+    quiet_library_output()
+    if opts.merge or opts.gpus is not None:
+        return shards_and_merge(opts, plan, out, sys.argv[1:] if argv is None else argv, script)
+    shared = prepare_checkpoints(opts, plan)
+    if opts.compare:
+        return compare_checkpoints(opts, plan, out, shared)
+    res = evaluate_checkpoint(opts.model, out, opts.name or model_label(opts.model or plan.cfg.model.path), plan,
+                              opts, shared)
+    if res is None:
+        print(f"shard {opts.shard} done -> {trajectories_path(out, parse_shard(opts.shard))}; "
+              f"merge with: python eval.py --merge --out {out}")
+        return 0
+    log_wandb(opts, plan.cfg, out, [(res["name"], res)])
+    print((out / RESULTS_MD).read_text())
+    return 0

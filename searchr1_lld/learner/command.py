@@ -1,0 +1,117 @@
+"""What ``train.py`` does, as typed functions: its flags (:class:`TrainOptions`) and the synthetic world it may train
+on (:class:`WorldSource`, supplied by the entry script: the core never imports the world) resolved into the run
+config, then ``--help-config``, ``--preflight`` or the training run itself (:func:`run_train`)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Protocol
+
+from searchr1_lld.bookkeeping.checkpoint import COMPLETE
+from searchr1_lld.bookkeeping.tracking import quiet_library_output
+from searchr1_lld.cli import UserError, check_model_source
+from searchr1_lld.config import Config, load_config
+from searchr1_lld.preflight import run as pre
+from searchr1_lld.learner.trainer import Trainer
+
+DEFAULT_CONFIG = "configs/tiny.yaml"
+
+
+@dataclass
+class TrainOptions:
+    """train.py's flags, one field each (``train.py --help`` says what each does)."""
+
+    config: Optional[str] = None
+    resume: Optional[str] = None
+    allow_change: list[str] = field(default_factory=list)
+    world: Optional[str] = None
+    world_dir: str = ".cache/world"
+    no_eval: bool = False
+    debug: bool = False
+    preflight: bool = False
+    accelerate_config: Optional[str] = None
+    gpu_memory_gib: Optional[float] = None
+    help_config: bool = False
+    overrides: list[str] = field(default_factory=list)
+
+
+class WorldSource(Protocol):
+    """The synthetic world a run may train on (``--world``): its config keys' help, and the run-config overrides
+    that name its policy, index and splits (``build``: build it first if needed, else only name it)."""
+
+    def reference(self) -> str: ...
+
+    def overrides(self, world_config: str, world_dir: str, build: bool) -> list[str]: ...
+
+
+def resume_target(path: str) -> tuple[Path, str]:
+    """``--resume PATH`` -> (run dir, trainer.resume value): a run dir resumes its last checkpoint, a checkpoint dir
+    that one."""
+    p = Path(path)
+    if (p / COMPLETE).is_file():
+        return p.parent.parent, str(p)
+    if (p / "config.yaml").is_file() or (p / "checkpoints").is_dir():
+        return p, "auto"
+    raise UserError(f"--resume {path}: neither a run directory (config.yaml, checkpoints/) nor a checkpoint "
+                    f"(step_N/ with {COMPLETE})")
+
+
+def run_config(opts: TrainOptions, world: WorldSource) -> tuple[Config, Optional[Path]]:
+    """(the run config, the run dir to resume or None): --config (with --resume: the run's config.yaml), the world's
+    overrides, then the command line's own keys (which win)."""
+    run_dir = None
+    overrides = list(opts.overrides)
+    config = opts.config
+    if opts.resume:
+        run_dir, resume = resume_target(opts.resume)
+        if config is None and (run_dir / "config.yaml").is_file():
+            config = str(run_dir / "config.yaml")
+        overrides.append(f"trainer.resume={resume}")
+    if opts.world:  # with --preflight named, not built: the preflight reports what is missing
+        overrides = world.overrides(opts.world, opts.world_dir, not opts.preflight) + overrides
+    return load_config(config or DEFAULT_CONFIG, overrides), run_dir
+
+
+def preflight(cfg: Config, accelerate_config: str | None, gpu_memory_gib: float | None) -> int:
+    """``--preflight``: the report on stdout, then each problem on stderr, one line each; 0 or 2."""
+    launch = pre.read_launch(accelerate_config) if accelerate_config else None
+    result = pre.run_preflight(cfg, launch=launch, device_gib=gpu_memory_gib)
+    print(pre.format_report(result), flush=True)
+    for problem in result.problems:
+        print(f"train.py: preflight: {problem}", file=sys.stderr)
+    return 2 if result.problems else 0
+
+
+def check_model_sources(cfg: Config) -> None:
+    """model.path and model.tokenizer_path name a model and a tokenizer (a missing dir is named now)."""
+    for value, key, is_tok in ((cfg.model.path, "model.path", False),
+                               (cfg.model.tokenizer_path, "model.tokenizer_path", True)):
+        try:
+            check_model_source(value, key, tokenizer=is_tok)
+        except UserError as e:
+            raise UserError(f"{e} (a synthetic world's policy and tokenizer: train.py --world "
+                            f"configs/world/default.yaml, or python -m searchr1_lld.world build)") from None
+
+
+def run_train(opts: TrainOptions, world: WorldSource) -> int:
+    """train.py with these flags: the config reference, the preflight, or the run (the run directory printed at start
+    and end); 0 when done."""
+    if opts.help_config:
+        print(world.reference())
+        return 0
+    cfg, run_dir = run_config(opts, world)
+    if opts.preflight:
+        return preflight(cfg, opts.accelerate_config, opts.gpu_memory_gib)
+    check_model_sources(cfg)
+    quiet_library_output()
+    trainer = Trainer(cfg, run_dir=run_dir)
+    main_proc = trainer.learner.dist.is_main
+    if main_proc:
+        print(f"run directory: {trainer.run_dir}", flush=True)
+    result = trainer.run(evaluate=not opts.no_eval, allow_changes=[k for a in opts.allow_change for k in a.split(",")])
+    if main_proc:
+        print(f"steps: {result.steps}  skipped updates: {result.skipped_updates}")
+        print(f"run directory: {result.run_dir}", flush=True)
+    return 0
