@@ -404,6 +404,11 @@ ENTRIES: tuple[Entry, ...] = (
         "--world-dir .cache/smollm2-world --runs-dir runs/lab-smollm2 --out docs/lab/smollm2"),
         reason="a lab of several methods x seeds x tens of steps: hours on 2 cores; the same driver runs as "
                "--quick in tests/test_lab.py::test_quick_lab_report_is_consistent"),
+    CannotRun("lab_methods", (
+        "python -m searchr1_lld.lab --config configs/lab/methods.yaml --seeds 0 --runs-dir runs/methods --methods "
+        "grpo,llds_action,llds_ma,nll_anchor,dapo_clip_higher,dr_grpo,gspo,clip_cov,kl_cov,rloo,reinforce_pp_baseline",),
+        reason="eleven methods x 60 steps: hours on 2 cores; the same driver runs two of these arms in "
+               "tests/test_lab.py::test_the_lab_runs_and_reports_any_method_by_name"),
     CannotRun("lab_grid", (
         "python -m searchr1_lld.lab grid --config configs/lab/compare.yaml --lrs 5e-4,1e-3,2e-3 --seeds 0,1,2 "
         "--methods grpo,llds_action --runs-dir runs/compare --compact docs/lab/runs --jobs 2",),

@@ -466,3 +466,14 @@ def test_lab_grad_norm_panel_is_log_scaled_and_the_others_linear():
     assert ax_gn.get_yscale() == "log" and ax_rw.get_yscale() == "linear"
     assert list(ax_gn.lines[0].get_ydata()) == [0.8, 695.0, 1.2]
     plt.close(fig)
+
+
+def test_the_lab_runs_and_reports_any_method_by_name(tmp_path, tiny_world):
+    """Arms beyond the LLDS comparison (here Dr. GRPO and the likelihood anchor) train and are reported by name."""
+    out = tmp_path / "report"
+    assert lab.main(["--quick", "--methods", "dr_grpo,nll_anchor", "--sampled", "0", "--out", str(out),
+                     "--runs-dir", str(tmp_path / "runs"), "--world-dir", str(tiny_world)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["method"] for r in summary["runs"]] == ["dr_grpo", "nll_anchor"]
+    md = (out / "README.md").read_text()
+    assert "dr_grpo-seed0" in md and "nll_anchor-seed0" in md

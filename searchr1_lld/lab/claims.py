@@ -32,7 +32,7 @@ from searchr1_lld.lab.analysis import finite, lld_verdict, phase_summary, trend_
 from searchr1_lld.lab.baselines import BASELINE_NAMES, slice_em, subjects
 from searchr1_lld.lab.compact import read_runs
 from searchr1_lld.lab.intervals import clustered_bootstrap, format_interval
-from searchr1_lld.lab.methods import METHODS, REPO_ROOT
+from searchr1_lld.lab.methods import ARMS, REPO_ROOT
 
 README_BEGIN = "<!-- lab-results:begin (python -m searchr1_lld.lab report) -->"
 README_END = "<!-- lab-results:end -->"
@@ -170,7 +170,7 @@ def build_summary(runs_dir: str | Path) -> dict[str, Any]:
                  for split, v in (base or {}).get("splits", {}).items()}
     return {
         "command": f"python -m searchr1_lld.lab report --runs {_shown(runs_dir)}", "design": design,
-        "labels": {m: METHODS[m].label for m in design["methods"]}, "runs_finished": len(runs),
+        "labels": {m: ARMS[m].label for m in design["methods"]}, "runs_finished": len(runs),
         "runs_planned": expected, "complete": complete,
         "world": {k: (base or {}).get(k) for k in ("world_config", "world_hash", "world_counts")},
         "slice_sizes": {"test": len(test_ids), "test_not_guessable": len(slice_ids),

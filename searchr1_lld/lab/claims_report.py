@@ -12,7 +12,7 @@ from typing import Any
 from searchr1_lld.lab.claims import (ALARMS, BASELINE_TEXT, _ci, _f, _lrs, build_summary, clean, readme_block,
                                      reading, replace_readme_block)
 from searchr1_lld.lab.compact import read_runs
-from searchr1_lld.lab.methods import METHODS
+from searchr1_lld.lab.methods import ARMS
 from searchr1_lld.lab.plots import plot_grid
 
 CURVES_FILE = "curves.png"  # the comparison's figure (plots.plot_grid), beside the report
@@ -177,7 +177,7 @@ def write_outputs(runs_dir: str | Path, out_dir: str | Path, readme: str | Path 
     curves = out_dir / CURVES_FILE
     if s["runs_finished"]:
         warm = s["baselines_val"].get("warm_start", {}).get("all") if s["baselines"] else None
-        plot_grid(read_runs(runs_dir)[0], [METHODS[m] for m in s["design"]["methods"]], s["design"]["lrs"], curves,
+        plot_grid(read_runs(runs_dir)[0], [ARMS[m] for m in s["design"]["methods"]], s["design"]["lrs"], curves,
                   references={"eval/val_em": (warm, "warm start")} if warm is not None else None)
     else:
         curves.unlink(missing_ok=True)

@@ -38,7 +38,7 @@ from searchr1_lld.lab.claims import DESIGN_FILE
 from searchr1_lld.lab.claims_report import CURVES_FILE
 from searchr1_lld.lab.compact import BASELINES_FILE, compact_name, git_commit, lr_tag, run_record, write_gz_json
 from searchr1_lld.lab.evaluating import evaluate_policy, load_policy
-from searchr1_lld.lab.methods import METHODS, REPO_ROOT, lab_config, parse_methods, parse_seeds, read_lab_config
+from searchr1_lld.lab.methods import ARMS, REPO_ROOT, lab_config, parse_methods, parse_seeds, read_lab_config
 from searchr1_lld.lab.prereg import PREREG_FILE, check_registered, registration_of
 from searchr1_lld.lab.prereg_report import PHENOMENA_FIGURES
 from searchr1_lld.lab.running import prepare_world, repo_relative, resolve_world_dir, run_lab
@@ -65,7 +65,7 @@ def run_task(config_path: str, lr: float, method_key: str, seed: int, runs_root:
     if out.is_file():
         return out
     runs_dir = runs_root / f"lr{lr_tag(lr)}"
-    method = METHODS[method_key]
+    method = ARMS[method_key]
     code = git_commit(REPO_ROOT)  # the code this run starts from
     summary = run_lab(config_path=config_path, overrides=[f"trainer.lr={lr}"], seeds=[seed], methods=[method],
                       out_dir=runs_dir / f"report-{method_key}-seed{seed}", runs_dir=runs_dir, sampled=0,
@@ -307,8 +307,8 @@ def main(argv: list[str]) -> int:
             if args.baselines:
                 print(run_baselines(args.config, runs_root, compact_dir, args.world_dir))
                 return 0
-            if args.lr is None or args.method not in METHODS or args.seed is None:
-                raise ConfigError(f"task needs --lr, --method (one of {list(METHODS)}) and --seed, or --baselines")
+            if args.lr is None or args.method not in ARMS or args.seed is None:
+                raise ConfigError(f"task needs --lr, --method (one of {list(ARMS)}) and --seed, or --baselines")
             print(run_task(args.config, args.lr, args.method, args.seed, runs_root, compact_dir, args.world_dir))
             return 0
         if args.jobs < 1 or args.threads < 0:

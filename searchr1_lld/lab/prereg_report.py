@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 from searchr1_lld.lab.analysis import mean_std
 from searchr1_lld.lab.claims import clean, replace_readme_block
 from searchr1_lld.lab.compact import read_runs
-from searchr1_lld.lab.methods import METHODS, REPO_ROOT
+from searchr1_lld.lab.methods import ARMS, REPO_ROOT
 from searchr1_lld.lab.plots import plot_grid
 from searchr1_lld.lab.prereg import PREREG_FILE, analyse, load_preregistration
 from searchr1_lld.lab.report import fmt
@@ -175,7 +175,7 @@ def write_figures(prereg: Mapping[str, Any], runs_dir: str | Path, out_dir: str 
     the arms overlaid; the validation-EM panels with the label's bound); the paths written."""
     runs, _ = read_runs(runs_dir)
     grid = prereg["grid"]
-    methods = [METHODS[m] for m in grid["methods"]]
+    methods = [ARMS[m] for m in grid["methods"]]
     refs = {"eval/val_em": (collapse_bound, "collapse bound")}
     return [plot_grid(runs, methods, grid["lrs"], Path(out_dir) / f"{stem}.png", refs, rows=rows)
             for stem, (_, rows) in PHENOMENA_FIGURES.items()]
