@@ -239,7 +239,7 @@ def sweep_figure(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     for r in rows:
         if r["train_em_curve"]:
             steps, ems = zip(*r["train_em_curve"])
-            (line,) = ax_curve.plot(steps, ems, label=r["run"], lw=1.2)
+            (line,) = ax_curve.plot(steps, ems, label=r["run"], lw=1.2, marker="o", ms=3)  # a 1-step run: a point
             if r["collapse_step"] != "none":
                 k = list(steps).index(r["collapse_step"]) if r["collapse_step"] in steps else None
                 if k is not None:

@@ -118,3 +118,15 @@ def test_local_sweep_trains_each_run_and_collects(tiny_world, tmp_path, capsys):
         assert Path(r["run_dir"]).parent == tmp_path / "runs" and r["steps"] == 1
         assert r["final_em"] is not None and r["collapse_step"] in ("none", 1)
     assert (out / "sweep.png").is_file() and "tiny-lam=0.2" in capsys.readouterr().out
+
+
+def test_a_one_step_run_shows_in_the_sweep_figure(tmp_path, monkeypatch):
+    """A run of one step has one point on its reward curve: it is drawn (a marker), not an invisible line."""
+    import matplotlib.figure
+
+    drawn = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: drawn.append(fig))
+    rows = sweep.collect([_fake_run(tmp_path, "one", [0.3], ["healthy"], None, 0.2)], tmp_path / "out")
+    assert [tuple(point) for point in rows[0]["train_em_curve"]] == [(1, 0.3)]
+    (line,) = drawn[0].axes[1].lines
+    assert line.get_marker() not in (None, "", "None") and line.get_markersize() > 0
