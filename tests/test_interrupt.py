@@ -21,8 +21,12 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "TRANS
 
 
 def _start(*args: str) -> subprocess.Popen:
+    """The command as a user's terminal starts it: SIGINT at its default action, which Python turns into
+    KeyboardInterrupt (a suite run in the background, as CI may run it, inherits SIGINT ignored, and Python keeps an
+    ignored SIGINT ignored)."""
     return subprocess.Popen([sys.executable, *args], cwd=REPO_ROOT, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _interrupt(proc: subprocess.Popen) -> tuple[str, list[str]]:
