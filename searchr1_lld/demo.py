@@ -54,12 +54,12 @@ from searchr1_lld.data.jsonl import read_jsonl
 from searchr1_lld.lab.baselines import NoRetrieval, majority_correct, question_table, read_split
 from searchr1_lld.lab.evaluating import evaluate_policy, load_policy
 from searchr1_lld.lab.methods import parse_seeds
-from searchr1_lld.lab.demo_report import (INTERVAL_TEXT, RESULT_FIGURE, claimed, em_intervals, em_table,
+from searchr1_lld.lab.demo.report import (INTERVAL_TEXT, RESULT_FIGURE, claimed, em_intervals, em_table,
                                           format_example, gain_intervals, pick_example, question_slices, readme_line,
                                           replace_readme_line, repo_relative, seeds_summary, write_figure,
                                           write_report, write_seeds_report)
-from searchr1_lld.lab.selection import (SELECT_EVAL_EVERY, SELECT_OVERRIDES, SELECT_STEPS, choose, read_warm_start,
-                                        selection_file, selection_overrides, warm_start_file)
+from searchr1_lld.lab.demo.selection import (SELECT_EVAL_EVERY, SELECT_OVERRIDES, SELECT_STEPS, choose,
+                                             read_warm_start, selection_file, selection_overrides, warm_start_file)
 from searchr1_lld.learner.trainer import RunResult, train
 from searchr1_lld.world import ensure_world, is_built, load_world_config, read_card, trainer_overrides
 from searchr1_lld.world.build import warm_start_shortfalls

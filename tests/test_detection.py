@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from searchr1_lld.lab.detection import (Alarm, alarm_outcome, drop_below_start, held_out_collapse_step,
+from searchr1_lld.lab.prereg.detection import (Alarm, alarm_outcome, drop_below_start, held_out_collapse_step,
                                         newcombe_difference, ratio_over_early, score_alarm, wilson)
 
 

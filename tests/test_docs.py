@@ -203,8 +203,8 @@ def test_section_pointers_in_code_and_configs_resolve():
 def test_readme_lab_block_is_what_the_report_command_computes(tmp_path):
     """README's lab figures equal what `python -m searchr1_lld.lab report --runs docs/lab/runs` computes from the
     committed compact results (whatever part of the grid has finished), and so do docs/lab's summary and report."""
-    from searchr1_lld.lab.claims import readme_block, readme_block_of
-    from searchr1_lld.lab.claims_report import report_markdown, write_outputs
+    from searchr1_lld.lab.comparison.claims import readme_block, readme_block_of
+    from searchr1_lld.lab.comparison.report import report_markdown, write_outputs
 
     readme = README.read_text()
     assert "docs/lab/summary.json" in readme, "the README names the file its lab figures come from"
@@ -217,9 +217,9 @@ def test_readme_lab_block_is_what_the_report_command_computes(tmp_path):
 def test_readme_prereg_block_is_what_the_registered_analysis_computes(tmp_path):
     """README's block of the pre-registered comparison, docs/lab/prereg's summary, report and figures equal what
     `python -m searchr1_lld.lab prereg-report` computes from the committed compact results (finished or not)."""
-    from searchr1_lld.lab.claims import readme_block_of
-    from searchr1_lld.lab.prereg import load_preregistration
-    from searchr1_lld.lab.prereg_report import (PHENOMENA_FIGURES, README_BEGIN, README_END, readme_block, render,
+    from searchr1_lld.lab.comparison.claims import readme_block_of
+    from searchr1_lld.lab.prereg.registration import load_preregistration
+    from searchr1_lld.lab.prereg.report import (PHENOMENA_FIGURES, README_BEGIN, README_END, readme_block, render,
                                                 write_report)
 
     reg = load_preregistration()["registration"]
@@ -242,7 +242,7 @@ def test_lab_summary_holds_what_a_reader_checks_first():
 
 
 def test_readme_demo_result_is_one_line_copied_from_the_demo_report():
-    from searchr1_lld.lab.demo_report import readme_line
+    from searchr1_lld.lab.demo.report import readme_line
 
     lines = [line for line in README.read_text().splitlines() if line.startswith("Demo result:")]
     assert len(lines) == 1, "exactly one line begins with 'Demo result:'"
@@ -259,7 +259,7 @@ def test_readme_demo_result_is_one_line_copied_from_the_demo_report():
 def test_readme_shows_the_demo_figure_drawn_from_the_demo_report():
     """README.md and docs/demo/README.md show the demo's figure; the committed one was drawn from the committed
     summary.json's numbers (``write_figure`` stores them in the PNG), so a rerun of the report replaces both."""
-    from searchr1_lld.lab.demo_report import RESULT_FIGURE, figure_rows, read_figure_rows
+    from searchr1_lld.lab.demo.report import RESULT_FIGURE, figure_rows, read_figure_rows
 
     assert f"docs/demo/{RESULT_FIGURE}" in links(README.read_text())
     assert RESULT_FIGURE in links((DEMO_DIR / "README.md").read_text())

@@ -8,8 +8,9 @@ import json
 import pytest
 
 from searchr1_lld.config import ConfigError
-from searchr1_lld.lab import baselines, claims, compact, grid
-from searchr1_lld.lab.claims_report import write_outputs
+from searchr1_lld.lab import baselines, compact, grid
+from searchr1_lld.lab.comparison import claims
+from searchr1_lld.lab.comparison.report import write_outputs
 from searchr1_lld.lab.methods import METHODS
 
 IDS = [f"q{i}" for i in range(10)]

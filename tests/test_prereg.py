@@ -10,10 +10,10 @@ from searchr1_lld.lab.cli import main as lab_main
 from searchr1_lld.lab.compact import BASELINES_FILE, compact_name, read_runs, write_gz_json
 from searchr1_lld.lab.grid import rebuild_report
 from searchr1_lld.lab.methods import REPO_ROOT
-from searchr1_lld.lab.claims import readme_block_of
-from searchr1_lld.lab.prereg import (PREREG_FILE, analyse, check_registered, h2, load_preregistration, make_alarm,
+from searchr1_lld.lab.comparison.claims import readme_block_of
+from searchr1_lld.lab.prereg.registration import (PREREG_FILE, analyse, check_registered, h2, load_preregistration, make_alarm,
                                      registration_violations)
-from searchr1_lld.lab.prereg_report import README_BEGIN, README_END, readme_block, render, spiral_statement
+from searchr1_lld.lab.prereg.report import README_BEGIN, README_END, readme_block, render, spiral_statement
 
 PREREG = {
     "registration": {"analysis_command": "python -m searchr1_lld.lab prereg-report", "analysis_commit": "abc",

@@ -8,10 +8,12 @@
     python -m searchr1_lld.lab grid --config configs/lab/compare.yaml --lrs 5e-4,1e-3,2e-3 ...   # the comparison
     python -m searchr1_lld.lab report --runs docs/lab/runs --out docs/lab --readme README.md     # its claims
 
-The comparison (grid.py, the resumable driver; compact.py, one small file per finished run; baselines.py, the
-baselines, the not-guessable slice and each question's subject; intervals.py, the bootstrap that resamples subjects;
-claims.py and claims_report.py, selection on validation, intervals, the detector measured, the report and the README
-block, from the compact files alone) is described in docs/lab.md.
+Three studies share the resumable driver (grid.py) and its pieces (compact.py, one small file per finished run;
+baselines.py, the baselines, the not-guessable slice and each question's subject; intervals.py, the bootstrap that
+resamples subjects), each in a folder of its own with one public entry: ``comparison/`` (selection on validation,
+intervals, the detector measured, the report and the README block, from the compact files alone; docs/lab.md),
+``prereg/`` (the pre-registered study: the registration, its label and alarms, its analysis and report) and
+``demo/`` (the demo's selection on validation and its report; run by :mod:`searchr1_lld.demo`).
 
 What one lab does
     1. one synthetic world (``searchr1_lld.world.ensure_world`` of the lab config's ``world: FILE``; ``--world-dir`` or
@@ -42,9 +44,6 @@ Numbers in the report
     each phase; early-warning steps are recomputed with the same detector (:class:`searchr1_lld.instruments.monitor.PhaseDetector`).
     Trends: means over the first / last ``TREND_WINDOW`` steps of reward, correct / incorrect log-likelihood per token,
     the probe set's log-likelihood (the same correct responses re-measured), entropy, and the largest grad norm.
-
-The demo's side: selection.py (its settings chosen on validation, the warm start a candidate) and demo_report.py
-(its figures, claim and report); :mod:`searchr1_lld.demo` runs it.
 
 Layout: methods.py (the arms and their configs), running.py (world, runs, summary), evaluating.py (greedy and
 sampled EM of a policy, provenance), analysis.py (phases, trends, verdicts), plots.py (curves), report.py

@@ -6,9 +6,9 @@ import argparse
 import sys
 
 from searchr1_lld.cli import run_main
-from searchr1_lld.lab.claims_report import main as report_main
+from searchr1_lld.lab.comparison.report import main as report_main
 from searchr1_lld.lab.grid import main as grid_main
-from searchr1_lld.lab.prereg_report import main as prereg_main
+from searchr1_lld.lab.prereg.report import main as prereg_main
 from searchr1_lld.lab.methods import FULL_CONFIG, METHODS, QUICK_CONFIG, parse_methods, parse_seeds
 from searchr1_lld.lab.running import run_lab
 
@@ -17,7 +17,7 @@ QUICK_TRAIN_EVAL = 16  # --quick's training questions evaluated per policy (quic
 
 def main(argv: list[str] | None = None, description: str | None = None) -> int:
     """The command line; ``description``: its help text (the package's docstring). ``grid`` / ``task``: the
-    comparison's driver (:mod:`.grid`); ``report``: its report from the compact results (:mod:`.claims_report`)."""
+    comparison's driver (:mod:`.grid`); ``report``: its report from the compact results (:mod:`.comparison.report`)."""
     args_in = list(sys.argv[1:] if argv is None else argv)
     if args_in and args_in[0] in ("grid", "task"):
         return grid_main(args_in)

@@ -34,15 +34,15 @@ from retriever.runtime import THREAD_ENV_VARS, usable_cores
 from searchr1_lld.config import ConfigError
 from searchr1_lld.lab.analysis import load_records
 from searchr1_lld.lab.baselines import NoRetrieval, correct_by_id, majority_correct, question_table, read_split
-from searchr1_lld.lab.claims import DESIGN_FILE
-from searchr1_lld.lab.claims_report import CURVES_FILE
+from searchr1_lld.lab.comparison.claims import DESIGN_FILE
+from searchr1_lld.lab.comparison.report import CURVES_FILE
 from searchr1_lld.lab.compact import BASELINES_FILE, compact_name, git_commit, lr_tag, run_record, write_gz_json
 from searchr1_lld.lab.evaluating import evaluate_policy, load_policy
 from searchr1_lld.lab.methods import ARMS, REPO_ROOT, lab_config, parse_methods, parse_seeds, read_lab_config
-from searchr1_lld.lab.prereg import PREREG_FILE, check_registered, registration_of
-from searchr1_lld.lab.prereg_report import PHENOMENA_FIGURES
+from searchr1_lld.lab.prereg.registration import PREREG_FILE, check_registered, registration_of
+from searchr1_lld.lab.prereg.report import PHENOMENA_FIGURES
 from searchr1_lld.lab.running import prepare_world, repo_relative, resolve_world_dir, run_lab
-from searchr1_lld.lab.selection import selection_file
+from searchr1_lld.lab.demo.selection import selection_file
 from searchr1_lld.world import read_card
 
 

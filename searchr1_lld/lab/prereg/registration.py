@@ -1,5 +1,5 @@
 """The pre-registered death-spiral comparison, analysed exactly as registered (pure but for reading files and git).
-Its report, figures and README block: :mod:`.prereg_report` (``python -m searchr1_lld.lab prereg-report``).
+Its report, figures and README block: :mod:`.report` (``python -m searchr1_lld.lab prereg-report``).
 
 The registration (``docs/lab/preregistration.json``, with its prose twin ``docs/lab/preregistration.md``) fixes the
 grid, the held-out collapse label, the alarms and the hypotheses before any of its runs; this module reads it and the
@@ -32,7 +32,7 @@ from searchr1_lld.config import ConfigError
 from searchr1_lld.lab.analysis import finite, mean_std, val_em_curve, window_mean
 from searchr1_lld.lab.baselines import subjects
 from searchr1_lld.lab.compact import read_runs
-from searchr1_lld.lab.detection import (Alarm, drop_below_start, early_median, held_out_collapse_step,
+from searchr1_lld.lab.prereg.detection import (Alarm, drop_below_start, early_median, held_out_collapse_step,
                                         newcombe_difference, ratio_over_early, score_alarm, wilson)
 from searchr1_lld.lab.intervals import clustered_bootstrap
 from searchr1_lld.lab.methods import REPO_ROOT

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from searchr1_lld.lab.analysis import mean_std
-from searchr1_lld.lab.claims import clean, replace_readme_block
+from searchr1_lld.lab.comparison.claims import clean, replace_readme_block
 from searchr1_lld.lab.compact import read_runs
 from searchr1_lld.lab.methods import ARMS, REPO_ROOT
 from searchr1_lld.lab.plots import plot_grid
-from searchr1_lld.lab.prereg import PREREG_FILE, analyse, load_preregistration
+from searchr1_lld.lab.prereg.registration import PREREG_FILE, analyse, load_preregistration
 from searchr1_lld.lab.report import fmt
 
 README_BEGIN = "<!-- prereg-results:begin (python -m searchr1_lld.lab prereg-report --readme README.md) -->"

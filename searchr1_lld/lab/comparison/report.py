@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from searchr1_lld.lab.claims import (ALARMS, BASELINE_TEXT, _ci, _f, _lrs, build_summary, clean, readme_block,
+from searchr1_lld.lab.comparison.claims import (ALARMS, BASELINE_TEXT, _ci, _f, _lrs, build_summary, clean, readme_block,
                                      reading, replace_readme_block)
 from searchr1_lld.lab.compact import read_runs
 from searchr1_lld.lab.methods import ARMS
@@ -160,7 +160,7 @@ def _runs_section(s: dict[str, Any]) -> list[str]:
 
 
 def report_markdown(s: dict[str, Any]) -> str:
-    """The comparison's README.md from its summary (:func:`searchr1_lld.lab.claims.build_summary`)."""
+    """The comparison's README.md from its summary (:func:`searchr1_lld.lab.comparison.claims.build_summary`)."""
     out = [*_header(s), *_baselines_section(s), *_selection_section(s), *_test_section(s), *_detector_section(s),
            "", "## Observed dynamics, next to the paper's", "", PAPER_DYNAMICS, "", *dynamics_text(s), "",
            *_runs_section(s), "", "## What this cannot answer", "", *LIMITS, ""]
