@@ -344,3 +344,23 @@ def test_rollout_metrics_one_name_per_metric():
     assert m["rollout/finish_answer_rate"] == 0.5 and m["rollout/finish_length_rate"] == 0.5
     assert m["rollout/has_answer_rate"] == 0.5 and m["rollout/length_stops_mean"] == 0.5
     assert m["rollout/answer_span_miss_frac"] == 0.5  # a's answer has no token in its (empty) answer mask
+
+
+def test_policy_step_kl_by_hand_and_on_a_toy_policy():
+    """k3 per generated token, averaged: by hand on two tokens; and on samples of a 3-way toy policy it estimates
+    the exact KL(pi_old || pi_new) = sum_v p_old log(p_old / p_new)."""
+    import math
+
+    from searchr1_lld.instruments.monitor import policy_step_kl
+
+    logp_old = torch.log(torch.tensor([[0.5, 0.2, 0.9]]))
+    logp_new = torch.log(torch.tensor([[0.4, 0.2, 0.1]]))
+    mask = torch.tensor([[1, 1, 0]])
+    # token 0: 0.4/0.5 - log(0.4/0.5) - 1 = 0.8 + 0.22314 - 1 = 0.02314; token 1: 0; token 2 masked
+    assert policy_step_kl(logp_old, logp_new, mask) == pytest.approx((0.8 - math.log(0.8) - 1) / 2, rel=1e-5)
+    assert math.isnan(policy_step_kl(logp_old, logp_new, torch.zeros_like(mask)))
+    p_old, p_new = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.4, 0.4, 0.2])
+    exact = float((p_old * (p_old / p_new).log()).sum())  # 0.02527
+    draws = torch.multinomial(p_old, 200_000, replacement=True, generator=torch.Generator().manual_seed(0))
+    estimate = policy_step_kl(p_old.log()[draws][None], p_new.log()[draws][None], torch.ones(1, len(draws)))
+    assert estimate == pytest.approx(exact, abs=1e-3) and exact == pytest.approx(0.02527, abs=1e-4)

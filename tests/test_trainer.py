@@ -128,6 +128,7 @@ def test_one_real_step(tmp_path, tiny_world, shared_retriever, variant):
         assert math.isfinite(m[key]), key
     assert m["actor/updates"] == 4 and m["actor/skipped_updates"] == 0  # 2 epochs x 2 mini-batches
     assert m["actor/grad_norm"] > 0
+    assert m["lld/step_kl"] > 0  # the updates moved the policy on the step's own samples
     assert 0 < m["time/monitor_forward_s"] < m["time/step_s"]
     assert "probe/logp_per_token" in m and m["phase/name"] in ("healthy", "early_stagnation", "steady_decay",
                                                                  "accelerated_collapse")

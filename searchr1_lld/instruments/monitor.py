@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from searchr1_lld.algo.kl import kl_penalty
 from searchr1_lld.algo.spans import action_span_list
 from searchr1_lld.instruments.phases import (ALARM_PHASES, PHASE_ID, PHASES, PhaseDetector, PhaseReport,  # noqa: F401
                                  PhaseThresholds, alarm_steps, linear_slope, reward_collapse_step, warning_accounting)
@@ -52,6 +53,22 @@ def sequence_logp(token_logp: torch.Tensor, response_mask: torch.Tensor) -> torc
 def correct_mask_from_rewards(rewards: torch.Tensor) -> torch.Tensor:
     """A response is *correct* when its EM reward is 1 (rewards are 0/1 EM; the test is ``r > 0.5``).  [B] -> [B] bool."""
     return rewards.float() > 0.5
+
+
+def policy_step_kl(logp_old: torch.Tensor, logp_new: torch.Tensor, response_mask: torch.Tensor) -> float:
+    """The policy's step size over one training step: mean per generated token of the k3 estimate of
+    KL(pi_old || pi_new) on the step's own samples (drawn from pi_old, so the estimate is unbiased and >= 0).
+
+    logp_old, logp_new: [B, T] token log-probs before and after the step's updates; response_mask: [B, T].
+
+        step_kl = sum_{i,t} m * k3(logp_old - logp_new) / sum_{i,t} m,   k3(x) = exp(-x) + x - 1   (algo/kl.py)
+
+    NaN without generated tokens."""
+    mask = response_mask.float()
+    tokens = float(mask.sum())
+    if tokens == 0:
+        return NAN
+    return float((kl_penalty(logp_old, logp_new, "low_var_kl") * mask).sum()) / tokens
 
 
 def likelihood_metrics(

@@ -29,7 +29,7 @@ from searchr1_lld.algo.objective import mini_batch_denominators, objective
 from searchr1_lld.config import Config, RolloutCorrectionConfig
 from searchr1_lld.rollout.inference import evaluating
 from searchr1_lld.instruments.monitor import (PHASE_ID, PhaseDetector, ProbeSet, engine_learner_gap,
-                                              first_action_ids, likelihood_metrics, rollout_metrics,
+                                              first_action_ids, likelihood_metrics, policy_step_kl, rollout_metrics,
                                               shared_first_action_fraction)
 from searchr1_lld.instruments.phases import PhaseReport
 from searchr1_lld.learner import batching, policy_logprobs
@@ -142,11 +142,13 @@ def train_step(learner: Learner, rows: list[dict[str, Any]], *, step: int, probe
 def monitor_metrics(learner: Learner, batch: TrajectoryBatch, trajs: list[Trajectory],
                     logp_old: torch.Tensor) -> dict[str, float]:
     """The LLD monitor of one step: the likelihoods of the step's responses after its updates (``logp_old`` [B, T]:
-    before them), and the share of groups whose correct and incorrect responses open with the same action."""
+    before them), the policy's step size (``lld/step_kl``), and the share of groups whose correct and incorrect
+    responses open with the same action."""
     t_monitor = time.time()
     logp_new = batch_logprobs(learner, learner.model, batch)
     out = {"time/monitor_forward_s": time.time() - t_monitor}
     out.update(likelihood_metrics(logp_old, logp_new, batch.response_mask, batch.rewards))
+    out["lld/step_kl"] = policy_step_kl(logp_old, logp_new, batch.response_mask)
     out["lld/shared_first_action_frac"] = shared_first_action_fraction(
         [first_action_ids(t.response_ids, t.response_mask) for t in trajs], [t.reward for t in trajs],
         [t.group_id for t in trajs])
