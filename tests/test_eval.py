@@ -481,3 +481,20 @@ def test_later_checkpoints_stream_into_the_first_vllm_engine_or_are_refused(tmp_
     hf.backend_for(str(tmp_path / "a"), vocab, "tok")
     hf.backend_for(str(tmp_path / "wide"), vocab, "tok")
     assert built[1:] == [str(tmp_path / "a"), str(tmp_path / "wide")]
+
+
+def test_fixed_subsample_is_balanced_over_hops_and_the_same_for_every_caller():
+    import random
+
+    from searchr1_lld.evaluation import fixed_subsample
+
+    rows = [{"id": f"q{i}", "metadata": {"hops": 1 if i < 6 else 2}} for i in range(10)]
+    sub = fixed_subsample(rows, 5)
+    assert [r["metadata"]["hops"] for r in sub].count(1) == 3 and len(sub) == 5  # 6/10 and 4/10 of 5: 3 and 2
+    assert [r["id"] for r in sub] == [r["id"] for r in rows if r in sub]  # in the rows' order
+    shuffled = random.Random(1).sample(rows, len(rows))
+    assert {r["id"] for r in fixed_subsample(shuffled, 5)} == {r["id"] for r in sub}  # not by position
+    assert fixed_subsample(rows, 0) == rows and fixed_subsample(rows, 99) == rows
+    # remainders: 7 of 10 -> 4.2 and 2.8: the larger remainder (two-hop) gets the seventh
+    assert [r["metadata"]["hops"] for r in fixed_subsample(rows, 7)].count(2) == 3
+    assert len(fixed_subsample([{"id": "a"}, {"id": "b"}, {"id": "c"}], 2)) == 2  # no hops: one group

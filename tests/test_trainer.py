@@ -231,6 +231,30 @@ def test_evaluation_during_training_leaves_the_training_unchanged(tmp_path, tiny
             assert ma[key] == mb[key] or (math.isnan(ma[key]) and math.isnan(mb[key])), key
 
 
+def test_a_fixed_validation_subsample_every_step_and_the_whole_split_at_both_ends(tmp_path, tiny_world,
+                                                                                    shared_retriever):
+    """trainer.val_subsample: eval/val_sub_em on the same fixed questions every eval_every steps (and before the
+    first step), eval/val_em on the whole validation split before the first step and at the last; metrics.jsonl
+    holds the step-0 line."""
+    import json
+
+    from searchr1_lld.evaluation import fixed_subsample
+
+    cfg = _cfg(tmp_path, "trainer.total_steps=2", "trainer.save_every=0", "trainer.resume=never",
+               "trainer.eval_every=1", "trainer.val_subsample=6")
+    tr = _trainer(cfg, tiny_world, shared_retriever)
+    res = tr.run(evaluate=False)
+    lines = [json.loads(x) for x in (res.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [0, 1, 2]
+    assert set(lines[0]) == {"step", "eval/val_sub_em", "eval/val_em"}
+    assert ["eval/val_sub_em" in m for m in res.history] == [True, True]
+    assert ["eval/val_em" in m for m in res.history] == [False, True]  # the whole split at the last step only
+    val = [json.loads(x) for x in (tiny_world / "qa" / "val.jsonl").read_text().splitlines()]
+    sub = fixed_subsample(val, 6)
+    assert len(sub) == 6 and tr.evaluate(sub)["em"] == res.history[-1]["eval/val_sub_em"]
+    assert tr.evaluate(val)["em"] == res.history[-1]["eval/val_em"] and tr.evaluate(val)["n"] == len(val)
+
+
 @pytest.mark.slow
 def test_train_py_end_to_end_over_http(tmp_path, tiny_world):
     """train.py through the real retriever service on loopback: 2 steps, before/after EM table written."""

@@ -351,10 +351,11 @@ class Tracker:
     def _init_wandb(self, config: dict[str, Any], name: str) -> None:
         self._wandb = init_wandb(self.run_dir, self.cfg, config, name=name, job_type="train")
 
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
+    def record(self, step: int, metrics: dict[str, Any]) -> None:
+        """``metrics`` of ``step`` to metrics.jsonl and wandb, the progress bar untouched (e.g. measurements before the
+        first step, step 0)."""
         if not self.enabled:
             return
-        self.start_bar()
         row = {"step": step, **metrics}
         self.records.append(row)
         with open(self.metrics_path, "a") as f:
@@ -365,6 +366,13 @@ class Tracker:
             except Exception as e:
                 warnings.warn(f"wandb.log failed, disabling wandb: {e}")
                 self._wandb = None
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """A training step's ``metrics``: :meth:`record`, the progress bar advanced, the plots on schedule."""
+        if not self.enabled:
+            return
+        self.start_bar()
+        self.record(step, metrics)
         if self._bar is not None:
             post = {}
             for label, key in BAR_FIGURES.items():

@@ -219,6 +219,10 @@ class TrainerConfig:
                                 "benchmarks' eval/<name>/em with data.source=files) every N steps and at the last one "
                                 "(0 = off; runs evaluate the test rows before and after training anyway)")
     eval_limit: int = opt(0, "questions evaluated during training (first N; 0 = eval.limit, both 0 = all)")
+    val_subsample: int = opt(0, "score a fixed N of the validation questions every trainer.eval_every steps "
+                             "(eval/val_sub_em; the same questions for every run, seed and method, balanced over "
+                             "their number of hops: evaluation.fixed_subsample) and the whole split before the first "
+                             "step and at the last (eval/val_em); 0 = the whole split every time")
     probe_every: int = opt(5, "re-measure the probe set every N steps (0 = never); it is also measured once before "
                                "any update of it (probe/initial_logp_per_token)")
     probe_size: int = opt(16, "correct responses kept in the probe set")

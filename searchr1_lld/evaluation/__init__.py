@@ -43,7 +43,7 @@ from searchr1_lld.evaluation.metrics import (BENCHMARKS, DISPLAY_NAMES, KNOWN_DA
                                              summarize)
 from searchr1_lld.evaluation.paper_table import PAPER_AVERAGE_EM, paper_config, paper_table, write_paper_table
 from searchr1_lld.evaluation.run import (benchmark_rows, compare, distinct_labels, eval_rollout_config, evaluate,
-                                         load_eval_rows, load_tokenizer, model_label, sampled_em)
+                                         fixed_subsample, load_eval_rows, load_tokenizer, model_label, sampled_em)
 from searchr1_lld.evaluation.shards import prepare_shard_process, run_shards, shard_device, shard_env
 from searchr1_lld.evaluation.tables import (csv_table, detail_table, load_results, markdown_table, write_results,
                                             write_tables)
@@ -55,7 +55,7 @@ __all__ = [
     "sha256_file", "shard_rows", "trajectories_path", "BENCHMARKS", "DISPLAY_NAMES", "KNOWN_DATASETS", "RESULTS_CSV",
     "RESULTS_JSON", "RESULTS_MD", "TRAJECTORIES", "EvalError", "average_em", "dataset_metrics", "dataset_name",
     "parse_datasets", "record_from_trajectory", "relative_gain", "summarize", "benchmark_rows", "compare", "distinct_labels", "model_label",
-    "eval_rollout_config", "evaluate", "load_eval_rows", "load_tokenizer", "sampled_em", "csv_table", "detail_table",
+    "eval_rollout_config", "evaluate", "fixed_subsample", "load_eval_rows", "load_tokenizer", "sampled_em", "csv_table", "detail_table",
     "load_results", "markdown_table", "write_results", "write_tables", "PAPER_AVERAGE_EM", "paper_config",
     "paper_table", "write_paper_table", "prepare_shard_process", "run_shards",
     "shard_device", "shard_env", "CheckpointEngines", "checkpoint_weights",

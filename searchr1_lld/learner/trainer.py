@@ -79,7 +79,8 @@ class EvalRows:
 
     test: list[dict]  # data.test_files: before and after training
     curve: list[dict]  # every trainer.eval_every steps: the validation rows when there are any, else test
-    curve_key: str  # "eval/val_em" or "eval/em"
+    curve_key: str  # "eval/val_em", "eval/val_sub_em" (trainer.val_subsample) or "eval/em"
+    full_val: list[dict]  # with trainer.val_subsample: the whole validation split, before the first step and at the last
     benchmarks: dict[str, list[dict]]  # eval/<name>/em every trainer.eval_every steps
 
 
@@ -206,6 +207,9 @@ class Trainer:
         if evaluate and rows.test:
             em_before = self._em_before(rows.test)
             tracker.write(f"test EM before training: {em_before:.4f} ({len(rows.test)} questions)")
+        if rows.full_val and self.step == 0:  # the ground truth before any update: the subsample and the whole split
+            tracker.record(0, {rows.curve_key: self.evaluate(rows.curve)["em"],
+                               "eval/val_em": self.evaluate(rows.full_val)["em"]})
         tracker.start_bar()  # its clock counts training only
         last_metrics: dict[str, Any] = {}
         last_phase, last_drawdown = "healthy", None
@@ -251,7 +255,10 @@ class Trainer:
         val_rows = factories.load_val_rows(cfg)[:limit or None]
         # the curve during training: the validation rows when there are any (settings are chosen on them), else test
         curve, key = (val_rows, "eval/val_em") if val_rows else (test_rows, "eval/em")
-        return EvalRows(test=test_rows, curve=curve, curve_key=key,
+        full_val: list[dict] = []
+        if val_rows and tc.val_subsample:
+            curve, key, full_val = evaluation.fixed_subsample(val_rows, tc.val_subsample), "eval/val_sub_em", val_rows
+        return EvalRows(test=test_rows, curve=curve, curve_key=key, full_val=full_val,
                         benchmarks=evaluation.benchmark_rows(cfg) if tc.eval_every else {})
 
     def _scheduled_evaluations(self, rows: EvalRows) -> dict[str, float]:
@@ -260,6 +267,8 @@ class Trainer:
         if not tc.eval_every or not (self.step % tc.eval_every == 0 or self.step == tc.total_steps):
             return {}
         out = {rows.curve_key: self.evaluate(rows.curve)["em"]} if rows.curve else {}
+        if rows.full_val and self.step == tc.total_steps:
+            out["eval/val_em"] = self.evaluate(rows.full_val)["em"]
         if rows.benchmarks:
             out.update(self.evaluate_benchmarks(rows.benchmarks))
         return out
