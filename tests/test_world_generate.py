@@ -438,3 +438,17 @@ def test_the_build_measures_on_validation_and_never_reads_test(tmp_path, monkeyp
     assert card["test_seed"] == cfg.test_seed
     assert json.loads((tmp_path / "w" / "world.json").read_text())["acceptance"] == json.loads(
         json.dumps(card["acceptance"]))
+
+
+def test_a_build_shows_the_warm_starts_progress_under_its_own(tmp_path, capsys) -> None:
+    """The warm start's training and its measurement (minutes each on the default world) show a bar of their own
+    under the build's stage bar."""
+    import dataclasses
+
+    from conftest import TEST_WORLD_CONFIG
+
+    small = dataclasses.replace(TEST_WORLD_CONFIG, warmstart_trajectories=32, warmstart_drills=16,
+                                warmstart_measure=True, warmstart_measure_pass_k=1)
+    ensure_world(tmp_path / "world", small, progress=True)
+    err = capsys.readouterr().err
+    assert "build world" in err and "warm start:" in err and "stage=policy" in err

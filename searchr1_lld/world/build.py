@@ -164,14 +164,15 @@ def _build_artefacts(out_dir: Path, cfg: WorldConfig, stages: _Stages, measure: 
             install_warm_start(warm_start_from, out_dir, manifest)
         # the shipped build's measurement: the same weights (checked) on the same validation file (checked)
         return world, manifest["card"]["policy"], manifest["card"].get("warm_start") or {}, manifest
+    progress = not stages.bar.disable  # the long stages show their own bar under the build's
     with stages.stage("policy", "policy: tokenizer and warm start"):
         policy_stats = build_tiny_policy(out_dir, world.passages, world.train_rows, retriever.search, cfg,
-                                         progress=False)
+                                         progress=progress)
     warm_start: dict[str, Any] = {}
     if measure:
         with stages.stage("measure", "measure: warm-start rollouts"):
             warm_start = measure_warm_start(out_dir, retriever=retriever, seed=cfg.seed,
-                                            pass_k=cfg.warmstart_measure_pass_k, progress=False)
+                                            pass_k=cfg.warmstart_measure_pass_k, progress=progress)
     return world, policy_stats, warm_start, manifest
 
 
@@ -184,7 +185,8 @@ def build_world(out_dir: Path, cfg: WorldConfig, *, progress: bool = True, measu
     _clear_build(out_dir)
     shipped = Path(warm_start_from) if warm_start_from is not None else None
     names = ["world", "index", "policy"] + (["measure"] if measure and shipped is None else [])
-    # One bar for the whole build (a stage per step, the clock ticking within a stage); the stages' own bars are off.
+    # One bar for the whole build (a stage per step, the clock ticking within a stage); the warm start's training and
+    # its measurement, minutes each, show their own bar beneath it.
     bar = tqdm(total=len(names), desc="build world", unit="stage", disable=not progress,
                bar_format="{desc}: {n_fmt}/{total_fmt} stages |{bar}| {elapsed}{postfix}")
     stages = _Stages(bar)
