@@ -1,4 +1,5 @@
-"""Console output of long phases: one progress bar for the world build, its stages' own bars off."""
+"""Console output of long phases: the world build's stage bar, and beneath it the bars of its long stages (the
+warm start's training and its measurement)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from types import SimpleNamespace
 from searchr1_lld.world.config import WorldConfig
 
 
-def test_world_build_shows_one_bar(tmp_path, monkeypatch, capsys):
+def test_world_build_shows_its_stage_bar_and_the_long_stages_their_own(tmp_path, monkeypatch, capsys):
     import searchr1_lld.world.build as bw
     import searchr1_lld.world.measure as tm
     import searchr1_lld.world.warm_start as tp
@@ -26,7 +27,9 @@ def test_world_build_shows_one_bar(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(tm, "measure_warm_start", lambda *a, progress=False, **k: record("measure", progress) or {})
     (tmp_path / "w").mkdir()
     bw.build_world(tmp_path / "w", WorldConfig(), progress=True, measure=True)
-    assert seen == {"index": False, "policy": False, "measure": False}  # the stages draw no bars of their own
+    # the index stage draws no bar of its own (seconds); the warm start's training and its measurement (minutes
+    # each) draw theirs under the build's
+    assert seen == {"index": False, "policy": True, "measure": True}
     err = capsys.readouterr().err
     lines = [line.strip() for line in err.replace("\r", "\n").splitlines() if line.strip()]
     assert lines and all(line.startswith("build world") for line in lines), lines
