@@ -224,14 +224,16 @@ class KVDecoder:
         values = cache.values[layer_index][row : row + 1, :, : start + n]
         mask = None
         if start:
-            mask = torch.arange(start + n, device=q.device)[None, :] <= torch.arange(start, start + n, device=q.device)[:, None]
+            positions = torch.arange(start + n, device=q.device)
+            mask = positions[None, :] <= positions[start:, None]  # new token i sees positions 0 .. start + i
         return torch.nn.functional.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask, is_causal=not start and n > 1, scale=attn.scaling,
             enable_gqa=self.heads != self.kv_heads)
 
     @staticmethod
     def _finish_layer(layer: torch.nn.Module, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """Output projection, residual, MLP block of ``layer``; ``attn`` ``[B, heads, L, d]``, ``hidden`` ``[B, L, H]``."""
+        """Output projection, residual, MLP block of ``layer``; ``attn`` ``[B, heads, L, d]``, ``hidden``
+        ``[B, L, H]``."""
         b, length = hidden.shape[:2]
         hidden = hidden + layer.self_attn.o_proj(attn.transpose(1, 2).reshape(b, length, -1))
         return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
