@@ -372,7 +372,9 @@ ENTRIES: tuple[Entry, ...] = (
         "python -m searchr1_lld.world build --config configs/world/balanced.yaml --out .cache/world-balanced",
         "python -m searchr1_lld.world build --config configs/world/registered.yaml --out .cache/world-registered",
         "python -m searchr1_lld.world build --config configs/world/balanced-seed1.yaml "
-        "--out .cache/world-balanced-seed1"),
+        "--out .cache/world-balanced-seed1",
+        "python -m searchr1_lld.world build --config configs/world/balanced-seed2.yaml "
+        "--out .cache/world-balanced-seed2"),
         reason="builds a world for minutes on 2 cores (6.5 min the large one); the command runs as world_build and "
                "tests/test_configs.py loads every world config"),
     CannotRun("demo_other_world", (
