@@ -169,7 +169,9 @@ def child(args: argparse.Namespace) -> None:
         if clock:
             phases.append(clock.take())
     val_rows = factories.load_val_rows(cfg)
-    trainer.learner.retriever.__dict__.get("_memo", {}).clear()  # as in a fresh process
+    clear_memo = getattr(trainer.learner.retriever, "clear_memo", None)  # the baseline's retriever has no memo
+    if clear_memo is not None:
+        clear_memo()  # as in a fresh process
     t0 = time.perf_counter()
     em = trainer.evaluate(val_rows, desc="val")["em"]
     eval_s = time.perf_counter() - t0

@@ -85,6 +85,10 @@ class InProcessRetriever:
                 memo[(query, k)] = hits
         return [[dict(hit) for hit in memo[(q, k)]] for q in queries]
 
+    def clear_memo(self) -> None:
+        """Forget the remembered searches (the next call searches every query anew, as a fresh retriever does)."""
+        self._memo.clear()
+
     def _search_backend(self, queries: list[str], k: int) -> list[list[dict]]:
         """One backend search of ``queries`` (distinct), its rows resolved to documents."""
         scores, rows = self.backend.search(list(queries), k)

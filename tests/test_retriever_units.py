@@ -450,3 +450,6 @@ def test_inprocess_search_asks_the_backend_once_per_distinct_query():
     assert again[1][0]["contents"] == "Doc 2\ntext 2" and first[2][0]["contents"] == "Doc 2\ntext 2"
     r.search(["ab"], topk=1)  # another k: searched anew
     assert backend.calls[-1] == ["ab"]
+    r.clear_memo()
+    r.search(["abc"], topk=2)  # forgotten: searched anew
+    assert backend.calls[-1] == ["abc"]

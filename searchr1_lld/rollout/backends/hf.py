@@ -221,10 +221,10 @@ class HFBackend(BackendBase):
     def _begin_prefix_store(self) -> None:
         """The previous call's sequences to reuse (none when the weights changed since), an empty store for this
         call's."""
-        previous = self._stores[1]
-        if previous.version != weights_version(self.model):
+        previous, version = self._stores[1], weights_version(self.model)
+        if previous.version != version:
             previous = PrefixStore()
-        self._stores = (previous, PrefixStore(version=weights_version(self.model)))
+        self._stores = (previous, PrefixStore(version=version))
 
     def _end_prefix_store(self) -> None:
         """Keep this call's sequences for the next call when they fit :data:`PREFIX_STORE_BYTES`."""

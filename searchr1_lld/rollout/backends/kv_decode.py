@@ -23,7 +23,7 @@ another model is not; the backend then decodes with ``model(...)`` (rollout/back
 
 Arithmetic: every module is the model's own, so projections, norms and the head compute what ``model(...)`` does;
 attention is computed here (scaled dot product, softmax in fp32), so logits agree with the ``model(...)`` path to float
-rounding (tests/test_rollout_backends.py checks greedy outputs and sampled log-probs of both paths).
+rounding (tests/test_kv_decode.py checks greedy outputs and sampled log-probs of both paths).
 """
 
 from __future__ import annotations
@@ -146,7 +146,6 @@ class KVDecoder:
         self.head_dim = int(attn.head_dim)
         self.kv_heads = attn.k_proj.out_features // self.head_dim
         self.heads = attn.q_proj.out_features // self.head_dim
-        self.store = PrefixStore()
 
     def new_cache(self, rows: int, capacity: int) -> KVCache:
         p = self.head.weight
