@@ -206,8 +206,22 @@ def test_app_search_failure_is_500_and_server_stays_up():
         assert client.get("/health").json()["status"] == "ok"
 
 
+class GatedRetriever(FakeRetriever):
+    """A FakeRetriever whose first search waits for ``release``: requests that arrive meanwhile queue up, whatever
+    the machine's load, so the batcher meets a queue of several requests however fast the threads start."""
+
+    def __init__(self):
+        super().__init__()
+        self.release = threading.Event()
+
+    def search(self, queries, topk):
+        if not self.calls:
+            assert self.release.wait(timeout=30), "the test never released the first search"
+        return super().search(queries, topk)
+
+
 def test_batching_merges_concurrent_requests_and_slices_topk():
-    fake = FakeRetriever()
+    fake = GatedRetriever()
     app = create_app(fake, ServiceSettings(batch_window_ms=50, max_topk=5))
     results = {}
     with TestClient(app) as client:
@@ -218,6 +232,8 @@ def test_batching_merges_concurrent_requests_and_slices_topk():
         threads = [threading.Thread(target=call, args=(i,)) for i in range(12)]
         for t in threads:
             t.start()
+        time.sleep(1.0)  # the first request's search is held; the others reach the queue behind it
+        fake.release.set()
         for t in threads:
             t.join()
     assert sum(fake.calls) == 24 and len(fake.calls) < 12  # fewer searches than requests: batched
