@@ -12,10 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 from searchr1_lld.preflight import memory_plan as mp
+
 MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b")
 SECTIONS = ("learner", "zero2", "rollout", "logprobs", "e2e")
 # which section a result belongs to, by its name's prefix
-PREFIXES = {"rollout": ("rollout_", "logp_gap_", "agreement_"), "learner": ("learner_",), "zero2": ("zero2_",),
+PREFIXES = {"rollout": ("rollout_", "logp_gap_", "agreement_"), "learner": ("learner_", "packing_"), "zero2": ("zero2_",),
             "logprobs": ("logprob_",), "e2e": ("e2e_",)}
 BEGIN = "<!-- gpu-check:begin"
 END = "<!-- gpu-check:end -->"
@@ -168,12 +169,22 @@ E2E_ROWS = (("GPUs", "e2e_gpus"), ("dense index encoded on", "e2e_encode_devices
             ("fresh thread's hits equal the building thread's", "e2e_thread_hits_equal"))
 
 
-def e2e_table(res: dict[str, Any]) -> list[str]:
-    """The end-to-end section's figures, one row each (``-``: not reached)."""
-    def shown(value: Any) -> str:
-        return "-" if value is None else num(value, ".3g") if isinstance(value, float) else str(value)
+PACKING_ROWS = (("padded rows: padding's share of the positions", "packing_padded_token_share"),
+                ("update tokens/s, padded rows", "packing_update_tokens_per_s_padded"),
+                ("update tokens/s, packed rows", "packing_update_tokens_per_s_packed"),
+                ("packed speed-up (padded s / packed s)", "packing_packed_over_padded"),
+                ("largest packed vs padded log-prob difference", "packing_logprob_max_gap"),
+                ("allocated before the part, GiB", "packing_resident_before_gib"))
 
-    return table(["end to end", "value"], [[label, shown(res.get(key))] for label, key in E2E_ROWS])
+
+def facts_table(header: str, rows: tuple[tuple[str, str], ...], res: dict[str, Any]) -> list[str]:
+    """One figure per row (label, result name); ``-``: not reached."""
+    def shown(value: Any) -> str:
+        if isinstance(value, float):
+            return num(value, ",.0f" if abs(value) >= 1000 else ".3g")
+        return "-" if value is None else str(value)
+
+    return table([header, "value"], [[label, shown(res.get(key))] for label, key in rows])
 
 
 def render_block(sources: list[tuple[str, dict]], model_configs: dict[str, dict], doc: str) -> str:
@@ -190,6 +201,9 @@ def render_block(sources: list[tuple[str, dict]], model_configs: dict[str, dict]
                       f"{shapes['tokens_per_row']:,} tokens), memory, the monitor's share**", "", *learner_table(res),
                   "", "**Memory plan (`searchr1_lld.preflight.memory_plan.learner_plan`) against the measurement**", "",
                   *plan_table(res, learner[1], model_configs)]
+    if "learner" in origin:
+        lines += ["", "**Packed forwards against padded rows (0.5B, uneven trajectories, `step.update_policy`)**", "",
+                  *facts_table("packing", PACKING_ROWS, res)]
     if "rollout" in origin:
         lines += ["", "**Rollout (HF backend) and the engine-vs-learner log-prob gap**", "",
                   *rollout_tables(res, origin["rollout"][1]["shapes"])]
@@ -199,7 +213,7 @@ def render_block(sources: list[tuple[str, dict]], model_configs: dict[str, dict]
                       f"H = {shapes['logprob_hidden']:,}: fused tiles vs naive**", "", *logprob_tables(res, shapes)]
     if "e2e" in origin:
         lines += ["", "**End to end: train.py and eval.py on the device, the dense retriever from a fresh thread**", "",
-                  *e2e_table(res)]
+                  *facts_table("end to end", E2E_ROWS, res)]
     return "\n".join(lines + ["", END])
 
 

@@ -25,7 +25,7 @@ CPU_NULL = ("_peak_gib", "_persistent_gib")  # no allocator statistics on CPU: p
 # runs gpu_check.py as the main program, then says whether that process (not its sections') imported torch
 # docs/gpu.md's figures: this command, run in the repository, writes its gpu-check block from the committed files
 REPORT_COMMAND = ("python benchmarks/gpu_check.py --report docs/gpu_check/h200.json docs/gpu_check/h200_rollout.json "
-                  "--doc docs/gpu.md")
+                  "docs/gpu_check/h200_learner_e2e.json --doc docs/gpu.md")
 AS_MAIN = ("import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__'); "
            "print('parent imported torch:', 'torch' in sys.modules)")
 
@@ -158,13 +158,13 @@ def test_docs_gpu_block_is_what_the_report_renders_from_the_committed_json(monke
     args = REPORT_COMMAND.split()
     doc = (REPO / "docs" / "gpu.md").read_text()
     assert REPORT_COMMAND in doc, "docs/gpu.md names the command that writes its block"
-    assert gpu_check_report.block_of(doc) == gpu_check.report_block(args[3:5], args[6])
+    assert gpu_check_report.block_of(doc) == gpu_check.report_block(args[3:-2], args[-1])
 
 
 def test_report_command_rewrites_the_block_in_place(tmp_path):
     """The documented command on a copy of docs/gpu.md and the JSON files: the document comes back unchanged."""
     (tmp_path / "docs" / "gpu_check").mkdir(parents=True)
-    for name in ("gpu.md", "gpu_check/h200.json", "gpu_check/h200_rollout.json"):
+    for name in ("gpu.md", "gpu_check/h200.json", "gpu_check/h200_rollout.json", "gpu_check/h200_learner_e2e.json"):
         (tmp_path / "docs" / name).write_text((REPO / "docs" / name).read_text())
     doc = tmp_path / "docs" / "gpu.md"
     doc.write_text(gpu_check_report.replace_block(doc.read_text(), f"{gpu_check_report.BEGIN} -->\nstale\n"
@@ -222,6 +222,24 @@ def test_renderer_shows_the_end_to_end_section():
     for row in ("| train.py: steps | 3 |", "| train.py: s (3 steps, with start-up) | 31.2 |", "| eval.py: EM | 0.125 |",
                 "| eval.py: s | - |", "| retriever built on | cuda:1 |", "| fresh thread starts on CUDA device | 0 |",
                 "| fresh thread's hits equal the building thread's | True |"):
+        assert row in lines, row
+
+
+def test_every_result_the_check_reports_belongs_to_its_section():
+    """The renderer files each figure under the section that measured it, so a section rerun alone carries all of
+    its figures (a figure under no section would be dropped from the document)."""
+    for shapes in (gpu_check.FULL, gpu_check.SMOKE):
+        for section, names in gpu_check.expected_results(shapes).items():
+            assert {gpu_check_report.section_of(n) for n in names} == {section}, section
+
+
+def test_renderer_shows_the_packing_part():
+    report = hand_report({"learner": ("ok", 90.0)}, {"packing_padded_token_share": 0.3242, "packing_resident_before_gib":
+                                                     0.0625, "packing_packed_over_padded": 1.443,
+                                                     "packing_update_tokens_per_s_packed": 22042.9})
+    lines = gpu_check_report.render_block([("g.json", report)], {}, "x.md").splitlines()
+    for row in ("| padded rows: padding's share of the positions | 0.324 |", "| update tokens/s, padded rows | - |",
+                "| update tokens/s, packed rows | 22,043 |", "| packed speed-up (padded s / packed s) | 1.44 |"):
         assert row in lines, row
 
 
