@@ -328,8 +328,7 @@ ENTRIES: tuple[Entry, ...] = (
         where="tests/test_eval.py::test_compare_dirs_cli", snippet='"--baseline", "llds"',
         how="--compare-dirs with --baseline naming a row"),
     RunByTest("gpu_check_report", (
-        "python benchmarks/gpu_check.py --report docs/gpu_check/h200.json docs/gpu_check/h200_rollout.json "
-        "docs/gpu_check/h200_learner_e2e.json --doc docs/gpu.md",),
+        "python benchmarks/gpu_check.py --report docs/gpu_check/h200.json --doc docs/gpu.md",),
         where="tests/test_gpu_check.py::test_report_command_rewrites_the_block_in_place",
         snippet='REPORT_COMMAND.replace("benchmarks/gpu_check.py"',
         how="the documented command on a copy of docs/gpu.md and the JSON files"),

@@ -24,8 +24,7 @@ from searchr1_lld.preflight import memory_plan as mp  # noqa: E402
 CPU_NULL = ("_peak_gib", "_persistent_gib")  # no allocator statistics on CPU: present, null
 # runs gpu_check.py as the main program, then says whether that process (not its sections') imported torch
 # docs/gpu.md's figures: this command, run in the repository, writes its gpu-check block from the committed files
-REPORT_COMMAND = ("python benchmarks/gpu_check.py --report docs/gpu_check/h200.json docs/gpu_check/h200_rollout.json "
-                  "docs/gpu_check/h200_learner_e2e.json --doc docs/gpu.md")
+REPORT_COMMAND = "python benchmarks/gpu_check.py --report docs/gpu_check/h200.json --doc docs/gpu.md"
 AS_MAIN = ("import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__'); "
            "print('parent imported torch:', 'torch' in sys.modules)")
 
@@ -164,7 +163,7 @@ def test_docs_gpu_block_is_what_the_report_renders_from_the_committed_json(monke
 def test_report_command_rewrites_the_block_in_place(tmp_path):
     """The documented command on a copy of docs/gpu.md and the JSON files: the document comes back unchanged."""
     (tmp_path / "docs" / "gpu_check").mkdir(parents=True)
-    for name in ("gpu.md", "gpu_check/h200.json", "gpu_check/h200_rollout.json", "gpu_check/h200_learner_e2e.json"):
+    for name in ("gpu.md", "gpu_check/h200.json"):
         (tmp_path / "docs" / name).write_text((REPO / "docs" / name).read_text())
     doc = tmp_path / "docs" / "gpu.md"
     doc.write_text(gpu_check_report.replace_block(doc.read_text(), f"{gpu_check_report.BEGIN} -->\nstale\n"
