@@ -11,7 +11,7 @@ from searchr1_lld.config import ConfigError
 from searchr1_lld.lab import baselines, compact, grid
 from searchr1_lld.lab.comparison import claims
 from searchr1_lld.lab.comparison.report import write_outputs
-from searchr1_lld.lab.methods import METHODS
+from searchr1_lld.lab.methods import ARMS, METHODS
 
 IDS = [f"q{i}" for i in range(10)]
 QUESTIONS = [{"id": i, "hops": 1, "family": "f", "subject": f"s{k // 2}", "train_answer": k < 4}
@@ -196,7 +196,7 @@ def test_grid_tasks_end_to_end_on_the_test_world(tmp_path, tiny_world):
     config = tmp_path / "quick-all.yaml"  # the quick lab, every test question (baselines and runs on the same ones)
     config.write_text(f"_base_: {QUICK_CONFIG}\neval:\n  limit: 0\n")
     base = grid.run_baselines(str(config), runs_root, compact_dir, str(tiny_world))
-    path = grid.run_task(str(config), 1e-3, "grpo", 0, runs_root, compact_dir, str(tiny_world))
+    path = grid.run_task(str(config), 1e-3, ARMS["grpo"], 0, runs_root, compact_dir, str(tiny_world))
     assert path == compact_dir / "grpo-lr0.001-seed0.json.gz"
     rec, b = compact.read_gz_json(path), compact.read_gz_json(base)
     test_ids = {q["id"] for q in b["splits"]["test"]["questions"]}
@@ -205,7 +205,7 @@ def test_grid_tasks_end_to_end_on_the_test_world(tmp_path, tiny_world):
     assert [r["step"] for r in rec["records"] if "eval/val_em" in r] == [2, 3]  # the curve is validation
     assert set(b["splits"]["val"]["questions"][0]) == {"id", "hops", "family", "subject", "train_answer"}
     assert not {q["id"] for q in b["splits"]["val"]["questions"]} & test_ids
-    assert grid.run_task(str(config), 1e-3, "grpo", 0, runs_root, compact_dir, str(tiny_world)) == path
+    assert grid.run_task(str(config), 1e-3, ARMS["grpo"], 0, runs_root, compact_dir, str(tiny_world)) == path
     grid.write_design(compact_dir, {"config": "quick", "methods": ["grpo"], "lrs": [1e-3], "seeds": [0]})
     s = write_outputs(compact_dir, tmp_path / "out")
     assert s["complete"] and s["selection"]["chosen"]["grpo"]["lr"] == 1e-3

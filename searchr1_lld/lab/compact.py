@@ -79,7 +79,8 @@ def run_record(method: Method, seed: int, lr: float, lab_run: dict[str, Any], re
     ``test_correct`` its greedy test EM per question id, ``code`` the commit it ran (:func:`git_commit`)."""
     ev = lab_run["eval"]
     return {
-        "method": method.key, "label": method.label, "seed": seed, "lr": lr, "steps": lab_run["steps"],
+        "method": method.key, "label": method.label, "overrides": list(method.overrides), "seed": seed, "lr": lr,
+        "steps": lab_run["steps"],
         "world_hash": world_hash, "settings": lab_run.get("settings"), "code": code,
         "records": compact_records(records),
         "test": {"em": ev["em"], "em_single_hop": ev.get("em_single_hop"), "em_multi_hop": ev.get("em_multi_hop"),

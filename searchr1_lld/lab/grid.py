@@ -5,6 +5,12 @@ demo's selection runs, as separate worker processes, ``jobs`` at a time.
         --methods grpo,llds_action --runs-dir runs/compare --compact docs/lab/runs --jobs 2 [--demo] [--commit]
     python -m searchr1_lld.lab task --config ... --lr 1e-3 --method grpo --seed 0 --runs-dir ... --compact ...
     python -m searchr1_lld.lab task --baselines --config ... --runs-dir ... --compact ...
+    python -m searchr1_lld.lab grid --registration docs/lab/stepsize/registration.json --jobs 2 --commit
+    python -m searchr1_lld.lab task --config ... --lr 2e-3 --method grpo --arm grpo_kl0.01 --set algorithm.kl_coef=0.01 ...
+
+A registration (:mod:`.stepsize.registration`) names the config, the arms (a method preset and the overrides that make
+it a control, each arm at its own learning rates), the seeds and both directories; its grid refuses to start before
+its status is ``registered``. Outside a registration, ``--arm NAME --set KEY=VALUE ...`` runs one such arm (a pilot).
 
 Each worker runs ``--threads`` torch/BLAS threads (``OMP_NUM_THREADS``; default: the usable cores shared out over the
 ``--jobs``, at least 1): two single-threaded jobs keep a 2-core machine busy through each other's serial stretches,
@@ -38,11 +44,13 @@ from searchr1_lld.lab.comparison.claims import DESIGN_FILE
 from searchr1_lld.lab.comparison.report import CURVES_FILE
 from searchr1_lld.lab.compact import BASELINES_FILE, compact_name, git_commit, lr_tag, run_record, write_gz_json
 from searchr1_lld.lab.evaluating import evaluate_policy, load_policy
-from searchr1_lld.lab.methods import ARMS, REPO_ROOT, lab_config, parse_methods, parse_seeds, read_lab_config
+from searchr1_lld.lab.methods import (ARMS, REPO_ROOT, Method, lab_config, parse_methods, parse_seeds,
+                                      read_lab_config)
 from searchr1_lld.lab.prereg.registration import PREREG_FILE, check_registered, registration_of
 from searchr1_lld.lab.prereg.report import PHENOMENA_FIGURES
 from searchr1_lld.lab.running import prepare_world, repo_relative, resolve_world_dir, run_lab
 from searchr1_lld.lab.demo.selection import selection_file
+from searchr1_lld.lab.stepsize import registration as stepsize
 from searchr1_lld.world import read_card
 
 
@@ -57,18 +65,17 @@ def parse_lrs(text: str) -> list[float]:
     return lrs
 
 
-def run_task(config_path: str, lr: float, method_key: str, seed: int, runs_root: Path, compact_dir: Path,
+def run_task(config_path: str, lr: float, method: Method, seed: int, runs_root: Path, compact_dir: Path,
              world_dir: str | None = None) -> Path:
-    """Train (or resume, or reuse) one run with the lab, then write its compact result; returns that file.
-    ``world_dir``: an existing world to use as is (default: the lab config's world, built on first use)."""
-    out = compact_dir / compact_name(method_key, lr, seed)
+    """Train (or resume, or reuse) one run of the arm ``method`` with the lab, then write its compact result; returns
+    that file. ``world_dir``: an existing world to use as is (default: the lab config's world, built on first use)."""
+    out = compact_dir / compact_name(method.key, lr, seed)
     if out.is_file():
         return out
     runs_dir = runs_root / f"lr{lr_tag(lr)}"
-    method = ARMS[method_key]
     code = git_commit(REPO_ROOT)  # the code this run starts from
     summary = run_lab(config_path=config_path, overrides=[f"trainer.lr={lr}"], seeds=[seed], methods=[method],
-                      out_dir=runs_dir / f"report-{method_key}-seed{seed}", runs_dir=runs_dir, sampled=0,
+                      out_dir=runs_dir / f"report-{method.key}-seed{seed}", runs_dir=runs_dir, sampled=0,
                       train_eval=0, command="python -m searchr1_lld.lab task", world_dir=world_dir)
     rec = summary["runs"][0]
     card = read_card(REPO_ROOT / summary["world"]["dir"]) or {}  # an absolute dir stays absolute
@@ -145,6 +152,22 @@ def lab_tasks(config: str, lrs: Sequence[float], seeds: Sequence[int], methods: 
     return tasks
 
 
+def registered_tasks(reg_path: Path, reg: dict) -> list[Task]:
+    """The baselines, then every (arm, learning rate, seed) of a registration, seed by seed."""
+    block = reg["registration"]
+    compact_dir = REPO_ROOT / block["runs_dir"]
+    common = ["--registration", str(reg_path), "--runs-dir", str(REPO_ROOT / block["train_dir"]),
+              "--compact", str(compact_dir)]
+    py = [sys.executable, "-m", "searchr1_lld.lab", "task"]
+    tasks = [Task("baselines", [*py, "--baselines", "--config", block["config"], *common[2:]],
+                  compact_dir / BASELINES_FILE, report=True)]
+    for arm, lr, seed in stepsize.cells(reg):
+        tasks.append(Task(f"{arm}-lr{lr_tag(lr)}-seed{seed}",
+                          [*py, "--arm", arm, "--lr", repr(lr), "--seed", str(seed), *common],
+                          compact_dir / compact_name(arm, lr, seed), report=True))
+    return tasks
+
+
 def demo_tasks(lrs: Sequence[float], demo_dir: Path) -> list[Task]:
     """The demo's selection runs (one per learning rate) and then the demo itself with the chosen settings."""
     py = [sys.executable, "-m", "searchr1_lld.demo"]
@@ -182,14 +205,21 @@ def commit(paths: Sequence[Path], message: str) -> None:
 
 
 def rebuild_report(compact_dir: Path, prereg_path: Path = REPO_ROOT / PREREG_FILE,
-                   readme: Path = REPO_ROOT / "README.md") -> list[Path]:
+                   readme: Path = REPO_ROOT / "README.md",
+                   stepsize_path: Path = REPO_ROOT / stepsize.STEPSIZE_FILE) -> list[Path]:
     """The report the compact results in ``compact_dir`` feed, rebuilt from them; the paths it wrote. The
-    registration's runs dir feeds the registered analysis (``prereg-report``, into its ``report_dir``); any other the
-    comparison's report in docs/lab (``report``); both replace their block of ``readme``. The report command runs in
+    pre-registered comparison's runs dir feeds its registered analysis (``prereg-report``, into its ``report_dir``),
+    the step-size study's runs dir its own (``stepsize-report``, into the whole of its ``report_dir``), any other the
+    comparison's report in docs/lab (``report``); each replaces its block of ``readme``. The report command runs in
     a fresh interpreter, so a grid that runs for hours writes its reports with the code on disk, not the code it
     started with."""
     reg = registration_of(compact_dir, prereg_path)
-    if reg is not None:
+    study = stepsize.registration_of(compact_dir, stepsize_path)
+    if study is not None:
+        out = REPO_ROOT / study["registration"]["report_dir"]
+        argv = ["stepsize-report", "--registration", str(stepsize_path), "--out", str(out)]
+        written = [out]
+    elif reg is not None:
         out = REPO_ROOT / reg["report_dir"]
         argv = ["prereg-report", "--prereg", str(prereg_path), "--runs", str(compact_dir), "--out", str(out)]
         written = [out / "summary.json", out / "README.md", *(out / f"{stem}.png" for stem in PHENOMENA_FIGURES)]
@@ -275,16 +305,36 @@ def run_tasks(tasks: Sequence[Task], jobs: int, log_dir: Path, commit_results: b
     return failed
 
 
+def task_method(args: argparse.Namespace, reg: dict | None) -> Method:
+    """The arm one ``task`` runs: a registered arm (``--registration`` + ``--arm``), or a method preset
+    (``--method``) with ``--set`` overrides under the name ``--arm`` (default: the method's)."""
+    if reg is not None:
+        if args.arm not in reg["arms"] or args.method or args.set:
+            raise ConfigError(f"with --registration, task needs --arm (one of {list(reg['arms'])}) and no --method "
+                              f"or --set: the registration fixes the arm's settings")
+        return stepsize.arm_method(args.arm, reg["arms"][args.arm])
+    if args.method not in ARMS:
+        raise ConfigError(f"task needs --lr, --method (one of {list(ARMS)}) and --seed, or --baselines")
+    bad = [item for item in args.set if "=" not in item]
+    if bad or (args.set and not args.arm):
+        raise ConfigError(f"--set takes KEY=VALUE items and needs --arm naming the arm it makes (got {args.set})")
+    method = ARMS[args.method]
+    return Method(args.arm or method.key, method.label, (*method.overrides, *args.set))
+
+
 def main(argv: list[str]) -> int:
     """``grid`` (the driver) and ``task`` (one worker)."""
     mode, rest = argv[0], argv[1:]
     p = argparse.ArgumentParser(prog=f"python -m searchr1_lld.lab {mode}", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True, help="the lab config every run shares (e.g. configs/lab/compare.yaml)")
-    p.add_argument("--runs-dir", required=True, help="where the runs train (checkpoints: an interrupted run resumes)")
-    p.add_argument("--compact", default="docs/lab/runs", help="where the compact results go")
+    p.add_argument("--registration", help="a registration file (docs/lab/stepsize/registration.json): its config, "
+                   "arms, learning rates, seeds and directories (grid: instead of --config, --lrs, --methods, --seeds, "
+                   "--runs-dir and --compact)")
+    p.add_argument("--config", help="the lab config every run shares (e.g. configs/lab/compare.yaml)")
+    p.add_argument("--runs-dir", help="where the runs train (checkpoints: an interrupted run resumes)")
+    p.add_argument("--compact", help="where the compact results go (default docs/lab/runs)")
     if mode == "grid":
-        p.add_argument("--lrs", required=True, help="comma-separated learning rates")
+        p.add_argument("--lrs", help="comma-separated learning rates")
         p.add_argument("--seeds", default="0,1,2")
         p.add_argument("--methods", default="grpo,llds_action")
         p.add_argument("--jobs", type=int, default=2, help="worker processes at a time")
@@ -297,27 +347,50 @@ def main(argv: list[str]) -> int:
     else:
         p.add_argument("--baselines", action="store_true", help="the baselines instead of a run")
         p.add_argument("--lr", type=float)
-        p.add_argument("--method")
+        p.add_argument("--method", help="a method preset (algorithm.method)")
+        p.add_argument("--arm", help="the arm's name: a registered arm (with --registration), or the name of --method "
+                       "with the --set overrides")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="an override that makes --method the arm --arm (repeatable)")
         p.add_argument("--seed", type=int)
         p.add_argument("--world-dir", help="an existing world dir to use as is (default: the config's world)")
     args = p.parse_args(rest)
-    runs_root, compact_dir = Path(args.runs_dir), Path(args.compact)
     try:
+        reg = stepsize.load_registration(args.registration) if args.registration else None
+        if reg is not None:
+            block = reg["registration"]
+            config = args.config or block["config"]
+            runs_root = Path(args.runs_dir or REPO_ROOT / block["train_dir"])
+            compact_dir = Path(args.compact or REPO_ROOT / block["runs_dir"])
+        else:
+            if not args.config or not args.runs_dir:
+                raise ConfigError(f"{mode} needs --config and --runs-dir (or --registration)")
+            config, runs_root, compact_dir = args.config, Path(args.runs_dir), Path(args.compact or "docs/lab/runs")
         if mode == "task":
             if args.baselines:
-                print(run_baselines(args.config, runs_root, compact_dir, args.world_dir))
+                print(run_baselines(config, runs_root, compact_dir, args.world_dir))
                 return 0
-            if args.lr is None or args.method not in ARMS or args.seed is None:
-                raise ConfigError(f"task needs --lr, --method (one of {list(ARMS)}) and --seed, or --baselines")
-            print(run_task(args.config, args.lr, args.method, args.seed, runs_root, compact_dir, args.world_dir))
+            method = task_method(args, reg)
+            if args.lr is None or args.seed is None:
+                raise ConfigError("task needs --lr and --seed (or --baselines)")
+            print(run_task(config, args.lr, method, args.seed, runs_root, compact_dir, args.world_dir))
             return 0
         if args.jobs < 1 or args.threads < 0:
             raise ConfigError(f"--jobs must be >= 1 and --threads >= 0, got {args.jobs} and {args.threads}")
-        check_registered(compact_dir)
-        design = {"config": args.config, "methods": [m.key for m in parse_methods(args.methods)],
-                  "lrs": parse_lrs(args.lrs), "seeds": parse_seeds(args.seeds)}
-        write_design(compact_dir, design)
-        tasks = lab_tasks(args.config, design["lrs"], design["seeds"], design["methods"], runs_root, compact_dir)
+        if reg is not None:
+            stepsize.check_registered(reg, args.registration)
+            design = {"registration": repo_relative(Path(args.registration)), "config": config,
+                      "arms": reg["arms"], "seeds": reg["seeds"]}
+            write_design(compact_dir, design)
+            tasks = registered_tasks(Path(args.registration), reg)
+        else:
+            if not args.lrs:
+                raise ConfigError("grid needs --lrs (or --registration)")
+            check_registered(compact_dir)
+            design = {"config": config, "methods": [m.key for m in parse_methods(args.methods)],
+                      "lrs": parse_lrs(args.lrs), "seeds": parse_seeds(args.seeds)}
+            write_design(compact_dir, design)
+            tasks = lab_tasks(config, design["lrs"], design["seeds"], design["methods"], runs_root, compact_dir)
         if args.demo:
             tasks = interleave(tasks, demo_tasks(parse_lrs(args.demo_lrs), REPO_ROOT / "docs" / "demo"))
         failed = run_tasks(tasks, args.jobs, runs_root / "logs", commit_results=args.commit,
