@@ -141,6 +141,7 @@ def test_readme_line_and_table_show_the_baselines_intervals_and_the_claim():
     line = readme_line(s)
     assert line.startswith("Demo result: test EM 0.25 -> 0.62, gain 0.38 [")
     assert "two-hop (4) 0.00 -> 0.75, gain 0.75 [" in line and "majority-answer baseline 0.00" in line
+    assert "; single-hop (4) 0.50 -> 0.50, gain 0.00 [" in line  # the cost (or not) on what the warm start could do
     assert "8 test questions over 4 subjects, 95 % paired bootstrap over subjects" in line
     assert "lr 0.001 and 25 steps chosen on validation, where the gain is claimed: on validation it is 0.20 [0.05, " \
            "0.40], above 0" in line
@@ -190,6 +191,7 @@ def test_seeds_summary_reports_every_seed_and_the_spread(tmp_path):
     write_seeds_report(tmp_path, seeds, "python -m searchr1_lld.demo --seeds 0,1 --report docs/demo/seeds")
     text = (tmp_path / "README.md").read_text()
     assert "| 0 | 0.25 | 0.62 | 0.38 [" in text and "[seed1](seed1/README.md)" in text
+    assert "| single-hop gain [95 % CI] |" in text and seeds["spread"]["gain_1-hop"]["mean"] == 0.0
     assert json.loads((tmp_path / "seeds.json").read_text()) == seeds
 
 

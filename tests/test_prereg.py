@@ -225,6 +225,11 @@ def test_the_report_command_writes_the_report(grid, tmp_path, capsys):
     assert summary["runs_finished"] == 8 and summary["H1"]["arms"]["llds_action"]["supported"]
     assert "## H1" in (out / "README.md").read_text() and "8 of 8 runs" in capsys.readouterr().out
     assert readme_block_of(readme.read_text(), README_BEGIN, README_END) == readme_block(summary)
+    # H3's levels: the warm start answers 2 of the 4 single-hop test questions; at the H1 rate GRPO none, LLDS all
+    assert summary["single_hop_test_em"] == {"warm_start": 0.5, "rates": ["0.001"],
+                                             "arms": {"grpo": 0.0, "llds_action": 1.0}}
+    assert ("H3 (LLDS loses less single-hop skill than GRPO; from the warm start's 0.50, GRPO ends at 0.00 and the "
+            "LLDS arms at 1.00-1.00 at lr 0.001)") in readme_block(summary)
 
 
 def test_the_grid_rebuilds_the_registered_report_into_its_own_dir(grid, tmp_path):

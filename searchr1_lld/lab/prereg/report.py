@@ -19,7 +19,7 @@ from searchr1_lld.lab.comparison.claims import clean, replace_readme_block
 from searchr1_lld.lab.compact import read_runs
 from searchr1_lld.lab.methods import ARMS, REPO_ROOT
 from searchr1_lld.lab.plots import plot_grid
-from searchr1_lld.lab.prereg.registration import PREREG_FILE, analyse, load_preregistration
+from searchr1_lld.lab.prereg.registration import CONTROL, PREREG_FILE, analyse, load_preregistration
 from searchr1_lld.lab.report import fmt
 
 README_BEGIN = "<!-- prereg-results:begin (python -m searchr1_lld.lab prereg-report --readme README.md) -->"
@@ -154,6 +154,12 @@ def render(s: Mapping[str, Any]) -> str:
               + (two["verdict"] if two["verdict"] else "supported" if two["supported"] else "not supported") + "."]
     three = s["H3"]
     lines += ["", "## H3: single-hop test EM, LLDS arm minus GRPO at the H1 rates", ""]
+    levels = s.get("single_hop_test_em")
+    if levels:
+        lines.append(f"Levels (descriptive): the warm start scores {levels['warm_start']:.3f} on the single-hop test "
+                     "questions; at the H1 rates the arms' means are " + ", ".join(
+                         f"{arm} {v:.3f}" for arm, v in levels["arms"].items()) + ". Every arm loses single-hop "
+                     "skill there; H3 asks which loses less.\n")
     if three.get("verdict"):
         lines.append(f"H3 {three['verdict']}.")
     lines += [f"- {arm}: {_h3_arm(a)}." for arm, a in three["arms"].items()]
@@ -221,9 +227,37 @@ def readme_block(s: Mapping[str, Any]) -> str:
         f"warned {two['lead_k']}+ steps ahead in {_share(two['warned_k_ahead'])} collapsed runs; firing share "
         f"difference {_diff(two['difference'])}: {'supported' if two['supported'] else 'not supported'}") + ".")
     three = s["H3"]
-    lines.append("- H3 (LLDS keeps single-hop skill GRPO loses): " + (three.get("verdict") or "; ".join(
-        f"{arm} minus GRPO {_h3_arm(a)}" for arm, a in three["arms"].items())) + ".")
+    lines.append(f"- H3 (LLDS loses less single-hop skill than GRPO{_levels_text(s.get('single_hop_test_em'))}): "
+                 + (three.get("verdict") or "; ".join(f"{arm} minus GRPO {_h3_arm(a)}"
+                                                      for arm, a in three["arms"].items())) + ".")
     return "\n".join(lines) + "\n"
+
+
+def single_hop_levels(runs_dir: str | Path, rates: Sequence[str]) -> dict[str, Any]:
+    """The levels behind H3's differences (descriptive, not registered): the warm start's single-hop test EM and
+    each arm's mean over its runs at the H1 ``rates``."""
+    raw, base = read_runs(runs_dir)
+    one_hop = [q["id"] for q in base["splits"]["test"]["questions"] if q["hops"] == 1]
+
+    def em(correct: Mapping[str, Any]) -> float:
+        return sum(correct[i] for i in one_hop) / len(one_hop)
+
+    arms: dict[str, list[float]] = {}
+    for r in raw:
+        if f"{r['lr']:g}" in rates:
+            arms.setdefault(r["method"], []).append(em(r["test"]["correct"]))
+    return {"warm_start": em(base["splits"]["test"]["correct"]["warm_start"]), "rates": list(rates),
+            "arms": {arm: sum(v) / len(v) for arm, v in arms.items()}}
+
+
+def _levels_text(levels: Mapping[str, Any] | None) -> str:
+    """``; from the warm start's 0.55, GRPO ends at 0.01 and the LLDS arms at 0.14-0.17`` (empty without levels)."""
+    if not levels or CONTROL not in levels["arms"]:
+        return ""
+    others = [v for arm, v in levels["arms"].items() if arm != CONTROL]
+    span = f"{min(others):.2f}-{max(others):.2f}" if others else "-"
+    return (f"; from the warm start's {levels['warm_start']:.2f}, GRPO ends at {levels['arms'][CONTROL]:.2f} and the "
+            f"LLDS arms at {span} at lr {', '.join(levels['rates'])}")
 
 
 def write_report(prereg_path: str | Path, runs_dir: str | Path, out_dir: str | Path,
@@ -232,6 +266,7 @@ def write_report(prereg_path: str | Path, runs_dir: str | Path, out_dir: str | P
     with ``readme``, that README's block of the comparison replaced (:func:`readme_block`). Returns the summary."""
     prereg = load_preregistration(prereg_path)
     summary = clean(analyse(prereg, runs_dir))
+    summary["single_hop_test_em"] = single_hop_levels(runs_dir, summary["H3"]["rates"])
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
