@@ -261,7 +261,7 @@ def test_sensitivity_table_verdict_flips_with_persist():
 
 def test_run_points():
     run = make_run("llds_action", LR, 3, curve(collapse_at=6), test_em=0.42, step_kl=[0.02, 0.04] + [9.0] * 20,
-                   val_em={0: 0.5, 12: 0.1})
+                   val_em={0: 0.5, 6: 0.3, 12: 0.1})  # the last is final
     (point,) = run_points([run], REGISTRATION["label"])
     assert point == {"arm": "llds_action", "lr": LR, "seed": 3, "step_size": pytest.approx((0.06 + 9.0 * 18) / 20),
                      "collapse_time": 6, "event": 1, "final_val_em": 0.1, "test_em": 0.42}
@@ -315,30 +315,32 @@ def alarm_run(name, drops, reward_falls_at=None, collapse=None):
 
 # calm runs' probe-drop peaks 0.1, 0.3, 0.6: at a false-alarm rate of 1/3 the threshold is the second largest, 0.3,
 # and only the 0.6 run fires. Collapsed runs (all at step 10) first exceed 0.3 at steps 4, 7 and 8 (leads 6, 3, 2;
-# run c sits AT 0.3 from step 2, which does not exceed it); their reward falls at 8, 8 and 9 (reward-drop leads 2, 2, 1
-# against a threshold of 0, the calm runs' score). Paired gains of the probe alarm: 4, 1, 1.
+# run c sits AT 0.3 from step 2, which does not exceed it). Their reward falls at 8, 8 and 10: against a threshold of
+# 0 (the calm runs' score) the reward drop fires at 8, 8 and 10, leads 2, 2 and missed (an alarm at the collapse step
+# warns of nothing). Paired gains, a miss counted as lead 0: probe 6-2, 3-2, 2-0 = 4, 1, 2.
 ALARM_RUNS = [alarm_run("calm0", {6: 0.1}), alarm_run("calm1", {3: 0.3}), alarm_run("calm2", {9: 0.6}),
               alarm_run("a", {4: 0.5}, reward_falls_at=8, collapse=10),
               alarm_run("b", {7: 0.5}, reward_falls_at=8, collapse=10),
-              alarm_run("c", {2: 0.3, 8: 0.5}, reward_falls_at=9, collapse=10)]
+              alarm_run("c", {2: 0.3, 8: 0.5}, reward_falls_at=10, collapse=10)]
 
 
 def test_alarm_study_at_a_matched_false_alarm_rate():
     out = alarm_study(ALARM_RUNS, ["probe_drop", "step_kl_rise"], false_alarm_rate=1 / 3, n_boot=500)
     assert out["estimable"] is True and (out["runs"], out["collapsed"]) == (6, 3)
     ref = out["alarms"]["reward_drop"]
-    assert (ref["threshold"], ref["leads"], ref["false_alarms"]) == (0.0, [2, 2, 1], "0/3")
+    assert (ref["threshold"], ref["leads"], ref["false_alarms"]) == (0.0, [2, 2, None], "0/3")
+    assert (ref["detections"], ref["median_lead"]) == ("2/3", 2)
     probe = out["alarms"]["probe_drop"]
     assert probe["threshold"] == pytest.approx(0.3)
     assert (probe["false_alarms"], probe["false_alarm_share"]) == ("1/3", pytest.approx(1 / 3))
     assert (probe["leads"], probe["detections"], probe["median_lead"]) == ([6, 3, 2], "3/3", 3)
     gain = probe["versus_reference"]
-    assert gain["estimate"] == pytest.approx(2.0)  # mean of 4, 1, 1
+    assert gain["estimate"] == pytest.approx(7 / 3)  # mean of 4, 1, 2
     assert 1.0 <= gain["low"] and gain["high"] <= 4.0 and probe["supported"] is True
     # step KL is flat: the calm runs' peak ratio 1 is the threshold and no collapsed run exceeds it
     kl = out["alarms"]["step_kl_rise"]
     assert (kl["leads"], kl["detections"], kl["median_lead"]) == ([None, None, None], "0/3", None)
-    assert kl["versus_reference"]["estimate"] == pytest.approx(-5 / 3) and kl["supported"] is False
+    assert kl["versus_reference"]["estimate"] == pytest.approx(-4 / 3) and kl["supported"] is False  # -2, -2, 0
 
 
 def test_alarms_are_not_estimable_without_two_runs_of_each_outcome():

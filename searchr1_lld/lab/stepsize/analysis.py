@@ -23,11 +23,13 @@ The registration (a dict; every key below is read):
      "sensitivity": {"ratio": [0.3, 0.5], "persist": [1, 2, 3]}}
 
 A hypothesis's kind is read from its keys, once (:data:`HYPOTHESIS_KINDS`): ``control`` (one comparison),
-``controls`` (mechanism against the step-size-matched controls), ``alarms`` (alarms at a matched false-alarm rate,
-:mod:`.alarms`; optional ``arms``, the arms whose runs are pooled, default every run at that rate). An ``lr`` is a
-name of ``lrs`` or a number. The treatment runs at ``lr``; a control runs at the same rate when its ``arms`` entry
-lists it, else at the one rate it ran at (:func:`control_lr`), so a control run at a single rate needs no naming.
-An arm absent from ``arms`` is taken at the rates its runs have.
+``controls`` (mechanism against the step-size-matched controls; ``baseline`` defaults to ``grpo``), ``alarms``
+(alarms at a matched false-alarm rate, :mod:`.alarms`; optional ``reference``, default ``reward_drop``; ``arms``, the
+arms whose runs are pooled, default every run at that rate; ``window``, the :class:`.alarms.ScoreWindow` fields
+``early_first``, ``early_last``, ``trailing``, default 1, 5, 3). An ``lr`` is a name of ``lrs`` or a number. The
+treatment runs at ``lr``; a control runs at the same rate when its ``arms`` entry lists it, else at the one rate it
+ran at (:func:`control_lr`), so a control run at a single rate needs no naming. An arm absent from ``arms`` is taken
+at the rates its runs have. ``sensitivity``: the labels :func:`sensitivity_table` re-tests the comparisons under.
 
 A comparison is supported when the one-sided log-rank p (treatment survives longer) is below ``alpha`` AND the
 interval of ``RMST_treatment - RMST_control`` lies above 0. H2's verdict: ``mechanism`` when the treatment beats the

@@ -64,7 +64,7 @@ def _rmst_rows(u: np.ndarray, surv: np.ndarray, horizon: float) -> np.ndarray:
     """``[B]``: ``integral_0^horizon S(t) dt`` of the step curves ``S`` ``[B, J]`` (value 1 before ``u[0]``, ``S[:, j]``
     on ``[u_j, u_{j+1})``)."""
     knots = np.concatenate(([0.0], np.minimum(u, horizon), [horizon]))  # [J + 2]
-    widths = np.diff(knots).clip(min=0.0)  # [J + 1]
+    widths = np.diff(knots)  # [J + 1], >= 0: the times are sorted and >= 0
     levels = np.concatenate((np.ones((surv.shape[0], 1)), surv), axis=1)  # [B, J + 1]
     return levels @ widths
 
