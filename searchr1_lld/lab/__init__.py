@@ -13,7 +13,9 @@ baselines.py, the baselines, the not-guessable slice and each question's subject
 resamples subjects), each in a folder of its own with one public entry: ``comparison/`` (selection on validation,
 intervals, the detector measured, the report and the README block, from the compact files alone; docs/lab.md),
 ``prereg/`` (the pre-registered study: the registration, its label and alarms, its analysis and report) and
-``demo/`` (the demo's selection on validation and its report; run by :mod:`searchr1_lld.demo`).
+``demo/`` (the demo's selection on validation and its report; run by :mod:`searchr1_lld.demo`). ``stepsize/`` holds
+the step-size study's analysis (mechanism or smaller steps: survival of runs to a collapse, the registered
+hypotheses, alarms at a matched false-alarm rate), pure functions with no command of their own.
 
 What one lab does
     1. one synthetic world (``searchr1_lld.world.ensure_world`` of the lab config's ``world: FILE``; ``--world-dir`` or

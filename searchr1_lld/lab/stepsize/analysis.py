@@ -1,0 +1,269 @@
+"""The step-size study's labels and hypotheses (pure: compact run records and the registration in, numbers out).
+
+A run (as :func:`searchr1_lld.lab.compact.read_runs` returns it) is labelled by :func:`collapse_time`: it collapsed
+at the first evaluation after which ``persist`` consecutive evaluations of its held-out EM (``eval/val_sub_em``) all
+score at most ``ratio`` times its own step-0 value; otherwise it is censored at the horizon. A cell is one arm at one
+learning rate; the cells' survival is compared by the log-rank test and the difference of restricted mean survival
+times (:mod:`.survival`).
+
+The registration (a dict; every key below is read):
+
+    {"label": {"ratio": 0.3, "persist": 2, "horizon": 75},      # the primary collapse label
+     "alpha": 0.05,                                              # one-sided log-rank level
+     "lrs": {"collapse": 0.002, "below": 0.001},                 # named learning rates
+     "arms": {"grpo": {"lrs": [0.001, 0.002]},                   # the learning rates each arm ran at
+              "grpo_lr_matched": {"lrs": [0.0012]}, ...},
+     "hypotheses": {
+        "H1":  {"treatment": "llds_action", "control": "grpo", "lr": "collapse"},
+        "H1b": {"treatment": "llds_ma", "control": "grpo", "lr": "collapse"},
+        "H2":  {"treatment": "llds_action", "baseline": "grpo", "lr": "collapse",
+                "controls": ["grpo_lr_matched", "grpo_kl_matched", "nll_anchor"]},
+        "H3":  {"lr": "collapse", "false_alarm_rate": 0.2, "reference": "reward_drop",
+                "alarms": ["probe_drop", "correct_logp_drop", "step_kl_rise"]}},
+     "sensitivity": {"ratio": [0.3, 0.5], "persist": [1, 2, 3]}}
+
+A hypothesis's kind is read from its keys, once (:data:`HYPOTHESIS_KINDS`): ``control`` (one comparison),
+``controls`` (mechanism against the step-size-matched controls; ``baseline`` defaults to ``grpo``), ``alarms``
+(alarms at a matched false-alarm rate, :mod:`.alarms`; optional ``reference``, default ``reward_drop``; ``arms``, the
+arms whose runs are pooled, default every run at that rate; ``window``, the :class:`.alarms.ScoreWindow` fields
+``early_first``, ``early_last``, ``trailing``, default 1, 5, 3). An ``lr`` is a name of ``lrs`` or a number. The
+treatment runs at ``lr``; a control runs at the same rate when its ``arms`` entry lists it, else at the one rate it
+ran at (:func:`control_lr`), so a control run at a single rate needs no naming. An arm absent from ``arms`` is taken
+at the rates its runs have. ``sensitivity``: the labels :func:`sensitivity_table` re-tests the comparisons under.
+
+A comparison is supported when the one-sided log-rank p (treatment survives longer) is below ``alpha`` AND the
+interval of ``RMST_treatment - RMST_control`` lies above 0. H2's verdict: ``mechanism`` when the treatment beats the
+baseline and every matched control; ``smaller steps suffice`` when it beats the baseline but not every control;
+``inconclusive`` when it does not beat the baseline.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+from searchr1_lld.lab.analysis import finite
+from searchr1_lld.lab.intervals import BOOT_SEED, N_BOOT
+from searchr1_lld.lab.stepsize.alarms import LabelledRun, ScoreWindow, alarm_study
+from searchr1_lld.lab.stepsize.survival import kaplan_meier, logrank, rmst, rmst_difference
+
+HELD_OUT = "eval/val_sub_em"
+Run = Mapping[str, Any]
+
+
+def run_name(run: Run) -> str:
+    return f"{run.get('method')}-lr{run.get('lr'):g}-seed{run.get('seed')}"
+
+
+def collapse_time(records: Sequence[Mapping[str, Any]], *, ratio: float, persist: int, horizon: int,
+                  key: str = HELD_OUT, name: str = "run") -> tuple[int, int]:
+    """``(time, event)`` of one run: ``(s, 1)`` when it collapsed at step ``s``, ``(horizon, 0)`` when censored.
+
+    Reference ``v_0``: the run's own value of ``key`` at step 0. Evaluated points: the finite ``(step, value)`` with
+    ``0 < step <= horizon``, in step order, ``(s_1, v_1), (s_2, v_2), ...``. The run collapses at the first ``s_i``
+    such that ``v_i, ..., v_{i + persist - 1}`` all exist and are ``<= ratio * v_0``; a drop that begins too near
+    the end to hold ``persist`` points is censored. ValueError (naming ``key`` and ``name``) when the step-0 value is
+    missing or not above 0 (nothing to collapse from).
+    """
+    ref = [float(r[key]) for r in records if int(r["step"]) == 0 and finite(r.get(key))]
+    if not ref or ref[0] <= 0:
+        raise ValueError(f"{name}: no positive step-0 value of {key!r} (got {ref or 'none'}) to define a collapse")
+    bound = ratio * ref[0]
+    points = sorted((int(r["step"]), float(r[key])) for r in records
+                    if 0 < int(r["step"]) <= horizon and finite(r.get(key)))
+    for i in range(len(points) - persist + 1):
+        if all(v <= bound for _, v in points[i: i + persist]):
+            return points[i][0], 1
+    return int(horizon), 0
+
+
+def step_size(records: Sequence[Mapping[str, Any]], first: int = 1, last: int = 20) -> float:
+    """The run's measured step size: the mean of ``lld/step_kl`` (the KL between the policy before and after each
+    update) over the steps ``first..last`` inclusive; NaN when none is logged there."""
+    vals = [float(r["lld/step_kl"]) for r in records
+            if first <= int(r["step"]) <= last and finite(r.get("lld/step_kl"))]
+    return sum(vals) / len(vals) if vals else float("nan")
+
+
+def same_lr(a: float, b: float) -> bool:
+    return math.isclose(float(a), float(b), rel_tol=1e-9)
+
+
+def cell_runs(runs: Sequence[Run], arm: str, lr: float) -> list[Run]:
+    """The runs of one cell (arm at learning rate ``lr``), in seed order."""
+    return sorted((r for r in runs if r["method"] == arm and same_lr(r["lr"], lr)), key=lambda r: r["seed"])
+
+
+def labels(runs: Sequence[Run], label: Mapping[str, Any]) -> list[tuple[int, int]]:
+    """:func:`collapse_time` of each run under ``label`` (``{"ratio", "persist", "horizon"}``)."""
+    return [collapse_time(r["records"], ratio=label["ratio"], persist=label["persist"], horizon=label["horizon"],
+                          name=run_name(r)) for r in runs]
+
+
+def cell_survival(runs: Sequence[Run], arm: str, lr: float, label: Mapping[str, Any]) -> dict[str, Any]:
+    """One cell's survival: per run (seed order) its collapse ``times`` and ``events``, ``count`` (``"k/n"`` runs
+    collapsed), the Kaplan-Meier curve and the RMST up to the horizon (None without runs)."""
+    mine = cell_runs(runs, arm, lr)
+    te = labels(mine, label)
+    times, events = [t for t, _ in te], [e for _, e in te]
+    value = rmst(times, events, label["horizon"]) if mine else None
+    return {"arm": arm, "lr": lr, "seeds": [r["seed"] for r in mine], "times": times, "events": events,
+            "collapsed": sum(events), "runs": len(mine), "count": f"{sum(events)}/{len(mine)}",
+            "km": kaplan_meier(times, events), "rmst": value}
+
+
+def compare_arms(runs: Sequence[Run], arm_a: str, arm_b: str, lr: float, label: Mapping[str, Any],
+                 lr_b: float | None = None, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> dict[str, Any]:
+    """Does ``arm_a`` at ``lr`` survive longer than ``arm_b`` at ``lr_b`` (default ``lr``)? The log-rank test
+    (``p_one_sided``: the alternative that a survives longer) and ``RMST_a - RMST_b`` with its bootstrap interval,
+    and each cell's collapse count ``k/n``."""
+    a = cell_survival(runs, arm_a, lr, label)
+    b = cell_survival(runs, arm_b, lr if lr_b is None else lr_b, label)
+    keep = ("arm", "lr", "count", "rmst")
+    return {"a": {k: a[k] for k in keep}, "b": {k: b[k] for k in keep},
+            "logrank": logrank(a["times"], a["events"], b["times"], b["events"]),
+            "rmst_difference": rmst_difference(a["times"], a["events"], b["times"], b["events"], label["horizon"],
+                                               n_boot=n_boot, seed=seed)}
+
+
+def supported(comparison: Mapping[str, Any], alpha: float) -> bool:
+    """One-sided log-rank ``p < alpha`` and the RMST difference's interval above 0."""
+    diff = comparison["rmst_difference"]
+    return comparison["logrank"]["p_one_sided"] < alpha and diff["low"] is not None and diff["low"] > 0
+
+
+def resolve_lr(registration: Mapping[str, Any], lr: str | float) -> float:
+    """A hypothesis's ``lr``: a name of the registration's ``lrs`` or a number."""
+    return float(registration["lrs"][lr]) if isinstance(lr, str) else float(lr)
+
+
+def arm_lrs(registration: Mapping[str, Any], runs: Sequence[Run], arm: str) -> list[float]:
+    """The learning rates ``arm`` ran at: its ``arms`` entry, else the rates of its runs."""
+    entry = registration.get("arms", {}).get(arm)
+    if entry is not None:
+        return [float(x) for x in entry["lrs"]]
+    return sorted({float(r["lr"]) for r in runs if r["method"] == arm})
+
+
+def control_lr(registration: Mapping[str, Any], runs: Sequence[Run], arm: str, lr: float) -> float:
+    """The rate a control is compared at against a treatment at ``lr``: ``lr`` itself when the control ran at it,
+    else the one rate it ran at; ValueError when it ran at several rates, none of them ``lr``, or at none."""
+    rates = arm_lrs(registration, runs, arm)
+    if any(same_lr(x, lr) for x in rates):
+        return lr
+    if len(rates) == 1:
+        return rates[0]
+    raise ValueError(f"control {arm!r} ran at {rates or 'no rate'}, not at {lr:g}: name the rate to compare at")
+
+
+def comparison_against(runs: Sequence[Run], registration: Mapping[str, Any], treatment: str, control: str,
+                       lr: float, label: Mapping[str, Any]) -> dict[str, Any]:
+    """``treatment`` at ``lr`` against ``control`` at :func:`control_lr`, and whether it is :func:`supported`."""
+    c_lr = control_lr(registration, runs, control, lr)
+    comp = compare_arms(runs, treatment, control, lr, label, lr_b=c_lr)
+    return {"treatment": treatment, "control": control, "lr": lr, "control_lr": c_lr, "comparison": comp,
+            "supported": supported(comp, registration["alpha"])}
+
+
+def hypothesis_beats(runs: Sequence[Run], registration: Mapping[str, Any], spec: Mapping[str, Any],
+               label: Mapping[str, Any]) -> dict[str, Any]:
+    """A one-comparison hypothesis: ``treatment`` survives longer than ``control``."""
+    lr = resolve_lr(registration, spec["lr"])
+    return comparison_against(runs, registration, spec["treatment"], spec["control"], lr, label)
+
+
+def h2_verdict(beats_baseline: bool, beats_controls: Sequence[bool]) -> str:
+    """``inconclusive`` unless the treatment beats the baseline; then ``mechanism`` when it beats every matched
+    control, else ``smaller steps suffice``."""
+    if not beats_baseline:
+        return "inconclusive"
+    return "mechanism" if all(beats_controls) else "smaller steps suffice"
+
+
+def hypothesis_mechanism(runs: Sequence[Run], registration: Mapping[str, Any], spec: Mapping[str, Any],
+                   label: Mapping[str, Any]) -> dict[str, Any]:
+    """The treatment against its ``baseline`` (default ``grpo``) and against each step-size-matched control (each at
+    the rate it ran at), and the verdict (:func:`h2_verdict`)."""
+    lr = resolve_lr(registration, spec["lr"])
+    base = comparison_against(runs, registration, spec["treatment"], spec.get("baseline", "grpo"), lr, label)
+    controls = {c: comparison_against(runs, registration, spec["treatment"], c, lr, label) for c in spec["controls"]}
+    verdict = h2_verdict(base["supported"], [c["supported"] for c in controls.values()])
+    return {"treatment": spec["treatment"], "lr": lr, "baseline": base, "controls": controls, "verdict": verdict}
+
+
+def hypothesis_alarms(runs: Sequence[Run], registration: Mapping[str, Any], spec: Mapping[str, Any],
+                label: Mapping[str, Any]) -> dict[str, Any]:
+    """The alarms at a matched false-alarm rate over the runs at one rate (:func:`.alarms.alarm_study`), labelled
+    with ``label``."""
+    lr = resolve_lr(registration, spec["lr"])
+    mine = [r for r in runs if same_lr(r["lr"], lr) and ("arms" not in spec or r["method"] in spec["arms"])]
+    labelled = [LabelledRun(run_name(r), r["records"], t, e) for r, (t, e) in zip(mine, labels(mine, label))]
+    window = ScoreWindow(**spec.get("window", {}))
+    return {"lr": lr, **alarm_study(labelled, spec["alarms"], spec["false_alarm_rate"],
+                                    spec.get("reference", "reward_drop"), window)}
+
+
+# a hypothesis's kind, by the key that marks it
+HYPOTHESIS_KINDS: dict[str, Callable[..., dict[str, Any]]] = {
+    "control": hypothesis_beats, "controls": hypothesis_mechanism, "alarms": hypothesis_alarms}
+
+
+def hypothesis_kind(name: str, spec: Mapping[str, Any]) -> Callable[..., dict[str, Any]]:
+    kinds = [k for k in HYPOTHESIS_KINDS if k in spec]
+    if len(kinds) != 1:
+        raise ValueError(f"hypothesis {name!r} must hold exactly one of {sorted(HYPOTHESIS_KINDS)}, has {kinds}")
+    return HYPOTHESIS_KINDS[kinds[0]]
+
+
+def hypotheses(runs: Sequence[Run], registration: Mapping[str, Any],
+               label: Mapping[str, Any] | None = None, kinds: Sequence[str] = tuple(HYPOTHESIS_KINDS)
+               ) -> dict[str, Any]:
+    """Every registered hypothesis (of the ``kinds`` asked for) tested under ``label`` (default: the registered
+    primary label), each by its kind (:data:`HYPOTHESIS_KINDS`)."""
+    label = label or registration["label"]
+    out = {}
+    for name, spec in registration["hypotheses"].items():
+        test = hypothesis_kind(name, spec)
+        if any(HYPOTHESIS_KINDS[k] is test for k in kinds):
+            out[name] = test(runs, registration, spec, label)
+    return out
+
+
+def cell_counts(runs: Sequence[Run], label: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per arm and learning rate present in ``runs``: the collapse count ``k/n`` under ``label``."""
+    cells = sorted({(r["method"], float(r["lr"])) for r in runs})
+    return [{"arm": arm, "lr": lr, "count": cell_survival(runs, arm, lr, label)["count"]} for arm, lr in cells]
+
+
+def sensitivity_table(runs: Sequence[Run], registration: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per label of the grid ``sensitivity`` (``ratio`` x ``persist``, the registered horizon): the cells'
+    collapse counts and the verdicts of the comparison hypotheses under that label (``verdicts``: a one-comparison
+    hypothesis's ``supported``, a mechanism hypothesis's verdict); ``primary`` marks the registered label."""
+    primary = registration["label"]
+    rows = []
+    for ratio in registration["sensitivity"]["ratio"]:
+        for persist in registration["sensitivity"]["persist"]:
+            label = {"ratio": ratio, "persist": persist, "horizon": primary["horizon"]}
+            tested = hypotheses(runs, registration, label, kinds=("control", "controls"))
+            verdicts = {h: res.get("verdict", res.get("supported")) for h, res in tested.items()}
+            rows.append({"ratio": ratio, "persist": persist,
+                         "primary": ratio == primary["ratio"] and persist == primary["persist"],
+                         "cells": cell_counts(runs, label), "verdicts": verdicts})
+    return rows
+
+
+def final_value(records: Sequence[Mapping[str, Any]], key: str) -> float | None:
+    """The value of ``key`` at the last step that logged it after step 0, or None."""
+    vals = sorted((int(r["step"]), float(r[key])) for r in records if int(r["step"]) > 0 and finite(r.get(key)))
+    return vals[-1][1] if vals else None
+
+
+def run_points(runs: Sequence[Run], label: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One point per run, for collapse against measured step size: arm, lr, seed, :func:`step_size`, the collapse
+    label (:func:`collapse_time`), the final whole-split validation EM and the test EM."""
+    out = []
+    for run, (time, event) in zip(runs, labels(runs, label)):
+        out.append({"arm": run["method"], "lr": run["lr"], "seed": run["seed"], "step_size": step_size(run["records"]),
+                    "collapse_time": time, "event": event, "final_val_em": final_value(run["records"], "eval/val_em"),
+                    "test_em": (run.get("test") or {}).get("em")})
+    return out
