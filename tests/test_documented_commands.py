@@ -310,6 +310,11 @@ ENTRIES: tuple[Entry, ...] = (
               where="tests/test_prereg.py::test_the_report_command_writes_the_report",
               snippet='lab_main(["prereg-report"',
               how="the same command with --prereg, --runs, --out and --readme on a hand-made registration and grid"),
+    RunByTest("stepsize_report", ("python -m searchr1_lld.lab stepsize-report",
+                                  "python -m searchr1_lld.lab stepsize-report --readme README.md"),
+              where="tests/test_stepsize_report.py::test_the_report_command_writes_summary_verdict_figures_and_readme_block",
+              snippet='lab_main(["stepsize-report"',
+              how="the same command with --registration and --readme on a hand-made registration and grid"),
     RunByTest("sweep_local_two", (
         'python -m searchr1_lld.sweep expand --base configs/tiny.yaml --grid "algorithm.llds.lam=0,0.2" --local '
         '--out runs/sweep-lam',),
@@ -392,7 +397,6 @@ ENTRIES: tuple[Entry, ...] = (
                "test_build_smollm2_world_trains_saves_and_measures"),
     CannotRun("lab_runs", (
         "python -m searchr1_lld.lab",
-        "python -m searchr1_lld.lab --config ... --seeds ...",
         "python -m searchr1_lld.lab --config configs/lab/lab.yaml --seeds 0,1,2 --runs-dir runs/lab "
         "--out runs/lab/report",
         "python -m searchr1_lld.lab --config configs/lab/lab-large.yaml --seeds 0,1,2 --runs-dir runs/lab-large "
@@ -415,6 +419,11 @@ ENTRIES: tuple[Entry, ...] = (
         "--methods grpo,llds_action --runs-dir runs/compare --compact docs/lab/runs --jobs 2",),
         reason="the comparison: 18 runs of 40 steps on the large-quoted world, hours on 2 cores; its bookkeeping is "
                "tested in tests/test_lab_claims.py"),
+    CannotRun("stepsize_grid", (
+        "python -m searchr1_lld.lab grid --registration docs/lab/stepsize/registration.json",),
+        reason="the step-size study's registered grid: 45 runs of 75 steps, about 9 hours on 2 cores, committed as "
+               "they land and checked against the registration in tests/test_stepsize_registration.py, which also "
+               "tests the driver's refusal of a draft and the tasks it makes from a registration"),
     CannotRun("prereg_grid", (
         "python -m searchr1_lld.lab grid --config configs/lab/prereg.yaml --lrs 7e-4,1e-3,1.4e-3,2e-3 "
         "--seeds 0,1,2,3,4 "

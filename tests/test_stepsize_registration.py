@@ -118,3 +118,52 @@ def test_the_command_line_names_both_ways_to_run_a_task():
     out = subprocess.run([sys.executable, "-m", "searchr1_lld.lab", "task", "--help"], cwd=REPO_ROOT,
                          capture_output=True, text=True, timeout=120).stdout
     assert "--registration" in out and "--arm" in out and "--set KEY=VALUE" in out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the committed registration
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_the_committed_registration_is_valid_and_its_world_is_the_registered_one():
+    from searchr1_lld.lab.methods import read_lab_config
+    from searchr1_lld.world import load_world_config
+    from searchr1_lld.world.build import world_config_hash
+
+    reg = stepsize.load_registration()
+    block = reg["registration"]
+    _, world_file, _ = read_lab_config(block["config"], [])
+    assert world_file == reg["world"]["config"]
+    assert world_config_hash(load_world_config(REPO_ROOT / world_file)) == reg["world"]["hash"]
+    for path in block["analysis_code"]:
+        assert (REPO_ROOT / path).is_file(), path
+    assert len(stepsize.cells(reg)) == 45
+
+
+def test_the_registration_precedes_every_run_of_its_grid():
+    from searchr1_lld.lab.compact import read_runs
+    from searchr1_lld.lab.prereg.registration import registration_violations
+
+    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=REPO_ROOT, capture_output=True,
+                             text=True).stdout.strip()
+    if shallow == "true":  # a depth-limited clone lacks the commits the runs name: the check needs the history
+        pytest.skip("shallow clone: run `git fetch --unshallow` to check the runs against the registration")
+    reg = stepsize.load_registration()
+    runs, _ = read_runs(REPO_ROOT / reg["registration"]["runs_dir"])
+    if reg["registration"]["status"] != stepsize.REGISTERED:
+        assert runs == [], "runs exist before the registration"
+        return
+    assert registration_violations(REPO_ROOT, stepsize.STEPSIZE_FILE, runs) == []
+
+
+def test_the_readme_block_and_the_report_are_what_the_committed_runs_compute():
+    from searchr1_lld.lab.comparison.claims import clean, readme_block_of
+    from searchr1_lld.lab.stepsize import report
+
+    reg = stepsize.load_registration()
+    summary = clean(report.analyse(reg, REPO_ROOT / reg["registration"]["runs_dir"]))
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert readme_block_of(readme, report.README_BEGIN, report.README_END) == report.readme_block(summary, reg)
+    out = REPO_ROOT / reg["registration"]["report_dir"]
+    assert (out / "README.md").read_text() == report.render(summary, reg)
+    assert json.loads((out / "summary.json").read_text()) == json.loads(json.dumps(summary, sort_keys=True))

@@ -258,12 +258,15 @@ def final_value(records: Sequence[Mapping[str, Any]], key: str) -> float | None:
     return vals[-1][1] if vals else None
 
 
-def run_points(runs: Sequence[Run], label: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One point per run, for collapse against measured step size: arm, lr, seed, :func:`step_size`, the collapse
-    label (:func:`collapse_time`), the final whole-split validation EM and the test EM."""
+def run_points(runs: Sequence[Run], label: Mapping[str, Any], step_window: tuple[int, int] = (1, 20)
+               ) -> list[dict[str, Any]]:
+    """One point per run, for collapse against measured step size: arm, lr, seed, :func:`step_size` over the steps
+    ``step_window`` (first, last), the collapse label (:func:`collapse_time`), the final whole-split validation EM and
+    the test EM."""
     out = []
     for run, (time, event) in zip(runs, labels(runs, label)):
-        out.append({"arm": run["method"], "lr": run["lr"], "seed": run["seed"], "step_size": step_size(run["records"]),
+        out.append({"arm": run["method"], "lr": run["lr"], "seed": run["seed"],
+                    "step_size": step_size(run["records"], *step_window),
                     "collapse_time": time, "event": event, "final_val_em": final_value(run["records"], "eval/val_em"),
                     "test_em": (run.get("test") or {}).get("em")})
     return out

@@ -1,0 +1,347 @@
+"""The step-size study's report: the registered analysis (:mod:`.analysis`) of the grid's compact results, its
+figures, a plain-language verdict and the README's block, all written by one command:
+
+    python -m searchr1_lld.lab stepsize-report [--registration docs/lab/stepsize/registration.json] [--runs DIR]
+        [--out DIR] [--readme README.md]
+
+Writes ``summary.json`` (every number), ``README.md`` (the verdict, the hypotheses, the label's sensitivity, the
+alarms, how well the controls matched LLDS's step size), ``survival.png`` (Kaplan-Meier curves per arm, one panel per
+learning rate), ``step_size.png`` (collapse against measured step size, one point per run) and ``curves.png`` (held-out
+EM and per-step KL over the steps, per arm). An unfinished grid is reported as interim: no verdict is final until every
+registered run has finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from searchr1_lld.lab.analysis import finite
+from searchr1_lld.lab.comparison.claims import clean, replace_readme_block
+from searchr1_lld.lab.compact import read_runs
+from searchr1_lld.lab.methods import REPO_ROOT
+from searchr1_lld.lab.stepsize.analysis import (HELD_OUT, cell_survival, hypotheses, run_points, same_lr,
+                                                sensitivity_table)
+from searchr1_lld.lab.stepsize.registration import STEPSIZE_FILE, cells, load_registration
+
+README_BEGIN = "<!-- stepsize-results:begin (python -m searchr1_lld.lab stepsize-report --readme README.md) -->"
+README_END = "<!-- stepsize-results:end -->"
+FIGURES = ("survival.png", "step_size.png", "curves.png")
+COLORS = ("#d62728", "#2ca02c", "#9467bd", "#1f77b4", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+          "#17becf")
+
+
+def step_size_window(reg: Mapping[str, Any]) -> tuple[int, int]:
+    """The steps whose mean per-step KL is a run's measured step size (the registration's ``step_size``)."""
+    window = reg.get("step_size", {"first": 1, "last": 20})
+    return int(window["first"]), int(window["last"])
+
+
+def matching(points: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per arm and rate: the mean, min and max over its runs of the measured step size (mean per-step KL over the
+    registered window), and its runs' count: how close each control came to LLDS's step size."""
+    out = []
+    for arm, lr in dict.fromkeys((p["arm"], p["lr"]) for p in points):
+        sizes = [p["step_size"] for p in points if p["arm"] == arm and same_lr(p["lr"], lr) and finite(p["step_size"])]
+        out.append({"arm": arm, "lr": lr, "runs": len(sizes), "mean": statistics.fmean(sizes) if sizes else None,
+                    "min": min(sizes, default=None), "max": max(sizes, default=None)})
+    return out
+
+
+def analyse(reg: Mapping[str, Any], runs_dir: str | Path) -> dict[str, Any]:
+    """The registered analysis of the compact results in ``runs_dir``, and the descriptive tables beside it."""
+    runs, _ = read_runs(runs_dir)
+    planned = cells(reg)
+    names = {(a, round(lr, 12), s) for a, lr, s in planned}
+    mine = [r for r in runs if (r["method"], round(float(r["lr"]), 12), r["seed"]) in names]
+    label = reg["label"]
+    first, last = step_size_window(reg)
+    points = run_points(mine, label, step_window=(first, last))
+    survival = [cell_survival(mine, arm, lr, label) for arm, arm_spec in reg["arms"].items() for lr in arm_spec["lrs"]]
+    return {"registration": reg["registration"], "world": reg.get("world"), "label": label,
+            "step_size_window": [first, last], "runs_planned": len(planned), "runs_finished": len(mine),
+            "complete": len(mine) >= len(planned), "arms": reg["arms"], "survival": survival,
+            "hypotheses": hypotheses(mine, reg), "sensitivity": sensitivity_table(mine, reg),
+            "matching": matching(points), "points": points}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# text
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _num(x: Any, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _comparison_text(c: Mapping[str, Any]) -> str:
+    """``llds_action (2e-3) 4/5 collapsed, RMST 41.2 vs grpo (2e-3) 5/5, 11.0: difference 30.2 [21.0, 39.1] steps,
+    log-rank one-sided p 0.004: supported``."""
+    comp = c["comparison"]
+    a, b, d, lr = comp["a"], comp["b"], comp["rmst_difference"], comp["logrank"]
+    if a["rmst"] is None or b["rmst"] is None:
+        return f"{a['arm']} (lr {a['lr']:g}) against {b['arm']} (lr {b['lr']:g}): no runs of one of them yet"
+    return (f"{a['arm']} (lr {a['lr']:g}) {a['count']} collapsed, RMST {_num(a['rmst'])} vs {b['arm']} (lr {b['lr']:g}) "
+            f"{b['count']}, RMST {_num(b['rmst'])}: difference {_num(d['estimate'])} [{_num(d['low'])}, "
+            f"{_num(d['high'])}] steps, log-rank one-sided p {lr['p_one_sided']:.3g}: "
+            f"{'supported' if c['supported'] else 'not supported'}")
+
+
+def hypothesis_lines(hyps: Mapping[str, Any], reg: Mapping[str, Any]) -> list[str]:
+    """One bullet per registered hypothesis, in the registration's order (its registered title, then what was
+    measured)."""
+    lines = []
+    for name, spec in reg["hypotheses"].items():
+        res, title = hyps[name], spec.get("title", name)
+        if "comparison" in res:
+            lines.append(f"- **{name}** ({title}): {_comparison_text(res)}.")
+        elif "controls" in res:
+            lines.append(f"- **{name}** ({title}): verdict **{mechanism_verdict(res)}**. Against the baseline: "
+                         f"{_comparison_text(res['baseline'])}.")
+            lines += [f"  - against {ctrl}: {_comparison_text(res['controls'][ctrl])}." for ctrl in spec["controls"]]
+        else:
+            lines.append(f"- **{name}** ({title}): " + alarm_text(res, spec))
+    return lines
+
+
+def alarm_text(res: Mapping[str, Any], spec: Mapping[str, Any]) -> str:
+    """The alarms at a matched false-alarm rate (the reference first, then the registered ones in order)."""
+    if not res.get("estimable", True):
+        return f"at lr {res['lr']:g}, {res['reason']}."
+    parts = []
+    for name in (res["reference"], *spec["alarms"]):
+        a = res["alarms"][name]
+        diff = a.get("versus_reference") or {}
+        verdict = "" if name == res.get("reference") else (
+            f", lead minus {res['reference']}'s {_num(diff.get('estimate'))} [{_num(diff.get('low'))}, "
+            f"{_num(diff.get('high'))}]: {'supported' if a.get('supported') else 'not supported'}")
+        parts.append(f"{name} (threshold {_num(a['threshold'], 3)}, false alarms {a['false_alarms']}, detected "
+                     f"{a['detections']}, median lead {_num(a['median_lead'])} steps{verdict})")
+    return f"at lr {res['lr']:g}: " + "; ".join(parts) + "."
+
+
+def verdict_text(s: Mapping[str, Any]) -> str:
+    """The study's answer in plain words, from the primary label's hypotheses (interim when the grid is not done)."""
+    hyps = s["hypotheses"]
+    mech = next((h for h in hyps.values() if "controls" in h), None)
+    head = "" if s["complete"] else (f"Interim ({s['runs_finished']} of {s['runs_planned']} runs): nothing below is "
+                                     "final. ")
+    if mech is None:
+        return head + "No mechanism hypothesis is registered."
+    if not s["runs_finished"]:
+        return head + "No run has finished yet."
+    said = {"mechanism": "LLDS survived longer than GRPO and than every GRPO control that took steps as small as "
+                         "LLDS's: the sandbox supports a mechanism beyond smaller steps.",
+            "smaller steps suffice": "LLDS survived longer than GRPO, but not longer than every GRPO control that took "
+                                     "steps as small as LLDS's: in this sandbox, smaller steps suffice to explain it.",
+            "inconclusive": "LLDS did not survive significantly longer than GRPO, so the question of mechanism does "
+                            "not arise here."}[mech["verdict"]]
+    flips = [row for row in s["sensitivity"] if not row["primary"]
+             and any(v != _primary(s)["verdicts"].get(h) for h, v in row["verdicts"].items())]
+    robust = (f" The verdicts hold under all {len(s['sensitivity'])} registered labels." if not flips else
+              f" Under {len(flips)} of the {len(s['sensitivity']) - 1} other registered labels a verdict changes "
+              "(the sensitivity table), so the answer depends on how a collapse is labelled.")
+    return head + said + robust
+
+
+def mechanism_verdict(res: Mapping[str, Any]) -> str:
+    """A mechanism hypothesis's verdict, or ``waiting for runs`` while its baseline comparison has none."""
+    comp = res["baseline"]["comparison"]
+    return res["verdict"] if comp["a"]["rmst"] is not None and comp["b"]["rmst"] is not None else "waiting for runs"
+
+
+def _primary(s: Mapping[str, Any]) -> Mapping[str, Any]:
+    return next(row for row in s["sensitivity"] if row["primary"])
+
+
+def sensitivity_lines(s: Mapping[str, Any], reg: Mapping[str, Any]) -> list[str]:
+    """The label's sensitivity as a table: one row per (ratio, persist), the verdicts and the collapse counts."""
+    rows = s["sensitivity"]
+    hyps = [h for h in reg["hypotheses"] if rows and h in rows[0]["verdicts"]]
+    cells_ = [f"{c['arm']} {c['lr']:g}" for c in rows[0]["cells"]] if rows else []
+    out = ["| ratio | persist | " + " | ".join(hyps) + " | " + " | ".join(cells_) + " |",
+           "|---|---|" + "---|" * (len(hyps) + len(cells_))]
+    for row in rows:
+        mark = " (primary)" if row["primary"] else ""
+        verdicts = [v if isinstance(v, str) else ("supported" if v else "not supported")
+                    for v in (row["verdicts"][h] for h in hyps)]
+        out.append(f"| {row['ratio']} | {row['persist']}{mark} | " + " | ".join(verdicts) + " | "
+                   + " | ".join(c["count"] for c in row["cells"]) + " |")
+    return out
+
+
+def render(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
+    """The report's README.md."""
+    label = s["label"]
+    first, last = s["step_size_window"]
+    lines = ["# Mechanism or step size? The death spiral over long runs", "",
+             f"The registered analysis ([registration]({Path(reg['registration'].get('prose', 'registration.md')).name}),"
+             f" analysis code at commit `{str(reg['registration'].get('analysis_commit'))[:10]}`) of "
+             f"{s['runs_finished']} of {s['runs_planned']} runs, written by "
+             "`python -m searchr1_lld.lab stepsize-report`.", "", f"**Verdict.** {verdict_text(s)}", "",
+             f"Collapse label (primary): held-out EM on the fixed validation subsample (`{HELD_OUT}`) at or below "
+             f"{label['ratio']} x the run's own step-0 value at {label['persist']} evaluations in a row; a run that "
+             f"never does is censored at step {label['horizon']}. Step size: the mean per-step KL between the policy "
+             f"before and after each step (`lld/step_kl`) over steps {first}-{last}.", "",
+             "## Hypotheses (primary label)", "", *hypothesis_lines(s["hypotheses"], reg), "",
+             "![Kaplan-Meier survival per arm](survival.png)", "",
+             "## The label's sensitivity (registered)", "", *sensitivity_lines(s, reg), "",
+             "## Step size: how close the controls came", "",
+             "| arm | lr | runs | mean step KL | min | max |", "|---|---|---|---|---|---|"]
+    lines += [f"| {m['arm']} | {m['lr']:g} | {m['runs']} | {_num(m['mean'], 4)} | {_num(m['min'], 4)} | "
+              f"{_num(m['max'], 4)} |" for m in s["matching"]]
+    lines += ["", "![Collapse step against measured step size, one point per run](step_size.png)", "",
+              "![Held-out EM and per-step KL over the steps](curves.png)", "",
+              "## Cells", "", "| arm | lr | collapsed | collapse steps (censored: -) | RMST (steps) |",
+              "|---|---|---|---|---|"]
+    lines += [f"| {c['arm']} | {c['lr']:g} | {c['count']} | "
+              + ", ".join(str(t) if e else "-" for t, e in zip(c["times"], c["events"])) + f" | {_num(c['rmst'])} |"
+              for c in s["survival"]]
+    return "\n".join(lines) + "\n"
+
+
+def _short(c: Mapping[str, Any]) -> str:
+    """``llds_action 2/5 vs grpo 5/5 collapsed, RMST +30.2 [+21.0, +39.1] steps, p 0.004: supported``."""
+    comp = c["comparison"]
+    a, b, d = comp["a"], comp["b"], comp["rmst_difference"]
+    if a["rmst"] is None or b["rmst"] is None:
+        return f"{a['arm']} vs {b['arm']}: no runs of one of them yet"
+    signed = (lambda x: "-" if x is None else f"{x:+.1f}")  # noqa: E731
+    return (f"{a['arm']} {a['count']} vs {b['arm']} (lr {b['lr']:g}) {b['count']} collapsed, RMST difference "
+            f"{signed(d['estimate'])} [{signed(d['low'])}, {signed(d['high'])}] steps, p "
+            f"{comp['logrank']['p_one_sided']:.2g}: {'supported' if c['supported'] else 'not supported'}")
+
+
+def readme_block(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
+    """The README's block, four lines: runs finished and the verdict; the survival comparisons; the mechanism test;
+    the alarms (each hypothesis by name, in the registration's order)."""
+    hyps, specs = s["hypotheses"], reg["hypotheses"]
+    survival = [f"{n} {_short(hyps[n])}" for n in specs if "comparison" in hyps[n]]
+    mechanism = [f"{n} **{mechanism_verdict(hyps[n])}**: " + "; ".join(_short(hyps[n]["controls"][c])
+                                                                 for c in specs[n]["controls"])
+                 for n in specs if "controls" in hyps[n]]
+    alarms = [f"{n} " + alarm_text(hyps[n], specs[n]) for n in specs if "controls" not in hyps[n]
+              and "comparison" not in hyps[n]]
+    lines = [f"{s['runs_finished']} of {s['runs_planned']} runs finished. {verdict_text(s)}",
+             "- Survival (one-sided log-rank p, RMST difference with its 95 % bootstrap interval): "
+             + "; ".join(survival) + ".",
+             "- Mechanism, against the step-size-matched controls: " + "; ".join(mechanism) + ".",
+             "- Alarms at a matched false-alarm rate: " + " ".join(alarms)]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# figures
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _arm_colors(reg: Mapping[str, Any]) -> dict[str, str]:
+    return {arm: COLORS[i % len(COLORS)] for i, arm in enumerate(reg["arms"])}
+
+
+def write_figures(s: Mapping[str, Any], reg: Mapping[str, Any], runs_dir: str | Path, out: Path) -> None:
+    """``survival.png``, ``step_size.png`` and ``curves.png`` (module docstring)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = _arm_colors(reg)
+    lrs = sorted({c["lr"] for c in s["survival"]}, reverse=True)
+    fig, axes = plt.subplots(1, len(lrs), figsize=(6 * len(lrs), 4.2), squeeze=False, sharey=True)
+    for ax, lr in zip(axes[0], lrs):
+        for c in s["survival"]:
+            if c["lr"] == lr and c["runs"]:
+                xs, ys = zip(*c["km"])
+                ax.step([*xs, s["label"]["horizon"]], [*ys, ys[-1]], where="post", color=colors[c["arm"]],
+                        label=f"{c['arm']} ({c['count']})")
+        ax.set(title=f"lr {lr:g}", xlabel="step", ylim=(-0.03, 1.03), xlim=(0, s["label"]["horizon"]))
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("share of runs not collapsed (Kaplan-Meier)")
+    fig.tight_layout()
+    fig.savefig(out / "survival.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    drawn = False
+    size = {arm: 90 - 60 * i / max(len(colors) - 1, 1) for i, arm in enumerate(colors)}  # coinciding points nest
+    for p in s["points"]:
+        if finite(p["step_size"]):
+            color = colors.get(p["arm"], "k")
+            ax.scatter(p["step_size"], p["collapse_time"], s=size.get(p["arm"], 30), marker="o" if p["event"] else "^",
+                       edgecolors=color, facecolors=color if p["event"] else "none", linewidths=1.2)
+            drawn = drawn or p["step_size"] > 0
+    for arm, color in colors.items():
+        ax.scatter([], [], color=color, label=arm)
+    first, last = s["step_size_window"]
+    ax.set(xscale="log" if drawn else "linear", xlabel=f"measured step size: mean per-step KL, steps {first}-{last}",
+           ylabel="collapse step (triangle: not collapsed, censored)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "step_size.png", dpi=110)
+    plt.close(fig)
+
+    runs, _ = read_runs(runs_dir)
+    fig, axes = plt.subplots(2, len(lrs), figsize=(6 * len(lrs), 7), squeeze=False, sharex=True)
+    for col, lr in enumerate(lrs):
+        for row, (key, ylabel, log) in enumerate(((HELD_OUT, "held-out EM (validation subsample)", False),
+                                                  ("lld/step_kl", "per-step KL", True))):
+            ax = axes[row][col]
+            positive = False
+            for arm in reg["arms"]:
+                mine = [r for r in runs if r["method"] == arm and same_lr(r["lr"], lr)]
+                for r in mine:
+                    pts = [(x["step"], x[key]) for x in r["records"] if finite(x.get(key))]
+                    if pts:
+                        ax.plot(*zip(*pts), color=colors[arm], lw=0.7, alpha=0.5,
+                                label=arm if r is mine[0] else None)
+                        positive = positive or any(y > 0 for _, y in pts)
+            ax.set(ylabel=ylabel, title=f"lr {lr:g}" if row == 0 else "",
+                   yscale="log" if log and positive else "linear")
+            if row == 1:
+                ax.set_xlabel("step")
+        if axes[0][col].get_legend_handles_labels()[0]:
+            axes[0][col].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "curves.png", dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# command
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def write_report(registration: str | Path, runs_dir: str | Path, out_dir: str | Path,
+                 readme: str | Path | None = None) -> dict[str, Any]:
+    """``summary.json``, ``README.md`` and the figures in ``out_dir``; with ``readme``, its block replaced."""
+    reg = load_registration(registration)
+    summary = clean(analyse(reg, runs_dir))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    (out / "README.md").write_text(render(summary, reg))
+    write_figures(summary, reg, runs_dir, out)
+    if readme is not None:
+        path = Path(readme)
+        path.write_text(replace_readme_block(path.read_text(), readme_block(summary, reg), README_BEGIN, README_END))
+    return summary
+
+
+def main(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m searchr1_lld.lab stepsize-report",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--registration", default=str(REPO_ROOT / STEPSIZE_FILE), help="the registration's JSON")
+    p.add_argument("--runs", help="the grid's compact results (default: the registration's runs_dir)")
+    p.add_argument("--out", help="report dir (default: the registration's report_dir)")
+    p.add_argument("--readme", help="also replace this README's block of the study")
+    args = p.parse_args(list(argv))
+    reg = load_registration(args.registration)["registration"]
+    s = write_report(args.registration, args.runs or REPO_ROOT / reg["runs_dir"],
+                     args.out or REPO_ROOT / reg["report_dir"], args.readme)
+    print(f"{s['runs_finished']} of {s['runs_planned']} runs; report in {args.out or reg['report_dir']}")
+    return 0

@@ -1,0 +1,106 @@
+"""The step-size study's report on a hand-made grid: the summary, the verdict in words, the sensitivity table, the
+figures and the README block, all from one command."""
+
+from __future__ import annotations
+
+import json
+
+from searchr1_lld.lab.cli import main as lab_main
+from searchr1_lld.lab.comparison.claims import readme_block_of
+from searchr1_lld.lab.compact import compact_name, write_gz_json
+from searchr1_lld.lab.stepsize import report
+
+HORIZON = 12
+
+
+def registration(tmp_path) -> dict:
+    return {"registration": {"status": "registered", "config": "configs/lab/stepsize.yaml",
+                             "runs_dir": str(tmp_path / "runs"), "train_dir": str(tmp_path / "train"),
+                             "report_dir": str(tmp_path / "report"), "analysis_commit": "0123456789abcdef"},
+            "seeds": [0, 1, 2],
+            "arms": {"grpo": {"method": "grpo", "lrs": [2e-3]}, "llds_action": {"method": "llds_action", "lrs": [2e-3]},
+                     "grpo_lr_matched": {"method": "grpo", "lrs": [1.5e-3]},
+                     "grpo_kl_matched": {"method": "grpo", "overrides": ["algorithm.kl_coef=0.05"], "lrs": [2e-3]}},
+            "label": {"ratio": 0.3, "persist": 2, "horizon": HORIZON}, "alpha": 0.05, "lrs": {"collapse": 2e-3},
+            "step_size": {"first": 1, "last": 4},
+            "hypotheses": {
+                "H1": {"title": "LLDS survives longer than GRPO", "treatment": "llds_action", "control": "grpo",
+                       "lr": "collapse"},
+                "H2": {"title": "mechanism", "treatment": "llds_action", "baseline": "grpo", "lr": "collapse",
+                       "controls": ["grpo_lr_matched", "grpo_kl_matched"]}},
+            "sensitivity": {"ratio": [0.3, 0.5], "persist": [1, 2]}}
+
+
+def run(arm, lr, seed, collapse_at, step_kl):
+    """A run evaluated every 2 steps: held-out EM 0.4 until ``collapse_at`` (None: never), then 0.0, except a single
+    dip to 0.1 at step 4 in the runs that never collapse (a one-evaluation label counts it)."""
+    records = [{"step": 0, "eval/val_sub_em": 0.4}]
+    for step in range(1, HORIZON + 1):
+        r = {"step": step, "lld/step_kl": step_kl, "reward/em_mean": 0.5}
+        if step % 2 == 0:
+            dip = collapse_at is None and step == 4
+            r["eval/val_sub_em"] = 0.0 if collapse_at is not None and step >= collapse_at else 0.1 if dip else 0.4
+        records.append(r)
+    return {"method": arm, "lr": lr, "seed": seed, "records": records, "test": {"em": 0.3}}
+
+
+def write_grid(tmp_path):
+    # GRPO collapses at step 4, its KL-matched control at 6; LLDS and the lr-matched control never do
+    plan = {("grpo", 2e-3): (4, 0.2), ("llds_action", 2e-3): (None, 0.1), ("grpo_lr_matched", 1.5e-3): (None, 0.1),
+            ("grpo_kl_matched", 2e-3): (6, 0.12)}
+    for (arm, lr), (at, kl) in plan.items():
+        for seed in (0, 1, 2):
+            write_gz_json(tmp_path / "runs" / compact_name(arm, lr, seed), run(arm, lr, seed, at, kl + 0.01 * seed))
+    path = tmp_path / "registration.json"
+    path.write_text(json.dumps(registration(tmp_path)))
+    return path
+
+
+def test_the_report_command_writes_summary_verdict_figures_and_readme_block(tmp_path, capsys):
+    path = write_grid(tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{report.README_BEGIN}\nold\n{report.README_END}\nrest\n")
+    assert lab_main(["stepsize-report", "--registration", str(path), "--readme", str(readme)]) == 0
+    out = tmp_path / "report"
+    s = json.loads((out / "summary.json").read_text())
+    assert (s["runs_finished"], s["runs_planned"], s["complete"]) == (12, 12, True)
+    cells = {(c["arm"], c["lr"]): c for c in s["survival"]}
+    assert cells[("grpo", 0.002)]["times"] == [4, 4, 4] and cells[("llds_action", 0.002)]["count"] == "0/3"
+    h2 = s["hypotheses"]["H2"]
+    # LLDS beats GRPO (collapse at 4 vs never) but not the lr-matched control (neither collapses)
+    assert h2["baseline"]["supported"] and not h2["controls"]["grpo_lr_matched"]["supported"]
+    assert h2["verdict"] == "smaller steps suffice"
+    text = (out / "README.md").read_text()
+    assert "in this sandbox, smaller steps suffice to explain it" in text
+    # under a one-evaluation label the never-collapsing runs "collapse" at their dip: the verdicts change
+    one = next(r for r in s["sensitivity"] if r["persist"] == 1 and r["ratio"] == 0.3)
+    assert one["verdicts"]["H1"] is False and "a verdict changes" in text
+    assert "| 0.3 | 2 (primary) | supported | smaller steps suffice |" in text
+    # the matching table: the lr-matched control's mean step KL over steps 1-4 equals LLDS's
+    match = {(m["arm"], m["lr"]): m for m in s["matching"]}
+    assert abs(match[("grpo_lr_matched", 0.0015)]["mean"] - match[("llds_action", 0.002)]["mean"]) < 1e-12
+    assert abs(match[("grpo", 0.002)]["mean"] - 0.21) < 1e-12
+    for name in report.FIGURES:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    block = readme_block_of(readme.read_text(), report.README_BEGIN, report.README_END)
+    assert block == report.readme_block(s, registration(tmp_path))
+    assert block.startswith("12 of 12 runs finished. LLDS survived longer than GRPO, but not")
+    assert readme.read_text().startswith("intro\n") and readme.read_text().endswith("rest\n")
+    assert "12 of 12 runs" in capsys.readouterr().out
+
+
+def test_an_unfinished_grid_is_interim(tmp_path):
+    path = write_grid(tmp_path)
+    for p in sorted((tmp_path / "runs").glob("grpo_kl_matched*"))[:2]:
+        p.unlink()
+    s = report.write_report(path, tmp_path / "runs", tmp_path / "report")
+    assert (s["runs_finished"], s["complete"]) == (10, False)
+    assert report.verdict_text(s).startswith("Interim (10 of 12 runs): nothing below is final.")
+
+
+def test_runs_outside_the_registered_cells_are_left_out(tmp_path):
+    path = write_grid(tmp_path)
+    write_gz_json(tmp_path / "runs" / compact_name("grpo", 1e-3, 0), run("grpo", 1e-3, 0, 4, 0.2))  # not registered
+    write_gz_json(tmp_path / "runs" / compact_name("grpo", 2e-3, 7), run("grpo", 2e-3, 7, 4, 0.2))  # seed 7 neither
+    s = report.write_report(path, tmp_path / "runs", tmp_path / "report")
+    assert s["runs_finished"] == 12 and all(p["seed"] != 7 and p["lr"] != 1e-3 for p in s["points"])
