@@ -167,3 +167,13 @@ def test_the_readme_block_and_the_report_are_what_the_committed_runs_compute():
     out = REPO_ROOT / reg["registration"]["report_dir"]
     assert (out / "README.md").read_text() == report.render(summary, reg)
     assert json.loads((out / "summary.json").read_text()) == json.loads(json.dumps(summary, sort_keys=True))
+
+
+def test_git_keeps_the_studys_results():
+    """The grid commits each result as it lands: git must not ignore the runs dir, the report or the pilot."""
+    reg = stepsize.load_registration()
+    block = reg["registration"]
+    paths = [f"{block['runs_dir']}/grpo-lr0.002-seed0.json.gz", f"{block['report_dir']}/summary.json",
+             f"{reg['pilot']['runs_dir']}/grpo-lr0.002-seed100.json.gz"]
+    ignored = subprocess.run(["git", "check-ignore", *paths], cwd=REPO_ROOT, capture_output=True, text=True).stdout
+    assert ignored == "", f"git ignores {ignored.split()}"
