@@ -420,7 +420,9 @@ ENTRIES: tuple[Entry, ...] = (
         reason="the comparison: 18 runs of 40 steps on the large-quoted world, hours on 2 cores; its bookkeeping is "
                "tested in tests/test_lab_claims.py"),
     CannotRun("stepsize_grid", (
-        "python -m searchr1_lld.lab grid --registration docs/lab/stepsize/registration.json",),
+        "python -m searchr1_lld.lab grid --registration docs/lab/stepsize/registration.json",
+        "PYTHONPATH=$PWD python -m searchr1_lld.lab grid --registration docs/lab/stepsize/registration.json --jobs 2 "
+        "--commit"),
         reason="the step-size study's registered grid: 45 runs of 75 steps, about 9 hours on 2 cores, committed as "
                "they land and checked against the registration in tests/test_stepsize_registration.py, which also "
                "tests the driver's refusal of a draft and the tasks it makes from a registration"),

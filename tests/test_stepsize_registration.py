@@ -167,3 +167,31 @@ def test_the_readme_block_and_the_report_are_what_the_committed_runs_compute():
     out = REPO_ROOT / reg["registration"]["report_dir"]
     assert (out / "README.md").read_text() == report.render(summary, reg)
     assert json.loads((out / "summary.json").read_text()) == json.loads(json.dumps(summary, sort_keys=True))
+
+
+def test_git_keeps_the_studys_results():
+    """The grid commits each result as it lands: git must not ignore the runs dir, the report or the pilot."""
+    reg = stepsize.load_registration()
+    block = reg["registration"]
+    paths = [f"{block['runs_dir']}/grpo-lr0.002-seed0.json.gz", f"{block['report_dir']}/summary.json",
+             f"{reg['pilot']['runs_dir']}/grpo-lr0.002-seed100.json.gz"]
+    ignored = subprocess.run(["git", "check-ignore", *paths], cwd=REPO_ROOT, capture_output=True, text=True).stdout
+    assert ignored == "", f"git ignores {ignored.split()}"
+
+
+def test_the_grid_commits_a_result_and_names_why_it_cannot(tmp_path, monkeypatch, capsys):
+    run = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, capture_output=True, text=True, check=True)  # noqa: E731
+    run("init", "-q")
+    run("config", "user.email", "t@t")
+    run("config", "user.name", "t")
+    (tmp_path / ".gitignore").write_text("runs/\n")
+    (tmp_path / "kept.json").write_text("{}")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "lost.json").write_text("{}")
+    monkeypatch.setattr(grid, "REPO_ROOT", tmp_path)
+    grid.commit([tmp_path / "kept.json"], "lab: result of a")
+    assert "lab: result of a" in run("log", "--format=%s").stdout
+    monkeypatch.setattr(grid.time, "sleep", lambda s: pytest.fail("an ignored path is not retried"))
+    grid.commit([tmp_path / "runs" / "lost.json"], "lab: result of b")
+    out = capsys.readouterr().out
+    assert "could not commit" in out and "ignored" in out and "lab: result of b" not in run("log").stdout

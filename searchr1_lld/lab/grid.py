@@ -191,17 +191,20 @@ def interleave(first: Sequence[Task], second: Sequence[Task]) -> list[Task]:
 
 
 def commit(paths: Sequence[Path], message: str) -> None:
-    """``git commit`` of ``paths`` alone (retried while another git command holds the index)."""
+    """``git commit`` of ``paths`` alone (retried while another git command holds the index; a path git ignores is
+    refused at once, with git's words, since no retry can commit it)."""
     names = sorted({str(p) for p in paths if Path(p).exists()})
     for attempt in range(5):
-        add = subprocess.run(["git", "add", "--", *names], cwd=REPO_ROOT, capture_output=True, text=True)
-        done = add.returncode == 0 and subprocess.run(
-            ["git", "commit", "-q", "-m", message, "--", *names], cwd=REPO_ROOT, capture_output=True,
-            text=True).returncode == 0
-        if done:
-            return
+        proc = subprocess.run(["git", "add", "--", *names], cwd=REPO_ROOT, capture_output=True, text=True)
+        if proc.returncode == 0:
+            proc = subprocess.run(["git", "commit", "-q", "-m", message, "--", *names], cwd=REPO_ROOT,
+                                  capture_output=True, text=True)
+            if proc.returncode == 0:
+                return
+        if "ignored by one of your .gitignore files" in proc.stderr:
+            break
         time.sleep(5 * (attempt + 1))
-    print(f"[grid] could not commit {names}", flush=True)
+    print(f"[grid] could not commit {names}: {proc.stderr.strip() or proc.stdout.strip()}", flush=True)
 
 
 def rebuild_report(compact_dir: Path, prereg_path: Path = REPO_ROOT / PREREG_FILE,

@@ -7,7 +7,8 @@ figures, a plain-language verdict and the README's block, all written by one com
 Writes ``summary.json`` (every number), ``README.md`` (the verdict, the hypotheses, the label's sensitivity, the
 alarms, how well the controls matched LLDS's step size), ``survival.png`` (Kaplan-Meier curves per arm, one panel per
 learning rate), ``step_size.png`` (collapse against measured step size, one point per run) and ``curves.png`` (held-out
-EM and per-step KL over the steps, per arm). An unfinished grid is reported as interim: no verdict is final until every
+EM, per-step KL and the paper's phenomena over the steps: reward, the likelihood of correct responses, entropy,
+gradient norm; one line per run). An unfinished grid is reported as interim: no verdict is final until every
 registered run has finished.
 """
 
@@ -30,6 +31,11 @@ from searchr1_lld.lab.stepsize.registration import STEPSIZE_FILE, cells, load_re
 README_BEGIN = "<!-- stepsize-results:begin (python -m searchr1_lld.lab stepsize-report --readme README.md) -->"
 README_END = "<!-- stepsize-results:end -->"
 FIGURES = ("survival.png", "step_size.png", "curves.png")
+# the rows of curves.png: metric, y label, drawn on a log axis
+CURVE_ROWS = ((HELD_OUT, "held-out EM (validation subsample)", False), ("lld/step_kl", "per-step KL", True),
+              ("reward/em_mean", "training reward", False),
+              ("lld/correct_logp_old_per_token", "log-likelihood of correct\nresponses (nats/token)", False),
+              ("actor/entropy", "entropy (nats)", False), ("actor/grad_norm", "gradient norm", True))
 COLORS = ("#d62728", "#2ca02c", "#9467bd", "#1f77b4", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
           "#17becf")
 
@@ -194,7 +200,8 @@ def render(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
     lines += [f"| {m['arm']} | {m['lr']:g} | {m['runs']} | {_num(m['mean'], 4)} | {_num(m['min'], 4)} | "
               f"{_num(m['max'], 4)} |" for m in s["matching"]]
     lines += ["", "![Collapse step against measured step size, one point per run](step_size.png)", "",
-              "![Held-out EM and per-step KL over the steps](curves.png)", "",
+              "![Held-out EM, per-step KL, reward, correct-response likelihood, entropy and gradient norm over the "
+              "steps, one line per run](curves.png)", "",
               "## Cells", "", "| arm | lr | collapsed | collapse steps (censored: -) | RMST (steps) |",
               "|---|---|---|---|---|"]
     lines += [f"| {c['arm']} | {c['lr']:g} | {c['count']} | "
@@ -286,10 +293,10 @@ def write_figures(s: Mapping[str, Any], reg: Mapping[str, Any], runs_dir: str | 
     plt.close(fig)
 
     runs, _ = read_runs(runs_dir)
-    fig, axes = plt.subplots(2, len(lrs), figsize=(6 * len(lrs), 7), squeeze=False, sharex=True)
+    fig, axes = plt.subplots(len(CURVE_ROWS), len(lrs), figsize=(6 * len(lrs), 2.6 * len(CURVE_ROWS)), squeeze=False,
+                             sharex=True)
     for col, lr in enumerate(lrs):
-        for row, (key, ylabel, log) in enumerate(((HELD_OUT, "held-out EM (validation subsample)", False),
-                                                  ("lld/step_kl", "per-step KL", True))):
+        for row, (key, ylabel, log) in enumerate(CURVE_ROWS):
             ax = axes[row][col]
             positive = False
             for arm in reg["arms"]:
@@ -302,7 +309,7 @@ def write_figures(s: Mapping[str, Any], reg: Mapping[str, Any], runs_dir: str | 
                         positive = positive or any(y > 0 for _, y in pts)
             ax.set(ylabel=ylabel, title=f"lr {lr:g}" if row == 0 else "",
                    yscale="log" if log and positive else "linear")
-            if row == 1:
+            if row == len(CURVE_ROWS) - 1:
                 ax.set_xlabel("step")
         if axes[0][col].get_legend_handles_labels()[0]:
             axes[0][col].legend(fontsize=7)
