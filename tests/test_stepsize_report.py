@@ -96,6 +96,11 @@ def test_an_unfinished_grid_is_interim(tmp_path):
     s = report.write_report(path, tmp_path / "runs", tmp_path / "report")
     assert (s["runs_finished"], s["complete"]) == (10, False)
     assert report.verdict_text(s).startswith("Interim (10 of 12 runs): nothing below is final.")
+    for p in (tmp_path / "runs").glob("llds_action*"):
+        p.unlink()
+    s = report.write_report(path, tmp_path / "runs", tmp_path / "report")
+    assert report.verdict_text(s) == ("Interim (7 of 12 runs): nothing below is final. The comparisons wait for "
+                                      "finished runs of both LLDS and GRPO.")
 
 
 def test_runs_outside_the_registered_cells_are_left_out(tmp_path):

@@ -139,6 +139,8 @@ def verdict_text(s: Mapping[str, Any]) -> str:
         return head + "No mechanism hypothesis is registered."
     if not s["runs_finished"]:
         return head + "No run has finished yet."
+    if mechanism_verdict(mech) == "waiting for runs":
+        return head + "The comparisons wait for finished runs of both LLDS and GRPO."
     said = {"mechanism": "LLDS survived longer than GRPO and than every GRPO control that took steps as small as "
                          "LLDS's: the sandbox supports a mechanism beyond smaller steps.",
             "smaller steps suffice": "LLDS survived longer than GRPO, but not longer than every GRPO control that took "
