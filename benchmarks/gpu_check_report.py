@@ -16,8 +16,8 @@ from searchr1_lld.preflight import memory_plan as mp
 MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b")
 SECTIONS = ("learner", "zero2", "rollout", "logprobs", "e2e")
 # which section a result belongs to, by its name's prefix
-PREFIXES = {"rollout": ("rollout_", "logp_gap_", "agreement_"), "learner": ("learner_", "packing_"), "zero2": ("zero2_",),
-            "logprobs": ("logprob_",), "e2e": ("e2e_",)}
+PREFIXES = {"rollout": ("rollout_", "logp_gap_", "agreement_"), "learner": ("learner_", "packing_"),
+            "zero2": ("zero2_",), "logprobs": ("logprob_",), "e2e": ("e2e_",)}
 BEGIN = "<!-- gpu-check:begin"
 END = "<!-- gpu-check:end -->"
 GIB = 2**30

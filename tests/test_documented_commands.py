@@ -312,7 +312,8 @@ ENTRIES: tuple[Entry, ...] = (
               how="the same command with --prereg, --runs, --out and --readme on a hand-made registration and grid"),
     RunByTest("stepsize_report", ("python -m searchr1_lld.lab stepsize-report",
                                   "python -m searchr1_lld.lab stepsize-report --readme README.md"),
-              where="tests/test_stepsize_report.py::test_the_report_command_writes_summary_verdict_figures_and_readme_block",
+              where="tests/test_stepsize_report.py::"
+                    "test_the_report_command_writes_summary_verdict_figures_and_readme_block",
               snippet='lab_main(["stepsize-report"',
               how="the same command with --registration and --readme on a hand-made registration and grid"),
     RunByTest("sweep_local_two", (

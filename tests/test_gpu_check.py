@@ -233,9 +233,9 @@ def test_every_result_the_check_reports_belongs_to_its_section():
 
 
 def test_renderer_shows_the_packing_part():
-    report = hand_report({"learner": ("ok", 90.0)}, {"packing_padded_token_share": 0.3242, "packing_resident_before_gib":
-                                                     0.0625, "packing_packed_over_padded": 1.443,
-                                                     "packing_update_tokens_per_s_packed": 22042.9})
+    report = hand_report({"learner": ("ok", 90.0)}, {
+        "packing_padded_token_share": 0.3242, "packing_resident_before_gib": 0.0625, "packing_packed_over_padded": 1.443,
+        "packing_update_tokens_per_s_packed": 22042.9})
     lines = gpu_check_report.render_block([("g.json", report)], {}, "x.md").splitlines()
     for row in ("| padded rows: padding's share of the positions | 0.324 |", "| update tokens/s, padded rows | - |",
                 "| update tokens/s, packed rows | 22,043 |", "| packed speed-up (padded s / packed s) | 1.44 |"):

@@ -90,8 +90,8 @@ def _comparison_text(c: Mapping[str, Any]) -> str:
     a, b, d, lr = comp["a"], comp["b"], comp["rmst_difference"], comp["logrank"]
     if a["rmst"] is None or b["rmst"] is None:
         return f"{a['arm']} (lr {a['lr']:g}) against {b['arm']} (lr {b['lr']:g}): no runs of one of them yet"
-    return (f"{a['arm']} (lr {a['lr']:g}) {a['count']} collapsed, RMST {_num(a['rmst'])} vs {b['arm']} (lr {b['lr']:g}) "
-            f"{b['count']}, RMST {_num(b['rmst'])}: difference {_num(d['estimate'])} [{_num(d['low'])}, "
+    return (f"{a['arm']} (lr {a['lr']:g}) {a['count']} collapsed, RMST {_num(a['rmst'])} vs {b['arm']} "
+            f"(lr {b['lr']:g}) {b['count']}, RMST {_num(b['rmst'])}: difference {_num(d['estimate'])} [{_num(d['low'])}, "
             f"{_num(d['high'])}] steps, log-rank one-sided p {lr['p_one_sided']:.3g}: "
             f"{'supported' if c['supported'] else 'not supported'}")
 
@@ -185,9 +185,9 @@ def render(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
     """The report's README.md."""
     label = s["label"]
     first, last = s["step_size_window"]
+    prose = Path(reg["registration"].get("prose", "registration.md")).name
     lines = ["# Mechanism or step size? The death spiral over long runs", "",
-             f"The registered analysis ([registration]({Path(reg['registration'].get('prose', 'registration.md')).name}),"
-             f" analysis code at commit `{str(reg['registration'].get('analysis_commit'))[:10]}`) of "
+             f"The registered analysis ([registration]({prose}), analysis code at commit `{str(reg['registration'].get('analysis_commit'))[:10]}`) of "
              f"{s['runs_finished']} of {s['runs_planned']} runs, written by "
              "`python -m searchr1_lld.lab stepsize-report`.", "", f"**Verdict.** {verdict_text(s)}", "",
              f"Collapse label (primary): held-out EM on the fixed validation subsample (`{HELD_OUT}`) at or below "
