@@ -326,9 +326,8 @@ def task_method(args: argparse.Namespace, reg: dict | None) -> Method:
     return Method(args.arm or method.key, method.label, (*method.overrides, *args.set))
 
 
-def main(argv: list[str]) -> int:
-    """``grid`` (the driver) and ``task`` (one worker)."""
-    mode, rest = argv[0], argv[1:]
+def parser(mode: str) -> argparse.ArgumentParser:
+    """The command line of ``grid`` or ``task``."""
     p = argparse.ArgumentParser(prog=f"python -m searchr1_lld.lab {mode}", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--registration", help="a registration file (docs/lab/stepsize/registration.json): its config, "
@@ -358,18 +357,27 @@ def main(argv: list[str]) -> int:
                        help="an override that makes --method the arm --arm (repeatable)")
         p.add_argument("--seed", type=int)
         p.add_argument("--world-dir", help="an existing world dir to use as is (default: the config's world)")
-    args = p.parse_args(rest)
+    return p
+
+
+def places(args: argparse.Namespace, reg: dict | None, mode: str) -> tuple[str, Path, Path]:
+    """(config, where runs train, where compact results go): the registration's unless given."""
+    if reg is not None:
+        block = reg["registration"]
+        return (args.config or block["config"], Path(args.runs_dir or REPO_ROOT / block["train_dir"]),
+                Path(args.compact or REPO_ROOT / block["runs_dir"]))
+    if not args.config or not args.runs_dir:
+        raise ConfigError(f"{mode} needs --config and --runs-dir (or --registration)")
+    return args.config, Path(args.runs_dir), Path(args.compact or "docs/lab/runs")
+
+
+def main(argv: list[str]) -> int:
+    """``grid`` (the driver) and ``task`` (one worker)."""
+    mode = argv[0]
+    args = parser(mode).parse_args(argv[1:])
     try:
         reg = stepsize.load_registration(args.registration) if args.registration else None
-        if reg is not None:
-            block = reg["registration"]
-            config = args.config or block["config"]
-            runs_root = Path(args.runs_dir or REPO_ROOT / block["train_dir"])
-            compact_dir = Path(args.compact or REPO_ROOT / block["runs_dir"])
-        else:
-            if not args.config or not args.runs_dir:
-                raise ConfigError(f"{mode} needs --config and --runs-dir (or --registration)")
-            config, runs_root, compact_dir = args.config, Path(args.runs_dir), Path(args.compact or "docs/lab/runs")
+        config, runs_root, compact_dir = places(args, reg, mode)
         if mode == "task":
             if args.baselines:
                 print(run_baselines(config, runs_root, compact_dir, args.world_dir))

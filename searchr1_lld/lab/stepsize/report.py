@@ -260,6 +260,19 @@ def write_figures(s: Mapping[str, Any], reg: Mapping[str, Any], runs_dir: str | 
 
     colors = _arm_colors(reg)
     lrs = sorted({c["lr"] for c in s["survival"]}, reverse=True)
+    for name, draw in (("survival.png", draw_survival), ("step_size.png", draw_step_size)):
+        fig = draw(plt, s, colors, lrs)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+    fig = draw_curves(plt, read_runs(runs_dir)[0], reg, colors, lrs)
+    fig.tight_layout()
+    fig.savefig(out / "curves.png", dpi=110)
+    plt.close(fig)
+
+
+def draw_survival(plt: Any, s: Mapping[str, Any], colors: Mapping[str, str], lrs: Sequence[float]) -> Any:
+    """Kaplan-Meier curves per arm, one panel per learning rate."""
     fig, axes = plt.subplots(1, len(lrs), figsize=(6 * len(lrs), 4.2), squeeze=False, sharey=True)
     for ax, lr in zip(axes[0], lrs):
         for c in s["survival"]:
@@ -271,10 +284,11 @@ def write_figures(s: Mapping[str, Any], reg: Mapping[str, Any], runs_dir: str | 
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     axes[0][0].set_ylabel("share of runs not collapsed (Kaplan-Meier)")
-    fig.tight_layout()
-    fig.savefig(out / "survival.png", dpi=110)
-    plt.close(fig)
+    return fig
 
+
+def draw_step_size(plt: Any, s: Mapping[str, Any], colors: Mapping[str, str], lrs: Sequence[float]) -> Any:
+    """Collapse step against measured step size, one point per run (hollow triangles: censored)."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     drawn = False
     size = {arm: 90 - 60 * i / max(len(colors) - 1, 1) for i, arm in enumerate(colors)}  # coinciding points nest
@@ -290,11 +304,12 @@ def write_figures(s: Mapping[str, Any], reg: Mapping[str, Any], runs_dir: str | 
     ax.set(xscale="log" if drawn else "linear", xlabel=f"measured step size: mean per-step KL, steps {first}-{last}",
            ylabel="collapse step (triangle: not collapsed, censored)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "step_size.png", dpi=110)
-    plt.close(fig)
+    return fig
 
-    runs, _ = read_runs(runs_dir)
+
+def draw_curves(plt: Any, runs: Sequence[Mapping[str, Any]], reg: Mapping[str, Any], colors: Mapping[str, str],
+                lrs: Sequence[float]) -> Any:
+    """:data:`CURVE_ROWS` over the steps, one line per run, one column per learning rate."""
     fig, axes = plt.subplots(len(CURVE_ROWS), len(lrs), figsize=(6 * len(lrs), 2.6 * len(CURVE_ROWS)), squeeze=False,
                              sharex=True)
     for col, lr in enumerate(lrs):
@@ -315,9 +330,7 @@ def write_figures(s: Mapping[str, Any], reg: Mapping[str, Any], runs_dir: str | 
                 ax.set_xlabel("step")
         if axes[0][col].get_legend_handles_labels()[0]:
             axes[0][col].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "curves.png", dpi=110)
-    plt.close(fig)
+    return fig
 
 
 # ---------------------------------------------------------------------------------------------------------------
