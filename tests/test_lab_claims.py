@@ -11,7 +11,7 @@ from searchr1_lld.config import ConfigError
 from searchr1_lld.lab import baselines, compact, grid
 from searchr1_lld.lab.comparison import claims
 from searchr1_lld.lab.comparison.report import write_outputs
-from searchr1_lld.lab.methods import ARMS, METHODS
+from searchr1_lld.lab.methods import ARMS, METHODS, Method
 
 IDS = [f"q{i}" for i in range(10)]
 QUESTIONS = [{"id": i, "hops": 1, "family": "f", "subject": f"s{k // 2}", "train_answer": k < 4}
@@ -206,6 +206,12 @@ def test_grid_tasks_end_to_end_on_the_test_world(tmp_path, tiny_world):
     assert set(b["splits"]["val"]["questions"][0]) == {"id", "hops", "family", "subject", "train_answer"}
     assert not {q["id"] for q in b["splits"]["val"]["questions"]} & test_ids
     assert grid.run_task(str(config), 1e-3, ARMS["grpo"], 0, runs_root, compact_dir, str(tiny_world)) == path
+    # an arm that is no method preset (a registration's control: a preset plus its overrides) trains and reports too
+    control = Method("grpo_kl", "GRPO, KL 0.01", (*ARMS["grpo"].overrides, "algorithm.kl_coef=0.01"))
+    kl = compact.read_gz_json(grid.run_task(str(config), 1e-3, control, 0, runs_root, compact_dir, str(tiny_world)))
+    assert (kl["method"], kl["overrides"][-1]) == ("grpo_kl", "algorithm.kl_coef=0.01")
+    assert dict(kl["settings"])["algorithm.kl_coef"] == 0.01 and (compact_dir / "grpo_kl-lr0.001-seed0.json.gz").is_file()
+    (compact_dir / "grpo_kl-lr0.001-seed0.json.gz").unlink()  # the comparison below is of its design's arms only
     grid.write_design(compact_dir, {"config": "quick", "methods": ["grpo"], "lrs": [1e-3], "seeds": [0]})
     s = write_outputs(compact_dir, tmp_path / "out")
     assert s["complete"] and s["selection"]["chosen"]["grpo"]["lr"] == 1e-3

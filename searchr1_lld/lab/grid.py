@@ -38,7 +38,7 @@ from typing import Sequence
 
 from retriever import make_retriever
 from retriever.runtime import THREAD_ENV_VARS, usable_cores
-from searchr1_lld.config import ConfigError
+from searchr1_lld.config import ConfigError, config_from_dict
 from searchr1_lld.lab.analysis import load_records
 from searchr1_lld.lab.baselines import NoRetrieval, correct_by_id, majority_correct, question_table, read_split
 from searchr1_lld.lab.comparison.claims import DESIGN_FILE
@@ -46,7 +46,7 @@ from searchr1_lld.lab.comparison.report import CURVES_FILE
 from searchr1_lld.lab.compact import BASELINES_FILE, compact_name, git_commit, lr_tag, run_record, write_gz_json
 from searchr1_lld.lab.evaluating import evaluate_policy, load_policy
 from searchr1_lld.lab.methods import (ARMS, REPO_ROOT, Method, lab_config, parse_methods, parse_seeds,
-                                      read_lab_config)
+                                      RUN_RECORD, read_lab_config, shared_settings)
 from searchr1_lld.lab.prereg.registration import PREREG_FILE, check_registered, registration_of
 from searchr1_lld.lab.prereg.report import PHENOMENA_FIGURES
 from searchr1_lld.lab.running import prepare_world, repo_relative, resolve_world_dir, run_lab
@@ -80,7 +80,9 @@ def run_task(config_path: str, lr: float, method: Method, seed: int, runs_root: 
                       train_eval=0, command="python -m searchr1_lld.lab task", world_dir=world_dir)
     rec = summary["runs"][0]
     card = read_card(REPO_ROOT / summary["world"]["dir"]) or {}  # an absolute dir stays absolute
-    lab_run = {**rec, "settings": dict(summary["shared_settings"])}
+    # the run's own settings (a registered control's overrides included), not the lab config's shared ones
+    trained = json.loads((Path(rec["run_dir"]) / RUN_RECORD).read_text())["config"]
+    lab_run = {**rec, "settings": dict(shared_settings(config_from_dict(trained)))}
     write_gz_json(out, run_record(method, seed, lr, lab_run, load_records(rec["run_dir"]),
                                   correct_by_id(Path(rec["run_dir"]) / "eval"), card.get("config_hash"),
                                   code=code))

@@ -68,8 +68,9 @@ def parse_methods(text: str) -> list[Method]:
     return [ARMS[k] for k in keys]
 
 
-def run_name(method: Method, seed: int) -> str:
-    return f"{method.key}-seed{seed}"
+def run_name(method: Method | str, seed: int) -> str:
+    """``<arm>-seed<seed>``: a run's name (its directory), from its arm or the arm's key."""
+    return f"{method if isinstance(method, str) else method.key}-seed{seed}"
 
 
 def read_lab_config(config_path: str | Path, overrides: Sequence[str]) -> tuple[dict[str, Any], str, list[str]]:

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from searchr1_lld.lab.analysis import PROVENANCE_KEYS, PROVENANCE_SPLITS, finite
-from searchr1_lld.lab.methods import ARMS, LLD_MARGIN, REWARD_MARGIN, TREND_WINDOW, run_name
+from searchr1_lld.lab.methods import LLD_MARGIN, REWARD_MARGIN, TREND_WINDOW, run_name
 from searchr1_lld.instruments.monitor import PHASES, PhaseThresholds
 
 
@@ -49,7 +49,7 @@ def per_run_table(runs: Sequence[dict[str, Any]], sampled: bool = False) -> str:
         if sampled:
             es = r.get("eval_sampled") or {}
             cell = f" {fmt(es.get('em'))} ({fmt(es.get('em_single_hop'), 2)} / {fmt(es.get('em_multi_hop'), 2)}) |"
-        lines.append(f"| {run_name(ARMS[r['method']], r['seed'])} | {fmt(e['em_single_hop'])} | "
+        lines.append(f"| {run_name(r['method'], r['seed'])} | {fmt(e['em_single_hop'])} | "
                      f"{fmt(e['em_multi_hop'])} | {fmt(e['em'])} | {fmt(e['mean_valid_searches'], 2)} | "
                      f"{fmt(e['answer_rate'], 2)} | {r['train_s']:.0f} | {r['eval_s']:.0f} |" + cell)
     return "\n".join(lines) + "\n"
@@ -69,7 +69,7 @@ def phase_table(runs: Sequence[dict[str, Any]]) -> str:
         collapsed = "-" if acc["collapse_step"] is None else str(acc["collapse_step"])
         drawdown = ph["drawdown_steps"]
         drawdown_txt = "none" if not drawdown else str(drawdown[0])
-        lines.append(f"| {run_name(ARMS[r['method']], r['seed'])} | " + " | ".join(cells) +
+        lines.append(f"| {run_name(r['method'], r['seed'])} | " + " | ".join(cells) +
                      f" | {ph['final']} | {warn_txt} | {collapsed} | {lead_text(acc)} | {drawdown_txt} | "
                      f"{lead_text(ph['drawdown'])} | {r['verdict']} |")
     return "\n".join(lines) + "\n"
@@ -95,7 +95,7 @@ def trend_table(runs: Sequence[dict[str, Any]]) -> str:
     for r in runs:
         t = r["trend"]
         lines.append(
-            f"| {run_name(ARMS[r['method']], r['seed'])} | {fmt(t['reward_start'])}→{fmt(t['reward_end'])} | "
+            f"| {run_name(r['method'], r['seed'])} | {fmt(t['reward_start'])}→{fmt(t['reward_end'])} | "
             f"{fmt(t['correct_logp_start'])}→{fmt(t['correct_logp_peak'])}→{fmt(t['correct_logp_end'])} | "
             f"{fmt(t['incorrect_logp_start'])}→{fmt(t['incorrect_logp_end'])} | "
             f"{fmt(t['probe_logp_start'])}→{fmt(t['probe_logp_end'])} | "
@@ -186,7 +186,7 @@ def curve_section(s: dict[str, Any]) -> list[str]:
     for r in s["runs"]:
         c = r.get("val_em_curve_summary") or {}
         if c.get("evaluations"):
-            lines.append(f"| {run_name(ARMS[r['method']], r['seed'])} | {fmt(c['peak_em'])} ({c['peak_step']}) | "
+            lines.append(f"| {run_name(r['method'], r['seed'])} | {fmt(c['peak_em'])} ({c['peak_step']}) | "
                          f"{fmt(c['last_em'])} ({c['last_step']}) |")
     return [*lines, ""]
 
