@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from searchr1_lld.lab.stepsize.alarms import (LabelledRun, alarm_study, matched_threshold, not_estimable,
-                                              score_series)
+from searchr1_lld.lab.stepsize.alarms import (LabelledRun, alarm_study, healthy_end, matched_threshold,
+                                              not_estimable, score_series)
 from searchr1_lld.lab.stepsize.analysis import (cell_survival, collapse_time, compare_arms, control_lr, hypotheses,
                                                 run_points, sensitivity_table, step_size, supported)
 from searchr1_lld.lab.stepsize.survival import kaplan_meier, logrank, rmst, rmst_difference
@@ -302,13 +302,14 @@ def test_matched_threshold_is_the_smallest_with_at_most_the_rate_of_false_alarms
 STEPS = range(1, 13)
 
 
-def alarm_run(name, drops, reward_falls_at=None, collapse=None):
+def alarm_run(name, drops, reward_falls_at=None, collapse=None, val_sub=None):
     """A run of 12 steps: probe set's likelihood -1 - drop(t) (``drops``: step -> drop from that step on), reward 0.5
-    then 0.2 from ``reward_falls_at``, step KL 1 throughout; labelled collapsed at ``collapse`` (else censored)."""
+    then 0.2 from ``reward_falls_at``, step KL 1 throughout, held-out EM ``val_sub`` (default 0.5 at step 0 only);
+    labelled collapsed at ``collapse`` (else censored)."""
     def drop(t):
         return max((d for s, d in drops.items() if s <= t), default=0.0)
     reward = [0.2 if reward_falls_at and t >= reward_falls_at else 0.5 for t in STEPS]
-    recs = make_records({0: 0.5}, reward=reward, step_kl=[1.0] * 12, probe=[-1.0 - drop(t) for t in STEPS],
+    recs = make_records(val_sub or {0: 0.5}, reward=reward, step_kl=[1.0] * 12, probe=[-1.0 - drop(t) for t in STEPS],
                         **{"probe/initial_logp_per_token": {1: -1.0}})
     return LabelledRun(name, recs, collapse or HORIZON, int(collapse is not None))
 
@@ -365,3 +366,34 @@ def test_h3_pools_the_runs_of_its_rate_and_labels_them_itself():
     assert (out["lr"], out["runs"], out["collapsed"]) == (LR, 6, 3)
     assert out["alarms"]["probe_drop"]["leads"] == [6, 3, 2]
     assert out["alarms"]["probe_drop"]["supported"] is True
+
+
+def test_healthy_end_is_the_first_evaluation_below_the_step_0_value():
+    assert healthy_end(make_records({0: 0.5, 2: 0.5, 4: 0.6, 6: 0.4, 8: 0.6})) == 6  # equal to v_0 is still healthy
+    assert healthy_end(make_records({0: 0.5, 2: 0.7})) == math.inf
+    assert math.isnan(healthy_end(make_records({2: 0.1})))
+
+
+# Healthy stretches end at 6, 8 and 2 (the first held-out EM below 0.5) and never for the calm run. Probe-drop peaks
+# over them: 0.2 (steps 3-5), 0.4 (from 4), 0.0 (step 1 only), 0.1 (from 9): at a rate of 1/4 the threshold is the
+# second largest, 0.2, and run b fires in its stretch (1/4). From the stretches' ends the probe first exceeds 0.2 at
+# 6, 8 and 5: leads 8-6, 10-8, 10-5 = 2, 2, 5. The reward drop (NaN before step 5, then 0 until the reward falls)
+# peaks at 0, 0, -inf (no complete early window before step 2) and 0: threshold 0, no false alarm; it fires the step
+# the reward falls (7, 9, 9): leads 1, 1, 1. Paired gains 1, 1, 4.
+STRETCH_RUNS = [
+    alarm_run("a", {3: 0.2, 6: 0.5}, reward_falls_at=7, collapse=8, val_sub={0: 0.5, 2: 0.6, 4: 0.6, 6: 0.4, 8: 0.1}),
+    alarm_run("b", {4: 0.4}, reward_falls_at=9, collapse=10, val_sub={0: 0.5, 2: 0.5, 4: 0.55, 6: 0.5, 8: 0.45}),
+    alarm_run("c", {5: 0.3}, reward_falls_at=9, collapse=10, val_sub={0: 0.5, 2: 0.4, 4: 0.3, 10: 0.1}),
+    alarm_run("calm", {9: 0.1}, val_sub={0: 0.5, 2: 0.6, 12: 0.5})]
+
+
+def test_alarms_against_the_healthy_stretch_need_no_calm_run():
+    assert alarm_study(STRETCH_RUNS, ["probe_drop"], 0.25)["estimable"] is False  # one calm run: registered rule
+    out = alarm_study(STRETCH_RUNS, ["probe_drop"], 0.25, n_boot=500, rule="healthy_stretch")
+    assert (out["estimable"], out["rule"], out["collapsed"]) == (True, "healthy_stretch", 3)
+    probe, ref = out["alarms"]["probe_drop"], out["alarms"]["reward_drop"]
+    assert (probe["threshold"], probe["false_alarms"], probe["leads"]) == (pytest.approx(0.2), "1/4", [2, 2, 5])
+    assert (ref["threshold"], ref["false_alarms"], ref["leads"]) == (0.0, "0/4", [1, 1, 1])
+    assert probe["versus_reference"]["estimate"] == pytest.approx(2.0) and probe["supported"] is True
+    few = alarm_study(STRETCH_RUNS[:1] + STRETCH_RUNS[3:], ["probe_drop"], 0.25, rule="healthy_stretch")
+    assert few["estimable"] is False and "1 collapsed runs and 2 with a healthy stretch" in few["reason"]

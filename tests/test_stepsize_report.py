@@ -109,3 +109,24 @@ def test_runs_outside_the_registered_cells_are_left_out(tmp_path):
     write_gz_json(tmp_path / "runs" / compact_name("grpo", 2e-3, 7), run("grpo", 2e-3, 7, 4, 0.2))  # seed 7 neither
     s = report.write_report(path, tmp_path / "runs", tmp_path / "report")
     assert s["runs_finished"] == 12 and all(p["seed"] != 7 and p["lr"] != 1e-3 for p in s["points"])
+
+
+def test_the_healthy_stretch_alarm_retest_is_reported_apart_as_not_registered(tmp_path):
+    path = write_grid(tmp_path)
+    reg = json.loads(path.read_text())
+    reg["hypotheses"]["H3"] = {"title": "alarms", "lr": "collapse", "false_alarm_rate": 0.34,
+                               "alarms": ["probe_drop"]}
+    path.write_text(json.dumps(reg))
+    assert lab_main(["stepsize-report", "--registration", str(path)]) == 0
+    s = json.loads((tmp_path / "report" / "summary.json").read_text())
+    registered, retest = s["hypotheses"]["H3"], s["exploratory_alarms"]["H3"]
+    assert (registered["rule"], retest["rule"]) == ("calm_runs", "healthy_stretch")
+    # at 2e-3: 6 collapsed runs (GRPO, KL-matched) and 3 calm LLDS runs. Registered: the calm runs' flat reward scores
+    # 0, 1 of 3 may fire, threshold 0, none does. Re-test: all 9 set it; only the KL-matched runs (stretch ends at 6)
+    # hold a complete early window (step 5, score 0), the others' peaks are -inf: 3 of 9 may fire, threshold -inf.
+    assert registered["alarms"]["reward_drop"]["false_alarms"] == "0/3"
+    assert retest["alarms"]["reward_drop"]["false_alarms"] == "3/9"
+    text = (tmp_path / "report" / "README.md").read_text()
+    section = text.index("## Alarms against each run's healthy stretch (exploratory, not registered)")
+    assert text.index("## The label's sensitivity (registered)") < section < text.index("## Step size")
+    assert "exploratory" not in report.readme_block(s, reg)

@@ -20,6 +20,13 @@ finite values at steps ``<= t``; both from :class:`ScoreWindow`):
 - ``step_kl_rise``: ``trailing mean(lld/step_kl) / early median(lld/step_kl)`` (NaN when the early median is <= 0).
 
 A score that reads an early median is NaN before step ``early_last`` (its early window is not complete).
+
+Two rules say which firings are false alarms (:data:`FALSE_ALARM_RULES`, the ``rule`` of :func:`alarm_study`):
+``calm_runs`` (the registered one: any firing of a run that did not collapse; the leads of the collapsed runs count
+from step 1) and ``healthy_stretch`` (exploratory, for grids where every run collapses: a firing during a run's
+healthy stretch, the steps before its held-out EM (``eval/val_sub_em``) first falls below its own step-0 value; every
+run sets the threshold, and a collapsed run's lead counts from the end of its stretch, so it measures how early in
+the decline an alarm noticed).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from searchr1_lld.lab.intervals import BOOT_SEED, LEVEL, N_BOOT
 
 NAN = float("nan")
 REFERENCE_ALARM = "reward_drop"
+HELD_OUT = "eval/val_sub_em"
 
 
 @dataclass(frozen=True)
@@ -188,25 +196,73 @@ def not_estimable(runs: Sequence[LabelledRun]) -> str | None:
     return None
 
 
+def healthy_end(records: Records, key: str = HELD_OUT) -> float:
+    """The first step after 0 at which the held-out ``key`` is below the run's own step-0 value (the run's healthy
+    stretch is the steps before it); ``inf`` when it never falls below, NaN without a step-0 value."""
+    ref = [v for s, v in series(records, key) if s == 0]
+    if not ref:
+        return NAN
+    return float(min((s for s, v in series(records, key) if s > 0 and v < ref[0]), default=math.inf))
+
+
+def alarm_on_healthy_stretch(runs: Sequence[LabelledRun], alarm: str, false_alarm_rate: float,
+                             window: ScoreWindow = ScoreWindow()) -> dict[str, Any]:
+    """One alarm over the runs of one rate under the ``healthy_stretch`` rule: the threshold is matched
+    (:func:`matched_threshold`) on every run's peak score over its healthy stretch (:func:`healthy_end`; runs
+    without a step-0 held-out value are left out), ``false_alarms`` counts the runs that fire there, and a collapsed
+    run's lead is its collapse step minus the first firing at or after the end of its stretch (None: missed).
+    Same fields as :func:`alarm_at_matched_rate`."""
+    usable = [(r, healthy_end(r.records)) for r in runs]
+    usable = [(r, end, score_series(r.records, alarm, window)) for r, end in usable if not math.isnan(end)]
+    healthy = [peak([(t, v) for t, v in scores if t < end]) for _, end, scores in usable]
+    threshold = matched_threshold(healthy, false_alarm_rate)
+    fired = sum(p > threshold for p in healthy)
+    leads = [lead(r.time, first_firing([(t, v) for t, v in scores if t >= end], threshold))
+             for r, end, scores in usable if r.event]
+    warned = [x for x in leads if x is not None]
+    return {"alarm": alarm, "threshold": threshold, "false_alarm_share": fired / len(healthy) if healthy else None,
+            "false_alarms": f"{fired}/{len(healthy)}", "detections": f"{len(warned)}/{len(leads)}", "leads": leads,
+            "median_lead": median(warned) if warned else None}
+
+
+def not_estimable_on_healthy_stretch(runs: Sequence[LabelledRun]) -> str | None:
+    """Why the ``healthy_stretch`` rule cannot be applied to ``runs`` (fewer than 2 collapsed runs, or fewer than 2
+    runs with a healthy stretch to set the threshold on), or None."""
+    collapsed = sum(1 for r in runs if r.event)
+    stretches = sum(1 for r in runs if healthy_end(r.records) > 1)
+    if collapsed < 2 or stretches < 2:
+        return (f"not estimable: {collapsed} collapsed runs and {stretches} with a healthy stretch (at least 2 of "
+                "each are needed)")
+    return None
+
+
+# a false-alarm rule: (one alarm at the matched rate, why the runs cannot be tested under it or None)
+FALSE_ALARM_RULES: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[Sequence[LabelledRun]], str | None]]] = {
+    "calm_runs": (alarm_at_matched_rate, not_estimable),
+    "healthy_stretch": (alarm_on_healthy_stretch, not_estimable_on_healthy_stretch)}
+
+
 def alarm_study(runs: Sequence[LabelledRun], alarms: Sequence[str], false_alarm_rate: float,
                 reference: str = REFERENCE_ALARM, window: ScoreWindow = ScoreWindow(), n_boot: int = N_BOOT,
-                seed: int = BOOT_SEED) -> dict[str, Any]:
+                seed: int = BOOT_SEED, rule: str = "calm_runs") -> dict[str, Any]:
     """Every alarm of ``alarms`` and the ``reference`` alarm at the matched false-alarm rate over ``runs`` (one
     learning rate), and for each alarm the paired difference of leads against the reference over the collapsed runs,
     ``mean_i (lead_alarm,i - lead_reference,i)`` with a missed warning counted as lead 0, with its bootstrap interval
     (:func:`bootstrap_mean`, runs resampled). ``supported`` for an alarm when that interval lies above 0.
 
-    ``{"estimable": False, "reason"}`` instead when :func:`not_estimable` says so.
+    ``rule`` names which firings are false alarms (:data:`FALSE_ALARM_RULES`). ``{"estimable": False,
+    "reason"}`` instead when the rule's check (:func:`not_estimable` for ``calm_runs``) says so.
     """
-    reason = not_estimable(runs)
-    base = {"false_alarm_rate": false_alarm_rate, "reference": reference, "runs": len(runs),
+    at_rate, why_not = FALSE_ALARM_RULES[rule]
+    reason = why_not(runs)
+    base = {"rule": rule, "false_alarm_rate": false_alarm_rate, "reference": reference, "runs": len(runs),
             "collapsed": sum(1 for r in runs if r.event)}
     if reason:
         return {**base, "estimable": False, "reason": reason}
-    ref = alarm_at_matched_rate(runs, reference, false_alarm_rate, window)
+    ref = at_rate(runs, reference, false_alarm_rate, window)
     out = {reference: ref}
     for alarm in alarms:
-        res = alarm_at_matched_rate(runs, alarm, false_alarm_rate, window)
+        res = at_rate(runs, alarm, false_alarm_rate, window)
         gains = [(a or 0) - (r or 0) for a, r in zip(res["leads"], ref["leads"])]
         diff = bootstrap_mean(gains, n_boot, seed)
         out[alarm] = {**res, "versus_reference": diff, "supported": diff["low"] is not None and diff["low"] > 0}

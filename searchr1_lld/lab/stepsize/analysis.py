@@ -44,10 +44,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from searchr1_lld.lab.analysis import finite
 from searchr1_lld.lab.intervals import BOOT_SEED, N_BOOT
-from searchr1_lld.lab.stepsize.alarms import LabelledRun, ScoreWindow, alarm_study
+from searchr1_lld.lab.stepsize.alarms import HELD_OUT, LabelledRun, ScoreWindow, alarm_study
 from searchr1_lld.lab.stepsize.survival import kaplan_meier, logrank, rmst, rmst_difference
 
-HELD_OUT = "eval/val_sub_em"
 Run = Mapping[str, Any]
 
 
@@ -192,15 +191,15 @@ def hypothesis_mechanism(runs: Sequence[Run], registration: Mapping[str, Any], s
 
 
 def hypothesis_alarms(runs: Sequence[Run], registration: Mapping[str, Any], spec: Mapping[str, Any],
-                label: Mapping[str, Any]) -> dict[str, Any]:
-    """The alarms at a matched false-alarm rate over the runs at one rate (:func:`.alarms.alarm_study`), labelled
-    with ``label``."""
+                label: Mapping[str, Any], rule: str = "calm_runs") -> dict[str, Any]:
+    """The alarms at a matched false-alarm rate over the runs at one rate (:func:`.alarms.alarm_study`, its
+    false-alarm ``rule``), labelled with ``label``."""
     lr = resolve_lr(registration, spec["lr"])
     mine = [r for r in runs if same_lr(r["lr"], lr) and ("arms" not in spec or r["method"] in spec["arms"])]
     labelled = [LabelledRun(run_name(r), r["records"], t, e) for r, (t, e) in zip(mine, labels(mine, label))]
     window = ScoreWindow(**spec.get("window", {}))
     return {"lr": lr, **alarm_study(labelled, spec["alarms"], spec["false_alarm_rate"],
-                                    spec.get("reference", "reward_drop"), window)}
+                                    spec.get("reference", "reward_drop"), window, rule=rule)}
 
 
 # a hypothesis's kind, by the key that marks it
@@ -227,6 +226,13 @@ def hypotheses(runs: Sequence[Run], registration: Mapping[str, Any],
         if any(HYPOTHESIS_KINDS[k] is test for k in kinds):
             out[name] = test(runs, registration, spec, label)
     return out
+
+
+def exploratory_alarms(runs: Sequence[Run], registration: Mapping[str, Any]) -> dict[str, Any]:
+    """Not registered: every alarm hypothesis re-tested under the primary label with the ``healthy_stretch``
+    false-alarm rule (:mod:`.alarms`), which needs no run that stayed calm."""
+    return {name: hypothesis_alarms(runs, registration, spec, registration["label"], rule="healthy_stretch")
+            for name, spec in registration["hypotheses"].items() if hypothesis_kind(name, spec) is hypothesis_alarms}
 
 
 def cell_counts(runs: Sequence[Run], label: Mapping[str, Any]) -> list[dict[str, Any]]:

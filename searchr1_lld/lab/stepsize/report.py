@@ -24,8 +24,8 @@ from searchr1_lld.lab.analysis import finite
 from searchr1_lld.lab.comparison.claims import clean, replace_readme_block
 from searchr1_lld.lab.compact import read_runs
 from searchr1_lld.lab.methods import REPO_ROOT
-from searchr1_lld.lab.stepsize.analysis import (HELD_OUT, cell_survival, hypotheses, run_points, same_lr,
-                                                sensitivity_table)
+from searchr1_lld.lab.stepsize.analysis import (HELD_OUT, cell_survival, exploratory_alarms, hypotheses, run_points,
+                                                same_lr, sensitivity_table)
 from searchr1_lld.lab.stepsize.registration import STEPSIZE_FILE, cells, load_registration
 
 README_BEGIN = "<!-- stepsize-results:begin (python -m searchr1_lld.lab stepsize-report --readme README.md) -->"
@@ -71,7 +71,7 @@ def analyse(reg: Mapping[str, Any], runs_dir: str | Path) -> dict[str, Any]:
             "step_size_window": [first, last], "runs_planned": len(planned), "runs_finished": len(mine),
             "complete": len(mine) >= len(planned), "arms": reg["arms"], "survival": survival,
             "hypotheses": hypotheses(mine, reg), "sensitivity": sensitivity_table(mine, reg),
-            "matching": matching(points), "points": points}
+            "exploratory_alarms": exploratory_alarms(mine, reg), "matching": matching(points), "points": points}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -127,6 +127,22 @@ def alarm_text(res: Mapping[str, Any], spec: Mapping[str, Any]) -> str:
         parts.append(f"{name} (threshold {_num(a['threshold'], 3)}, false alarms {a['false_alarms']}, detected "
                      f"{a['detections']}, median lead {_num(a['median_lead'])} steps{verdict})")
     return f"at lr {res['lr']:g}: " + "; ".join(parts) + "."
+
+
+def exploratory_alarm_lines(s: Mapping[str, Any], reg: Mapping[str, Any]) -> list[str]:
+    """The alarms re-tested under the healthy-stretch false-alarm rule, marked as not registered."""
+    found = s.get("exploratory_alarms") or {}
+    if not found:
+        return []
+    lines = ["## Alarms against each run's healthy stretch (exploratory, not registered)", "",
+             "The registered alarm test sets its false-alarm rate on runs that did not collapse. This re-test, chosen "
+             "after the grid had started and not registered, needs none: a firing is false while a run's held-out EM "
+             "is still at or above its own step-0 value (its healthy stretch), each alarm's threshold lets at most "
+             "the registered share of the runs fire there, and a collapsed run's lead counts from the end of its "
+             "stretch: how early in the decline the alarm noticed. Same alarms, rates and bootstrap as the "
+             "registered test.", ""]
+    return lines + [f"- **{name}** ({reg['hypotheses'][name].get('title', name)}): "
+                    + alarm_text(res, reg["hypotheses"][name]) for name, res in found.items()] + [""]
 
 
 def verdict_text(s: Mapping[str, Any]) -> str:
@@ -197,6 +213,7 @@ def render(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
              "## Hypotheses (primary label)", "", *hypothesis_lines(s["hypotheses"], reg), "",
              "![Kaplan-Meier survival per arm](survival.png)", "",
              "## The label's sensitivity (registered)", "", *sensitivity_lines(s, reg), "",
+             *exploratory_alarm_lines(s, reg),
              "## Step size: how close the controls came", "",
              "| arm | lr | runs | mean step KL | min | max |", "|---|---|---|---|---|---|"]
     lines += [f"| {m['arm']} | {m['lr']:g} | {m['runs']} | {_num(m['mean'], 4)} | {_num(m['min'], 4)} | "
