@@ -72,6 +72,10 @@ def test_the_report_command_writes_summary_verdict_figures_and_readme_block(tmp_
     assert h2["verdict"] == "smaller steps suffice"
     text = (out / "README.md").read_text()
     assert "in this sandbox, smaller steps suffice to explain it" in text
+    # beside the verdict, what the controls measured (steps 1-4, seeds 0-2 add 0, .01, .02): LLDS and the lr-matched
+    # control 0.11, the KL-matched one 0.13
+    assert ("Measured step sizes (mean per-step KL over steps 1-4, mean over runs): llds_action 0.110; grpo_kl_matched "
+            "0.130 (LLDS outlived it), grpo_lr_matched 0.110 (LLDS did not outlive it).") in text
     # under a one-evaluation label the never-collapsing runs "collapse" at their dip: the verdicts change
     one = next(r for r in s["sensitivity"] if r["persist"] == 1 and r["ratio"] == 0.3)
     assert one["verdicts"]["H1"] is False and "a verdict changes" in text

@@ -157,18 +157,36 @@ def verdict_text(s: Mapping[str, Any]) -> str:
         return head + "No run has finished yet."
     if mechanism_verdict(mech) == "waiting for runs":
         return head + "The comparisons wait for finished runs of both LLDS and GRPO."
-    said = {"mechanism": "LLDS survived longer than GRPO and than every GRPO control that took steps as small as "
+    said = {"mechanism": "LLDS survived longer than GRPO and than every GRPO control set to take steps as small as "
                          "LLDS's: the sandbox supports a mechanism beyond smaller steps.",
-            "smaller steps suffice": "LLDS survived longer than GRPO, but not longer than every GRPO control that took "
-                                     "steps as small as LLDS's: in this sandbox, smaller steps suffice to explain it.",
+            "smaller steps suffice": "LLDS survived longer than GRPO, but not longer than every GRPO control set to "
+                                     "take steps as small as LLDS's: in this sandbox, smaller steps suffice to explain "
+                                     "it.",
             "inconclusive": "LLDS did not survive significantly longer than GRPO, so the question of mechanism does "
                             "not arise here."}[mech["verdict"]]
+    if mech["verdict"] != "inconclusive":
+        said += " " + measured_steps_text(s, mech)
     flips = [row for row in s["sensitivity"] if not row["primary"]
              and any(v != _primary(s)["verdicts"].get(h) for h, v in row["verdicts"].items())]
     robust = (f" The verdicts hold under all {len(s['sensitivity'])} registered labels." if not flips else
               f" Under {len(flips)} of the {len(s['sensitivity']) - 1} other registered labels a verdict changes "
               "(the sensitivity table), so the answer depends on how a collapse is labelled.")
     return head + said + robust
+
+
+def measured_steps_text(s: Mapping[str, Any], mech: Mapping[str, Any]) -> str:
+    """What the controls' runs measured, beside the verdict that assumes they matched: the mean per-step KL over the
+    registered window of the treatment and of each control, and whether the treatment outlived it."""
+    sizes = {(m["arm"], round(m["lr"], 12)): m["mean"] for m in s["matching"]}
+
+    def size(comp_side: Mapping[str, Any]) -> str:
+        return _num(sizes.get((comp_side["arm"], round(comp_side["lr"], 12))), 3)
+    first, last = s["step_size_window"]
+    treated = mech["baseline"]["comparison"]["a"]
+    controls = [f"{c['comparison']['b']['arm']} {size(c['comparison']['b'])} (LLDS "
+                f"{'outlived it' if c['supported'] else 'did not outlive it'})" for _, c in sorted(mech["controls"].items())]
+    return (f"Measured step sizes (mean per-step KL over steps {first}-{last}, mean over runs): {treated['arm']} "
+            f"{size(treated)}; " + ", ".join(controls) + ".")
 
 
 def mechanism_verdict(res: Mapping[str, Any]) -> str:
