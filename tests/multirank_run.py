@@ -9,7 +9,8 @@ runs fewer micro-batches and must pad; in step 2 rank 1 (only) makes the first m
 of step 2 must be skipped on both ranks. Every rollout of run A is recorded (response ids and the engine's log-probs,
 per step, from both ranks): step 2's come from the policy after step 1, so they show whether the rollout engine
 received the update. Last, on run B's trainer, packed micro-batches against padded rows (the same log-probs, losses and
-gradient norms). Writes OUT_DIR/result.json (rank 0) and OUT_DIR/params_{a,b}.pt (rank 0).
+gradient norms). Writes OUT_DIR/result.json (rank 0), OUT_DIR/params_{a,b}.pt (rank 0) and, after the learner's
+close, OUT_DIR/closed_rank{0,1}.json (each rank: whether its process group is still up).
 """
 
 from __future__ import annotations
@@ -171,4 +172,5 @@ if RANK == 0:
     }
     (out_dir / "result.json").write_text(json.dumps(result, indent=1))
     print("RESULT_JSON " + json.dumps(result))
-dist.barrier()
+b.learner.close()  # every rank waits, then the process group is released before exit
+(out_dir / f"closed_rank{RANK}.json").write_text(json.dumps({"process_group": dist.is_initialized()}))

@@ -47,6 +47,8 @@ def _launch(kind: str, out_dir, world_dir) -> tuple[dict, float]:
     # DeepSpeed stays on gloo: its shared-memory op (minutes of g++ on a first launch) is never built
     assert "shm_comm_op built" not in out.stdout + out.stderr
     print(f"RESULT multirank_{kind}_wall_s {wall:.1f}")
+    for rank in (0, 1):  # the learner's close released the process group on every rank before exit
+        assert json.loads((out_dir / f"closed_rank{rank}.json").read_text()) == {"process_group": False}
     return json.loads((out_dir / "result.json").read_text()), wall
 
 

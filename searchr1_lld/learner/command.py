@@ -111,6 +111,7 @@ def run_train(opts: TrainOptions, world: WorldSource) -> int:
     if main_proc:
         print(f"run directory: {trainer.run_dir}", flush=True)
     result = trainer.run(evaluate=not opts.no_eval, allow_changes=[k for a in opts.allow_change for k in a.split(",")])
+    trainer.learner.close()
     if main_proc:
         print(f"steps: {result.steps}  skipped updates: {result.skipped_updates}")
         print(f"run directory: {result.run_dir}", flush=True)

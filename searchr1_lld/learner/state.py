@@ -136,3 +136,14 @@ class Learner:
     def sync_engine(self) -> None:
         """The learner's weights -> the rollout engine (ZeRO-3: gathered module by module)."""
         sync_weights_to_engine(self.module, self.backend, zero3=self.dist.zero_stage == 3)
+
+    def close(self) -> None:
+        """Ends the run on every rank together: waits for the others, releases the DeepSpeed engines (their hooks and
+        in-flight ZeRO-3 gathers), then the process group (torch asks for it before exit; a rank that exits holding it
+        can abort in its communication threads' teardown)."""
+        self.accelerator.wait_for_everyone()
+        if self.dist.deepspeed:
+            for engine in (self.model, self.ref_model):
+                if hasattr(engine, "destroy"):
+                    engine.destroy()
+        self.accelerator.end_training()
