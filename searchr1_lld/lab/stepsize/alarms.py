@@ -177,11 +177,18 @@ def alarm_at_matched_rate(runs: Sequence[LabelledRun], alarm: str, false_alarm_r
     warned runs (None when none was)."""
     calm = [peak(score_series(r.records, alarm, window)) for r in runs if not r.event]
     threshold = matched_threshold(calm, false_alarm_rate)
-    fired = sum(p > threshold for p in calm)
-    leads = _leads(runs, alarm, threshold, window)
+    return alarm_result(alarm, threshold, calm, _leads(runs, alarm, threshold, window))
+
+
+def alarm_result(alarm: str, threshold: float, calm_peaks: Sequence[float], leads: list[int | None]) -> dict[str, Any]:
+    """One alarm at its threshold: how many of the peaks it was matched on exceed it (``false_alarms``, ``k/n``, and
+    ``false_alarm_share``), the collapsed runs it warned of (``detections``), their ``leads`` (None: missed) and the
+    median lead of the warned runs (None when none was)."""
+    fired = sum(p > threshold for p in calm_peaks)
     warned = [x for x in leads if x is not None]
-    return {"alarm": alarm, "threshold": threshold, "false_alarm_share": fired / len(calm) if calm else None,
-            "false_alarms": f"{fired}/{len(calm)}", "detections": f"{len(warned)}/{len(leads)}", "leads": leads,
+    return {"alarm": alarm, "threshold": threshold,
+            "false_alarm_share": fired / len(calm_peaks) if calm_peaks else None,
+            "false_alarms": f"{fired}/{len(calm_peaks)}", "detections": f"{len(warned)}/{len(leads)}", "leads": leads,
             "median_lead": median(warned) if warned else None}
 
 
@@ -216,13 +223,9 @@ def alarm_on_healthy_stretch(runs: Sequence[LabelledRun], alarm: str, false_alar
     usable = [(r, end, score_series(r.records, alarm, window)) for r, end in usable if not math.isnan(end)]
     healthy = [peak([(t, v) for t, v in scores if t < end]) for _, end, scores in usable]
     threshold = matched_threshold(healthy, false_alarm_rate)
-    fired = sum(p > threshold for p in healthy)
     leads = [lead(r.time, first_firing([(t, v) for t, v in scores if t >= end], threshold))
              for r, end, scores in usable if r.event]
-    warned = [x for x in leads if x is not None]
-    return {"alarm": alarm, "threshold": threshold, "false_alarm_share": fired / len(healthy) if healthy else None,
-            "false_alarms": f"{fired}/{len(healthy)}", "detections": f"{len(warned)}/{len(leads)}", "leads": leads,
-            "median_lead": median(warned) if warned else None}
+    return alarm_result(alarm, threshold, healthy, leads)
 
 
 def not_estimable_on_healthy_stretch(runs: Sequence[LabelledRun]) -> str | None:

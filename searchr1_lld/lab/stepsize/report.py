@@ -177,10 +177,9 @@ def verdict_text(s: Mapping[str, Any]) -> str:
 def measured_steps_text(s: Mapping[str, Any], mech: Mapping[str, Any]) -> str:
     """What the controls' runs measured, beside the verdict that assumes they matched: the mean per-step KL over the
     registered window of the treatment and of each control, and whether the treatment outlived it."""
-    sizes = {(m["arm"], round(m["lr"], 12)): m["mean"] for m in s["matching"]}
-
     def size(comp_side: Mapping[str, Any]) -> str:
-        return _num(sizes.get((comp_side["arm"], round(comp_side["lr"], 12))), 3)
+        return _num(next((m["mean"] for m in s["matching"]
+                          if m["arm"] == comp_side["arm"] and same_lr(m["lr"], comp_side["lr"])), None), 3)
     first, last = s["step_size_window"]
     treated = mech["baseline"]["comparison"]["a"]
     controls = [f"{c['comparison']['b']['arm']} {size(c['comparison']['b'])} (LLDS "
@@ -295,15 +294,14 @@ def write_figures(s: Mapping[str, Any], reg: Mapping[str, Any], runs_dir: str | 
 
     colors = _arm_colors(reg)
     lrs = sorted({c["lr"] for c in s["survival"]}, reverse=True)
-    for name, draw in (("survival.png", draw_survival), ("step_size.png", draw_step_size)):
-        fig = draw(plt, s, colors, lrs)
+    drawings = {"survival.png": lambda: draw_survival(plt, s, colors, lrs),
+                "step_size.png": lambda: draw_step_size(plt, s, colors, lrs),
+                "curves.png": lambda: draw_curves(plt, read_runs(runs_dir)[0], reg, colors, lrs)}
+    for name, draw in drawings.items():
+        fig = draw()
         fig.tight_layout()
         fig.savefig(out / name, dpi=110)
         plt.close(fig)
-    fig = draw_curves(plt, read_runs(runs_dir)[0], reg, colors, lrs)
-    fig.tight_layout()
-    fig.savefig(out / "curves.png", dpi=110)
-    plt.close(fig)
 
 
 def draw_survival(plt: Any, s: Mapping[str, Any], colors: Mapping[str, str], lrs: Sequence[float]) -> Any:
