@@ -73,6 +73,27 @@ def test_finished_runs_are_reused_only_with_the_same_config(tmp_path):
     assert not lab.finished(other, tmp_path / "r")
 
 
+def test_a_run_record_cut_off_while_written_is_named_and_not_reused(tmp_path):
+    """lab_run.json is written whole or not at all; a truncated one is named in the error and its run retrained."""
+    from searchr1_lld.lab import running
+    cfg = lab.method_config(lab.QUICK_CONFIG, [], lab.METHODS["grpo"], 0, world_dir=tmp_path / "w",
+                            runs_dir=tmp_path / "r")
+    run_dir = tmp_path / "r" / cfg.trainer.run_name
+    run_dir.mkdir(parents=True)
+    with pytest.raises(ConfigError, match="lab_run.json missing"):
+        running.read_run_record(run_dir)
+    record = {"method": "grpo", "seed": 0, "config": cfg.to_dict()}
+    running.write_run_record(run_dir, record)
+    assert running.read_run_record(run_dir) == record
+    assert sorted(p.name for p in run_dir.iterdir()) == [lab.RUN_RECORD]  # no temporary file left behind
+    (run_dir / lab.RUN_RECORD).write_text(json.dumps(record)[:50])
+    with pytest.raises(ConfigError, match="lab_run.json is not JSON"):
+        running.read_run_record(run_dir)
+    with pytest.raises(ConfigError, match="lab_run.json is not JSON"):
+        running.load_run(cfg, tmp_path / "r")
+    assert not lab.finished(cfg, tmp_path / "r")
+
+
 def test_check_rejects_methods_tuned_differently(tmp_path):
     a = lab.method_config(lab.FULL_CONFIG, [], lab.METHODS["grpo"], 0, world_dir=tmp_path, runs_dir=tmp_path)
     b = lab.method_config(lab.FULL_CONFIG, ["trainer.lr=5e-4"], lab.METHODS["llds_action"], 0, world_dir=tmp_path,

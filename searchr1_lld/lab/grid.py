@@ -46,10 +46,10 @@ from searchr1_lld.lab.comparison.report import CURVES_FILE
 from searchr1_lld.lab.compact import BASELINES_FILE, compact_name, git_commit, lr_tag, run_record, write_gz_json
 from searchr1_lld.lab.evaluating import evaluate_policy, load_policy
 from searchr1_lld.lab.methods import (ARMS, REPO_ROOT, Method, lab_config, parse_methods, parse_seeds,
-                                      RUN_RECORD, read_lab_config, shared_settings)
+                                      read_lab_config, shared_settings)
 from searchr1_lld.lab.prereg.registration import PREREG_FILE, check_registered, registration_of
 from searchr1_lld.lab.prereg.report import PHENOMENA_FIGURES
-from searchr1_lld.lab.running import prepare_world, repo_relative, resolve_world_dir, run_lab
+from searchr1_lld.lab.running import prepare_world, read_run_record, repo_relative, resolve_world_dir, run_lab
 from searchr1_lld.lab.demo.selection import selection_file
 from searchr1_lld.lab.stepsize import registration as stepsize
 from searchr1_lld.world import read_card
@@ -81,7 +81,7 @@ def run_task(config_path: str, lr: float, method: Method, seed: int, runs_root: 
     rec = summary["runs"][0]
     card = read_card(REPO_ROOT / summary["world"]["dir"]) or {}  # an absolute dir stays absolute
     # the run's own settings (a registered control's overrides included), not the lab config's shared ones
-    trained = json.loads((Path(rec["run_dir"]) / RUN_RECORD).read_text())["config"]
+    trained = read_run_record(rec["run_dir"])["config"]
     lab_run = {**rec, "settings": dict(shared_settings(config_from_dict(trained)))}
     write_gz_json(out, run_record(method, seed, lr, lab_run, load_records(rec["run_dir"]),
                                   correct_by_id(Path(rec["run_dir"]) / "eval"), card.get("config_hash"),

@@ -37,6 +37,26 @@ WORLD_KEYS = tuple(item.partition("=")[0] for item in trainer_overrides("."))
 SHARED_WORLD_DIR = REPO_ROOT / ".cache" / "world"  # the demo's world dir
 
 
+def read_run_record(run_dir: str | Path) -> dict[str, Any]:
+    """A finished run's record, RUN_DIR/lab_run.json; a ConfigError naming the file when it is missing or is not
+    JSON (a run cut off while writing it)."""
+    path = Path(run_dir) / RUN_RECORD
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path} missing (the run never finished)") from None
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path} is not JSON ({err}); delete it to train the run again") from None
+
+
+def write_run_record(run_dir: str | Path, record: dict[str, Any]) -> None:
+    """Write RUN_DIR/lab_run.json atomically (a run cut off while writing leaves the earlier record or none)."""
+    path = Path(run_dir) / RUN_RECORD
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    tmp.replace(path)
+
+
 def resolve_world_dir(world_config: str, world_dir: str | None) -> Path:
     """``--world-dir`` as given; else the demo's ``.cache/world`` when it already holds a finished world built from
     exactly ``world_config`` (no second build of the same world); else ``.cache/lab-world-<hash of that world>``. The
@@ -53,7 +73,7 @@ def trained_world_dir(runs_dir: Path) -> Path | None:
     """The one world dir the finished runs in ``runs_dir`` record (the parent of their lab_run.json's
     ``model.path``) when it still holds a world (world.json); None when the runs name none, several, or one that is
     gone."""
-    recorded = {str(Path(json.loads(p.read_text())["config"]["model"]["path"]).parent)
+    recorded = {str(Path(read_run_record(p.parent)["config"]["model"]["path"]).parent)
                 for p in runs_dir.glob(f"*/{RUN_RECORD}")}
     if len(recorded) != 1:
         return None
@@ -100,10 +120,9 @@ def settings_diff(cfg: Config, trained: dict[str, Any]) -> list[str]:
 def shorter_run(run_dir: Path, cfg: Config) -> dict[str, Any] | None:
     """The lab_run.json of a finished run in ``run_dir`` that ``cfg`` extends: trained with the same settings except
     fewer ``trainer.total_steps`` (bookkeeping keys aside); None when there is no such run."""
-    path = run_dir / RUN_RECORD
-    if not path.is_file():
+    if not (run_dir / RUN_RECORD).is_file():
         return None
-    rec = json.loads(path.read_text())
+    rec = read_run_record(run_dir)
     if settings_diff(cfg, rec["config"]) != ["trainer.total_steps"]:
         return None
     return rec if rec["config"]["trainer"]["total_steps"] < cfg.trainer.total_steps else None
@@ -168,7 +187,7 @@ def run_one(cfg: Config, method: Method, seed: int, world_dir: Path, retriever: 
     if train_eval:
         evaluate_train(unwrapped, trainer.learner.tokenizer, retriever, cfg, world_dir, run_dir / TRAIN_EVAL_DIR,
                        train_eval, name=run_name(method, seed))
-    (run_dir / RUN_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    write_run_record(run_dir, record)
     return record
 
 
@@ -187,7 +206,7 @@ def load_run(cfg: Config, runs_dir: Path) -> dict[str, Any]:
     path = run_dir / RUN_RECORD
     if not path.is_file():
         raise ConfigError(f"--report-only: {path} missing (run {cfg.trainer.run_name} never finished)")
-    rec = json.loads(path.read_text())
+    rec = read_run_record(run_dir)
     diff = settings_diff(cfg, rec["config"])
     if diff:
         raise ConfigError(f"--report-only: {path} was trained with different settings: {diff}")
@@ -296,10 +315,9 @@ def complete_run(cfg: Config, m: Method, s: int, rec: dict[str, Any], world: Lab
     in its lab_run.json) and the training questions."""
     if opts.sampled and (rec.get("eval_sampled") or {}).get("samples") != opts.sampled:
         rec["eval_sampled"] = sampled_of_run(cfg, rec, world.dir, world.retriever, opts.sampled)
-        path = Path(rec["run_dir"]) / RUN_RECORD
-        stored = json.loads(path.read_text())
+        stored = read_run_record(rec["run_dir"])
         stored["eval_sampled"] = rec["eval_sampled"]
-        path.write_text(json.dumps(stored, indent=2) + "\n")
+        write_run_record(rec["run_dir"], stored)
     train_dir = Path(rec["run_dir"]) / TRAIN_EVAL_DIR
     if opts.train_eval and not train_eval_done(train_dir, opts.train_eval, world.dir):
         model, tokenizer = final_policy(rec, world.dir)
