@@ -397,3 +397,12 @@ def test_alarms_against_the_healthy_stretch_need_no_calm_run():
     assert probe["versus_reference"]["estimate"] == pytest.approx(2.0) and probe["supported"] is True
     few = alarm_study(STRETCH_RUNS[:1] + STRETCH_RUNS[3:], ["probe_drop"], 0.25, rule="healthy_stretch")
     assert few["estimable"] is False and "1 collapsed runs and 2 with a healthy stretch" in few["reason"]
+
+
+def test_bootstrap_mean_of_a_difference_resamples_each_group_within_itself():
+    from searchr1_lld.lab.stepsize.alarms import bootstrap_mean
+    d = bootstrap_mean([1.0, 2.0, 3.0], other=[1.0, 1.0, 1.0])
+    # the control never varies, so every replicate is a resampled mean of 1, 2, 3 minus 1: within [0, 2]
+    assert d["estimate"] == pytest.approx(1.0) and 0.0 <= d["low"] < 1.0 < d["high"] <= 2.0
+    assert bootstrap_mean([1.0], other=[]) == {"estimate": None, "low": None, "high": None}
+    assert bootstrap_mean([5.0, 5.0], other=[2.0]) == {"estimate": 3.0, "low": 3.0, "high": 3.0}

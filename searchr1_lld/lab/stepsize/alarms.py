@@ -143,15 +143,22 @@ def lead(collapse_step: int, fired: int | None) -> int | None:
 
 
 def bootstrap_mean(values: Sequence[float], n_boot: int = N_BOOT, seed: int = BOOT_SEED,
-                   level: float = LEVEL) -> dict[str, Any]:
-    """Mean of ``values`` with its seeded percentile bootstrap interval (values resampled with replacement);
-    None fields without values."""
-    if not values:
+                   level: float = LEVEL, other: Sequence[float] | None = None) -> dict[str, Any]:
+    """Mean of ``values`` with its seeded percentile bootstrap interval (values resampled with replacement); with
+    ``other``, the difference ``mean(values) - mean(other)``, each group resampled within itself (unpaired). None
+    fields without values (in either group)."""
+    if not values or (other is not None and not other):
         return {"estimate": None, "low": None, "high": None}
+    rng = np.random.default_rng(seed)
     x = np.asarray(values, dtype=float)  # [n]
-    reps = x[np.random.default_rng(seed).integers(0, len(x), (n_boot, len(x)))].mean(axis=1)  # [n_boot]
+    reps = x[rng.integers(0, len(x), (n_boot, len(x)))].mean(axis=1)  # [n_boot]
+    estimate = x.mean()
+    if other is not None:
+        y = np.asarray(other, dtype=float)  # [m]
+        reps = reps - y[rng.integers(0, len(y), (n_boot, len(y)))].mean(axis=1)
+        estimate = estimate - y.mean()
     low, high = np.percentile(reps, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
-    return {"estimate": float(x.mean()), "low": float(low), "high": float(high)}
+    return {"estimate": float(estimate), "low": float(low), "high": float(high)}
 
 
 @dataclass(frozen=True)

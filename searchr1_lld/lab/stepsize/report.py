@@ -8,7 +8,8 @@ Writes ``summary.json`` (every number), ``README.md`` (the verdict, the hypothes
 alarms, how well the controls matched LLDS's step size), ``survival.png`` (Kaplan-Meier curves per arm, one panel per
 learning rate), ``step_size.png`` (collapse against measured step size, one point per run) and ``curves.png`` (held-out
 EM, per-step KL and the paper's phenomena over the steps: reward, the likelihood of correct responses, entropy,
-gradient norm; one line per run). An unfinished grid is reported as interim: no verdict is final until every
+gradient norm; one line per run) and ``movement.png`` (how far each run had moved by each step, its collapse marked:
+:mod:`.movement`, exploratory). An unfinished grid is reported as interim: no verdict is final until every
 registered run has finished.
 """
 
@@ -26,11 +27,12 @@ from searchr1_lld.lab.compact import read_runs
 from searchr1_lld.lab.methods import REPO_ROOT
 from searchr1_lld.lab.stepsize.analysis import (HELD_OUT, cell_survival, exploratory_alarms, hypotheses, run_points,
                                                 same_lr, sensitivity_table)
+from searchr1_lld.lab.stepsize.movement import MEASURES, movement, movement_sensitivity, movement_study
 from searchr1_lld.lab.stepsize.registration import STEPSIZE_FILE, cells, load_registration
 
 README_BEGIN = "<!-- stepsize-results:begin (python -m searchr1_lld.lab stepsize-report --readme README.md) -->"
 README_END = "<!-- stepsize-results:end -->"
-FIGURES = ("survival.png", "step_size.png", "curves.png")
+FIGURES = ("survival.png", "step_size.png", "curves.png", "movement.png")
 # the rows of curves.png: metric, y label, drawn on a log axis
 CURVE_ROWS = ((HELD_OUT, "held-out EM (validation subsample)", False), ("lld/step_kl", "per-step KL", True),
               ("reward/em_mean", "training reward", False),
@@ -71,7 +73,10 @@ def analyse(reg: Mapping[str, Any], runs_dir: str | Path) -> dict[str, Any]:
             "step_size_window": [first, last], "runs_planned": len(planned), "runs_finished": len(mine),
             "complete": len(mine) >= len(planned), "arms": reg["arms"], "survival": survival,
             "hypotheses": hypotheses(mine, reg), "sensitivity": sensitivity_table(mine, reg),
-            "exploratory_alarms": exploratory_alarms(mine, reg), "matching": matching(points), "points": points}
+            "exploratory_alarms": exploratory_alarms(mine, reg),
+            "exploratory_movement": {"primary": movement_study(mine, reg),
+                                     "sensitivity": {m: movement_sensitivity(mine, reg, m) for m in MEASURES}},
+            "matching": matching(points), "points": points}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -143,6 +148,49 @@ def exploratory_alarm_lines(s: Mapping[str, Any], reg: Mapping[str, Any]) -> lis
              "registered test.", ""]
     return lines + [f"- **{name}** ({reg['hypotheses'][name].get('title', name)}): "
                     + alarm_text(res, reg["hypotheses"][name]) for name, res in found.items()] + [""]
+
+
+MEASURE_NAMES = {"kl": "summed step KL", "sqrt_kl": "path length (summed sqrt step KL)",
+                 "probe_drop": "probe likelihood drop (nats/token)"}
+
+
+def _signed_interval(d: Mapping[str, Any], digits: int = 2) -> str:
+    if d.get("estimate") is None:
+        return "-"
+    return f"{d['estimate']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}]"
+
+
+def _sides(labels: Sequence[Mapping[str, Any]]) -> str:
+    """``above 0 under 2 of 6 labels, below under 0``: where a difference's interval lies, over the labels."""
+    above = sum(1 for d in labels if d.get("low") is not None and d["low"] > 0)
+    below = sum(1 for d in labels if d.get("high") is not None and d["high"] < 0)
+    return f"{above}/{len(labels)} above 0, {below}/{len(labels)} below"
+
+
+def movement_lines(s: Mapping[str, Any]) -> list[str]:
+    """How far each compared pair's runs moved before they collapsed (exploratory), a table per measure's difference
+    and where the intervals lie over the registered labels."""
+    found = s.get("exploratory_movement") or {}
+    if not found.get("primary"):
+        return []
+    lines = ["## How far the runs moved before they collapsed (exploratory, not registered)", "",
+             "A method that only takes smaller steps should collapse after as much movement as GRPO, only later; one "
+             "that moves the cliff should travel further first. Each registered comparison re-read with the movement "
+             "to collapse (to the horizon when censored) as the endpoint: treatment mean, control mean, and the "
+             "difference (treatment minus control) with its 95 % bootstrap interval over runs, under the primary "
+             "label; the last column counts where that interval lies under the registered labels of the sensitivity "
+             "grid. Chosen after the grid had started; three measures, because they do not always agree.", "",
+             "| comparison | measure | treatment | control | difference | over the labels |",
+             "|---|---|---|---|---|---|"]
+    sens = found["sensitivity"]
+    for i, pair in enumerate(found["primary"]):
+        name = (f"{pair['hypothesis']}: {pair['treatment']} ({pair['lr']:g}) vs {pair['control']} "
+                f"({pair['control_lr']:g})")
+        for measure, res in pair["measures"].items():
+            lines.append(f"| {name} | {MEASURE_NAMES[measure]} | {_num(res['mean_treatment'], 2)} | "
+                         f"{_num(res['mean_control'], 2)} | {_signed_interval(res['difference'])} | "
+                         f"{_sides(sens[measure][i]['labels'])} |")
+    return lines + ["", "![How far each run had moved by each step, its collapse marked](movement.png)", ""]
 
 
 def verdict_text(s: Mapping[str, Any]) -> str:
@@ -230,7 +278,7 @@ def render(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
              "## Hypotheses (primary label)", "", *hypothesis_lines(s["hypotheses"], reg), "",
              "![Kaplan-Meier survival per arm](survival.png)", "",
              "## The label's sensitivity (registered)", "", *sensitivity_lines(s, reg), "",
-             *exploratory_alarm_lines(s, reg),
+             *exploratory_alarm_lines(s, reg), *movement_lines(s),
              "## Step size: how close the controls came", "",
              "| arm | lr | runs | mean step KL | min | max |", "|---|---|---|---|---|---|"]
     lines += [f"| {m['arm']} | {m['lr']:g} | {m['runs']} | {_num(m['mean'], 4)} | {_num(m['min'], 4)} | "
@@ -296,7 +344,8 @@ def write_figures(s: Mapping[str, Any], reg: Mapping[str, Any], runs_dir: str | 
     lrs = sorted({c["lr"] for c in s["survival"]}, reverse=True)
     drawings = {"survival.png": lambda: draw_survival(plt, s, colors, lrs),
                 "step_size.png": lambda: draw_step_size(plt, s, colors, lrs),
-                "curves.png": lambda: draw_curves(plt, read_runs(runs_dir)[0], reg, colors, lrs)}
+                "curves.png": lambda: draw_curves(plt, read_runs(runs_dir)[0], reg, colors, lrs),
+                "movement.png": lambda: draw_movement(plt, read_runs(runs_dir)[0], s, colors, lrs)}
     for name, draw in drawings.items():
         fig = draw()
         fig.tight_layout()
@@ -360,6 +409,34 @@ def draw_curves(plt: Any, runs: Sequence[Mapping[str, Any]], reg: Mapping[str, A
             ax.set(ylabel=ylabel, title=f"lr {lr:g}" if row == 0 else "",
                    yscale="log" if log and positive else "linear")
             if row == len(CURVE_ROWS) - 1:
+                ax.set_xlabel("step")
+        if axes[0][col].get_legend_handles_labels()[0]:
+            axes[0][col].legend(fontsize=7)
+    return fig
+
+
+def draw_movement(plt: Any, runs: Sequence[Mapping[str, Any]], s: Mapping[str, Any], colors: Mapping[str, str],
+                  lrs: Sequence[float]) -> Any:
+    """Each registered run's movement by each step up to its collapse (:data:`.movement.MEASURES`, one row each), one
+    line per run, one column per learning rate; a cross where the run collapsed, a triangle where a censored one
+    ended."""
+    ends = {(p["arm"], p["lr"], p["seed"]): (p["collapse_time"], p["event"]) for p in s["points"]}
+    fig, axes = plt.subplots(len(MEASURES), len(lrs), figsize=(6 * len(lrs), 3 * len(MEASURES)), squeeze=False,
+                             sharex=True)
+    for col, lr in enumerate(lrs):
+        for row, measure in enumerate(MEASURES):
+            ax = axes[row][col]
+            for arm, color in colors.items():
+                mine = [r for r in runs if r["method"] == arm and same_lr(r["lr"], lr)
+                        and (arm, r["lr"], r["seed"]) in ends]
+                for r in mine:
+                    time, event = ends[(arm, r["lr"], r["seed"])]
+                    steps = sorted({int(x["step"]) for x in r["records"] if int(x["step"]) <= time})
+                    ys = [movement(r["records"], t, measure) for t in steps]
+                    ax.plot(steps, ys, color=color, lw=0.8, alpha=0.6, label=arm if r is mine[0] else None)
+                    ax.plot(steps[-1:], ys[-1:], "x" if event else ">", color=color, ms=7)
+            ax.set(ylabel=MEASURE_NAMES[measure], title=f"lr {lr:g} (x: collapse, >: censored)" if row == 0 else "")
+            if row == len(MEASURES) - 1:
                 ax.set_xlabel("step")
         if axes[0][col].get_legend_handles_labels()[0]:
             axes[0][col].legend(fontsize=7)
