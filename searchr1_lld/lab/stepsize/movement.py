@@ -64,10 +64,10 @@ def cell_movement(runs: Sequence[Run], arm: str, lr: float, label: Mapping[str, 
                   measure: str = "kl") -> dict[str, Any]:
     """One cell's runs (seed order): each run's movement to its collapse step (to the horizon when censored)."""
     mine = cell_runs(runs, arm, lr)
-    values = [movement(r["records"], t, measure) for r, (t, _) in zip(mine, labels(mine, label))]
-    events = [e for _, e in labels(mine, label)]
-    return {"arm": arm, "lr": lr, "seeds": [r["seed"] for r in mine], "values": values,
-            "censored": len(events) - sum(events)}
+    ends = labels(mine, label)
+    return {"arm": arm, "lr": lr, "seeds": [r["seed"] for r in mine],
+            "values": [movement(r["records"], t, measure) for r, (t, _) in zip(mine, ends)],
+            "censored": sum(1 for _, e in ends if not e)}
 
 
 def compared_pairs(runs: Sequence[Run], registration: Mapping[str, Any]) -> list[dict[str, Any]]:
