@@ -69,5 +69,9 @@ def test_the_report_shows_the_movement_apart_as_not_registered(tmp_path):
     section = text.index("## How far the runs moved before they collapsed (exploratory, not registered)")
     assert text.index("## The label's sensitivity (registered)") < section < text.index("## Step size")
     assert "| H1: llds_action (0.002) vs grpo (0.002) | summed step KL | 1.32 | 0.84 | +0.48 [" in text
+    cells = {(c["arm"], c["lr"]): c for c in s["exploratory_movement"]["cells"]}
+    assert cells[("grpo", 0.002)]["kl"] == pytest.approx({"mean": 0.84, "min": 0.8, "max": 0.88})
+    assert (cells[("llds_action", 0.002)]["runs"], cells[("llds_action", 0.002)]["censored"]) == (3, 3)
+    assert "| llds_action | 0.002 | 3 (3) | 1.32 (1.20-1.44) |" in text
     assert (out / "movement.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "moved" not in report.readme_block(s, json.loads(path.read_text()))

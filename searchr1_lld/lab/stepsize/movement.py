@@ -70,6 +70,23 @@ def cell_movement(runs: Sequence[Run], arm: str, lr: float, label: Mapping[str, 
             "censored": sum(1 for _, e in ends if not e)}
 
 
+def cells_movement(runs: Sequence[Run], label: Mapping[str, Any],
+                   measures: Sequence[str] = tuple(MEASURES)) -> list[dict[str, Any]]:
+    """Per arm and rate present in ``runs``: its runs' count, how many were censored, and per measure the mean, min
+    and max of their movements to collapse."""
+    out = []
+    for arm, lr in sorted({(r["method"], float(r["lr"])) for r in runs}):
+        row: dict[str, Any] = {"arm": arm, "lr": lr}
+        for measure in measures:
+            cell = cell_movement(runs, arm, lr, label, measure)
+            vals = [v for v in cell["values"] if finite(v)]
+            row |= {"runs": len(cell["values"]), "censored": cell["censored"],
+                    measure: {"mean": math.fsum(vals) / len(vals) if vals else None, "min": min(vals, default=None),
+                              "max": max(vals, default=None)}}
+        out.append(row)
+    return out
+
+
 def compared_pairs(runs: Sequence[Run], registration: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Each (treatment at lr, control at its rate) pair the registered comparison hypotheses test, once, in the
     registration's order, with the first hypothesis that tests it."""

@@ -27,7 +27,8 @@ from searchr1_lld.lab.compact import read_runs
 from searchr1_lld.lab.methods import REPO_ROOT
 from searchr1_lld.lab.stepsize.analysis import (HELD_OUT, cell_survival, exploratory_alarms, hypotheses, run_points,
                                                 same_lr, sensitivity_table)
-from searchr1_lld.lab.stepsize.movement import MEASURES, movement, movement_sensitivity, movement_study
+from searchr1_lld.lab.stepsize.movement import (MEASURES, cells_movement, movement, movement_sensitivity,
+                                                movement_study)
 from searchr1_lld.lab.stepsize.registration import STEPSIZE_FILE, cells, load_registration
 
 README_BEGIN = "<!-- stepsize-results:begin (python -m searchr1_lld.lab stepsize-report --readme README.md) -->"
@@ -74,7 +75,7 @@ def analyse(reg: Mapping[str, Any], runs_dir: str | Path) -> dict[str, Any]:
             "complete": len(mine) >= len(planned), "arms": reg["arms"], "survival": survival,
             "hypotheses": hypotheses(mine, reg), "sensitivity": sensitivity_table(mine, reg),
             "exploratory_alarms": exploratory_alarms(mine, reg),
-            "exploratory_movement": {"primary": movement_study(mine, reg),
+            "exploratory_movement": {"cells": cells_movement(mine, label), "primary": movement_study(mine, reg),
                                      "sensitivity": {m: movement_sensitivity(mine, reg, m) for m in MEASURES}},
             "matching": matching(points), "points": points}
 
@@ -190,6 +191,12 @@ def movement_lines(s: Mapping[str, Any]) -> list[str]:
             lines.append(f"| {name} | {MEASURE_NAMES[measure]} | {_num(res['mean_treatment'], 2)} | "
                          f"{_num(res['mean_control'], 2)} | {_signed_interval(res['difference'])} | "
                          f"{_sides(sens[measure][i]['labels'])} |")
+    lines += ["", "Per cell (mean, min-max over its runs; censored runs count to the horizon):", "",
+              "| arm | lr | runs (censored) | " + " | ".join(MEASURE_NAMES[m] for m in MEASURES) + " |",
+              "|---|---|---|" + "---|" * len(MEASURES)]
+    lines += [f"| {c['arm']} | {c['lr']:g} | {c['runs']} ({c['censored']}) | "
+              + " | ".join(f"{_num(c[m]['mean'], 2)} ({_num(c[m]['min'], 2)}-{_num(c[m]['max'], 2)})" for m in MEASURES)
+              + " |" for c in found["cells"]]
     return lines + ["", "![How far each run had moved by each step, its collapse marked](movement.png)", ""]
 
 
