@@ -62,12 +62,16 @@ def movement(records: Records, until: int, measure: str = "kl") -> float:
 
 def cell_movement(runs: Sequence[Run], arm: str, lr: float, label: Mapping[str, Any],
                   measure: str = "kl") -> dict[str, Any]:
-    """One cell's runs (seed order): each run's movement to its collapse step (to the horizon when censored)."""
+    """One cell's runs (seed order): each run's movement to its collapse step (to the horizon when censored), how many
+    were censored, and the mean, min and max of the finite movements (None without any)."""
     mine = cell_runs(runs, arm, lr)
     ends = labels(mine, label)
-    return {"arm": arm, "lr": lr, "seeds": [r["seed"] for r in mine],
-            "values": [movement(r["records"], t, measure) for r, (t, _) in zip(mine, ends)],
-            "censored": sum(1 for _, e in ends if not e)}
+    values = [movement(r["records"], t, measure) for r, (t, _) in zip(mine, ends)]
+    found = [v for v in values if finite(v)]
+    return {"arm": arm, "lr": lr, "seeds": [r["seed"] for r in mine], "values": values,
+            "censored": sum(1 for _, e in ends if not e),
+            "mean": math.fsum(found) / len(found) if found else None, "min": min(found, default=None),
+            "max": max(found, default=None)}
 
 
 def cells_movement(runs: Sequence[Run], label: Mapping[str, Any],
@@ -76,14 +80,10 @@ def cells_movement(runs: Sequence[Run], label: Mapping[str, Any],
     and max of their movements to collapse."""
     out = []
     for arm, lr in sorted({(r["method"], float(r["lr"])) for r in runs}):
-        row: dict[str, Any] = {"arm": arm, "lr": lr}
-        for measure in measures:
-            cell = cell_movement(runs, arm, lr, label, measure)
-            vals = [v for v in cell["values"] if finite(v)]
-            row |= {"runs": len(cell["values"]), "censored": cell["censored"],
-                    measure: {"mean": math.fsum(vals) / len(vals) if vals else None, "min": min(vals, default=None),
-                              "max": max(vals, default=None)}}
-        out.append(row)
+        cells = {m: cell_movement(runs, arm, lr, label, m) for m in measures}
+        first = next(iter(cells.values()))
+        out.append({"arm": arm, "lr": lr, "runs": len(first["values"]), "censored": first["censored"],
+                    **{m: {k: cell[k] for k in ("mean", "min", "max")} for m, cell in cells.items()}})
     return out
 
 
@@ -117,11 +117,9 @@ def movement_study(runs: Sequence[Run], registration: Mapping[str, Any], label: 
         for measure in measures:
             a = cell_movement(runs, pair["treatment"], pair["lr"], label, measure)
             b = cell_movement(runs, pair["control"], pair["control_lr"], label, measure)
-            xa, xb = [v for v in a["values"] if finite(v)], [v for v in b["values"] if finite(v)]
-            by_measure[measure] = {"treatment": a, "control": b,
-                                   "mean_treatment": math.fsum(xa) / len(xa) if xa else None,
-                                   "mean_control": math.fsum(xb) / len(xb) if xb else None,
-                                   "difference": bootstrap_mean(xa, n_boot, seed, other=xb)}
+            xa, xb = ([v for v in cell["values"] if finite(v)] for cell in (a, b))
+            by_measure[measure] = {"treatment": a, "control": b, "mean_treatment": a["mean"],
+                                   "mean_control": b["mean"], "difference": bootstrap_mean(xa, n_boot, seed, other=xb)}
         out.append({**pair, "measures": by_measure})
     return out
 

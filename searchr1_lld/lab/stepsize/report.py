@@ -162,7 +162,7 @@ def _signed_interval(d: Mapping[str, Any], digits: int = 2) -> str:
 
 
 def _sides(labels: Sequence[Mapping[str, Any]]) -> str:
-    """``above 0 under 2 of 6 labels, below under 0``: where a difference's interval lies, over the labels."""
+    """``2/6 above 0, 0/6 below``: over the labels, how many of a difference's intervals lie above 0 and below."""
     above = sum(1 for d in labels if d.get("low") is not None and d["low"] > 0)
     below = sum(1 for d in labels if d.get("high") is not None and d["high"] < 0)
     return f"{above}/{len(labels)} above 0, {below}/{len(labels)} below"
@@ -349,10 +349,11 @@ def write_figures(s: Mapping[str, Any], reg: Mapping[str, Any], runs_dir: str | 
 
     colors = _arm_colors(reg)
     lrs = sorted({c["lr"] for c in s["survival"]}, reverse=True)
+    runs = read_runs(runs_dir)[0]
     drawings = {"survival.png": lambda: draw_survival(plt, s, colors, lrs),
                 "step_size.png": lambda: draw_step_size(plt, s, colors, lrs),
-                "curves.png": lambda: draw_curves(plt, read_runs(runs_dir)[0], reg, colors, lrs),
-                "movement.png": lambda: draw_movement(plt, read_runs(runs_dir)[0], s, colors, lrs)}
+                "curves.png": lambda: draw_curves(plt, runs, reg, colors, lrs),
+                "movement.png": lambda: draw_movement(plt, runs, s, colors, lrs)}
     for name, draw in drawings.items():
         fig = draw()
         fig.tight_layout()
