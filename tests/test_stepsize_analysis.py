@@ -257,6 +257,9 @@ def test_sensitivity_table_verdict_flips_with_persist():
     one, two = rows[0]["verdicts"], rows[1]["verdicts"]
     assert one == {"H1": True, "H2": "smaller steps suffice"}
     assert two == {"H1": False, "H2": "inconclusive"}
+    # which matched controls LLDS outlived, per label: never the lr-matched one (neither collapses), the KL-held
+    # one under both labels (it collapses early at persist 1 and 2 alike)
+    assert rows[0]["controls"] == rows[1]["controls"] == {"H2": {"grpo_lr_matched": False, "grpo_kl_matched": True}}
 
 
 def test_run_points():

@@ -79,7 +79,8 @@ def test_the_report_command_writes_summary_verdict_figures_and_readme_block(tmp_
     # under a one-evaluation label the never-collapsing runs "collapse" at their dip: the verdicts change
     one = next(r for r in s["sensitivity"] if r["persist"] == 1 and r["ratio"] == 0.3)
     assert one["verdicts"]["H1"] is False and "a verdict changes" in text
-    assert "| 0.3 | 2 (primary) | supported | smaller steps suffice |" in text
+    assert ("| 0.3 | 2 (primary) | supported | smaller steps suffice (outlived: grpo_kl_matched; not: "
+            "grpo_lr_matched) |") in text
     # the matching table: the lr-matched control's mean step KL over steps 1-4 equals LLDS's
     match = {(m["arm"], m["lr"]): m for m in s["matching"]}
     assert abs(match[("grpo_lr_matched", 0.0015)]["mean"] - match[("llds_action", 0.002)]["mean"]) < 1e-12

@@ -244,7 +244,8 @@ def cell_counts(runs: Sequence[Run], label: Mapping[str, Any]) -> list[dict[str,
 def sensitivity_table(runs: Sequence[Run], registration: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One row per label of the grid ``sensitivity`` (``ratio`` x ``persist``, the registered horizon): the cells'
     collapse counts and the verdicts of the comparison hypotheses under that label (``verdicts``: a one-comparison
-    hypothesis's ``supported``, a mechanism hypothesis's verdict); ``primary`` marks the registered label."""
+    hypothesis's ``supported``, a mechanism hypothesis's verdict; ``controls``: per mechanism hypothesis, whether the
+    treatment outlived each matched control); ``primary`` marks the registered label."""
     primary = registration["label"]
     rows = []
     for ratio in registration["sensitivity"]["ratio"]:
@@ -252,9 +253,11 @@ def sensitivity_table(runs: Sequence[Run], registration: Mapping[str, Any]) -> l
             label = {"ratio": ratio, "persist": persist, "horizon": primary["horizon"]}
             tested = hypotheses(runs, registration, label, kinds=("control", "controls"))
             verdicts = {h: res.get("verdict", res.get("supported")) for h, res in tested.items()}
+            controls = {h: {c: comp["supported"] for c, comp in res["controls"].items()}
+                        for h, res in tested.items() if "controls" in res}
             rows.append({"ratio": ratio, "persist": persist,
                          "primary": ratio == primary["ratio"] and persist == primary["persist"],
-                         "cells": cell_counts(runs, label), "verdicts": verdicts})
+                         "cells": cell_counts(runs, label), "verdicts": verdicts, "controls": controls})
     return rows
 
 

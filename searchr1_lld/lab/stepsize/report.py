@@ -253,6 +253,16 @@ def _primary(s: Mapping[str, Any]) -> Mapping[str, Any]:
     return next(row for row in s["sensitivity"] if row["primary"])
 
 
+def _sensitivity_verdict(verdict: str | bool, controls: Mapping[str, bool] | None) -> str:
+    """One cell of the sensitivity table: the verdict, and for a mechanism hypothesis which controls were outlived."""
+    text = verdict if isinstance(verdict, str) else ("supported" if verdict else "not supported")
+    if not controls:
+        return text
+    outlived = [c for c, beaten in sorted(controls.items()) if beaten]
+    others = [c for c, beaten in sorted(controls.items()) if not beaten]
+    return (f"{text} (outlived: {', '.join(outlived) or 'none'}; not: {', '.join(others) or 'none'})")
+
+
 def sensitivity_lines(s: Mapping[str, Any], reg: Mapping[str, Any]) -> list[str]:
     """The label's sensitivity as a table: one row per (ratio, persist), the verdicts and the collapse counts."""
     rows = s["sensitivity"]
@@ -262,8 +272,7 @@ def sensitivity_lines(s: Mapping[str, Any], reg: Mapping[str, Any]) -> list[str]
            "|---|---|" + "---|" * (len(hyps) + len(cells_))]
     for row in rows:
         mark = " (primary)" if row["primary"] else ""
-        verdicts = [v if isinstance(v, str) else ("supported" if v else "not supported")
-                    for v in (row["verdicts"][h] for h in hyps)]
+        verdicts = [_sensitivity_verdict(row["verdicts"][h], row.get("controls", {}).get(h)) for h in hyps]
         out.append(f"| {row['ratio']} | {row['persist']}{mark} | " + " | ".join(verdicts) + " | "
                    + " | ".join(c["count"] for c in row["cells"]) + " |")
     return out
