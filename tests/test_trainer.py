@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from searchr1_lld.algo import policy_loss
+from searchr1_lld.bookkeeping import checkpoint as ckpt
 from searchr1_lld.config import load_config
 from searchr1_lld.learner.batching import micro_batches_by_tokens
 from searchr1_lld.learner.optim import lr_factor
@@ -211,6 +213,30 @@ def test_resume_reproduces_the_next_step(tmp_path, tiny_world, shared_retriever)
             assert ma[key] == mb[key] or (math.isnan(ma[key]) and math.isnan(mb[key])), key
 
 
+def test_the_training_clock_counts_every_pass_of_an_interrupted_run(tmp_path, tiny_world, shared_retriever):
+    """Trainer.train_s: the seconds of the run's steps over every pass; an earlier pass's come back with its
+    checkpoint, and a checkpoint written before the clock was kept gives its steps' own times."""
+    common = ["trainer.save_every=1", "trainer.resume=auto"]
+    first = _trainer(_cfg(tmp_path, *common, "trainer.total_steps=1"), tiny_world, shared_retriever)
+    res_1 = first.run(evaluate=False)
+    assert res_1.train_s == first.train_s >= res_1.history[0]["time/step_s"] > 0
+    second = _trainer(_cfg(tmp_path, *common, "trainer.total_steps=2"), tiny_world, shared_retriever)
+    res_2 = second.run(evaluate=False, allow_changes=("trainer.total_steps",))
+    assert res_2.train_s >= res_1.train_s + res_2.history[1]["time/step_s"]  # the first pass's seconds, then step 2's
+    state_file = second.run_dir / "checkpoints" / "step_000002" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    assert state["train_s"] == res_2.train_s
+    del state["train_s"]
+    state_file.write_text(json.dumps(state))
+    marker = state_file.parent / ckpt.COMPLETE  # the checkpoint's file sizes, this one's rewritten to match
+    marker.write_text("\n".join(f"{state_file.stat().st_size}\ttrainer_state.json"
+                                if line.endswith("\ttrainer_state.json") else line
+                                for line in marker.read_text().splitlines()))
+    older = _trainer(_cfg(tmp_path, *common, "trainer.total_steps=2"), tiny_world, shared_retriever)
+    assert older.maybe_resume() is not None
+    assert older.train_s == sum(h["time/step_s"] for h in res_2.history) > 0
+
+
 def test_evaluation_during_training_leaves_the_training_unchanged(tmp_path, tiny_world, shared_retriever):
     """trainer.eval_every scores the policy greedily on the validation rows (eval/val_em; the test rows, eval/em,
     only before and after) every N steps and at the last one; greedy decoding draws no random numbers, so the trained
@@ -236,7 +262,6 @@ def test_a_fixed_validation_subsample_every_step_and_the_whole_split_at_both_end
     """trainer.val_subsample: eval/val_sub_em on the same fixed questions every eval_every steps (and before the
     first step), eval/val_em on the whole validation split before the first step and at the last; metrics.jsonl
     holds the step-0 line."""
-    import json
 
     from searchr1_lld.evaluation import fixed_subsample
 

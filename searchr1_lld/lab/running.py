@@ -151,35 +151,32 @@ def run_one(cfg: Config, method: Method, seed: int, world_dir: Path, retriever: 
     greedy on the first ``train_eval`` training questions into RUN/eval_train, when > 0), write RUN/lab_run.json;
     return that record. From scratch, or from the last checkpoint of an interrupted run with
     this config; with ``extend``, also from the last checkpoint of a finished run in the same directory that
-    ``cfg`` only lengthens (:func:`shorter_run`; ``train_s`` then adds up both passes)."""
+    ``cfg`` only lengthens (:func:`shorter_run`). ``train_s``: the training's seconds over every pass, an
+    interrupted or shorter one's included (:attr:`Trainer.train_s`)."""
     run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.run_name
     plan = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
     allow: tuple[str, ...] = ()
-    earlier_train_s = 0.0
     if run_dir.exists() and not ((run_dir / RUN_PLAN).is_file() and (run_dir / RUN_PLAN).read_text() == plan):
         shorter = shorter_run(run_dir, cfg) if extend else None
         if shorter is None:
             shutil.rmtree(run_dir)  # another config's (or a pre-resume) run: start over
         else:  # the same run, trained to fewer steps: go on from its last checkpoint
             allow = ("trainer.total_steps",)
-            earlier_train_s = shorter.get("train_s", 0.0)
             print(f"[lab] {run_name(method, seed)}: extending {shorter['steps']} -> {cfg.trainer.total_steps} steps",
                   flush=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(run_dir / TRAIN_EVAL_DIR, ignore_errors=True)  # an earlier policy's; this one's is written below
     (run_dir / RUN_PLAN).write_text(plan)
-    t0 = time.time()
     trainer = Trainer(cfg, run_dir=run_dir, retriever=retriever)
     result = trainer.run(evaluate=False, allow_changes=allow)
-    t_train = time.time() - t0 + earlier_train_s
     t1 = time.time()
     unwrapped = trainer.learner.module
     results = evaluate_policy(unwrapped, trainer.learner.tokenizer, retriever, cfg, world_dir, run_dir / "eval",
                               name=run_name(method, seed))
     record = {
         "method": method.key, "label": method.label, "seed": seed, "run_dir": str(run_dir), "steps": result.steps,
-        "skipped_updates": result.skipped_updates, "train_s": round(t_train, 1), "eval_s": round(time.time() - t1, 1),
-        "eval": eval_summary(results), "config": cfg.to_dict(),
+        "skipped_updates": result.skipped_updates, "train_s": round(result.train_s, 1),
+        "eval_s": round(time.time() - t1, 1), "eval": eval_summary(results), "config": cfg.to_dict(),
     }
     if sampled:
         record["eval_sampled"] = evaluate_sampled(unwrapped, trainer.learner.tokenizer, retriever, cfg, world_dir,

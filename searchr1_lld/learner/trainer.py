@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +72,7 @@ class RunResult:
     skipped_updates: int = 0
     eval_table: str = ""
     history: list[dict[str, Any]] = field(default_factory=list)
+    train_s: float = 0.0  # seconds of training over the whole run (Trainer.train_s)
 
 
 @dataclass
@@ -114,6 +116,9 @@ class Trainer:
         self.best = BestCheckpoint(tc.keep_best, tc.keep_best_mode) if tc.keep_best else None
         self.step = 0  # training steps done (seeds the next step's RNG; the checkpoint's step)
         self.skipped_updates = 0  # optimiser steps skipped over the run for a non-finite gradient
+        # wall seconds of run()'s steps (their scheduled evaluations included) over the whole run: an interrupted
+        # pass's come back with its last checkpoint
+        self.train_s = 0.0
         self.phase_report: PhaseReport | None = None  # the detector's report of the last step
         self.llds_warning = step.llds_noop_warning(cfg, self.updates_per_step)
         if self.llds_warning and self.learner.dist.is_main:
@@ -155,6 +160,7 @@ class Trainer:
         state = {
             "data": self.sampler.state(),
             "skipped_updates": self.skipped_updates,
+            "train_s": self.train_s,
             "history": self.history,
             "probe": [dataclasses.asdict(t) for t in self.probe.trajectories],
             "probe_measured": self.probe.measured,
@@ -187,6 +193,8 @@ class Trainer:
         self.skipped_updates = int(state.get("skipped_updates", state.get("skipped_steps", 0)))
         # checkpoints written before the history carried its step numbers: step i + 1 is the i-th record
         self.history = [h if "step" in h else {"step": i + 1, **h} for i, h in enumerate(state.get("history", []))]
+        # checkpoints written before the run's clock was kept: its steps' own times (evaluations not counted)
+        self.train_s = float(state.get("train_s", sum(h.get("time/step_s", 0.0) for h in self.history)))
         self.probe.trajectories = [Trajectory(**{**t, "action_spans": [tuple(s) for s in t["action_spans"]]})
                                    for t in state.get("probe", [])]
         self.probe.measured = bool(state.get("probe_measured", self.probe.trajectories))
@@ -214,11 +222,13 @@ class Trainer:
         last_metrics: dict[str, Any] = {}
         last_phase, last_drawdown = "healthy", None
         while self.step < self.cfg.trainer.total_steps:
+            started = time.time()
             last_metrics = metrics = self.train_step()
             metrics.update(self._scheduled_evaluations(rows))
             self.history[-1].update(metrics)
             tracker.log(self.step, metrics)
             last_phase, last_drawdown = self._log_phase(tracker, last_phase, last_drawdown)
+            self.train_s += time.time() - started
             self._save_on_schedule(metrics)
         self._save_last()
         em_after, table = self._final_evaluation(tracker, rows.test, em_before, last_metrics) if (
@@ -226,7 +236,7 @@ class Trainer:
         self._close_run(tracker)
         return RunResult(run_dir=self.run_dir, steps=self.step, final_metrics=last_metrics, em_before=em_before,
                          em_after=em_after, skipped_updates=self.skipped_updates, eval_table=table,
-                         history=self.history)
+                         history=self.history, train_s=self.train_s)
 
     def _open_run(self, allow_changes: Sequence[str]) -> Tracker:
         """Settle the run directory (resume safety), resume, load the best checkpoint's record; the tracker, with the
