@@ -260,7 +260,7 @@ def _sensitivity_verdict(verdict: str | bool, controls: Mapping[str, bool] | Non
         return text
     outlived = [c for c, beaten in sorted(controls.items()) if beaten]
     others = [c for c, beaten in sorted(controls.items()) if not beaten]
-    return (f"{text} (outlived: {', '.join(outlived) or 'none'}; not: {', '.join(others) or 'none'})")
+    return f"{text} (outlived: {', '.join(outlived) or 'none'}; not: {', '.join(others) or 'none'})"
 
 
 def sensitivity_lines(s: Mapping[str, Any], reg: Mapping[str, Any]) -> list[str]:
