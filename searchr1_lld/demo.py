@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -46,6 +45,7 @@ from typing import Any
 import torch
 
 from searchr1_lld.bookkeeping.checkpoint import latest_checkpoint
+from searchr1_lld.bookkeeping.files import write_json_atomic
 from searchr1_lld.cli import run_main
 from searchr1_lld.bookkeeping.tracking import describe_machine, quiet_library_output, read_metrics
 from searchr1_lld.config import Config, ConfigError, load_config
@@ -107,9 +107,7 @@ def measure_warm_start(cfg: Config, world: Path, select_dir: Path, out: Path) ->
     record = {"val_em": sum(correct.values()) / len(correct), "world_hash": world_hash, "correct": correct}
     path = warm_start_file(select_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # whole, then moved: the grid runs two selection runs at once
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    tmp.replace(path)
+    write_json_atomic(path, record)  # the grid runs two selection runs at once: each writes it whole
     return record
 
 

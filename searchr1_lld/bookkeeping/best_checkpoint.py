@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from searchr1_lld.bookkeeping.files import write_json_atomic
 
 BEST_FILE = "best_checkpoint.json"
 MODES = ("max", "min")
@@ -60,11 +61,7 @@ class BestCheckpoint:
 
 def write_best(run_dir: str | Path, best: BestCheckpoint) -> Path:
     """Replace ``RUN/best_checkpoint.json`` atomically; returns its path."""
-    path = Path(run_dir) / BEST_FILE
-    part = path.with_name(path.name + ".part")
-    part.write_text(json.dumps(asdict(best), indent=1) + "\n")
-    os.replace(part, path)
-    return path
+    return write_json_atomic(Path(run_dir) / BEST_FILE, asdict(best), indent=1)
 
 
 def load_best(run_dir: str | Path, metric: str, mode: str, resumed_step: int) -> tuple[BestCheckpoint, str]:

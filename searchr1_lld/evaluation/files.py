@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from searchr1_lld.bookkeeping.files import write_json_atomic
 from searchr1_lld.config import RolloutConfig
 from searchr1_lld.evaluation.metrics import (RESULTS_CSV, RESULTS_JSON, RESULTS_MD, TRAJECTORIES, EvalError,
                                              summarize)
@@ -139,9 +140,7 @@ def check_provenance(out_dir: str | Path, shard: tuple[int, int] | None, provena
             raise EvalError(f"{traj} was produced by a different evaluation, refusing to mix results: "
                             + "; ".join(diffs) + ". Rerun with --overwrite to start over, or pick another --out")
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    tmp = prov.with_name(prov.name + ".part")
-    tmp.write_text(json.dumps(provenance, indent=1, sort_keys=True) + "\n")
-    tmp.rename(prov)
+    write_json_atomic(prov, provenance, indent=1, sort_keys=True)
 
 
 def drop_unused_provenance(out_dir: str | Path, shard: tuple[int, int] | None) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from retriever import make_retriever
+from searchr1_lld.bookkeeping.files import write_json_atomic
 from searchr1_lld.bookkeeping.tracking import describe_machine
 from searchr1_lld.config import Config, ConfigError, flatten_dict
 from searchr1_lld.evaluation import EvalError
@@ -51,10 +52,7 @@ def read_run_record(run_dir: str | Path) -> dict[str, Any]:
 
 def write_run_record(run_dir: str | Path, record: dict[str, Any]) -> None:
     """Write RUN_DIR/lab_run.json atomically (a run cut off while writing leaves the earlier record or none)."""
-    path = Path(run_dir) / RUN_RECORD
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    tmp.replace(path)
+    write_json_atomic(Path(run_dir) / RUN_RECORD, record)
 
 
 def resolve_world_dir(world_config: str, world_dir: str | None) -> Path:

@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from retriever.build import build_index
 from retriever.inprocess import InProcessRetriever
+from searchr1_lld.bookkeeping.files import write_json_atomic
 from searchr1_lld.bookkeeping.tracking import quiet_library_output, ticking
 from searchr1_lld.config import ConfigError
 from searchr1_lld.world.config import HASH_OMITTED_WHEN_OFF, RECIPE_VERSION, WorldConfig, load_world_config
@@ -82,12 +83,6 @@ def read_card(out_dir: str | Path) -> dict[str, Any] | None:
 def is_built(out_dir: str | Path, cfg: WorldConfig) -> bool:
     card = read_card(out_dir)
     return card is not None and card.get("config_hash") == world_config_hash(cfg)
-
-
-def _write_json_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
 
 
 def _clear_build(out_dir: Path) -> None:
@@ -221,7 +216,7 @@ def build_world(out_dir: Path, cfg: WorldConfig, *, progress: bool = True, measu
     if manifest:
         card["warm_start_from"] = {"dir": str(shipped), "created_unix": manifest["card"].get("created_unix"),
                                    "timings_s": manifest["card"].get("timings_s")}
-    _write_json_atomic(out_dir / CARD, card)
+    write_json_atomic(out_dir / CARD, card)
     return card
 
 
