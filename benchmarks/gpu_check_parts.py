@@ -270,6 +270,7 @@ def learner_context(model_name: str, smoke: bool, shapes: dict, accelerator: Any
     from searchr1_lld.distributed import DistributedFacts
     from searchr1_lld.learner import factories, optim
     from searchr1_lld.learner.state import Learner
+    from searchr1_lld.learner.step_size import StepSizeController
     from searchr1_lld.rollout.backends.base import BackendBase
 
     cfg = Config()
@@ -286,13 +287,15 @@ def learner_context(model_name: str, smoke: bool, shapes: dict, accelerator: Any
     ref = None
     if with_reference:
         ref = random_model(model_name, smoke, dev, torch.float32).eval().requires_grad_(False)
-    optimizer, scheduler = optim.make_optimizer(model, tc, total_updates=1000)
+    step_size = StepSizeController.of(tc.step_size, tc.total_steps)  # off: the benchmark's rate as configured
+    optimizer, scheduler = optim.make_optimizer(model, tc, 1000, step_size)
     dist = DistributedFacts.of(accelerator)
     factories.configure_deepspeed(accelerator, dist, tc)  # DeepSpeed: one micro-batch per engine call, clipping
     model, optimizer = accelerator.prepare(model, optimizer)
     # no rollout (synthetic batches): a backend without an engine, whose vocabulary is the head's every row
     learner = Learner(cfg=cfg, accelerator=accelerator, dist=dist, model=model, optimizer=optimizer,
-                      scheduler=scheduler, ref_model=ref, tokenizer=None, backend=BackendBase(), retriever=None)
+                      scheduler=scheduler, ref_model=ref, tokenizer=None, backend=BackendBase(), retriever=None,
+                      step_size=step_size)
     return learner, model_config(model_name, smoke).vocab_size
 
 

@@ -25,6 +25,7 @@ from searchr1_lld.bookkeeping import checkpoint, resume
 
 from searchr1_lld.distributed import DistributedFacts
 from searchr1_lld.learner import factories, optim  # noqa: E402
+from searchr1_lld.learner.step_size import StepSizeController  # noqa: E402
 from searchr1_lld.config import ConfigError, load_config  # noqa: E402
 
 out_dir, world = Path(sys.argv[1]), Path(sys.argv[2])
@@ -45,7 +46,7 @@ except ConfigError as e:
 model, _ = factories.load_policy_and_tokenizer(cfg)
 params = list(model.parameters())
 res["loaded_partitioned"] = all(hasattr(p, "ds_id") for p in params) and sum(p.numel() for p in params) == 0
-optimizer, scheduler = optim.make_optimizer(model, cfg.trainer, 10)
+optimizer, scheduler = optim.make_optimizer(model, cfg.trainer, 10, StepSizeController.of(cfg.trainer.step_size, 1))
 factories.configure_deepspeed(acc, DistributedFacts.of(acc), cfg.trainer)
 engine, optimizer = acc.prepare(model, optimizer)
 res["zero_stage"] = engine.zero_optimization_stage()

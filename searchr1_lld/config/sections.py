@@ -186,6 +186,23 @@ class AlgorithmConfig:
 
 
 @dataclass
+class StepSizeConfig:
+    """A trust-region step size (learner/step_size.py, algo/step_size.py): each rollout step's learning rate scaled
+    so that the policy's measured step size, ``lld/step_kl``, tracks a target. Off unless a target is given."""
+
+    target_kl: float = opt(0.0, "a constant target of lld/step_kl (the KL between the policy before and after a "
+                                "rollout step's updates, per generated token); 0 = none")
+    target_file: str = opt("", "a JSON file with a target per step, {\"step_kl\": [t_1, t_2, ...]} (t_s: the target of "
+                               "step s; at least trainer.total_steps values, each > 0), e.g. another run's measured "
+                               "curve (python -m searchr1_lld.lab step-kl-target); '' = none")
+    gain: float = opt(0.5, "share of the measured error corrected per step, in log space: the next step's LR is scaled "
+                           "by (target / measured) ** (gain / 2) (KL grows with the square of the step)")
+    max_change: float = opt(1.5, "the most the multiplier may change in one step (a factor > 1, either way)")
+    min_multiplier: float = opt(0.01, "the multiplier's floor (a fraction of the scheduled LR)")
+    max_multiplier: float = opt(1.0, "the multiplier's ceiling; 1 = the controller only ever shrinks the scheduled LR")
+
+
+@dataclass
 class TrainerConfig:
     total_steps: int = opt(200, "rollout steps")
     train_batch_size: int = opt(512, "prompts per rollout step")
@@ -229,6 +246,8 @@ class TrainerConfig:
     logprob_chunk_size: int = opt(0, "rows of one tile of the log-prob / entropy kernel (0 = sized to the device: "
                                      "256 rows x 8,192 vocabulary columns on CPU, whole-vocabulary tiles of a 256 MiB "
                                      "fp32 budget on CUDA; algo/logprobs.tile_shape)")
+    step_size: StepSizeConfig = section(StepSizeConfig, "a trust-region step size: the LR scaled per step so the "
+                                        "measured step KL tracks a target (off by default)")
 
 
 @dataclass

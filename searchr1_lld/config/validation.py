@@ -9,7 +9,7 @@ from typing import Any
 from retriever.modes import retriever_mode
 from searchr1_lld.config.methods import METHODS
 from searchr1_lld.config.sections import (AlgorithmConfig, DataConfig, EvalConfig, RetrieverConfig, RolloutConfig,
-                                          TrainerConfig)
+                                          StepSizeConfig, TrainerConfig)
 from searchr1_lld.data.specs import EvalError, parse_datasets
 
 Check = tuple[bool, str, str]  # (the value is fine, its dotted key, what it must be)
@@ -144,6 +144,20 @@ def trainer_checks(trainer: TrainerConfig, rollout: RolloutConfig) -> list[Check
         (not trainer.keep_best.startswith("eval/") or trainer.eval_every > 0, "trainer.keep_best",
          f"{trainer.keep_best} is logged only when trainer.eval_every > 0"),
         (trainer.logprob_chunk_size >= 0, "trainer.logprob_chunk_size", "must be >= 0 (0 = sized to the device)"),
+        *step_size_checks(trainer.step_size),
+    ]
+
+
+def step_size_checks(sc: StepSizeConfig) -> list[Check]:
+    """trainer.step_size.*: one target at most, a controller that can move, bounds around the scheduled LR."""
+    return [
+        (sc.target_kl >= 0, "trainer.step_size.target_kl", "must be >= 0 (0 = none)"),
+        (not (sc.target_kl > 0 and sc.target_file), "trainer.step_size.target_file",
+         "give a constant target (trainer.step_size.target_kl) or a target file, not both"),
+        (0 < sc.gain <= 2, "trainer.step_size.gain", "must be in (0, 2]"),
+        (sc.max_change > 1, "trainer.step_size.max_change", "must be > 1 (a factor, either way)"),
+        (0 < sc.min_multiplier <= 1, "trainer.step_size.min_multiplier", "must be in (0, 1]"),
+        (sc.max_multiplier >= 1, "trainer.step_size.max_multiplier", "must be >= 1 (the controller starts at 1)"),
     ]
 
 

@@ -22,7 +22,7 @@ BASELINES_FILE = "baselines.json.gz"
 SERIES_KEYS = ("reward/em_mean", "lld/correct_logp_old_per_token", "lld/incorrect_logp_old_per_token",
                "probe/logp_per_token", "probe/initial_logp_per_token", "actor/grad_norm", "actor/grad_norm_signal",
                "adv/nonzero_frac", "actor/entropy", "rollout/valid_searches_mean", "eval/val_em", "lld/step_kl",
-               "eval/val_sub_em")
+               "eval/val_sub_em", "actor/lr", "step_size/lr_multiplier", "step_size/target_kl")
 
 
 def lr_tag(lr: float) -> str:

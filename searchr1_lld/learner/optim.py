@@ -11,6 +11,7 @@ import torch
 
 from searchr1_lld.config import TrainerConfig
 from searchr1_lld.distributed import DistributedFacts, any_rank
+from searchr1_lld.learner.step_size import StepSizeController
 from searchr1_lld.protocols import Accelerator
 
 
@@ -32,14 +33,22 @@ def lr_factor(step: int, total_steps: int, warmup_ratio: float, schedule: str) -
     raise ValueError(f"unknown lr schedule {schedule!r}")
 
 
-def make_optimizer(model: torch.nn.Module, tc: TrainerConfig,
-                   total_updates: int) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+def make_optimizer(model: torch.nn.Module, tc: TrainerConfig, total_updates: int,
+                   step_size: StepSizeController) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
     """AdamW over ``model`` (trainer config ``tc``) and its LR scheduler: one scheduler step per applied optimiser
-    step; warm-up = warmup_ratio of all ``total_updates`` optimiser steps (as verl)."""
+    step; warm-up = warmup_ratio of all ``total_updates`` optimiser steps (as verl); every rate scaled by the
+    trust-region controller's multiplier (``step_size``; 1 when it is off)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, total_updates, tc.warmup_ratio, tc.lr_schedule))
+        optimizer, lambda s: lr_factor(s, total_updates, tc.warmup_ratio, tc.lr_schedule) * step_size.multiplier)
     return optimizer, scheduler
+
+
+def refresh_lr(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
+    """Set the optimiser's current rates to the schedule's value at its current step, after a factor of the schedule
+    (the trust-region multiplier) changed between two of its steps."""
+    for group, base, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * factor(scheduler.last_epoch)
 
 
 def sync_context(accelerator: Accelerator, dist: DistributedFacts, model: torch.nn.Module,

@@ -24,6 +24,7 @@ from searchr1_lld.config import Config, RolloutConfig
 from searchr1_lld.distributed import DistributedFacts
 from searchr1_lld.rollout.inference import evaluating
 from searchr1_lld.learner import factories, optim
+from searchr1_lld.learner.step_size import StepSizeController
 from searchr1_lld.learner.weight_sync import sync_weights_to_engine
 from searchr1_lld.protocols import Accelerator, Retriever, Tokenizer
 from searchr1_lld.rollout.agent_loop import run_agent_loop
@@ -46,6 +47,7 @@ class Learner:
     tokenizer: Tokenizer  # with a pad token
     backend: GenerationBackend  # the rollout engine: put to sleep for the update, sent the new weights, woken
     retriever: Retriever  # the search tool of the rollout
+    step_size: StepSizeController  # the trust-region multiplier of the learning rate (trainer.step_size; 1 when off)
 
     @classmethod
     def build(cls, cfg: Config, total_updates: int, *, retriever: Retriever | None = None) -> Learner:
@@ -56,7 +58,8 @@ class Learner:
         dist = DistributedFacts.of(accelerator)
         model, tokenizer = factories.load_policy_and_tokenizer(cfg)
         ref = factories.make_reference(cfg, model, dist)
-        optimizer, scheduler = optim.make_optimizer(model, cfg.trainer, total_updates)
+        step_size = StepSizeController.of(cfg.trainer.step_size, cfg.trainer.total_steps)
+        optimizer, scheduler = optim.make_optimizer(model, cfg.trainer, total_updates, step_size)
         factories.configure_deepspeed(accelerator, dist, cfg.trainer)
         model, optimizer = accelerator.prepare(model, optimizer)
         module = accelerator.unwrap_model(model)
@@ -68,7 +71,7 @@ class Learner:
         backend = kind.for_learner(cfg, module, tokenizer, cfg.model.path, engine_module)
         learner = cls(cfg=cfg, accelerator=accelerator, dist=dist, model=model, optimizer=optimizer,
                       scheduler=scheduler, ref_model=ref_model, tokenizer=tokenizer, backend=backend,
-                      retriever=retriever)
+                      retriever=retriever, step_size=step_size)
         if engine_module is not None:  # its own weights: the learner's, through the stream every step uses
             learner.sync_engine()
         return learner
@@ -132,6 +135,20 @@ class Learner:
         if applied:
             self.scheduler.step()
         return norm, applied
+
+    def adapt_step_size(self, step: int, step_kl: float) -> dict[str, float]:
+        """Step ``step`` (1-based) measured the step size ``step_kl`` (the same on every rank): the trust-region
+        controller sets the next step's learning-rate multiplier, in force from the next update on. Returns the
+        controller's metrics of the step ({} when trainer.step_size is off)."""
+        out = self.step_size.observe(step, step_kl)
+        if out:
+            optim.refresh_lr(self.scheduler)
+        return out
+
+    def restore_step_size(self, state: dict[str, Any]) -> None:
+        """The controller's state of a checkpoint, the learning rate in force set from it."""
+        self.step_size.load_state_dict(state)
+        optim.refresh_lr(self.scheduler)
 
     def sync_engine(self) -> None:
         """The learner's weights -> the rollout engine (ZeRO-3: gathered module by module)."""

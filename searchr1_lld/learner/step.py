@@ -129,6 +129,7 @@ def train_step(learner: Learner, rows: list[dict[str, Any]], *, step: int, probe
         metrics["time/probe_s"] = time.time() - t_probe
     metrics["time/step_s"] = time.time() - t0
     metrics = distributed.reduce_metrics(learner.accelerator, metrics)
+    metrics.update(learner.adapt_step_size(step + 1, metrics["lld/step_kl"]))  # trainer.step_size, all ranks alike
     report = detector.detect([*history, metrics])
     metrics.update({"phase/name": report.phase, "phase/id": float(PHASE_ID[report.phase]),
                     "phase/drawdown_alarm": float(report.drawdown_alarm is not None)})

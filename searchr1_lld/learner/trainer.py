@@ -164,6 +164,7 @@ class Trainer:
             "history": self.history,
             "probe": [dataclasses.asdict(t) for t in self.probe.trajectories],
             "probe_measured": self.probe.measured,
+            "step_size": self.learner.step_size.state_dict(),
         }
         lr = self.learner
         path = ckpt.save_checkpoint(
@@ -198,6 +199,8 @@ class Trainer:
         self.probe.trajectories = [Trajectory(**{**t, "action_spans": [tuple(s) for s in t["action_spans"]]})
                                    for t in state.get("probe", [])]
         self.probe.measured = bool(state.get("probe_measured", self.probe.trajectories))
+        if "step_size" in state:  # checkpoints written before the controller existed ran without it (multiplier 1)
+            lr.restore_step_size(state["step_size"])
         lr.sync_engine()
         return path
 
