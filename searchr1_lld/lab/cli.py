@@ -10,6 +10,7 @@ from searchr1_lld.lab.comparison.report import main as report_main
 from searchr1_lld.lab.grid import main as grid_main
 from searchr1_lld.lab.prereg.report import main as prereg_main
 from searchr1_lld.lab.stepsize.report import main as stepsize_main
+from searchr1_lld.lab.stepsize.target import main as target_main
 from searchr1_lld.lab.methods import FULL_CONFIG, METHODS, QUICK_CONFIG, parse_methods, parse_seeds
 from searchr1_lld.lab.running import run_lab
 
@@ -28,6 +29,8 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
         return prereg_main(args_in[1:])
     if args_in and args_in[0] == "stepsize-report":
         return stepsize_main(args_in[1:])
+    if args_in and args_in[0] == "step-kl-target":
+        return target_main(args_in[1:])
     return run_main(lambda a: _lab(a, description), argv, prog="python -m searchr1_lld.lab")
 
 

@@ -238,14 +238,14 @@ def rebuild_report(compact_dir: Path, prereg_path: Path = REPO_ROOT / PREREG_FIL
     return [compact_dir / DESIGN_FILE, *written, readme]
 
 
-def finish(task: Task, commit_results: bool, compact_dir: Path | None) -> None:
+def finish(task: Task, commit_results: bool, compact_dir: Path | None, registration: Path | None = None) -> None:
     """After a task is done: the report its results feed rebuilt (``task.report``, :func:`rebuild_report`), then,
     with ``commit_results``, its files committed. A report that fails to build is named in the log and the result
     is committed without it: one broken report must not stop a grid of hours (the next result rebuilds it)."""
     paths = [task.done, *task.also_commit]
     if task.report and compact_dir is not None:
         try:
-            paths += rebuild_report(compact_dir)
+            paths += rebuild_report(compact_dir, **({"stepsize_path": registration} if registration else {}))
         except subprocess.CalledProcessError as e:
             print(f"[grid] the report of {compact_dir} failed (exit {e.returncode}); committing the result alone",
                   flush=True)
@@ -265,7 +265,8 @@ def worker_env(threads: int) -> dict[str, str]:
 
 
 def run_tasks(tasks: Sequence[Task], jobs: int, log_dir: Path, commit_results: bool = False,
-              poll_s: float = 10.0, compact_dir: Path | None = None, threads: int = 0) -> list[str]:
+              poll_s: float = 10.0, compact_dir: Path | None = None, threads: int = 0,
+              registration: Path | None = None) -> list[str]:
     """Run the tasks not yet done, ``jobs`` at a time (each with :func:`threads_per_job` threads), each after the
     tasks it waits for; returns the names of the tasks that failed (a task depending on a failed one is not
     started). Each finished task: :func:`finish`."""
@@ -307,7 +308,7 @@ def run_tasks(tasks: Sequence[Task], jobs: int, log_dir: Path, commit_results: b
             if not ok:
                 failed.append(name)
             else:
-                finish(task, commit_results, compact_dir)
+                finish(task, commit_results, compact_dir, registration)
     return failed
 
 
@@ -408,7 +409,8 @@ def main(argv: list[str]) -> int:
         if args.demo:
             tasks = interleave(tasks, demo_tasks(parse_lrs(args.demo_lrs), REPO_ROOT / "docs" / "demo"))
         failed = run_tasks(tasks, args.jobs, runs_root / "logs", commit_results=args.commit,
-                           compact_dir=compact_dir, threads=args.threads)
+                           compact_dir=compact_dir, threads=args.threads,
+                           registration=Path(args.registration).resolve() if args.registration else None)
     except ConfigError as e:
         print(f"lab: error: {e}", file=sys.stderr)
         return 2

@@ -45,7 +45,10 @@ from typing import Any, Callable, Mapping, Sequence
 from searchr1_lld.lab.analysis import finite
 from searchr1_lld.lab.intervals import BOOT_SEED, N_BOOT
 from searchr1_lld.lab.stepsize.alarms import HELD_OUT, LabelledRun, ScoreWindow, alarm_study
+from searchr1_lld.lab.stepsize.smallsample import (equivalent, holm, permutation_test, restricted_times,
+                                                   welch_difference)
 from searchr1_lld.lab.stepsize.survival import kaplan_meier, logrank, rmst, rmst_difference
+from searchr1_lld.lab.stepsize.utility import run_utility
 
 Run = Mapping[str, Any]
 
@@ -122,13 +125,34 @@ def compare_arms(runs: Sequence[Run], arm_a: str, arm_b: str, lr: float, label: 
     return {"a": {k: a[k] for k in keep}, "b": {k: b[k] for k in keep},
             "logrank": logrank(a["times"], a["events"], b["times"], b["events"]),
             "rmst_difference": rmst_difference(a["times"], a["events"], b["times"], b["events"], label["horizon"],
-                                               n_boot=n_boot, seed=seed)}
+                                               n_boot=n_boot, seed=seed),
+            **small_sample(a, b, label["horizon"])}
+
+
+def small_sample(a: Mapping[str, Any], b: Mapping[str, Any], horizon: float) -> dict[str, Any]:
+    """Tests of the RMST difference that hold at a handful of runs, on the per-run restricted survival times (their
+    mean is the RMST: runs are censored only at the horizon): ``welch`` (the 95 % Welch interval), ``welch90`` (the
+    90 % one, for equivalence) and ``permutation`` (the exact permutation test). Empty when a cell has no run."""
+    if not a["times"] or not b["times"]:
+        return {"welch": None, "welch90": None, "permutation": None}
+    ra = restricted_times(a["times"], a["events"], horizon)
+    rb = restricted_times(b["times"], b["events"], horizon)
+    return {"welch": welch_difference(ra, rb, 0.95), "welch90": welch_difference(ra, rb, 0.90),
+            "permutation": permutation_test(ra, rb)}
 
 
 def supported(comparison: Mapping[str, Any], alpha: float) -> bool:
-    """One-sided log-rank ``p < alpha`` and the RMST difference's interval above 0."""
+    """One-sided log-rank ``p < alpha`` and the RMST difference's interval above 0 (the step-size study's rule)."""
     diff = comparison["rmst_difference"]
     return comparison["logrank"]["p_one_sided"] < alpha and diff["low"] is not None and diff["low"] > 0
+
+
+def supported_holm(comparison: Mapping[str, Any], alpha: float) -> bool:
+    """The corrected rule (a registration with ``"multiplicity": "holm"``): the one-sided log-rank p, Holm-adjusted
+    over the confirmatory family (``p_holm``), below ``alpha``, and the 95 % Welch interval of the RMST difference
+    above 0."""
+    welch = comparison.get("welch") or {}
+    return comparison["p_holm"] < alpha and welch.get("low") is not None and welch["low"] > 0
 
 
 def resolve_lr(registration: Mapping[str, Any], lr: str | float) -> float:
@@ -202,9 +226,119 @@ def hypothesis_alarms(runs: Sequence[Run], registration: Mapping[str, Any], spec
                                     spec.get("reference", "reward_drop"), window, rule=rule)}
 
 
+def cell_utility(runs: Sequence[Run], horizon: float) -> dict[str, Any]:
+    """Held-out utility of a cell's runs (:func:`.utility.run_utility` each, up to ``horizon``): per run (seed order)
+    ``peak_gain`` and ``gain_area``, and their means."""
+    each = [run_utility(r["records"], horizon) for r in runs]
+    peaks = [u["peak_gain"] for u in each if u["peak_gain"] is not None]
+    areas = [u["gain_area"] for u in each if u["gain_area"] is not None]
+    return {"peak_gain": peaks, "gain_area": areas, "mean_peak_gain": sum(peaks) / len(peaks) if peaks else None,
+            "mean_gain_area": sum(areas) / len(areas) if areas else None}
+
+
+def utility_comparison(runs_a: Sequence[Run], runs_b: Sequence[Run], horizon: float) -> dict[str, Any]:
+    """Utility of a against b: each cell's :func:`cell_utility` and the 95 % Welch intervals of the differences
+    (a - b) of the peak gain and of the gain area."""
+    a, b = cell_utility(runs_a, horizon), cell_utility(runs_b, horizon)
+    return {"a": a, "b": b, "peak_gain": welch_difference(a["peak_gain"], b["peak_gain"]),
+            "gain_area": welch_difference(a["gain_area"], b["gain_area"])}
+
+
+def step_size_match(runs_a: Sequence[Run], runs_b: Sequence[Run], first: int, last: int,
+                    tolerance: float) -> dict[str, Any]:
+    """How closely b's step size matched a's over the steps ``first..last``: each run's :func:`step_size`, each
+    cell's mean, ``ratio`` = mean_b / mean_a, and ``matched`` when ``1 / (1 + tolerance) <= ratio <= 1 + tolerance``."""
+    sa = [step_size(r["records"], first, last) for r in runs_a]
+    sb = [step_size(r["records"], first, last) for r in runs_b]
+    mean = lambda xs: sum(xs) / len(xs) if xs and all(finite(x) for x in xs) else float("nan")  # noqa: E731
+    ma, mb = mean(sa), mean(sb)
+    ratio = mb / ma if finite(ma) and finite(mb) and ma > 0 else float("nan")
+    return {"first": first, "last": last, "a": sa, "b": sb, "mean_a": ma, "mean_b": mb, "ratio": ratio,
+            "tolerance": tolerance, "matched": finite(ratio) and 1 / (1 + tolerance) <= ratio <= 1 + tolerance}
+
+
+def matched_verdict(matched: bool, outlives: bool, utility_ok: bool, equivalent_survival: bool) -> str:
+    """The verdict of the matched-control test: ``mechanism`` when the control matched the treatment's step size and
+    the treatment outlived it at no worse utility; ``smaller steps suffice`` when the control matched and the two
+    survived equivalently (within the registered margin); ``inconclusive`` otherwise (a control that did not match,
+    or survival neither different nor shown equivalent)."""
+    if matched and outlives and utility_ok:
+        return "mechanism"
+    if matched and equivalent_survival:
+        return "smaller steps suffice"
+    return "inconclusive"
+
+
+def hypothesis_matched(runs: Sequence[Run], registration: Mapping[str, Any], spec: Mapping[str, Any],
+                       label: Mapping[str, Any]) -> dict[str, Any]:
+    """The treatment against a control held to its step size after the warm-up (``matched_control``): survival
+    (:func:`comparison_against`), the step sizes over the registered window (:func:`step_size_match`, within
+    ``match_tolerance``), utility (:func:`utility_comparison`: the 95 % Welch interval of the peak-gain difference
+    above ``-utility_margin`` is "no worse"), equivalence (the 90 % Welch interval of the RMST difference inside
+    ``+-equivalence_margin`` steps) and the verdict (:func:`matched_verdict`; outliving is :func:`supported_holm`,
+    so the verdict is final once the family's Holm adjustment is in: :func:`adjust_for_multiplicity`)."""
+    lr = resolve_lr(registration, spec["lr"])
+    comp = comparison_against(runs, registration, spec["treatment"], spec["matched_control"], lr, label)
+    window = registration["step_size"]
+    ta, tb = cell_runs(runs, spec["treatment"], lr), cell_runs(runs, spec["matched_control"], comp["control_lr"])
+    match = step_size_match(ta, tb, window["first"], window["last"], spec["match_tolerance"])
+    utility = utility_comparison(ta, tb, label["horizon"])
+    low = utility["peak_gain"].get("low")
+    welch90 = comp["comparison"].get("welch90") or {}
+    return {**comp, "step_size": match, "utility": utility,
+            "utility_ok": low is not None and low > -spec["utility_margin"],
+            "equivalent": equivalent(welch90.get("low"), welch90.get("high"), spec["equivalence_margin"]),
+            "verdict": None}
+
+
+def family(results: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """The survival comparisons of the tested hypotheses, by name, each (treatment, control, rates) once: a
+    one-comparison or matched-control hypothesis under its own name, a mechanism hypothesis's controls as
+    ``"H2 vs <control>"`` and its baseline when no other member makes the same comparison."""
+    out: dict[str, Mapping[str, Any]] = {}
+    seen = set()
+    entries = []
+    for name, res in results.items():
+        if "comparison" in res:
+            entries.append((name, res))
+        if "controls" in res:
+            entries += [(f"{name} vs {c}", comp) for c, comp in res["controls"].items()]
+            entries.append((f"{name} vs {res['baseline']['control']}", res["baseline"]))
+    for name, res in entries:
+        key = (res["treatment"], res["control"], res["lr"], res["control_lr"])
+        if key not in seen:
+            seen.add(key)
+            out[name] = res
+    return out
+
+
+def adjust_for_multiplicity(results: dict[str, Any], registration: Mapping[str, Any]) -> dict[str, Any]:
+    """Holm's adjustment of the one-sided log-rank p over the :func:`family` of ``results`` (``p_holm`` on each
+    comparison); a registration with ``"multiplicity": "holm"`` then judges each comparison by
+    :func:`supported_holm` and gives each matched-control hypothesis its verdict. Returns ``results``."""
+    members = family(results)
+    if not members:
+        return results
+    adjusted = holm({n: c["comparison"]["logrank"]["p_one_sided"] for n, c in members.items()})
+    for name, comp in members.items():
+        comp["comparison"]["p_holm"] = adjusted[name]
+    if registration.get("multiplicity") != "holm":
+        return results
+    for comp in members.values():
+        comp["supported"] = supported_holm(comp["comparison"], registration["alpha"])
+    for res in results.values():
+        if "utility_ok" in res:  # a matched-control hypothesis
+            res["verdict"] = matched_verdict(res["step_size"]["matched"], res["supported"], res["utility_ok"],
+                                             res["equivalent"])
+        elif "controls" in res:  # a mechanism hypothesis
+            res["verdict"] = h2_verdict(res["baseline"]["supported"], [c["supported"] for c in res["controls"].values()])
+    return results
+
+
 # a hypothesis's kind, by the key that marks it
 HYPOTHESIS_KINDS: dict[str, Callable[..., dict[str, Any]]] = {
-    "control": hypothesis_beats, "controls": hypothesis_mechanism, "alarms": hypothesis_alarms}
+    "control": hypothesis_beats, "controls": hypothesis_mechanism, "alarms": hypothesis_alarms,
+    "matched_control": hypothesis_matched}
 
 
 def hypothesis_kind(name: str, spec: Mapping[str, Any]) -> Callable[..., dict[str, Any]]:
@@ -225,7 +359,7 @@ def hypotheses(runs: Sequence[Run], registration: Mapping[str, Any],
         test = hypothesis_kind(name, spec)
         if any(HYPOTHESIS_KINDS[k] is test for k in kinds):
             out[name] = test(runs, registration, spec, label)
-    return out
+    return adjust_for_multiplicity(out, registration)
 
 
 def exploratory_alarms(runs: Sequence[Run], registration: Mapping[str, Any]) -> dict[str, Any]:
@@ -251,7 +385,7 @@ def sensitivity_table(runs: Sequence[Run], registration: Mapping[str, Any]) -> l
     for ratio in registration["sensitivity"]["ratio"]:
         for persist in registration["sensitivity"]["persist"]:
             label = {"ratio": ratio, "persist": persist, "horizon": primary["horizon"]}
-            tested = hypotheses(runs, registration, label, kinds=("control", "controls"))
+            tested = hypotheses(runs, registration, label, kinds=("control", "controls", "matched_control"))
             verdicts = {h: res.get("verdict", res.get("supported")) for h, res in tested.items()}
             controls = {h: {c: comp["supported"] for c, comp in res["controls"].items()}
                         for h, res in tested.items() if "controls" in res}

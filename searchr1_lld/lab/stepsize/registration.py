@@ -10,7 +10,8 @@ learning rate runs at the rate the pilot chose. The file's keys (:func:`validate
                       "analysis_code": [...], "analysis_commit", "grid_command"},
      "world": {"config", "hash"},
      "seeds": [0, 1, ...],
-     "arms": {NAME: {"method": PRESET, "label": TEXT, "overrides": ["key=value", ...], "lrs": [LR, ...]}, ...},
+     "arms": {NAME: {"method": PRESET, "label": TEXT, "overrides": ["key=value", ...], "lrs": [LR, ...],
+                     "seeds": [...] (optional: this arm's own seeds instead of the registration's)}, ...},
      ... the analysis's own keys (label, hypotheses, sensitivity, alarms; :mod:`.analysis`)}
 """
 
@@ -50,6 +51,9 @@ def validate(reg: Mapping[str, Any], path: str | Path = STEPSIZE_FILE) -> None:
         raise ConfigError(f"{path}: seeds must be distinct non-negative integers, got {seeds}")
     values, _, _ = read_lab_config(block["config"], [])
     for name, arm in reg["arms"].items():
+        own = arm_seeds(reg, arm)
+        if not own or len(set(own)) != len(own) or any(not isinstance(s, int) or s < 0 for s in own):
+            raise ConfigError(f"{path}: arm {name!r}: seeds must be distinct non-negative integers, got {own}")
         if arm.get("method") not in ARMS:
             raise ConfigError(f"{path}: arm {name!r} has method {arm.get('method')!r}, not one of {list(ARMS)}")
         lrs = arm.get("lrs") or []
@@ -67,10 +71,16 @@ def arm_method(name: str, arm: Mapping[str, Any]) -> Method:
                   (*ARMS[arm["method"]].overrides, *arm.get("overrides", ())))
 
 
+def arm_seeds(reg: Mapping[str, Any], arm: Mapping[str, Any]) -> list[int]:
+    """An arm's seeds: its own ``seeds`` when it names them, else the registration's."""
+    return list(arm.get("seeds", reg["seeds"]))
+
+
 def cells(reg: Mapping[str, Any]) -> list[tuple[str, float, int]]:
     """Every (arm, learning rate, seed), seed by seed (an unfinished grid has whole seeds), arms in file order."""
-    return [(name, float(lr), seed) for seed in reg["seeds"] for name, arm in reg["arms"].items()
-            for lr in arm["lrs"]]
+    seeds = sorted({s for arm in reg["arms"].values() for s in arm_seeds(reg, arm)})
+    return [(name, float(lr), seed) for seed in seeds for name, arm in reg["arms"].items()
+            for lr in arm["lrs"] if seed in arm_seeds(reg, arm)]
 
 
 def registration_of(compact_dir: str | Path, path: str | Path = REPO_ROOT / STEPSIZE_FILE) -> dict[str, Any] | None:

@@ -1,0 +1,56 @@
+"""The trust-region target from finished runs, and registrations whose arms run their own seeds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from searchr1_lld.config import ConfigError
+from searchr1_lld.lab.compact import write_gz_json
+from searchr1_lld.lab.stepsize.registration import cells
+from searchr1_lld.lab.stepsize.target import main as target_main
+from searchr1_lld.lab.stepsize.target import mean_curve
+
+from test_stepsize_analysis import make_run
+
+
+def test_mean_curve_by_hand_and_a_step_no_run_logged():
+    runs = [make_run("llds_action", 0.002, 0, {0: 0.4}, step_kl=[0.1, 0.3, 0.2]),
+            make_run("llds_action", 0.002, 1, {0: 0.4}, step_kl={1: 0.3, 2: float("nan"), 3: 0.4})]
+    means, counts = mean_curve(runs, 3)
+    assert means == pytest.approx([0.2, 0.3, 0.3]) and counts == [2, 1, 2]
+    with pytest.raises(ValueError, match=r"steps \[4\]"):
+        mean_curve(runs, 4)
+
+
+def test_the_command_writes_a_target_file_the_controller_reads(tmp_path):
+    from searchr1_lld.learner.step_size import read_target_file
+
+    for seed, kls in enumerate(([0.1, 0.2], [0.3, 0.4])):
+        write_gz_json(tmp_path / f"llds_action-lr0.002-seed{seed}.json.gz",
+                      make_run("llds_action", 0.002, seed, {0: 0.4}, step_kl=kls))
+    write_gz_json(tmp_path / "grpo-lr0.002-seed0.json.gz", make_run("grpo", 0.002, 0, {0: 0.4}, step_kl=[9, 9]))
+    out = tmp_path / "target.json"
+    assert target_main(["--runs", str(tmp_path), "--arm", "llds_action", "--lr", "0.002", "--steps", "2",
+                        "--out", str(out)]) == 0
+    content = json.loads(out.read_text())
+    assert content["source"]["seeds"] == [0, 1] and read_target_file(out, 2) == pytest.approx([0.2, 0.3])
+    assert target_main(["--runs", str(tmp_path), "--arm", "nll_anchor", "--lr", "0.002", "--steps", "2",
+                        "--out", str(out)]) == 2
+
+
+def test_cells_with_an_arm_of_its_own_seeds_run_seed_by_seed():
+    reg = {"seeds": [10, 11, 12], "arms": {"a": {"lrs": [0.002]}, "b": {"lrs": [0.002], "seeds": [10, 11]}}}
+    assert cells(reg) == [("a", 0.002, 10), ("b", 0.002, 10), ("a", 0.002, 11), ("b", 0.002, 11),
+                          ("a", 0.002, 12)]
+
+
+def test_an_arm_with_repeated_seeds_is_refused(tmp_path):
+    from searchr1_lld.lab.stepsize.registration import validate
+
+    reg = {"registration": {"status": "draft", "config": "configs/lab/stepsize.yaml", "runs_dir": "x",
+                            "train_dir": "y"},
+           "seeds": [0], "arms": {"grpo": {"method": "grpo", "lrs": [0.002], "seeds": [1, 1]}}}
+    with pytest.raises(ConfigError, match="arm 'grpo': seeds must be distinct"):
+        validate(reg)
