@@ -67,7 +67,8 @@ def test_the_report_shows_the_movement_apart_as_not_registered(tmp_path):
     assert set(s["exploratory_movement"]["sensitivity"]) == {"kl", "sqrt_kl", "probe_drop"}
     text = (out / "README.md").read_text()
     section = text.index("## How far the runs moved before they collapsed (exploratory, not registered)")
-    assert text.index("## The label's sensitivity (registered)") < section < text.index("## Step size")
+    window = text.index("## Step size over the registered window")
+    assert text.index("## The label's sensitivity (registered)") < section < window
     assert "| H1: llds_action (0.002) vs grpo (0.002) | summed step KL | 1.32 | 0.84 | +0.48 [" in text
     cells = {(c["arm"], c["lr"]): c for c in s["exploratory_movement"]["cells"]}
     assert cells[("grpo", 0.002)]["kl"] == pytest.approx({"mean": 0.84, "min": 0.8, "max": 0.88})

@@ -71,14 +71,19 @@ def test_the_report_command_writes_summary_verdict_figures_and_readme_block(tmp_
     assert h2["baseline"]["supported"] and not h2["controls"]["grpo_lr_matched"]["supported"]
     assert h2["verdict"] == "smaller steps suffice"
     text = (out / "README.md").read_text()
-    assert "in this sandbox, smaller steps suffice to explain it" in text
-    # beside the verdict, what the controls measured (steps 1-4, seeds 0-2 add 0, .01, .02): LLDS and the lr-matched
-    # control 0.11, the KL-matched one 0.13
-    assert ("Measured step sizes (mean per-step KL over steps 1-4, mean over runs): llds_action 0.110; grpo_kl_matched "
-            "0.130 (LLDS outlived it), grpo_lr_matched 0.110 (LLDS did not outlive it).") in text
-    # under a one-evaluation label the never-collapsing runs "collapse" at their dip: the verdicts change
+    # the registered verdict as registered, and beside it what the data support: not outliving a control is a
+    # failure to reject, so on mechanism the study is inconclusive
+    assert "Registered verdict: **smaller steps suffice** (the registered rule)." in text
+    assert "What the data support on mechanism: **inconclusive**." in text
+    # what the controls took after the warm-up (stepsize.yaml: 10 % of 75 steps, steps 1-8; seeds 0-2 add 0, .01,
+    # .02): LLDS and the lr-matched control 0.11 from step 9 on; the KL-held control collapsed at step 6, before it
+    assert ("from step 9 to each run's collapse the mean per-step KL was llds_action 0.110, grpo_kl_matched - "
+            "(collapsed within the warm-up), grpo_lr_matched 0.110 (1.0x).") in text
+    assert ("llds_action did not outlive grpo_lr_matched: RMST difference +0.0 [+0.0, +0.0] steps (Welch 95 %), a "
+            "failure to reject, not an equivalence") in text
+    # under a one-evaluation label the never-collapsing runs "collapse" at their dip: H1's verdict changes there
     one = next(r for r in s["sensitivity"] if r["persist"] == 1 and r["ratio"] == 0.3)
-    assert one["verdicts"]["H1"] is False and "a verdict changes" in text
+    assert one["verdicts"]["H1"] is False and "H1's differs under 2 of the 3 other labels" in text
     assert ("| 0.3 | 2 (primary) | supported | smaller steps suffice (outlived: grpo_kl_matched; not: "
             "grpo_lr_matched) |") in text
     # the matching table: the lr-matched control's mean step KL over steps 1-4 equals LLDS's
@@ -89,7 +94,7 @@ def test_the_report_command_writes_summary_verdict_figures_and_readme_block(tmp_
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     block = readme_block_of(readme.read_text(), report.README_BEGIN, report.README_END)
     assert block == report.readme_block(s, registration(tmp_path))
-    assert block.startswith("12 of 12 runs finished. LLDS survived longer than GRPO, but not")
+    assert block.startswith("12 of 12 runs finished. Registered verdict: **smaller steps suffice**")
     assert readme.read_text().startswith("intro\n") and readme.read_text().endswith("rest\n")
     assert "12 of 12 runs" in capsys.readouterr().out
 
@@ -100,11 +105,12 @@ def test_an_unfinished_grid_is_interim(tmp_path):
         p.unlink()
     s = report.write_report(path, tmp_path / "runs", tmp_path / "report")
     assert (s["runs_finished"], s["complete"]) == (10, False)
-    assert report.verdict_text(s).startswith("Interim (10 of 12 runs): nothing below is final.")
+    reg = registration(tmp_path)
+    assert report.verdict_text(s, reg).startswith("Interim (10 of 12 runs): nothing below is final.")
     for p in (tmp_path / "runs").glob("llds_action*"):
         p.unlink()
     s = report.write_report(path, tmp_path / "runs", tmp_path / "report")
-    assert report.verdict_text(s) == ("Interim (7 of 12 runs): nothing below is final. The comparisons wait for "
+    assert report.verdict_text(s, reg) == ("Interim (7 of 12 runs): nothing below is final. The comparisons wait for "
                                       "finished runs of both LLDS and GRPO.")
 
 
@@ -133,5 +139,6 @@ def test_the_healthy_stretch_alarm_retest_is_reported_apart_as_not_registered(tm
     assert retest["alarms"]["reward_drop"]["false_alarms"] == "3/9"
     text = (tmp_path / "report" / "README.md").read_text()
     section = text.index("## Alarms against each run's healthy stretch (exploratory, not registered)")
-    assert text.index("## The label's sensitivity (registered)") < section < text.index("## Step size")
+    window = text.index("## Step size over the registered window")
+    assert text.index("## The label's sensitivity (registered)") < section < window
     assert "exploratory" not in report.readme_block(s, reg)

@@ -24,23 +24,30 @@ from typing import Any, Mapping, Sequence
 from searchr1_lld.lab.analysis import finite
 from searchr1_lld.lab.comparison.claims import clean, replace_readme_block
 from searchr1_lld.lab.compact import read_runs
-from searchr1_lld.lab.methods import REPO_ROOT
+from searchr1_lld.lab.methods import REPO_ROOT, read_lab_config
+from searchr1_lld.lab.stepsize import account
 from searchr1_lld.lab.stepsize.analysis import (HELD_OUT, cell_survival, exploratory_alarms, hypotheses, run_points,
                                                 same_lr, sensitivity_table)
-from searchr1_lld.lab.stepsize.movement import (MEASURES, cells_movement, movement, movement_sensitivity,
-                                                movement_study)
+from searchr1_lld.lab.stepsize.figures import FIGURES, MEASURE_NAMES, write_figures
+from searchr1_lld.lab.stepsize.movement import MEASURES, cells_movement, movement_sensitivity, movement_study
+from searchr1_lld.lab.stepsize.readings import (cell_table, small_sample_rows, unregistered_comparisons,
+                                                warmup_steps)
 from searchr1_lld.lab.stepsize.registration import STEPSIZE_FILE, cells, load_registration
 
-README_BEGIN = "<!-- stepsize-results:begin (python -m searchr1_lld.lab stepsize-report --readme README.md) -->"
-README_END = "<!-- stepsize-results:end -->"
-FIGURES = ("survival.png", "step_size.png", "curves.png", "movement.png")
-# the rows of curves.png: metric, y label, drawn on a log axis
-CURVE_ROWS = ((HELD_OUT, "held-out EM (validation subsample)", False), ("lld/step_kl", "per-step KL", True),
-              ("reward/em_mean", "training reward", False),
-              ("lld/correct_logp_old_per_token", "log-likelihood of correct\nresponses (nats/token)", False),
-              ("actor/entropy", "entropy (nats)", False), ("actor/grad_norm", "gradient norm", True))
-COLORS = ("#d62728", "#2ca02c", "#9467bd", "#1f77b4", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-          "#17becf")
+__all__ = ["FIGURES", "README_BEGIN", "README_END", "analyse", "main", "readme_block", "readme_markers", "render",
+           "write_report"]
+
+
+def readme_markers(reg: Mapping[str, Any]) -> tuple[str, str]:
+    """The README block of a study: ``<!-- NAME:begin (its analysis command) -->`` .. ``<!-- NAME:end -->``, NAME the
+    registration's ``readme_block`` (default ``stepsize-results``)."""
+    block = reg["registration"]
+    name = block.get("readme_block", "stepsize-results")
+    command = block.get("analysis_command", "python -m searchr1_lld.lab stepsize-report --readme README.md")
+    return f"<!-- {name}:begin ({command}) -->", f"<!-- {name}:end -->"
+
+
+README_BEGIN, README_END = readme_markers({"registration": {}})  # the step-size study's block
 
 
 def step_size_window(reg: Mapping[str, Any]) -> tuple[int, int]:
@@ -70,14 +77,34 @@ def analyse(reg: Mapping[str, Any], runs_dir: str | Path) -> dict[str, Any]:
     first, last = step_size_window(reg)
     points = run_points(mine, label, step_window=(first, last))
     survival = [cell_survival(mine, arm, lr, label) for arm, arm_spec in reg["arms"].items() for lr in arm_spec["lrs"]]
+    hyps = hypotheses(mine, reg)
+    warm = study_warmup_steps(reg)
     return {"registration": reg["registration"], "world": reg.get("world"), "label": label,
             "step_size_window": [first, last], "runs_planned": len(planned), "runs_finished": len(mine),
             "complete": len(mine) >= len(planned), "arms": reg["arms"], "survival": survival,
-            "hypotheses": hypotheses(mine, reg), "sensitivity": sensitivity_table(mine, reg),
+            "hypotheses": hyps, "sensitivity": sensitivity_table(mine, reg), "warmup_steps": warm,
+            "cells": cell_table(mine, reg, after=warm), "small_sample": small_sample_rows(hyps),
+            "unregistered": unregistered_comparisons(mine, reg, unnamed_pairs(reg)),
             "exploratory_alarms": exploratory_alarms(mine, reg),
             "exploratory_movement": {"cells": cells_movement(mine, label), "primary": movement_study(mine, reg),
                                      "sensitivity": {m: movement_sensitivity(mine, reg, m) for m in MEASURES}},
             "matching": matching(points), "points": points}
+
+
+def study_warmup_steps(reg: Mapping[str, Any]) -> int:
+    """The rollout steps of the study's config that hold learning-rate warm-up updates (:func:`.readings.warmup_steps`)."""
+    values, _, _ = read_lab_config(reg["registration"]["config"], [])
+    trainer = values.get("trainer", {})
+    return warmup_steps(float(trainer.get("warmup_ratio", 0.0)), int(trainer.get("total_steps", 1)))
+
+
+def unnamed_pairs(reg: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The arms no hypothesis names, each paired with the first hypothesis's treatment (exploratory comparisons)."""
+    named = {v for spec in reg["hypotheses"].values() for k, v in spec.items()
+             if k in ("treatment", "control", "baseline", "matched_control")}
+    named |= {c for spec in reg["hypotheses"].values() for c in spec.get("controls", ())}
+    first = next((spec["treatment"] for spec in reg["hypotheses"].values() if "treatment" in spec), None)
+    return [(arm, first) for arm in reg["arms"] if arm not in named and first is not None]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -98,8 +125,12 @@ def _comparison_text(c: Mapping[str, Any]) -> str:
         return f"{a['arm']} (lr {a['lr']:g}) against {b['arm']} (lr {b['lr']:g}): no runs of one of them yet"
     return (f"{a['arm']} (lr {a['lr']:g}) {a['count']} collapsed, RMST {_num(a['rmst'])} vs {b['arm']} "
             f"(lr {b['lr']:g}) {b['count']}, RMST {_num(b['rmst'])}: difference {_num(d['estimate'])} [{_num(d['low'])}, "
-            f"{_num(d['high'])}] steps, log-rank one-sided p {lr['p_one_sided']:.3g}: "
+            f"{_num(d['high'])}] steps, log-rank one-sided p {lr['p_one_sided']:.3g}{_holm(comp)}: "
             f"{'supported' if c['supported'] else 'not supported'}")
+
+
+def _holm(comp: Mapping[str, Any]) -> str:
+    return f" (Holm-adjusted {comp['p_holm']:.3g})" if comp.get("p_holm") is not None else ""
 
 
 def hypothesis_lines(hyps: Mapping[str, Any], reg: Mapping[str, Any]) -> list[str]:
@@ -108,7 +139,9 @@ def hypothesis_lines(hyps: Mapping[str, Any], reg: Mapping[str, Any]) -> list[st
     lines = []
     for name, spec in reg["hypotheses"].items():
         res, title = hyps[name], spec.get("title", name)
-        if "comparison" in res:
+        if "utility_ok" in res:
+            lines.append(f"- **{name}** ({title}): {account.matched_text(res, spec)}.")
+        elif "comparison" in res:
             lines.append(f"- **{name}** ({title}): {_comparison_text(res)}.")
         elif "controls" in res:
             lines.append(f"- **{name}** ({title}): verdict **{mechanism_verdict(res)}**. Against the baseline: "
@@ -150,9 +183,6 @@ def exploratory_alarm_lines(s: Mapping[str, Any], reg: Mapping[str, Any]) -> lis
     return lines + [f"- **{name}** ({reg['hypotheses'][name].get('title', name)}): "
                     + alarm_text(res, reg["hypotheses"][name]) for name, res in found.items()] + [""]
 
-
-MEASURE_NAMES = {"kl": "summed step KL", "sqrt_kl": "path length (summed sqrt step KL)",
-                 "probe_drop": "probe likelihood drop (nats/token)"}
 
 
 def _signed_interval(d: Mapping[str, Any], digits: int = 2) -> str:
@@ -200,57 +230,61 @@ def movement_lines(s: Mapping[str, Any]) -> list[str]:
     return lines + ["", "![How far each run had moved by each step, its collapse marked](movement.png)", ""]
 
 
-def verdict_text(s: Mapping[str, Any]) -> str:
-    """The study's answer in plain words, from the primary label's hypotheses (interim when the grid is not done)."""
+def verdict_text(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
+    """The study's answer in plain words, from the primary label's hypotheses (interim when the grid is not done):
+    a matched-control hypothesis's verdict, or a mechanism hypothesis's registered verdict beside what the data
+    support (:func:`.account.controls_reading`)."""
     hyps = s["hypotheses"]
-    mech = next((h for h in hyps.values() if "controls" in h), None)
     head = "" if s["complete"] else (f"Interim ({s['runs_finished']} of {s['runs_planned']} runs): nothing below is "
                                      "final. ")
-    if mech is None:
+    matched = next((h for h in hyps.values() if "utility_ok" in h), None)
+    mech = next((h for h in hyps.values() if "controls" in h), None)
+    if matched is None and mech is None:
         return head + "No mechanism hypothesis is registered."
     if not s["runs_finished"]:
         return head + "No run has finished yet."
+    if matched is not None:
+        return head + matched_verdict_text(matched) + account.sensitivity_sentence(s, reg)
     if mechanism_verdict(mech) == "waiting for runs":
         return head + "The comparisons wait for finished runs of both LLDS and GRPO."
+    reading, why = account.controls_reading(s, mech)
     said = {"mechanism": "LLDS survived longer than GRPO and than every GRPO control set to take steps as small as "
-                         "LLDS's: the sandbox supports a mechanism beyond smaller steps.",
+                         "LLDS's.",
             "smaller steps suffice": "LLDS survived longer than GRPO, but not longer than every GRPO control set to "
-                                     "take steps as small as LLDS's: in this sandbox, smaller steps suffice to explain "
-                                     "it.",
+                                     "take steps as small as LLDS's over the registered window.",
             "inconclusive": "LLDS did not survive significantly longer than GRPO, so the question of mechanism does "
                             "not arise here."}[mech["verdict"]]
-    if mech["verdict"] != "inconclusive":
-        said += " " + measured_steps_text(s, mech)
-    flips = [row for row in s["sensitivity"] if not row["primary"]
-             and any(v != _primary(s)["verdicts"].get(h) for h, v in row["verdicts"].items())]
-    robust = (f" The verdicts hold under all {len(s['sensitivity'])} registered labels." if not flips else
-              f" Under {len(flips)} of the {len(s['sensitivity']) - 1} other registered labels a verdict changes "
-              "(the sensitivity table), so the answer depends on how a collapse is labelled.")
-    return head + said + robust
+    return (head + f"Registered verdict: **{mech['verdict']}** (the registered rule). {said} What the data support "
+            f"on mechanism: **{reading}**. " + " ".join(why) + account.sensitivity_sentence(s, reg))
 
 
-def measured_steps_text(s: Mapping[str, Any], mech: Mapping[str, Any]) -> str:
-    """What the controls' runs measured, beside the verdict that assumes they matched: the mean per-step KL over the
-    registered window of the treatment and of each control, and whether the treatment outlived it."""
-    def size(comp_side: Mapping[str, Any]) -> str:
-        return _num(next((m["mean"] for m in s["matching"]
-                          if m["arm"] == comp_side["arm"] and same_lr(m["lr"], comp_side["lr"])), None), 3)
-    first, last = s["step_size_window"]
-    treated = mech["baseline"]["comparison"]["a"]
-    controls = [f"{c['comparison']['b']['arm']} {size(c['comparison']['b'])} (LLDS "
-                f"{'outlived it' if c['supported'] else 'did not outlive it'})" for _, c in sorted(mech["controls"].items())]
-    return (f"Measured step sizes (mean per-step KL over steps {first}-{last}, mean over runs): {treated['arm']} "
-            f"{size(treated)}; " + ", ".join(controls) + ".")
+def matched_verdict_text(res: Mapping[str, Any]) -> str:
+    """A matched-control hypothesis's verdict in a sentence."""
+    a, b = res["comparison"]["a"]["arm"], res["comparison"]["b"]["arm"]
+    if res["comparison"]["a"]["rmst"] is None or res["comparison"]["b"]["rmst"] is None:
+        return f"The comparison of {a} with {b} waits for finished runs of both."
+    return {"mechanism": f"{a} outlived {b}, which took the same step size after the warm-up, and learned no less: "
+                         "the sandbox supports a mechanism beyond smaller steps.",
+            "smaller steps suffice": f"{a} and {b}, which took the same step size after the warm-up, survived "
+                                     "equivalently (within the registered margin): in this sandbox, smaller steps "
+                                     "suffice to explain LLDS's survival.",
+            "inconclusive": f"Inconclusive: {_inconclusive_reason(res)}."}[res["verdict"]]
+
+
+def _inconclusive_reason(res: Mapping[str, Any]) -> str:
+    a, b = res["comparison"]["a"]["arm"], res["comparison"]["b"]["arm"]
+    if not res["step_size"]["matched"]:
+        return (f"{b} did not hold {a}'s step size after the warm-up (ratio {res['step_size']['ratio']:.2f}), so "
+                "survival says nothing about mechanism")
+    if res["supported"] and not res["utility_ok"]:
+        return f"{a} outlived {b} but was not shown to learn as much"
+    return f"{a} neither outlived {b} nor survived equivalently within the registered margin"
 
 
 def mechanism_verdict(res: Mapping[str, Any]) -> str:
     """A mechanism hypothesis's verdict, or ``waiting for runs`` while its baseline comparison has none."""
     comp = res["baseline"]["comparison"]
     return res["verdict"] if comp["a"]["rmst"] is not None and comp["b"]["rmst"] is not None else "waiting for runs"
-
-
-def _primary(s: Mapping[str, Any]) -> Mapping[str, Any]:
-    return next(row for row in s["sensitivity"] if row["primary"])
 
 
 def _sensitivity_verdict(verdict: str | bool, controls: Mapping[str, bool] | None) -> str:
@@ -283,19 +317,22 @@ def render(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
     label = s["label"]
     first, last = s["step_size_window"]
     prose = Path(reg["registration"].get("prose", "registration.md")).name
-    lines = ["# Mechanism or step size? The death spiral over long runs", "",
-             f"The registered analysis ([registration]({prose}), analysis code at commit `{str(reg['registration'].get('analysis_commit'))[:10]}`) of "
-             f"{s['runs_finished']} of {s['runs_planned']} runs, written by "
-             "`python -m searchr1_lld.lab stepsize-report`.", "", f"**Verdict.** {verdict_text(s)}", "",
+    lines = [f"# {reg['registration'].get('report_title', 'Mechanism or step size? The death spiral over long runs')}",
+             "", f"The registered analysis ([registration]({prose}), analysis code at commit "
+             f"`{str(reg['registration'].get('analysis_commit'))[:10]}`) of {s['runs_finished']} of {s['runs_planned']} "
+             f"runs, written by `{reg['registration'].get('analysis_command', 'python -m searchr1_lld.lab stepsize-report')}`.",
+             "", f"**Verdict.** {verdict_text(s, reg)}", "",
              f"Collapse label (primary): held-out EM on the fixed validation subsample (`{HELD_OUT}`) at or below "
              f"{label['ratio']} x the run's own step-0 value at {label['persist']} evaluations in a row; a run that "
              f"never does is censored at step {label['horizon']}. Step size: the mean per-step KL between the policy "
              f"before and after each step (`lld/step_kl`) over steps {first}-{last}.", "",
              "## Hypotheses (primary label)", "", *hypothesis_lines(s["hypotheses"], reg), "",
              "![Kaplan-Meier survival per arm](survival.png)", "",
+             *account.small_sample_lines(s.get("small_sample") or []), *account.cell_lines(s),
+             *account.unregistered_lines(s.get("unregistered") or []),
              "## The label's sensitivity (registered)", "", *sensitivity_lines(s, reg), "",
              *exploratory_alarm_lines(s, reg), *movement_lines(s),
-             "## Step size: how close the controls came", "",
+             f"## Step size over the registered window (steps {first}-{last})", "",
              "| arm | lr | runs | mean step KL | min | max |", "|---|---|---|---|---|---|"]
     lines += [f"| {m['arm']} | {m['lr']:g} | {m['runs']} | {_num(m['mean'], 4)} | {_num(m['min'], 4)} | "
               f"{_num(m['max'], 4)} |" for m in s["matching"]]
@@ -319,145 +356,27 @@ def _short(c: Mapping[str, Any]) -> str:
     signed = (lambda x: "-" if x is None else f"{x:+.1f}")  # noqa: E731
     return (f"{a['arm']} {a['count']} vs {b['arm']} (lr {b['lr']:g}) {b['count']} collapsed, RMST difference "
             f"{signed(d['estimate'])} [{signed(d['low'])}, {signed(d['high'])}] steps, p "
-            f"{comp['logrank']['p_one_sided']:.2g}: {'supported' if c['supported'] else 'not supported'}")
+            f"{comp['logrank']['p_one_sided']:.2g}{_holm(comp)}: {'supported' if c['supported'] else 'not supported'}")
 
 
 def readme_block(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
-    """The README's block, four lines: runs finished and the verdict; the survival comparisons; the mechanism test;
-    the alarms (each hypothesis by name, in the registration's order)."""
+    """The README's block: runs finished and the verdict; the survival comparisons; the mechanism test (a mechanism
+    hypothesis's controls, or a matched-control hypothesis); the alarms (each hypothesis by name, in the
+    registration's order; a line only where the study has such hypotheses)."""
     hyps, specs = s["hypotheses"], reg["hypotheses"]
-    survival = [f"{n} {_short(hyps[n])}" for n in specs if "comparison" in hyps[n]]
-    mechanism = [f"{n} **{mechanism_verdict(hyps[n])}**: " + "; ".join(_short(hyps[n]["controls"][c])
-                                                                 for c in specs[n]["controls"])
-                 for n in specs if "controls" in hyps[n]]
-    alarms = [f"{n} " + alarm_text(hyps[n], specs[n]) for n in specs if "controls" not in hyps[n]
-              and "comparison" not in hyps[n]]
-    lines = [f"{s['runs_finished']} of {s['runs_planned']} runs finished. {verdict_text(s)}",
-             "- Survival (one-sided log-rank p, RMST difference with its 95 % bootstrap interval): "
-             + "; ".join(survival) + ".",
-             "- Mechanism, against the step-size-matched controls: " + "; ".join(mechanism) + ".",
-             "- Alarms at a matched false-alarm rate: " + " ".join(alarms)]
+    survival = [f"{n} {_short(hyps[n])}" for n in specs if "comparison" in hyps[n] and "utility_ok" not in hyps[n]]
+    mechanism = [f"{n} **{mechanism_verdict(hyps[n])}** (registered): " + "; ".join(
+        _short(hyps[n]["controls"][c]) for c in specs[n]["controls"]) for n in specs if "controls" in hyps[n]]
+    mechanism += [f"{n} {account.matched_text(hyps[n], specs[n])}" for n in specs if "utility_ok" in hyps[n]]
+    alarms = [f"{n} " + alarm_text(hyps[n], specs[n]) for n in specs if "alarms" in specs[n]]
+    lines = [f"{s['runs_finished']} of {s['runs_planned']} runs finished. {verdict_text(s, reg)}",
+             "- Survival (one-sided log-rank p, Holm-adjusted over the confirmatory family; RMST difference with its "
+             "95 % bootstrap interval): " + "; ".join(survival) + "."]
+    if mechanism:
+        lines.append("- Mechanism, against the step-size-matched controls: " + "; ".join(mechanism) + ".")
+    if alarms:
+        lines.append("- Alarms at a matched false-alarm rate: " + " ".join(alarms))
     return "\n".join(lines) + "\n"
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# figures
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def _arm_colors(reg: Mapping[str, Any]) -> dict[str, str]:
-    return {arm: COLORS[i % len(COLORS)] for i, arm in enumerate(reg["arms"])}
-
-
-def write_figures(s: Mapping[str, Any], reg: Mapping[str, Any], runs_dir: str | Path, out: Path) -> None:
-    """``survival.png``, ``step_size.png`` and ``curves.png`` (module docstring)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colors = _arm_colors(reg)
-    lrs = sorted({c["lr"] for c in s["survival"]}, reverse=True)
-    runs = read_runs(runs_dir)[0]
-    drawings = {"survival.png": lambda: draw_survival(plt, s, colors, lrs),
-                "step_size.png": lambda: draw_step_size(plt, s, colors, lrs),
-                "curves.png": lambda: draw_curves(plt, runs, reg, colors, lrs),
-                "movement.png": lambda: draw_movement(plt, runs, s, colors, lrs)}
-    for name, draw in drawings.items():
-        fig = draw()
-        fig.tight_layout()
-        fig.savefig(out / name, dpi=110)
-        plt.close(fig)
-
-
-def draw_survival(plt: Any, s: Mapping[str, Any], colors: Mapping[str, str], lrs: Sequence[float]) -> Any:
-    """Kaplan-Meier curves per arm, one panel per learning rate."""
-    fig, axes = plt.subplots(1, len(lrs), figsize=(6 * len(lrs), 4.2), squeeze=False, sharey=True)
-    for ax, lr in zip(axes[0], lrs):
-        for c in s["survival"]:
-            if c["lr"] == lr and c["runs"]:
-                xs, ys = zip(*c["km"])
-                ax.step([*xs, s["label"]["horizon"]], [*ys, ys[-1]], where="post", color=colors[c["arm"]],
-                        label=f"{c['arm']} ({c['count']})")
-        ax.set(title=f"lr {lr:g}", xlabel="step", ylim=(-0.03, 1.03), xlim=(0, s["label"]["horizon"]))
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("share of runs not collapsed (Kaplan-Meier)")
-    return fig
-
-
-def draw_step_size(plt: Any, s: Mapping[str, Any], colors: Mapping[str, str], lrs: Sequence[float]) -> Any:
-    """Collapse step against measured step size, one point per run (hollow triangles: censored)."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    drawn = False
-    size = {arm: 90 - 60 * i / max(len(colors) - 1, 1) for i, arm in enumerate(colors)}  # coinciding points nest
-    for p in s["points"]:
-        if finite(p["step_size"]):
-            color = colors.get(p["arm"], "k")
-            ax.scatter(p["step_size"], p["collapse_time"], s=size.get(p["arm"], 30), marker="o" if p["event"] else "^",
-                       edgecolors=color, facecolors=color if p["event"] else "none", linewidths=1.2)
-            drawn = drawn or p["step_size"] > 0
-    for arm, color in colors.items():
-        ax.scatter([], [], color=color, label=arm)
-    first, last = s["step_size_window"]
-    ax.set(xscale="log" if drawn else "linear", xlabel=f"measured step size: mean per-step KL, steps {first}-{last}",
-           ylabel="collapse step (triangle: not collapsed, censored)")
-    ax.legend(fontsize=7)
-    return fig
-
-
-def draw_curves(plt: Any, runs: Sequence[Mapping[str, Any]], reg: Mapping[str, Any], colors: Mapping[str, str],
-                lrs: Sequence[float]) -> Any:
-    """:data:`CURVE_ROWS` over the steps, one line per run, one column per learning rate."""
-    fig, axes = plt.subplots(len(CURVE_ROWS), len(lrs), figsize=(6 * len(lrs), 2.6 * len(CURVE_ROWS)), squeeze=False,
-                             sharex=True)
-    for col, lr in enumerate(lrs):
-        for row, (key, ylabel, log) in enumerate(CURVE_ROWS):
-            ax = axes[row][col]
-            positive = False
-            for arm in reg["arms"]:
-                mine = [r for r in runs if r["method"] == arm and same_lr(r["lr"], lr)]
-                for r in mine:
-                    pts = [(x["step"], x[key]) for x in r["records"] if finite(x.get(key))]
-                    if pts:
-                        ax.plot(*zip(*pts), color=colors[arm], lw=0.7, alpha=0.5,
-                                label=arm if r is mine[0] else None)
-                        positive = positive or any(y > 0 for _, y in pts)
-            ax.set(ylabel=ylabel, title=f"lr {lr:g}" if row == 0 else "",
-                   yscale="log" if log and positive else "linear")
-            if row == len(CURVE_ROWS) - 1:
-                ax.set_xlabel("step")
-        if axes[0][col].get_legend_handles_labels()[0]:
-            axes[0][col].legend(fontsize=7)
-    return fig
-
-
-def draw_movement(plt: Any, runs: Sequence[Mapping[str, Any]], s: Mapping[str, Any], colors: Mapping[str, str],
-                  lrs: Sequence[float]) -> Any:
-    """Each registered run's movement by each step up to its collapse (:data:`.movement.MEASURES`, one row each), one
-    line per run, one column per learning rate; a cross where the run collapsed, a triangle where a censored one
-    ended."""
-    ends = {(p["arm"], p["lr"], p["seed"]): (p["collapse_time"], p["event"]) for p in s["points"]}
-    fig, axes = plt.subplots(len(MEASURES), len(lrs), figsize=(6 * len(lrs), 3 * len(MEASURES)), squeeze=False,
-                             sharex=True)
-    for col, lr in enumerate(lrs):
-        for row, measure in enumerate(MEASURES):
-            ax = axes[row][col]
-            for arm, color in colors.items():
-                mine = [r for r in runs if r["method"] == arm and same_lr(r["lr"], lr)
-                        and (arm, r["lr"], r["seed"]) in ends]
-                for r in mine:
-                    time, event = ends[(arm, r["lr"], r["seed"])]
-                    steps = sorted({int(x["step"]) for x in r["records"] if int(x["step"]) <= time})
-                    ys = [movement(r["records"], t, measure) for t in steps]
-                    ax.plot(steps, ys, color=color, lw=0.8, alpha=0.6, label=arm if r is mine[0] else None)
-                    ax.plot(steps[-1:], ys[-1:], "x" if event else ">", color=color, ms=7)
-            ax.set(ylabel=MEASURE_NAMES[measure], title=f"lr {lr:g} (x: collapse, >: censored)" if row == 0 else "")
-            if row == len(MEASURES) - 1:
-                ax.set_xlabel("step")
-        if axes[0][col].get_legend_handles_labels()[0]:
-            axes[0][col].legend(fontsize=7)
-    return fig
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -477,7 +396,7 @@ def write_report(registration: str | Path, runs_dir: str | Path, out_dir: str | 
     write_figures(summary, reg, runs_dir, out)
     if readme is not None:
         path = Path(readme)
-        path.write_text(replace_readme_block(path.read_text(), readme_block(summary, reg), README_BEGIN, README_END))
+        path.write_text(replace_readme_block(path.read_text(), readme_block(summary, reg), *readme_markers(reg)))
     return summary
 
 
