@@ -60,7 +60,8 @@ def test_matched_verdict_rule():
 def test_mechanism_when_the_matched_control_collapses_and_learns_no_more():
     runs = cell("grpo", EARLY) + cell("llds_action", NEVER) + cell("grpo_trust_region", [6, 8, 8, 10, 10, 12])
     h2 = hypotheses(runs, REGISTRATION)["H2"]
-    assert h2["step_size"]["matched"] and h2["step_size"]["ratio"] == pytest.approx(1.0)
+    # alive control runs are the later seeds at later steps (x 1 + seed / 100): the ratio is 1 within 2 %
+    assert h2["step_size"]["matched"] and h2["step_size"]["ratio"] == pytest.approx(1.0, rel=0.02)
     assert h2["supported"] and h2["utility_ok"] and not h2["equivalent"]
     assert h2["verdict"] == "mechanism"
 
@@ -86,7 +87,7 @@ def test_an_unmatched_control_or_a_worse_utility_is_inconclusive():
     # the control took twice LLDS's step KL after the warm-up (matched during it): no verdict of mechanism
     runs = cell("grpo", EARLY) + cell("llds_action", NEVER) + cell("grpo_trust_region", EARLY, step_kl=0.4)
     h2 = hypotheses(runs, REGISTRATION)["H2"]
-    assert h2["supported"] and h2["step_size"]["ratio"] == pytest.approx(2.0, rel=0.01)
+    assert h2["supported"] and h2["step_size"]["ratio"] == pytest.approx(2.0, rel=0.03)
     assert not h2["step_size"]["matched"] and h2["verdict"] == "inconclusive"
     # matched and outlived, but LLDS gained 0.1 less at its peak than the control
     runs = (cell("grpo", EARLY) + cell("llds_action", NEVER, peak=0.5)
@@ -98,13 +99,25 @@ def test_an_unmatched_control_or_a_worse_utility_is_inconclusive():
 
 
 def test_step_size_match_reads_the_window_after_the_warm_up():
+    label = REGISTRATION["label"]
     a = cell("llds_action", NEVER[:2], step_kl=0.2, warmup_kl=0.05)
     b = cell("grpo_trust_region", NEVER[:2], step_kl=0.23, warmup_kl=0.5)
-    m = step_size_match(a, b, 5, HORIZON, tolerance=0.2)
-    assert m["mean_a"] == pytest.approx(0.2 * 1.005) and m["ratio"] == pytest.approx(1.15)
+    m = step_size_match(a, b, label, 5, HORIZON, tolerance=0.2)
+    assert m["steps"] == HORIZON - 4 and m["mean_a"] == pytest.approx(0.2 * 1.005) and m["ratio"] == pytest.approx(1.15)
     assert m["matched"]
-    assert not step_size_match(a, b, 1, HORIZON, tolerance=0.2)["matched"]  # the warm-up's 10x makes the mean 1.8x
-    assert not step_size_match(a, b, 5, HORIZON, tolerance=0.1)["matched"]
+    assert not step_size_match(a, b, label, 1, HORIZON, tolerance=0.2)["matched"]  # the warm-up's 10x: 1.8x
+    assert not step_size_match(a, b, label, 5, HORIZON, tolerance=0.1)["matched"]
+
+
+def test_step_size_match_counts_only_the_steps_before_a_collapse():
+    # the control collapses at step 10 (evaluations 10 and 12 at 0) and then takes tiny steps in its dead state;
+    # it matched LLDS exactly while alive. Over steps 5-10 (both alive) the ratio is 1; with the dead steps it is not
+    label = REGISTRATION["label"]
+    a = cell("llds_action", [None], step_kl=0.2)
+    dead = make_run("grpo_trust_region", LR, 0, held_out(10), step_kl=[0.05] * 4 + [0.2] * 6 + [0.001] * 10)
+    m = step_size_match(a, [dead], label, 5, HORIZON, tolerance=0.2)
+    assert (m["steps"], m["last_step"]) == (6, 10) and m["ratio"] == pytest.approx(1.0) and m["matched"]
+    assert m["per_step_b"] == [0.2] * 6
 
 
 def test_utility_of_a_run_that_never_learns_is_none_whatever_it_survives():

@@ -94,14 +94,15 @@ def matched_text(res: Mapping[str, Any], spec: Mapping[str, Any]) -> str:
     comp, match, util = res["comparison"], res["step_size"], res["utility"]
     a, b = comp["a"], comp["b"]
     if a["rmst"] is None or b["rmst"] is None:
-        return f"{a['arm']} against {b['arm']}: no runs of one of them yet."
+        return f"{a['arm']} against {b['arm']}: no runs of one of them yet"
     return (f"verdict **{res['verdict']}**. Survival: {a['arm']} {a['count']} collapsed, RMST {_num(a['rmst'])} vs "
             f"{b['arm']} {b['count']}, RMST {_num(b['rmst'])}: difference {_interval(comp.get('welch'))} steps "
             f"(Welch 95 %; 90 %: {_interval(comp.get('welch90'))}, equivalence margin +-{spec['equivalence_margin']}: "
             f"{'equivalent' if res['equivalent'] else 'not shown equivalent'}), log-rank one-sided p "
             f"{comp['logrank']['p_one_sided']:.3g}, Holm-adjusted {comp.get('p_holm', float('nan')):.3g}: "
-            f"{'outlived' if res['supported'] else 'not outlived'}. Step size over steps {match['first']}-"
-            f"{match['last']}: {a['arm']} {_num(match['mean_a'], 3)}, {b['arm']} {_num(match['mean_b'], 3)} (ratio "
+            f"{'outlived' if res['supported'] else 'not outlived'}. Step size over the {match['steps']} steps of "
+            f"{match['first']}-{match['last']} where both had runs alive: {a['arm']} {_num(match['mean_a'], 3)}, "
+            f"{b['arm']} {_num(match['mean_b'], 3)} (ratio "
             f"{_num(match['ratio'], 2)}, tolerance {spec['match_tolerance']}: "
             f"{'matched' if match['matched'] else 'not matched'}). Utility, peak held-out gain over step 0: "
             f"{_signed(util['a']['mean_peak_gain'], 3)} vs {_signed(util['b']['mean_peak_gain'], 3)}, difference "

@@ -244,17 +244,36 @@ def utility_comparison(runs_a: Sequence[Run], runs_b: Sequence[Run], horizon: fl
             "gain_area": welch_difference(a["gain_area"], b["gain_area"])}
 
 
-def step_size_match(runs_a: Sequence[Run], runs_b: Sequence[Run], first: int, last: int,
+def alive_step_kl(runs: Sequence[Run], label: Mapping[str, Any], first: int, last: int) -> dict[int, float]:
+    """Per step ``t`` in ``first..last``: the mean ``lld/step_kl`` over the runs still alive at ``t`` (not collapsed
+    under ``label`` at or before ``t``: a run's steps up to its collapse step count, its dead state after does not)
+    that logged it; steps without such a run are absent."""
+    out: dict[int, list[float]] = {}
+    for r in runs:
+        end, event = collapse_time(r["records"], ratio=label["ratio"], persist=label["persist"],
+                                   horizon=label["horizon"], name=run_name(r))
+        for x in r["records"]:
+            t = int(x["step"])
+            if first <= t <= last and (not event or t <= end) and finite(x.get("lld/step_kl")):
+                out.setdefault(t, []).append(float(x["lld/step_kl"]))
+    return {t: sum(v) / len(v) for t, v in sorted(out.items())}
+
+
+def step_size_match(runs_a: Sequence[Run], runs_b: Sequence[Run], label: Mapping[str, Any], first: int, last: int,
                     tolerance: float) -> dict[str, Any]:
-    """How closely b's step size matched a's over the steps ``first..last``: each run's :func:`step_size`, each
-    cell's mean, ``ratio`` = mean_b / mean_a, and ``matched`` when ``1 / (1 + tolerance) <= ratio <= 1 + tolerance``."""
-    sa = [step_size(r["records"], first, last) for r in runs_a]
-    sb = [step_size(r["records"], first, last) for r in runs_b]
-    mean = lambda xs: sum(xs) / len(xs) if xs and all(finite(x) for x in xs) else float("nan")  # noqa: E731
-    ma, mb = mean(sa), mean(sb)
+    """How closely b's step size matched a's over the steps ``first..last`` where both had runs alive (matched where
+    the outcome happens: a run's dead state after its collapse does not count): the per-step means of the alive runs
+    (:func:`alive_step_kl`), ``mean_a`` and ``mean_b`` over the ``steps`` both cover, ``ratio = mean_b / mean_a``
+    (the sums over the same steps), and ``matched`` when ``1 / (1 + tolerance) <= ratio <= 1 + tolerance``."""
+    ka, kb = alive_step_kl(runs_a, label, first, last), alive_step_kl(runs_b, label, first, last)
+    steps = [t for t in ka if t in kb]
+    ma = sum(ka[t] for t in steps) / len(steps) if steps else float("nan")
+    mb = sum(kb[t] for t in steps) / len(steps) if steps else float("nan")
     ratio = mb / ma if finite(ma) and finite(mb) and ma > 0 else float("nan")
-    return {"first": first, "last": last, "a": sa, "b": sb, "mean_a": ma, "mean_b": mb, "ratio": ratio,
-            "tolerance": tolerance, "matched": finite(ratio) and 1 / (1 + tolerance) <= ratio <= 1 + tolerance}
+    return {"first": first, "last": last, "steps": len(steps), "last_step": max(steps, default=None),
+            "per_step_a": [ka[t] for t in steps], "per_step_b": [kb[t] for t in steps], "mean_a": ma, "mean_b": mb,
+            "ratio": ratio, "tolerance": tolerance,
+            "matched": finite(ratio) and 1 / (1 + tolerance) <= ratio <= 1 + tolerance}
 
 
 def matched_verdict(matched: bool, outlives: bool, utility_ok: bool, equivalent_survival: bool) -> str:
@@ -272,8 +291,8 @@ def matched_verdict(matched: bool, outlives: bool, utility_ok: bool, equivalent_
 def hypothesis_matched(runs: Sequence[Run], registration: Mapping[str, Any], spec: Mapping[str, Any],
                        label: Mapping[str, Any]) -> dict[str, Any]:
     """The treatment against a control held to its step size after the warm-up (``matched_control``): survival
-    (:func:`comparison_against`), the step sizes over the registered window (:func:`step_size_match`, within
-    ``match_tolerance``), utility (:func:`utility_comparison`: the 95 % Welch interval of the peak-gain difference
+    (:func:`comparison_against`), the step sizes over the registered window's steps where both had runs alive
+    (:func:`step_size_match`, within ``match_tolerance``), utility (:func:`utility_comparison`: the 95 % Welch interval of the peak-gain difference
     above ``-utility_margin`` is "no worse"), equivalence (the 90 % Welch interval of the RMST difference inside
     ``+-equivalence_margin`` steps) and the verdict (:func:`matched_verdict`; outliving is :func:`supported_holm`,
     so the verdict is final once the family's Holm adjustment is in: :func:`adjust_for_multiplicity`)."""
@@ -281,7 +300,7 @@ def hypothesis_matched(runs: Sequence[Run], registration: Mapping[str, Any], spe
     comp = comparison_against(runs, registration, spec["treatment"], spec["matched_control"], lr, label)
     window = registration["step_size"]
     ta, tb = cell_runs(runs, spec["treatment"], lr), cell_runs(runs, spec["matched_control"], comp["control_lr"])
-    match = step_size_match(ta, tb, window["first"], window["last"], spec["match_tolerance"])
+    match = step_size_match(ta, tb, label, window["first"], window["last"], spec["match_tolerance"])
     utility = utility_comparison(ta, tb, label["horizon"])
     low = utility["peak_gain"].get("low")
     welch90 = comp["comparison"].get("welch90") or {}
@@ -315,22 +334,21 @@ def family(results: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
 def adjust_for_multiplicity(results: dict[str, Any], registration: Mapping[str, Any]) -> dict[str, Any]:
     """Holm's adjustment of the one-sided log-rank p over the :func:`family` of ``results`` (``p_holm`` on each
     comparison); a registration with ``"multiplicity": "holm"`` then judges each comparison by
-    :func:`supported_holm` and gives each matched-control hypothesis its verdict. Returns ``results``."""
+    :func:`supported_holm` (else the registered :func:`supported` stands); each matched-control hypothesis gets its
+    verdict. Returns ``results``."""
     members = family(results)
-    if not members:
-        return results
-    adjusted = holm({n: c["comparison"]["logrank"]["p_one_sided"] for n, c in members.items()})
+    adjusted = holm({n: c["comparison"]["logrank"]["p_one_sided"] for n, c in members.items()}) if members else {}
     for name, comp in members.items():
         comp["comparison"]["p_holm"] = adjusted[name]
-    if registration.get("multiplicity") != "holm":
-        return results
-    for comp in members.values():
-        comp["supported"] = supported_holm(comp["comparison"], registration["alpha"])
+    holm_rule = registration.get("multiplicity") == "holm"
+    if holm_rule:
+        for comp in members.values():
+            comp["supported"] = supported_holm(comp["comparison"], registration["alpha"])
     for res in results.values():
         if "utility_ok" in res:  # a matched-control hypothesis
             res["verdict"] = matched_verdict(res["step_size"]["matched"], res["supported"], res["utility_ok"],
                                              res["equivalent"])
-        elif "controls" in res:  # a mechanism hypothesis
+        elif "controls" in res and holm_rule:  # a mechanism hypothesis, its comparisons judged anew
             res["verdict"] = h2_verdict(res["baseline"]["supported"], [c["supported"] for c in res["controls"].values()])
     return results
 

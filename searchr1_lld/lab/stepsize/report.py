@@ -198,7 +198,7 @@ def _sides(labels: Sequence[Mapping[str, Any]]) -> str:
     return f"{above}/{len(labels)} above 0, {below}/{len(labels)} below"
 
 
-def movement_lines(s: Mapping[str, Any]) -> list[str]:
+def movement_lines(s: Mapping[str, Any], reg: Mapping[str, Any]) -> list[str]:
     """How far each compared pair's runs moved before they collapsed (exploratory), a table per measure's difference
     and where the intervals lie over the registered labels."""
     found = s.get("exploratory_movement") or {}
@@ -210,7 +210,7 @@ def movement_lines(s: Mapping[str, Any]) -> list[str]:
              "to collapse (to the horizon when censored) as the endpoint: treatment mean, control mean, and the "
              "difference (treatment minus control) with its 95 % bootstrap interval over runs, under the primary "
              "label; the last column counts where that interval lies under the registered labels of the sensitivity "
-             "grid. Chosen after the grid had started; three measures, because they do not always agree.", "",
+             f"grid. {_when_chosen(reg, 'movement')}; three measures, because they do not always agree.", "",
              "| comparison | measure | treatment | control | difference | over the labels |",
              "|---|---|---|---|---|---|"]
     sens = found["sensitivity"]
@@ -228,6 +228,13 @@ def movement_lines(s: Mapping[str, Any]) -> list[str]:
               + " | ".join(f"{_num(c[m]['mean'], 2)} ({_num(c[m]['min'], 2)}-{_num(c[m]['max'], 2)})" for m in MEASURES)
               + " |" for c in found["cells"]]
     return lines + ["", "![How far each run had moved by each step, its collapse marked](movement.png)", ""]
+
+
+def _when_chosen(reg: Mapping[str, Any], reading: str) -> str:
+    """When an exploratory reading was chosen: named by the registration among what it reports (``reported``), or
+    (for a registration that does not name it) after the grid had started."""
+    return ("Named in the registration as reported, not registered" if reading in reg.get("reported", ())
+            else "Chosen after the grid had started")
 
 
 def verdict_text(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
@@ -331,7 +338,7 @@ def render(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
              *account.small_sample_lines(s.get("small_sample") or []), *account.cell_lines(s),
              *account.unregistered_lines(s.get("unregistered") or []),
              "## The label's sensitivity (registered)", "", *sensitivity_lines(s, reg), "",
-             *exploratory_alarm_lines(s, reg), *movement_lines(s),
+             *exploratory_alarm_lines(s, reg), *movement_lines(s, reg),
              f"## Step size over the registered window (steps {first}-{last})", "",
              "| arm | lr | runs | mean step KL | min | max |", "|---|---|---|---|---|---|"]
     lines += [f"| {m['arm']} | {m['lr']:g} | {m['runs']} | {_num(m['mean'], 4)} | {_num(m['min'], 4)} | "
