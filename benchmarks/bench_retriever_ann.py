@@ -10,7 +10,7 @@ the serialized index.
 
     .venv/bin/python benchmarks/bench_retriever_ann.py [--n 100000] [--dim 768]
 
-``--suite wiki18`` measures index types that would hold wiki-18 (21M x 768 e5 vectors; Flat is 62 GB) in 32 GB:
+``--suite wiki18`` measures index types that would hold wiki-18 (21M x 768 e5 vectors; Flat is 64.6 GB) in 32 GB:
 SQ8, IVF+SQ8, OPQ+IVF-PQ with an SQ8 refine stage, HNSW over SQ8. Each row also shows the index size projected to
 21M vectors (bytes per vector measured here x 21M + the index's fixed part: quantizer, rotations). Run it on 1M
 vectors (``--n 1000000 --train 100000``, ~3 GB of vectors, tens of minutes on 2 cores):

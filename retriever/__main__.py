@@ -75,7 +75,7 @@ def _add_download(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("download", help="fetch Search-R1's wiki-18 corpus (and prebuilt e5 index) from the HF hub")
     d.add_argument("dataset", choices=["wiki18"])
     d.add_argument("--out", required=True, help="dir for wiki-18.jsonl.gz (and e5_Flat.index)")
-    d.add_argument("--index", choices=["e5"], default=None, help="also fetch the prebuilt e5 Flat index (~65 GB)")
+    d.add_argument("--index", choices=["e5"], default=None, help="also fetch the prebuilt e5 Flat index (64.6 GB)")
     d.add_argument("--quiet", action="store_true")
     d.add_argument("--debug", action="store_true", help="show tracebacks")
 
@@ -122,7 +122,7 @@ def _add_loading_options(sp: argparse.ArgumentParser) -> None:
     """The options of the commands that load an index (serve, search)."""
     sp.add_argument("--skip-verify", action="store_true",
                     help="check index file sizes only, not their sha256 (hashing reads every byte once: "
-                         "~3 min for a 62 GB index at ~380 MB/s); a damaged or swapped file of the same size "
+                         "~3 min for a 64.6 GB index at ~380 MB/s); a damaged or swapped file of the same size "
                          "then goes unnoticed")
     sp.add_argument("--threads", type=int, default=None,
                     help="torch/FAISS/BLAS threads (default: $OMP_NUM_THREADS, else min(4, usable cores))")

@@ -1,6 +1,6 @@
 """HTTP client for the ``/retrieve`` service: batched requests, timeouts, retries with capped exponential backoff.
 
-A retriever restart takes minutes (loading a 60 GB index), so a service that is down or answers 5xx is waited for
+A retriever restart takes minutes (loading wiki-18's 64.6 GB Flat index), so a service that is down or answers 5xx is waited for
 up to ``max_wait_s`` (default 5 minutes), sleeping ``backoff_s * 2**i`` capped at ``max_backoff_s`` between tries
 and printing one line per wait so the user sees why the run stalls. A URL where nothing has ever been reached
 (connection refused, unknown host, connect timeout: a mistyped URL, or no service started) is given up after

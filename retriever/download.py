@@ -30,9 +30,12 @@ INDEX_REPO = "PeterJinGo/wiki-18-e5-index"
 INDEX_PARTS = ("part_aa", "part_ab")
 INDEX_FILE = "e5_Flat.index"
 
-# Approximate sizes, used only for the free-space check (not verified against the hub). The index: 21,015,324
-# passages x 768 float32 (~64.6 GB); the compressed corpus is rounded up generously.
-APPROX_BYTES = {CORPUS_FILE: 5_000_000_000, INDEX_FILE: 64_600_000_000}
+# The Flat index holds one 768-d float32 vector per passage of the corpus: 64.6 GB (docs quote this figure).
+WIKI18_PASSAGES = 21_015_324
+FLAT_INDEX_BYTES = WIKI18_PASSAGES * 768 * 4
+# Approximate sizes, used only for the free-space check (not verified against the hub); the compressed corpus is
+# rounded up generously.
+APPROX_BYTES = {CORPUS_FILE: 5_000_000_000, INDEX_FILE: FLAT_INDEX_BYTES}
 APPROX_PART_AB_BYTES = APPROX_BYTES[INDEX_FILE] // 2  # extra room while part_ab is appended to part_aa (upper bound)
 
 

@@ -6,7 +6,7 @@ files of the index's kind (``index.faiss``; the ``bm25/`` files). Loading checks
 unless ``skip_verify`` (a flipped byte or a file swapped in from another build fails with an error naming the file,
 instead of serving wrong passages). sha256 runs at ~380 MB/s on one core here
 (``benchmarks/bench_retriever_build.py``, ``RESULT index_verify_mb_per_s``): seconds for a small index, ~3 minutes
-for wiki-18's 62 GB Flat index at every start; ``skip_verify`` (``--skip-verify``) saves that time and keeps only
+for wiki-18's 64.6 GB Flat index at every start; ``skip_verify`` (``--skip-verify``) saves that time and keeps only
 the size check, at the cost of not noticing a damaged or same-size swapped file.
 """
 

@@ -290,7 +290,8 @@ def run_recipe(args: argparse.Namespace, cfg: Config, chosen: dict | None, world
                "method": "grpo+llds" if cfg.algorithm.llds.enabled else "grpo", "selection": chosen,
                "overrides": list(args.overrides), "validation": validation, **figures,
                "world_config_hash": (read_card(world) or {}).get("config_hash"),
-               "time_s": {"training": round(t_train), "eval": round(time.time() - t0 - t_train)}}
+               "time_s": {"training": round(result.train_s, 1) if result else 0, "train_call": round(t_train, 1),
+                          "eval": round(time.time() - t0 - t_train)}}
     print(f"figure of the result (test EM by hop, warm start vs trained): {write_figure(summary, out / RESULT_FIGURE)}")
     return summary, (out / "test" / "table.md").read_text().strip(), example
 

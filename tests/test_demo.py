@@ -262,6 +262,8 @@ def test_the_recipe_trains_claims_on_validation_and_tests_once_on_the_test_world
     assert s["slice_n"]["all"] == 24 and s["slice_n"]["1-hop"] + s["slice_n"]["2-hop"] == 24
     assert s["test_gain"]["all"]["clusters"] == s["test_subjects"] < 24  # subjects, fewer than questions
     assert s["validation"]["questions"] == 24
+    # the run's own training seconds (its one step), within the call's, which also loads and saves
+    assert 0 < s["time_s"]["training"] <= s["time_s"]["train_call"]
     assert s["validation"]["claimed"]["all"] == (s["validation"]["gain"]["all"]["lo"] > 0)
     assert "## The claim (validation split)" in (report / "seed1" / "README.md").read_text()
     figure = demo_report.RESULT_FIGURE  # drawn from the seed's numbers, in its report and in the run's demo-eval/
@@ -288,3 +290,27 @@ def test_the_demo_evaluation_shows_the_evaluators_progress(tiny_world, tmp_path,
     traj = demo._evaluate(cfg_file, tiny_world, "val", {"warm_start": tiny_world / "model"}, tmp_path / "val", limit=2)
     assert len(traj["warm_start"]) == 2
     assert ("eval synthetic: 100%" in capfd.readouterr().err) == progress_bar
+
+
+def test_the_time_line_gives_the_runs_own_training_time():
+    """A summary keeps the run's own training seconds (``training``, every pass) and the call's (``train_call``):
+    a call that loads a run finished earlier takes seconds, which is not the training's time. An older summary
+    kept the call's time only, and the line says so."""
+    s = {"world_config_hash": "h", "world_reused": True,
+         "time_s": {"world": 0, "training": 50, "train_call": 4, "eval": 80}}
+    assert demo_report.timing_line(s) == ("- wall time: world 0 s (built earlier, reused), training 50 s (the run's "
+                                          "own steps; this call 4 s), evaluation 80 s; world config hash h")
+    old = {**s, "time_s": {"world": 0, "training": 4, "eval": 80}}
+    assert "the call that trained or loaded the run 4 s (the run's own training time was not recorded)" in (
+        demo_report.timing_line(old))
+
+
+def test_every_committed_demo_report_states_its_summarys_times():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "docs"
+    reports = [p for p in sorted(root.rglob("summary.json")) if "time_s" in json.loads(p.read_text())]
+    assert len(reports) >= 7  # docs/demo, its 3 seeds, and the 3 seeds of world seed 1
+    for path in reports:
+        lines = (path.parent / "README.md").read_text().splitlines()
+        assert demo_report.timing_line(json.loads(path.read_text())) in lines, path

@@ -265,3 +265,43 @@ def test_readme_shows_the_demo_figure_drawn_from_the_demo_report():
     assert RESULT_FIGURE in links((DEMO_DIR / "README.md").read_text())
     summary = json.loads((DEMO_DIR / "summary.json").read_text())
     assert read_figure_rows(DEMO_DIR / RESULT_FIGURE) == figure_rows(summary)
+
+
+def test_the_architecture_page_names_every_module_of_the_lab_studies():
+    """docs/architecture.md's row of the lab names each module of each study folder (`name`), so a module added to
+    a study is described where a reader looks for it."""
+    row = next(line for line in (ROOT / "docs" / "architecture.md").read_text().splitlines()
+               if line.startswith("| `searchr1_lld/lab/` |"))
+    missing = [f"{folder.name}/{f.name}" for folder in sorted((ROOT / "searchr1_lld" / "lab").iterdir())
+               if folder.is_dir() and (folder / "__init__.py").is_file()
+               for f in sorted(folder.glob("*.py")) if f.stem != "__init__" and f"`{f.stem}`" not in row]
+    assert not missing, f"describe these in docs/architecture.md's lab row: {missing}"
+
+
+def test_the_default_worlds_vocabulary_and_size_are_quoted_as_its_card_records_them():
+    """docs/configs.md and docs/lab.md quote the default world's tokenizer (asked, built) and policy size from the
+    card of its build (docs/lab/warm-start/balanced.json, the default world's: the same config hash)."""
+    from searchr1_lld.world.build import world_config_hash
+    from searchr1_lld.world.config import load_world_config
+
+    card = json.loads((LAB_DIR / "warm-start" / "balanced.json").read_text())
+    assert card["config_hash"] == world_config_hash(load_world_config("configs/world/default.yaml"))
+    asked, built, parameters = (card["config"]["tokenizer_vocab_size"], card["policy"]["vocab_size"],
+                                card["policy"]["parameters"])
+    configs_md, lab_md = ((ROOT / "docs" / name).read_text() for name in ("configs.md", "lab.md"))
+    assert f"asks for {asked:,} tokens" in configs_md and f"records {built:,}" in configs_md
+    assert f"{built:,} tokens, {parameters:,} parameters" in lab_md
+
+
+def test_every_page_quotes_the_same_size_of_wiki18s_flat_index():
+    """The flat e5 index of wiki-18 is 21,015,324 x 768 x 4 bytes: every figure of 60-69 GB in the docs, the README
+    and the code (the only thing that size here) is that one, rounded to 0.1 GB."""
+    from retriever.download import FLAT_INDEX_BYTES
+
+    size = f"{FLAT_INDEX_BYTES / 1e9:.1f} GB"
+    figure = re.compile(r"(?<![\d.,])6\d(?:\.\d+)? ?GB\b")
+    places = [*MARKDOWN, *(p for p in _tree_text_files() if p.suffix == ".py" and p != Path(__file__).resolve())]
+    wrong = [f"{rel(p)}:{i}: {m.group(0)}" for p in places
+             for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+             for m in figure.finditer(line) if m.group(0).replace(" ", "") != size.replace(" ", "")]
+    assert size == "64.6 GB" and not wrong, f"the flat index is {size}: " + "; ".join(wrong)

@@ -310,8 +310,9 @@ ENTRIES: tuple[Entry, ...] = (
               where="tests/test_prereg.py::test_the_report_command_writes_the_report",
               snippet='lab_main(["prereg-report"',
               how="the same command with --prereg, --runs, --out and --readme on a hand-made registration and grid"),
-    RunByTest("stepsize_report", ("python -m searchr1_lld.lab stepsize-report",
-                                  "python -m searchr1_lld.lab stepsize-report --readme README.md"),
+    RunByTest("stepsize_report", ("python -m searchr1_lld.lab stepsize-report --readme README.md",
+                                  "python -m searchr1_lld.lab stepsize-report --registration "
+                                  "docs/lab/trustregion/registration.json --readme README.md"),
               where="tests/test_stepsize_report.py::"
                     "test_the_report_command_writes_summary_verdict_figures_and_readme_block",
               snippet='lab_main(["stepsize-report"',
@@ -379,7 +380,10 @@ ENTRIES: tuple[Entry, ...] = (
         "python -m searchr1_lld.world build --config configs/world/balanced-seed1.yaml "
         "--out .cache/world-balanced-seed1",
         "python -m searchr1_lld.world build --config configs/world/balanced-seed2.yaml "
-        "--out .cache/world-balanced-seed2"),
+        "--out .cache/world-balanced-seed2",
+        "python -m searchr1_lld.world build --config configs/world/registered.yaml --out .cache/lab-world-73b546bd45b1",
+        "python -m searchr1_lld.world build --config configs/world/balanced-seed2.yaml "
+        "--out .cache/lab-world-2eabc7e23c51"),
         reason="builds a world for minutes on 2 cores (6.5 min the large one); the command runs as world_build and "
                "tests/test_configs.py loads every world config"),
     CannotRun("demo_other_world", (
@@ -427,6 +431,52 @@ ENTRIES: tuple[Entry, ...] = (
         reason="the step-size study's registered grid: 45 runs of 75 steps, about 9 hours on 2 cores, committed as "
                "they land and checked against the registration in tests/test_stepsize_registration.py, which also "
                "tests the driver's refusal of a draft and the tasks it makes from a registration"),
+    CannotRun("trustregion_grid", (
+        "python -m searchr1_lld.lab grid --registration docs/lab/trustregion/registration.json --jobs 2 --commit",),
+        reason="the trust-region study's registered grid: 25 runs of 75 steps, about 5 hours on 2 cores, committed as "
+               "they land and checked against the registration in tests/test_trustregion_registration.py; the driver "
+               "is the step-size study's (tests/test_stepsize_registration.py)"),
+    RunByTest("step_kl_target", (
+        "python -m searchr1_lld.lab step-kl-target --runs docs/lab/stepsize/runs --arm llds_action --lr 0.002 "
+        "--steps 75 --out configs/lab/targets/llds_action-lr0.002.json",),
+        where="tests/test_stepsize_target.py::test_the_command_writes_a_target_file_the_controller_reads",
+        snippet='lab_main(["step-kl-target", "--runs"',
+        how="the same command on hand-made compact runs in a temporary directory"),
+    RunByTest("train_step_size", (
+        "python train.py --config configs/tiny.yaml "
+        "trainer.step_size.target_file=configs/lab/targets/llds_action-lr0.002.json",),
+        where="tests/test_step_size.py::test_training_on_the_tiny_world_logs_checkpoints_and_resumes_the_controller",
+        snippet='"trainer.step_size.target_kl=1e-5"',
+        how="the trust-region controller through the Trainer on the test world at toy sizes, with a constant target "
+            "(a target file is read by tests/test_step_size.py::test_the_controller_follows_a_per_step_target_"
+            "from_a_file)"),
+    CannotRun("study_reruns", (
+        "python -m searchr1_lld.lab grid --config configs/lab/prereg.yaml --lrs 7e-4,1e-3,1.4e-3,2e-3 "
+        "--seeds 0,1,2,3,4 --methods grpo,llds_response,llds_action,llds_ma --runs-dir runs/prereg "
+        "--compact docs/lab/prereg/runs --jobs 2 --fresh runs/prereg-rerun",
+        "python -m searchr1_lld.lab grid --registration docs/lab/stepsize/registration.json --jobs 2 "
+        "--fresh runs/stepsize-rerun"),
+        reason="a committed study's whole grid again (80 and 45 runs: hours on 2 cores); what --fresh makes of a "
+               "grid (every task into the fresh directory, nothing into docs/, the study's report there) is tested "
+               "in tests/test_lab_fresh.py"),
+    CannotRun("comparison_at_its_commit", (
+        "PYTHONPATH=$PWD python -m searchr1_lld.world build --config configs/world/large-quoted.yaml "
+        "--out .cache/lab-world-c1823703dda8",
+        "PYTHONPATH=$PWD python -m searchr1_lld.lab grid --config configs/lab/compare.yaml --lrs 5e-4,1e-3,2e-3 "
+        "--seeds 0,1,2 --methods grpo,llds_action --runs-dir runs/compare --compact docs/lab/runs --jobs 2",
+        "python -m searchr1_lld.lab task --baselines --config configs/lab/compare.yaml "
+        "--world-dir ../compare/.cache/lab-world-c1823703dda8 --runs-dir runs/compare-rerun/train "
+        "--compact runs/compare-rerun/runs",
+        "python -m searchr1_lld.lab report --runs runs/compare-rerun/runs --out runs/compare-rerun/report"),
+        reason="the comparison rerun in a worktree at commit c772729, whose code builds its world (minutes) and "
+               "trains its 18 runs (hours), then reported here; tests/test_studies.py checks that that commit's "
+               "world config builds the hash the committed results record"),
+    CannotRun("smollm2_at_its_commit", (
+        "PYTHONPATH=$PWD python -m searchr1_lld.lab --config configs/lab/smollm2.yaml --methods grpo,llds_action "
+        "--seeds 0 --world-dir .cache/smollm2-world --runs-dir runs/lab-smollm2 --out runs/lab-smollm2/report",),
+        reason="the SmolLM2 runs in a worktree at commit cefae78, after that commit's world and policy builds "
+               "(minutes, then hours of training); tests/test_studies.py checks that that commit's world config is "
+               "the one the committed report records"),
     CannotRun("prereg_grid", (
         "python -m searchr1_lld.lab grid --config configs/lab/prereg.yaml --lrs 7e-4,1e-3,1.4e-3,2e-3 "
         "--seeds 0,1,2,3,4 "

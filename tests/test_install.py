@@ -151,3 +151,96 @@ def test_gpu_extra_resolves_to_one_faiss_and_vllms_torch_and_transformers(tmp_pa
     torch_pin = pins["torch"].specifier
     assert str(torch_pin).startswith("==") and Version(installs["torch"]["version"]) == Version(str(torch_pin)[2:])
     assert pins["transformers"].specifier.contains(installs["transformers"]["version"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# torch's CPU build: the Makefile's choice of where pip takes it from, with file indexes standing in for PyPI and
+# PyTorch's CPU wheel index (pip's dry run: nothing is installed)
+# ---------------------------------------------------------------------------------------------------------------
+
+def _make_variable(name: str) -> str:
+    (value,) = re.findall(rf"^{name} \?= (\S+)$", (REPO_ROOT / "Makefile").read_text(), re.M)
+    return value
+
+
+def _fake_torch_wheel(directory, version: str):
+    """A wheel named and versioned as torch ``version``, holding nothing but its metadata."""
+    import zipfile
+
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"torch-{version}-py3-none-any.whl"
+    info = f"torch-{version}.dist-info"
+    with zipfile.ZipFile(path, "w") as whl:
+        whl.writestr("torch/__init__.py", "")
+        whl.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
+        whl.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        whl.writestr(f"{info}/RECORD", "")
+    return path
+
+
+def _simple_index(root, version: str) -> str:
+    """A PEP 503 index on disk offering torch ``version`` alone; its URL."""
+    wheel = _fake_torch_wheel(root / "files", version)
+    page = root / "simple" / "torch"
+    page.mkdir(parents=True)
+    (page / "index.html").write_text(f'<html><body><a href="../../files/{wheel.name}">{wheel.name}</a></body></html>')
+    return (root / "simple").as_uri()
+
+
+def _pip_env(tmp_path, pypi: str, find_links=None) -> dict[str, str]:
+    """pip as a user's machine runs it: no configuration file, PyPI (``pypi``) as its index, a local wheel directory
+    only where given; a dry run whose report says what it would install, whatever this environment holds."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_INDEX_URL=pypi, PIP_DRY_RUN="1", PIP_IGNORE_INSTALLED="1",
+               PIP_REPORT=str(tmp_path / "report.json"), PIP_DISABLE_PIP_VERSION_CHECK="1")
+    if find_links:
+        env["PIP_FIND_LINKS"] = str(find_links)
+    return env
+
+
+def _installed_torch(tmp_path, env, *args: str) -> tuple[str, str]:
+    """`make torch-cpu` with ``args`` under ``env``: the (version, URL) of the torch pip would install."""
+    out = subprocess.run(["make", "-s", "torch-cpu", f"PY={sys.executable}", *args], cwd=REPO_ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    (torch,) = [i for i in json.loads((tmp_path / "report.json").read_text())["install"]
+                if i["metadata"]["name"] == "torch"]
+    return torch["metadata"]["version"], torch["download_info"]["url"]
+
+
+def test_make_takes_torchs_cpu_build_from_the_cpu_index_where_pip_finds_none_here(tmp_path):
+    """On a machine whose pip knows PyPI alone, the pinned release is PyPI's (the CUDA build on Linux): the Makefile
+    takes the CPU build from TORCH_CPU_INDEX instead."""
+    pypi = _simple_index(tmp_path / "pypi", "2.13.0")  # PyPI: the release without a +cpu build
+    cpu_index = _simple_index(tmp_path / "cpu", "2.13.0+cpu")
+    env = _pip_env(tmp_path, pypi)
+    # the stand-in behaves as PyPI does: the pin that constraints-cpu.txt holds picks the CUDA build there
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "torch==2.13.0"], env=env, check=True,
+                   capture_output=True, timeout=300)
+    (plain,) = json.loads((tmp_path / "report.json").read_text())["install"]
+    assert plain["metadata"]["version"] == "2.13.0"
+    version, url = _installed_torch(tmp_path, env, f"TORCH_CPU_INDEX={cpu_index}")
+    assert version == "2.13.0+cpu" and url.startswith((tmp_path / "cpu").as_uri()), url
+
+
+def test_make_takes_a_local_cpu_wheel_where_pip_finds_one(tmp_path):
+    """A machine whose pip already finds the CPU build (a local wheel directory) installs that one: the CPU index
+    is not asked (here it does not exist)."""
+    pypi = _simple_index(tmp_path / "pypi", "2.13.0")
+    local = _fake_torch_wheel(tmp_path / "wheels", "2.13.0+cpu")
+    env = _pip_env(tmp_path, pypi, find_links=local.parent)
+    version, url = _installed_torch(tmp_path, env, f"TORCH_CPU_INDEX={(tmp_path / 'nowhere').as_uri()}")
+    assert version == "2.13.0+cpu" and url == local.as_uri(), url
+
+
+def test_the_cpu_build_the_makefile_installs_is_the_release_the_constraints_hold():
+    from packaging.requirements import Requirement
+
+    torch_cpu = Requirement(_make_variable("TORCH_CPU"))
+    assert str(torch_cpu.specifier).endswith("+cpu")
+    lines = (REPO_ROOT / "constraints-cpu.txt").read_text().splitlines()
+    (pinned,) = [Requirement(x) for x in lines if _name(x) == "torch"]
+    assert pinned.specifier.contains(str(torch_cpu.specifier)[2:])
+    assert "make --no-print-directory torch-cpu" in make_rule("$(STAMP)")[1].replace("$(MAKE)", "make")
+    readme = (REPO_ROOT / "README.md").read_text()  # the README says what a user downloads, and from where
+    assert _make_variable("TORCH_CPU_INDEX") in readme and "TORCH_CPU_INDEX" in readme

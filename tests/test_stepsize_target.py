@@ -9,7 +9,7 @@ import pytest
 from searchr1_lld.config import ConfigError
 from searchr1_lld.lab.compact import write_gz_json
 from searchr1_lld.lab.stepsize.registration import cells
-from searchr1_lld.lab.stepsize.target import main as target_main
+from searchr1_lld.lab.cli import main as lab_main
 from searchr1_lld.lab.stepsize.target import mean_curve
 
 from test_stepsize_analysis import make_run
@@ -32,12 +32,12 @@ def test_the_command_writes_a_target_file_the_controller_reads(tmp_path):
                       make_run("llds_action", 0.002, seed, {0: 0.4}, step_kl=kls))
     write_gz_json(tmp_path / "grpo-lr0.002-seed0.json.gz", make_run("grpo", 0.002, 0, {0: 0.4}, step_kl=[9, 9]))
     out = tmp_path / "target.json"
-    assert target_main(["--runs", str(tmp_path), "--arm", "llds_action", "--lr", "0.002", "--steps", "2",
-                        "--out", str(out)]) == 0
+    assert lab_main(["step-kl-target", "--runs", str(tmp_path), "--arm", "llds_action", "--lr", "0.002", "--steps",
+                     "2", "--out", str(out)]) == 0
     content = json.loads(out.read_text())
     assert content["source"]["seeds"] == [0, 1] and read_target_file(out, 2) == pytest.approx([0.2, 0.3])
-    assert target_main(["--runs", str(tmp_path), "--arm", "nll_anchor", "--lr", "0.002", "--steps", "2",
-                        "--out", str(out)]) == 2
+    assert lab_main(["step-kl-target", "--runs", str(tmp_path), "--arm", "nll_anchor", "--lr", "0.002", "--steps",
+                     "2", "--out", str(out)]) == 2
 
 
 def test_cells_with_an_arm_of_its_own_seeds_run_seed_by_seed():

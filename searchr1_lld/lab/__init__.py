@@ -8,14 +8,16 @@
     python -m searchr1_lld.lab grid --config configs/lab/compare.yaml --lrs 5e-4,1e-3,2e-3 ...   # the comparison
     python -m searchr1_lld.lab report --runs docs/lab/runs --out docs/lab --readme README.md     # its claims
 
-Three studies share the resumable driver (grid.py) and its pieces (compact.py, one small file per finished run;
+Four studies share the resumable driver (grid.py) and its pieces (compact.py, one small file per finished run;
 baselines.py, the baselines, the not-guessable slice and each question's subject; intervals.py, the bootstrap that
 resamples subjects), each in a folder of its own with one public entry: ``comparison/`` (selection on validation,
 intervals, the detector measured, the report and the README block, from the compact files alone; docs/lab.md),
-``prereg/`` (the pre-registered study: the registration, its label and alarms, its analysis and report) and
-``demo/`` (the demo's selection on validation and its report; run by :mod:`searchr1_lld.demo`). ``stepsize/`` holds
-the step-size study's analysis (mechanism or smaller steps: survival of runs to a collapse, the registered
-hypotheses, alarms at a matched false-alarm rate), pure functions with no command of their own.
+``prereg/`` (the pre-registered study: the registration, its label and alarms, its analysis and report),
+``demo/`` (the demo's selection on validation and its report; run by :mod:`searchr1_lld.demo`) and ``stepsize/``
+(the step-size study: its registration, which the grid runs, its analysis of mechanism or smaller steps, survival of
+runs to a collapse, the registered hypotheses, alarms at a matched false-alarm rate, and its report,
+``python -m searchr1_lld.lab stepsize-report``). ``studies.py`` names the world each committed study ran on and how
+it is rebuilt; ``fresh.py`` reruns a study's grid into a fresh directory (``grid --fresh DIR``).
 
 What one lab does
     1. one synthetic world (``searchr1_lld.world.ensure_world`` of the lab config's ``world: FILE``; ``--world-dir`` or

@@ -44,6 +44,7 @@ from searchr1_lld.lab.baselines import NoRetrieval, correct_by_id, majority_corr
 from searchr1_lld.lab.comparison.claims import DESIGN_FILE
 from searchr1_lld.lab.comparison.report import CURVES_FILE
 from searchr1_lld.lab.compact import BASELINES_FILE, compact_name, git_commit, lr_tag, run_record, write_gz_json
+from searchr1_lld.lab import fresh
 from searchr1_lld.lab.evaluating import evaluate_policy, load_policy
 from searchr1_lld.lab.methods import (ARMS, REPO_ROOT, Method, lab_config, parse_methods, parse_seeds,
                                       read_lab_config, shared_settings)
@@ -350,6 +351,7 @@ def parser(mode: str) -> argparse.ArgumentParser:
                        "demo with the settings chosen on validation (docs/demo), interleaved with the lab's tasks")
         p.add_argument("--demo-lrs", default="5e-4,1e-3,2e-3")
         p.add_argument("--commit", action="store_true", help="git-commit each compact result as it lands")
+        fresh.add_argument(p)
     else:
         p.add_argument("--baselines", action="store_true", help="the baselines instead of a run")
         p.add_argument("--lr", type=float)
@@ -381,6 +383,9 @@ def main(argv: list[str]) -> int:
     try:
         reg = stepsize.load_registration(args.registration) if args.registration else None
         config, runs_root, compact_dir = places(args, reg, mode)
+        rerun = fresh.prepare(args, compact_dir) if mode == "grid" else None
+        if rerun is not None:
+            runs_root, compact_dir, reg = rerun.runs_root, rerun.compact_dir, rerun.redirect(reg)
         if mode == "task":
             if args.baselines:
                 print(run_baselines(config, runs_root, compact_dir, args.world_dir))
@@ -409,8 +414,10 @@ def main(argv: list[str]) -> int:
         if args.demo:
             tasks = interleave(tasks, demo_tasks(parse_lrs(args.demo_lrs), REPO_ROOT / "docs" / "demo"))
         failed = run_tasks(tasks, args.jobs, runs_root / "logs", commit_results=args.commit,
-                           compact_dir=compact_dir, threads=args.threads,
+                           compact_dir=None if rerun else compact_dir, threads=args.threads,
                            registration=Path(args.registration).resolve() if args.registration else None)
+        if rerun is not None:
+            failed += rerun.finish(failed)
     except ConfigError as e:
         print(f"lab: error: {e}", file=sys.stderr)
         return 2

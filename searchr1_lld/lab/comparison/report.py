@@ -47,7 +47,7 @@ def dynamics_text(s: dict[str, Any]) -> list[str]:
 
 LIMITS = [
     "- Whether the finding holds at the paper's scale (3B-7B models, real corpora, 1,000 steps): this is a "
-    "0.66 M-parameter policy on a synthetic world, 40 steps per run.",
+    "2-layer, hidden-128 policy on a synthetic world, 40 steps per run.",
     "- Anything about LLDS with the response gate or LLDS-MA, which this design leaves out.",
     "- Learning rates between the grid's points, and seeds beyond those listed: the stable ranges are "
     "bounded by the grid's spacing.",
