@@ -14,9 +14,13 @@ run whose config differs from its saved config.yaml is refused (the differing ke
 change (trainer.total_steps, ...) may be changed with ``--allow-change KEY``.
 
 ``--preflight`` checks everything a run needs (config, data files, retriever, model) and prints its resource plan
-(GPU memory at rollout and at update, host RAM, disk, evaluation cost) without training and without a GPU:
+(GPU memory at the engine's start, at rollout and at update, host RAM, disk, evaluation cost) without training and
+without a GPU:
 ``python train.py --config configs/paper/<run>.yaml --preflight --accelerate-config configs/accelerate/zero2_8gpu.yaml``
-exits 0 when the run can start, 2 with one line per problem.
+exits 0 when the run can start, 2 with one line per problem. Every launch on a GPU runs the same blocking checks
+itself, on every rank, before the model loads and before any engine is built (its launch read from the running
+accelerator, its GPU's own memory): one line per problem on rank 0 and exit 2 on every rank; ``--no-preflight`` skips
+them. The learner's PyTorch allocator runs with ``expandable_segments`` unless PYTORCH_CUDA_ALLOC_CONF names it.
 
 Prints the run directory at start and end; evaluates greedy EM on data.test_files before and after training and
 writes the before/after table to RUN/eval.md. The Python API is ``searchr1_lld.learner.trainer.train(cfg)``.
@@ -50,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="check the config, data files, retriever and model, print the resource plan (GPU memory "
                              "at rollout and update, host RAM, disk, evaluation cost) and exit without training (no "
                              "GPU needed): 0 when the run can start, 2 with one line per problem")
+    parser.add_argument("--no-preflight", action="store_true",
+                        help="skip the blocking checks (files, retriever, the memory plan of this GPU) that a launch on "
+                             "a GPU runs on every rank before the model loads")
     parser.add_argument("--accelerate-config", metavar="FILE",
                         help="with --preflight: the accelerate config the run will be launched with (processes, "
                              "ZeRO stage, offload; default: one process without DeepSpeed)")

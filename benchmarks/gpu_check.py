@@ -33,7 +33,12 @@ Sections (benchmarks/gpu_check_parts.py):
   T = 4,096 / 8,192 / 16,384, H = 1,536, and a sweep of the CUDA tile budget at T = 16,384;
 - e2e (benchmarks/gpu_check_e2e.py): the test-sized synthetic world with a dense index encoded on the device by a
   random encoder, ``train.py`` for 3 steps on the device (HF backend, that index in process), ``eval.py`` on its
-  checkpoint, and the dense retriever built on the last GPU and searched from a fresh thread (``e2e_thread_*``).
+  checkpoint, and the dense retriever built on the last GPU and searched from a fresh thread (``e2e_thread_*``);
+- launch (benchmarks/gpu_check_launch.py): two processes on one GPU placing an in-process FAISS index each on its own
+  GPU (memory taken against the plan's count), the learner's allocator with and without the launch's
+  expandable_segments, a vLLM engine woken after a level-2 sleep without a weight load (refused) and what it keeps
+  asleep (when vLLM is importable), and the first update's LLDS: the displacement between the old-policy pass and
+  the first update's forwards, the active-token fraction and penalty, the tau that would absorb it.
 Prints ``RESULT <name> <value>`` per figure and writes one JSON: device, versions, shapes, per-section status and
 wall time, and every result (null with the section's error when it failed). ``--report`` renders such files, a later
 file's sections replacing an earlier one's, between the markers of ``--doc`` (benchmarks/gpu_check_report.py), with
@@ -68,7 +73,8 @@ FULL = {
     "vocab": 151936, "logprob_hidden": 1536, "logprob_tokens": [4096, 8192, 16384], "tile_sweep_mib": [64, 1024],
     # a 1.5B DeepSpeed start (import, process group, ZeRO-2 partitions) takes up to a few minutes; the total keeps
     # the whole check within 9 minutes: the last section (zero2) gets what the others left of it, at most its own
-    "budget_s": {"rollout": 300, "learner": 190, "zero2": 240, "logprobs": 80, "e2e": 150}, "total_budget_s": 540,
+    "budget_s": {"rollout": 300, "learner": 190, "zero2": 240, "logprobs": 80, "e2e": 150, "launch": 150},
+    "total_budget_s": 540,
     "e2e_entry_timeout_s": 60,
 }
 SMOKE = {
@@ -77,12 +83,13 @@ SMOKE = {
     "reference": {"qwen2.5-0.5b": True, "qwen2.5-1.5b": True, "qwen2.5-3b": False},
     "pairs": {"qwen2.5-0.5b": 1, "qwen2.5-1.5b": 1, "qwen2.5-3b": 1},
     "vocab": 4096, "logprob_hidden": 32, "logprob_tokens": [64, 128], "tile_sweep_mib": [1],
-    "budget_s": {"rollout": 120, "learner": 120, "zero2": 300, "logprobs": 120, "e2e": 400}, "total_budget_s": 900,
+    "budget_s": {"rollout": 120, "learner": 120, "zero2": 300, "logprobs": 120, "e2e": 400, "launch": 240},
+    "total_budget_s": 900,
     "e2e_entry_timeout_s": 180,
 }
 # the measured sections of the H200 run took logprobs 14 s, learner 103 s, zero2 31 s, rollout 139-300 s: the
 # rollout, whose figures need the most time and matter least for a first GPU contact, runs last on what is left
-SECTION_ORDER = ("logprobs", "learner", "zero2", "e2e", "rollout")
+SECTION_ORDER = ("logprobs", "learner", "zero2", "e2e", "launch", "rollout")
 MIN_SECTION_S = 20  # a section is not started with less of the total budget left
 VERSIONED = ("torch", "transformers", "accelerate", "triton", "deepspeed", "tokenizers")
 
@@ -108,7 +115,10 @@ def expected_results(shapes: dict) -> dict[str, list[str]]:
     e2e = ["e2e_gpus", "e2e_encode_devices", "e2e_train_s", "e2e_train_steps", "e2e_train_checkpoint", "e2e_eval_s",
            "e2e_eval_questions", "e2e_eval_em", "e2e_thread_encoder_device", "e2e_thread_worker_start_device",
            "e2e_thread_hits_equal"]
-    return {"rollout": rollout, "learner": learner, "zero2": zero2, "logprobs": logprobs, "e2e": e2e}
+    launch = ["launch_llds_max_abs_displacement", "launch_llds_mean_abs_displacement", "launch_llds_tau_to_close_gate",
+              "launch_llds_active_token_frac", "launch_llds_mean_penalty", "launch_llds_dtype"]
+    return {"rollout": rollout, "learner": learner, "zero2": zero2, "logprobs": logprobs, "e2e": e2e,
+            "launch": launch}
 
 
 def package_versions() -> dict[str, str | None]:

@@ -14,10 +14,10 @@ from typing import Any
 from searchr1_lld.preflight import memory_plan as mp
 
 MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b")
-SECTIONS = ("learner", "zero2", "rollout", "logprobs", "e2e")
+SECTIONS = ("learner", "zero2", "rollout", "logprobs", "e2e", "launch")
 # which section a result belongs to, by its name's prefix
 PREFIXES = {"rollout": ("rollout_", "logp_gap_", "agreement_"), "learner": ("learner_", "packing_"),
-            "zero2": ("zero2_",), "logprobs": ("logprob_",), "e2e": ("e2e_",)}
+            "zero2": ("zero2_",), "logprobs": ("logprob_",), "e2e": ("e2e_",), "launch": ("launch_",)}
 BEGIN = "<!-- gpu-check:begin"
 END = "<!-- gpu-check:end -->"
 GIB = 2**30
@@ -177,6 +177,25 @@ PACKING_ROWS = (("padded rows: padding's share of the positions", "packing_padde
                 ("allocated before the part, GiB", "packing_resident_before_gib"))
 
 
+LAUNCH_ROWS = (("2 processes, in-process index: devices chosen", "launch_index_devices"),
+               ("2 processes, in-process index: load modes", "launch_index_load_modes"),
+               ("index placement: GPU memory taken, GiB", "launch_index_taken_gib"),
+               ("index placement: the plan's count, GiB", "launch_index_plan_gib"),
+               ("launch's allocator: expandable segments", "launch_allocator_expandable"),
+               ("launch's allocator: share of freed memory back to the driver", "launch_allocator_returned_share"),
+               ("default allocator: share of freed memory back to the driver",
+                "launch_allocator_default_returned_share"),
+               ("vLLM: level-2 wake without a weight load refused", "launch_engine_wake_refused"),
+               ("vLLM asleep: GPU memory kept, GiB", "launch_engine_asleep_gib"),
+               ("vLLM asleep: the plan's count, GiB", "launch_engine_plan_asleep_gib"),
+               ("first update: dtype", "launch_llds_dtype"),
+               ("first update: largest |logp_old - logp_new|", "launch_llds_max_abs_displacement"),
+               ("first update: mean |logp_old - logp_new|", "launch_llds_mean_abs_displacement"),
+               ("first update: LLDS active-token fraction", "launch_llds_active_token_frac"),
+               ("first update: LLDS mean penalty", "launch_llds_mean_penalty"),
+               ("tau that keeps the action gate closed", "launch_llds_tau_to_close_gate"))
+
+
 def facts_table(header: str, rows: tuple[tuple[str, str], ...], res: dict[str, Any]) -> list[str]:
     """One figure per row (label, result name); ``-``: not reached."""
     def shown(value: Any) -> str:
@@ -214,6 +233,9 @@ def render_block(sources: list[tuple[str, dict]], model_configs: dict[str, dict]
     if "e2e" in origin:
         lines += ["", "**End to end: train.py and eval.py on the device, the dense retriever from a fresh thread**", "",
                   *facts_table("end to end", E2E_ROWS, res)]
+    if "launch" in origin:
+        lines += ["", "**Launch: per-rank index placement, the allocator, the wake guard, the first update's LLDS**",
+                  "", *facts_table("launch", LAUNCH_ROWS, res)]
     return "\n".join(lines + ["", END])
 
 

@@ -125,7 +125,9 @@ def require_gpus(what: str = "--gpu-index") -> int:
 def to_gpus(index, *, shard: bool = True, fp16: bool = True):
     """Clone a CPU index onto all GPUs (sharded across them when there are several). Needs faiss-gpu.
 
-    Not every index type has a GPU version (HNSW does not); those raise and the caller keeps the CPU index.
+    One process per node does this (``python -m retriever serve --gpu-index``): each of its GPUs gets one shard, one
+    ``StandardGpuResources`` (1.5 GiB of temporary memory) and a CUDA context. Not every index type has a GPU version
+    (HNSW does not); those raise and the caller keeps the CPU index.
     """
     import faiss
 
@@ -133,6 +135,33 @@ def to_gpus(index, *, shard: bool = True, fp16: bool = True):
     options.shard = shard
     options.useFloat16 = fp16
     return faiss.index_cpu_to_all_gpus(index, co=options)
+
+
+def to_gpu(index, device: int, *, fp16: bool = True):
+    """Clone a CPU index onto the one GPU ``device`` (its own ``StandardGpuResources``, kept alive with the index).
+    Needs faiss-gpu. What an in-process index in a training rank does: every rank of a node calling
+    :func:`to_gpus` would put a shard, temporary memory and a context of each rank on every GPU."""
+    import faiss
+
+    resources = faiss.StandardGpuResources()
+    options = faiss.GpuClonerOptions()
+    options.useFloat16 = fp16
+    gpu_index = faiss.index_cpu_to_gpu(resources, int(device), index, options)
+    gpu_index.referenced_objects = [resources]  # the resources must outlive the index (FAISS's own wrappers do this)
+    return gpu_index
+
+
+GPU_PLACEMENTS = ("all", "own")  # an index on GPUs: sharded over every visible GPU, or on this process's own one
+
+
+def own_gpu(encoder_device: str) -> int:
+    """The GPU of this process: the query encoder's ``cuda:N`` when it is on one, else this thread's current CUDA
+    device (a launched rank's own: accelerate sets it to the rank's local index)."""
+    if encoder_device.startswith("cuda:"):
+        return int(encoder_device.split(":", 1)[1])
+    import torch
+
+    return int(torch.cuda.current_device())
 
 
 # Brute-force (Flat) search switches from one scan per query to one BLAS matrix product for the whole batch when

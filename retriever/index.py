@@ -18,8 +18,9 @@ from retriever.manifest import check_manifest, read_manifest, verify_files
 def open_index(index_dir: str | Path, *, device: str | None = None, encoder: str | None = None,
                corpus_path: str | Path | None = None, mmap: bool = True, use_gpu: bool = False,
                search_params: dict[str, Any] | None = None, skip_verify: bool = False,
-               show_progress: bool = False) -> tuple[SearchBackend, DocStore, dict]:
+               show_progress: bool = False, gpu_placement: str = "all") -> tuple[SearchBackend, DocStore, dict]:
     """Load an index dir -> ``(backend, docstore, info)``, checking the manifest against the files and expectations.
+    ``use_gpu`` / ``gpu_placement``: the index on GPUs, and which (kinds.OpenOptions).
 
     ``encoder`` / ``corpus_path``: what the caller expects the index to have been built from (mismatch -> error).
     ``skip_verify``: check file sizes only, not their sha256 (saves ~1 s per GB at start-up).
@@ -36,6 +37,7 @@ def open_index(index_dir: str | Path, *, device: str | None = None, encoder: str
     info = {k: manifest.get(k) for k in ("retriever", "num_docs", "corpus_sha256", "corpus_path")}
     info.update(kind.describe(manifest), index_dir=str(index_dir), verified=verified)
     backend, loaded = kind.open(index_dir, manifest, OpenOptions(device=device, mmap=mmap, use_gpu=use_gpu,
-                                                                 search_params=search_params))
+                                                                 search_params=search_params,
+                                                                 gpu_placement=gpu_placement))
     info.update(loaded)
     return backend, docstore, info

@@ -41,17 +41,18 @@ class InProcessRetriever:
     Each hit is ``{"id": str, "contents": str, "score": float}``, best first. ``encoder`` / ``corpus_path`` are
     optional expectations checked against the manifest (a mismatch raises IndexMismatchError). The served files are
     checked against the manifest's sizes and sha256 at load (IndexIntegrityError names a file that differs);
-    ``skip_verify=True`` checks sizes only.
+    ``skip_verify=True`` checks sizes only. ``use_gpu``: the index on GPUs, sharded over all of them
+    (``gpu_placement="all"``, the service) or whole on this process's own (``"own"``, a training rank).
     """
 
     def __init__(self, index_dir: str | Path, *, device: str | None = None, encoder: str | None = None,
                  corpus_path: str | Path | None = None, mmap: bool = True, use_gpu: bool = False,
                  search_params: dict[str, Any] | None = None, skip_verify: bool = False,
-                 show_progress: bool = False):
+                 show_progress: bool = False, gpu_placement: str = "all"):
         self.backend, self.docstore, self._info = open_index(index_dir, device=device, encoder=encoder,
                                                              corpus_path=corpus_path, mmap=mmap, use_gpu=use_gpu,
                                                              search_params=search_params, skip_verify=skip_verify,
-                                                             show_progress=show_progress)
+                                                             show_progress=show_progress, gpu_placement=gpu_placement)
         self._memo: dict[tuple[str, int], list[dict]] = {}
 
     @classmethod

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
@@ -97,14 +98,15 @@ class RetrieverMode:
         """The index dir this process opens (None: the index lives elsewhere)."""
         return None
 
-    def inspect(self, cfg: RetrieverSettings, size_text: Callable[[float], str]) -> Inspection:
-        """The preflight's look at the index or the service (``size_text`` formats a byte count)."""
+    def inspect(self, cfg: RetrieverSettings, size_text: Callable[[float], str], wait: bool = False) -> Inspection:
+        """The preflight's look at the index or the service (``size_text`` formats a byte count; ``wait``: give a
+        service that is still starting the time its client would give it)."""
         raise NotImplementedError
 
     def gpu_index_copies(self, cfg: RetrieverSettings, facts: IndexFacts,
                          ranks_per_node: int) -> tuple[int, int, str] | None:
-        """How a memory plan counts the index on each GPU: (GPUs it is sharded over, copies of it on the node, a
-        note or ""), None when it holds no GPU memory there."""
+        """How a memory plan counts the index on each GPU: (GPUs each copy is sharded over, copies with a part on
+        every GPU, a note or ""), None when it holds no GPU memory there."""
         return None
 
 
@@ -127,12 +129,12 @@ class HTTPMode(RetrieverMode):
         url, token = service_address(cfg)
         return dataclasses.replace(cfg, url=url, token=token)
 
-    def inspect(self, cfg: RetrieverSettings, size_text: Callable[[float], str]) -> Inspection:
-        """``GET /health`` answers (no retries); its encoder against retriever.expect_encoder."""
+    def inspect(self, cfg: RetrieverSettings, size_text: Callable[[float], str], wait: bool = False) -> Inspection:
+        """``GET /health`` answers (no retries; ``wait``: retried as the client retries, :meth:`health`); its encoder
+        against retriever.expect_encoder."""
         out, expect = Inspection(), cfg.expect_encoder
-        headers = {"Authorization": f"Bearer {cfg.token}"} if cfg.token else {}
         try:
-            health = httpx.get(cfg.url.rstrip("/") + "/health", timeout=min(5.0, cfg.timeout_s), headers=headers).json()
+            health = self.health(cfg, wait)
         except (httpx.HTTPError, ValueError) as e:
             out.problems.append(f"retriever.url {cfg.url}: not reachable ({type(e).__name__}: {e}); start "
                                 "`python -m retriever serve --index DIR` first")
@@ -150,6 +152,31 @@ class HTTPMode(RetrieverMode):
                                index_type=str(health.get("index_type") or ""), service_gpus=gpus)
         return out
 
+    @staticmethod
+    def health(cfg: RetrieverSettings, wait: bool) -> dict:
+        """The service's ``/health`` answer. ``wait``: a service that is still starting (its port bound while the
+        index loads: requests time out; or answering 5xx) is asked again, backing off from retriever.backoff_s, for
+        up to retriever.max_wait_s, one whose port refuses for up to retriever.first_contact_s, as its client
+        (retriever/client.py) would wait at the first search; the last error is raised after that."""
+        headers = {"Authorization": f"Bearer {cfg.token}"} if cfg.token else {}
+        start, delay, reached = time.monotonic(), max(cfg.backoff_s, 0.05), False
+        while True:
+            try:
+                answer = httpx.get(cfg.url.rstrip("/") + "/health", timeout=min(5.0, cfg.timeout_s), headers=headers)
+                if answer.status_code < 500 or not wait:
+                    return answer.json()
+                reached, error = True, httpx.HTTPStatusError(f"status {answer.status_code}", request=answer.request,
+                                                             response=answer)
+            except httpx.ConnectError as e:
+                error = e
+            except httpx.HTTPError as e:  # connected, no answer in time: a service loading its index
+                reached, error = True, e
+            limit = cfg.max_wait_s if reached else cfg.first_contact_s
+            if not wait or time.monotonic() - start + delay > limit:
+                raise error
+            time.sleep(delay)
+            delay = min(2 * delay, 30.0)
+
     def gpu_index_copies(self, cfg: RetrieverSettings, facts: IndexFacts,
                          ranks_per_node: int) -> tuple[int, int, str] | None:
         """A service reporting a GPU index: counted as co-located, sharded over this node's GPUs."""
@@ -161,7 +188,9 @@ class HTTPMode(RetrieverMode):
 
 
 class InProcessMode(RetrieverMode):
-    """The index opened in this process (``retriever.index_dir``)."""
+    """The index opened in this process (``retriever.index_dir``); with ``retriever.use_gpu_index`` a whole copy on
+    this process's own GPU (every rank of a node sharding its own copy over all the node's GPUs would put each
+    rank's shard, FAISS temporary memory and CUDA context on every GPU)."""
 
     name = "inprocess"
     index_in_process = True
@@ -173,12 +202,12 @@ class InProcessMode(RetrieverMode):
             raise ValueError("retriever.index_dir is empty and no default index dir was given")
         return InProcessRetriever(index_dir, device=getattr(cfg, "device", None),
                                   encoder=getattr(cfg, "expect_encoder", None),
-                                  use_gpu=getattr(cfg, "use_gpu_index", False))
+                                  use_gpu=getattr(cfg, "use_gpu_index", False), gpu_placement="own")
 
     def index_dir(self, cfg: RetrieverSettings) -> str | None:
         return cfg.index_dir
 
-    def inspect(self, cfg: RetrieverSettings, size_text: Callable[[float], str]) -> Inspection:
+    def inspect(self, cfg: RetrieverSettings, size_text: Callable[[float], str], wait: bool = False) -> Inspection:
         """The index dir's manifest, its files' sizes, the encoder against retriever.expect_encoder."""
         out = Inspection()
         if not cfg.index_dir:
@@ -202,8 +231,8 @@ class InProcessMode(RetrieverMode):
 
     def gpu_index_copies(self, cfg: RetrieverSettings, facts: IndexFacts,
                          ranks_per_node: int) -> tuple[int, int, str] | None:
-        """retriever.use_gpu_index: each of the node's ranks shards its own copy over the node's GPUs."""
-        return (ranks_per_node, ranks_per_node, "") if cfg.use_gpu_index else None
+        """retriever.use_gpu_index: a whole copy on each rank's own GPU."""
+        return (1, 1, "") if cfg.use_gpu_index else None
 
 
 MODES: dict[str, RetrieverMode] = {mode.name: mode for mode in (InProcessMode(), HTTPMode())}

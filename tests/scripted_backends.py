@@ -7,7 +7,8 @@
 Like a real engine it cuts each scripted sequence right after the first stop string / eos (when built with a
 tokenizer) and at ``max_new_tokens``, and reports ``finish_reason`` accordingly. Log-probs are deterministic fake
 values (``-0.01 * (k + 1)`` for the k-th token of the call's output) or None with ``logprobs=False``.
-Every call is recorded in ``calls`` (prompts and arguments) so tests can check what the agent loop sent;
+Every call is recorded in ``calls`` (prompts and arguments, the per-request ``seeds`` among them) so tests can check
+what the agent loop sent;
 :class:`ScriptedStreamBackend` adds the request-level API (``add_request`` / ``step``,
 :class:`~searchr1_lld.rollout.backends.base.RequestStreamBackend`, for the continuous scheduler) with the callable
 form, called with the request's index among all requests and prompt index 0: a request that produces k tokens
@@ -56,13 +57,14 @@ class ScriptedBackend(BackendBase):
         temperature: float,
         top_p: float,
         greedy: bool,
+        seeds: Optional[Sequence[int]] = None,
     ) -> list[GenerationOutput]:
-        self.check_generate_args(prompts, max_new_tokens, temperature, top_p, greedy)
+        self.check_generate_args(prompts, max_new_tokens, temperature, top_p, greedy, seeds)
         self.check_awake()
         call = len(self.calls)
         self.calls.append(
             dict(prompts=[list(p) for p in prompts], max_new_tokens=max_new_tokens, stop_strings=list(stop_strings),
-                 temperature=temperature, top_p=top_p, greedy=greedy)
+                 temperature=temperature, top_p=top_p, greedy=greedy, seeds=None if seeds is None else list(seeds))
         )
         detector = self._detector(stop_strings)
         return [self._output(self._script(call, i, list(prompt)), detector, max_new_tokens)
@@ -105,7 +107,7 @@ class ScriptedStreamBackend(ScriptedBackend):
         self._running: dict[str, tuple[int, GenerationOutput]] = {}  # request id -> (steps left, its output)
 
     def add_request(self, request_id: str, prompt: list[int], *, max_new_tokens: int, stop_strings: list[str],
-                    temperature: float, top_p: float, greedy: bool) -> None:
+                    temperature: float, top_p: float, greedy: bool, seed: Optional[int] = None) -> None:
         self.check_generate_args([prompt], max_new_tokens, temperature, top_p, greedy)
         self.check_awake()
         if not callable(self.scripts):
@@ -113,7 +115,8 @@ class ScriptedStreamBackend(ScriptedBackend):
         if request_id in self._running:
             raise ValueError(f"request id {request_id!r} is already running")
         self.requests.append(dict(request_id=request_id, prompt=list(prompt), max_new_tokens=max_new_tokens,
-                                  stop_strings=list(stop_strings), greedy=greedy, entered_at_step=self.steps))
+                                  stop_strings=list(stop_strings), greedy=greedy, entered_at_step=self.steps,
+                                  seed=seed))
         out = self._output(self._script(len(self.requests) - 1, 0, list(prompt)), self._detector(stop_strings),
                            max_new_tokens)
         self._running[request_id] = (max(1, len(out.token_ids)), out)

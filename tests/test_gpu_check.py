@@ -146,6 +146,21 @@ def test_smoke_e2e_section_trains_evaluates_and_searches_from_a_thread(tmp_path)
     assert 2 * full["e2e_entry_timeout_s"] < full["budget_s"]["e2e"]  # train and eval fit the section's budget
 
 
+def test_smoke_launch_section_on_cpu(tmp_path):
+    """The launch section on CPU: the old-policy pass and the first update's forwards (packed, train mode, with
+    gradient) give the same fp32 log-probs to the last bit, so LLDS has nothing to act on there; the parts that need
+    a GPU (FAISS placement, the allocator, vLLM's sleep mode) say so instead of reporting."""
+    r = smoke_section("launch", tmp_path, timeout_s=300)
+    assert r["launch_llds_dtype"] == "fp32"
+    for name in ("max_abs_displacement", "mean_abs_displacement", "tau_to_close_gate", "active_token_frac",
+                 "mean_penalty"):
+        assert r[f"launch_llds_{name}"] == 0.0, (name, r)
+    assert r["launch_index_skipped"] == "needs a GPU and a GPU build of FAISS"
+    assert r["launch_allocator_skipped"] == "needs a GPU"
+    assert r["launch_engine_skipped"] in ("sleep mode is CUDA-only",) or r["launch_engine_skipped"].startswith("vllm")
+    assert not [k for k in r if k.endswith("_error")], r
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # --report: docs/gpu.md from the committed JSON files
 # --------------------------------------------------------------------------------------------------------------------
@@ -250,3 +265,18 @@ def test_learner_plan_is_the_plan_without_engine_retriever_or_context():
         reference = 4 * shape.params if ref else 0.0
         assert plan.resident == mp.learner_bytes(shape, stage, 1) + reference
         assert plan.update == pytest.approx(plan.resident + acts)
+
+
+def test_renderer_shows_the_launch_section():
+    report = hand_report({"launch": ("ok", 60.0)}, {
+        "launch_index_devices": "0,0", "launch_index_load_modes": "gpu:0,gpu:0", "launch_index_taken_gib": 2.31,
+        "launch_llds_active_token_frac": 0.41, "launch_engine_wake_refused": True,
+        "launch_llds_dtype": "bf16 autocast"})
+    lines = gpu_check_report.render_block([("g.json", report)], {}, "x.md").splitlines()
+    assert "| launch | `g.json` | ok | 60 | 120 |" in lines
+    for row in ("| 2 processes, in-process index: devices chosen | 0,0 |",
+                "| index placement: GPU memory taken, GiB | 2.31 |", "| first update: dtype | bf16 autocast |",
+                "| first update: LLDS active-token fraction | 0.41 |",
+                "| vLLM: level-2 wake without a weight load refused | True |",
+                "| vLLM asleep: GPU memory kept, GiB | - |"):
+        assert row in lines, row

@@ -52,7 +52,7 @@ def test_each_retriever_mode_is_a_kind_with_its_facts(monkeypatch):
     load_config(None, ["retriever.url=node0:8000"])  # in-process: the url is not used
     facts = retriever.modes.IndexFacts(num_docs=10, dim=4, index_type="Flat", service_gpus=2)
     assert http.gpu_index_copies(RetrieverConfig(mode="http"), facts, 8)[:2] == (2, 1)
-    assert inproc.gpu_index_copies(RetrieverConfig(use_gpu_index=True), facts, 8) == (8, 8, "")
+    assert inproc.gpu_index_copies(RetrieverConfig(use_gpu_index=True), facts, 8) == (1, 1, "")  # whole, own GPU
     assert inproc.gpu_index_copies(RetrieverConfig(), facts, 8) is None
     with pytest.raises(ValueError, match="retriever.mode must be one of"):
         retriever.retriever_mode(RetrieverConfig(mode="grpc"))

@@ -1,6 +1,7 @@
 """searchr1_lld.preflight.memory_plan: the arithmetic by hand on a small shape, Qwen2.5's parameter counts from their configs,
-and every paper config leaves 10 % of an 80 GB GPU free at the engine's first wake-up and at the update, with the
-wiki-18 retriever's GPU shards beside it (docs/memory.md prints the same plans)."""
+and every paper config lets its engine start and leaves 10 % of an 80 GB GPU free at the engine's first wake-up and
+at the update, with the wiki-18 retriever's GPU shards beside it (docs/memory.md prints the same plans); the engine
+as vLLM 0.32 sizes it: its start-up check, kv_cache_memory_bytes, its batch limits, what it keeps asleep."""
 
 from __future__ import annotations
 
@@ -31,10 +32,17 @@ def test_hand_computed_plan():
     resident = 18e9 / 4 + 8e6 + 2e9 / 4 + mp.CONTEXT_BYTES + 3e9
     assert plan.rollout == pytest.approx(resident + 50e9)
     assert plan.margin_at_wake_up_fraction == pytest.approx((100e9 - resident - 50e9) / 100e9)
-    asleep = mp.ENGINE_ASLEEP_BYTES + 1024 * (100 + 4) * 4 + mp.CUDA_GRAPH_POOL_BYTES  # bin counts and mask, graphs
+    asleep = mp.ENGINE_ASLEEP_BYTES + mp.CUDA_GRAPH_POOL_BYTES  # bookkeeping and the graph pool; V2's sampler sleeps
     assert plan.engine_asleep == pytest.approx(asleep)
     assert plan.update == pytest.approx(resident + asleep + 84000 + 4e6)
-    assert plan.kv_cache == pytest.approx(50e9 - 2e9 - 2e9)
+    # runtime at vLLM's defaults (1,024 sequences, 16,384 tokens): penalty state 1,024 x (100 + 4) x 4 = 425,984,
+    # logits 2 x 1,024 x 100 x 4 = 819,200, one layer of the profile pass 16,384 x (40 + 40) x 2 = 2,621,440
+    assert plan.engine_overhead == 425_984 + 819_200 + 2_621_440
+    assert plan.kv_cache == pytest.approx(50e9 - 2e9 - 3_866_624 - mp.CUDA_GRAPH_POOL_BYTES)
+    # at the engine's start ZeRO-3 holds bf16 2P / 4 + fp32 master 4P / 4 + gradient partitions 4P / 4 = 2.5e9 (no
+    # Adam state yet, no buckets); beside it the reference, contexts, retriever and vLLM's check of 0.5 x 100e9
+    assert plan.learner_at_start == 2.5e9
+    assert plan.engine_start == pytest.approx(2.5e9 + 0.5e9 + mp.CONTEXT_BYTES + 3e9 + 50e9)
     with pytest.raises(ValueError, match="zero_stage"):
         mp.learner_bytes(shape, 1, 4)  # ZeRO-1 is not in the arithmetic
 
@@ -67,7 +75,8 @@ def _paper_plan(path: str) -> mp.MemoryPlan:
 @pytest.mark.parametrize("path", sorted(glob.glob("configs/paper/qwen2.5-*.yaml")))
 def test_every_paper_config_keeps_ten_percent_free(path):
     plan = _paper_plan(path)
-    assert plan.fits(), (path, plan.margin_at_wake_up_fraction, plan.margin_at_update_fraction)
+    assert plan.fits(), (path, plan.margin_at_engine_start, plan.margin_at_wake_up_fraction,
+                         plan.margin_at_update_fraction)
 
 
 def test_settings_below_the_floor():
@@ -94,11 +103,8 @@ def test_docs_memory_shows_the_plans_of_the_paper_configs():
 
     c3 = load_config("configs/paper/qwen2.5-3b-base_nq-hotpotqa_llds-ma.yaml")
     c7 = load_config("configs/paper/qwen2.5-7b-base_nq-hotpotqa_llds-ma.yaml")
-    tokens = mp.pass_tokens(c3.trainer.micro_batch_size, c3.rollout.max_total_length,
-                            c3.trainer.micro_batch_token_budget)
     assert c7.trainer.micro_batch_size == c3.trainer.micro_batch_size
-    table = mp.markdown_table(mp.paper_cells(c3.rollout.vllm_gpu_memory_utilization,
-                                             c7.rollout.vllm_gpu_memory_utilization, tokens))
+    table = mp.markdown_table(mp.paper_cells(*mp.paper_engines({"3b": c3, "7b": c7})))
     assert table in (REPO_ROOT / "docs" / "memory.md").read_text()  # regenerate: python -m searchr1_lld.preflight.memory_plan
 
 
@@ -186,16 +192,75 @@ def test_fused_head_tiles_have_the_rows_the_code_uses():
         + 151936 * 2048 * 6
 
 
-def test_a_sleeping_vllm_engine_keeps_its_bin_counts_and_graph_pool():
-    """Model Runner V2 allocates output bin counts of max_num_seqs x V int32 outside the sleep-mode pool: 0.62 GB at
-    1,024 sequences x 151,936 (Qwen2.5); the CUDA-graph pool stays too, unless the engine runs eagerly."""
+def test_a_sleeping_vllm_engine_keeps_its_graph_pool_and_not_the_v2_sampler_state():
+    """vLLM 0.32 builds Model Runner V2's sampler (its output bin counts) in load_model, inside the weights'
+    sleep-mode pool: asleep the engine keeps its bookkeeping and its CUDA-graph pool, nothing per sequence; an eager
+    engine or one that offloads its graphs (sleep_mode_offload_cudagraph) keeps only the bookkeeping."""
     qwen = mp.QWEN25["3b"]
-    assert qwen.vocab == 151_936
-    bins = mp.vllm_asleep_bytes(qwen, graph_pool_bytes=0.0) - mp.ENGINE_ASLEEP_BYTES
-    assert bins == 1024 * (151_936 + 4_748) * 4 and round(bins / mp.GB, 2) == 0.64  # 0.62 counts + 0.02 mask
+    assert mp.vllm_asleep_bytes() == mp.ENGINE_ASLEEP_BYTES + mp.CUDA_GRAPH_POOL_BYTES
+    assert mp.vllm_asleep_bytes(offload_cudagraph=True) == mp.vllm_asleep_bytes(graph_pool_bytes=0.0) == \
+        mp.ENGINE_ASLEEP_BYTES
     common = dict(zero_stage=2, data_parallel=8, gpu_bytes=mp.H100_80GB, vllm_gpu_memory_utilization=0.5,
                   reference=True, micro_batch_tokens=16384)
     graphs, eager = mp.gpu_memory_plan(qwen, **common), mp.gpu_memory_plan(qwen, graph_pool_bytes=0.0, **common)
+    offloaded = mp.gpu_memory_plan(qwen, engine=mp.EngineSettings(0.5, offload_cudagraph=True), **common)
     assert graphs.engine_asleep - eager.engine_asleep == mp.CUDA_GRAPH_POOL_BYTES
-    assert eager.engine_asleep == pytest.approx(mp.ENGINE_ASLEEP_BYTES + bins)
+    assert eager.engine_asleep == offloaded.engine_asleep == mp.ENGINE_ASLEEP_BYTES
     assert graphs.update - eager.update == mp.CUDA_GRAPH_POOL_BYTES
+    # the graph pool is inside the awake claim (vLLM profiles it since 0.21): the KV cache is smaller by it
+    assert eager.kv_cache - graphs.kv_cache == mp.CUDA_GRAPH_POOL_BYTES
+    # the sampler state a 1,024-sequence engine holds while awake: 1,024 x (151,936 + 4,748) x 4 B = 0.64 GB
+    bins = 1024 * (151_936 + 4_748) * 4
+    assert round(bins / mp.GB, 2) == 0.64
+    assert mp.vllm_runtime_bytes(qwen, max_num_seqs=1024, max_num_batched_tokens=0) == bins + 2 * 1024 * 151_936 * 4
+
+
+def test_kv_cache_bytes_size_the_engine_and_the_start_check_stays():
+    """With kv_cache_memory_bytes vLLM 0.32 sizes its KV cache from it (gpu_worker.determine_available_memory) and
+    still checks at start that utilisation x total is free (worker/utils.request_memory). Small shape, 100e9 GPU,
+    ZeRO-2 on 4 ranks, no reference or context: learner 2e9 + 16e9 / 4 + buckets 8e6 + 2e6 = 6.01e9, at start 2e9 +
+    4e9 / 4 = 3e9."""
+    shape = mp.ModelShape(params=1e9, layers=2, hidden=10, intermediate=20, kv_heads=1, head_dim=5, vocab=100)
+    b = mp.Buckets(reduce=1e6, allgather=1e6, max_live=1e6, prefetch=1e6)
+    common = dict(zero_stage=2, data_parallel=4, gpu_bytes=100e9, vllm_gpu_memory_utilization=0.5, reference=False,
+                  micro_batch_tokens=100, buckets=b, contexts=0.0)
+    engine = mp.EngineSettings(0.5, kv_cache_memory_bytes=int(95e9), max_num_seqs=10, max_num_batched_tokens=100)
+    plan = mp.gpu_memory_plan(shape, engine=engine, **common)
+    runtime = 10 * 104 * 4 + 2 * 10 * 100 * 4 + 100 * 80 * 2  # penalties, logits, one profile layer: 28,160
+    assert plan.engine_overhead == runtime
+    assert plan.engine_awake == pytest.approx(2e9 + runtime + mp.CUDA_GRAPH_POOL_BYTES + 95e9)
+    assert plan.kv_cache == pytest.approx(95e9)
+    assert plan.learner_at_start == 3e9 and plan.engine_start == pytest.approx(3e9 + 50e9)
+    assert plan.margin_at_engine_start > 0 and plan.margin_at_wake_up < 0 and not plan.fits()  # starts, then fails
+    by_util = mp.gpu_memory_plan(shape, **common)  # the same run planned from the utilisation alone: it fits
+    assert by_util.fits() and by_util.engine_awake == 50e9
+    # a utilisation whose claim is not free at the start fails there, whatever the KV cache
+    greedy = mp.gpu_memory_plan(shape, engine=mp.EngineSettings(0.98, kv_cache_memory_bytes=int(1e9)), **common)
+    assert greedy.margin_at_engine_start == pytest.approx(100e9 - 3e9 - 98e9) and not greedy.fits()
+    assert greedy.margin_at_wake_up_fraction > mp.MARGIN_FLOOR  # the wake-up itself would fit
+    with pytest.raises(ValueError, match="vllm_kv_cache_memory_bytes"):
+        mp.EngineSettings(0.5, kv_cache_memory_bytes=-1)
+
+
+def test_learner_states_at_the_engines_start():
+    """What DeepSpeed 0.19.8 has allocated when the engine is built (P = 1e9, N = 4): ZeRO-2 bf16 2P + fp32 master
+    4P / N = 2e9 + 1e9; ZeRO-3 bf16 2P / N + fp32 master and gradient partitions 8P / N = 0.5e9 + 2e9; offloaded,
+    the fp32 parts leave the GPU; without DeepSpeed fp32 weights 4P, and DDP's buckets 4P more on several ranks."""
+    shape = mp.ModelShape(params=1e9, layers=2, hidden=10, intermediate=20, kv_heads=1, head_dim=5, vocab=100)
+    assert mp.learner_bytes_at_start(shape, 2, 4) == 3e9
+    assert mp.learner_bytes_at_start(shape, 3, 4) == 2.5e9
+    assert mp.learner_bytes_at_start(shape, 2, 4, offload_optimizer=True) == 2e9
+    assert mp.learner_bytes_at_start(shape, 3, 4, offload_optimizer=True) == 0.5e9
+    assert (mp.learner_bytes_at_start(shape, 0, 1), mp.learner_bytes_at_start(shape, 0, 4)) == (4e9, 8e9)
+    with pytest.raises(ValueError, match="zero_stage"):
+        mp.learner_bytes_at_start(shape, 1, 4)
+
+
+def test_the_engines_batch_sizes_its_runtime():
+    """Qwen2.5-3B: the paper's engine (640 sequences, 4,096 batched tokens) against vLLM's 80 GB defaults (1,024,
+    16,384). Penalties 640 x 156,684 x 4 = 401,111,040; logits 2 x 640 x 151,936 x 4 = 777,912,320; one layer of
+    4,096 tokens x (4 x 2,048 + 2 x 11,008) x 2 = 247,463,936."""
+    qwen = mp.QWEN25["3b"]
+    paper = mp.vllm_runtime_bytes(qwen, max_num_seqs=640, max_num_batched_tokens=4096)
+    assert paper == 401_111_040 + 777_912_320 + 247_463_936
+    assert mp.vllm_runtime_bytes(qwen) - paper == 384 * 156_684 * 4 + 2 * 384 * 151_936 * 4 + 12288 * 30208 * 2

@@ -157,18 +157,17 @@ def test_the_plan_of_the_3b_paper_cell_is_the_one_docs_memory_shows(tmp_path):
     finally:
         server.shutdown()
     c7 = load_config(REPO_ROOT / "configs" / "paper" / "qwen2.5-7b-base_nq-hotpotqa_llds-ma.yaml")
-    tokens = mp.pass_tokens(cfg.trainer.micro_batch_size, cfg.rollout.max_total_length,
-                            cfg.trainer.micro_batch_token_budget)
-    cell = mp.paper_cells(cfg.rollout.vllm_gpu_memory_utilization, c7.rollout.vllm_gpu_memory_utilization,
-                          tokens)["3B ZeRO-2"]
+    cell = mp.paper_cells(*mp.paper_engines({"3b": cfg, "7b": c7}))["3B ZeRO-2"]
     shape = mp.shape_from_hf_config(QWEN25_3B)
     assert pre.gpu_plan(pre.Preflight(), cfg, shape, launch, mp.H100_80GB, index) == cell
     lines = {line.split(":")[0]: line for line in result.plan}
+    assert lines["engine start"].startswith(f"engine start: {cell.engine_start / mp.GB:.1f} GB per GPU of 85.5 GB ("), \
+        lines
     assert lines["rollout"].startswith(f"rollout: {cell.rollout / mp.GB:.1f} GB per GPU of 85.5 GB ("), lines
     assert f"margin {cell.margin_at_wake_up / mp.GB:.1f} GB ({100 * cell.margin_at_wake_up_fraction:.1f} %)" in \
         lines["rollout"]
     assert lines["update"].startswith(f"update: {cell.update / mp.GB:.1f} GB per GPU"), lines
-    assert "retriever shard 6.1 GB" in lines["rollout"] and "KV cache 38.9 GB" in lines["rollout"]
+    assert "retriever 6.1 GB" in lines["rollout"] and f"KV cache {cell.kv_cache / mp.GB:.1f} GB" in lines["rollout"]
     assert not [x for x in result.problems if x.startswith("plan")], result.problems
 
 
@@ -203,3 +202,21 @@ def test_the_retriever_service_is_asked_for_its_health_and_encoder(tmp_path):
     pf = pre.Preflight()
     pre.check_retriever(pf, load_config(None, ["retriever.mode=http", f"retriever.url=http://127.0.0.1:{free_port()}"]))
     assert len(pf.problems) == 1 and "not reachable" in pf.problems[0]
+
+
+def test_an_in_process_gpu_index_that_does_not_fit_names_the_service_per_node(tiny_world, tmp_path, monkeypatch):
+    """retriever.use_gpu_index puts wiki-18's whole Flat index (34.4 GB with FAISS's temporary memory and a context)
+    on every rank's GPU: beside the 3B ZeRO-2 learner and its 0.55 engine neither the engine's start nor the wake-up
+    fits, and each refusal names the command that serves the index once per node."""
+    facts = pre.IndexFacts(host_bytes=64e9, num_docs=21_015_324, dim=768, index_type="Flat")
+    monkeypatch.setattr(pre, "check_retriever", lambda pf, cfg, wait=False: facts)
+    cfg = load_config(REPO_ROOT / "configs" / "paper" / "qwen2.5-3b-base_nq-hotpotqa_llds-ma.yaml", [
+        f"model.path={_qwen3b_dir(tmp_path)}", "retriever.mode=inprocess", "retriever.use_gpu_index=true",
+        f"retriever.index_dir={tiny_world / 'index'}", f"trainer.output_dir={tmp_path / 'runs'}"])
+    launch = pre.read_launch(REPO_ROOT / "configs" / "accelerate" / "zero2_8gpu.yaml")
+    result = pre.run_preflight(cfg, launch=launch, device_gib=mp.H100_80GB / GiB)
+    plan = [p for p in result.problems if p.startswith("plan:")]
+    assert [p.split(" ")[1] for p in plan] == ["vLLM", "the"] and "the rollout needs" in plan[1], plan
+    serve = (f"`python -m retriever serve --index {tiny_world / 'index'} --gpu-index --port 8000` and "
+             "retriever.mode=http")
+    assert all(p.endswith(serve) and "(34.4 GB) on every rank's GPU" in p for p in plan), plan

@@ -2,7 +2,8 @@
 configs/accelerate/cpu_2proc_zero3.yaml (tests/zero3_dense_run.py). Under ZeRO-3 transformers partitions every model
 it loads while accelerate's DeepSpeed config is registered; the trainer loads the retriever's encoder outside it
 (distributed.outside_zero3), so on each rank the encoder is whole and searches as it does in a plain process. The
-same encoder loaded without the guard is the control: partitioned, its forward fails."""
+same encoder loaded without the guard is the control: partitioned, its forward fails. Both ranks release the process
+group together before they exit (a rank exiting with it could abort in gloo's teardown)."""
 
 from __future__ import annotations
 
@@ -46,5 +47,6 @@ def test_the_dense_retriever_is_whole_and_searches_alike_on_zero3_ranks(dense_in
     for rank in (0, 1):
         res = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert res["guarded"] == {"numel": numel, "partitioned": False, "hits": expected}, (rank, res)
+        assert res["process_group"] is False, rank  # released on every rank before it exits
         control = res["control"]  # ZeRO-3 was in force: without the guard the encoder is partitioned
         assert control.get("partitioned") or ("error" in control and control["zero3_enabled"]), (rank, control)

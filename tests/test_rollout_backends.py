@@ -266,7 +266,9 @@ class FakeLLM:
     def __init__(self, dtype=torch.float32, vocab_rows=None, held=None, resets=(True,), unfinished=False):
         self.log: list = []
         self.loaded: list = []
-        self.model_config = SimpleNamespace(dtype=dtype, get_vocab_size=lambda: vocab_rows or len(make_tokenizer()))
+        self.model_config = SimpleNamespace(dtype=dtype, get_vocab_size=lambda: vocab_rows or len(make_tokenizer()),
+                                            try_get_generation_config=lambda: self.generation_config)
+        self.generation_config: dict = {}
         self.held = held or {}  # the engine model's parameters: name -> shape
         self.resets = list(resets)  # what reset_prefix_cache answers, call by call (the last one from then on)
         self.llm_engine = SimpleNamespace(has_unfinished_requests=lambda: unfinished)

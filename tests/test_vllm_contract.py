@@ -161,7 +161,7 @@ class _RecordingEngine:
         from types import SimpleNamespace
 
         self.requests: list[dict] = []
-        self.model_config = SimpleNamespace(get_vocab_size=lambda: embedding_rows)
+        self.model_config = SimpleNamespace(get_vocab_size=lambda: embedding_rows, try_get_generation_config=dict)
 
     def generate(self, requests, sampling_params, use_tqdm):
         from types import SimpleNamespace

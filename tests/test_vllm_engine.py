@@ -520,3 +520,49 @@ def test_weight_stream_between_continuous_rollouts(engine, learner, tokenizer, r
             for n, p in learner.named_parameters():
                 p.copy_(original[n])
         engine.load_weights((n, p.detach()) for n, p in learner.named_parameters())
+
+
+class ShuffledAdds:
+    """The engine, its requests entering in a shuffled order: each ``add_request`` is held until the next ``step``,
+    which adds the held ones in an order drawn from ``order_seed`` (as the continuous scheduler's order follows when
+    searches return)."""
+
+    def __init__(self, engine, order_seed: int):
+        import random
+
+        self.engine, self.order, self.held = engine, random.Random(order_seed), []
+        self.vocab_limit, self.eos_ids = engine.vocab_limit, engine.eos_ids
+
+    def add_request(self, request_id, prompt, **kw):
+        self.held.append((request_id, prompt, kw))
+
+    def step(self):
+        self.order.shuffle(self.held)
+        for request_id, prompt, kw in self.held:
+            self.engine.add_request(request_id, prompt, **kw)
+        self.held = []
+        return self.engine.step()
+
+    def has_unfinished_requests(self):
+        return bool(self.held) or self.engine.has_unfinished_requests()
+
+    def abort_requests(self, request_ids):
+        self.held = [h for h in self.held if h[0] not in set(request_ids)]
+        self.engine.abort_requests(request_ids)
+
+
+def test_a_seeded_rollout_replays_whatever_order_its_requests_enter(engine, tokenizer, retriever, rows):
+    """Two replays of a sampled step on the real engine, its requests added in two different orders: with the step's
+    seed (each request's own, from its trajectory and turn) the same tokens; without (the engine's one generator,
+    drawn in whatever order requests run) not."""
+    cfg = dataclasses.replace(ENGINE_CFG, scheduler="continuous")
+
+    def tokens(order_seed, seed):
+        trajs = run_agent_loop(rows[:6], backend=ShuffledAdds(engine, order_seed), tokenizer=tokenizer,
+                               retriever=retriever, cfg=cfg, n=2, seed=seed)
+        return [t.response_ids for t in trajs]
+
+    replay = tokens(1, 123)
+    assert replay == tokens(2, 123)
+    assert tokens(1, None) != tokens(2, None)
+    assert len({tuple(t) for t in replay}) > 6  # sampled: the two responses of a question differ

@@ -6,7 +6,8 @@ same encoder loaded without the trainer's guard.
     python tests/zero3_dense_run.py INDEX_DIR OUT_DIR QUERY...
 
 Writes OUT_DIR/rank{r}.json: the guarded encoder's parameter count and whether any parameter is a ZeRO-3 partition,
-the ids of the top documents of each query, and the same facts of the unguarded control encoder.
+the ids of the top documents of each query, the same facts of the unguarded control encoder, and whether the process
+group was still up when the rank finished (it must not be: the ranks release it together before exiting).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import json
 import os
 import sys
 from pathlib import Path
+
+import torch
 
 from searchr1_lld.config import load_config
 from searchr1_lld.learner import factories
@@ -46,5 +49,11 @@ except Exception as err:  # a partitioned encoder's forward fails on its empty p
     from transformers.integrations import is_deepspeed_zero3_enabled
 
     control["zero3_enabled"] = is_deepspeed_zero3_enabled()
+# both ranks end together and release the process group before exit, as the trainer's close does: a rank that exits
+# holding it leaves gloo's communication threads to static teardown, which can abort (SIGABRT) when the other rank's
+# connections are already gone
+accelerator.wait_for_everyone()
+accelerator.end_training()
 out_dir.mkdir(parents=True, exist_ok=True)
-(out_dir / f"rank{os.environ['RANK']}.json").write_text(json.dumps({"guarded": guarded, "control": control}))
+(out_dir / f"rank{os.environ['RANK']}.json").write_text(json.dumps({
+    "guarded": guarded, "control": control, "process_group": torch.distributed.is_initialized()}))

@@ -18,6 +18,8 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
 
+from retriever.faiss_index import GPU_PLACEMENTS
+
 
 class UsageError(ValueError):
     """A command line that cannot work as given (the message says what to add)."""
@@ -41,12 +43,19 @@ class CorpusFacts:
 @dataclass
 class OpenOptions:
     """How an index is loaded for search: ``device`` of a query encoder (None: cuda if available), memory-mapped
-    or read into RAM, on GPUs or not, search parameters over the manifest's (``{"nprobe": 64}``)."""
+    or read into RAM, on GPUs or not and where (``gpu_placement``: ``all``, sharded over every visible GPU, what one
+    service per node does; ``own``, a whole copy on this process's own GPU, what a training rank's in-process index
+    does), search parameters over the manifest's (``{"nprobe": 64}``)."""
 
     device: str | None = None
     mmap: bool = True
     use_gpu: bool = False
     search_params: dict[str, Any] | None = None
+    gpu_placement: str = "all"
+
+    def __post_init__(self) -> None:
+        if self.gpu_placement not in GPU_PLACEMENTS:
+            raise ValueError(f"gpu_placement must be one of {GPU_PLACEMENTS}, got {self.gpu_placement!r}")
 
 
 Settings = TypeVar("Settings")

@@ -20,8 +20,8 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from retriever.embeddings import EMBEDDINGS_DIR, auto_shard_size, encode_shards, write_faiss_index
-from retriever.faiss_index import (DEFAULT_SEARCH_PARAMS, read_faiss_index, require_gpus, set_search_params, to_gpus,
-                                   use_blas_for_batches)
+from retriever.faiss_index import (DEFAULT_SEARCH_PARAMS, own_gpu, read_faiss_index, require_gpus, set_search_params,
+                                   to_gpu, to_gpus, use_blas_for_batches)
 from retriever.kinds.base import CorpusFacts, IndexKind, OpenOptions, UsageError
 from retriever.layout import IndexMismatchError
 
@@ -204,9 +204,19 @@ class DenseKind(IndexKind[DenseSettings]):
             raise IndexMismatchError(f"{index_dir}: encoder {manifest['encoder']!r} now gives dim {enc.dim}, index "
                                      f"has dim {manifest['dim']}; the encoder changed since the build")
         if options.use_gpu:
-            n_gpus = require_gpus("--gpu-index / retriever.use_gpu_index")
-            try:
-                index, load_mode = to_gpus(index), f"gpu x{n_gpus}"
-            except RuntimeError as e:
-                print(f"[retriever] keeping index on CPU: {str(e).strip().splitlines()[-1]}", flush=True)
+            index, load_mode = self._on_gpus(index, load_mode, options.gpu_placement, enc.device)
         return DenseBackend(enc, index), {"load_mode": load_mode, "search_params": applied, "device": enc.device}
+
+    @staticmethod
+    def _on_gpus(index: Any, load_mode: str, placement: str, encoder_device: str) -> tuple[Any, str]:
+        """The index on GPUs: ``all`` sharded over every visible GPU (``gpu xN``), ``own`` whole on this process's
+        GPU (``gpu:N``, faiss_index.own_gpu); an index type without a GPU version stays on the CPU, said once."""
+        n_gpus = require_gpus("--gpu-index / retriever.use_gpu_index")
+        try:
+            if placement == "own":
+                device = own_gpu(encoder_device)
+                return to_gpu(index, device), f"gpu:{device}"
+            return to_gpus(index), f"gpu x{n_gpus}"
+        except RuntimeError as e:
+            print(f"[retriever] keeping index on CPU: {str(e).strip().splitlines()[-1]}", flush=True)
+            return index, load_mode

@@ -100,7 +100,9 @@ class RetrieverConfig:
                                "$SEARCHR1_RETRIEVER_TOKEN)")
     batch_size: int = opt(256, "http: queries per request")
     device: Optional[str] = opt(None, "inprocess: encoder device (null = cuda if available)")
-    use_gpu_index: bool = opt(False, "inprocess: clone the FAISS index onto all GPUs (needs faiss-gpu)")
+    use_gpu_index: bool = opt(False, "inprocess: the whole FAISS index on this rank's own GPU (needs faiss-gpu; the "
+                              "memory plan counts it on every GPU; one `retriever serve --gpu-index` per node shards it "
+                              "over the node's GPUs instead)")
     expect_encoder: Optional[str] = opt(None, "inprocess: fail unless the index was built with this encoder")
 
 

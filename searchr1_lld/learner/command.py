@@ -14,6 +14,8 @@ from searchr1_lld.bookkeeping.tracking import quiet_library_output
 from searchr1_lld.cli import UserError, check_model_source
 from searchr1_lld.config import Config, load_config
 from searchr1_lld.preflight import run as pre
+from searchr1_lld.preflight.allocator import use_expandable_segments
+from searchr1_lld.preflight.startup import PreflightRefused
 from searchr1_lld.learner.trainer import Trainer
 
 DEFAULT_CONFIG = "configs/tiny.yaml"
@@ -31,6 +33,7 @@ class TrainOptions:
     no_eval: bool = False
     debug: bool = False
     preflight: bool = False
+    no_preflight: bool = False
     accelerate_config: Optional[str] = None
     gpu_memory_gib: Optional[float] = None
     help_config: bool = False
@@ -97,7 +100,9 @@ def check_model_sources(cfg: Config) -> None:
 
 def run_train(opts: TrainOptions, world: WorldSource) -> int:
     """train.py with these flags: the config reference, the preflight, or the run (the run directory printed at start
-    and end); 0 when done."""
+    and end); 0 when done, 2 when the start-up preflight refused the run (its problems printed by rank 0). The
+    learner's allocator gets expandable_segments before anything starts CUDA (preflight/allocator.py)."""
+    use_expandable_segments()
     if opts.help_config:
         print(world.reference())
         return 0
@@ -106,7 +111,10 @@ def run_train(opts: TrainOptions, world: WorldSource) -> int:
         return preflight(cfg, opts.accelerate_config, opts.gpu_memory_gib)
     check_model_sources(cfg)
     quiet_library_output()
-    trainer = Trainer(cfg, run_dir=run_dir)
+    try:
+        trainer = Trainer(cfg, run_dir=run_dir, preflight=not opts.no_preflight)
+    except PreflightRefused:
+        return 2
     main_proc = trainer.learner.dist.is_main
     if main_proc:
         print(f"run directory: {trainer.run_dir}", flush=True)

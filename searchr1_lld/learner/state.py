@@ -26,6 +26,7 @@ from searchr1_lld.rollout.inference import evaluating
 from searchr1_lld.learner import factories, optim
 from searchr1_lld.learner.step_size import StepSizeController
 from searchr1_lld.learner.weight_sync import sync_weights_to_engine
+from searchr1_lld.preflight.startup import check_at_start
 from searchr1_lld.protocols import Accelerator, Retriever, Tokenizer
 from searchr1_lld.rollout.agent_loop import run_agent_loop
 from searchr1_lld.rollout.backends import backend_kind
@@ -50,12 +51,16 @@ class Learner:
     step_size: StepSizeController  # the trust-region multiplier of the learning rate (trainer.step_size; 1 when off)
 
     @classmethod
-    def build(cls, cfg: Config, total_updates: int, *, retriever: Retriever | None = None) -> Learner:
+    def build(cls, cfg: Config, total_updates: int, *, retriever: Retriever | None = None,
+              preflight: bool = True) -> Learner:
         """Policy, reference, optimiser (warm-up over ``total_updates`` optimiser steps), engine and retriever of
-        ``cfg``; the engine receives the learner's weights when it holds a copy of its own."""
+        ``cfg``; the engine receives the learner's weights when it holds a copy of its own. ``preflight``: on a GPU,
+        the start-up preflight (preflight/startup.py) runs first, before the policy loads and any engine exists."""
         kind = backend_kind(cfg.rollout)  # the engine's kind, read once
         accelerator = factories.make_accelerator(cfg)
         dist = DistributedFacts.of(accelerator)
+        if preflight:
+            check_at_start(cfg, accelerator, dist)
         model, tokenizer = factories.load_policy_and_tokenizer(cfg)
         ref = factories.make_reference(cfg, model, dist)
         step_size = StepSizeController.of(cfg.trainer.step_size, cfg.trainer.total_steps)
@@ -89,14 +94,15 @@ class Learner:
             yield
 
     def rollout(self, rows: list[dict[str, Any]], *, greedy: bool = False, n: int | None = None,
-                rollout_cfg: RolloutConfig | None = None) -> list[Trajectory]:
-        """``n`` (default rollout.n) trajectories per prompt row, rewards set (EM)."""
+                rollout_cfg: RolloutConfig | None = None, seed: int | None = None) -> list[Trajectory]:
+        """``n`` (default rollout.n) trajectories per prompt row, rewards set (EM); ``seed``: each request's sampling
+        seed derives from it (run_agent_loop)."""
         cfg = self.cfg
         with self.generating():
             return run_agent_loop(
                 rows, backend=self.backend, tokenizer=self.tokenizer, retriever=self.retriever,
                 cfg=rollout_cfg or cfg.rollout, n=cfg.rollout.n if n is None else n, greedy=greedy,
-                template=cfg.data.prompt_template, chat_template=cfg.data.chat_template, progress=False,
+                template=cfg.data.prompt_template, chat_template=cfg.data.chat_template, progress=False, seed=seed,
             )
 
     def evaluate(self, rows: list[dict[str, Any]], desc: str = "eval", progress: bool = False) -> dict[str, float]:

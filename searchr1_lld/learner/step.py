@@ -84,10 +84,10 @@ def train_step(learner: Learner, rows: list[dict[str, Any]], *, step: int, probe
     mini-batches of updates, the LLD monitor (``probe`` re-measured every trainer.probe_every steps, ``detector``
     run on the earlier steps' ``history`` and this one's metrics), the new weights to the engine."""
     cfg, dist = learner.cfg, learner.dist
-    seed_everything(step_seed(cfg.trainer.seed, step, dist.rank, dist.world_size))
+    seed_everything(seed := step_seed(cfg.trainer.seed, step, dist.rank, dist.world_size))
     t0 = time.time()
-    # roll out n responses per prompt (reward = EM), hand the engine's memory to the update
-    trajs = learner.rollout(rows)
+    # roll out n responses per prompt (reward = EM; requests seeded from the step's seed), hand the engine's memory
+    trajs = learner.rollout(rows, seed=seed)
     t_rollout = time.time() - t0
     learner.backend.sleep()  # woken after the weight stream below
     batch = to_batch(trajs, learner.tokenizer.pad_token_id)

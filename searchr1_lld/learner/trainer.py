@@ -28,8 +28,15 @@ is the loop: it keeps the counters, evaluates on schedule, logs and saves. The s
 ``searchr1_lld.algo``; neither holds loss math of its own. Batch semantics and the multi-rank rules:
 docs/batch_semantics.md.
 
-Determinism: every step re-seeds python / numpy / torch from (seed, step, rank), so a run resumed from a checkpoint
-reproduces the same next step as an uninterrupted run (RNG states are also saved in the checkpoint).
+Determinism: every step re-seeds python / numpy / torch from (seed, step, rank), and every sampled rollout request
+carries a seed derived from that step seed, its trajectory and its turn (rollout/turn_rules.request_seed; the vLLM
+engine samples by it, the HF engine, driven turn by turn in a fixed order, from the re-seeded generator), so a run
+resumed from a checkpoint samples its next step as the uninterrupted run did, whatever order the continuous
+scheduler adds requests in, wherever the engine computes the same logits for the same request: on one CPU
+(tests/test_vllm_engine.py, tests/test_continuous_scheduler.py). A GPU engine batches requests differently from run
+to run, and bf16 logits then differ in their last bits, which can change a sample where two tokens nearly tie; from
+there the two runs' trajectories differ, drawn from the same distribution (RNG states are also saved in the
+checkpoint).
 
 Python API: :func:`train` ``(cfg) -> RunResult`` (run dir, final metrics, before/after EM).
 """
@@ -91,7 +98,8 @@ class Trainer:
     The learner's state is ``self.learner`` (:class:`~searchr1_lld.learner.state.Learner`); the loop keeps the
     counters (``step``, ``skipped_updates``), the prompt sampler, the LLD instruments and the run directory."""
 
-    def __init__(self, cfg: Config, *, run_dir: str | Path | None = None, retriever: Retriever | None = None):
+    def __init__(self, cfg: Config, *, run_dir: str | Path | None = None, retriever: Retriever | None = None,
+                 preflight: bool = True):
         cfg.validate()
         self.cfg, tc = cfg, cfg.trainer
         # batch semantics (docs/batch_semantics.md): ppo_mini_batch_size counts responses over all processes
@@ -101,7 +109,7 @@ class Trainer:
         self.inputs = resume.inputs_fingerprint(cfg)
         self.run_dir = Path(run_dir) if run_dir else resume.run_dir_of(cfg, self.inputs)
         step.seed_everything(tc.seed)
-        self.learner = Learner.build(cfg, self.total_updates, retriever=retriever)
+        self.learner = Learner.build(cfg, self.total_updates, retriever=retriever, preflight=preflight)
         ws = self.learner.dist.world_size
         if tc.train_batch_size % ws or tc.ppo_mini_batch_size % ws:
             raise ValueError(

@@ -21,13 +21,20 @@ accumulation as configs/deepspeed/*.json set them):
                 DeepSpeed
     contexts    CUDA context, NCCL and allocator slack of the training process (the engine runs in it)
     retriever   the FAISS shard the co-located `retriever serve --gpu-index` puts on this GPU (+ its temp memory
-                and CUDA context)
-    engine      vLLM claims gpu_memory_utilization x the GPU's *total* memory (weights + activations + KV cache)
-                while awake; asleep (level 2) it keeps its bookkeeping (ENGINE_ASLEEP_BYTES), Model Runner V2's
-                output bin counts max_num_seqs x V x 4 B and its CUDA-graph pool (vllm_asleep_bytes); without sleep
-                mode its whole claim stays through the update. The HF engine: the KV cache of its batch, tokens x 2
-                x layers x kv_heads x head_dim x 2 B (freed for the update), plus under ZeRO-3 a full bf16 copy of
-                the weights 2P
+                and CUDA context), or the whole index an in-process retriever.use_gpu_index puts on its rank's GPU
+    engine      vLLM (0.32, vllm/v1/worker/) first checks that gpu_memory_utilization x the GPU's *total* memory
+                is free when it starts (worker/utils.py request_memory), whatever sizes its KV cache. Awake it holds
+                that claim (weights 2P, its runtime, the CUDA-graph pool, the KV cache in what is left:
+                determine_available_memory) or, with kv_cache_memory_bytes, weights + runtime + graph pool + exactly
+                those bytes. Its runtime (vllm_runtime_bytes) grows with max_num_seqs and max_num_batched_tokens:
+                Model Runner V2's per-request penalty state max_num_seqs x (V + V / 32) x 4 B, the fp32 logits of
+                max_num_seqs rows twice, one layer of the profile pass over max_num_batched_tokens tokens. Asleep
+                (level 1 or 2) it keeps its bookkeeping (ENGINE_ASLEEP_BYTES) and its CUDA-graph pool unless
+                sleep_mode_offload_cudagraph backs it up to host memory; the V2 sampler state lives in the weights'
+                sleep-mode pool (the model runner builds it in load_model) and goes with them. Without sleep mode its
+                whole footprint stays through the update. The HF engine: the KV cache of its batch, tokens x 2 x
+                layers x kv_heads x head_dim x 2 B (freed for the update), plus under ZeRO-3 a full bf16 copy of the
+                weights 2P
     activations update phase, one forward pass of T padded tokens (pass_tokens), with a = the bytes of the
                 weights' dtype (2: bf16 under DeepSpeed; 4: fp32 weights under autocast without it, whose residual
                 stream, norms and final hidden states stay fp32): checkpointed layer inputs L T H a, one layer
@@ -38,21 +45,29 @@ accumulation as configs/deepspeed/*.json set them):
                 accumulated in fp32 V H 4 B (+ its copy in the weights' dtype, V H 2 B, when that is bf16); under
                 ZeRO-3, the full logits T V 2 B and their gradient
 
-The margin that decides whether a run starts is the one at the engine's first wake-up after an optimiser step:
-every learner buffer then exists, and the engine asks for its whole budget again.
+Three moments decide whether a run gets through its first step: the engine's start (the learner holds its set-up
+states, learner_bytes_at_start, and vLLM wants its utilisation claim free), the update (the learner's peak beside
+the sleeping engine) and the engine's first wake-up after an optimiser step (every learner buffer then exists, and
+the engine maps its whole footprint again).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from searchr1_lld.config import Config
 
 GB = 1e9
 H100_80GB = 81_559 * 2**20  # total memory CUDA reports for an 80 GB H100 (what vLLM multiplies its fraction by)
 CONTEXT_BYTES = 1.5 * GB  # CUDA context + NCCL buffers + allocator slack of one training process
-ENGINE_ASLEEP_BYTES = 0.5 * GB  # vLLM at sleep level 2: its allocator's bookkeeping and small buffers
-# vLLM's default max_num_seqs for an LLM on a GPU of >= 70 GiB (H100, H200; engine/arg_utils.py), 256 on smaller ones;
-# Model Runner V2 sizes its per-request sampler state by it
+ENGINE_ASLEEP_BYTES = 0.5 * GB  # vLLM asleep: its allocator's bookkeeping and small buffers
+# vLLM's batch defaults for an LLM on a GPU of >= 70 GiB (H100, H200; engine/arg_utils.py get_batch_defaults: 256 and
+# 8,192 on smaller ones); Model Runner V2 sizes its per-request state and its profiling pass by them. The training
+# engine passes its own (rollout/backends/vllm.py engine_batch).
 VLLM_MAX_NUM_SEQS = 1024
+VLLM_MAX_NUM_BATCHED_TOKENS = 16384
 # the CUDA-graph pool a vLLM engine keeps through sleep (captured graphs live in PyTorch's graph pool, outside the
 # sleep-mode allocator): an allowance, not measured here; vLLM logs its own figure at start-up ("CUDA graph pool
 # memory: X GiB (actual)"), and an engine with rollout.vllm_enforce_eager has none
@@ -131,17 +146,27 @@ class MemoryPlan:
     engine_weights: float
     activations: float
     engine_asleep: float = ENGINE_ASLEEP_BYTES  # what the engine keeps through the update
-    engine_overhead: float = 2 * GB  # the engine's own activations inside its budget (vLLM)
+    engine_overhead: float = 2 * GB  # the engine's runtime inside its footprint (vllm_runtime_bytes)
+    engine_graphs: float = 0.0  # its CUDA-graph pool, inside its footprint
+    engine_start_claim: float = 0.0  # what vLLM wants free when it starts (utilisation x total; 0: no such check)
+    learner_at_start: float | None = None  # the learner's states when the engine starts (None: all of them)
 
     @property
     def kv_cache(self) -> float:
-        """What the engine's budget leaves for the KV cache (its weights and activations out)."""
-        return max(self.engine_awake - self.engine_weights - self.engine_overhead, 0.0)
+        """What the engine's footprint holds as KV cache (its weights, runtime and graph pool out)."""
+        return max(self.engine_awake - self.engine_weights - self.engine_overhead - self.engine_graphs, 0.0)
 
     @property
     def resident(self) -> float:
         """Held through every phase: learner states, reference, contexts, retriever shard."""
         return self.learner + self.reference + self.contexts + self.retriever
+
+    @property
+    def engine_start(self) -> float:
+        """What the GPU must hold when the engine starts: the learner's set-up states, the reference, contexts and
+        retriever, and the engine's claim."""
+        learner = self.learner if self.learner_at_start is None else self.learner_at_start
+        return learner + self.reference + self.contexts + self.retriever + self.engine_start_claim
 
     @property
     def rollout(self) -> float:
@@ -150,6 +175,10 @@ class MemoryPlan:
     @property
     def update(self) -> float:
         return self.resident + self.engine_asleep + self.activations
+
+    @property
+    def margin_at_engine_start(self) -> float:
+        return self.gpu - self.engine_start
 
     @property
     def margin_at_wake_up(self) -> float:
@@ -164,8 +193,10 @@ class MemoryPlan:
         return (self.gpu - self.update) / self.gpu
 
     def fits(self, floor: float = MARGIN_FLOOR) -> bool:
-        """Both phases leave at least ``floor`` of the GPU free."""
-        return self.margin_at_wake_up_fraction >= floor and self.margin_at_update_fraction >= floor
+        """The engine can start (its claim is free), and the wake-up and the update leave at least ``floor`` of the
+        GPU free."""
+        return (self.margin_at_engine_start >= 0 and self.margin_at_wake_up_fraction >= floor
+                and self.margin_at_update_fraction >= floor)
 
 
 def pass_tokens(micro_batch_size: int, max_total_length: int, token_budget: int) -> int:
@@ -203,6 +234,25 @@ def learner_bytes(shape: ModelShape, zero_stage: int, data_parallel: int, bucket
     raise ValueError(f"zero_stage must be 0 (no DeepSpeed), 2 or 3; got {zero_stage}")
 
 
+def learner_bytes_at_start(shape: ModelShape, zero_stage: int, data_parallel: int, *,
+                           offload_optimizer: bool = False) -> float:
+    """The learner's states when the engine starts (after ``accelerator.prepare``, before the first backward and
+    optimiser step; DeepSpeed 0.19.8): ZeRO-2 bf16 weights 2P and the fp32 master 4P / N (Adam's m, v come with the
+    first step: stage_1_and_2.initialize_optimizer_states leaves them to it; the gradient partition and the buckets
+    with the first backward); ZeRO-3 bf16 2P / N, the fp32 master 4P / N and the fp32 gradient partitions 4P / N
+    (stage3 allocates them at set-up); offload_optimizer: the fp32 parts in host memory. Without DeepSpeed: fp32
+    weights 4P, and DDP's gradient buckets 4P when ``data_parallel`` > 1 (torch allocates them when it wraps the
+    model)."""
+    p, n = shape.params, data_parallel
+    if zero_stage == 0:
+        return 4 * p + (4 * p if n > 1 else 0.0)
+    if zero_stage == 2:
+        return 2 * p + (0.0 if offload_optimizer else 4 * p / n)
+    if zero_stage == 3:
+        return 2 * p / n + (0.0 if offload_optimizer else 8 * p / n)
+    raise ValueError(f"zero_stage must be 0 (no DeepSpeed), 2 or 3; got {zero_stage}")
+
+
 def activation_bytes(shape: ModelShape, tokens: int, *, fused_head: bool, zero_stage: int,
                      gradient_checkpointing: bool = True, buckets: Buckets = Buckets()) -> float:
     """Update-phase peak of one micro-batch of ``tokens`` (padded) positions (module docstring); ZeRO-3 adds the
@@ -223,14 +273,71 @@ def activation_bytes(shape: ModelShape, tokens: int, *, fused_head: bool, zero_s
     return kept + layer + head + live
 
 
-def vllm_asleep_bytes(shape: ModelShape, *, max_num_seqs: int = VLLM_MAX_NUM_SEQS,
-                      graph_pool_bytes: float = CUDA_GRAPH_POOL_BYTES) -> float:
-    """What a vLLM engine keeps through a level-2 sleep: its allocator's bookkeeping (ENGINE_ASLEEP_BYTES), Model
-    Runner V2's penalty state, allocated outside the sleep-mode pool whatever the requests ask for
-    (vllm/v1/worker/gpu/sample/penalties.py: output bin counts ``max_num_seqs x V`` int32 and the prompt bin mask
-    ``max_num_seqs x ceil(V / 32)`` int32; 0.62 GB at 1,024 x 151,936), and the CUDA-graph pool."""
-    bins = max_num_seqs * (shape.vocab + -(-shape.vocab // 32)) * 4
-    return ENGINE_ASLEEP_BYTES + bins + graph_pool_bytes
+def vllm_runtime_bytes(shape: ModelShape, *, max_num_seqs: int = VLLM_MAX_NUM_SEQS,
+                       max_num_batched_tokens: int = VLLM_MAX_NUM_BATCHED_TOKENS) -> float:
+    """A vLLM engine's memory besides its weights, KV cache and CUDA graphs, as its batch settings size it (an
+    estimate; vLLM logs its own at start-up): Model Runner V2's per-request penalty state
+    (vllm/v1/worker/gpu/sample/penalties.py: output bin counts ``max_num_seqs x V`` int32, prompt bin mask
+    ``max_num_seqs x ceil(V / 32)`` int32), the fp32 logits of ``max_num_seqs`` sampled rows twice (raw, then
+    processed), and one layer of the profile pass over ``max_num_batched_tokens`` tokens in bf16, T (4H + 2I) 2 B
+    (residual, normed input, attention output and q/k/v; the gated MLP's two halves)."""
+    v = shape.vocab
+    penalties = max_num_seqs * (v + -(-v // 32)) * 4
+    logits = 2 * max_num_seqs * v * 4
+    layer = max_num_batched_tokens * (4 * shape.hidden + 2 * shape.intermediate) * 2
+    return float(penalties + logits + layer)
+
+
+def vllm_asleep_bytes(*, graph_pool_bytes: float = CUDA_GRAPH_POOL_BYTES, offload_cudagraph: bool = False) -> float:
+    """What a vLLM engine keeps on the GPU asleep (level 1 or 2): its allocator's bookkeeping (ENGINE_ASLEEP_BYTES)
+    and its CUDA-graph pool, captured outside the sleep-mode pool unless ``offload_cudagraph``
+    (``sleep_mode_offload_cudagraph``: backed up to host memory at sleep, restored at wake-up). Model Runner V2's
+    sampler state is built inside the weights' sleep-mode pool (GPUModelRunner.load_model runs under the worker's
+    ``weights`` tag) and freed with them; the runner's other runtime buffers are offloaded (CuMemBackend.suspend
+    keeps the ``runtime`` and ``cudagraph`` tags in host memory)."""
+    return ENGINE_ASLEEP_BYTES + (0.0 if offload_cudagraph else graph_pool_bytes)
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The vLLM settings that change its memory (what the engine is built with: rollout/backends/vllm.py)."""
+
+    gpu_memory_utilization: float
+    kv_cache_memory_bytes: int = 0  # 0: the KV cache is what the utilisation claim leaves
+    max_num_seqs: int = VLLM_MAX_NUM_SEQS
+    max_num_batched_tokens: int = VLLM_MAX_NUM_BATCHED_TOKENS
+    sleeps: bool = True  # sleep mode: the engine hands its memory back for the update
+    graph_pool_bytes: float = CUDA_GRAPH_POOL_BYTES  # 0: an eager engine
+    offload_cudagraph: bool = False  # sleep_mode_offload_cudagraph
+
+    @classmethod
+    def of(cls, values: dict[str, Any]) -> EngineSettings:
+        """From a backend kind's ``engine_memory`` (rollout/backends/vllm_settings.memory_settings: these fields,
+        with ``eager``, no CUDA graphs, in place of ``graph_pool_bytes``)."""
+        values = dict(values)
+        graphs = 0.0 if values.pop("eager") else CUDA_GRAPH_POOL_BYTES
+        return cls(graph_pool_bytes=graphs, **values)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1]; got {self.gpu_memory_utilization}")
+        if self.kv_cache_memory_bytes < 0:
+            raise ValueError(f"vllm_kv_cache_memory_bytes must be >= 0; got {self.kv_cache_memory_bytes}")
+
+
+def vllm_engine_bytes(shape: ModelShape, engine: EngineSettings, gpu_bytes: float) -> dict[str, float]:
+    """The engine's parts of a :class:`MemoryPlan`: its footprint awake, weights, runtime, graph pool, what it keeps
+    asleep and what it wants free at its start (module docstring)."""
+    weights = 2 * shape.params
+    runtime = vllm_runtime_bytes(shape, max_num_seqs=engine.max_num_seqs,
+                                 max_num_batched_tokens=engine.max_num_batched_tokens)
+    claim = engine.gpu_memory_utilization * gpu_bytes
+    awake = (weights + runtime + engine.graph_pool_bytes + engine.kv_cache_memory_bytes
+             if engine.kv_cache_memory_bytes else claim)
+    asleep = (vllm_asleep_bytes(graph_pool_bytes=engine.graph_pool_bytes, offload_cudagraph=engine.offload_cudagraph)
+              if engine.sleeps else awake)
+    return dict(engine_awake=awake, engine_weights=weights, engine_overhead=runtime,
+                engine_graphs=engine.graph_pool_bytes, engine_asleep=asleep, engine_start_claim=claim)
 
 
 def gpu_memory_plan(shape: ModelShape, *, zero_stage: int, data_parallel: int, gpu_bytes: float,
@@ -238,30 +345,32 @@ def gpu_memory_plan(shape: ModelShape, *, zero_stage: int, data_parallel: int, g
                     fused_head: bool | None = None, retriever_bytes: float = 0.0,
                     gradient_checkpointing: bool = True, buckets: Buckets = Buckets(),
                     offload_optimizer: bool = False, engine_sleeps: bool = True, hf_engine_tokens: int | None = None,
-                    contexts: float = CONTEXT_BYTES, graph_pool_bytes: float = CUDA_GRAPH_POOL_BYTES) -> MemoryPlan:
+                    contexts: float = CONTEXT_BYTES, graph_pool_bytes: float = CUDA_GRAPH_POOL_BYTES,
+                    engine: EngineSettings | None = None) -> MemoryPlan:
     """The :class:`MemoryPlan` of one GPU that holds a learner rank and its vLLM engine (and, with
     ``retriever_bytes``, a shard of a co-located GPU retriever). ``fused_head`` (default: not ZeRO-3): log-probs from
-    the hidden states chunk by chunk (policy_logprobs); False = the full logits are materialised. ``engine_sleeps``
-    False: vLLM keeps its claim through the update; asleep it keeps :func:`vllm_asleep_bytes` (``graph_pool_bytes``:
-    its CUDA-graph pool, 0 for an eager engine). ``hf_engine_tokens``: the HF engine in place of vLLM, with a KV
-    cache of that many tokens (generation_batch_size x max_total_length; ``vllm_gpu_memory_utilization`` unused)."""
+    the hidden states chunk by chunk (policy_logprobs); False = the full logits are materialised. ``engine``: the
+    vLLM settings that change its memory (default: ``vllm_gpu_memory_utilization``, vLLM's batch defaults,
+    ``engine_sleeps``, ``graph_pool_bytes``: its CUDA-graph pool, 0 for an eager engine). ``hf_engine_tokens``: the
+    HF engine in place of vLLM, with a KV cache of that many tokens (generation_batch_size x max_total_length;
+    the vLLM settings unused)."""
     fused = zero_stage != 3 if fused_head is None else fused_head
     ref = ((4 if zero_stage == 0 else 2) * shape.params / (data_parallel if zero_stage == 3 else 1)) if reference \
         else 0.0
     if hf_engine_tokens is not None:
         copy = 2 * shape.params if zero_stage == 3 else 0.0  # ZeRO-3's partitioned weights cannot generate
-        awake, weights, asleep, overhead = kv_cache_bytes(shape, hf_engine_tokens) + copy, copy, copy, 0.0
-    elif not 0 < vllm_gpu_memory_utilization <= 1:
-        raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1]; got {vllm_gpu_memory_utilization}")
+        parts = dict(engine_awake=kv_cache_bytes(shape, hf_engine_tokens) + copy, engine_weights=copy,
+                     engine_asleep=copy, engine_overhead=0.0)
     else:
-        awake, weights, overhead = vllm_gpu_memory_utilization * gpu_bytes, 2 * shape.params, 2 * GB
-        asleep = vllm_asleep_bytes(shape, graph_pool_bytes=graph_pool_bytes) if engine_sleeps else awake
+        engine = engine or EngineSettings(vllm_gpu_memory_utilization, sleeps=engine_sleeps,
+                                          graph_pool_bytes=graph_pool_bytes)
+        parts = vllm_engine_bytes(shape, engine, gpu_bytes)
     return MemoryPlan(
         gpu=float(gpu_bytes), reference=ref, contexts=float(contexts), retriever=float(retriever_bytes),
         learner=learner_bytes(shape, zero_stage, data_parallel, buckets, offload_optimizer=offload_optimizer),
-        engine_awake=awake, engine_weights=weights, engine_asleep=asleep, engine_overhead=overhead,
+        learner_at_start=learner_bytes_at_start(shape, zero_stage, data_parallel, offload_optimizer=offload_optimizer),
         activations=activation_bytes(shape, micro_batch_tokens, fused_head=fused, zero_stage=zero_stage,
-                                     gradient_checkpointing=gradient_checkpointing, buckets=buckets))
+                                     gradient_checkpointing=gradient_checkpointing, buckets=buckets), **parts)
 
 
 def learner_plan(shape: ModelShape, *, zero_stage: int, data_parallel: int, reference: bool, micro_batch_tokens: int,
@@ -275,7 +384,8 @@ def learner_plan(shape: ModelShape, *, zero_stage: int, data_parallel: int, refe
                            vllm_gpu_memory_utilization=1.0, reference=reference, micro_batch_tokens=micro_batch_tokens,
                            fused_head=fused_head, gradient_checkpointing=gradient_checkpointing, buckets=buckets,
                            contexts=0.0)
-    return replace(plan, engine_awake=0.0, engine_weights=0.0, engine_asleep=0.0, engine_overhead=0.0)
+    return replace(plan, engine_awake=0.0, engine_weights=0.0, engine_asleep=0.0, engine_overhead=0.0,
+                   engine_graphs=0.0, engine_start_claim=0.0)
 
 
 def host_bytes_at_load(shape: ModelShape, *, ranks_per_node: int, zero3_init: bool, reference: bool,
@@ -303,18 +413,25 @@ def markdown_table(plans: dict[str, MemoryPlan]) -> str:
     """One column per plan (GB per GPU), as docs/memory.md shows them."""
     g = lambda x: f"{x / GB:.1f}"  # noqa: E731
     pct = lambda x: f"{100 * x:.1f} %"  # noqa: E731
+    start_learner = lambda p: p.learner if p.learner_at_start is None else p.learner_at_start  # noqa: E731
     rows = [
         ("learner states + DeepSpeed buffers", lambda p: g(p.learner)),
         ("reference (bf16)", lambda p: g(p.reference)),
         ("CUDA context, NCCL, slack", lambda p: g(p.contexts)),
         ("retriever shard (co-located `--gpu-index`)", lambda p: g(p.retriever)),
-        ("engine awake: utilisation x total", lambda p: g(p.engine_awake)),
+        ("engine start: learner states at set-up", lambda p: g(start_learner(p))),
+        ("engine start: free memory vLLM checks for (utilisation x total)", lambda p: g(p.engine_start_claim)),
+        ("**margin at the engine's start**",
+         lambda p: f"**{g(p.margin_at_engine_start)} ({pct(p.margin_at_engine_start / p.gpu)})**"),
+        ("engine awake", lambda p: g(p.engine_awake)),
+        ("of which runtime (V2 sampler state, logits, profile pass)", lambda p: g(p.engine_overhead)),
+        ("of which CUDA graphs", lambda p: g(p.engine_graphs)),
         ("of which KV cache", lambda p: g(p.kv_cache)),
         ("**rollout / first wake-up**", lambda p: f"**{g(p.rollout)}**"),
         ("**margin at the first wake-up**",
          lambda p: f"**{g(p.margin_at_wake_up)} ({pct(p.margin_at_wake_up_fraction)})**"),
         ("update: activations of one forward pass", lambda p: g(p.activations)),
-        ("update: engine asleep (bookkeeping, V2 bin counts, CUDA graphs)", lambda p: g(p.engine_asleep)),
+        ("update: engine asleep (bookkeeping, CUDA graphs)", lambda p: g(p.engine_asleep)),
         ("**update**", lambda p: f"**{g(p.update)}**"),
         ("**margin at the update**", lambda p: f"**{g(p.gpu - p.update)} ({pct(p.margin_at_update_fraction)})**"),
     ]
@@ -323,28 +440,40 @@ def markdown_table(plans: dict[str, MemoryPlan]) -> str:
     return "\n".join(lines)
 
 
-def paper_cells(util_3b: float, util_7b: float, tokens: int, data_parallel: int = 8,
+def paper_cells(engines: dict[str, EngineSettings], tokens: int, data_parallel: int = 8,
                 gpu_bytes: float = H100_80GB) -> dict[str, MemoryPlan]:
     """The four cells 3B / 7B x ZeRO-2 / ZeRO-3 on ``data_parallel`` GPUs with the wiki-18 e5 Flat index sharded
-    over the same GPUs, at the paper configs' engine fractions and forward passes of ``tokens`` (pass_tokens)."""
+    over the same GPUs, with the paper configs' engines (``engines``: "3b", "7b") and forward passes of ``tokens``
+    (pass_tokens)."""
     shard = faiss_flat_shard_bytes(21_015_324, 768, data_parallel)
     cells = {}
-    for size, util in (("3b", util_3b), ("7b", util_7b)):
+    for size in ("3b", "7b"):
         for stage in (2, 3):
             cells[f"{size.upper()} ZeRO-{stage}"] = gpu_memory_plan(
                 QWEN25[size], zero_stage=stage, data_parallel=data_parallel, gpu_bytes=gpu_bytes,
-                vllm_gpu_memory_utilization=util, reference=True, micro_batch_tokens=tokens, retriever_bytes=shard)
+                vllm_gpu_memory_utilization=engines[size].gpu_memory_utilization, reference=True,
+                micro_batch_tokens=tokens, retriever_bytes=shard, engine=engines[size])
     return cells
+
+
+def paper_engines(configs: dict[str, Config], data_parallel: int = 8) -> tuple[dict[str, EngineSettings], int]:
+    """The engines of the paper's 3B and 7B run configs (``configs``: "3b", "7b") as the training run builds them on
+    ``data_parallel`` ranks (its backend kind's ``engine_memory``), and the tokens of their update's largest forward
+    pass."""
+    from searchr1_lld.rollout.backends.kinds import backend_kind  # deferred: torch (the arithmetic stays pure)
+
+    engines = {size: EngineSettings.of(backend_kind(c.rollout).engine_memory(c, data_parallel))
+               for size, c in configs.items()}
+    c3 = configs["3b"]
+    return engines, pass_tokens(c3.trainer.micro_batch_size, c3.rollout.max_total_length,
+                                c3.trainer.micro_batch_token_budget)
 
 
 if __name__ == "__main__":  # python -m searchr1_lld.preflight.memory_plan: the tables of docs/memory.md from the paper configs
     from searchr1_lld.config import load_config
 
-    c3 = load_config("configs/paper/qwen2.5-3b-base_nq-hotpotqa_llds-ma.yaml")
-    c7 = load_config("configs/paper/qwen2.5-7b-base_nq-hotpotqa_llds-ma.yaml")
-    tokens = pass_tokens(c3.trainer.micro_batch_size, c3.rollout.max_total_length, c3.trainer.micro_batch_token_budget)
-    print(markdown_table(paper_cells(c3.rollout.vllm_gpu_memory_utilization, c7.rollout.vllm_gpu_memory_utilization,
-                                     tokens)))
+    print(markdown_table(paper_cells(*paper_engines(
+        {size: load_config(f"configs/paper/qwen2.5-{size}-base_nq-hotpotqa_llds-ma.yaml") for size in ("3b", "7b")}))))
     print()
     g = lambda x: f"{x / GB:.0f} GB"  # noqa: E731
     for size in ("3b", "7b"):

@@ -11,11 +11,13 @@ Checks (each a line; a problem makes the exit status 2, one line per problem on 
 The resource plan is computed from the model's config, never measured: GPU memory per phase and host memory at load
 and through training by searchr1_lld/preflight/memory_plan.py (its docstring gives every formula; docs/memory.md prints the
 same arithmetic for the paper's cells), from the launch (an accelerate config: processes, ZeRO stage, offload,
-zero3_init, DeepSpeed's bucket sizes), the engine (vLLM's fraction of the GPU, sleep mode and level; the HF engine's
-KV cache of generation_batch_size x max_total_length tokens), the largest forward pass of the update
-(memory_plan.pass_tokens), the reference (algorithm.kl_coef > 0) and the retriever's GPU shards (a service that
-reports a GPU index in its /health, or retriever.use_gpu_index in-process: every rank of a node shards its own
-copy). Here, P = parameters:
+zero3_init, DeepSpeed's bucket sizes), the engine as the backend builds it (vLLM's fraction of the GPU, its KV-cache
+bytes, the batch limits of rollout/backends/vllm_settings.engine_batch, sleep mode and level, CUDA graphs and their
+offload; the HF engine's KV cache of generation_batch_size x max_total_length tokens), the largest forward pass of
+the update (memory_plan.pass_tokens), the reference (algorithm.kl_coef > 0) and the retriever's GPU memory (a service
+that reports a GPU index in its /health, counted as sharded over the node's GPUs; retriever.use_gpu_index in
+process: a whole copy on each rank's own GPU). A plan that does not fit is a problem at the engine's start (vLLM's
+check that its utilisation's share is free), at the update or at the first wake-up. Here, P = parameters:
     disk / checkpoint= policy/ (b P, b = 2 with DeepSpeed bf16, else 4) + optimiser state (DeepSpeed: b P module +
                        12 P; else 8 P), times trainer.keep_last_k (+1 with trainer.keep_best)
     evaluation       = questions per evaluation (limits applied), at most (eval.max_turns + 1) x max_tokens_per_turn
@@ -32,6 +34,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from retriever.client import RetrieverError
 from retriever.modes import IndexFacts, retriever_mode
 from searchr1_lld.rollout.backends.kinds import backend_kind
 from searchr1_lld.cli import looks_like_local_path
@@ -86,6 +89,21 @@ def safetensors_params(model_dir: Path) -> int | None:
     return total
 
 
+def zero_buckets(zero: dict) -> mp.Buckets:
+    """DeepSpeed's bucket sizes from a ``zero_optimization`` section (a missing or ``auto`` one: DeepSpeed's
+    default as memory_plan.Buckets counts it)."""
+    default = mp.Buckets()
+
+    def size(key: str, fallback: float) -> float:
+        value = zero.get(key, fallback)
+        return float(value) if isinstance(value, (int, float)) else fallback
+
+    return mp.Buckets(reduce=size("reduce_bucket_size", default.reduce),
+                      allgather=size("allgather_bucket_size", default.allgather),
+                      max_live=size("stage3_max_live_parameters", default.max_live),
+                      prefetch=size("stage3_prefetch_bucket_size", default.prefetch))
+
+
 def read_launch(path: str | Path) -> Launch:
     """An accelerate config (YAML) -> :class:`Launch` (its ``deepspeed_config`` keys, or the DeepSpeed JSON its
     ``deepspeed_config_file`` names)."""
@@ -101,12 +119,7 @@ def read_launch(path: str | Path) -> Launch:
         launch.zero_stage = int(zero.get("stage") or 0)
         launch.offload_optimizer = (zero.get("offload_optimizer") or {}).get("device", "none") not in ("none", None)
         launch.bf16 = launch.bf16 or bool((ds_json.get("bf16") or {}).get("enabled"))
-        default = mp.Buckets()
-        launch.buckets = mp.Buckets(
-            reduce=float(zero.get("reduce_bucket_size", default.reduce)),
-            allgather=float(zero.get("allgather_bucket_size", default.allgather)),
-            max_live=float(zero.get("stage3_max_live_parameters", default.max_live)),
-            prefetch=float(zero.get("stage3_prefetch_bucket_size", default.prefetch)))
+        launch.buckets = zero_buckets(zero)
     else:
         launch.zero_stage = int(ds.get("zero_stage") or 0)
         launch.offload_optimizer = ds.get("offload_optimizer_device", "none") not in ("none", None)
@@ -230,10 +243,17 @@ def check_data(pf: Preflight, cfg: Config) -> dict[str, int]:
     return sizes
 
 
-def check_retriever(pf: Preflight, cfg: Config) -> IndexFacts:
-    """The index (in-process) or the service (http), as its mode inspects it: what the plan needs of it (nothing
-    known: zeros)."""
-    found = retriever_mode(cfg.retriever).inspect(cfg.retriever, _gb)
+def check_retriever(pf: Preflight, cfg: Config, wait: bool = False) -> IndexFacts:
+    """The index (in-process) or the service (http, at the address the run uses: ``$SEARCHR1_RETRIEVER_URL`` over
+    retriever.url), as its mode inspects it: what the plan needs of it (nothing known: zeros). ``wait``: a service
+    still starting gets the time its client would give it."""
+    mode = retriever_mode(cfg.retriever)
+    try:
+        addressed = mode.addressed(cfg.retriever)
+    except RetrieverError as e:
+        pf.problems.append(str(e))
+        return IndexFacts()
+    found = mode.inspect(addressed, _gb, wait=wait)
     pf.ok.extend(found.ok)
     pf.problems.extend(found.problems)
     return found.facts
@@ -303,8 +323,8 @@ def _device_bytes(device_gib: float | None) -> tuple[float, str]:
 
 
 def _retriever_gpu_bytes(pf: Preflight, cfg: Config, index: IndexFacts, ranks_per_node: int) -> float:
-    """The retriever's FAISS shards on each GPU: a service reporting a GPU index (counted as co-located), or
-    retriever.use_gpu_index in-process (each of the node's ranks shards its own copy over the node's GPUs)."""
+    """The retriever's FAISS memory on each GPU: a service reporting a GPU index (counted as co-located), or
+    retriever.use_gpu_index in-process (a whole copy on each rank's own GPU)."""
     copies = retriever_mode(cfg.retriever).gpu_index_copies(cfg.retriever, index, ranks_per_node)
     if copies is None:
         return 0.0
@@ -325,24 +345,46 @@ def gpu_plan(pf: Preflight, cfg: Config, shape: mp.ModelShape, launch: Launch, g
     if stage not in (0, 2, 3):
         pf.notes.append(f"plan: DeepSpeed ZeRO-{stage} is not in the memory arithmetic (no DeepSpeed, ZeRO-2, ZeRO-3)")
         return None
+    kind = backend_kind(r)
+    engine = kind.engine_memory(cfg, launch.processes)
     return mp.gpu_memory_plan(
         shape, zero_stage=stage, data_parallel=launch.processes, gpu_bytes=gpu_bytes,
         vllm_gpu_memory_utilization=r.vllm_gpu_memory_utilization, reference=cfg.algorithm.kl_coef > 0,
         micro_batch_tokens=mp.pass_tokens(cfg.trainer.micro_batch_size, r.max_total_length,
                                           cfg.trainer.micro_batch_token_budget),
         gradient_checkpointing=cfg.model.gradient_checkpointing, buckets=launch.buckets,
-        offload_optimizer=launch.offload_optimizer, engine_sleeps=r.vllm_enable_sleep_mode,
-        graph_pool_bytes=0.0 if r.vllm_enforce_eager else mp.CUDA_GRAPH_POOL_BYTES,
-        hf_engine_tokens=backend_kind(r).hf_engine_tokens(r),
+        offload_optimizer=launch.offload_optimizer, hf_engine_tokens=kind.hf_engine_tokens(r),
+        engine=None if engine is None else mp.EngineSettings.of(engine),
         retriever_bytes=_retriever_gpu_bytes(pf, cfg, index, launch.ranks_per_node) if on_gpu else 0.0,
         contexts=mp.CONTEXT_BYTES if on_gpu else 0.0)
 
 
-def _phase_lines(pf: Preflight, plan: mp.MemoryPlan, on_gpu: bool, engine: str) -> None:
-    """The rollout and update lines with their parts and margins; a phase over the GPU is a problem, one under
-    memory_plan.MARGIN_FLOOR a note."""
+
+def _start_line(pf: Preflight, plan: mp.MemoryPlan, engine: str, hint: str) -> None:
+    """The engine's start: the learner's set-up states, reference, contexts and retriever beside the free memory
+    vLLM checks for (utilisation x total); short of it is a problem (vLLM refuses to start)."""
+    held = plan.engine_start - plan.engine_start_claim
+    learner = plan.learner if plan.learner_at_start is None else plan.learner_at_start
+    listing = (f"learner states at set-up {_gb(learner)}, reference {_gb(plan.reference)}, CUDA contexts "
+               f"{_gb(plan.contexts)}, retriever {_gb(plan.retriever)}; {engine} asks for "
+               f"{_gb(plan.engine_start_claim)} free (rollout.vllm_gpu_memory_utilization x the GPU's total)")
+    margin = plan.margin_at_engine_start
+    pf.plan.append(f"engine start: {_gb(plan.engine_start)} per GPU of {_gb(plan.gpu)} ({listing}); margin "
+                   f"{_gb(margin)} ({100 * margin / plan.gpu:.1f} %)")
+    if margin < 0:
+        pf.problems.append(f"plan: {engine} cannot start: it checks that {_gb(plan.engine_start_claim)} "
+                           f"(rollout.vllm_gpu_memory_utilization x {_gb(plan.gpu)}) is free, and the learner, "
+                           f"reference, contexts and retriever hold {_gb(held)} then{hint}")
+
+
+def _phase_lines(pf: Preflight, plan: mp.MemoryPlan, on_gpu: bool, engine: str, hint: str = "") -> None:
+    """The engine's start (a vLLM engine on a GPU), rollout and update lines with their parts and margins; a phase
+    over the GPU is a problem (``hint`` appended: what would give memory back), one under memory_plan.MARGIN_FLOOR
+    a note."""
+    if on_gpu and plan.engine_start_claim:
+        _start_line(pf, plan, engine, hint)
     common = [("learner states", plan.learner), ("reference", plan.reference), ("CUDA contexts", plan.contexts),
-              ("retriever shard", plan.retriever)]
+              ("retriever", plan.retriever)]
     phases = {"rollout": (plan.rollout, [*common, (f"{engine} awake", plan.engine_awake)]),
               "update": (plan.update, [*common, ("activations of one forward pass", plan.activations),
                                        (f"{engine} asleep", plan.engine_asleep)])}
@@ -356,10 +398,20 @@ def _phase_lines(pf: Preflight, plan: mp.MemoryPlan, on_gpu: bool, engine: str) 
         pf.plan.append(f"{phase}: {_gb(total)} {unit} ({listing}){free}")
         if on_gpu and margin < 0:
             pf.problems.append(f"plan: the {phase} needs {_gb(total)} per GPU, more than the GPU's {_gb(plan.gpu)} "
-                               f"({listing})")
+                               f"({listing}){hint}")
         elif on_gpu and margin < mp.MARGIN_FLOOR * plan.gpu:
             pf.notes.append(f"plan: the {phase} leaves under {mp.MARGIN_FLOOR:.0%} of the GPU free ({_gb(total)} of "
                             f"{_gb(plan.gpu)}); allocator fragmentation is not counted")
+
+
+def _retriever_hint(cfg: Config, plan: mp.MemoryPlan) -> str:
+    """What to do when the in-process GPU index takes a phase over the GPU: one service per node instead."""
+    mode = retriever_mode(cfg.retriever)
+    if not (plan.retriever and mode.index_in_process and cfg.retriever.use_gpu_index):
+        return ""
+    return (f"; retriever.use_gpu_index puts the whole index ({_gb(plan.retriever)}) on every rank's GPU: serve it "
+            f"once per node, sharded over the node's GPUs, with `python -m retriever serve --index "
+            f"{cfg.retriever.index_dir} --gpu-index --port 8000` and retriever.mode=http")
 
 
 def _plan_lines(pf: Preflight, cfg: Config, shape: mp.ModelShape, launch: Launch, device_gib: float | None,
@@ -377,7 +429,7 @@ def _plan_lines(pf: Preflight, cfg: Config, shape: mp.ModelShape, launch: Launch
                    + (f"; GPU {device_text}" if on_gpu else ""))
     plan = gpu_plan(pf, cfg, shape, launch, gpu_bytes, index, on_gpu)
     if plan is not None:
-        _phase_lines(pf, plan, on_gpu, kind.label)
+        _phase_lines(pf, plan, on_gpu, kind.label, _retriever_hint(cfg, plan))
     pf.notes.extend(kind.plan_notes(cfg.rollout))
     r, per_node, reference = cfg.rollout, launch.ranks_per_node, cfg.algorithm.kl_coef > 0
     loading = mp.host_bytes_at_load(shape, ranks_per_node=per_node, reference=reference,
@@ -400,14 +452,16 @@ def _plan_lines(pf: Preflight, cfg: Config, shape: mp.ModelShape, launch: Launch
                            f"{existing} has {_gb(free)} free (trainer.output_dir)")
 
 
-def run_preflight(cfg: Config, *, launch: Launch | None = None, device_gib: float | None = None) -> Preflight:
-    """Every check of the module docstring on a validated config, and the plan when the model's shape is known."""
+def run_preflight(cfg: Config, *, launch: Launch | None = None, device_gib: float | None = None,
+                  wait_for_service: bool = False) -> Preflight:
+    """Every check of the module docstring on a validated config, and the plan when the model's shape is known
+    (``wait_for_service``: a retriever service that is still starting is waited for, as at a run's start)."""
     backend_kind(cfg.rollout)  # a rollout setting the engine's kind cannot serve stops the run before any check
     pf = Preflight()
     launch = launch or Launch()
     pf.ok.append(f"config: {cfg.name} resolved and valid")
     eval_sizes = check_data(pf, cfg)
-    index = check_retriever(pf, cfg)
+    index = check_retriever(pf, cfg, wait_for_service)
     shape = check_model(pf, cfg)
     if shape is not None:
         _plan_lines(pf, cfg, shape, launch, device_gib, index)

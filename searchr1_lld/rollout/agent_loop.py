@@ -80,6 +80,7 @@ def run_agent_loop(
     chat_template: str = "never",
     progress: bool = False,
     timings: Optional[dict[str, float]] = None,
+    seed: Optional[int] = None,
 ) -> list[Trajectory]:
     """Roll out ``n`` trajectories per row (rules in the module docstring); fills prediction and EM reward. The
     scheduler is ``cfg.scheduler``'s (:func:`~searchr1_lld.rollout.continuous.uses_continuous_scheduler`): the
@@ -87,6 +88,10 @@ def run_agent_loop(
     loop below.
 
     ``template`` / ``chat_template``: the prompt (``data.prompt_template`` / ``data.chat_template``, prompts.py).
+
+    ``seed``: every sampled request carries its own seed, derived from ``seed``, the trajectory's index and its turn
+    (turn_rules.request_seed), so the same call samples the same tokens from the same logits whatever order the
+    engine runs its requests in; None: the engine's own generator.
 
     ``timings`` (optional dict) receives ``generate_s``, ``retrieve_s``, ``retrieve_wait_s``, ``total_s``,
     ``generated_tokens`` and ``decode_iterations`` of this call (for benchmarks and logging; turn-batched: the sum
@@ -97,9 +102,9 @@ def run_agent_loop(
     if uses_continuous_scheduler(cfg, backend):
         return run_continuous(rows, backend=backend, tokenizer=tokenizer, retriever=retriever, cfg=cfg, n=n,
                               greedy=greedy, template=template, chat_template=chat_template, progress=progress,
-                              timings=timings)
+                              timings=timings, seed=seed)
     clock = RolloutClock(start=time.perf_counter())
-    run = RolloutRun.start(tokenizer, cfg, greedy)
+    run = RolloutRun.start(tokenizer, cfg, greedy, eos_ids=getattr(backend, "eos_ids", None), seed=seed)
     states = initial_states(rows, run, n, template, chat_template)
     bar = tqdm(total=cfg.max_turns + 1, desc="rollout turns", disable=not progress, leave=False)
     for turn in range(cfg.max_turns + 1):
@@ -129,10 +134,11 @@ def _generate_turn(active: list[TrajectoryState], backend: GenerationBackend, ru
     contexts = [s.context() for s in active]
     budgets = [run.budget(s.traj) for s in active]  # all >= 1 by the invariant of apply_turn
     max_new = min(cfg.max_tokens_per_turn, max(budgets))
+    seeds = {} if run.seed is None or run.greedy else {"seeds": [run.seed_of(s) for s in active]}
     t0 = time.perf_counter()
     outputs = backend.generate(
         contexts, max_new_tokens=max_new, stop_strings=list(P.STOP_STRINGS), temperature=cfg.temperature,
-        top_p=cfg.top_p, greedy=run.greedy,
+        top_p=cfg.top_p, greedy=run.greedy, **seeds,
     )
     clock.generate_s += time.perf_counter() - t0
     clock.decode_iterations += max((len(out.token_ids) for out in outputs), default=0)

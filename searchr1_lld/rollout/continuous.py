@@ -72,17 +72,19 @@ def run_continuous(
     chat_template: str = "never",
     progress: bool = False,
     timings: Optional[dict[str, float]] = None,
+    seed: Optional[int] = None,
 ) -> list[Trajectory]:
     """Roll out ``n`` trajectories per row with the continuous scheduler (module docstring); the arguments and the
-    result are :func:`~searchr1_lld.rollout.agent_loop.run_agent_loop`'s. ``timings['decode_iterations']``: the
-    engine steps taken."""
+    result are :func:`~searchr1_lld.rollout.agent_loop.run_agent_loop`'s (``seed``: each request's own seed derives
+    from it, so the order in which searches return, and requests enter the engine, changes no sample).
+    ``timings['decode_iterations']``: the engine steps taken."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     if not isinstance(backend, RequestStreamBackend):
         raise ValueError(f"the continuous scheduler needs an engine with a request-level API; "
                          f"{type(backend).__name__} has none")
     clock = RolloutClock(start=time.perf_counter())
-    run = RolloutRun.start(tokenizer, cfg, greedy)
+    run = RolloutRun.start(tokenizer, cfg, greedy, eos_ids=getattr(backend, "eos_ids", None), seed=seed)
     states = initial_states(rows, run, n, template, chat_template)
     _Scheduler(backend, retriever, run, clock).run(states, progress)
     for state in states:
@@ -133,11 +135,12 @@ class _Scheduler:
         """The trajectory's next turn into the engine: its context, at most the tokens its budget leaves."""
         cfg = self.run_rules.cfg
         request_id = f"rollout-{next(_REQUEST_SERIAL)}"
+        seed = self.run_rules.seed_of(state)
         self.engine.add_request(
             request_id, state.context(),
             max_new_tokens=min(cfg.max_tokens_per_turn, self.run_rules.budget(state.traj)),
             stop_strings=list(P.STOP_STRINGS), temperature=cfg.temperature, top_p=cfg.top_p,
-            greedy=self.run_rules.greedy)
+            greedy=self.run_rules.greedy, **({} if seed is None else {"seed": seed}))
         self.in_engine[request_id] = state
 
     def _step(self) -> None:

@@ -9,6 +9,7 @@ scheduler calls them for different trajectories, each trajectory gets the same t
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 import warnings
@@ -143,11 +144,20 @@ def answer_token_span(tokenizer: Tokenizer, ids: list[int], text: str) -> tuple[
 # --------------------------------------------------------------------------------------------------------------------
 
 
-class TrajectoryState:
-    """Mutable per-trajectory state while a scheduler runs."""
+def request_seed(rollout_seed: int, trajectory: int, turn: int) -> int:
+    """The sampling seed of one engine request: trajectory ``trajectory`` (its index in the rollout call), turn
+    ``turn`` (turns taken before it), in a rollout seeded ``rollout_seed``; 63 bits of a BLAKE2b hash of the three,
+    so the requests of a rollout, and of any two rollouts with different seeds, draw independent streams."""
+    digest = hashlib.blake2b(f"{int(rollout_seed)}:{int(trajectory)}:{int(turn)}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
-    def __init__(self, traj: Trajectory) -> None:
+
+class TrajectoryState:
+    """Mutable per-trajectory state while a scheduler runs; ``index``: its place in the rollout call."""
+
+    def __init__(self, traj: Trajectory, index: int = 0) -> None:
         self.traj = traj
+        self.index = index
         self.done = False
         self.last_turn_ids: list[int] = []
 
@@ -175,7 +185,8 @@ def finish(state: TrajectoryState, reason: str, truncated: bool = False) -> None
 @dataclass(frozen=True)
 class RolloutRun:
     """What every turn of one rollout call shares: the settings, the tokenizer and the ids
-    tokenised once per call (eos ids, the invalid-action message, the observation tokeniser)."""
+    tokenised once per call (the ids the engine stops on, the invalid-action message, the observation tokeniser),
+    and the call's sampling seed."""
 
     cfg: RolloutConfig
     tokenizer: Tokenizer
@@ -183,17 +194,27 @@ class RolloutRun:
     eos_ids: set[int]
     invalid_ids: list[int]
     observe: ObservationTokenizer
+    seed: Optional[int] = None  # each request's seed derives from it (request_seed); None: the engine's generator
 
     @classmethod
-    def start(cls, tokenizer: Tokenizer, cfg: RolloutConfig, greedy: bool) -> RolloutRun:
+    def start(cls, tokenizer: Tokenizer, cfg: RolloutConfig, greedy: bool, *, eos_ids: Optional[set[int]] = None,
+              seed: Optional[int] = None) -> RolloutRun:
+        """``eos_ids``: what the engine stops on (its ``eos_ids``; None: the tokenizer's eos)."""
         return cls(
             cfg=cfg,
             tokenizer=tokenizer,
             greedy=greedy or cfg.temperature == 0,
-            eos_ids=eos_token_ids(tokenizer),
+            eos_ids=set(eos_ids) if eos_ids else eos_token_ids(tokenizer),
             invalid_ids=tokenizer.encode(P.INVALID_ACTION_MESSAGE, add_special_tokens=False),
             observe=ObservationTokenizer(tokenizer, cfg.max_obs_length),
+            seed=seed,
         )
+
+    def seed_of(self, state: TrajectoryState) -> Optional[int]:
+        """The seed of the trajectory's next request (None: unseeded, or greedy)."""
+        if self.seed is None or self.greedy:
+            return None
+        return request_seed(self.seed, state.index, state.traj.num_turns)
 
     def fills_budget(self, traj: Trajectory, extra: int = 0) -> bool:
         """Whether the trajectory, with ``extra`` more tokens, reaches ``max_total_length`` (no token left)."""
@@ -242,7 +263,7 @@ def initial_states(rows: list[dict], run: RolloutRun, n: int, template: str,
     for group_id, row in enumerate(rows):
         prompt_ids = encode_prompt(run.tokenizer, row["question"], template, chat_template)
         for _ in range(n):
-            state = TrajectoryState(Trajectory(row=row, group_id=group_id, prompt_ids=list(prompt_ids)))
+            state = TrajectoryState(Trajectory(row=row, group_id=group_id, prompt_ids=list(prompt_ids)), len(states))
             if run.fills_budget(state.traj):
                 finish(state, "truncated", truncated=True)
             states.append(state)

@@ -50,6 +50,15 @@ class GenerationBackend(Protocol):
     - ``generate`` while asleep is an error: the trainer must call ``wake_up`` first.
     - ``vocab_limit``: the engine samples only ids below it and its log-probs are a softmax over them (None: every
       row of the model's head); the learner's log-probs use the same softmax.
+    - ``eos_ids`` (optional; :class:`BackendBase` has it): the ids the engine stops on (the tokenizer's eos and the
+      model's generation-config eos ids; None or absent: the tokenizer's alone); the agent loop counts a turn that
+      ends in one as an eos stop.
+    - ``seeds`` (``generate``) / ``seed`` (``add_request``): one sampling seed per request, derived by the agent
+      loop from the step's seed, the trajectory and its turn, so that a request samples the same tokens from the
+      same logits whatever the engine ran before or beside it (the continuous scheduler adds requests in the order
+      their searches return). None: the engine's own generator. An engine that samples a whole call from one
+      generator, re-seeded every step, and is driven turn by turn in a fixed order (HF) may ignore them; greedy
+      calls need none.
     """
 
     vocab_limit: Optional[int]
@@ -63,6 +72,7 @@ class GenerationBackend(Protocol):
         temperature: float,
         top_p: float,
         greedy: bool,
+        seeds: Optional[Sequence[int]] = None,
     ) -> list[GenerationOutput]: ...
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
@@ -80,7 +90,7 @@ class RequestStreamBackend(Protocol):
     contract as :meth:`GenerationBackend.generate`'s (the sampled ids, cut after the stop string or eos).
 
     - ``add_request(request_id, prompt, ...)``: ``request_id`` is unique among the unfinished requests; the sampling
-      arguments are :meth:`GenerationBackend.generate`'s, per request.
+      arguments are :meth:`GenerationBackend.generate`'s, per request (``seed``: this request's of ``seeds``).
     - ``step()``: one engine iteration; returns ``[(request_id, GenerationOutput)]`` of the requests that finished
       in it (often none).
     - ``has_unfinished_requests()``: whether a request is waiting or running.
@@ -88,7 +98,7 @@ class RequestStreamBackend(Protocol):
     """
 
     def add_request(self, request_id: str, prompt: list[int], *, max_new_tokens: int, stop_strings: list[str],
-                    temperature: float, top_p: float, greedy: bool) -> None: ...
+                    temperature: float, top_p: float, greedy: bool, seed: Optional[int] = None) -> None: ...
 
     def step(self) -> list[tuple[str, GenerationOutput]]: ...
 
@@ -104,6 +114,7 @@ class BackendBase:
     # the engine samples only ids below this (the embedding rows past the tokenizer are padding it masks), and its
     # log-probs are a softmax over them; None: every row of the model's head. The learner's softmax follows it.
     vocab_limit: Optional[int] = None
+    eos_ids: Optional[set[int]] = None  # the ids it stops on; None: the tokenizer's eos
 
     def sleep(self) -> None:
         """Default: nothing to hand back (the engine shares the learner's memory or has none); only the state flips."""
@@ -119,7 +130,7 @@ class BackendBase:
 
     @staticmethod
     def check_generate_args(prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float, top_p: float,
-                            greedy: bool) -> None:
+                            greedy: bool, seeds: Optional[Sequence[int]] = None) -> None:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if not greedy and temperature <= 0:
@@ -129,6 +140,8 @@ class BackendBase:
         for i, p in enumerate(prompts):
             if len(p) == 0:
                 raise ValueError(f"prompt {i} is empty")
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
 
 
 def eos_token_ids(tokenizer: Tokenizer, model_config: Optional[object] = None) -> set[int]:

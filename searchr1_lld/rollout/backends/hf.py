@@ -25,7 +25,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 import torch
 
@@ -192,8 +192,11 @@ class HFBackend(BackendBase):
         temperature: float,
         top_p: float,
         greedy: bool,
+        seeds: Optional[Sequence[int]] = None,
     ) -> list[GenerationOutput]:
-        self.check_generate_args(prompts, max_new_tokens, temperature, top_p, greedy)
+        """``seeds`` are checked and not used: a call samples from one generator (``seed``, else the global one,
+        which the trainer re-seeds every step) and the turn-batched loop calls in a fixed order."""
+        self.check_generate_args(prompts, max_new_tokens, temperature, top_p, greedy, seeds)
         self.check_awake()
         detector = StopDetector(self.tokenizer, stop_strings, self.eos_ids)
         order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))

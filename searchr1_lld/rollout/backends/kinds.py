@@ -7,7 +7,8 @@ A new backend is its engine's module (the ``GenerationBackend`` contract of base
 
 from __future__ import annotations
 
-from typing import Optional
+import os
+from typing import Any, Optional
 
 import torch
 
@@ -17,6 +18,7 @@ from searchr1_lld.protocols import Tokenizer
 from searchr1_lld.rollout.backends.base import GenerationBackend
 from searchr1_lld.rollout.backends.hf import HFBackend
 from searchr1_lld.rollout.backends.vllm import VLLMBackend
+from searchr1_lld.rollout.backends.vllm_settings import EngineBatch, engine_batch, memory_settings
 
 
 class BackendKind:
@@ -33,7 +35,9 @@ class BackendKind:
 
     def build(self, cfg: RolloutConfig, *, model: Optional[torch.nn.Module], tokenizer: Tokenizer, model_path: str,
               seed: Optional[int], dtype: str, tokenizer_path: str, shares_learner_weights: bool, device: str,
-              parameter_names: Optional[set[str]]) -> GenerationBackend:
+              parameter_names: Optional[set[str]], batch: Optional[EngineBatch] = None) -> GenerationBackend:
+        """Its engine (``batch``: the batch limits of an engine that schedules requests, vllm_settings.EngineBatch;
+        None: its defaults)."""
         raise NotImplementedError
 
     def for_learner(self, cfg: Config, learner: torch.nn.Module, tokenizer: Tokenizer, model_path: str,
@@ -43,6 +47,12 @@ class BackendKind:
 
     def hf_engine_tokens(self, r: RolloutConfig) -> Optional[int]:
         """The tokens of the engine's KV cache in the memory plan (None: the engine reserves its own fraction)."""
+        return None
+
+    def engine_memory(self, cfg: Config, world_size: int) -> Optional[dict[str, Any]]:
+        """What the memory plan needs of the engine a training run of ``world_size`` ranks builds
+        (vllm_settings.memory_settings: memory_plan.EngineSettings' fields and ``eager``); None: an engine whose
+        memory is counted otherwise (hf_engine_tokens)."""
         return None
 
     def parks_weights(self, r: RolloutConfig) -> bool:
@@ -60,7 +70,7 @@ class HFKind(BackendKind):
 
     def build(self, cfg: RolloutConfig, *, model: Optional[torch.nn.Module], tokenizer: Tokenizer, model_path: str,
               seed: Optional[int], dtype: str, tokenizer_path: str, shares_learner_weights: bool, device: str,
-              parameter_names: Optional[set[str]]) -> GenerationBackend:
+              parameter_names: Optional[set[str]], batch: Optional[EngineBatch] = None) -> GenerationBackend:
         """Generation with ``model``, or with the model loaded from ``model_path`` (:func:`load_hf_model`)."""
         if model is None:
             if not model_path:
@@ -91,22 +101,27 @@ class VLLMKind(BackendKind):
 
     def build(self, cfg: RolloutConfig, *, model: Optional[torch.nn.Module], tokenizer: Tokenizer, model_path: str,
               seed: Optional[int], dtype: str, tokenizer_path: str, shares_learner_weights: bool, device: str,
-              parameter_names: Optional[set[str]]) -> GenerationBackend:
+              parameter_names: Optional[set[str]], batch: Optional[EngineBatch] = None) -> GenerationBackend:
         """One engine on this rank's GPU loaded from ``model_path`` (rank / world size from the launcher's
-        environment)."""
+        environment), with the batch limits ``batch`` (None: vLLM's defaults)."""
         if not model_path:
             raise ValueError("rollout.backend=vllm needs model_path (a local HF model dir or hub id)")
         return VLLMBackend(str(model_path), tokenizer, cfg, seed=seed, dtype=dtype, tokenizer_path=str(tokenizer_path),
-                           parameter_names=parameter_names)
+                           parameter_names=parameter_names, batch=batch)
 
     def for_learner(self, cfg: Config, learner: torch.nn.Module, tokenizer: Tokenizer, model_path: str,
                     engine_module: Optional[torch.nn.Module]) -> GenerationBackend:
-        """One engine per rank (GPU) that the trainer streams the weights into after every update; the names it must
-        receive are the learner's own parameter names."""
+        """One engine per rank (GPU) that the trainer streams the weights into after every update, with the batch
+        limits of the run (vllm_settings.engine_batch over the launcher's WORLD_SIZE ranks, as the engine reads its
+        rank); the names it must receive are the learner's own parameter names."""
         return self.build(cfg.rollout, model=None, tokenizer=tokenizer, model_path=model_path, seed=cfg.trainer.seed,
                           dtype=cfg.model.dtype, shares_learner_weights=False, device="auto",
                           tokenizer_path=getattr(tokenizer, "name_or_path", "") or cfg.model.tokenizer_path,
-                          parameter_names={name for name, _ in learner.named_parameters()})
+                          parameter_names={name for name, _ in learner.named_parameters()},
+                          batch=engine_batch(cfg, int(os.environ.get("WORLD_SIZE", 1))))
+
+    def engine_memory(self, cfg: Config, world_size: int) -> Optional[dict[str, Any]]:
+        return memory_settings(cfg.rollout, engine_batch(cfg, world_size))
 
     def parks_weights(self, r: RolloutConfig) -> bool:
         return r.vllm_enable_sleep_mode and r.vllm_sleep_level == 1

