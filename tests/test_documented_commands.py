@@ -455,8 +455,10 @@ ENTRIES: tuple[Entry, ...] = (
         "--seeds 0,1,2,3,4 --methods grpo,llds_response,llds_action,llds_ma --runs-dir runs/prereg "
         "--compact docs/lab/prereg/runs --jobs 2 --fresh runs/prereg-rerun",
         "python -m searchr1_lld.lab grid --registration docs/lab/stepsize/registration.json --jobs 2 "
-        "--fresh runs/stepsize-rerun"),
-        reason="a committed study's whole grid again (80 and 45 runs: hours on 2 cores); what --fresh makes of a "
+        "--fresh runs/stepsize-rerun",
+        "python -m searchr1_lld.lab grid --registration docs/lab/trustregion/registration.json --jobs 2 "
+        "--fresh runs/trustregion-rerun"),
+        reason="a committed study's whole grid again (80, 45 and 25 runs: hours on 2 cores); what --fresh makes of a "
                "grid (every task into the fresh directory, nothing into docs/, the study's report there) is tested "
                "in tests/test_lab_fresh.py"),
     CannotRun("comparison_at_its_commit", (
