@@ -165,7 +165,7 @@ def test_training_on_the_tiny_world_logs_checkpoints_and_resumes_the_controller(
     assert hist_a[0]["step_size/lr_multiplier"] == 1.0
     for prev, cur in zip(hist_a, hist_a[1:]):
         assert cur["step_size/lr_multiplier"] == pytest.approx(trust_region_multiplier(
-            prev["step_size/lr_multiplier"], prev["lld/step_kl"], 1e-5, gain=0.5, max_change=3.0, lo=0.01, hi=1.0))
+            prev["step_size/lr_multiplier"], prev["lld/step_kl"], 1e-5, gain=1.0, max_change=3.0, lo=0.01, hi=1.0))
         assert cur["actor/lr"] == pytest.approx(1e-3 * cur["step_size/lr_multiplier"])
     assert hist_a[-1]["step_size/lr_multiplier"] < 1.0  # the tiny policy moves more than 1e-5 nats a step
     state = json.loads((a.run_dir / "checkpoints" / "step_000003" / "trainer_state.json").read_text())

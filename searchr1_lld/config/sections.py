@@ -197,8 +197,9 @@ class StepSizeConfig:
     target_file: str = opt("", "a JSON file with a target per step, {\"step_kl\": [t_1, t_2, ...]} (t_s: the target of "
                                "step s; at least trainer.total_steps values, each > 0), e.g. another run's measured "
                                "curve (python -m searchr1_lld.lab step-kl-target); '' = none")
-    gain: float = opt(0.5, "share of the measured error corrected per step, in log space: the next step's LR is scaled "
-                           "by (target / measured) ** (gain / 2) (KL grows with the square of the step)")
+    gain: float = opt(1.0, "share of the measured error corrected per step, in log space: the next step's LR is scaled "
+                           "by (target / measured) ** (gain / 2) (KL grows with the square of the step); 1 corrects "
+                           "it at once (in the lab's pilot 0.5 lagged a target that rises through the warm-up)")
     max_change: float = opt(1.5, "the most the multiplier may change in one step (a factor > 1, either way)")
     min_multiplier: float = opt(0.01, "the multiplier's floor (a fraction of the scheduled LR)")
     max_multiplier: float = opt(1.0, "the multiplier's ceiling; 1 = the controller only ever shrinks the scheduled LR")
