@@ -70,15 +70,12 @@ STUDIES = (
     Study("the pre-registered comparison", ("docs/lab/prereg/runs",), "configs/world/registered.yaml",
           "python -m searchr1_lld.world build --config configs/world/registered.yaml "
           "--out .cache/lab-world-73b546bd45b1", "docs/lab.md"),
-    Study("the step-size study", ("docs/lab/stepsize/runs",), "configs/world/balanced-seed2.yaml",
-          "python -m searchr1_lld.world build --config configs/world/balanced-seed2.yaml "
-          "--out .cache/lab-world-2eabc7e23c51", "docs/lab.md"),
-    Study("the step-size pilot", ("docs/lab/stepsize/pilot",), "configs/world/balanced-seed2.yaml",
-          "python -m searchr1_lld.world build --config configs/world/balanced-seed2.yaml "
-          "--out .cache/lab-world-2eabc7e23c51", "docs/lab.md"),
-    Study("the trust-region study", ("docs/lab/trustregion/runs",), "configs/world/balanced-seed2.yaml",
-          "python -m searchr1_lld.world build --config configs/world/balanced-seed2.yaml "
-          "--out .cache/lab-world-2eabc7e23c51", "docs/lab.md"),
+    *(Study(name, (results,), "configs/world/balanced-seed2.yaml",
+            "python -m searchr1_lld.world build --config configs/world/balanced-seed2.yaml "
+            "--out .cache/lab-world-2eabc7e23c51", "docs/lab.md")
+      for name, results in (("the step-size study", "docs/lab/stepsize/runs"),
+                            ("the step-size pilot", "docs/lab/stepsize/pilot"),
+                            ("the trust-region study", "docs/lab/trustregion/runs"))),
     Study("the demo", ("docs/demo",), "configs/world/default.yaml",
           "python -m searchr1_lld.world build --config configs/world/default.yaml --out .cache/world", "README.md"),
     Study("the demo's protocol on world seed 1", ("docs/lab/balanced-seed1",), "configs/world/balanced-seed1.yaml",
