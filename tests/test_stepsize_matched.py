@@ -154,3 +154,24 @@ def test_a_mechanism_family_counts_each_comparison_once():
                       "controls": {"c1": {"treatment": "t", "control": "c1", "lr": 1, "control_lr": 0.5}}}}
     assert list(family(results)) == ["H1", "H2 vs c1"]
     assert adjust_for_multiplicity({}, REGISTRATION) == {}
+
+
+def test_the_readings_beside_the_verdict_by_hand():
+    from searchr1_lld.lab.stepsize.readings import cell_step_sizes, unregistered_comparisons, warmup_steps
+
+    # 10 % of 75 steps of 8 updates = 60 updates = 7.5 steps: steps 1-8 hold warm-up updates; 28.5 % of 1,005: 287
+    assert warmup_steps(0.1, 75) == 8 and warmup_steps(0.285, 1005) == 287 and warmup_steps(0.0, 75) == 0
+    label = REGISTRATION["label"]
+    # step KL 0.05 over steps 1-4, 0.2 (x 1 + seed / 100) after; seed 0 collapses at 10, seed 1 never
+    runs = cell("llds_action", [10, None])
+    sizes = cell_step_sizes(runs, label, (5, HORIZON), after=4, fixed=4)
+    assert sizes["registered"] == pytest.approx((0.2 + 0.202) / 2)
+    assert sizes["to_collapse"] == pytest.approx((0.2 + 0.202) / 2)  # steps 5-10 and 5-20: constant either way
+    assert sizes["fixed"] == pytest.approx((0.2 + 0.202) / 2)
+    early = cell_step_sizes(cell("grpo", [4, 4]), label, (1, 4), after=4, fixed=4)
+    assert early["to_collapse"] is None and early["registered"] == pytest.approx(0.05)  # collapsed in the warm-up
+    # an arm no hypothesis names, against the first treatment at the rate they share
+    reg = {**REGISTRATION, "arms": {**REGISTRATION["arms"], "lam1": {"lrs": [LR, 0.001]}}}
+    found = unregistered_comparisons(cell("llds_action", NEVER) + cell("lam1", EARLY), reg, [("lam1", "llds_action")])
+    assert [(f["treatment"], f["control"], f["lr"]) for f in found] == [("lam1", "llds_action", LR)]
+    assert found[0]["comparison"]["welch"]["estimate"] == pytest.approx(6 - HORIZON)  # mean of 4,4,6,6,8,8 vs 20

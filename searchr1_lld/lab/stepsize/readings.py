@@ -97,11 +97,11 @@ def unregistered_comparisons(runs: Sequence[Run], registration: Mapping[str, Any
     """Exploratory comparisons (``(treatment, control)`` arms at the rate they share), each the survival comparison
     with its small-sample statistics; a pair without a shared rate or without runs is left out."""
     out = []
-    label = registration["label"]
+    label, cells = registration["label"], cells_of(registration)
     for treatment, control in pairs:
-        rates = [lr for arm, lr in cells_of(registration) if arm == treatment
-                 and any(a == control and math.isclose(lr, l2) for a, l2 in cells_of(registration))]
-        for lr in rates:
+        control_rates = [lr for arm, lr in cells if arm == control]
+        shared = [lr for arm, lr in cells if arm == treatment and any(math.isclose(lr, c) for c in control_rates)]
+        for lr in shared:
             if cell_runs(runs, treatment, lr) and cell_runs(runs, control, lr):
                 out.append({"treatment": treatment, "control": control, "lr": lr,
                             "comparison": compare_arms(runs, treatment, control, lr, label)})
