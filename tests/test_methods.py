@@ -12,6 +12,8 @@ from searchr1_lld.algo import advantages
 from searchr1_lld.algo.aggregation import aggregate
 from searchr1_lld.algo.anchor import nll_anchor_loss
 from searchr1_lld.algo.covariance_losses import clip_cov_loss, kl_cov_loss
+from searchr1_lld.algo.logprob_losses import cispo_loss, dppo_kl_loss, dppo_tv_loss, gpg_loss
+from searchr1_lld.algo.ratio_losses import geo_mean_loss, sapo_loss
 from searchr1_lld.config import ConfigError, format_help, load_config, save_config
 from searchr1_lld.config.methods import METHODS, SWITCHES
 
@@ -92,6 +94,128 @@ def test_clip_cov_by_hand():
     assert m["cov_token_frac"] == 0.5
 
 
+# seven responses: groups 5 (three), 9 (two), 7 (two tied), with 2, 1, 3, 2, 1, 2, 2 tokens
+SCORES7 = torch.tensor([1.0, 0.0, 0.5, 1.0, 0.0, 1.0, 1.0])
+GROUPS7 = torch.tensor([5, 5, 5, 9, 9, 7, 7])
+MASK7 = (torch.arange(3)[None, :] < torch.tensor([2, 1, 3, 2, 1, 2, 2])[:, None]).float()
+
+
+def test_grpo_passk_by_hand():
+    # group 5: best 1 (first response), second 0.5, unbiased std of [1, 0, 0.5] = 0.5; group 9: 1 - 0 over
+    # std sqrt(1/2); group 7: a tie at the top gives 0
+    adv = advantages.get_advantage_fn("grpo_passk")(SCORES7, GROUPS7, MASK7, eps=1e-6)
+    assert adv.tolist() == pytest.approx([0.5 / (0.5 + 1e-6), 0, 0, 1 / (math.sqrt(0.5) + 1e-6), 0, 0, 0])
+
+
+def test_opo_by_hand():
+    # baselines: group 5 (2 * 1 + 1 * 0 + 3 * 0.5) / 6 = 7/12; group 9 (2 * 1 + 1 * 0) / 3 = 2/3; group 7: 1
+    adv = advantages.get_advantage_fn("opo")(SCORES7, GROUPS7, MASK7)
+    assert adv.tolist() == pytest.approx([5 / 12, -7 / 12, -1 / 12, 1 / 3, -2 / 3, 0, 0])
+
+
+def test_gpg_advantage_by_hand():
+    # alpha = 7 responses / 5 with a non-zero score = 1.4; group means 0.5, 0.5, 1
+    adv = advantages.get_advantage_fn("gpg")(SCORES7, GROUPS7, MASK7)
+    assert adv.tolist() == pytest.approx([0.7, -0.7, 0.0, 0.7, -0.7, 0.0, 0.0])
+
+
+def _loss_and_grad(fn, logp_new, *args, **kw):
+    x = logp_new.clone().requires_grad_(True)
+    loss, metrics = fn(x, *args, **kw)
+    return float(loss.detach()), torch.autograd.grad(loss, x)[0], metrics
+
+
+# two responses of 2 and 3 tokens; A = [1, -2]; x = logp_new - logp_old = [[0.5, -0.5], [0.1, -0.2, 0]]
+MASK2 = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+ADV2 = torch.tensor([1.0, -2.0])
+NEW2 = torch.tensor([[-0.5, -2.5, -9.0], [-0.4, -1.2, -3.0]])
+OLD2 = NEW2 - torch.tensor([[0.5, -0.5, 0.0], [0.1, -0.2, 0.0]])
+
+
+def test_gpg_loss_by_hand():
+    # -A logp_new, token-mean over 5 tokens: (0.5 + 2.5 - 0.8 - 2.4 - 6) / 5
+    value, grad, m = _loss_and_grad(gpg_loss, NEW2, OLD2, ADV2, MASK2)
+    assert value == pytest.approx((0.5 + 2.5 - 0.8 - 2.4 - 6.0) / 5)
+    torch.testing.assert_close(grad, torch.tensor([[-1.0, -1.0, 0.0], [2.0, 2.0, 2.0]]) / 5)
+    assert m["pg_clip_frac"] == 0.0
+
+
+def test_cispo_by_hand():
+    # weights sg(clip(r, 0.8, 1.2)): r = e^0.5 -> 1.2, e^-0.5 -> 0.8, e^0.1 kept, e^-0.2 kept, 1 kept
+    w = [[1.2, 0.8], [math.exp(0.1), math.exp(-0.2), 1.0]]
+    value, grad, m = _loss_and_grad(cispo_loss, NEW2, OLD2, ADV2, MASK2, clip_low=0.2, clip_high=0.2)
+    expected = (-w[0][0] * -0.5 - w[0][1] * -2.5 + 2 * (w[1][0] * -0.4 + w[1][1] * -1.2 + w[1][2] * -3.0)) / 5
+    assert value == pytest.approx(expected)
+    torch.testing.assert_close(grad, torch.tensor([[-w[0][0], -w[0][1], 0.0], [2 * w[1][0], 2 * w[1][1], 2.0]]) / 5)
+    assert m["pg_clip_frac"] == pytest.approx(2 / 5)
+    # clip_low >= 1: no lower bound, only e^0.5 is clipped
+    _, grad, m = _loss_and_grad(cispo_loss, NEW2, OLD2, ADV2, MASK2, clip_low=10.0, clip_high=0.2)
+    assert float(grad[0, 1]) == pytest.approx(-math.exp(-0.5) / 5) and m["pg_clip_frac"] == pytest.approx(1 / 5)
+
+
+# DPPO: probabilities q (old) -> p (new); A = [1, -2]
+Q3 = torch.tensor([[0.5, 0.01, 0.5], [0.6, 0.6, 0.3]])
+P3 = torch.tensor([[0.7, 0.1, 0.5], [0.4, 0.5, 0.3]])
+
+
+def test_dppo_tv_by_hand():
+    # delta 0.15: (0,0) moved +0.2 with A > 0 and (1,0) moved -0.2 with A < 0 leave the trust region; (0,1) +0.09,
+    # (1,1) -0.1, (1,2) 0 stay. Weights min(r, 1.1): r(0,1) = 10 -> 1.1, r(1,1) = 5/6, r(1,2) = 1
+    value, grad, m = _loss_and_grad(dppo_tv_loss, P3.log(), Q3.log(), ADV2, MASK2, clip_low=0.15, clip_high=0.15,
+                                    clip_ratio_c=1.1)
+    expected = (-1.1 * math.log(0.1) + 2 * (5 / 6) * math.log(0.5) + 2 * math.log(0.3)) / 5
+    assert value == pytest.approx(expected, rel=1e-6)
+    torch.testing.assert_close(grad, torch.tensor([[0.0, -1.1, 0.0], [0.0, 2 * 5 / 6, 2.0]]) / 5)
+    assert m["pg_clip_frac"] == pytest.approx(2 / 5)
+
+
+def test_dppo_kl_by_hand():
+    # binary KL q log(q/p) + (1-q) log((1-q)/(1-p)) against 0.05: (0,0) 0.087 and (1,0) 0.081 leave the trust region,
+    # and so does (0,1): 0.01 log(0.1) + 0.99 log(0.99/0.9) = 0.071 (which TV at 0.15 keeps); (1,1) 0.020 stays,
+    # and (1,2) 0
+    kl = [q * math.log(q / p) + (1 - q) * math.log((1 - q) / (1 - p)) for q, p in ((0.5, 0.7), (0.01, 0.1),
+                                                                                    (0.6, 0.4), (0.6, 0.5))]
+    assert [round(k, 3) for k in kl] == [0.087, 0.071, 0.081, 0.020]
+    value, grad, m = _loss_and_grad(dppo_kl_loss, P3.log(), Q3.log(), ADV2, MASK2, clip_low=0.05, clip_high=0.05,
+                                    clip_ratio_c=1.1)
+    assert value == pytest.approx((2 * (5 / 6) * math.log(0.5) + 2 * math.log(0.3)) / 5, rel=1e-6)
+    torch.testing.assert_close(grad, torch.tensor([[0.0, 0.0, 0.0], [0.0, 2 * 5 / 6, 2.0]]) / 5)
+    assert m["pg_clip_frac"] == pytest.approx(3 / 5)
+
+
+def test_sapo_by_hand():
+    # f(r) = sigmoid(tau (r - 1)) 4 / tau, tau 1 (A > 0) or 1.05; l = -f(r) A; seq-mean-token-mean over 2 responses
+    def f(r, tau):
+        return 4 / tau / (1 + math.exp(-tau * (r - 1)))
+
+    r = [[math.exp(0.5), math.exp(-0.5)], [math.exp(0.1), math.exp(-0.2), 1.0]]
+    value, grad, m = _loss_and_grad(sapo_loss, NEW2, OLD2, ADV2, MASK2, agg_mode="seq-mean-token-mean")
+    row0 = -(f(r[0][0], 1.0) + f(r[0][1], 1.0)) / 2
+    row1 = 2 * (f(r[1][0], 1.05) + f(r[1][1], 1.05) + f(r[1][2], 1.05)) / 3
+    assert value == pytest.approx((row0 + row1) / 2)
+    # at r = 1 the gate's slope is 1: the gradient of the unclipped surrogate, -A / (n_i |S|) = 2 / (3 * 2)
+    assert float(grad[1, 2]) == pytest.approx(2 / 6)
+    # d l / d logp = -A f'(r) r with f'(r) = 4 sigmoid(u) (1 - sigmoid(u)), u = tau (r - 1)
+    s = 1 / (1 + math.exp(-(r[0][0] - 1)))
+    assert float(grad[0, 0]) == pytest.approx(-4 * s * (1 - s) * r[0][0] / 4)
+    assert m["pg_clip_frac"] == 0.0
+
+
+def test_geo_mean_by_hand():
+    # clip 0.4 in log space on the harmful side: row 0 (A > 0) x = [0.5, -0.5] -> [0.4, -0.5], mean -0.05;
+    # row 1 (A < 0) x = [0.1, -0.2, 0] (no token below -0.4): mean -0.1/3. L_i = -A_i exp(mean); mean over rows
+    value, grad, m = _loss_and_grad(geo_mean_loss, NEW2, OLD2, ADV2, MASK2, clip_low=0.4, clip_high=0.4)
+    r0, r1 = math.exp(-0.05), math.exp(-0.1 / 3)
+    assert value == pytest.approx((-r0 + 2 * r1) / 2)
+    # d/dx of exp(mean): R_i / n_i on unclipped tokens, 0 on the clipped one; times -A_i / 2
+    torch.testing.assert_close(grad, torch.tensor([[0.0, -r0 / 2, 0.0], [2 * r1 / 3, 2 * r1 / 3, 2 * r1 / 3]]) / 2)
+    assert m["pg_clip_frac"] == pytest.approx(1 / 5)
+    # row 1 pushed below -0.4 is held there: x = -0.6 counts as -0.4
+    far = OLD2 + torch.tensor([[0.5, -0.5, 0.0], [-0.6, -0.2, 0.0]])
+    value, _, _ = _loss_and_grad(geo_mean_loss, far, OLD2, ADV2, MASK2, clip_low=0.4, clip_high=0.4)
+    assert value == pytest.approx((-r0 + 2 * math.exp(-0.6 / 3)) / 2)
+
+
 @pytest.mark.parametrize("name", list(METHODS))
 def test_each_preset_expands_into_its_settings_and_round_trips(tmp_path, name):
     cfg = load_config(None, [f"algorithm.method={name}"])
@@ -131,3 +255,63 @@ def test_help_config_shows_every_preset_expanded():
     for name, preset in METHODS.items():
         assert f"  {name}: " in text
     assert "algorithm.policy_loss='gspo', algorithm.clip_low=0.0003, algorithm.clip_high=0.0004" in text
+
+
+# the presets of CISPO, SAPO, GMPO, GPG, DPPO and the Pass@k / OPO advantages
+NEW_PRESETS = ("cispo", "sapo", "gmpo", "gpg", "dppo_tv", "dppo_kl", "grpo_passk", "opo")
+
+
+@pytest.fixture(scope="module")
+def world_retriever(tiny_world):
+    from retriever.inprocess import InProcessRetriever
+
+    return InProcessRetriever(tiny_world / "index")
+
+
+@pytest.mark.parametrize("name", NEW_PRESETS)
+def test_each_new_preset_trains_two_steps(tmp_path, tiny_world, world_retriever, monkeypatch, name):
+    """Two training steps on the test world (about 5 s each) run the preset's registered policy loss and advantage
+    estimator, and log finite actor metrics."""
+    from conftest import on_world
+    from searchr1_lld.algo import policy_loss
+    from searchr1_lld.learner.trainer import Trainer
+    from test_trainer import SMALL
+
+    cfg = on_world(load_config(None, [*SMALL, f"algorithm.method={name}", "trainer.total_steps=2",
+                                      f"trainer.output_dir={tmp_path}", "trainer.save_every=0"]), tiny_world)
+    calls = []
+    for table, key in ((policy_loss.POLICY_LOSSES, cfg.algorithm.policy_loss),
+                       (advantages.ADVANTAGE_ESTIMATORS, cfg.algorithm.advantage)):
+        def counted(*args, _fn=table[key], _key=key, **kw):
+            calls.append(_key)
+            return _fn(*args, **kw)
+        monkeypatch.setitem(table, key, counted)
+    result = Trainer(cfg, retriever=world_retriever).run(evaluate=False)
+    assert result.steps == 2
+    assert {cfg.algorithm.policy_loss, cfg.algorithm.advantage} <= set(calls)
+    keys = ("actor/pg_loss", "actor/pg_clip_frac", "actor/approx_kl", "actor/grad_norm", "actor/entropy")
+    logged = [h[k] for h in result.history for k in keys]
+    assert len(logged) == 2 * len(keys) and all(math.isfinite(v) for v in logged), result.history
+
+
+def test_help_config_and_errors_name_the_new_methods():
+    text = format_help()
+    for name in (*NEW_PRESETS, "geo_mean", "algorithm.sapo.tau_neg", "algorithm.dppo_tv.clip_ratio_c"):
+        assert name in text, name
+    for override, key in (("algorithm.method=cispoo", "algorithm.method"),
+                          ("algorithm.policy_loss=cispoo", "algorithm.policy_loss"),
+                          ("algorithm.advantage=passk", "algorithm.advantage")):
+        with pytest.raises(ConfigError) as e:
+            load_config(None, [override])
+        message = str(e.value)
+        assert message.startswith(key) and "\n" not in message, message
+        known = NEW_PRESETS if key == "algorithm.method" else (
+            ("cispo", "sapo", "geo_mean", "gpg", "dppo_tv", "dppo_kl") if key == "algorithm.policy_loss"
+            else ("grpo_passk", "opo", "gpg"))
+        assert all(repr(n) in message for n in known), message
+    with pytest.raises(ConfigError, match=r"algorithm.sapo.tau_neg: must be > 0"):
+        load_config(None, ["algorithm.sapo.tau_neg=0"])
+    with pytest.raises(ConfigError, match=r"algorithm.dppo_kl.clip_ratio_c: must be > 0"):
+        load_config(None, ["algorithm.dppo_kl.clip_ratio_c=-1"])
+    with pytest.raises(ConfigError, match=r"algorithm.clip_low: algorithm.method=cispo pins it to 10.0"):
+        load_config(None, ["algorithm.method=cispo", "algorithm.clip_low=0.2"])

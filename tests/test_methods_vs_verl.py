@@ -1,6 +1,7 @@
 """Each method's function equals verl's (verl/trainer/ppo/core_algos.py of the pinned PyPI release, tests/
 verl_reference.py) on random tensors, to float tolerance: the advantage estimators, Clip-Cov, KL-Cov, DAPO's
-clip-higher as a setting of PPO-clip, and Dr. GRPO's aggregation. (The likelihood anchor has no verl counterpart:
+clip-higher as a setting of PPO-clip, Dr. GRPO's aggregation, and CISPO, SAPO, GMPO, GPG, DPPO-TV and DPPO-KL (value
+and gradient; each prints its largest absolute gap to verl). (The likelihood anchor has no verl counterpart:
 tests/test_methods.py checks it by hand.)"""
 
 from __future__ import annotations
@@ -14,13 +15,18 @@ import torch
 from searchr1_lld.algo.advantages import broadcast_to_tokens, get_advantage_fn
 from searchr1_lld.algo.aggregation import aggregate
 from searchr1_lld.algo.covariance_losses import clip_cov_loss, kl_cov_loss
+from searchr1_lld.algo.logprob_losses import cispo_loss, dppo_kl_loss, dppo_tv_loss, gpg_loss
+from searchr1_lld.algo.ratio_losses import geo_mean_loss, sapo_loss
 from searchr1_lld.algo.policy_loss import ppo_clip_loss
 from verl_reference import verl_core_algos  # noqa: F401  (the session fixture)
 
 VERL_ADVANTAGE = {"grpo": ("compute_grpo_outcome_advantage", {}),
                   "grpo_no_std": ("compute_grpo_outcome_advantage", {"norm_adv_by_std_in_grpo": False}),
                   "rloo": ("compute_rloo_outcome_advantage", {}),
-                  "reinforce_pp_baseline": ("compute_reinforce_plus_plus_baseline_outcome_advantage", {})}
+                  "reinforce_pp_baseline": ("compute_reinforce_plus_plus_baseline_outcome_advantage", {}),
+                  "grpo_passk": ("compute_grpo_passk_outcome_advantage", {"config": {"norm_adv_by_std_in_grpo": True}}),
+                  "opo": ("compute_opo_outcome_advantage", {}),
+                  "gpg": ("compute_gpg_outcome_advantage", {})}
 
 
 def _batch(seed: int, B: int = 24, T: int = 11):
@@ -42,14 +48,19 @@ def _batch(seed: int, B: int = 24, T: int = 11):
 
 
 @pytest.mark.parametrize("name", list(VERL_ADVANTAGE))
+@pytest.mark.parametrize("rewards", ["graded", "binary"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_advantage_estimators_equal_verls(verl_core_algos, name, seed):
+def test_advantage_estimators_equal_verls(verl_core_algos, name, rewards, seed):
     scores, groups, mask, _, _ = _batch(seed)
+    if rewards == "binary":  # exact-match rewards: ties within groups, zeros in the batch
+        scores = (scores > 0.6).float()
     token_rewards = torch.zeros_like(mask)
     token_rewards[torch.arange(len(scores)), mask.sum(1).long() - 1] = scores  # the score on the last token
     fn, kw = VERL_ADVANTAGE[name]
+    kw = {k: (_Config(**v) if k == "config" else v) for k, v in kw.items()}
     theirs, _ = getattr(verl_core_algos, fn)(token_rewards, mask, np.asarray(groups), **kw)
     ours = broadcast_to_tokens(get_advantage_fn(name)(scores, groups, mask, eps=1e-6), mask)
+    print(f"advantage {name} ({rewards}, seed {seed}) vs verl {fn}: max abs gap {float((ours - theirs).abs().max()):.3g}")
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
     assert float(ours.abs().sum()) > 0
 
@@ -133,3 +144,66 @@ def test_seq_mean_token_sum_norm_equals_verls(verl_core_algos, seed):
     theirs_c = verl_core_algos.agg_loss(loss_mat, mask, "seq-mean-token-sum-norm", loss_scale_factor=4096)
     ours_c = aggregate(loss_mat, mask, "seq-mean-token-sum-norm", denominator=n_resp * 4096)
     assert float(ours_c) == pytest.approx(float(theirs_c), rel=1e-6)
+
+
+def _verl_actor(verl, clip_low, clip_high, **fields):
+    """An instance of verl's ActorConfig (as its stand-in class: CISPO and SAPO assert the type) with the fields the
+    losses read."""
+    cls = type("ActorConfigData", (verl.ActorConfig, _Config), {})
+    return cls(clip_ratio=0.2, clip_ratio_low=clip_low, clip_ratio_high=clip_high, global_batch_info={},
+               policy_loss=SimpleNamespace(), **fields)
+
+
+def _realistic(seed: int, B: int = 32, T: int = 24):
+    """_batch with log-probs of real probabilities (logp_new <= 0; DPPO reads exp(logp)) and GRPO advantages."""
+    scores, groups, mask, logp_old, logp_new = _batch(seed, B=B, T=T)
+    logp_new = logp_new.clamp(max=-1e-3)
+    adv = broadcast_to_tokens(get_advantage_fn("grpo")(scores, groups, mask), mask)
+    return mask, logp_old, logp_new, adv
+
+
+# name: (our function and keywords, verl's function, its config's clip_low / clip_high and extra fields, agg mode)
+VERL_LOSSES = {
+    "cispo": (cispo_loss, {"clip_low": 10.0, "clip_high": 0.2}, "compute_policy_loss_cispo", (10.0, 0.2, {}),
+              "token-mean"),
+    "cispo_both_sides": (cispo_loss, {"clip_low": 0.2, "clip_high": 0.28}, "compute_policy_loss_cispo",
+                         (0.2, 0.28, {}), "seq-mean-token-mean"),
+    "sapo": (sapo_loss, {"tau_pos": 1.0, "tau_neg": 1.05}, "compute_policy_loss_sapo",
+             (0.2, 0.2, {"tau_pos": 1.0, "tau_neg": 1.05}), "seq-mean-token-mean"),
+    "sapo_steep": (sapo_loss, {"tau_pos": 2.0, "tau_neg": 4.0}, "compute_policy_loss_sapo",
+                   (0.2, 0.2, {"tau_pos": 2.0, "tau_neg": 4.0}), "seq-mean-token-mean"),
+    "geo_mean": (geo_mean_loss, {"clip_low": 0.4, "clip_high": 0.4}, "compute_policy_loss_geo_mean",
+                 (0.4, 0.4, {}), "seq-mean-token-mean"),
+    "geo_mean_narrow": (geo_mean_loss, {"clip_low": 0.05, "clip_high": 0.1}, "compute_policy_loss_geo_mean",
+                        (0.05, 0.1, {}), "seq-mean-token-mean"),
+    "gpg": (gpg_loss, {}, "compute_policy_loss_gpg", (0.2, 0.2, {}), "token-mean"),
+    "dppo_tv": (dppo_tv_loss, {"clip_low": 0.15, "clip_high": 0.15, "clip_ratio_c": 1.2},
+                "compute_policy_loss_dppo_tv", (0.15, 0.15, {"clip_ratio_c": 1.2}), "seq-mean-token-sum-norm"),
+    "dppo_kl": (dppo_kl_loss, {"clip_low": 0.05, "clip_high": 0.02, "clip_ratio_c": 1.2},
+                "compute_policy_loss_dppo_kl", (0.05, 0.02, {"clip_ratio_c": 1.2}), "token-mean"),
+}
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("name", list(VERL_LOSSES))
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_new_policy_losses_equal_verls(verl_core_algos, name, weighted, seed):
+    """Value and gradient (d loss / d logp_new) equal verl's, with and without rollout-correction token weights; the
+    clip, gate or trust region is active on some tokens and not on others (the comparison exercised it)."""
+    ours_fn, our_kw, verl_fn, (lo, hi, fields), agg_mode = VERL_LOSSES[name]
+    mask, logp_old, logp_new, adv = _realistic(seed)
+    weights = 0.5 + torch.rand(mask.shape, generator=torch.Generator().manual_seed(50 + seed)) if weighted else None
+    cfg = _verl_actor(verl_core_algos, lo, hi, **fields)
+    theirs = _value_and_grad(lambda x: getattr(verl_core_algos, verl_fn)(
+        logp_old, x, adv, mask, loss_agg_mode=agg_mode, config=cfg, rollout_is_weights=weights), logp_new)
+    ours_full = ours_fn(logp_new.clone().requires_grad_(True), logp_old, adv, mask, agg_mode=agg_mode,
+                        token_weights=weights, **our_kw)
+    ours = _value_and_grad(ours_fn, logp_new, logp_old, adv, mask, agg_mode=agg_mode, token_weights=weights,
+                           **our_kw)
+    gap = max(abs(ours[0] - theirs[0]), float((ours[1] - theirs[1]).abs().max()))
+    print(f"policy loss {name} (weighted {weighted}, seed {seed}) vs verl {verl_fn}: max abs gap {gap:.3g}")
+    assert ours[0] == pytest.approx(theirs[0], rel=1e-5, abs=1e-7)
+    torch.testing.assert_close(ours[1], theirs[1], rtol=1e-5, atol=1e-7)
+    assert float(ours[1].abs().sum()) > 0
+    if name not in ("gpg", "sapo", "sapo_steep"):  # these have nothing to clip
+        assert 0 < ours_full[1]["pg_clip_frac"] < 1, ours_full[1]

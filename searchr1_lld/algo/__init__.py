@@ -17,6 +17,8 @@ from searchr1_lld.algo.terms import OBJECTIVE_TERMS, TermBatch, register_term
 from searchr1_lld.algo.logprobs import chunked_logprobs_entropy, linear_logprobs_entropy, naive_logprobs_entropy
 from searchr1_lld.algo.policy_loss import POLICY_LOSSES, gspo_loss, ppo_clip_loss
 from searchr1_lld.algo.covariance_losses import clip_cov_loss, kl_cov_loss
+from searchr1_lld.algo.logprob_losses import cispo_loss, dppo_kl_loss, dppo_tv_loss, gpg_loss
+from searchr1_lld.algo.ratio_losses import geo_mean_loss, sapo_loss
 from searchr1_lld.algo.spans import (
     action_span_list,
     action_spans,
@@ -45,8 +47,13 @@ __all__ = [
     "broadcast_to_tokens",
     "check_advantages",
     "chunked_logprobs_entropy",
+    "cispo_loss",
     "clip_cov_loss",
+    "dppo_kl_loss",
+    "dppo_tv_loss",
+    "geo_mean_loss",
     "get_advantage_fn",
+    "gpg_loss",
     "grpo_outcome_advantages",
     "gspo_loss",
     "kl_cov_loss",
@@ -63,4 +70,5 @@ __all__ = [
     "per_response_advantage",
     "ppo_clip_loss",
     "register_term",
+    "sapo_loss",
 ]

@@ -9,11 +9,22 @@ response lengths. Every estimator is registered by name (``algorithm.advantage``
                            A_i = (c_i - mu) / sqrt(var + 1e-8),  mu = sum_i n_i c_i / N,
                            var = sum_i n_i (c_i - mu)^2 / (N - 1),  n_i = sum_t m[i,t], N = sum_i n_i
                                                                                           (REINFORCE++, Hu 2025)
+    grpo_passk             only the best response of each group learns:
+                           A_i = (r_(1) - r_(2)) / (std_{G(i)} r + eps) for i the first response with the group's
+                           largest score r_(1) (r_(2) the second largest, counting ties), A_j = 0 for the others
+                                                           (Pass@k training, Chen et al. 2025, arXiv 2503.19595;
+                                                            verl compute_grpo_passk_outcome_advantage)
+    opo                    A_i = r_i - b_{G(i)},  b_G = sum_{j in G} n_j r_j / sum_{j in G} n_j,  n_j = sum_t m[j,t]
+                           (the length-weighted group mean: the optimal baseline of On-Policy RL with Optimal
+                            reward baseline, Hao et al. 2025, arXiv 2505.23585; verl compute_opo_outcome_advantage)
+    gpg                    A_i = alpha (r_i - mean_{G(i)} r),  alpha = B / max(#{j : r_j != 0}, 1) over the batch
+                           (GPG, Chu et al. 2025, arXiv 2504.02546; verl compute_gpg_outcome_advantage with its
+                            f_norm = 1, the value verl's trainer runs it with)
 
 std is the *unbiased* sample standard deviation (divide by |G| - 1) as in verl / Search-R1's ``torch.std``. A group
 with a single response has no baseline: its advantage is 0 under every estimator (verl gives such a response its raw
-score (grpo: divided by 1 + eps); ``rollout.n >= 2`` makes every group here at least two). A group whose rewards are
-all equal gets advantage 0 under grpo, grpo_no_std and rloo.
+score (grpo: divided by 1 + eps; grpo_passk raises); ``rollout.n >= 2`` makes every group here at least two). A
+group whose rewards are all equal gets advantage 0 under grpo, grpo_no_std, rloo, grpo_passk, opo and gpg.
 
 An estimator is ``fn(scores [B], group_ids [B], response_mask [B, T], *, eps) -> advantages [B]``; the step broadcasts
 it to the tokens (:func:`broadcast_to_tokens`).
@@ -118,6 +129,61 @@ def reinforce_pp_baseline(scores: torch.Tensor, group_ids: torch.Tensor, respons
     mu = (n * c).sum() / total
     var = (n * (c - mu) ** 2).sum() / (total - 1)
     return (c - mu) * torch.rsqrt(var + 1e-8)
+
+
+def _group_reduce(values: torch.Tensor, inverse: torch.Tensor, n_groups: int, how: str) -> torch.Tensor:
+    """``[G]``: the ``how`` ("amax" / "amin" / "sum") of ``values [B]`` within each group."""
+    out = torch.zeros(n_groups, dtype=values.dtype, device=values.device)
+    return out.scatter_reduce(0, inverse, values, how, include_self=False)
+
+
+@register_advantage("grpo_passk")
+def grpo_passk(scores: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tensor, *,
+               eps: float = 1e-6) -> torch.Tensor:
+    """Pass@k advantage ``[B]`` (module docstring): (r_(1) - r_(2)) / (std_{G} r + eps) on the first best response
+    of each group, 0 on every other response (``response_mask [B, T]`` unused)."""
+    if scores.numel() == 0:
+        return scores.clone()
+    r, inverse, count, centred = _group_stats(scores, group_ids)
+    n_groups, index = len(count), torch.arange(len(r), device=r.device)
+    best = _group_reduce(r, inverse, n_groups, "amax")
+    is_best = r == best[inverse]
+    ties = _group_reduce(is_best.to(r.dtype), inverse, n_groups, "sum") >= 2
+    below = _group_reduce(torch.where(is_best, torch.full_like(r, -torch.inf), r), inverse, n_groups, "amax")
+    second = torch.where(ties, best, below)
+    first_best = _group_reduce(torch.where(is_best, index, len(r)), inverse, n_groups, "amin")
+    std = (_group_reduce(centred * centred, inverse, n_groups, "sum") / (count - 1).clamp(min=1)).sqrt()
+    gap = ((best - second) / (std + eps))[inverse]
+    adv = torch.where(index == first_best[inverse], gap, torch.zeros_like(r))
+    return _no_singletons(adv, inverse, count)
+
+
+@register_advantage("opo")
+def opo(scores: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tensor, *,
+        eps: float = 1e-6) -> torch.Tensor:
+    """OPO: A_i = r_i - sum_{j in G(i)} n_j r_j / sum_{j in G(i)} n_j with n_j response j's token count (module
+    docstring), ``[B]`` (eps unused)."""
+    if response_mask.dim() != 2 or response_mask.shape[0] != scores.shape[0]:
+        raise ValueError(f"response_mask must be [B, T] with B={scores.shape[0]}; got {tuple(response_mask.shape)}")
+    if scores.numel() == 0:
+        return scores.clone()
+    r, inverse, count, _ = _group_stats(scores, group_ids)
+    n = (response_mask != 0).sum(dim=1).to(r.dtype)
+    weighted = _group_reduce(n * r, inverse, len(count), "sum")
+    tokens = _group_reduce(n, inverse, len(count), "sum")
+    return _no_singletons(r - (weighted / tokens.clamp(min=1))[inverse], inverse, count)
+
+
+@register_advantage("gpg")
+def gpg(scores: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tensor, *,
+        eps: float = 1e-6) -> torch.Tensor:
+    """GPG: A_i = B / max(#nonzero scores, 1) * (r_i - mean_{G(i)} r) over the batch of B responses (module
+    docstring), ``[B]`` (mask and eps unused)."""
+    if scores.numel() == 0:
+        return scores.clone()
+    r, inverse, count, centred = _group_stats(scores, group_ids)
+    alpha = len(r) / max(int(torch.count_nonzero(r)), 1)
+    return _no_singletons(alpha * centred, inverse, count)
 
 
 def broadcast_to_tokens(adv: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

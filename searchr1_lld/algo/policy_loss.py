@@ -19,6 +19,10 @@ made token-level with the stop-gradient trick so that the gradient still flows p
 surrogate and aggregation as PPO-clip. The GSPO paper uses much smaller clip ranges (about 3e-4 / 4e-4) and
 "seq-mean-token-mean" aggregation; pass them explicitly.
 
+Other losses register themselves in the same table from their own modules: algo/covariance_losses.py (Clip-Cov,
+KL-Cov), algo/logprob_losses.py (GPG, CISPO, DPPO-TV / DPPO-KL: the log-probability times a constant weight) and
+algo/ratio_losses.py (SAPO's soft gate, GMPO's geometric mean).
+
 Registry: every loss is registered by name (``@register_policy_loss("name")``) and looked up with
 :func:`get_policy_loss_fn` (``algorithm.policy_loss`` in the config names it), so a new loss is one decorated function
 here and never touches the objective or the trainer. A loss takes (logp_new, logp_old, advantages, response_mask) and
@@ -65,12 +69,28 @@ def _token_advantages(advantages: torch.Tensor, response_mask: torch.Tensor) -> 
     return advantages.detach()
 
 
-def _check(logp_new: torch.Tensor, logp_old: torch.Tensor, response_mask: torch.Tensor, clip_low: float, clip_high: float, dual_clip: float | None) -> None:
+def check_shapes(logp_new: torch.Tensor, logp_old: torch.Tensor, response_mask: torch.Tensor) -> None:
+    """logp_new, logp_old and response_mask are all ``[B, T]``; a ValueError naming the three shapes otherwise."""
     if not (logp_new.shape == logp_old.shape == response_mask.shape) or logp_new.dim() != 2:
         raise ValueError(
             f"logp_new, logp_old, response_mask must all be [B, T]; got {tuple(logp_new.shape)}, "
             f"{tuple(logp_old.shape)}, {tuple(response_mask.shape)}"
         )
+
+
+def apply_token_weights(per_token: torch.Tensor, token_weights: torch.Tensor | None,
+                        response_mask: torch.Tensor) -> torch.Tensor:
+    """w * l ``[B, T]`` (w detached; None = 1 everywhere: ``per_token`` itself)."""
+    if token_weights is None:
+        return per_token
+    if token_weights.shape != response_mask.shape:
+        raise ValueError(f"token_weights must be [B, T] like response_mask {tuple(response_mask.shape)}; "
+                         f"got {tuple(token_weights.shape)}")
+    return per_token * token_weights.detach().to(per_token.dtype)
+
+
+def _check(logp_new: torch.Tensor, logp_old: torch.Tensor, response_mask: torch.Tensor, clip_low: float, clip_high: float, dual_clip: float | None) -> None:
+    check_shapes(logp_new, logp_old, response_mask)
     if not (0 < clip_low < 1) or clip_high <= 0:
         raise ValueError(f"need 0 < clip_low < 1 and clip_high > 0; got clip_low={clip_low}, clip_high={clip_high}")
     if dual_clip is not None and dual_clip <= 1:
@@ -99,11 +119,7 @@ def _clipped_surrogate(
     else:
         dual_active = torch.zeros_like(response_mask, dtype=torch.bool)
         per_token = clipped
-    if token_weights is not None:
-        if token_weights.shape != response_mask.shape:
-            raise ValueError(f"token_weights must be [B, T] like response_mask {tuple(response_mask.shape)}; "
-                             f"got {tuple(token_weights.shape)}")
-        per_token = per_token * token_weights.detach().to(per_token.dtype)
+    per_token = apply_token_weights(per_token, token_weights, response_mask)
     loss = aggregate(per_token, response_mask, agg_mode)
     with torch.no_grad():
         m = response_mask != 0

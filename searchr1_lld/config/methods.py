@@ -3,8 +3,8 @@
 Every preset pins the same switches (:data:`SWITCHES`: the advantage estimator, the policy loss, its clip ranges, the
 loss aggregation, and whether LLDS and the likelihood anchor are on), so that a method means the same thing whatever
 file it is set in; a few pin one more key of their own (LLDS-MA: ``llds.ma``; the gate arms: ``llds.gate``). Every
-other key (coefficients such as ``llds.lam``, ``nll_anchor.coef``, ``clip_cov.*``, ``kl_cov.*``, the KL, the batch)
-stays a setting of the config.
+other key (coefficients such as ``llds.lam``, ``nll_anchor.coef``, ``clip_cov.*``, ``kl_cov.*``, ``sapo.*``,
+``dppo_tv.*``, the KL, the batch) stays a setting of the config.
 
 Precedence: a key a preset pins may be written in the config (its YAML files and ``key=value`` overrides) only with
 the preset's value; any other value is a ConfigError that names the key, the method and both values (to change a
@@ -61,6 +61,24 @@ METHODS: dict[str, MethodPreset] = {p.name: p for p in (
     _preset("clip_cov", "Clip-Cov (Cui et al. 2025, arXiv 2505.22617); settings algorithm.clip_cov",
             policy_loss="clip_cov"),
     _preset("kl_cov", "KL-Cov (Cui et al. 2025, arXiv 2505.22617); settings algorithm.kl_cov", policy_loss="kl_cov"),
+    _preset("cispo", "CISPO: clipped importance weight without gradient times the log-prob, upper clip only "
+            "(MiniMax-M1, arXiv 2506.13585; verl's example: clip_low 10, clip_high 0.2)", policy_loss="cispo",
+            clip_low=10.0, clip_high=0.2),
+    _preset("sapo", "SAPO: a soft gate in place of the clip, seq-mean-token-mean (Gao et al. 2025, arXiv 2511.20347); "
+            "settings algorithm.sapo", policy_loss="sapo", loss_agg_mode="seq-mean-token-mean"),
+    _preset("gmpo", "GMPO: geometric mean of the token ratios, clip 0.4 / 0.4 in log space (Zhao et al. 2025, arXiv "
+            "2507.20673)", policy_loss="geo_mean", clip_low=0.4, clip_high=0.4, loss_agg_mode="seq-mean-token-mean"),
+    _preset("gpg", "GPG: -A log p with its batch-rescaled group baseline, no ratio (Chu et al. 2025, arXiv "
+            "2504.02546)", advantage="gpg", policy_loss="gpg"),
+    _preset("dppo_tv", "DPPO-Binary-TV: a total-variation trust region in place of the ratio clip, threshold 0.15, "
+            "as verl's example run (arXiv 2602.04879); settings algorithm.dppo_tv", advantage="grpo_no_std",
+            policy_loss="dppo_tv", clip_low=0.15, clip_high=0.15, loss_agg_mode="seq-mean-token-sum-norm"),
+    _preset("dppo_kl", "DPPO-Binary-KL: a binary-KL trust region in place of the ratio clip, threshold 0.05, as "
+            "verl's example run (arXiv 2602.04879); settings algorithm.dppo_kl", advantage="grpo_no_std",
+            policy_loss="dppo_kl", clip_low=0.05, clip_high=0.05, loss_agg_mode="seq-mean-token-sum-norm"),
+    _preset("grpo_passk", "Pass@k training: only each group's best response gets an advantage (Chen et al. 2025, "
+            "arXiv 2503.19595)", advantage="grpo_passk"),
+    _preset("opo", "OPO's length-weighted group baseline (Hao et al. 2025, arXiv 2505.23585)", advantage="opo"),
     _preset("rloo", "RLOO's leave-one-out baseline (Ahmadian et al. 2024, arXiv 2402.14740)", advantage="rloo"),
     _preset("reinforce_pp_baseline", "REINFORCE++ with a group baseline, whitened over the batch (Hu 2025, arXiv "
             "2501.03262)", advantage="reinforce_pp_baseline"),

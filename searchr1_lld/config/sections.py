@@ -154,19 +154,41 @@ class KLCovConfig:
 
 
 @dataclass
+class SAPOConfig:
+    """SAPO's soft gate (algo/ratio_losses.py; verl's names and defaults), read when algorithm.policy_loss=sapo."""
+
+    tau_pos: float = opt(1.0, "gate temperature on tokens with A > 0: f(r) = sigmoid(tau (r - 1)) * 4 / tau")
+    tau_neg: float = opt(1.05, "gate temperature on tokens with A <= 0 (above tau_pos: negative updates fade "
+                         "faster away from r = 1)")
+
+
+@dataclass
+class DPPOConfig:
+    """DPPO's importance-weight truncation (algo/logprob_losses.py), read when algorithm.policy_loss is dppo_tv or
+    dppo_kl; their divergence thresholds are algorithm.clip_low / clip_high."""
+
+    clip_ratio_c: float = opt(20.0, "c: the importance weight is min(r, c), without gradient (verl's name; its "
+                              "function's default 20; verl's example run sets 10000, i.e. no truncation)")
+
+
+@dataclass
 class AlgorithmConfig:
     method: str = opt("", "a named method (config/methods.py: grpo, llds, llds_ma, dapo_clip_higher, dr_grpo, gspo, "
-                      "clip_cov, kl_cov, rloo, reinforce_pp_baseline, nll_anchor, ...) that pins the switches below "
+                      "clip_cov, kl_cov, cispo, sapo, gmpo, gpg, dppo_tv, dppo_kl, rloo, reinforce_pp_baseline, "
+                      "grpo_passk, opo, nll_anchor, ...) that pins the switches below "
                       "(--help-config lists each expansion); a pinned key set to another value is an error; '' = "
                       "the switches as written")
     advantage: str = opt("grpo", "advantage estimator by registered name (algo/advantages.py: grpo, grpo_no_std, "
-                         "rloo, reinforce_pp_baseline)")
+                         "rloo, reinforce_pp_baseline, grpo_passk, opo, gpg)")
     adv_eps: float = opt(1e-6, "GRPO: epsilon of the std division")
     policy_loss: str = opt("ppo_clip", "policy loss by registered name (algo/policy_loss.py: ppo_clip, gspo; "
-                           "algo/covariance_losses.py: clip_cov, kl_cov)")
+                           "algo/covariance_losses.py: clip_cov, kl_cov; algo/logprob_losses.py: gpg, cispo, "
+                           "dppo_tv, dppo_kl; algo/ratio_losses.py: sapo, geo_mean)")
     clip_eps: float = opt(0.2, "PPO clip range (both sides unless clip_low / clip_high)")
-    clip_low: Optional[float] = opt(None, "lower clip range; null = clip_eps")
-    clip_high: Optional[float] = opt(None, "upper clip range; null = clip_eps (DAPO's clip-higher: 0.28)")
+    clip_low: Optional[float] = opt(None, "lower clip range; null = clip_eps (cispo: >= 1 = no lower bound; "
+                                    "dppo_tv / dppo_kl: the divergence threshold where A <= 0; geo_mean: in log space)")
+    clip_high: Optional[float] = opt(None, "upper clip range; null = clip_eps (DAPO's clip-higher: 0.28; dppo_tv / "
+                                     "dppo_kl: the divergence threshold where A > 0; geo_mean: in log space)")
     dual_clip: Optional[float] = opt(None, "dual-clip constant c > 1 (null = off)")
     loss_agg_mode: str = opt("token-mean", "how token losses are averaged, by registered name (algo/aggregation.py: "
                              "token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm)")
@@ -184,6 +206,9 @@ class AlgorithmConfig:
     nll_anchor: NLLAnchorConfig = section(NLLAnchorConfig, "the plain likelihood anchor")
     clip_cov: ClipCovConfig = section(ClipCovConfig, "Clip-Cov's settings")
     kl_cov: KLCovConfig = section(KLCovConfig, "KL-Cov's settings")
+    sapo: SAPOConfig = section(SAPOConfig, "SAPO's settings")
+    dppo_tv: DPPOConfig = section(DPPOConfig, "DPPO-Binary-TV's settings")
+    dppo_kl: DPPOConfig = section(DPPOConfig, "DPPO-Binary-KL's settings")
     rollout_correction: RolloutCorrectionConfig = section(RolloutCorrectionConfig, "engine/learner mismatch correction")
 
 

@@ -65,6 +65,10 @@ def algorithm_checks(alg: AlgorithmConfig) -> list[Check]:
         (alg.clip_cov.lb < alg.clip_cov.ub, "algorithm.clip_cov.lb", f"must be below clip_cov.ub ({alg.clip_cov.ub})"),
         (alg.kl_cov.ratio > 0, "algorithm.kl_cov.ratio", "must be > 0"),
         (alg.kl_cov.coef >= 0, "algorithm.kl_cov.coef", "must be >= 0"),
+        (alg.sapo.tau_pos > 0, "algorithm.sapo.tau_pos", "must be > 0"),
+        (alg.sapo.tau_neg > 0, "algorithm.sapo.tau_neg", "must be > 0"),
+        (alg.dppo_tv.clip_ratio_c > 0, "algorithm.dppo_tv.clip_ratio_c", "must be > 0"),
+        (alg.dppo_kl.clip_ratio_c > 0, "algorithm.dppo_kl.clip_ratio_c", "must be > 0"),
         (alg.rollout_correction.cap >= 1, "algorithm.rollout_correction.cap", "must be >= 1"),
         *[(getattr(alg, key) in known, f"algorithm.{key}", f"must name a registered one {known}")
           for key, known in names.items()],
