@@ -175,3 +175,14 @@ def test_the_readings_beside_the_verdict_by_hand():
     found = unregistered_comparisons(cell("llds_action", NEVER) + cell("lam1", EARLY), reg, [("lam1", "llds_action")])
     assert [(f["treatment"], f["control"], f["lr"]) for f in found] == [("lam1", "llds_action", LR)]
     assert found[0]["comparison"]["welch"]["estimate"] == pytest.approx(6 - HORIZON)  # mean of 4,4,6,6,8,8 vs 20
+
+
+def test_a_control_that_outlives_the_treatment_is_named_beside_the_registered_verdict():
+    from searchr1_lld.lab.stepsize.report import matched_verdict_text
+
+    runs = cell("grpo", EARLY) + cell("llds_action", [8, 8, 10, 10, 12, 12]) + cell("grpo_trust_region", NEVER)
+    h2 = hypotheses(runs, REGISTRATION)["H2"]
+    assert h2["verdict"] == "inconclusive" and h2["step_size"]["matched"]
+    text = matched_verdict_text(h2)
+    assert ("grpo_trust_region outlived llds_action (RMST difference -10.0 [" in text
+            and "which the registered verdicts do not name (not registered)" in text), text

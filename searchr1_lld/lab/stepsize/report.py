@@ -285,6 +285,11 @@ def _inconclusive_reason(res: Mapping[str, Any]) -> str:
                 "survival says nothing about mechanism")
     if res["supported"] and not res["utility_ok"]:
         return f"{a} outlived {b} but was not shown to learn as much"
+    welch = res["comparison"].get("welch") or {}
+    if welch.get("high") is not None and welch["high"] < 0:
+        return (f"{a} neither outlived {b} nor survived equivalently within the registered margin; {b} outlived "
+                f"{a} (RMST difference {welch['estimate']:+.1f} [{welch['low']:+.1f}, {welch['high']:+.1f}] steps, "
+                "Welch 95 %), which the registered verdicts do not name (not registered)")
     return f"{a} neither outlived {b} nor survived equivalently within the registered margin"
 
 
