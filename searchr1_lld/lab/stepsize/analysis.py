@@ -244,19 +244,30 @@ def utility_comparison(runs_a: Sequence[Run], runs_b: Sequence[Run], horizon: fl
             "gain_area": welch_difference(a["gain_area"], b["gain_area"])}
 
 
+def values_by_step(runs: Sequence[Run], key: str, first: int = 1, last: int | None = None,
+                   until: Callable[[Run], int | None] = lambda run: None) -> dict[int, list[float]]:
+    """Per step ``t`` in ``first..last`` (``last`` None: every step), in step order: the finite values of ``key`` the
+    runs logged at ``t``; a run counts up to the step ``until(run)`` (None: all its steps). Steps without a value are
+    absent."""
+    out: dict[int, list[float]] = {}
+    for r in runs:
+        stop = until(r)
+        for x in r["records"]:
+            t = int(x["step"])
+            if first <= t and (last is None or t <= last) and (stop is None or t <= stop) and finite(x.get(key)):
+                out.setdefault(t, []).append(float(x[key]))
+    return dict(sorted(out.items()))
+
+
 def alive_step_kl(runs: Sequence[Run], label: Mapping[str, Any], first: int, last: int) -> dict[int, float]:
     """Per step ``t`` in ``first..last``: the mean ``lld/step_kl`` over the runs still alive at ``t`` (not collapsed
     under ``label`` at or before ``t``: a run's steps up to its collapse step count, its dead state after does not)
     that logged it; steps without such a run are absent."""
-    out: dict[int, list[float]] = {}
-    for r in runs:
-        end, event = collapse_time(r["records"], ratio=label["ratio"], persist=label["persist"],
-                                   horizon=label["horizon"], name=run_name(r))
-        for x in r["records"]:
-            t = int(x["step"])
-            if first <= t <= last and (not event or t <= end) and finite(x.get("lld/step_kl")):
-                out.setdefault(t, []).append(float(x["lld/step_kl"]))
-    return {t: sum(v) / len(v) for t, v in sorted(out.items())}
+    def collapse_step(run: Run) -> int | None:
+        end, event = collapse_time(run["records"], ratio=label["ratio"], persist=label["persist"],
+                                   horizon=label["horizon"], name=run_name(run))
+        return end if event else None
+    return {t: sum(v) / len(v) for t, v in values_by_step(runs, "lld/step_kl", first, last, collapse_step).items()}
 
 
 def step_size_match(runs_a: Sequence[Run], runs_b: Sequence[Run], label: Mapping[str, Any], first: int, last: int,

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 
 from searchr1_lld.lab.analysis import finite
 from searchr1_lld.lab.compact import read_runs
-from searchr1_lld.lab.stepsize.analysis import HELD_OUT, same_lr
+from searchr1_lld.lab.stepsize.analysis import HELD_OUT, same_lr, values_by_step
 from searchr1_lld.lab.stepsize.movement import MEASURES, movement
 
 # the rows of curves.png: metric, y label, drawn on a log axis
@@ -161,14 +161,9 @@ def compared_arms(reg: Mapping[str, Any]) -> list[tuple[str, float]]:
 
 
 def mean_by_step(runs: Sequence[Mapping[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    """Per step that any run logged ``key`` at: the mean over the runs that did."""
-    sums: dict[int, list[float]] = {}
-    for r in runs:
-        for x in r["records"]:
-            if finite(x.get(key)) and int(x["step"]) > 0:
-                sums.setdefault(int(x["step"]), []).append(float(x[key]))
-    steps = sorted(sums)
-    return steps, [sum(sums[t]) / len(sums[t]) for t in steps]
+    """Per step after 0 that any run logged ``key`` at: the mean over the runs that did."""
+    by_step = values_by_step(runs, key)
+    return list(by_step), [sum(v) / len(v) for v in by_step.values()]
 
 
 def draw_step_kl(plt: Any, runs: Sequence[Mapping[str, Any]], s: Mapping[str, Any], reg: Mapping[str, Any],

@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from searchr1_lld.config import ConfigError
-from searchr1_lld.lab.analysis import finite
 from searchr1_lld.lab.compact import read_runs
-from searchr1_lld.lab.stepsize.analysis import Run, cell_runs
+from searchr1_lld.lab.stepsize.analysis import Run, cell_runs, values_by_step
 
 STEP_KL = "lld/step_kl"
 
@@ -27,16 +26,12 @@ STEP_KL = "lld/step_kl"
 def mean_curve(runs: Sequence[Run], steps: int, key: str = STEP_KL) -> tuple[list[float], list[int]]:
     """``(mean, count)``: per step ``s = 1..steps`` the mean of ``key`` over the runs that logged a finite value at
     ``s``, and how many did. ValueError naming the steps no run logged."""
-    means, counts, missing = [], [], []
-    for s in range(1, steps + 1):
-        vals = [float(r[key]) for run in runs for r in run["records"] if int(r["step"]) == s and finite(r.get(key))]
-        if not vals:
-            missing.append(s)
-        means.append(sum(vals) / len(vals) if vals else float("nan"))
-        counts.append(len(vals))
+    by_step = values_by_step(runs, key, 1, steps)
+    missing = [s for s in range(1, steps + 1) if s not in by_step]
     if missing:
         raise ValueError(f"no run logged {key} at steps {missing[:10]}{' ...' if len(missing) > 10 else ''}")
-    return means, counts
+    values = [by_step[s] for s in range(1, steps + 1)]
+    return [sum(v) / len(v) for v in values], [len(v) for v in values]
 
 
 def target_file(runs_dir: str | Path, arm: str, lr: float, steps: int) -> dict[str, Any]:
