@@ -268,7 +268,8 @@ def synthetic_batch(rows: int, tokens: int, vocab: int, group: int = 4, uneven: 
 def learner_context(model_name: str, smoke: bool, shapes: dict, accelerator: Any, with_reference: bool):
     from searchr1_lld.config import Config
     from searchr1_lld.distributed import DistributedFacts
-    from searchr1_lld.learner import factories, optim
+    from searchr1_lld.learner import optim
+    from searchr1_lld.learner.engines import training_engine
     from searchr1_lld.learner.state import Learner
     from searchr1_lld.learner.step_size import StepSizeController
     from searchr1_lld.rollout.backends.base import BackendBase
@@ -290,10 +291,11 @@ def learner_context(model_name: str, smoke: bool, shapes: dict, accelerator: Any
     step_size = StepSizeController.of(tc.step_size, tc.total_steps)  # off: the benchmark's rate as configured
     optimizer, scheduler = optim.make_optimizer(model, tc, 1000, step_size)
     dist = DistributedFacts.of(accelerator)
-    factories.configure_deepspeed(accelerator, dist, tc)  # DeepSpeed: one micro-batch per engine call, clipping
+    engine = training_engine(accelerator)
+    engine.configure(tc)  # DeepSpeed: one micro-batch per engine call, clipping
     model, optimizer = accelerator.prepare(model, optimizer)
     # no rollout (synthetic batches): a backend without an engine, whose vocabulary is the head's every row
-    learner = Learner(cfg=cfg, accelerator=accelerator, dist=dist, model=model, optimizer=optimizer,
+    learner = Learner(cfg=cfg, accelerator=accelerator, dist=dist, engine=engine, model=model, optimizer=optimizer,
                       scheduler=scheduler, ref_model=ref, tokenizer=None, backend=BackendBase(), retriever=None,
                       step_size=step_size)
     return learner, model_config(model_name, smoke).vocab_size
@@ -428,7 +430,7 @@ def section_zero2(device: torch.device, shapes: dict, smoke: bool) -> dict[str, 
     """1.5B under DeepSpeed ZeRO-2 on one rank, when DeepSpeed is importable, set up as a launched run is: the
     project's configs/deepspeed/zero2.json (fp32 gradient reduction and accumulation, its bucket sizes) through
     accelerate's DeepSpeed plugin, the accelerator of ``factories.make_accelerator`` (bf16 on GPU), the trainer's
-    overrides of ``factories.configure_deepspeed``. Records the settings the engine ran with (``zero2_engine_*``)."""
+    overrides of the DeepSpeed training engine's ``configure``. Records the settings the engine ran with (``zero2_engine_*``)."""
     try:
         import deepspeed  # noqa: F401
     except ImportError as err:

@@ -53,3 +53,13 @@ class Accelerator(Protocol):
     def end_training(self) -> None: ...
 
     def autocast(self) -> Any: ...
+
+
+class ModelStateStore(Protocol):
+    """The part of a training engine (``searchr1_lld.learner.engines``) a checkpoint asks for: the model's and the
+    optimiser's state, written into and read from a checkpoint's directory by the kind that runs them."""
+
+    def save_state(self, directory: Any, step: int, model: Any, optimizer: Any, tokenizer: Tokenizer | None,
+                   save_policy: bool) -> None: ...
+
+    def load_state(self, directory: Any, model: Any, optimizer: Any) -> None: ...

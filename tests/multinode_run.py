@@ -23,8 +23,8 @@ from conftest import on_world  # noqa: E402
 
 from searchr1_lld.bookkeeping import checkpoint, resume
 
-from searchr1_lld.distributed import DistributedFacts
 from searchr1_lld.learner import factories, optim  # noqa: E402
+from searchr1_lld.learner.engines import training_engine  # noqa: E402
 from searchr1_lld.learner.step_size import StepSizeController  # noqa: E402
 from searchr1_lld.config import ConfigError, load_config  # noqa: E402
 
@@ -47,7 +47,8 @@ model, _ = factories.load_policy_and_tokenizer(cfg)
 params = list(model.parameters())
 res["loaded_partitioned"] = all(hasattr(p, "ds_id") for p in params) and sum(p.numel() for p in params) == 0
 optimizer, scheduler = optim.make_optimizer(model, cfg.trainer, 10, StepSizeController.of(cfg.trainer.step_size, 1))
-factories.configure_deepspeed(acc, DistributedFacts.of(acc), cfg.trainer)
+training = training_engine(acc)
+training.configure(cfg.trainer)
 engine, optimizer = acc.prepare(model, optimizer)
 res["zero_stage"] = engine.zero_optimization_stage()
 res["communication_data_type"] = str(engine.communication_data_type)
@@ -56,7 +57,7 @@ res["reduce_bucket_size"] = int(engine.zero_reduce_bucket_size())  # the JSON's 
 res["plugin_communication"] = acc.state.deepspeed_plugin.deepspeed_config.get("communication_data_type")
 try:
     checkpoint.save_checkpoint(out_dir / f"ckpt{rank}", 1, model=engine, optimizer=optimizer, scheduler=scheduler,
-                               trainer_state={}, accelerator=acc)
+                               trainer_state={}, accelerator=acc, engine=training)
     res["checkpoint_error"] = None
 except OSError as e:
     res["checkpoint_error"] = str(e)

@@ -24,9 +24,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from searchr1_lld.learner import batching, optim, step
+from searchr1_lld.learner import batching, step
 from searchr1_lld.config import load_config
-from searchr1_lld.learner.weight_sync import iter_gathered_named_parameters
 from searchr1_lld.learner.trainer import Trainer
 
 RANK = int(os.environ.get("RANK", "0"))
@@ -37,7 +36,7 @@ if RANK == 1:  # rank 1: one response per micro-batch -> more micro-batches than
     one_each = lambda lengths, indices, budget: [[i] for i in sorted(indices)]  # noqa: E731
     batching.micro_batches_by_tokens = one_each  # the updates' plan and the no-grad log-prob passes call it here
 
-_train_step, _backward = step.train_step, optim.backward
+_train_step = step.train_step
 
 
 def _train_step_nan_once_at_step_1(learner, rows, *, step: int, **kwargs):
@@ -45,28 +44,28 @@ def _train_step_nan_once_at_step_1(learner, rows, *, step: int, **kwargs):
     if RANK != 1 or step != 1 or os.environ.get("MULTIRANK_NO_NAN"):
         return _train_step(learner, rows, step=step, **kwargs)
     nan_pending = True
+    engine = learner.engine
+    _backward = engine.backward
 
-    def backward_nan_first(accelerator, facts, model, loss, last):
+    def backward_nan_first(model, loss, last):
         nonlocal nan_pending
         if nan_pending:
             nan_pending = False
             loss = loss * float("nan")
-        return _backward(accelerator, facts, model, loss, last)
+        return _backward(model, loss, last)
 
-    optim.backward = backward_nan_first
+    engine.backward = backward_nan_first
     try:
         return _train_step(learner, rows, step=step, **kwargs)
     finally:
-        optim.backward = _backward
+        del engine.backward  # the class's own again
 
 
 step.train_step = _train_step_nan_once_at_step_1
 
 
 def flat_params(tr: Trainer) -> torch.Tensor:
-    unwrapped = tr.learner.module
-    named = iter_gathered_named_parameters(unwrapped) if tr.learner.dist.zero_stage == 3 else (
-        (n, p.detach()) for n, p in unwrapped.named_parameters())
+    named = tr.learner.engine.named_weights(tr.learner.module)  # ZeRO-3: gathered module by module
     return torch.cat([p.reshape(-1).float().cpu() for _, p in named])
 
 

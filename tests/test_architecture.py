@@ -350,3 +350,21 @@ def test_the_package_root_holds_few_loose_modules():
     distributed facts, the protocols, the reward, and the demo and sweep entry points)."""
     loose = sorted(f.name for f in (REPO_ROOT / "searchr1_lld").glob("*.py") if f.name != "__init__.py")
     assert len(loose) <= MAX_LOOSE_ROOT_MODULES, f"move into the folder each belongs to: {loose}"
+
+
+# where the training engine's kind may be asked: its own package, the facts it is resolved from, and the preflight,
+# which plans the memory of the launch it is handed (its DeepSpeed stage and buffers)
+ENGINE_HOME = ("searchr1_lld/learner/engines/", "searchr1_lld/distributed.py", "searchr1_lld/preflight/")
+
+
+def test_no_branch_on_the_training_engine_outside_it():
+    import re
+
+    asks = re.compile(r"\bis_deepspeed\(|\.zero_stage\b|\bzero_stage\(|\bdist\.deepspeed\b|\.distributed_type\b")
+    found = []
+    for f in (REPO_ROOT / "searchr1_lld").rglob("*.py"):
+        rel = str(f.relative_to(REPO_ROOT))
+        if rel.startswith(ENGINE_HOME):
+            continue
+        found += [f"{rel}:{i}" for i, line in enumerate(f.read_text().splitlines(), 1) if asks.search(line)]
+    assert found == [], f"ask the training engine (learner/engines), not which kind it is: {found}"

@@ -8,14 +8,13 @@ itself (one module gathered at a time, tied weights once) is checked with fake a
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 
 import pytest
 import torch
 
-import searchr1_lld.learner.state as learner_state
 from searchr1_lld.config import load_config
-from searchr1_lld.learner.weight_sync import iter_gathered_named_parameters, sync_weights_to_engine
+from searchr1_lld.learner.engines import AccelerateEngine, DeepSpeedEngine
+from searchr1_lld.learner.weight_sync import iter_gathered_named_parameters
 from searchr1_lld.rollout.backends.hf import HFBackend
 from searchr1_lld.learner.trainer import Trainer
 
@@ -93,14 +92,13 @@ def attach_recording_engine(tr, events: list):
 @pytest.mark.parametrize("stage", [0, 2, 3])
 def test_trainer_drives_the_engine_in_order(tmp_path, tiny_world, shared_retriever, monkeypatch, stage):
     events: list = []
-    real_sync = learner_state.sync_weights_to_engine
-    monkeypatch.setattr(learner_state, "sync_weights_to_engine",
-                        lambda module, backend, zero3: real_sync(module, backend, zero3=zero3,
-                                                                 gather=recording_gather(events)))
     cfg = load_config(None, SMALL + [f"trainer.output_dir={tmp_path}", "trainer.run_name=run", "trainer.probe_every=0"])
     tr = Trainer(on_world(cfg, tiny_world), retriever=shared_retriever)
-    # the sync path of that ZeRO stage (patched after set-up: a real ZeRO-3 set-up needs a DeepSpeed engine)
-    tr.learner.dist = dataclasses.replace(tr.learner.dist, zero_stage=stage)
+    # the weights the DeepSpeed engine of that ZeRO stage hands over, through a recording gather (patched after
+    # set-up: a real ZeRO-3 set-up needs a DeepSpeed model; the update itself stays the plain engine's)
+    zero = DeepSpeedEngine(tr.learner.accelerator, stage)
+    monkeypatch.setattr(tr.learner.engine, "named_weights", lambda module: (
+        iter_gathered_named_parameters(module, recording_gather(events)) if stage == 3 else zero.named_weights(module)))
     learner = tr.learner.module
     engine_model = attach_recording_engine(tr, events)
 
@@ -152,7 +150,8 @@ def test_sync_streams_each_weight_once_one_module_gathered_at_a_time(stage):
                 owner = dict(model.named_parameters())[name]
                 log.append((name, bool(active) and id(owner) in active[0]))
 
-    sync_weights_to_engine(model, Backend(), zero3=stage == 3, gather=gather)
+    named = iter_gathered_named_parameters(model, gather) if stage == 3 else AccelerateEngine(None).named_weights(model)
+    Backend().load_weights(named)
     names = [n for n, _ in log]
     assert names == ["embed.weight", "body.0.weight", "body.0.bias", "body.1.weight", "body.1.bias"]  # tied: once
     assert all(gathered for _, gathered in log) == (stage == 3) and any(g for _, g in log) == (stage == 3)

@@ -1,7 +1,7 @@
 """The in-process dense retriever beside a ZeRO-3 learner: 2 CPU processes under `accelerate launch` with the shipped
 configs/accelerate/cpu_2proc_zero3.yaml (tests/zero3_dense_run.py). Under ZeRO-3 transformers partitions every model
 it loads while accelerate's DeepSpeed config is registered; the trainer loads the retriever's encoder outside it
-(distributed.outside_zero3), so on each rank the encoder is whole and searches as it does in a plain process. The
+(the DeepSpeed training engine's outside_partitioning), so on each rank the encoder is whole and searches as it does in a plain process. The
 same encoder loaded without the guard is the control: partitioned, its forward fails. Both ranks release the process
 group together before they exit (a rank exiting with it could abort in gloo's teardown)."""
 

@@ -175,7 +175,7 @@ def _learner_token_logprobs(model, prompt, ids):
 def test_stream_after_the_learner_changes_then_the_engine_matches_it(engine, learner, tokenizer, rows):
     """generate -> the learner's weights change -> load_weights (the trainer's stream) -> the engine's log-probs are
     the changed learner's, and no longer the old one's."""
-    from searchr1_lld.learner.weight_sync import sync_weights_to_engine
+    from searchr1_lld.learner.engines import AccelerateEngine
     from searchr1_lld.rollout.agent_loop import encode_prompt
 
     prompts = [encode_prompt(tokenizer, r["question"], "tiny") for r in rows[:4]]
@@ -187,7 +187,7 @@ def test_stream_after_the_learner_changes_then_the_engine_matches_it(engine, lea
             for p in learner.parameters():
                 p.add_(torch.randn(p.shape, generator=gen) * 0.05)
         engine.sleep()
-        sync_weights_to_engine(learner, engine, zero3=False)  # no DeepSpeed: full tensors
+        engine.load_weights(AccelerateEngine(None).named_weights(learner))  # the plain engine's stream: full tensors
         engine.wake_up()
         ids, lps = _sampled_logprobs(engine, prompts)
         for prompt, tok, lp in zip(prompts, ids, lps):
@@ -496,7 +496,7 @@ def test_sampled_turns_and_searches_agree_between_the_schedulers(engine, tokeniz
 def test_weight_stream_between_continuous_rollouts(engine, learner, tokenizer, retriever, rows):
     """continuous rollout -> the learner changes -> sleep, stream, wake -> the continuous rollout samples from the new
     weights (its log-probs are the changed learner's) and equals the turn-batched loop on them."""
-    from searchr1_lld.learner.weight_sync import sync_weights_to_engine
+    from searchr1_lld.learner.engines import AccelerateEngine
 
     cfg = dataclasses.replace(ENGINE_CFG, scheduler="continuous")
     before = run_agent_loop(rows[:6], backend=engine, tokenizer=tokenizer, retriever=retriever, cfg=cfg, greedy=True)
@@ -507,7 +507,7 @@ def test_weight_stream_between_continuous_rollouts(engine, learner, tokenizer, r
             for p in learner.parameters():
                 p.add_(torch.randn(p.shape, generator=gen) * 0.05)
         engine.sleep()
-        sync_weights_to_engine(learner, engine, zero3=False)
+        engine.load_weights(AccelerateEngine(None).named_weights(learner))
         engine.wake_up()
         (turns, _), (after, _) = _both_schedulers(engine, tokenizer, retriever, rows[:6], ENGINE_CFG)
         _same_trajectories(after, turns)

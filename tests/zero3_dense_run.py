@@ -21,11 +21,13 @@ import torch
 
 from searchr1_lld.config import load_config
 from searchr1_lld.learner import factories
+from searchr1_lld.learner.engines import training_engine
 
 index_dir, out_dir, queries = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
 cfg = load_config(None, ["retriever.mode=inprocess", f"retriever.index_dir={index_dir}", "trainer.device=cpu"])
 accelerator = factories.make_accelerator(cfg)
-assert factories.DistributedFacts.of(accelerator).zero_stage == 3
+engine = training_engine(accelerator)
+assert engine.partitions_parameters  # ZeRO-3
 
 
 def facts(retriever) -> dict:
@@ -36,7 +38,7 @@ def facts(retriever) -> dict:
             "hits": [[h["id"] for h in q] for q in hits]}
 
 
-guarded = facts(factories.make_retriever(cfg, accelerator))
+guarded = facts(factories.make_retriever(cfg, engine))
 import retriever.encoders as encoders  # noqa: E402
 
 encoders._ENCODERS.clear()  # the control loads the encoder again, now without the guard

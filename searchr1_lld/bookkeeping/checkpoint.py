@@ -3,8 +3,10 @@
 Layout of one checkpoint (``RUN/checkpoints/step_000010/``)::
 
     policy/            HF ``save_pretrained`` of the policy (loadable by from_pretrained / eval.py)
-    optimizer.pt       optimiser state_dict            (not under DeepSpeed)
-    deepspeed/         engine.save_checkpoint: module + (partitioned) optimiser states   (DeepSpeed only)
+    optimizer.pt       optimiser state_dict            (plain accelerate / DDP)
+    deepspeed/         engine.save_checkpoint: module + (partitioned) optimiser states   (DeepSpeed)
+(the model's and the optimiser's part is the training engine's: ``engine.save_state`` / ``engine.load_state`` of
+learner/engines; :func:`save_model_state` / :func:`load_model_state` are the plain one's)
     scheduler.pt       LR scheduler state_dict
     rng_rank{r}.pt     RNG states of rank r: python, numpy, torch CPU, torch CUDA
     trainer_state.json step, data position, probe set, phase-detector history, anything else the trainer passes
@@ -36,8 +38,8 @@ from typing import Any, Collection
 import numpy as np
 import torch
 
-from searchr1_lld.distributed import any_rank, is_deepspeed
-from searchr1_lld.protocols import Accelerator, Tokenizer
+from searchr1_lld.distributed import any_rank
+from searchr1_lld.protocols import Accelerator, ModelStateStore, Tokenizer
 
 COMPLETE = "COMPLETE"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -140,7 +142,7 @@ def resolve_resume(resume: str, run_dir: str | Path) -> Path | None:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _tied_duplicate_names(model: torch.nn.Module) -> list[str]:
+def tied_duplicate_names(model: torch.nn.Module) -> list[str]:
     """Names of parameters that are the same Parameter as an earlier name (tied embeddings: ``lm_head.weight``).
     DeepSpeed's gathered state dict holds them as separate tensors, so ``save_pretrained`` cannot see the tie."""
     seen: set[int] = set()
@@ -165,6 +167,7 @@ def save_checkpoint(
     save_policy: bool = True,
     tokenizer: Tokenizer | None = None,
     keep_steps: Collection[int] = (),
+    engine: ModelStateStore | None = None,
 ) -> Path:
     """Write checkpoint ``step`` atomically and prune to the last ``keep_last_k`` (the checkpoints of
     ``keep_steps`` are exempt: :func:`prune_checkpoints`); returns its final path.
@@ -174,7 +177,8 @@ def save_checkpoint(
     ``eval.py --model STEP/policy`` need nothing else.
 
     With an ``accelerator`` every process must call this (DeepSpeed writes one shard per rank); only the main
-    process renames and prunes.
+    process renames and prunes. ``engine``: the learner's training engine, which writes the model's and the
+    optimiser's state (None: a plain model in this process, :func:`save_model_state`).
     """
     if keep_last_k < 1:
         raise ValueError("keep_last_k must be >= 1")
@@ -183,16 +187,11 @@ def save_checkpoint(
     tmp = _open_tmp_dir(root, step, accelerator)
     is_main = accelerator is None or accelerator.is_main_process
     rank = 0 if accelerator is None else accelerator.process_index
-    if is_deepspeed(accelerator):
-        _save_deepspeed_state(tmp, step, model, accelerator, tokenizer, save_policy)
+    if engine is not None:
+        engine.save_state(tmp, step, model, optimizer, tokenizer, save_policy)
     elif is_main:
-        unwrapped = accelerator.unwrap_model(model) if accelerator is not None else model
-        if save_policy:
-            unwrapped.save_pretrained(tmp / "policy")
-            _save_tokenizer(tokenizer, tmp / "policy")
-        else:
-            torch.save(unwrapped.state_dict(), tmp / "policy_state.pt")
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        save_model_state(tmp, accelerator.unwrap_model(model) if accelerator is not None else model, optimizer,
+                         tokenizer, save_policy)
     if is_main:
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         with open(tmp / "trainer_state.json", "w") as f:
@@ -226,20 +225,32 @@ def _open_tmp_dir(root: Path, step: int, accelerator: Accelerator | None) -> Pat
     return tmp
 
 
-def _save_deepspeed_state(tmp: Path, step: int, model: torch.nn.Module, accelerator: Accelerator,
-                          tokenizer: Tokenizer | None, save_policy: bool) -> None:
-    """DeepSpeed: the engine's sharded state (every rank its own), and the policy gathered to rank 0 (ZeRO-3) as an
-    HF model directory, tied weights once."""
-    model.save_checkpoint(str(tmp / "deepspeed"), tag="state", client_state={"step": step})
-    if not save_policy:
-        return
-    state_dict = accelerator.get_state_dict(model)  # gathered to rank 0 under ZeRO-3
-    if accelerator.is_main_process:
-        unwrapped = accelerator.unwrap_model(model)
-        for name in _tied_duplicate_names(unwrapped):
-            state_dict.pop(name, None)  # tied weights once, as save_pretrained writes them without DeepSpeed
-        unwrapped.save_pretrained(tmp / "policy", state_dict=state_dict)
-        _save_tokenizer(tokenizer, tmp / "policy")
+def save_model_state(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                     tokenizer: Tokenizer | None, save_policy: bool) -> None:
+    """The plain model's part of a checkpoint: ``policy/`` (or ``policy_state.pt`` without ``save_policy``) and
+    ``optimizer.pt``."""
+    if save_policy:
+        save_policy_dir(model, directory, tokenizer)
+    else:
+        torch.save(model.state_dict(), directory / "policy_state.pt")
+    torch.save(optimizer.state_dict(), directory / "optimizer.pt")
+
+
+def save_policy_dir(model: torch.nn.Module, directory: Path, tokenizer: Tokenizer | None,
+                    state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    """``directory/policy``: the model's ``save_pretrained`` (of ``state_dict`` when given: a gathered one) and the
+    tokenizer beside it."""
+    model.save_pretrained(directory / "policy", state_dict=state_dict)
+    _save_tokenizer(tokenizer, directory / "policy")
+
+
+def load_model_state(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Restore what :func:`save_model_state` wrote into the plain ``model`` and ``optimizer``."""
+    if (directory / "policy").is_dir():
+        load_policy_weights(model, directory / "policy")
+    else:
+        model.load_state_dict(torch.load(directory / "policy_state.pt", map_location="cpu"))
+    optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location="cpu", weights_only=False))
 
 
 def checkpoint_step(path: str | Path) -> int:
@@ -366,23 +377,19 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     accelerator: Accelerator | None = None,
+    engine: ModelStateStore | None = None,
 ) -> dict[str, Any]:
-    """Restore policy, optimiser, scheduler and this rank's RNG states; returns the trainer state dict."""
+    """Restore policy, optimiser (through ``engine``, the training engine that wrote them; None: a plain model,
+    :func:`load_model_state`), scheduler and this rank's RNG states; returns the trainer state dict."""
     path = Path(path)
     reason = incomplete_reason(path)
     if reason:
         raise FileNotFoundError(f"{path} is not a complete checkpoint ({reason})")
     rank = 0 if accelerator is None else accelerator.process_index
-    if is_deepspeed(accelerator):
-        model.load_checkpoint(str(path / "deepspeed"), tag="state", load_optimizer_states=True,
-                              load_lr_scheduler_states=False)
+    if engine is not None:
+        engine.load_state(path, model, optimizer)
     else:
-        unwrapped = accelerator.unwrap_model(model) if accelerator is not None else model
-        if (path / "policy").is_dir():
-            load_policy_weights(unwrapped, path / "policy")
-        else:
-            unwrapped.load_state_dict(torch.load(path / "policy_state.pt", map_location="cpu"))
-        optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False))
+        load_model_state(path, accelerator.unwrap_model(model) if accelerator is not None else model, optimizer)
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", map_location="cpu", weights_only=False))
     rng_file = path / f"rng_rank{rank}.pt"
     if rng_file.is_file():

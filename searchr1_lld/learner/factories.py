@@ -4,7 +4,7 @@ the rollout engine's module, the retriever, the QA rows. Everything is named by 
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import dataclasses
 import os
 from typing import Any
@@ -15,11 +15,11 @@ import accelerate
 from tqdm.auto import tqdm
 
 import retriever
-from searchr1_lld.config import Config, TrainerConfig
+from searchr1_lld.config import Config
 from searchr1_lld.data import flashrag
-from searchr1_lld.distributed import DistributedFacts, outside_zero3
 from searchr1_lld.data.jsonl import read_rows_files
 from searchr1_lld.learner import policy_logprobs
+from searchr1_lld.learner.engines import TrainingEngine
 from searchr1_lld.protocols import Accelerator, Retriever, Tokenizer
 from searchr1_lld.rollout.agent_loop import encode_prompt
 from searchr1_lld.rollout.backends import BackendKind
@@ -60,17 +60,6 @@ def without_deepspeed_shm_op() -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
-def configure_deepspeed(accelerator: Accelerator, dist: DistributedFacts, tc: TrainerConfig) -> None:
-    """DeepSpeed: clip at trainer.grad_clip; one micro-batch per engine call, the accumulation boundary set by the
-    learner per micro-batch (optim.backward). No-op without DeepSpeed."""
-    if not dist.deepspeed:
-        return
-    ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
-    ds_config["gradient_clipping"] = tc.grad_clip
-    ds_config["gradient_accumulation_steps"] = 1
-    ds_config["train_micro_batch_size_per_gpu"] = 1
-
-
 def load_policy_and_tokenizer(cfg: Config):
     """(policy in fp32 master weights, tokenizer with a pad token) from model.path (and model.tokenizer_path)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -95,63 +84,42 @@ def load_policy_and_tokenizer(cfg: Config):
     return model, tokenizer
 
 
-def make_reference(cfg: Config, policy: torch.nn.Module, dist: DistributedFacts) -> torch.nn.Module | None:
-    """The frozen reference of the KL term (None when kl_coef == 0): a copy of the initial policy. Under ZeRO-3 the
-    policy was loaded partitioned (transformers loads under deepspeed.zero.Init), so the reference is loaded the same
-    way; placed later by :func:`place_reference`."""
+def make_reference(cfg: Config, policy: torch.nn.Module, engine: TrainingEngine) -> torch.nn.Module | None:
+    """The frozen reference of the KL term (None when kl_coef == 0): a copy of the initial policy, as the training
+    engine copies it (ZeRO-3 loads it again: the policy was loaded partitioned); placed by the engine once the
+    policy's dtype is known (``engine.place_reference``)."""
     if cfg.algorithm.kl_coef <= 0:
         return None
-    ref = load_policy_and_tokenizer(cfg)[0] if dist.zero_stage == 3 else copy.deepcopy(policy)
+    ref = engine.reference_copy(policy, lambda: load_policy_and_tokenizer(cfg)[0])
     return ref.eval().requires_grad_(False)
 
 
-def place_reference(ref: torch.nn.Module, accelerator: Accelerator, dist: DistributedFacts,
-                    dtype: torch.dtype) -> torch.nn.Module:
-    """The frozen reference in the policy's dtype (so KL is exactly 0 while the weights agree) and placement: on the
-    learner's device, or under ZeRO-3 sharded like the policy by a DeepSpeed inference-only engine."""
-    ref = ref.to(dtype=dtype)
-    if dist.zero_stage != 3:
-        return ref.to(accelerator.device)
-    import deepspeed
-
-    ds = accelerator.state.deepspeed_plugin.deepspeed_config
-    config = {
-        "train_micro_batch_size_per_gpu": 1,
-        "zero_optimization": {"stage": 3, "offload_param": ds.get("zero_optimization", {}).get(
-            "offload_param", {"device": "none"})},
-        "bf16": {"enabled": dtype == torch.bfloat16},
-        "fp16": {"enabled": dtype == torch.float16},
-    }
-    engine, *_ = deepspeed.initialize(model=ref, config=config)
-    engine.eval()
-    return engine
-
-
 def engine_copy(cfg: Config, kind: BackendKind, policy: torch.nn.Module, accelerator: Accelerator,
-                dist: DistributedFacts) -> torch.nn.Module | None:
-    """ZeRO-3 + a kind that generates on the learner's module (HF): the engine generates on its own whole model
-    (generation on the partitioned module would need every rank to run the same forwards), built from the policy's
-    config outside ZeRO-3's partitioning, on the learner's device in the policy's dtype. Its weights are not set
-    here: the trainer streams the learner's into it at start and after every step, through the same path
-    (:func:`searchr1_lld.learner.weight_sync.sync_weights_to_engine`). Else None (the engine generates on the
-    learner's own module, or loads its own)."""
-    if not (dist.zero_stage == 3 and kind.generates_on_learner_module):
+                engine: TrainingEngine) -> torch.nn.Module | None:
+    """A training engine that partitions the parameters (ZeRO-3) + a kind that generates on the learner's module
+    (HF): the rollout engine generates on its own whole model (generation on the partitioned module would need every
+    rank to run the same forwards), built from the policy's config outside the partitioning, on the learner's device
+    in the policy's dtype. Its weights are not set here: the trainer streams the learner's into it at start and
+    after every step, through the same path (``engine.named_weights``). Else None (the rollout engine generates on
+    the learner's own module, or loads its own)."""
+    if not (engine.partitions_parameters and kind.generates_on_learner_module):
         return None
     from transformers import AutoModelForCausalLM
 
     dtype = next(policy.parameters()).dtype
-    with outside_zero3(accelerator):
+    with engine.outside_partitioning():
         model = AutoModelForCausalLM.from_config(policy.config, trust_remote_code=cfg.model.trust_remote_code,
                                                  dtype=dtype)
     return model.to(accelerator.device).eval().requires_grad_(False)
 
 
-def make_retriever(cfg: Config, accelerator: Accelerator | None = None) -> Retriever:
+def make_retriever(cfg: Config, engine: TrainingEngine | None = None) -> Retriever:
     """retriever.make_retriever on ``cfg.retriever`` (in-process: ``retriever.index_dir``; http: the address of
     retriever.service_address: ``$SEARCHR1_RETRIEVER_URL`` over ``retriever.url``, the token likewise). An in-process
-    encoder is loaded whole even under ZeRO-3 (:func:`searchr1_lld.distributed.outside_zero3`)."""
+    encoder is loaded whole even where the training ``engine`` partitions the models it loads (ZeRO-3:
+    ``engine.outside_partitioning``)."""
     rc = retriever.retriever_mode(cfg.retriever).addressed(cfg.retriever)
-    with outside_zero3(accelerator):
+    with engine.outside_partitioning() if engine is not None else contextlib.nullcontext():
         return retriever.make_retriever(rc)
 
 

@@ -25,7 +25,7 @@ from searchr1_lld.distributed import DistributedFacts
 from searchr1_lld.rollout.inference import evaluating
 from searchr1_lld.learner import factories, optim
 from searchr1_lld.learner.step_size import StepSizeController
-from searchr1_lld.learner.weight_sync import sync_weights_to_engine
+from searchr1_lld.learner.engines import TrainingEngine, training_engine
 from searchr1_lld.preflight.startup import check_at_start
 from searchr1_lld.protocols import Accelerator, Retriever, Tokenizer
 from searchr1_lld.rollout.agent_loop import run_agent_loop
@@ -40,7 +40,8 @@ class Learner:
 
     cfg: Config  # the validated run config
     accelerator: Accelerator  # device, collectives, autocast
-    dist: DistributedFacts  # DeepSpeed or not, ZeRO stage, world size, rank: resolved once
+    dist: DistributedFacts  # world size, rank, main process: resolved once
+    engine: TrainingEngine  # how the policy is distributed and stepped (plain / DDP, DeepSpeed ZeRO-n): learner/engines
     model: torch.nn.Module  # the policy as prepared (plain, DDP or DeepSpeed engine); fp32 master weights
     optimizer: torch.optim.Optimizer  # AdamW; one step per mini-batch whose gradient is finite on every rank
     scheduler: torch.optim.lr_scheduler.LRScheduler  # one step per applied optimiser step
@@ -59,22 +60,23 @@ class Learner:
         kind = backend_kind(cfg.rollout)  # the engine's kind, read once
         accelerator = factories.make_accelerator(cfg)
         dist = DistributedFacts.of(accelerator)
+        engine = training_engine(accelerator)  # the training engine's kind, resolved once
         if preflight:
             check_at_start(cfg, accelerator, dist)
         model, tokenizer = factories.load_policy_and_tokenizer(cfg)
-        ref = factories.make_reference(cfg, model, dist)
+        ref = factories.make_reference(cfg, model, engine)
         step_size = StepSizeController.of(cfg.trainer.step_size, cfg.trainer.total_steps)
         optimizer, scheduler = optim.make_optimizer(model, cfg.trainer, total_updates, step_size)
-        factories.configure_deepspeed(accelerator, dist, cfg.trainer)
+        engine.configure(cfg.trainer)
         model, optimizer = accelerator.prepare(model, optimizer)
         module = accelerator.unwrap_model(model)
         dtype = next(module.parameters()).dtype
-        ref_model = factories.place_reference(ref, accelerator, dist, dtype) if ref is not None else None
+        ref_model = engine.place_reference(ref, dtype) if ref is not None else None
         if retriever is None:
-            retriever = factories.make_retriever(cfg, accelerator)
-        engine_module = factories.engine_copy(cfg, kind, module, accelerator, dist)
+            retriever = factories.make_retriever(cfg, engine)
+        engine_module = factories.engine_copy(cfg, kind, module, accelerator, engine)
         backend = kind.for_learner(cfg, module, tokenizer, cfg.model.path, engine_module)
-        learner = cls(cfg=cfg, accelerator=accelerator, dist=dist, model=model, optimizer=optimizer,
+        learner = cls(cfg=cfg, accelerator=accelerator, dist=dist, engine=engine, model=model, optimizer=optimizer,
                       scheduler=scheduler, ref_model=ref_model, tokenizer=tokenizer, backend=backend,
                       retriever=retriever, step_size=step_size)
         if engine_module is not None:  # its own weights: the learner's, through the stream every step uses
@@ -126,18 +128,17 @@ class Learner:
 
     # ---------------------------------------------------------------- the update
     def no_sync(self, last: bool) -> contextlib.AbstractContextManager:
-        """No gradient all-reduce on non-final micro-batches of a mini-batch (DDP)."""
-        return optim.sync_context(self.accelerator, self.dist, self.model, last)
+        """No gradient all-reduce on non-final micro-batches of a mini-batch (the training engine's rule)."""
+        return self.engine.no_sync(self.model, last)
 
     def backward(self, loss: torch.Tensor, last: bool) -> None:
         """Backward of one micro-batch; ``last``: the mini-batch's accumulation boundary."""
-        optim.backward(self.accelerator, self.dist, self.model, loss, last)
+        self.engine.backward(self.model, loss, last)
 
     def optimizer_step(self) -> tuple[float, bool]:
         """One guarded optimiser step on the mini-batch gradient (skipped on every rank when the norm is not finite)
         and, when applied, one LR-scheduler step. Returns (gradient norm before clipping, applied)."""
-        norm, applied = optim.optimizer_step(self.accelerator, self.dist, self.model, self.optimizer,
-                                             self.cfg.trainer.grad_clip)
+        norm, applied = self.engine.optimizer_step(self.model, self.optimizer, self.cfg.trainer.grad_clip)
         if applied:
             self.scheduler.step()
         return norm, applied
@@ -157,16 +158,14 @@ class Learner:
         optim.refresh_lr(self.scheduler)
 
     def sync_engine(self) -> None:
-        """The learner's weights -> the rollout engine (ZeRO-3: gathered module by module)."""
-        sync_weights_to_engine(self.module, self.backend, zero3=self.dist.zero_stage == 3)
+        """The learner's weights -> the rollout engine (as the training engine hands them: ZeRO-3 gathers module by
+        module)."""
+        self.backend.load_weights(self.engine.named_weights(self.module))
 
     def close(self) -> None:
-        """Ends the run on every rank together: waits for the others, releases the DeepSpeed engines (their hooks and
-        in-flight ZeRO-3 gathers), then the process group (torch asks for it before exit; a rank that exits holding it
-        can abort in its communication threads' teardown)."""
+        """Ends the run on every rank together: waits for the others, releases what the training engine holds (the
+        DeepSpeed engines' hooks and in-flight ZeRO-3 gathers), then the process group (torch asks for it before exit;
+        a rank that exits holding it can abort in its communication threads' teardown)."""
         self.accelerator.wait_for_everyone()
-        if self.dist.deepspeed:
-            for engine in (self.model, self.ref_model):
-                if hasattr(engine, "destroy"):
-                    engine.destroy()
+        self.engine.close(self.model, self.ref_model)
         self.accelerator.end_training()

@@ -13,20 +13,21 @@ One training step (:func:`searchr1_lld.learner.step.train_step`)::
             loss = objective(pg + kl_coef * KL(ref) - entropy_coef * H + LLDS)  algo.objective
             (every term over the *mini-batch* totals -> accumulation == the one-shot mini-batch loss; or, with
             algorithm.loss_scale=micro-batch-mean, each micro-batch's own mean / number of micro-batches)
-            backward (DeepSpeed: engine.set_gradient_accumulation_boundary(last) + engine.backward)  optim.backward
+            backward (DeepSpeed: set_gradient_accumulation_boundary(last) + backward)   learner/engines: backward
         global grad norm (before clipping), checked on all ranks *before* the step -> non-finite on any rank: skip
         on all ranks and count; else clip -> AdamW step -> LR scheduler step (warm-up ratio of all optimiser steps)
-                                                                                optim.optimizer_step
+                                                                                learner/engines: optimizer_step
     logp_new of the step's batch after the updates (no grad) -> LLD monitor   monitor
     weights -> rollout engine: engine.load_weights(stream) (ZeRO-3: gathered module by module), engine.wake_up()
-                                                                                weight_sync.sync_weights_to_engine
+                                                                                learner/engines: named_weights
 
-Where the rest lives: the learner's state (policy, optimiser, reference, engine, retriever) in state.py, built by the
-factories of factories.py; batching in batching.py; the run directory and resume safety, checkpoint files and the best
-checkpoint in searchr1_lld/bookkeeping/; the LLD monitor and phase detector in searchr1_lld/instruments/. This module
-is the loop: it keeps the counters, evaluates on schedule, logs and saves. The step composes the pure functions of
-``searchr1_lld.algo``; neither holds loss math of its own. Batch semantics and the multi-rank rules:
-docs/batch_semantics.md.
+Where the rest lives: the learner's state (policy, optimiser, reference, engines, retriever) in state.py, built by
+the factories of factories.py; the training engine (plain / DDP, DeepSpeed ZeRO-n: backward, the optimiser step, the
+weights handed to the rollout engine, the model's part of a checkpoint) in learner/engines/; batching in batching.py;
+the run directory and resume safety, checkpoint files and the best checkpoint in searchr1_lld/bookkeeping/; the LLD
+monitor and phase detector in searchr1_lld/instruments/. This module is the loop: it keeps the counters, evaluates on
+schedule, logs and saves. The step composes the pure functions of ``searchr1_lld.algo``; neither holds loss math of
+its own. Batch semantics and the multi-rank rules: docs/batch_semantics.md.
 
 Determinism: every step re-seeds python / numpy / torch from (seed, step, rank), and every sampled rollout request
 carries a seed derived from that step seed, its trajectory and its turn (rollout/turn_rules.request_seed; the vLLM
@@ -178,7 +179,7 @@ class Trainer:
         path = ckpt.save_checkpoint(
             self.run_dir, self.step, model=lr.model, optimizer=lr.optimizer, scheduler=lr.scheduler,
             trainer_state=state, accelerator=lr.accelerator, keep_last_k=self.cfg.trainer.keep_last_k,
-            tokenizer=lr.tokenizer, keep_steps=keep,
+            tokenizer=lr.tokenizer, keep_steps=keep, engine=lr.engine,
         )
         if best_value is not None and self.best is not None:
             self.best.record(self.step, best_value, path)
@@ -195,7 +196,7 @@ class Trainer:
             return None
         lr = self.learner
         state = ckpt.load_checkpoint(path, model=lr.model, optimizer=lr.optimizer, scheduler=lr.scheduler,
-                                     accelerator=lr.accelerator)
+                                     accelerator=lr.accelerator, engine=lr.engine)
         self.step = int(state["step"])
         self.sampler.load_state(state["data"])
         # checkpoints written before the counter was named skipped_updates call it skipped_steps

@@ -1,5 +1,5 @@
-"""The learner -> rollout-engine weight stream: (name, full tensor) of every parameter, gathered module by module
-under ZeRO-3, into ``backend.load_weights``."""
+"""The learner -> rollout-engine weight stream of a partitioned model: (name, full tensor) of every parameter,
+gathered module by module (ZeRO-3; the DeepSpeed training engine's ``named_weights``), into ``backend.load_weights``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from typing import Callable, ContextManager, Iterator
 
 import torch
 
-from searchr1_lld.rollout.backends.base import GenerationBackend
 
 
 def iter_gathered_named_parameters(model: torch.nn.Module,
@@ -29,15 +28,3 @@ def iter_gathered_named_parameters(model: torch.nn.Module,
         with gather([p for _, p in params]):
             for pname, p in params:
                 yield (f"{mod_name}.{pname}" if mod_name else pname), p.detach()
-
-
-def sync_weights_to_engine(module: torch.nn.Module, backend: GenerationBackend, *, zero3: bool,
-                           gather: Callable[[list[torch.nn.Parameter]], ContextManager] | None = None) -> None:
-    """Learner -> rollout engine after the step's updates: stream (name, tensor) of the learner's unwrapped
-    ``module`` through ``backend.load_weights`` (``zero3``: gathered module by module; ZeRO-0/2: every rank holds the
-    full parameters)."""
-    if zero3:
-        named = iter_gathered_named_parameters(module, gather)
-    else:
-        named = ((name, p.detach()) for name, p in module.named_parameters())
-    backend.load_weights(named)
