@@ -138,13 +138,16 @@ def run_child(section: str, smoke: bool, out_path: Path) -> None:
     """In the section's own process: the device facts first, then the section's results (after every part, and
     whole at the end) as JSON beside ``out_path``."""
     import torch
+    import gpu_check_e2e
+    import gpu_check_launch
     import gpu_check_parts as parts
 
     device = torch.device("cuda" if torch.cuda.is_available() and not smoke else "cpu")
     environment_path(out_path).write_text(json.dumps(parts.device_facts(device)))
     parts.PARTIAL_RESULTS_PATH = partial_path(out_path)
     shapes = SMOKE if smoke else FULL
-    results = parts.SECTIONS[section](device, shapes, smoke)
+    sections = {**parts.SECTIONS, "e2e": gpu_check_e2e.section_e2e, "launch": gpu_check_launch.section_launch}
+    results = sections[section](device, shapes, smoke)
     out_path.write_text(json.dumps(results, default=float))
 
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from gpu_check_parts import guarded
+
 REPO = Path(__file__).resolve().parent.parent
 TRAIN_OVERRIDES = [
     "trainer.total_steps=3", "trainer.save_every=3", "trainer.train_batch_size=2", "trainer.ppo_mini_batch_size=2",
@@ -140,8 +142,6 @@ def section_e2e(device: torch.device, shapes: dict, smoke: bool) -> dict[str, An
     """world -> train -> eval, then the thread part (module docstring); each part guarded as the other sections'
     are (a failed part leaves its error and the later parts that need it out)."""
     import tempfile
-
-    from gpu_check_parts import guarded
 
     out: dict[str, Any] = {"e2e_gpus": torch.cuda.device_count() if device.type == "cuda" else 0}
     with tempfile.TemporaryDirectory() as tmp:

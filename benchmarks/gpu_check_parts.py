@@ -545,20 +545,7 @@ def section_logprobs(device: torch.device, shapes: dict, smoke: bool) -> dict[st
     return out
 
 
-def section_launch(device: torch.device, shapes: dict, smoke: bool) -> dict[str, Any]:
-    """An 8-GPU launch's start as one GPU shows it, and the first update's LLDS (benchmarks/gpu_check_launch.py)."""
-    import gpu_check_launch
-
-    return gpu_check_launch.section_launch(device, shapes, smoke)
-
-
-def section_e2e(device: torch.device, shapes: dict, smoke: bool) -> dict[str, Any]:
-    """train.py, eval.py and the dense retriever from a fresh thread on the device (benchmarks/gpu_check_e2e.py)."""
-    import gpu_check_e2e
-
-    return gpu_check_e2e.section_e2e(device, shapes, smoke)
-
-
+# this module's sections; gpu_check.py adds those of gpu_check_e2e.py and gpu_check_launch.py, which build on the parts
+# here (the modules import this one, never the other way)
 SECTIONS: dict[str, Callable[[torch.device, dict, bool], dict[str, Any]]] = {
-    "rollout": section_rollout, "learner": section_learner, "zero2": section_zero2, "logprobs": section_logprobs,
-    "e2e": section_e2e, "launch": section_launch}
+    "rollout": section_rollout, "learner": section_learner, "zero2": section_zero2, "logprobs": section_logprobs}

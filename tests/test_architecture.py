@@ -109,6 +109,14 @@ def test_no_import_cycle_among_first_party_modules():
     assert cycles(import_graph(first_party_modules())) == []
 
 
+def test_no_import_cycle_among_the_benchmarks():
+    """The benchmark scripts import each other by their bare names (benchmarks/ is their sys.path[0])."""
+    scripts = {f.stem: f for f in (REPO_ROOT / "benchmarks").glob("*.py")}
+    graph = import_graph(scripts)
+    assert graph["gpu_check_e2e"] >= {"gpu_check_parts"}  # the graph sees their imports
+    assert cycles(graph) == []
+
+
 def folder_of(module: str, modules: dict[str, Path]) -> str:
     """The folder node of a module: a top-level package's sub-package (``searchr1_lld.rollout.backends.hf`` ->
     ``searchr1_lld.rollout``), or the module itself when it sits at a package's root (``searchr1_lld.demo``)."""
