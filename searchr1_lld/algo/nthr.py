@@ -130,17 +130,19 @@ def response_vocabulary_errors(hidden: torch.Tensor, weight: torch.Tensor, bias:
     the response mask (App. 7.4), for the softmax of (hidden W^T + bias) / temperature (hidden ``[B, T, H]`` the
     final hidden states predicting ``labels`` ``[B, T]``, W ``[V, H]``, bias ``[V]``), not renormalised on V*:
     pi_v = exp(z_v - lse) with lse = z_y - log pi_y, log pi_y from the full vocabulary in tiles
-    (algo.logprobs.linear_logprobs_entropy), so ``[B, T, V]`` never exists."""
+    (algo.logprobs.linear_logprobs_entropy, in the head's dtype as for logp_old; the rows of V* and of the labels in
+    fp32), so ``[B, T, V]`` never exists, nor an fp32 copy of W."""
     m = response_mask != 0
     labels = torch.where(m, labels, 0).long()
     cols = torch.unique(labels[m])
-    h = hidden.detach().float()
-    w, b = weight.detach().float(), (bias.detach().float() if bias is not None else None)
-    logp, _ = linear_logprobs_entropy(h, w, labels, bias=b, chunk_size=chunk_size, temperature=temperature,
-                                      compute_entropy=False)
-    z_y = (h * w[labels]).sum(-1) + (b[labels] if b is not None else 0.0)
-    lse = z_y / temperature - logp
-    z = torch.nn.functional.linear(h, w[cols], b[cols] if b is not None else None) / temperature
+    h, weight = hidden.detach().float(), weight.detach()
+    bias = bias.detach() if bias is not None else None
+    logp, _ = linear_logprobs_entropy(h, weight, labels, bias=bias, chunk_size=chunk_size, temperature=temperature,
+                                      compute_entropy=False)  # in the head's dtype, as logp_old
+    rows = lambda ids: (weight[ids].float(), bias[ids].float() if bias is not None else None)  # noqa: E731
+    w_y, b_y = rows(labels)
+    lse = ((h * w_y).sum(-1) + (b_y if b_y is not None else 0.0)) / temperature - logp
+    z = torch.nn.functional.linear(h, *rows(cols)) / temperature
     probs = torch.exp(z - lse[..., None])
     token_cols = torch.where(m, torch.searchsorted(cols, labels), -1)
     return prediction_errors(probs, token_cols, response_mask), cols
