@@ -141,7 +141,8 @@ def test_response_vocabulary_errors_restrict_the_softmax_to_the_responses_ids():
     """pi on V* (the ids of the response-mask tokens) is the full-vocabulary softmax's, not renormalised (App. 7.4);
     with a bias and a temperature; off the mask the errors are 0."""
     g = torch.Generator().manual_seed(3)
-    hidden, weight, bias = torch.randn(2, 5, 6, generator=g), torch.randn(11, 6, generator=g), torch.randn(11, generator=g)
+    hidden, weight = torch.randn(2, 5, 6, generator=g), torch.randn(11, 6, generator=g)
+    bias = torch.randn(11, generator=g)
     labels = torch.tensor([[3, 5, 3, 9, 0], [5, 1, 2, 2, 7]])
     mask = torch.tensor([[1.0, 1, 1, 0, 1], [1, 0, 1, 1, 1]])
     errors, cols = nthr.response_vocabulary_errors(hidden, weight, bias, labels, mask, temperature=0.7, chunk_size=3)
