@@ -258,7 +258,7 @@ def test_help_config_shows_every_preset_expanded():
 
 
 # the presets of CISPO, SAPO, GMPO, GPG, DPPO and the Pass@k / OPO advantages
-NEW_PRESETS = ("cispo", "sapo", "gmpo", "gpg", "dppo_tv", "dppo_kl", "grpo_passk", "opo")
+NEW_PRESETS = ("cispo", "sapo", "gmpo", "gpg", "dppo_tv", "dppo_kl", "grpo_passk", "opo", "nthr")
 
 
 @pytest.fixture(scope="module")

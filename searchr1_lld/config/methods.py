@@ -1,10 +1,10 @@
 """Methods by name: ``algorithm.method: NAME`` expands into the ordinary settings that define the method.
 
 Every preset pins the same switches (:data:`SWITCHES`: the advantage estimator, the policy loss, its clip ranges, the
-loss aggregation, and whether LLDS and the likelihood anchor are on), so that a method means the same thing whatever
-file it is set in; a few pin one more key of their own (LLDS-MA: ``llds.ma``; the gate arms: ``llds.gate``). Every
-other key (coefficients such as ``llds.lam``, ``nll_anchor.coef``, ``clip_cov.*``, ``kl_cov.*``, ``sapo.*``,
-``dppo_tv.*``, the KL, the batch) stays a setting of the config.
+loss aggregation, and whether LLDS, the likelihood anchor and NTHR are on), so that a method means the same thing
+whatever file it is set in; a few pin one more key of their own (LLDS-MA: ``llds.ma``; the gate arms:
+``llds.gate``). Every other key (coefficients such as ``llds.lam``, ``nll_anchor.coef``, ``nthr.*``, ``clip_cov.*``,
+``kl_cov.*``, ``sapo.*``, ``dppo_tv.*``, the KL, the batch) stays a setting of the config.
 
 Precedence: a key a preset pins may be written in the config (its YAML files and ``key=value`` overrides) only with
 the preset's value; any other value is a ConfigError that names the key, the method and both values (to change a
@@ -31,7 +31,7 @@ class MethodPreset:
 # the switches every preset pins, at their GRPO values (a preset lists what it changes)
 SWITCHES: dict[str, Any] = {
     "advantage": "grpo", "policy_loss": "ppo_clip", "clip_low": None, "clip_high": None,
-    "loss_agg_mode": "token-mean", "llds.enabled": False, "nll_anchor.enabled": False,
+    "loss_agg_mode": "token-mean", "llds.enabled": False, "nll_anchor.enabled": False, "nthr.enabled": False,
 }
 
 
@@ -52,6 +52,8 @@ METHODS: dict[str, MethodPreset] = {p.name: p for p in (
             llds__ma="adaptive"),
     _preset("nll_anchor", "a plain likelihood anchor: NLL of the responses with A >= 0, no gate (this repository's "
             "control for LLDS)", nll_anchor__enabled=True),
+    _preset("nthr", "NTHR on GRPO: selected tokens of incorrect responses get eta x their advantage (Deng et al. "
+            "2025, arXiv 2505.18830); settings algorithm.nthr", nthr__enabled=True),
     _preset("dapo_clip_higher", "DAPO's clip-higher, eps_low 0.2 / eps_high 0.28 (Yu et al. 2025, arXiv 2503.14476)",
             clip_low=0.2, clip_high=0.28),
     _preset("dr_grpo", "Dr. GRPO: no std division, token sums over a constant (Liu et al. 2025, arXiv 2503.20783)",

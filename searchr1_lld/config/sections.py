@@ -136,6 +136,21 @@ class NLLAnchorConfig:
 
 
 @dataclass
+class NTHRConfig:
+    """NTHR (Deng et al. 2025, arXiv 2505.18830; algo/nthr.py): tokens of incorrect responses whose negative token
+    hidden reward exceeds a threshold get their policy-loss term scaled by eta; off by default."""
+
+    enabled: bool = opt(False, "compute NTHR's token weights each step (the method nthr turns it on)")
+    beta: float = opt(1.0, "threshold scale: tau = beta x the smallest mean token influence of a group's correct "
+                      "response on the group's correct responses (the paper: 1; 0 for its DeepSeek-1.5B run; "
+                      "-.inf selects every token of an incorrect response)")
+    eta_rule: str = opt("two_abs_half_minus_p", "the factor on selected tokens, by registered name (algo/nthr.py): "
+                        "two_abs_half_minus_p = 2|0.5 - p| (the paper's runs; p = the group's share of correct "
+                        "responses), one_minus_p, p, constant (= nthr.eta; the paper's likelihood experiment: 0)")
+    eta: float = opt(0.0, "eta_rule=constant: the factor, in [0, 1]")
+
+
+@dataclass
 class ClipCovConfig:
     """Clip-Cov's settings (algo/covariance_losses.py; verl's defaults), read when algorithm.policy_loss=clip_cov."""
 
@@ -175,7 +190,7 @@ class DPPOConfig:
 class AlgorithmConfig:
     method: str = opt("", "a named method (config/methods.py: grpo, llds, llds_ma, dapo_clip_higher, dr_grpo, gspo, "
                       "clip_cov, kl_cov, cispo, sapo, gmpo, gpg, dppo_tv, dppo_kl, rloo, reinforce_pp_baseline, "
-                      "grpo_passk, opo, nll_anchor, ...) that pins the switches below "
+                      "grpo_passk, opo, nll_anchor, nthr, ...) that pins the switches below "
                       "(--help-config lists each expansion); a pinned key set to another value is an error; '' = "
                       "the switches as written")
     advantage: str = opt("grpo", "advantage estimator by registered name (algo/advantages.py: grpo, grpo_no_std, "
@@ -204,6 +219,7 @@ class AlgorithmConfig:
     entropy_coef: float = opt(0.0, "entropy bonus coefficient")
     llds: LLDSConfig = section(LLDSConfig, "the LLDS regulariser")
     nll_anchor: NLLAnchorConfig = section(NLLAnchorConfig, "the plain likelihood anchor")
+    nthr: NTHRConfig = section(NTHRConfig, "NTHR's selective penalisation of incorrect responses' tokens")
     clip_cov: ClipCovConfig = section(ClipCovConfig, "Clip-Cov's settings")
     kl_cov: KLCovConfig = section(KLCovConfig, "KL-Cov's settings")
     sapo: SAPOConfig = section(SAPOConfig, "SAPO's settings")

@@ -39,10 +39,11 @@ def registered_names() -> dict[str, list[str]]:
     the config loads without torch until checked)."""
     from searchr1_lld.algo.advantages import ADVANTAGE_ESTIMATORS  # deferred: torch
     from searchr1_lld.algo.aggregation import AGGREGATIONS  # deferred: torch
+    from searchr1_lld.algo.nthr import ETA_RULES  # deferred: torch
     from searchr1_lld.algo.policy_loss import POLICY_LOSSES  # deferred: torch
 
     return {"policy_loss": sorted(POLICY_LOSSES), "advantage": sorted(ADVANTAGE_ESTIMATORS),
-            "loss_agg_mode": list(AGGREGATIONS)}
+            "loss_agg_mode": list(AGGREGATIONS), "nthr.eta_rule": list(ETA_RULES)}
 
 
 def algorithm_checks(alg: AlgorithmConfig) -> list[Check]:
@@ -70,7 +71,10 @@ def algorithm_checks(alg: AlgorithmConfig) -> list[Check]:
         (alg.dppo_tv.clip_ratio_c > 0, "algorithm.dppo_tv.clip_ratio_c", "must be > 0"),
         (alg.dppo_kl.clip_ratio_c > 0, "algorithm.dppo_kl.clip_ratio_c", "must be > 0"),
         (alg.rollout_correction.cap >= 1, "algorithm.rollout_correction.cap", "must be >= 1"),
-        *[(getattr(alg, key) in known, f"algorithm.{key}", f"must name a registered one {known}")
+        (alg.nthr.beta == alg.nthr.beta and alg.nthr.beta != float("inf"), "algorithm.nthr.beta",
+         "must be a number or -.inf"),
+        (0 <= alg.nthr.eta <= 1, "algorithm.nthr.eta", "must lie in [0, 1]"),
+        *[(get_dotted(alg, key) in known, f"algorithm.{key}", f"must name a registered one {known}")
           for key, known in names.items()],
     ]
 

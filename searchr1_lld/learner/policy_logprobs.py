@@ -267,18 +267,7 @@ def packed_response_logprobs(
     that share prompts (``segments`` ``[S, 4]`` from batching.pack_rows; cu_seq_lens None), the segments (only with
     the packed sdpa attention, :func:`shares_prompts`).
     """
-    if not runs_packed(model):
-        raise RuntimeError(f"{type(model).__name__} does not run packed forwards (policy_logprobs.use_packed_attention)")
-    if segments is not None:
-        if not shares_prompts(model):
-            raise RuntimeError(f"rows that share prompts need the packed sdpa attention; {type(model).__name__} "
-                               "runs another (pack its rows without share_prompts)")
-        kwargs = dict(input_ids=input_ids, attention_mask=None, position_ids=position_ids, use_cache=False,
-                      packed_segments=segments)
-    else:
-        longest = int((cu_seq_lens[1:] - cu_seq_lens[:-1]).max())
-        kwargs = dict(input_ids=input_ids, attention_mask=None, position_ids=position_ids, use_cache=False,
-                      cu_seq_lens_q=cu_seq_lens, cu_seq_lens_k=cu_seq_lens, max_length_q=longest, max_length_k=longest)
+    kwargs = packed_forward_kwargs(model, input_ids, position_ids, cu_seq_lens, segments)
     head = fused_output_head(model) if fused else None
     if head is None:
         logits = model(**kwargs).logits[:, logit_index, :vocab_limit]
@@ -296,3 +285,39 @@ def packed_response_logprobs(
                                           chunk_size=chunk_size, temperature=temperature,
                                           compute_entropy=compute_entropy)
     return lp[0], (ent[0] if ent is not None else None)
+
+
+def packed_forward_kwargs(model: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                          cu_seq_lens: torch.Tensor | None, segments: torch.Tensor | None) -> dict[str, Any]:
+    """The keyword arguments of ``model``'s packed forward (:func:`packed_response_logprobs`' inputs); a
+    RuntimeError when ``model`` cannot run it."""
+    if not runs_packed(model):
+        raise RuntimeError(f"{type(model).__name__} does not run packed forwards (policy_logprobs.use_packed_attention)")
+    if segments is not None:
+        if not shares_prompts(model):
+            raise RuntimeError(f"rows that share prompts need the packed sdpa attention; {type(model).__name__} "
+                               "runs another (pack its rows without share_prompts)")
+        return dict(input_ids=input_ids, attention_mask=None, position_ids=position_ids, use_cache=False,
+                    packed_segments=segments)
+    longest = int((cu_seq_lens[1:] - cu_seq_lens[:-1]).max())
+    return dict(input_ids=input_ids, attention_mask=None, position_ids=position_ids, use_cache=False,
+                cu_seq_lens_q=cu_seq_lens, cu_seq_lens_k=cu_seq_lens, max_length_q=longest, max_length_k=longest)
+
+
+def final_hidden_states(model: torch.nn.Module, **kwargs: Any) -> tuple[torch.Tensor, torch.nn.Linear]:
+    """(the final hidden states ``[B, L, H]`` of ``model(**kwargs)``, the output head): the head's input, captured
+    as the fused log-prob path does (the head itself runs on an empty slice, so no logits exist). A RuntimeError when
+    the head cannot be read outside its forward (:func:`fused_output_head`: no plain ``nn.Linear`` head, logit
+    post-processing, DeepSpeed ZeRO-3)."""
+    head = fused_output_head(model)
+    if head is None:
+        raise RuntimeError(f"the final hidden states and the output head of {type(model).__name__} cannot be read "
+                           "(no plain nn.Linear head, logit post-processing in its config, or DeepSpeed ZeRO-3 "
+                           "partitioning the head)")
+    with _capture_head_input(head) as captured:
+        model(**kwargs)
+    hidden = captured.get("hidden")
+    if hidden is None or hidden.dim() != 3 or hidden.shape[:2] != kwargs["input_ids"].shape:
+        raise RuntimeError(f"the output head of {type(model).__name__} did not see the final hidden states "
+                           f"[B, L, H] (got {None if hidden is None else tuple(hidden.shape)})")
+    return hidden, head

@@ -1,6 +1,6 @@
 """One training step of the learner, top to bottom as in the diagram of trainer.py's docstring:
 
-    sample -> rollout -> engine.sleep -> advantages -> logp_old / logp_ref -> rollout correction
+    sample -> rollout -> engine.sleep -> advantages -> logp_old / logp_ref -> rollout correction, NTHR
     -> ppo_epochs x mini-batches x micro-batches of objective + backward, one optimiser step per mini-batch
     -> logp_new -> LLD monitor -> probe set, phase -> weights to the engine -> engine.wake_up
 
@@ -32,7 +32,7 @@ from searchr1_lld.instruments.monitor import (PHASE_ID, PhaseDetector, ProbeSet,
                                               first_action_ids, likelihood_metrics, policy_step_kl, rollout_metrics,
                                               shared_first_action_fraction)
 from searchr1_lld.instruments.phases import PhaseReport
-from searchr1_lld.learner import batching, policy_logprobs
+from searchr1_lld.learner import batching, nthr_weights, policy_logprobs
 from searchr1_lld.learner.state import Learner
 from searchr1_lld.rollout.types import Trajectory, TrajectoryBatch, to_batch
 
@@ -103,8 +103,8 @@ def train_step(learner: Learner, rows: list[dict[str, Any]], *, step: int, probe
     if batch.has_engine_logprobs:
         metrics["rollout/engine_learner_logp_gap"] = engine_learner_gap(
             batch.engine_logprobs, logp_old, batch.response_mask, torch.ones(len(trajs), dtype=torch.bool))
-    tis_weights, tis_stats = correction_weights(cfg.algorithm.rollout_correction, batch, logp_old)
-    metrics.update(tis_stats)
+    token_weights, weight_stats = step_token_weights(learner, batch, advantages, logp_old)  # correction x NTHR
+    metrics.update(weight_stats)
     valid_searches = mean_valid_searches(batch, learner)
 
     # the probe set: filled from the first batch with correct responses; measured (on every rank together, once all
@@ -117,7 +117,7 @@ def train_step(learner: Learner, rows: list[dict[str, Any]], *, step: int, probe
                         if k != "probe/size"})
 
     # ppo_epochs x mini-batches x micro-batches of objective + backward; one guarded optimiser step per mini-batch
-    update = update_policy(learner, batch, advantages, logp_old, logp_ref, tis_weights, valid_searches, step=step)
+    update = update_policy(learner, batch, advantages, logp_old, logp_ref, token_weights, valid_searches, step=step)
     metrics.update(update)
 
     # the LLD monitor: likelihoods after the step's updates. Its own forward: every forward of the update ran with
@@ -169,6 +169,18 @@ def correction_weights(rc: RolloutCorrectionConfig, batch: TrajectoryBatch,
                                               mode=rc.mode, cap=rc.cap)
 
 
+def step_token_weights(learner: Learner, batch: TrajectoryBatch, advantages: torch.Tensor,
+                       logp_old: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """The step's per-token policy-loss weights [B, T] (None = 1) and their statistics: the rollout-correction
+    weights (algorithm.rollout_correction) times NTHR's (algorithm.nthr: computed here, before the updates, under the
+    policy of ``logp_old``; learner/nthr_weights.py)."""
+    tis, stats = correction_weights(learner.cfg.algorithm.rollout_correction, batch, logp_old)
+    nthr, nthr_stats = nthr_weights.step_weights(learner, batch, advantages,
+                                                 functools.partial(model_rows, learner, learner.model, batch))
+    stats.update(nthr_stats)
+    return (nthr if tis is None else (tis if nthr is None else tis * nthr)), stats
+
+
 def mean_valid_searches(batch: TrajectoryBatch, learner: Learner) -> float:
     """The step's mean number of valid searches per response over all ranks (what adaptive LLDS-MA reads)."""
     acc = learner.accelerator
@@ -180,8 +192,8 @@ def update_policy(learner: Learner, batch: TrajectoryBatch, advantages: torch.Te
                   step: int) -> dict[str, float]:
     """ppo_epochs x mini-batches of ppo_mini_batch_size responses (this rank: its 1/world_size share) x micro-batches
     (token budget; every rank runs the max count, padding ones weigh 0); one optimiser step per mini-batch.
-    ``advantages`` [B]; ``logp_old``, ``logp_ref``, ``tis_weights`` [B, T] on CPU. Adds the skipped optimiser steps
-    as ``actor/skipped_updates``."""
+    ``advantages`` [B]; ``logp_old``, ``logp_ref``, ``tis_weights`` (:func:`step_token_weights`) [B, T] on CPU. Adds
+    the skipped optimiser steps as ``actor/skipped_updates``."""
     tc, ws = learner.cfg.trainer, learner.dist.world_size
     B = batch.responses.shape[0]
     rows_per_mini = tc.ppo_mini_batch_size // ws
