@@ -176,8 +176,8 @@ def test_dynamic_sampling_in_the_step(tmp_path, tiny_world, world_retriever, mon
     surplus rows 3 and 7 cut), logs the counts, and its rollout time holds both rounds. The overlong punishment
     (L_max 6, L_cache 2) shapes what the advantage reads: EM + clamp((4 - generated tokens) / 2, -1, 0)."""
     tr, backend = _scripted_trainer(
-        tmp_path, tiny_world, world_retriever, lambda j, k: j % 4 == 0 or k == 0, "algorithm.dynamic_sampling.enabled=true",
-        "algorithm.reward_shaping=overlong", "algorithm.overlong.max_length=6", "algorithm.overlong.cache_length=2",
+        tmp_path, tiny_world, world_retriever, lambda j, k: j % 4 == 0 or k == 0,
+        "algorithm.dynamic_sampling.enabled=true", "algorithm.reward_shaping=overlong", "algorithm.overlong.max_length=6", "algorithm.overlong.cache_length=2",
         sleep_s=0.3)
     seen, rollouts = _record(monkeypatch, "grpo"), _record_rollouts(monkeypatch)
     metrics = [tr.train_step(), tr.train_step()]
@@ -223,7 +223,6 @@ def test_the_round_cap_fills_the_batch_and_says_so(tmp_path, tiny_world, world_r
 def test_remax_rolls_out_one_greedy_response_per_prompt(tmp_path, tiny_world, world_retriever, monkeypatch):
     """REMAX: one greedy engine call (n = 1) on the batch's 2 prompts; its EM (row 0 right, row 1 wrong) is the
     baseline of both responses of the prompt; its time and tokens are logged."""
-    greedy_lengths = []
     tr, backend = _scripted_trainer(tmp_path, tiny_world, world_retriever, lambda j, k: k == 0,
                                     "algorithm.method=remax", greedy_correct=lambda j: j % 2 == 0)
     seen = _record(monkeypatch, "remax")

@@ -126,7 +126,8 @@ def rollout_step(learner: Learner, rows: Rows, *, seed: int,
         learner.accelerator, [sample.prompts, len(sample.generated), sample.kept, sample.filled])
     if filled and learner.dist.is_main:
         warnings.warn(f"dynamic sampling: {sample.rounds} generation rounds (the most allowed) kept {kept} of "
-                      f"{prompts} groups; {filled} groups of the batch were filled from dropped ones (no policy-gradient signal)")
+                      f"{prompts} groups; {filled} groups of the batch were filled from dropped ones (no "
+                      "policy-gradient signal)")
     return StepRollout(sample.batch, sample.generated, {
         "time/rollout_s": time.time() - t0, "rollout/dynamic_sampling_rounds": float(sample.rounds),
         "rollout/prompts_generated": float(prompts), "rollout/responses_generated": float(responses),
