@@ -111,6 +111,15 @@ def agree_max(accelerator: Accelerator, counts: Sequence[int]) -> list[int]:
     return [int(v) for v in t.tolist()]
 
 
+def sum_over_ranks(accelerator: Accelerator, counts: Sequence[int]) -> list[int]:
+    """Element-wise sum of ``counts`` over all processes (one all-reduce): a run's totals of per-rank counts."""
+    if accelerator.num_processes == 1 or not counts:
+        return [int(c) for c in counts]
+    t = torch.tensor([int(c) for c in counts], dtype=torch.long, device=accelerator.device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM)
+    return [int(v) for v in t.tolist()]
+
+
 def any_rank(accelerator: Accelerator, flag: bool) -> bool:
     """True on every rank when ``flag`` is True on any rank (one all-reduce)."""
     return bool(agree_max(accelerator, [int(flag)])[0])

@@ -244,8 +244,8 @@ def test_preset_examples_and_conflicts():
         load_config(None, ["algorithm.method=grpo", "algorithm.llds.enabled=true"])
     with pytest.raises(ConfigError, match=r"algorithm.clip_high: algorithm.method=gspo pins it to 0.0004"):
         load_config(None, ["algorithm.method=gspo", "algorithm.clip_high=0.28"])
-    with pytest.raises(ConfigError, match="unknown method 'dapo'"):
-        load_config(None, ["algorithm.method=dapo"])
+    with pytest.raises(ConfigError, match="unknown method 'vapo'"):
+        load_config(None, ["algorithm.method=vapo"])
     with pytest.raises(ConfigError, match="algorithm.advantage"):
         load_config(None, ["algorithm.advantage=gae"])
 
@@ -257,8 +257,11 @@ def test_help_config_shows_every_preset_expanded():
     assert "algorithm.policy_loss='gspo', algorithm.clip_low=0.0003, algorithm.clip_high=0.0004" in text
 
 
-# the presets of CISPO, SAPO, GMPO, GPG, DPPO and the Pass@k / OPO advantages
-NEW_PRESETS = ("cispo", "sapo", "gmpo", "gpg", "dppo_tv", "dppo_kl", "grpo_passk", "opo", "nthr")
+# the presets of CISPO, SAPO, GMPO, GPG, DPPO, the Pass@k / OPO advantages, DAPO, REMAX and NTHR
+NEW_PRESETS = ("cispo", "sapo", "gmpo", "gpg", "dppo_tv", "dppo_kl", "grpo_passk", "opo", "dapo", "remax", "nthr")
+# what a preset logs of its own every step
+PRESET_METRICS = {"dapo": ("rollout/dynamic_sampling_rounds", "rollout/kept_group_frac", "reward/overlong_penalty_mean"),
+                  "remax": ("time/baseline_rollout_s", "rollout/baseline_generated_tokens")}
 
 
 @pytest.fixture(scope="module")
@@ -292,6 +295,8 @@ def test_each_new_preset_trains_two_steps(tmp_path, tiny_world, world_retriever,
     keys = ("actor/pg_loss", "actor/pg_clip_frac", "actor/approx_kl", "actor/grad_norm", "actor/entropy")
     logged = [h[k] for h in result.history for k in keys]
     assert len(logged) == 2 * len(keys) and all(math.isfinite(v) for v in logged), result.history
+    own = [h[k] for h in result.history for k in PRESET_METRICS.get(name, ())]
+    assert len(own) == 2 * len(PRESET_METRICS.get(name, ())) and all(math.isfinite(v) for v in own)
 
 
 def test_help_config_and_errors_name_the_new_methods():
@@ -315,3 +320,78 @@ def test_help_config_and_errors_name_the_new_methods():
         load_config(None, ["algorithm.dppo_kl.clip_ratio_c=-1"])
     with pytest.raises(ConfigError, match=r"algorithm.clip_low: algorithm.method=cispo pins it to 10.0"):
         load_config(None, ["algorithm.method=cispo", "algorithm.clip_low=0.2"])
+
+
+# ------------------------------------------------------------------ DAPO (dynamic sampling, overlong) and REMAX
+
+
+def test_dapo_batch_filter_by_hand():
+    from searchr1_lld.algo.batch_filters import get_batch_filter
+
+    keep = get_batch_filter("nonzero_std")
+    # groups 3 (both right: dropped), 8 (one right: kept), 2 (both wrong: dropped), 5 (graded, equal: dropped),
+    # 6 (graded, unequal: kept), 9 (alone: kept, as verl keeps it)
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.25, 0.5])
+    groups = torch.tensor([3, 3, 8, 8, 2, 2, 5, 5, 6, 6, 9])
+    assert keep(rewards, groups).tolist() == [False, False, True, True, False, False, False, False, True, True, True]
+    with pytest.raises(ValueError, match="unknown batch filter 'std'"):
+        get_batch_filter("std")
+    with pytest.raises(ValueError, match=r"must both be \[B\]"):
+        keep(rewards, groups[:3])
+
+
+def test_soft_overlong_punishment_by_hand():
+    from searchr1_lld.algo.reward_shaping import get_reward_shaping
+
+    overlong = get_reward_shaping("overlong")
+    # generated tokens 3, 6, 7, 10, 12 (row 2 also holds 5 observation tokens, mask 0, which do not count);
+    # L_max 10, L_cache 4: free up to 6, then -1/4 per token, -1 beyond 10; penalty factor 0.5
+    mask = torch.zeros(5, 17)
+    for i, n in enumerate((3, 6, 7, 10, 12)):
+        mask[i, :n] = 1
+    mask[2] = torch.tensor([1.0] * 4 + [0.0] * 5 + [1.0] * 3 + [0.0] * 5)
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0])
+    shaped, m = overlong(rewards, mask, max_length=10, cache_length=4, penalty_factor=0.5)
+    assert shaped.tolist() == pytest.approx([1.0, 0.0, 1 - 0.125, 1 - 0.5, -0.5])
+    assert m["reward/overlong_frac"] == pytest.approx(3 / 5)
+    assert m["reward/overlong_penalty_mean"] == pytest.approx(-(0.125 + 0.5 + 0.5) / 5)
+    assert get_reward_shaping("none")(rewards, mask)[0] is rewards
+    for bad in ({"cache_length": 0}, {"cache_length": 11}, {"penalty_factor": -1.0}):
+        with pytest.raises(ValueError, match="cache_length|penalty_factor"):
+            overlong(rewards, mask, **{"max_length": 10, "cache_length": 4, **bad})
+
+
+def test_remax_by_hand():
+    remax = advantages.get_advantage_fn("remax")
+    scores, groups = torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([0, 0, 1, 1])
+    adv = remax(scores, groups, MASK, baselines=torch.tensor([1.0, 1.0, 0.0, 0.0]))
+    assert adv.tolist() == [0.0, -1.0, 1.0, 0.0]
+    assert advantages.needs_baselines("remax") and not advantages.needs_baselines("grpo")
+    with pytest.raises(ValueError, match="'remax' needs baselines"):
+        remax(scores, groups, MASK)
+    with pytest.raises(ValueError, match=r"scores and baselines must both be \[B\]"):
+        remax(scores, groups, MASK, baselines=torch.zeros(3))
+
+
+def test_dapo_and_remax_presets_and_their_errors():
+    dapo = load_config(None, ["algorithm.method=dapo"])
+    alg = dapo.algorithm
+    assert (alg.clip_low, alg.clip_high, alg.policy_loss, alg.loss_agg_mode) == (0.2, 0.28, "ppo_clip", "token-mean")
+    assert (alg.dynamic_sampling.enabled, alg.dynamic_sampling.filter, alg.reward_shaping) == (
+        True, "nonzero_std", "overlong")
+    # L_max defaults to the generated-token budget (max_turns + 1) x max_tokens_per_turn, L_cache to a fifth of it
+    assert alg.overlong.lengths(dapo.rollout) == ((4 + 1) * 500, 500)
+    assert load_config(None, ["algorithm.method=remax"]).algorithm.advantage == "remax"
+    for overrides, match in (
+            (["algorithm.method=dapo", "algorithm.dynamic_sampling.enabled=false"],
+             r"algorithm.dynamic_sampling.enabled: algorithm.method=dapo pins it to True"),
+            (["algorithm.method=grpo", "algorithm.reward_shaping=overlong"],
+             r"algorithm.reward_shaping: algorithm.method=grpo pins it to 'none'"),
+            (["algorithm.dynamic_sampling.max_rounds=0"], r"algorithm.dynamic_sampling.max_rounds: must be >= 1"),
+            (["algorithm.overlong.max_length=100", "algorithm.overlong.cache_length=101"],
+             r"algorithm.overlong.cache_length: must be <= L_max \(100\)"),
+            (["algorithm.overlong.penalty_factor=-1"], r"algorithm.overlong.penalty_factor: must be >= 0"),
+            (["algorithm.reward_shaping=length"], r"algorithm.reward_shaping: must name a registered one"),
+            (["algorithm.dynamic_sampling.filter=std"], r"algorithm.dynamic_sampling.filter: must name a registered")):
+        with pytest.raises(ConfigError, match=match):
+            load_config(None, overrides)

@@ -1,5 +1,5 @@
 """Each method's function equals verl's (verl/trainer/ppo/core_algos.py of the pinned PyPI release, tests/
-verl_reference.py) on random tensors, to float tolerance: the advantage estimators, Clip-Cov, KL-Cov, DAPO's
+verl_reference.py) on random tensors, to float tolerance: the advantage estimators (REMAX's included), Clip-Cov, KL-Cov, DAPO's
 clip-higher as a setting of PPO-clip, Dr. GRPO's aggregation, and CISPO, SAPO, GMPO, GPG, DPPO-TV and DPPO-KL (value
 and gradient; each prints its largest absolute gap to verl). (The likelihood anchor has no verl counterpart:
 tests/test_methods.py checks it by hand.)"""
@@ -61,6 +61,28 @@ def test_advantage_estimators_equal_verls(verl_core_algos, name, rewards, seed):
     theirs, _ = getattr(verl_core_algos, fn)(token_rewards, mask, np.asarray(groups), **kw)
     ours = broadcast_to_tokens(get_advantage_fn(name)(scores, groups, mask, eps=1e-6), mask)
     print(f"advantage {name} ({rewards}, seed {seed}) vs verl {fn}: max abs gap {float((ours - theirs).abs().max()):.3g}")
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    assert float(ours.abs().sum()) > 0
+
+
+@pytest.mark.parametrize("rewards", ["graded", "binary"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_remax_equals_verls(verl_core_algos, rewards, seed):
+    """ReMax: each prompt group's greedy baseline, repeated over its responses as verl repeats the batch, against
+    verl's compute_remax_outcome_advantage on the token rewards (the score on the last token)."""
+    scores, groups, mask, _, _ = _batch(seed)
+    _, inverse = torch.unique(groups, return_inverse=True)
+    g = torch.Generator().manual_seed(100 + seed)
+    greedy = torch.randint(0, 3, (int(inverse.max()) + 1,), generator=g).float() / 2
+    if rewards == "binary":
+        scores, greedy = (scores > 0.6).float(), (greedy > 0.6).float()
+    baselines = greedy[inverse]
+    token_rewards = torch.zeros_like(mask)
+    token_rewards[torch.arange(len(scores)), mask.sum(1).long() - 1] = scores
+    theirs, _ = verl_core_algos.compute_remax_outcome_advantage(token_rewards, baselines, mask)
+    ours = broadcast_to_tokens(get_advantage_fn("remax")(scores, groups, mask, eps=1e-6, baselines=baselines), mask)
+    print(f"advantage remax ({rewards}, seed {seed}) vs verl compute_remax_outcome_advantage: max abs gap "
+          f"{float((ours - theirs).abs().max()):.3g}")
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
     assert float(ours.abs().sum()) > 0
 

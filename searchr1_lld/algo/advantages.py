@@ -20,14 +20,20 @@ response lengths. Every estimator is registered by name (``algorithm.advantage``
     gpg                    A_i = alpha (r_i - mean_{G(i)} r),  alpha = B / max(#{j : r_j != 0}, 1) over the batch
                            (GPG, Chu et al. 2025, arXiv 2504.02546; verl compute_gpg_outcome_advantage with its
                             f_norm = 1, the value verl's trainer runs it with)
+    remax                  A_i = r_i - b_i,  b_i the reward of one greedy response to i's prompt (the same agent loop
+                           at temperature 0, n = 1, retrieval included; the step rolls it out only for an estimator
+                           registered with ``needs_baselines``)
+                           (ReMax, Li et al. 2023, arXiv 2310.10505; verl compute_remax_outcome_advantage)
 
 std is the *unbiased* sample standard deviation (divide by |G| - 1) as in verl / Search-R1's ``torch.std``. A group
-with a single response has no baseline: its advantage is 0 under every estimator (verl gives such a response its raw
-score (grpo: divided by 1 + eps; grpo_passk raises); ``rollout.n >= 2`` makes every group here at least two). A
-group whose rewards are all equal gets advantage 0 under grpo, grpo_no_std, rloo, grpo_passk, opo and gpg.
+with a single response has no baseline: its advantage is 0 under every estimator of a group baseline (verl gives such
+a response its raw score (grpo: divided by 1 + eps; grpo_passk raises); ``rollout.n >= 2`` makes every group here at
+least two); remax's baseline is the greedy response, so it has none of these rules. A group whose rewards are all
+equal gets advantage 0 under grpo, grpo_no_std, rloo, grpo_passk, opo and gpg.
 
 An estimator is ``fn(scores [B], group_ids [B], response_mask [B, T], *, eps) -> advantages [B]``; the step broadcasts
-it to the tokens (:func:`broadcast_to_tokens`).
+it to the tokens (:func:`broadcast_to_tokens`). One registered with ``needs_baselines=True`` (:func:`needs_baselines`)
+also takes ``baselines [B]``, a per-response baseline reward the step computes for it (remax: the greedy response's).
 """
 
 from __future__ import annotations
@@ -40,11 +46,20 @@ from searchr1_lld.algo import registry
 
 AdvantageFn = Callable[..., torch.Tensor]
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {}
+BASELINE_ESTIMATORS: set[str] = set()  # the estimators that take ``baselines [B]`` (registered needs_baselines=True)
 
 
-def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Decorator: register ``fn`` as the advantage estimator ``name`` (a name may be registered once)."""
+def register_advantage(name: str, *, needs_baselines: bool = False) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Decorator: register ``fn`` as the advantage estimator ``name`` (a name may be registered once);
+    ``needs_baselines``: it takes ``baselines [B]``, which the step then computes (:func:`needs_baselines`)."""
+    if needs_baselines:
+        BASELINE_ESTIMATORS.add(name)
     return registry.register(ADVANTAGE_ESTIMATORS, "advantage estimator", name)
+
+
+def needs_baselines(name: str) -> bool:
+    """Whether the estimator registered as ``name`` takes ``baselines [B]`` (the step then rolls them out)."""
+    return name in BASELINE_ESTIMATORS
 
 
 def get_advantage_fn(name: str) -> AdvantageFn:
@@ -184,6 +199,23 @@ def gpg(scores: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tens
     r, inverse, count, centred = _group_stats(scores, group_ids)
     alpha = len(r) / max(int(torch.count_nonzero(r)), 1)
     return _no_singletons(alpha * centred, inverse, count)
+
+
+@register_advantage("remax", needs_baselines=True)
+def remax(scores: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tensor, *, eps: float = 1e-6,
+          baselines: torch.Tensor | None = None) -> torch.Tensor:
+    """ReMax: A_i = r_i - b_i, ``[B]``, with ``baselines [B]`` b_i the reward of the greedy response to response i's
+    prompt (every response of a prompt has the same b); group ids, mask and eps unused. Broadcast to the tokens it is
+    verl's (r_i - b_i) m[i,t] (the outcome reward summed from t to the end, minus b on the mask)."""
+    if baselines is None:
+        raise ValueError("advantage estimator 'remax' needs baselines [B] (the reward of a greedy rollout of each "
+                         "response's prompt); the training step computes them when algorithm.advantage=remax, a "
+                         "direct call must pass baselines=")
+    if scores.dim() != 1 or baselines.shape != scores.shape:
+        raise ValueError(f"scores and baselines must both be [B]; got {tuple(scores.shape)} and "
+                         f"{tuple(baselines.shape)}")
+    r = scores.detach().to(torch.float32 if not scores.is_floating_point() else scores.dtype)
+    return r - baselines.detach().to(r.dtype)
 
 
 def broadcast_to_tokens(adv: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

@@ -1,10 +1,11 @@
 """Methods by name: ``algorithm.method: NAME`` expands into the ordinary settings that define the method.
 
 Every preset pins the same switches (:data:`SWITCHES`: the advantage estimator, the policy loss, its clip ranges, the
-loss aggregation, and whether LLDS, the likelihood anchor and NTHR are on), so that a method means the same thing
-whatever file it is set in; a few pin one more key of their own (LLDS-MA: ``llds.ma``; the gate arms:
-``llds.gate``). Every other key (coefficients such as ``llds.lam``, ``nll_anchor.coef``, ``nthr.*``, ``clip_cov.*``,
-``kl_cov.*``, ``sapo.*``, ``dppo_tv.*``, the KL, the batch) stays a setting of the config.
+loss aggregation, whether LLDS, the likelihood anchor, NTHR and dynamic sampling are on, and the reward shaping), so
+that a method means the same thing whatever file it is set in; a few pin one more key of their own (LLDS-MA:
+``llds.ma``; the gate arms: ``llds.gate``; DAPO: ``dynamic_sampling.filter``). Every other key (coefficients such as
+``llds.lam``, ``nll_anchor.coef``, ``nthr.*``, ``clip_cov.*``, ``kl_cov.*``, ``sapo.*``, ``dppo_tv.*``,
+``dynamic_sampling.max_rounds``, ``overlong.*``, the KL, the batch) stays a setting of the config.
 
 Precedence: a key a preset pins may be written in the config (its YAML files and ``key=value`` overrides) only with
 the preset's value; any other value is a ConfigError that names the key, the method and both values (to change a
@@ -32,6 +33,7 @@ class MethodPreset:
 SWITCHES: dict[str, Any] = {
     "advantage": "grpo", "policy_loss": "ppo_clip", "clip_low": None, "clip_high": None,
     "loss_agg_mode": "token-mean", "llds.enabled": False, "nll_anchor.enabled": False, "nthr.enabled": False,
+    "dynamic_sampling.enabled": False, "reward_shaping": "none",
 }
 
 
@@ -84,6 +86,12 @@ METHODS: dict[str, MethodPreset] = {p.name: p for p in (
     _preset("rloo", "RLOO's leave-one-out baseline (Ahmadian et al. 2024, arXiv 2402.14740)", advantage="rloo"),
     _preset("reinforce_pp_baseline", "REINFORCE++ with a group baseline, whitened over the batch (Hu 2025, arXiv "
             "2501.03262)", advantage="reinforce_pp_baseline"),
+    _preset("dapo", "DAPO: clip-higher 0.2 / 0.28, dynamic sampling (groups of equal rewards replaced), soft overlong "
+            "punishment, token-mean (Yu et al. 2025, arXiv 2503.14476); settings algorithm.dynamic_sampling, "
+            "algorithm.overlong", clip_low=0.2, clip_high=0.28, dynamic_sampling__enabled=True,
+            dynamic_sampling__filter="nonzero_std", reward_shaping="overlong"),
+    _preset("remax", "ReMax: r minus the reward of a greedy rollout of the same prompt (Li et al. 2023, arXiv "
+            "2310.10505)", advantage="remax"),
 )}
 
 # every key some preset pins (dotted, relative to algorithm): what two methods' configs may differ in

@@ -39,6 +39,7 @@ def validate(cfg: Config) -> None:
     of the first failing check, section by section (each section's checks: :mod:`searchr1_lld.config.validation`)."""
     validation.raise_first([
         *validation.algorithm_checks(cfg.algorithm),
+        *validation.sampling_checks(cfg.algorithm, cfg.rollout),
         *validation.rollout_checks(cfg.rollout, cfg.data),
         *validation.data_checks(cfg.data),
         *validation.retriever_checks(cfg.retriever),

@@ -187,14 +187,47 @@ class DPPOConfig:
 
 
 @dataclass
+class DynamicSamplingConfig:
+    """DAPO's dynamic sampling (learner/sampling.py; the filter: algo/batch_filters.py): the groups the filter drops
+    are replaced by groups of more prompts, rolled out in further rounds, so that the batch keeps its size."""
+
+    enabled: bool = opt(False, "roll out more prompts (the trainer's prompt stream, a batch share per round) until the "
+                        "step holds trainer.train_batch_size groups the filter keeps; surplus kept groups are cut")
+    filter: str = opt("nonzero_std", "the batch filter by registered name (algo/batch_filters.py: nonzero_std = drop "
+                      "the groups whose EM rewards are all equal, DAPO's rule)")
+    max_rounds: int = opt(10, "the most generation rounds of one step, the first included (verl's max_num_gen_batches; "
+                          "DAPO's example run: 10; no unlimited setting); every rank runs the same number. When they "
+                          "are spent, the batch is filled with dropped groups (no policy-gradient signal), counted in "
+                          "rollout/dynamic_sampling_filled_groups")
+
+
+@dataclass
+class OverlongConfig:
+    """DAPO's soft overlong punishment (algo/reward_shaping.py), read when algorithm.reward_shaping=overlong; lengths
+    count the tokens the policy generated (response_mask = 1), never the retrieved documents."""
+
+    max_length: int = opt(0, "L_max in generated tokens (beyond it the penalty is -penalty_factor); 0 = the rollout's "
+                          "generated-token budget, (rollout.max_turns + 1) x rollout.max_tokens_per_turn")
+    cache_length: int = opt(0, "L_cache: the penalty rises linearly from 0 at L_max - L_cache to -penalty_factor at "
+                            "L_max; 0 = L_max / 5 (DAPO's 4,096 of 20,480), at least 1")
+    penalty_factor: float = opt(1.0, "f: the penalty at L_max (verl's overlong_buffer.penalty_factor; DAPO: 1.0)")
+
+    def lengths(self, rollout: RolloutConfig) -> tuple[int, int]:
+        """(L_max, L_cache) with their defaults resolved against ``rollout``."""
+        max_length = self.max_length or (rollout.max_turns + 1) * rollout.max_tokens_per_turn
+        return max_length, self.cache_length or max(1, max_length // 5)
+
+
+@dataclass
 class AlgorithmConfig:
     method: str = opt("", "a named method (config/methods.py: grpo, llds, llds_ma, dapo_clip_higher, dr_grpo, gspo, "
                       "clip_cov, kl_cov, cispo, sapo, gmpo, gpg, dppo_tv, dppo_kl, rloo, reinforce_pp_baseline, "
-                      "grpo_passk, opo, nll_anchor, nthr, ...) that pins the switches below "
+                      "grpo_passk, opo, nll_anchor, nthr, dapo, remax, ...) that pins the switches below "
                       "(--help-config lists each expansion); a pinned key set to another value is an error; '' = "
                       "the switches as written")
     advantage: str = opt("grpo", "advantage estimator by registered name (algo/advantages.py: grpo, grpo_no_std, "
-                         "rloo, reinforce_pp_baseline, grpo_passk, opo, gpg)")
+                         "rloo, reinforce_pp_baseline, grpo_passk, opo, gpg; remax: r minus the reward of a greedy "
+                         "rollout of the prompt, which the step then rolls out)")
     adv_eps: float = opt(1e-6, "GRPO: epsilon of the std division")
     policy_loss: str = opt("ppo_clip", "policy loss by registered name (algo/policy_loss.py: ppo_clip, gspo; "
                            "algo/covariance_losses.py: clip_cov, kl_cov; algo/logprob_losses.py: gpg, cispo, "
@@ -226,6 +259,11 @@ class AlgorithmConfig:
     dppo_tv: DPPOConfig = section(DPPOConfig, "DPPO-Binary-TV's settings")
     dppo_kl: DPPOConfig = section(DPPOConfig, "DPPO-Binary-KL's settings")
     rollout_correction: RolloutCorrectionConfig = section(RolloutCorrectionConfig, "engine/learner mismatch correction")
+    dynamic_sampling: DynamicSamplingConfig = section(DynamicSamplingConfig, "DAPO's dynamic sampling")
+    reward_shaping: str = opt("none", "reward-shaping rule applied to the EM rewards before the advantage, by "
+                              "registered name (algo/reward_shaping.py: none, overlong); its settings: the section of "
+                              "the same name")
+    overlong: OverlongConfig = section(OverlongConfig, "DAPO's soft overlong punishment")
 
 
 @dataclass

@@ -39,11 +39,14 @@ def registered_names() -> dict[str, list[str]]:
     the config loads without torch until checked)."""
     from searchr1_lld.algo.advantages import ADVANTAGE_ESTIMATORS  # deferred: torch
     from searchr1_lld.algo.aggregation import AGGREGATIONS  # deferred: torch
+    from searchr1_lld.algo.batch_filters import BATCH_FILTERS  # deferred: torch
     from searchr1_lld.algo.nthr import ETA_RULES  # deferred: torch
     from searchr1_lld.algo.policy_loss import POLICY_LOSSES  # deferred: torch
+    from searchr1_lld.algo.reward_shaping import REWARD_SHAPINGS  # deferred: torch
 
     return {"policy_loss": sorted(POLICY_LOSSES), "advantage": sorted(ADVANTAGE_ESTIMATORS),
-            "loss_agg_mode": list(AGGREGATIONS), "nthr.eta_rule": list(ETA_RULES)}
+            "loss_agg_mode": list(AGGREGATIONS), "nthr.eta_rule": list(ETA_RULES),
+            "reward_shaping": sorted(REWARD_SHAPINGS), "dynamic_sampling.filter": sorted(BATCH_FILTERS)}
 
 
 def algorithm_checks(alg: AlgorithmConfig) -> list[Check]:
@@ -76,6 +79,19 @@ def algorithm_checks(alg: AlgorithmConfig) -> list[Check]:
         (0 <= alg.nthr.eta <= 1, "algorithm.nthr.eta", "must lie in [0, 1]"),
         *[(get_dotted(alg, key) in known, f"algorithm.{key}", f"must name a registered one {known}")
           for key, known in names.items()],
+    ]
+
+
+def sampling_checks(alg: AlgorithmConfig, rollout: RolloutConfig) -> list[Check]:
+    """algorithm.dynamic_sampling.* and algorithm.overlong.* (its lengths resolved against rollout.*)."""
+    max_length, cache_length = alg.overlong.lengths(rollout)
+    return [
+        (alg.dynamic_sampling.max_rounds >= 1, "algorithm.dynamic_sampling.max_rounds",
+         "must be >= 1 (the first round included; there is no unlimited setting)"),
+        (alg.overlong.max_length >= 0, "algorithm.overlong.max_length", "must be >= 0 (0 = the rollout's budget)"),
+        (alg.overlong.cache_length >= 0, "algorithm.overlong.cache_length", "must be >= 0 (0 = L_max / 5)"),
+        (cache_length <= max_length, "algorithm.overlong.cache_length", f"must be <= L_max ({max_length})"),
+        (alg.overlong.penalty_factor >= 0, "algorithm.overlong.penalty_factor", "must be >= 0"),
     ]
 
 

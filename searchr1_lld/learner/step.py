@@ -1,6 +1,7 @@
 """One training step of the learner, top to bottom as in the diagram of trainer.py's docstring:
 
-    sample -> rollout -> engine.sleep -> advantages -> logp_old / logp_ref -> rollout correction, NTHR
+    sample -> rollout (dynamic sampling: more rounds; remax: greedy baselines) -> engine.sleep -> shaped rewards
+    -> advantages -> logp_old / logp_ref -> rollout correction, NTHR
     -> ppo_epochs x mini-batches x micro-batches of objective + backward, one optimiser step per mini-batch
     -> logp_new -> LLD monitor -> probe set, phase -> weights to the engine -> engine.wake_up
 
@@ -17,7 +18,7 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -32,7 +33,7 @@ from searchr1_lld.instruments.monitor import (PHASE_ID, PhaseDetector, ProbeSet,
                                               first_action_ids, likelihood_metrics, policy_step_kl, rollout_metrics,
                                               shared_first_action_fraction)
 from searchr1_lld.instruments.phases import PhaseReport
-from searchr1_lld.learner import batching, nthr_weights, policy_logprobs
+from searchr1_lld.learner import batching, nthr_weights, policy_logprobs, sampling
 from searchr1_lld.learner.state import Learner
 from searchr1_lld.rollout.types import Trajectory, TrajectoryBatch, to_batch
 
@@ -79,25 +80,18 @@ def llds_noop_warning(cfg: Config, updates_per_step: int) -> str | None:
 
 
 def train_step(learner: Learner, rows: list[dict[str, Any]], *, step: int, probe: ProbeSet,
-               detector: PhaseDetector, history: Sequence[dict[str, Any]]) -> StepResult:
+               detector: PhaseDetector, history: Sequence[dict[str, Any]],
+               more_rows: Callable[[], list[dict[str, Any]]] | None = None) -> StepResult:
     """Training step number ``step`` (0-based) on this rank's prompt ``rows``: rollout, advantages, ppo_epochs x
     mini-batches of updates, the LLD monitor (``probe`` re-measured every trainer.probe_every steps, ``detector``
-    run on the earlier steps' ``history`` and this one's metrics), the new weights to the engine."""
+    run on the earlier steps' ``history`` and this one's metrics), the new weights to the engine. ``more_rows``: the
+    next rows of the prompt stream, this rank's share of a batch per call (algorithm.dynamic_sampling asks for them)."""
     cfg, dist = learner.cfg, learner.dist
     seed_everything(seed := step_seed(cfg.trainer.seed, step, dist.rank, dist.world_size))
     t0 = time.time()
-    # roll out n responses per prompt (reward = EM; requests seeded from the step's seed), hand the engine's memory
-    trajs = learner.rollout(rows, seed=seed)
-    t_rollout = time.time() - t0
-    learner.backend.sleep()  # woken after the weight stream below
-    batch = to_batch(trajs, learner.tokenizer.pad_token_id)
-    metrics: dict[str, Any] = {**rollout_metrics(trajs), "time/rollout_s": t_rollout}
-
-    # advantages (the estimator registered as algorithm.advantage); logp_old under the current policy, logp_ref
-    # under the frozen initial one; rollout correction
-    advantages = adv_fns.get_advantage_fn(cfg.algorithm.advantage)(batch.rewards, batch.group_ids,
-                                                                    batch.response_mask, eps=cfg.algorithm.adv_eps)
-    metrics["adv/nonzero_frac"] = float((advantages != 0).float().mean())  # responses that carry signal
+    # rollout (the engine's memory handed over after it) and advantages; logp_old under the current policy,
+    # logp_ref under the frozen initial one; rollout correction
+    trajs, batch, advantages, metrics = rollout_to_batch(learner, rows, seed=seed, more_rows=more_rows)
     logp_old = batch_logprobs(learner, learner.model, batch)
     logp_ref = batch_logprobs(learner, learner.ref_model, batch) if learner.ref_model is not None else None
     if batch.has_engine_logprobs:
@@ -138,6 +132,32 @@ def train_step(learner: Learner, rows: list[dict[str, Any]], *, step: int, probe
     learner.sync_engine()
     learner.backend.wake_up()
     return StepResult(metrics=metrics, skipped_updates=int(update["actor/skipped_updates"]), phase_report=report)
+
+
+def rollout_to_batch(learner: Learner, rows: list[dict[str, Any]], *, seed: int,
+                     more_rows: Callable[[], list[dict[str, Any]]] | None
+                     ) -> tuple[list[Trajectory], TrajectoryBatch, torch.Tensor, dict[str, Any]]:
+    """The step's rollout to its batch (trajectories, tensors), advantages [B] and metrics: n responses per prompt
+    (reward = EM; requests seeded from ``seed``; dynamic sampling: more rounds until the batch is full), for an
+    estimator that needs baselines (remax) one greedy response per prompt, the engine put to sleep (woken after the
+    step's weight stream), the rewards shaped (algorithm.reward_shaping) and the estimator registered as
+    algorithm.advantage run on them (learner/sampling.py)."""
+    cfg = learner.cfg
+    sampled = sampling.rollout_step(learner, rows, seed=seed, more_rows=more_rows)
+    trajs = sampled.trajectories
+    baselines, baseline_metrics = (sampling.greedy_baselines(learner, trajs)
+                                   if adv_fns.needs_baselines(cfg.algorithm.advantage) else (None, {}))
+    learner.backend.sleep()
+    batch = to_batch(trajs, learner.tokenizer.pad_token_id)
+    # the rollout metrics of every response generated (reward/em_mean: the policy's reward on the prompts drawn)
+    metrics: dict[str, Any] = {**rollout_metrics(sampled.generated), **sampled.metrics, **baseline_metrics}
+    scores, shaping_metrics = sampling.shaped_rewards(cfg, batch)
+    metrics.update(shaping_metrics)
+    advantages = adv_fns.get_advantage_fn(cfg.algorithm.advantage)(
+        scores, batch.group_ids, batch.response_mask, eps=cfg.algorithm.adv_eps,
+        **({} if baselines is None else {"baselines": baselines}))
+    metrics["adv/nonzero_frac"] = float((advantages != 0).float().mean())  # responses that carry signal
+    return trajs, batch, advantages, metrics
 
 
 def monitor_metrics(learner: Learner, batch: TrajectoryBatch, trajs: list[Trajectory],

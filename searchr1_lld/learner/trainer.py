@@ -4,6 +4,8 @@ One training step (:func:`searchr1_lld.learner.step.train_step`)::
 
     sample train_batch_size prompts (this rank's share)                       batching.PromptSampler
     rollout: n responses per prompt, policy in eval mode, no grad             run_agent_loop  (reward = EM)
+    (dynamic sampling: more rounds of prompts until the batch is full; remax: a greedy response per prompt)
+                                                                                sampling.py
     engine.sleep(): the rollout engine hands its GPU memory to the update     rollout/backends (contract: base.py)
     advantages A_i (GRPO, per group)                                          algo.advantages
     logp_old under the current policy, logp_ref under the frozen initial one  step.batch_logprobs -> algo.logprobs
@@ -137,16 +139,20 @@ class Trainer:
     def train_step(self) -> dict[str, Any]:
         """One GRPO(+LLDS) step (:func:`searchr1_lld.learner.step.train_step`) on this rank's share of the next
         prompts; advances the counters and returns the step's metrics."""
-        dist = self.learner.dist
-        rows = self.sampler.next_batch()[dist.rank :: dist.world_size]  # all ranks draw the same; each its share
-        result = step.train_step(self.learner, rows, step=self.step, probe=self.probe, detector=self.detector,
-                                 history=self.history)
+        result = step.train_step(self.learner, self.next_rows(), step=self.step, probe=self.probe,
+                                 detector=self.detector, history=self.history, more_rows=self.next_rows)
         self.step += 1
         self.skipped_updates += result.skipped_updates
         self.phase_report = result.phase_report
         metrics = {**result.metrics, "actor/skipped_updates_total": float(self.skipped_updates)}
         self.history.append({"step": self.step, **metrics})
         return metrics
+
+    def next_rows(self) -> list[dict]:
+        """This rank's share of the sampler's next train_batch_size prompts (all ranks draw the same batch): the
+        step's rows, and each further round of dynamic sampling's (which every rank runs alike)."""
+        dist = self.learner.dist
+        return self.sampler.next_batch()[dist.rank :: dist.world_size]
 
     def evaluate(self, rows: list[dict], desc: str = "eval", progress: bool = False) -> dict[str, float]:
         """Greedy EM on ``rows`` (:meth:`Learner.evaluate`)."""
