@@ -257,8 +257,8 @@ def test_help_config_shows_every_preset_expanded():
     assert "algorithm.policy_loss='gspo', algorithm.clip_low=0.0003, algorithm.clip_high=0.0004" in text
 
 
-# the presets of CISPO, SAPO, GMPO, GPG, DPPO and the Pass@k / OPO advantages
-NEW_PRESETS = ("cispo", "sapo", "gmpo", "gpg", "dppo_tv", "dppo_kl", "grpo_passk", "opo")
+# the presets of CISPO, SAPO, GMPO, GPG, DPPO and the Pass@k / OPO advantages; TRL's bnpo, luspo and vespo
+NEW_PRESETS = ("cispo", "sapo", "gmpo", "gpg", "dppo_tv", "dppo_kl", "grpo_passk", "opo", "bnpo", "luspo", "vespo")
 
 
 @pytest.fixture(scope="module")

@@ -70,6 +70,14 @@ def algorithm_checks(alg: AlgorithmConfig) -> list[Check]:
         (alg.dppo_tv.clip_ratio_c > 0, "algorithm.dppo_tv.clip_ratio_c", "must be > 0"),
         (alg.dppo_kl.clip_ratio_c > 0, "algorithm.dppo_kl.clip_ratio_c", "must be > 0"),
         (alg.rollout_correction.cap >= 1, "algorithm.rollout_correction.cap", "must be >= 1"),
+        (alg.vespo.k_pos >= 0, "algorithm.vespo.k_pos", "must be >= 0"),
+        (alg.vespo.k_neg >= 0, "algorithm.vespo.k_neg", "must be >= 0"),
+        (alg.vespo.lambda_pos > 0, "algorithm.vespo.lambda_pos", "must be > 0"),
+        (alg.vespo.lambda_neg > 0, "algorithm.vespo.lambda_neg", "must be > 0"),
+        (0 <= alg.top_entropy_quantile <= 1, "algorithm.top_entropy_quantile", "must be in [0, 1] (1 = every token)"),
+        (alg.top_entropy_quantile == 1 or alg.policy_loss != "geo_mean", "algorithm.top_entropy_quantile",
+         "must be 1 with algorithm.policy_loss=geo_mean (GMPO takes the geometric mean of its token weights, which "
+         "a token selection would turn into a near-zero weight for the whole response)"),
         *[(getattr(alg, key) in known, f"algorithm.{key}", f"must name a registered one {known}")
           for key, known in names.items()],
     ]
