@@ -257,8 +257,9 @@ def test_help_config_shows_every_preset_expanded():
     assert "algorithm.policy_loss='gspo', algorithm.clip_low=0.0003, algorithm.clip_high=0.0004" in text
 
 
-# the presets of CISPO, SAPO, GMPO, GPG, DPPO, the Pass@k / OPO advantages, DAPO, REMAX and NTHR
-NEW_PRESETS = ("cispo", "sapo", "gmpo", "gpg", "dppo_tv", "dppo_kl", "grpo_passk", "opo", "dapo", "remax", "nthr")
+# the presets of CISPO, SAPO, GMPO, GPG, DPPO, the Pass@k / OPO advantages, DAPO, REMAX and NTHR; TRL's bnpo, luspo and vespo
+NEW_PRESETS = ("cispo", "sapo", "gmpo", "gpg", "dppo_tv", "dppo_kl", "grpo_passk", "opo", "dapo", "remax", "nthr",
+               "bnpo", "luspo", "vespo")
 # what a preset logs of its own every step
 PRESET_METRICS = {"dapo": ("rollout/dynamic_sampling_rounds", "rollout/kept_group_frac", "reward/overlong_penalty_mean"),
                   "remax": ("time/baseline_rollout_s", "rollout/baseline_generated_tokens")}

@@ -17,8 +17,9 @@ from searchr1_lld.algo.terms import OBJECTIVE_TERMS, TermBatch, register_term
 from searchr1_lld.algo.logprobs import chunked_logprobs_entropy, linear_logprobs_entropy, naive_logprobs_entropy
 from searchr1_lld.algo.policy_loss import POLICY_LOSSES, gspo_loss, ppo_clip_loss
 from searchr1_lld.algo.covariance_losses import clip_cov_loss, kl_cov_loss
-from searchr1_lld.algo.logprob_losses import cispo_loss, dppo_kl_loss, dppo_tv_loss, gpg_loss
+from searchr1_lld.algo.logprob_losses import cispo_loss, dppo_kl_loss, dppo_tv_loss, gpg_loss, vespo_loss
 from searchr1_lld.algo.ratio_losses import geo_mean_loss, sapo_loss
+from searchr1_lld.algo.token_selection import mask_responses, top_entropy_mask
 from searchr1_lld.algo.spans import (
     action_span_list,
     action_spans,
@@ -62,6 +63,7 @@ __all__ = [
     "llds_can_act",
     "llds_gate",
     "llds_loss",
+    "mask_responses",
     "masked_mean",
     "mini_batch_denominators",
     "naive_logprobs_entropy",
@@ -71,4 +73,6 @@ __all__ = [
     "ppo_clip_loss",
     "register_term",
     "sapo_loss",
+    "top_entropy_mask",
+    "vespo_loss",
 ]

@@ -3,8 +3,9 @@
     l[i,t] = -w[i,t] * A[i,t] * logp_new[i,t],      loss = aggregate(tw * l, m, agg_mode)
 
 so that d l / d logp_new = -w A (REINFORCE with a per-token weight). Registered in algo/policy_loss.py's table as
-``gpg``, ``cispo``, ``dppo_tv`` and ``dppo_kl``; each equals verl 0.9.1's function of the same name
-(``verl/trainer/ppo/core_algos.py``), checked by tests/test_methods_vs_verl.py.
+``gpg``, ``cispo``, ``dppo_tv``, ``dppo_kl`` and ``vespo``; the first four equal verl 0.9.1's function of the same name
+(``verl/trainer/ppo/core_algos.py``), checked by tests/test_methods_vs_verl.py; vespo equals TRL 1.16's loss
+(tests/test_methods_vs_trl.py).
 
 Shapes: logp_new, logp_old, response_mask, token weights tw ``[B, T]`` (tw: rollout-correction weights, None = 1, no
 gradient); advantages ``[B, T]`` or ``[B]``. With x = clamp(logp_new - logp_old, -20, 20) and r = exp(x):
@@ -26,16 +27,31 @@ gradient); advantages ``[B, T]`` or ``[B]``. With x = clamp(logp_new - logp_old,
                          D <= clip_low  or p >= q    where A <= 0
                                                             (DPPO-Binary-KL, arXiv 2602.04879;
                                                              verl ``compute_policy_loss_dppo_kl``)
+    vespo    w = sg(phi(W_i)), one weight per response from its sequence ratio W_i (VESPO, arXiv 2602.10693;
+             TRL 1.16 ``GRPOTrainer.get_gamma_weights``, ``loss_type="vespo"``):
+                 log W_i = clamp( sum_t m x, log 1e-8, 20 )           (a sum over the response, not a mean)
+                 phi(W)  = exp( lam + k log W - lam W ) = e^lam W^k e^(-lam W)     (phi(1) = 1, no gradient)
+                 (k, lam) = (k_pos, lambda_pos) where A >= 0, (k_neg, lambda_neg) where A < 0
+                 (``algorithm.vespo``; TRL's defaults 2, 3, 3, 2); a non-finite phi counts as 0, as TRL's.
+             A smooth, asymmetric Gamma-shaped weight in place of the ratio clip: near 1 on-policy, fading for
+             responses whose likelihood moved far either way. TRL aggregates it by token-mean over the global batch
+             (its ``dapo`` normalisation; the preset ``vespo`` pins ``token-mean``). TRL folds its own token-level
+             sampler ratios (vLLM importance sampling) into W; here rollout-correction weights tw multiply each
+             token's term, as for every other loss.
 
 For DPPO clip_low / clip_high are divergence thresholds, not ratio ranges (verl's example run: 0.15 for TV, 0.05 for
 KL), and c = ``clip_ratio_c`` (``algorithm.dppo_tv`` / ``algorithm.dppo_kl``; verl's function default 20) truncates
 the importance weight. dual_clip is accepted for the common interface and not used.
 
 Metrics: pg_loss; pg_clip_frac (cispo: share of response tokens whose ratio was clipped; dppo: share outside the
-trust region, valid = 0; gpg: 0); approx_kl = masked mean of -x (verl's ``ppo_kl``).
+trust region, valid = 0; gpg, vespo: 0); approx_kl = masked mean of -x (verl's ``ppo_kl``); vespo_phi_mean (vespo: the
+masked token mean of phi, each response's weight counted on each of its tokens; TRL's ``vespo/phi_seq_mean`` is the
+mean over responses).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -142,3 +158,38 @@ def dppo_kl_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, advantages: tor
         valid = torch.where(adv > 0, (binary_kl <= clip_high) | (p <= q), (binary_kl <= clip_low) | (p >= q))
     return _dppo(valid, logp_new, _log_ratio(logp_new, logp_old), adv, response_mask, agg_mode, token_weights,
                  clip_ratio_c)
+
+
+@torch.no_grad()
+def gamma_weights(log_ratio: torch.Tensor, adv: torch.Tensor, response_mask: torch.Tensor, *, k_pos: float,
+                  lambda_pos: float, k_neg: float, lambda_neg: float) -> torch.Tensor:
+    """VESPO's phi(W_i) on every token of response i, ``[B, T]`` (module docstring); ``log_ratio`` = x ``[B, T]``
+    (clamped to [-20, 20]), ``adv`` ``[B, T]``. No gradient."""
+    m = (response_mask != 0).to(log_ratio.dtype)
+    log_w = torch.clamp((log_ratio * m).sum(dim=-1, keepdim=True), math.log(1e-8), 20.0)  # [B, 1]
+    nonneg = adv >= 0
+    k = torch.where(nonneg, torch.full_like(adv, k_pos), torch.full_like(adv, k_neg))
+    lam = torch.where(nonneg, torch.full_like(adv, lambda_pos), torch.full_like(adv, lambda_neg))
+    return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+@register_policy_loss("vespo")
+def vespo_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
+               *, clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = None,
+               agg_mode: str = "token-mean", token_weights: torch.Tensor | None = None, k_pos: float = 2.0,
+               lambda_pos: float = 3.0, k_neg: float = 3.0, lambda_neg: float = 2.0
+               ) -> tuple[torch.Tensor, dict[str, float]]:
+    """VESPO: l = -sg(phi(W_i)) A logp_new, phi the Gamma weight of the response's sequence ratio W_i (module
+    docstring; the clip ranges are not used). Returns (loss, metrics)."""
+    check_shapes(logp_new, logp_old, response_mask)
+    _positive(lambda_pos=lambda_pos, lambda_neg=lambda_neg)
+    if not (k_pos >= 0 and k_neg >= 0):
+        raise ValueError(f"k_pos and k_neg must be >= 0; got {k_pos}, {k_neg}")
+    adv = _token_advantages(advantages, response_mask)
+    log_ratio = _log_ratio(logp_new, logp_old)
+    phi = gamma_weights(log_ratio, adv, response_mask, k_pos=k_pos, lambda_pos=lambda_pos, k_neg=k_neg,
+                        lambda_neg=lambda_neg)
+    loss, metrics = _weighted_logprob_loss(phi, adv, logp_new, log_ratio, response_mask, agg_mode, token_weights,
+                                           torch.zeros_like(response_mask, dtype=torch.bool))
+    metrics["vespo_phi_mean"] = float(masked_mean(phi, (response_mask != 0).to(phi.dtype)))
+    return loss, metrics

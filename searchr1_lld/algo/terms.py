@@ -6,8 +6,9 @@ them up; autograd differentiates the sum).
 The built-in terms (D and D_LLDS are the denominators of algo/objective.py) and the settings each reads:
 
     policy_loss   pg * n / D                              algorithm.{policy_loss, clip_eps, clip_low, clip_high,
-                                                          dual_clip, loss_agg_mode} and the loss's own section
-                                                          algorithm.<policy_loss> when it has one (clip_cov, kl_cov)
+                                                          dual_clip, loss_agg_mode, top_entropy_quantile} and the
+                                                          loss's own section algorithm.<policy_loss> when it has
+                                                          one (clip_cov, kl_cov, sapo, vespo, ...)
     entropy       - entropy_coef * agg(H, D)              algorithm.entropy_coef         H: token entropies
     kl            + kl_coef * agg(KL(logp_new || logp_ref), D)   algorithm.{kl_coef, kl_type} (algo/kl.py)
     llds          + L_LLDS, normalised by D_LLDS          algorithm.llds (LLDS-MA included; algo/llds.py)
@@ -28,7 +29,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from searchr1_lld.algo import anchor, kl, llds, policy_loss, registry
+from searchr1_lld.algo import anchor, kl, llds, policy_loss, registry, token_selection
 from searchr1_lld.algo.aggregation import aggregate, default_denominator, masked_mean
 
 
@@ -48,6 +49,7 @@ class AlgorithmSettings(Protocol):
     kl_coef: float
     kl_type: str
     entropy_coef: float
+    top_entropy_quantile: float
     llds: Any  # LLDSConfig: enabled, lam, gate, tau, ma, lam_answer, ma_adaptive_rule
     nll_anchor: Any  # NLLAnchorConfig: enabled, coef
 
@@ -88,19 +90,40 @@ def loss_settings(alg: AlgorithmSettings) -> dict[str, Any]:
             **(dataclasses.asdict(own) if dataclasses.is_dataclass(own) else {})}
 
 
+def policy_token_weights(batch: TermBatch, alg: AlgorithmSettings) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """The per-token weights ``[B, T]`` the policy loss multiplies its token terms by (None = 1): the batch's
+    ``token_weights`` times, when ``alg.top_entropy_quantile`` < 1, the high-entropy selection s of
+    :func:`searchr1_lld.algo.token_selection.top_entropy_mask` over this forward pass's response tokens. The
+    aggregation keeps the full response mask, so a token left out adds 0 and still counts in the denominator (TRL's
+    ``per_token_loss * entropy_mask``). Metric: top_entropy_kept_frac = sum s / sum m."""
+    if alg.top_entropy_quantile >= 1:
+        return batch.token_weights, {}
+    if batch.entropy is None:
+        raise ValueError(f"algorithm.top_entropy_quantile={alg.top_entropy_quantile} needs the token entropies of "
+                         "the micro-batch")
+    selected = token_selection.top_entropy_mask(batch.entropy, batch.response_mask, alg.top_entropy_quantile)
+    weights = selected.to(batch.logp_new.dtype)
+    if batch.token_weights is not None:
+        weights = weights * batch.token_weights.detach().to(weights.dtype)
+    kept = float(masked_mean(selected.to(weights.dtype), batch.response_mask))
+    return weights, {"top_entropy_kept_frac": kept}
+
+
 @register_term("policy_loss")
 def policy_gradient(batch: TermBatch, alg: AlgorithmSettings) -> tuple[torch.Tensor, dict[str, float]]:
     """L_pg = pg * n / D: pg is the policy loss registered as ``alg.policy_loss`` (algo/policy_loss.py), which
     normalises by the micro-batch's own n (aggregation.default_denominator: tokens, responses, or responses x width);
-    n / D rescales it to the same sum over D. Metrics: pg_loss, pg_clip_frac, approx_kl (and cov_token_frac of the
-    covariance losses)."""
+    n / D rescales it to the same sum over D. Its token weights: :func:`policy_token_weights`. Metrics: pg_loss,
+    pg_clip_frac, approx_kl (and cov_token_frac of the covariance losses, vespo_phi_mean of VESPO,
+    top_entropy_kept_frac under a top-entropy selection)."""
     loss_fn = policy_loss.get_policy_loss_fn(alg.policy_loss)
-    extra = {} if batch.token_weights is None else {"token_weights": batch.token_weights}
+    weights, selection = policy_token_weights(batch, alg)
+    extra = {} if weights is None else {"token_weights": weights}
     pg, m = loss_fn(batch.logp_new, batch.logp_old, batch.advantages, batch.response_mask, **loss_settings(alg),
                     **extra)
     local = default_denominator(batch.response_mask, alg.loss_agg_mode)
-    keep = ("pg_loss", "pg_clip_frac", "approx_kl", "cov_token_frac")
-    return pg * (local / batch.denominator), {k: m[k] for k in keep if k in m}
+    keep = ("pg_loss", "pg_clip_frac", "approx_kl", "cov_token_frac", "vespo_phi_mean")
+    return pg * (local / batch.denominator), {**{k: m[k] for k in keep if k in m}, **selection}
 
 
 @register_term("entropy")

@@ -3,8 +3,8 @@
 Every preset pins the same switches (:data:`SWITCHES`: the advantage estimator, the policy loss, its clip ranges, the
 loss aggregation, whether LLDS, the likelihood anchor, NTHR and dynamic sampling are on, and the reward shaping), so
 that a method means the same thing whatever file it is set in; a few pin one more key of their own (LLDS-MA:
-``llds.ma``; the gate arms: ``llds.gate``; DAPO: ``dynamic_sampling.filter``). Every other key (coefficients such as
-``llds.lam``, ``nll_anchor.coef``, ``nthr.*``, ``clip_cov.*``, ``kl_cov.*``, ``sapo.*``, ``dppo_tv.*``,
+``llds.ma``; the gate arms: ``llds.gate``; DAPO: ``dynamic_sampling.filter``; TRL's bnpo: ``loss_scale``). Every other key (coefficients such as
+``llds.lam``, ``nll_anchor.coef``, ``nthr.*``, ``clip_cov.*``, ``kl_cov.*``, ``sapo.*``, ``dppo_tv.*``, ``vespo.*``,
 ``dynamic_sampling.max_rounds``, ``overlong.*``, the KL, the batch) stays a setting of the config.
 
 Precedence: a key a preset pins may be written in the config (its YAML files and ``key=value`` overrides) only with
@@ -92,6 +92,13 @@ METHODS: dict[str, MethodPreset] = {p.name: p for p in (
             dynamic_sampling__filter="nonzero_std", reward_shaping="overlong"),
     _preset("remax", "ReMax: r minus the reward of a greedy rollout of the same prompt (Li et al. 2023, arXiv "
             "2310.10505)", advantage="remax"),
+    _preset("bnpo", "TRL's loss_type bnpo: PPO-clip, token mean over each micro-batch (the local batch), averaged "
+            "over the micro-batches (TRL 1.16 GRPOTrainer; no paper)", loss_scale="micro-batch-mean"),
+    _preset("luspo", "LUSPO: GSPO's sequence ratio, each response's loss times its length (token sums, mean over "
+            "responses), GSPO's clip 3e-4 / 4e-4 (arXiv 2602.05261; TRL 1.16 loss_type luspo)", policy_loss="gspo",
+            clip_low=3e-4, clip_high=4e-4, loss_agg_mode="seq-mean-token-sum"),
+    _preset("vespo", "VESPO: a Gamma-shaped weight of the sequence ratio in place of the clip, token-mean (arXiv "
+            "2602.10693; TRL 1.16 loss_type vespo); settings algorithm.vespo", policy_loss="vespo"),
 )}
 
 # every key some preset pins (dotted, relative to algorithm): what two methods' configs may differ in

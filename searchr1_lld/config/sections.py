@@ -219,10 +219,22 @@ class OverlongConfig:
 
 
 @dataclass
+class VESPOConfig:
+    """VESPO's Gamma weight phi(W) = e^lam W^k e^(-lam W) of the sequence ratio W (algo/logprob_losses.py; TRL's
+    vespo_* defaults), read when algorithm.policy_loss=vespo."""
+
+    k_pos: float = opt(2.0, "k where A >= 0 (TRL's vespo_k_pos): the larger, the faster the weight falls for W < 1")
+    lambda_pos: float = opt(3.0, "lambda where A >= 0 (TRL's vespo_lambda_pos): the larger, the faster it falls "
+                            "for W > 1")
+    k_neg: float = opt(3.0, "k where A < 0 (TRL's vespo_k_neg)")
+    lambda_neg: float = opt(2.0, "lambda where A < 0 (TRL's vespo_lambda_neg)")
+
+
+@dataclass
 class AlgorithmConfig:
     method: str = opt("", "a named method (config/methods.py: grpo, llds, llds_ma, dapo_clip_higher, dr_grpo, gspo, "
                       "clip_cov, kl_cov, cispo, sapo, gmpo, gpg, dppo_tv, dppo_kl, rloo, reinforce_pp_baseline, "
-                      "grpo_passk, opo, nll_anchor, nthr, dapo, remax, ...) that pins the switches below "
+                      "grpo_passk, opo, nll_anchor, nthr, dapo, remax, bnpo, luspo, vespo, ...) that pins the switches below "
                       "(--help-config lists each expansion); a pinned key set to another value is an error; '' = "
                       "the switches as written")
     advantage: str = opt("grpo", "advantage estimator by registered name (algo/advantages.py: grpo, grpo_no_std, "
@@ -231,7 +243,7 @@ class AlgorithmConfig:
     adv_eps: float = opt(1e-6, "GRPO: epsilon of the std division")
     policy_loss: str = opt("ppo_clip", "policy loss by registered name (algo/policy_loss.py: ppo_clip, gspo; "
                            "algo/covariance_losses.py: clip_cov, kl_cov; algo/logprob_losses.py: gpg, cispo, "
-                           "dppo_tv, dppo_kl; algo/ratio_losses.py: sapo, geo_mean)")
+                           "dppo_tv, dppo_kl, vespo; algo/ratio_losses.py: sapo, geo_mean)")
     clip_eps: float = opt(0.2, "PPO clip range (both sides unless clip_low / clip_high)")
     clip_low: Optional[float] = opt(None, "lower clip range; null = clip_eps (cispo: >= 1 = no lower bound; "
                                     "dppo_tv / dppo_kl: the divergence threshold where A <= 0; geo_mean: in log space)")
@@ -264,6 +276,17 @@ class AlgorithmConfig:
                               "registered name (algo/reward_shaping.py: none, overlong); its settings: the section of "
                               "the same name")
     overlong: OverlongConfig = section(OverlongConfig, "DAPO's soft overlong punishment")
+    vespo: VESPOConfig = section(VESPOConfig, "VESPO's settings")
+    mask_truncated_responses: bool = opt(
+        False, "responses cut off by a length limit (finish_reason truncated: rollout.max_total_length; length: the "
+        "final turn hit rollout.max_tokens_per_turn) contribute no loss: their mask is zeroed for the update "
+        "(TRL's mask_truncated_completions; DAPO's overlong filtering). They still count in their group's advantage; "
+        "rollout/truncated_frac logs their share either way")
+    top_entropy_quantile: float = opt(
+        1.0, "rho: the policy loss trains only on the response tokens whose entropy is in the top rho share of the "
+        "forward pass's response tokens (TRL's top_entropy_quantile; Beyond the 80/20 Rule, arXiv 2506.01939, "
+        "recommends 0.2); 1 = every token. Other terms (KL, entropy, LLDS) keep every token; "
+        "actor/top_entropy_kept_frac logs the share kept")
 
 
 @dataclass

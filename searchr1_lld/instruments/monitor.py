@@ -164,7 +164,8 @@ def rollout_metrics(trajectories: Sequence[Any]) -> dict[str, float]:
     rollout/eos_stops_mean (turns that hit the token cap / generated nothing / stopped at EOS);
     rollout/has_answer_rate (a closed answer was extracted); rollout/finish_<reason>_rate for the reasons in
     :data:`FINISH_REASONS`; rollout/answer_span_miss_frac (a closed answer in the text but no token in the answer mask:
-    LLDS-MA would miss it; 0 unless tokenisation is unusual).
+    LLDS-MA would miss it; 0 unless tokenisation is unusual); rollout/truncated_frac (cut off by a length limit:
+    ``Trajectory.cut_by_length``, what algorithm.mask_truncated_responses leaves out of the loss).
     """
     if not trajectories:
         raise ValueError("empty rollout batch")
@@ -183,6 +184,7 @@ def rollout_metrics(trajectories: Sequence[Any]) -> dict[str, float]:
         "rollout/eos_stops_mean": mean(lambda t: t.eos_stops),
         "rollout/has_answer_rate": mean(lambda t: t.prediction is not None),
         "rollout/answer_span_miss_frac": mean(lambda t: t.prediction is not None and not any(t.answer_mask)),
+        "rollout/truncated_frac": mean(lambda t: t.cut_by_length),
     }
     for reason in FINISH_REASONS:
         out[f"rollout/finish_{reason}_rate"] = mean(lambda t: t.finish_reason == reason)

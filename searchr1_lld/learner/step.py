@@ -13,6 +13,7 @@ instruments, and returns a :class:`StepResult`; the loop (:mod:`searchr1_lld.lea
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import random
@@ -25,7 +26,7 @@ import torch
 
 from searchr1_lld import distributed
 from searchr1_lld.algo import advantages as adv_fns
-from searchr1_lld.algo import llds, rollout_correction
+from searchr1_lld.algo import llds, rollout_correction, token_selection
 from searchr1_lld.algo.objective import mini_batch_denominators, objective
 from searchr1_lld.config import Config, RolloutCorrectionConfig
 from searchr1_lld.rollout.inference import evaluating
@@ -49,9 +50,11 @@ class StepResult:
 
 # micro-batch metrics that are token-weighted means over the step (summed as value x tokens, divided at the end)
 TOKEN_MEANS = ("actor/entropy", "actor/pg_clip_frac", "actor/approx_kl", "actor/kl_ref", "actor/pg_loss",
-               "actor/cov_token_frac", "llds/active_token_frac", "llds/mean_penalty")
+               "actor/cov_token_frac", "llds/active_token_frac", "llds/mean_penalty", "actor/vespo_phi_mean",
+               "actor/top_entropy_kept_frac")
 # micro-batch metrics of the objective kept as token-weighted means (actor/<name>)
-ACTOR_METRICS = ("pg_loss", "pg_clip_frac", "approx_kl", "entropy", "kl_ref", "cov_token_frac")
+ACTOR_METRICS = ("pg_loss", "pg_clip_frac", "approx_kl", "entropy", "kl_ref", "cov_token_frac", "vespo_phi_mean",
+                 "top_entropy_kept_frac")
 # micro-batch metrics that hold one value for the whole step (the last micro-batch's is kept)
 STEP_VALUES = ("llds/lam_answer_effective",)
 
@@ -201,6 +204,16 @@ def step_token_weights(learner: Learner, batch: TrajectoryBatch, advantages: tor
     return (nthr if tis is None else (tis if nthr is None else tis * nthr)), stats
 
 
+def truncation_masked(batch: TrajectoryBatch, mask_truncated: bool) -> TrajectoryBatch:
+    """The batch the update trains on: with ``mask_truncated`` (algorithm.mask_truncated_responses) the response
+    mask of every response a length limit cut off (``batch.cut_by_length``) zeroed
+    (algo.token_selection.mask_responses), else ``batch`` itself."""
+    if not mask_truncated:
+        return batch
+    return dataclasses.replace(batch, response_mask=token_selection.mask_responses(batch.response_mask,
+                                                                                   batch.cut_by_length))
+
+
 def mean_valid_searches(batch: TrajectoryBatch, learner: Learner) -> float:
     """The step's mean number of valid searches per response over all ranks (what adaptive LLDS-MA reads)."""
     acc = learner.accelerator
@@ -212,8 +225,10 @@ def update_policy(learner: Learner, batch: TrajectoryBatch, advantages: torch.Te
                   step: int) -> dict[str, float]:
     """ppo_epochs x mini-batches of ppo_mini_batch_size responses (this rank: its 1/world_size share) x micro-batches
     (token budget; every rank runs the max count, padding ones weigh 0); one optimiser step per mini-batch.
-    ``advantages`` [B]; ``logp_old``, ``logp_ref``, ``tis_weights`` (:func:`step_token_weights`) [B, T] on CPU. Adds
-    the skipped optimiser steps as ``actor/skipped_updates``."""
+    ``advantages`` [B]; ``logp_old``, ``logp_ref``, ``tis_weights`` (:func:`step_token_weights`) [B, T] on CPU. The
+    responses cut off by a length limit train nothing under algorithm.mask_truncated_responses
+    (:func:`truncation_masked`). Adds the skipped optimiser steps as ``actor/skipped_updates``."""
+    batch = truncation_masked(batch, learner.cfg.algorithm.mask_truncated_responses)
     tc, ws = learner.cfg.trainer, learner.dist.world_size
     B = batch.responses.shape[0]
     rows_per_mini = tc.ppo_mini_batch_size // ws

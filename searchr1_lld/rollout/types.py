@@ -23,6 +23,11 @@ from typing import Any, Optional
 import torch
 
 
+# the finish reasons of a response that a length limit cut off, rather than one the model ended (agent_loop.py):
+# "truncated" (rollout.max_total_length) and "length" (the final turn hit rollout.max_tokens_per_turn)
+LENGTH_CUT_FINISHES = ("truncated", "length")
+
+
 @dataclass
 class Trajectory:
     """One multi-turn response to one QA row (see docs/architecture.md for the contract)."""
@@ -49,6 +54,12 @@ class Trajectory:
     length_stops: int = 0  # turns that hit max_tokens_per_turn without a stop string / eos
     empty_turns: int = 0  # turns that produced no token at all
     eos_stops: int = 0  # turns that ended on eos without a closed tag
+
+    @property
+    def cut_by_length(self) -> bool:
+        """Whether a length limit ended this response (:data:`LENGTH_CUT_FINISHES`): TRL's "truncated completion",
+        which ``algorithm.mask_truncated_responses`` leaves out of the loss."""
+        return self.truncated or self.finish_reason in LENGTH_CUT_FINISHES
 
     def check(self) -> None:
         """Raise ValueError if the per-token lists are not aligned (a bookkeeping bug, never silent)."""
@@ -77,6 +88,7 @@ class TrajectoryBatch:
     group_ids: torch.Tensor  # [B] long
     valid_searches: torch.Tensor  # [B] long
     prompt_length: int  # P
+    cut_by_length: torch.Tensor  # [B] bool, Trajectory.cut_by_length: a length limit ended the response
 
     @property
     def response_length(self) -> int:
@@ -133,5 +145,6 @@ def to_batch(trajectories: list[Trajectory], pad_token_id: int) -> TrajectoryBat
         group_ids=torch.tensor([int(t.group_id) for t in trajectories], dtype=torch.long),
         valid_searches=torch.tensor([int(t.valid_searches) for t in trajectories], dtype=torch.long),
         prompt_length=P,
+        cut_by_length=torch.tensor([t.cut_by_length for t in trajectories], dtype=torch.bool),
     )
 
