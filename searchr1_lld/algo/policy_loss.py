@@ -44,6 +44,7 @@ import torch
 from searchr1_lld.algo import registry
 from searchr1_lld.algo.advantages import check_advantages
 from searchr1_lld.algo.aggregation import aggregate, masked_mean
+from searchr1_lld.algo.step_metrics import Max
 
 LOG_RATIO_CLAMP = 20.0
 
@@ -132,7 +133,7 @@ def _clipped_surrogate(
             "approx_kl": float(masked_mean(-kl_x, mf)),
             "approx_kl_k3": float(masked_mean(torch.exp(kl_x) - kl_x - 1, mf)),
             "ratio_mean": float(masked_mean(ratio.detach(), mf)),
-            "ratio_max": float(torch.where(m, ratio.detach(), torch.zeros_like(ratio)).max()) if m.any() else 0.0,
+            "ratio_max": Max(torch.where(m, ratio.detach(), torch.zeros_like(ratio)).max()) if m.any() else Max(0.0),
         }
     return loss, metrics
 

@@ -16,7 +16,9 @@ The built-in terms (D and D_LLDS are the denominators of algo/objective.py) and 
 
 A term is ``term(batch: TermBatch, alg: AlgorithmSettings) -> (value, metrics)``: ``value`` a 0-dim tensor added to
 the loss, or None when the term is off (coefficient 0, or its input not given); ``metrics`` floats merged into the
-objective's. ``@register_term("name")`` adds a term to every objective; its settings are the algorithm config's
+objective's, each typed with how the training step reduces it over its micro-batches (algo/step_metrics.py: a plain
+float is a token mean; ``PerUpdate``, ``Sum``, ``Last``, ``Max``, ``TokenMean(v, weight=)``); the step logs every
+metric a term returns, ``name`` as ``actor/name`` and ``group/name`` as it is. ``@register_term("name")`` adds a term to every objective; its settings are the algorithm config's
 section of the same name (``algorithm.<name>``, read as ``getattr(alg, name)``): a new regulariser is one function,
 one config section and one test, with no edit to the objective or the learner.
 """
@@ -31,6 +33,7 @@ import torch
 
 from searchr1_lld.algo import anchor, kl, llds, policy_loss, registry, token_selection
 from searchr1_lld.algo.aggregation import aggregate, default_denominator, masked_mean
+from searchr1_lld.algo.step_metrics import Last, PerUpdate, TokenMean
 
 
 class AlgorithmSettings(Protocol):
@@ -113,17 +116,16 @@ def policy_token_weights(batch: TermBatch, alg: AlgorithmSettings) -> tuple[torc
 def policy_gradient(batch: TermBatch, alg: AlgorithmSettings) -> tuple[torch.Tensor, dict[str, float]]:
     """L_pg = pg * n / D: pg is the policy loss registered as ``alg.policy_loss`` (algo/policy_loss.py), which
     normalises by the micro-batch's own n (aggregation.default_denominator: tokens, responses, or responses x width);
-    n / D rescales it to the same sum over D. Its token weights: :func:`policy_token_weights`. Metrics: pg_loss,
-    pg_clip_frac, approx_kl (and cov_token_frac of the covariance losses, vespo_phi_mean of VESPO,
-    top_entropy_kept_frac under a top-entropy selection)."""
+    n / D rescales it to the same sum over D. Its token weights: :func:`policy_token_weights`. Metrics: every metric
+    of the loss (pg_loss, pg_clip_frac, approx_kl and the loss's own: ratio_max, cov_token_frac of the covariance
+    losses, vespo_phi_mean of VESPO, ...), and top_entropy_kept_frac under a top-entropy selection."""
     loss_fn = policy_loss.get_policy_loss_fn(alg.policy_loss)
     weights, selection = policy_token_weights(batch, alg)
     extra = {} if weights is None else {"token_weights": weights}
     pg, m = loss_fn(batch.logp_new, batch.logp_old, batch.advantages, batch.response_mask, **loss_settings(alg),
                     **extra)
     local = default_denominator(batch.response_mask, alg.loss_agg_mode)
-    keep = ("pg_loss", "pg_clip_frac", "approx_kl", "cov_token_frac", "vespo_phi_mean")
-    return pg * (local / batch.denominator), {**{k: m[k] for k in keep if k in m}, **selection}
+    return pg * (local / batch.denominator), {**m, **selection}
 
 
 @register_term("entropy")
@@ -157,7 +159,8 @@ def llds_regulariser(batch: TermBatch, alg: AlgorithmSettings) -> tuple[torch.Te
     """L_LLDS = sum m g c max(0, logp_old - logp_new) / D_LLDS (algo/llds.py) with c = llds.lam, and on the answer
     span under LLDS-MA c = min(lam_answer', lam), lam_answer' = :func:`searchr1_lld.algo.llds.answer_coefficient` of
     llds.ma (fixed, or adaptive from the step's mean valid searches); gate llds.gate, threshold llds.tau; off unless
-    llds.enabled and llds.lam > 0. Metrics: the llds/* of :func:`searchr1_lld.algo.llds.llds_loss`, and
+    llds.enabled and llds.lam > 0. Metrics (:func:`llds_step_metrics`): llds/loss, llds/active_token_frac,
+    llds/mean_penalty, llds/mean_displacement, llds/gated_responses_frac, llds/gated_actions_frac, and
     llds/lam_answer_effective under MA."""
     lc = alg.llds
     if not (lc.enabled and lc.lam > 0):
@@ -169,17 +172,37 @@ def llds_regulariser(batch: TermBatch, alg: AlgorithmSettings) -> tuple[torch.Te
                                    gate=lc.gate, lam=lc.lam, tau=lc.tau,
                                    answer_mask=batch.answer_mask if lam_answer is not None else None,
                                    lam_answer=lam_answer, denominator=batch.token_denominator)
+    return loss, llds_step_metrics(metrics, batch.response_mask.shape[0],
+                                   None if lam_answer is None else min(lam_answer, lc.lam))
+
+
+def llds_step_metrics(m: dict[str, float], responses: int, lam_answer: float | None) -> dict[str, float]:
+    """The metrics of :func:`searchr1_lld.algo.llds.llds_loss` on a micro-batch of ``responses`` rows, typed for
+    the step: the loss per update, token means, the gated shares of the responses and of the action spans (weighted
+    by their counts), and the effective answer-span coefficient once per step."""
+    out = {"llds/loss": PerUpdate(m["llds/loss"]),
+           "llds/active_token_frac": TokenMean(m["llds/active_token_frac"]),
+           "llds/mean_penalty": TokenMean(m["llds/mean_penalty"]),
+           "llds/mean_displacement": TokenMean(m["llds/mean_displacement"]),
+           "llds/gated_responses_frac": TokenMean(m["llds/gated_responses"] / max(responses, 1), weight=responses),
+           "llds/gated_actions_frac": TokenMean(m["llds/gated_actions"] / max(m["llds/total_actions"], 1.0),
+                                                weight=m["llds/total_actions"])}
     if lam_answer is not None:
-        metrics["llds/lam_answer_effective"] = min(lam_answer, lc.lam)
-    return loss, metrics
+        out["llds/lam_answer_effective"] = Last(lam_answer)
+    return out
 
 
 @register_term("nll_anchor")
 def likelihood_anchor(batch: TermBatch, alg: AlgorithmSettings) -> tuple[torch.Tensor | None, dict[str, float]]:
     """L_anchor = coef * sum m 1[A >= 0] (-logp_new) / D_LLDS (algo/anchor.py); off unless nll_anchor.enabled and
-    nll_anchor.coef > 0. Metrics: nll_anchor/*."""
+    nll_anchor.coef > 0. Metrics: nll_anchor/loss per update, nll_anchor/anchored_token_frac (a token mean) and
+    nll_anchor/mean_nll (a mean over the anchored tokens)."""
     s = alg.nll_anchor
     if not (s.enabled and s.coef > 0):
         return None, {}
-    return anchor.nll_anchor_loss(batch.logp_new, batch.advantages, batch.response_mask, coef=s.coef,
-                                  denominator=batch.token_denominator)
+    loss, m = anchor.nll_anchor_loss(batch.logp_new, batch.advantages, batch.response_mask, coef=s.coef,
+                                     denominator=batch.token_denominator)
+    anchored = m["nll_anchor/anchored_token_frac"] * float((batch.response_mask != 0).sum())
+    return loss, {"nll_anchor/loss": PerUpdate(m["nll_anchor/loss"]),
+                  "nll_anchor/anchored_token_frac": TokenMean(m["nll_anchor/anchored_token_frac"]),
+                  "nll_anchor/mean_nll": TokenMean(m["nll_anchor/mean_nll"], weight=anchored)}

@@ -26,7 +26,7 @@ import torch
 
 from searchr1_lld import distributed
 from searchr1_lld.algo import advantages as adv_fns
-from searchr1_lld.algo import llds, rollout_correction, token_selection
+from searchr1_lld.algo import llds, rollout_correction, step_metrics, token_selection
 from searchr1_lld.algo.objective import mini_batch_denominators, objective
 from searchr1_lld.config import Config, RolloutCorrectionConfig
 from searchr1_lld.rollout.inference import evaluating
@@ -48,15 +48,6 @@ class StepResult:
     phase_report: PhaseReport  # the phase detector's report after this step
 
 
-# micro-batch metrics that are token-weighted means over the step (summed as value x tokens, divided at the end)
-TOKEN_MEANS = ("actor/entropy", "actor/pg_clip_frac", "actor/approx_kl", "actor/kl_ref", "actor/pg_loss",
-               "actor/cov_token_frac", "llds/active_token_frac", "llds/mean_penalty", "actor/vespo_phi_mean",
-               "actor/top_entropy_kept_frac")
-# micro-batch metrics of the objective kept as token-weighted means (actor/<name>)
-ACTOR_METRICS = ("pg_loss", "pg_clip_frac", "approx_kl", "entropy", "kl_ref", "cov_token_frac", "vespo_phi_mean",
-                 "top_entropy_kept_frac")
-# micro-batch metrics that hold one value for the whole step (the last micro-batch's is kept)
-STEP_VALUES = ("llds/lam_answer_effective",)
 
 
 def seed_everything(seed: int) -> None:
@@ -243,7 +234,7 @@ def update_policy(learner: Learner, batch: TrajectoryBatch, advantages: torch.Te
     plan = batching.plan_updates(batch.attention_mask.sum(1).tolist(), rows_per_mini, tc.ppo_epochs,
                                  tc.micro_batch_token_budget, gen, tc.micro_batch_size)
     n_micro = distributed.agree_max(learner.accelerator, [len(m) for m in plan])  # the same micro-batch count everywhere
-    sums: dict[str, float] = {}
+    acc: dict[str, list] = {}  # the step's metrics as the objective's terms reduce them (algo/step_metrics.py)
     first_kl = [0.0, 0.0]  # KL(ref) token sum and tokens of the step's first mini-batch (before any update)
     grad_norms: list[float] = []
     # per update: whether any response of its mini-batch (on any rank) has a non-zero advantage, i.e. carries signal
@@ -264,16 +255,14 @@ def update_policy(learner: Learner, batch: TrajectoryBatch, advantages: torch.Te
             pads += int(pad)
             if pad:
                 continue
-            if mi == 0 and "actor/kl_ref" in m_metrics:
-                first_kl[0] += m_metrics["actor/kl_ref"]
+            if mi == 0 and "kl_ref" in m_metrics:  # the KL term's token mean, before any update of the step
+                first_kl[0] += m_metrics["kl_ref"] * n_tok
                 first_kl[1] += n_tok
-            sums["tokens"] = sums.get("tokens", 0.0) + n_tok
-            for key, v in m_metrics.items():
-                sums[key] = v if key in STEP_VALUES else sums.get(key, 0.0) + v
+            step_metrics.add_micro_batch(acc, m_metrics, n_tok)
         gn, ok = learner.optimizer_step()  # and the LR scheduler's, when applied
         grad_norms.append(gn)
         skipped += int(not ok)
-    out = update_metrics(sums, grad_norms, first_kl, has_signal)
+    out = update_metrics(step_metrics.reduce_step(acc, len(grad_norms)), grad_norms, first_kl, has_signal)
     out.update({"actor/skipped_updates": float(skipped), "actor/micro_batches": float(sum(n_micro)),
                 "actor/padding_micro_batches": float(pads),  # this rank's zero-weight ones (mean over ranks)
                 "actor/lr": learner.optimizer.param_groups[0]["lr"]})
@@ -302,7 +291,8 @@ def micro_step(learner: Learner, batch: TrajectoryBatch, mb: list[int], advantag
     """Forward + backward of one micro-batch (rows ``mb`` of ``batch``) of the objective (algo.objective, scaled by
     algorithm.loss_scale: mini-batch totals, or its micro-batch's mean / ``micro_batches``, the mini-batch's micro-batch
     count; ``micro_batch_counts``: its micro-batch's (tokens, responses) when the rows are one of several passes);
-    ``weight`` 0 = a padding micro-batch (same collectives, zero gradient). Returns (metric sums, tokens)."""
+    ``weight`` 0 = a padding micro-batch (same collectives, zero gradient). Returns (the objective's metrics, typed
+    with their reductions, and the forward's padding counts; the micro-batch's response tokens)."""
     dev = learner.accelerator.device
     rows = model_rows(learner, learner.model, batch, mb)
     t = rows["responses"].shape[1]
@@ -318,42 +308,20 @@ def micro_step(learner: Learner, batch: TrajectoryBatch, mb: list[int], advantag
             micro_batch_counts=micro_batch_counts,
         )
         learner.backward(loss * weight if weight != 1.0 else loss, last)
-    n_tok = float(mask.sum())
     positions, real = batching.forward_positions(rows)
-    out = {"actor/forward_positions": float(positions), "actor/forward_padding": float(positions - real)}
-    out.update({f"actor/{k}": m[k] * n_tok for k in ACTOR_METRICS if k in m})
-    if "nll_anchor/loss" in m:
-        out["nll_anchor/loss_sum"] = m["nll_anchor/loss"]  # mini-batch normalised: sums to the mini-batch loss
-    if "llds/lam_answer_effective" in m:
-        out["llds/lam_answer_effective"] = m["llds/lam_answer_effective"]  # the step's one value (not a sum)
-    if "llds/loss" in m:
-        out["llds/active_token_frac"] = m["llds/active_token_frac"] * n_tok
-        out["llds/mean_penalty"] = m["llds/mean_penalty"] * n_tok
-        out["llds/loss_sum"] = m["llds/loss"]  # mini-batch normalised: sums to the mini-batch loss
-        for key in ("gated_responses", "gated_actions", "total_actions"):
-            out[f"llds/{key}"] = m[f"llds/{key}"]
-        out["llds/responses"] = float(len(mb))
-    return out, n_tok
+    return {**m, "actor/forward_positions": step_metrics.Sum(positions),
+            "actor/forward_padding": step_metrics.Sum(positions - real)}, float(mask.sum())
 
 
-def update_metrics(sums: dict[str, float], grad_norms: list[float], first_kl: list[float],
+def update_metrics(reduced: dict[str, float], grad_norms: list[float], first_kl: list[float],
                    has_signal: list[int] | None = None) -> dict[str, float]:
-    """The step's actor/* and llds/* metrics from the micro-batch sums and the per-update gradient norms;
-    ``has_signal`` (one flag per update): its mini-batch held a response with a non-zero advantage, which
+    """The step's actor/* metrics and those of the objective's terms: ``reduced``, every metric the terms returned,
+    reduced over the step's micro-batches as each declared (algo/step_metrics.py), and the per-update gradient
+    norms; ``has_signal`` (one flag per update): its mini-batch held a response with a non-zero advantage, which
     ``actor/grad_norm_signal`` (the largest gradient norm of those updates; NaN when none) and
     ``actor/signal_updates`` count (an update of all-zero advantages has only the KL's and LLDS's gradients)."""
-    out: dict[str, float] = {}
-    tok = max(sums.get("tokens", 0.0), 1.0)
-    for key in TOKEN_MEANS:
-        if key in sums:
-            out[key] = sums[key] / tok  # token-weighted mean over all micro-batches of the step
-    out.update({key: sums[key] for key in STEP_VALUES if key in sums})
-    for name in ("llds", "nll_anchor"):  # mean loss of the regulariser per update
-        if f"{name}/loss_sum" in sums:
-            out[f"{name}/loss"] = sums[f"{name}/loss_sum"] / max(len(grad_norms), 1)
-    if "llds/gated_responses" in sums:
-        out["llds/gated_responses_frac"] = sums["llds/gated_responses"] / max(sums["llds/responses"], 1.0)
-        out["llds/gated_actions_frac"] = sums["llds/gated_actions"] / max(sums["llds/total_actions"], 1.0)
+    out = dict(reduced)
+    positions, padding = out.pop("actor/forward_positions", 0.0), out.pop("actor/forward_padding", 0.0)
     finite = [g for g in grad_norms if math.isfinite(g)]
     out["actor/grad_norm"] = max(finite) if finite else float("nan")
     out["actor/grad_norm_mean"] = sum(finite) / len(finite) if finite else float("nan")
@@ -362,8 +330,8 @@ def update_metrics(sums: dict[str, float], grad_norms: list[float], first_kl: li
         signal = [g for g, flag in zip(grad_norms, has_signal) if flag and math.isfinite(g)]
         out["actor/grad_norm_signal"] = max(signal) if signal else float("nan")
         out["actor/signal_updates"] = float(sum(has_signal))
-    if sums.get("actor/forward_positions"):  # positions of the update's forwards that are padding
-        out["actor/padded_token_share"] = sums["actor/forward_padding"] / sums["actor/forward_positions"]
+    if positions:  # positions of the update's forwards that are padding
+        out["actor/padded_token_share"] = padding / positions
     if first_kl[1] > 0:  # 0 at step 0: the reference and the policy are the same weights in the same dtype
         out["actor/kl_ref_first_update"] = first_kl[0] / first_kl[1]
     return out
