@@ -28,7 +28,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from searchr1_lld.algo import anchor, kl, llds, policy_loss, registry
+from searchr1_lld.algo import anchor, kl, llds, policy_loss, registry, rollout_correction
 from searchr1_lld.algo.aggregation import aggregate, default_denominator, masked_mean
 
 
@@ -50,6 +50,7 @@ class AlgorithmSettings(Protocol):
     entropy_coef: float
     llds: Any  # LLDSConfig: enabled, lam, gate, tau, ma, lam_answer, ma_adaptive_rule
     nll_anchor: Any  # NLLAnchorConfig: enabled, coef
+    rollout_correction: Any  # RolloutCorrectionConfig: read by the policy loss in bypass mode (optional)
 
 
 @dataclass(frozen=True)
@@ -93,14 +94,21 @@ def policy_gradient(batch: TermBatch, alg: AlgorithmSettings) -> tuple[torch.Ten
     """L_pg = pg * n / D: pg is the policy loss registered as ``alg.policy_loss`` (algo/policy_loss.py), which
     normalises by the micro-batch's own n (aggregation.default_denominator: tokens, responses, or responses x width);
     n / D rescales it to the same sum over D. Metrics: pg_loss, pg_clip_frac, approx_kl (and cov_token_frac of the
-    covariance losses)."""
+    covariance losses). In the rollout correction's bypass mode (``algorithm.rollout_correction.bypass``: logp_old
+    is the engine's) the weights and rejection rule are computed here, between logp_new and the engine
+    (rollout_correction.bypass_correction): rejected tokens leave the mask of the policy loss alone, and D stays
+    the mini-batch's (verl's ``compute_policy_loss_bypass_mode``); its rollout/* metrics are added."""
     loss_fn = policy_loss.get_policy_loss_fn(alg.policy_loss)
-    extra = {} if batch.token_weights is None else {"token_weights": batch.token_weights}
-    pg, m = loss_fn(batch.logp_new, batch.logp_old, batch.advantages, batch.response_mask, **loss_settings(alg),
-                    **extra)
-    local = default_denominator(batch.response_mask, alg.loss_agg_mode)
+    weights, mask, corrected = batch.token_weights, batch.response_mask, {}
+    rc = getattr(alg, "rollout_correction", None)
+    if rc is not None and rc.bypass:  # weights and rejection between the policy being updated and the engine
+        c, corrected = rollout_correction.bypass_correction(rc, batch.logp_new, batch.logp_old, mask)
+        weights, mask = c.weights, c.mask(mask)
+    extra = {} if weights is None else {"token_weights": weights}
+    pg, m = loss_fn(batch.logp_new, batch.logp_old, batch.advantages, mask, **loss_settings(alg), **extra)
+    local = default_denominator(mask, alg.loss_agg_mode)
     keep = ("pg_loss", "pg_clip_frac", "approx_kl", "cov_token_frac")
-    return pg * (local / batch.denominator), {k: m[k] for k in keep if k in m}
+    return pg * (local / batch.denominator), {**{k: m[k] for k in keep if k in m}, **corrected}
 
 
 @register_term("entropy")

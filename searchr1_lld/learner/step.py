@@ -12,6 +12,7 @@ instruments, and returns a :class:`StepResult`; the loop (:mod:`searchr1_lld.lea
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import random
@@ -48,7 +49,8 @@ class StepResult:
 
 # micro-batch metrics that are token-weighted means over the step (summed as value x tokens, divided at the end)
 TOKEN_MEANS = ("actor/entropy", "actor/pg_clip_frac", "actor/approx_kl", "actor/kl_ref", "actor/pg_loss",
-               "actor/cov_token_frac", "llds/active_token_frac", "llds/mean_penalty")
+               "actor/cov_token_frac", "llds/active_token_frac", "llds/mean_penalty",
+               *rollout_correction.BYPASS_METRICS)
 # micro-batch metrics of the objective kept as token-weighted means (actor/<name>)
 ACTOR_METRICS = ("pg_loss", "pg_clip_frac", "approx_kl", "entropy", "kl_ref", "cov_token_frac")
 # micro-batch metrics that hold one value for the whole step (the last micro-batch's is kept)
@@ -98,12 +100,11 @@ def train_step(learner: Learner, rows: list[dict[str, Any]], *, step: int, probe
     advantages = adv_fns.get_advantage_fn(cfg.algorithm.advantage)(batch.rewards, batch.group_ids,
                                                                     batch.response_mask, eps=cfg.algorithm.adv_eps)
     metrics["adv/nonzero_frac"] = float((advantages != 0).float().mean())  # responses that carry signal
-    logp_old = batch_logprobs(learner, learner.model, batch)
+    rc = cfg.algorithm.rollout_correction
+    logp_old = old_logprobs(learner, batch, bypass=rc.bypass)
     logp_ref = batch_logprobs(learner, learner.ref_model, batch) if learner.ref_model is not None else None
-    if batch.has_engine_logprobs:
-        metrics["rollout/engine_learner_logp_gap"] = engine_learner_gap(
-            batch.engine_logprobs, logp_old, batch.response_mask, torch.ones(len(trajs), dtype=torch.bool))
-    tis_weights, tis_stats = correction_weights(cfg.algorithm.rollout_correction, batch, logp_old)
+    metrics.update(mismatch_diagnostics(batch, None if rc.bypass else logp_old))
+    tis_weights, train_batch, tis_stats = correction_weights(rc, batch, logp_old)
     metrics.update(tis_stats)
     valid_searches = mean_valid_searches(batch, learner)
 
@@ -117,7 +118,8 @@ def train_step(learner: Learner, rows: list[dict[str, Any]], *, step: int, probe
                         if k != "probe/size"})
 
     # ppo_epochs x mini-batches x micro-batches of objective + backward; one guarded optimiser step per mini-batch
-    update = update_policy(learner, batch, advantages, logp_old, logp_ref, tis_weights, valid_searches, step=step)
+    update = update_policy(learner, train_batch, advantages, logp_old, logp_ref, tis_weights, valid_searches,
+                           step=step)
     metrics.update(update)
 
     # the LLD monitor: likelihoods after the step's updates. Its own forward: every forward of the update ran with
@@ -156,17 +158,44 @@ def monitor_metrics(learner: Learner, batch: TrajectoryBatch, trajs: list[Trajec
     return out
 
 
-def correction_weights(rc: RolloutCorrectionConfig, batch: TrajectoryBatch,
-                       logp_old: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, float]]:
-    """Truncated-IS weights [B, T] for the step (algorithm.rollout_correction) and their statistics; None if off."""
-    if rc.mode == "off":
-        return None, {}
+def mismatch_diagnostics(batch: TrajectoryBatch, logp_learner: torch.Tensor | None) -> dict[str, float]:
+    """The engine/learner mismatch of the step's responses when the engine reported log-probs (correction on or off):
+    rollout_correction.mismatch_metrics and rollout/engine_learner_logp_gap; ``logp_learner`` None (bypass mode: no
+    recompute) leaves the engine's side alone."""
+    if not batch.has_engine_logprobs:
+        return {}
+    out = rollout_correction.mismatch_metrics(logp_learner, batch.engine_logprobs, batch.response_mask)
+    if logp_learner is not None:
+        out["rollout/engine_learner_logp_gap"] = engine_learner_gap(
+            batch.engine_logprobs, logp_learner, batch.response_mask,
+            torch.ones(batch.responses.shape[0], dtype=torch.bool))
+    return out
+
+
+def old_logprobs(learner: Learner, batch: TrajectoryBatch, *, bypass: bool) -> torch.Tensor:
+    """logp_old [B, T]: the learner's recompute under the current policy, or in the rollout correction's bypass mode
+    the engine's sampling log-probs (no forward; an error when the backend reported none)."""
+    if not bypass:
+        return batch_logprobs(learner, learner.model, batch)
+    if not batch.has_engine_logprobs:
+        raise RuntimeError("algorithm.rollout_correction.bypass takes logp_old from the engine's sampling log-probs, "
+                           "but the rollout backend reported none")
+    return batch.engine_logprobs * batch.response_mask
+
+
+def correction_weights(rc: RolloutCorrectionConfig, batch: TrajectoryBatch, logp_old: torch.Tensor
+                       ) -> tuple[torch.Tensor | None, TrajectoryBatch, dict[str, float]]:
+    """The step's rollout correction (algorithm.rollout_correction, decoupled mode): IS weights [B, T] (None if
+    off), the batch to train on (its response mask without the tokens a rejection rule rejects), their statistics.
+    Off, or in bypass mode (the policy loss corrects each micro-batch): (None, batch, {})."""
+    if rc.bypass or not rollout_correction.is_on(rc):
+        return None, batch, {}
     if not batch.has_engine_logprobs:
         raise RuntimeError("algorithm.rollout_correction needs the engine's sampling log-probs, but the rollout "
                            "backend reported none")
-    w = rollout_correction.tis_weights(logp_old, batch.engine_logprobs, batch.response_mask, mode=rc.mode, cap=rc.cap)
-    return w, rollout_correction.weight_stats(logp_old, batch.engine_logprobs, batch.response_mask, w,
-                                              mode=rc.mode, cap=rc.cap)
+    c = rollout_correction.correct(rc, logp_old, batch.engine_logprobs, batch.response_mask)
+    stats = rollout_correction.correction_stats(rc, logp_old, batch.engine_logprobs, batch.response_mask, c)
+    return c.weights, dataclasses.replace(batch, response_mask=c.mask(batch.response_mask)), stats
 
 
 def mean_valid_searches(batch: TrajectoryBatch, learner: Learner) -> float:
@@ -275,6 +304,7 @@ def micro_step(learner: Learner, batch: TrajectoryBatch, mb: list[int], advantag
     positions, real = batching.forward_positions(rows)
     out = {"actor/forward_positions": float(positions), "actor/forward_padding": float(positions - real)}
     out.update({f"actor/{k}": m[k] * n_tok for k in ACTOR_METRICS if k in m})
+    out.update({k: m[k] * n_tok for k in rollout_correction.BYPASS_METRICS if k in m})  # bypass mode's
     if "nll_anchor/loss" in m:
         out["nll_anchor/loss_sum"] = m["nll_anchor/loss"]  # mini-batch normalised: sums to the mini-batch loss
     if "llds/lam_answer_effective" in m:
