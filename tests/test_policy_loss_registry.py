@@ -15,7 +15,7 @@ def test_builtin_losses_are_registered_by_name():
     assert policy_loss.get_policy_loss_fn("ppo_clip") is policy_loss.ppo_clip_loss
     assert policy_loss.get_policy_loss_fn("gspo") is policy_loss.gspo_loss
     with pytest.raises(ValueError, match=r"unknown policy loss 'nope'; registered: \['cispo', 'clip_cov', 'dppo_kl', 'dppo_tv', "
-                                         r"'geo_mean', 'gpg', 'gspo', 'kl_cov', 'ppo_clip', 'sapo', 'vespo'\]"):
+                                         r"'geo_mean', 'gpg', 'gspo', 'kl_cov', 'ppo_clip', 'reinforce', 'sapo', 'vespo'\]"):
         policy_loss.get_policy_loss_fn("nope")
     with pytest.raises(ValueError, match="already registered"):
         policy_loss.register_policy_loss("ppo_clip")(lambda *a, **k: None)

@@ -1,12 +1,16 @@
-"""verl's ``verl/trainer/ppo/core_algos.py`` from its PyPI release, loaded for comparison tests (no verl code is
-copied into this repository, and verl's heavy dependencies are not installed).
+"""verl's ``verl/trainer/ppo/core_algos.py`` and ``verl/trainer/ppo/rollout_corr_helper.py`` from its PyPI release,
+loaded for comparison tests (no verl code is copied into this repository, and verl's heavy dependencies are not
+installed).
 
 The pinned wheel is downloaded once with ``pip download verl==VERSION --no-deps`` into ``.cache/verl`` (checked
 against its sha256). ``core_algos.py`` and the real ``verl/utils/torch_functional.py`` it computes with (masked means,
 sums, whitening) are executed from the wheel; the few imports they make that this comparison does not exercise are
 empty stand-ins: omegaconf's ``DictConfig``, verl's config classes ``AlgoConfig`` / ``ActorConfig``, its device
 helpers, ``tensordict.TensorDict``, and ``as_torch_index`` / ``group_mean_std`` (used only by the vectorised
-estimators, which the tests do not call). No function under test is replaced. A failed download fails the test.
+estimators, which the tests do not call). ``rollout_corr_helper.py`` runs with the real ``verl/base_config.py`` and
+``verl/trainer/config/algorithm.py`` (its RolloutCorrectionConfig and presets) and two more stand-ins it imports
+without using them in the compared functions: ``PolicyLossConfig``, and ``verl.protocol.DataProto``, a container of
+the IS weights (``from_dict(tensors=...).batch``). No function under test is replaced. A failed download fails the test.
 """
 
 from __future__ import annotations
@@ -97,3 +101,42 @@ def load_core_algos() -> types.ModuleType:
 @pytest.fixture(scope="session")
 def verl_core_algos() -> types.ModuleType:
     return load_core_algos()
+
+
+class _DataProto:
+    """The stand-in of verl's DataProto container: ``from_dict(tensors=...)`` keeps them as ``.batch`` (how the IS
+    weights travel from rollout_corr_helper to the bypass loss)."""
+
+    def __init__(self, batch: dict) -> None:
+        self.batch = batch
+
+    @classmethod
+    def from_dict(cls, tensors: dict) -> "_DataProto":
+        return cls(dict(tensors))
+
+
+def load_rollout_corr() -> types.SimpleNamespace:
+    """verl's rollout correction executed from the wheel: ``helper`` (rollout_corr_helper), ``core_algos``,
+    ``config`` (trainer/config/algorithm.py) and ``modules``, the sys.modules entries under which they run: verl's
+    functions import each other inside functions (the bypass loss), so call those under
+    ``mock.patch.dict(sys.modules, ns.modules)``."""
+    names = ("verl.utils.import_utils", "verl.utils.torch_functional", "verl.base_config",
+             "verl.trainer.config.algorithm", "verl.trainer.ppo.core_algos", "verl.trainer.ppo.rollout_corr_helper")
+    with zipfile.ZipFile(wheel_path()) as z:
+        sources = {n: z.read(f"{n.replace('.', '/')}.py").decode() for n in names}
+    modules = _stand_ins()
+    modules["verl.protocol"] = _module("verl.protocol", DataProto=_DataProto)
+    modules["verl.workers.config.actor"] = _module("verl.workers.config.actor", PolicyLossConfig=dict)
+    with mock.patch.dict(sys.modules, modules):
+        for name, source in sources.items():
+            mod = _exec(name, source, modules)
+            parent, _, leaf = name.rpartition(".")
+            setattr(modules[parent], leaf, mod)
+    return types.SimpleNamespace(helper=modules["verl.trainer.ppo.rollout_corr_helper"],
+                                 core_algos=modules["verl.trainer.ppo.core_algos"],
+                                 config=modules["verl.trainer.config.algorithm"], modules=modules)
+
+
+@pytest.fixture(scope="session")
+def verl_rollout_corr() -> types.SimpleNamespace:
+    return load_rollout_corr()

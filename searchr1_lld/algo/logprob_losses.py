@@ -11,7 +11,10 @@ Shapes: logp_new, logp_old, response_mask, token weights tw ``[B, T]`` (tw: roll
 gradient); advantages ``[B, T]`` or ``[B]``. With x = clamp(logp_new - logp_old, -20, 20) and r = exp(x):
 
     gpg      w = 1                                          (GPG, Chu et al. 2025, arXiv 2504.02546;
-                                                             verl ``compute_policy_loss_gpg``)
+                                                             verl ``compute_policy_loss_gpg``). Registered as
+                                                             ``reinforce`` too: verl's
+                                                             ``compute_policy_loss_reinforce``, the loss of its
+                                                             bypass REINFORCE presets (algo/rollout_correction.py)
     cispo    w = sg(clip(r, 1 - clip_low, 1 + clip_high))   (CISPO, MiniMax-M1, arXiv 2506.13585;
                                                              verl ``compute_policy_loss_cispo``). clip_low >= 1
                                                              removes the lower bound (verl's example: clip_low 10,
@@ -83,6 +86,7 @@ def _log_ratio(logp_new: torch.Tensor, logp_old: torch.Tensor) -> torch.Tensor:
     return torch.clamp(logp_new - logp_old.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
+@register_policy_loss("reinforce")
 @register_policy_loss("gpg")
 def gpg_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
              *, clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = None,

@@ -31,7 +31,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from searchr1_lld.algo import anchor, kl, llds, policy_loss, registry, token_selection
+from searchr1_lld.algo import anchor, kl, llds, policy_loss, registry, rollout_correction, token_selection
 from searchr1_lld.algo.aggregation import aggregate, default_denominator, masked_mean
 from searchr1_lld.algo.step_metrics import Last, PerUpdate, TokenMean
 
@@ -55,6 +55,7 @@ class AlgorithmSettings(Protocol):
     top_entropy_quantile: float
     llds: Any  # LLDSConfig: enabled, lam, gate, tau, ma, lam_answer, ma_adaptive_rule
     nll_anchor: Any  # NLLAnchorConfig: enabled, coef
+    rollout_correction: Any  # RolloutCorrectionConfig: read by the policy loss in bypass mode (optional)
 
 
 @dataclass(frozen=True)
@@ -118,14 +119,23 @@ def policy_gradient(batch: TermBatch, alg: AlgorithmSettings) -> tuple[torch.Ten
     normalises by the micro-batch's own n (aggregation.default_denominator: tokens, responses, or responses x width);
     n / D rescales it to the same sum over D. Its token weights: :func:`policy_token_weights`. Metrics: every metric
     of the loss (pg_loss, pg_clip_frac, approx_kl and the loss's own: ratio_max, cov_token_frac of the covariance
-    losses, vespo_phi_mean of VESPO, ...), and top_entropy_kept_frac under a top-entropy selection."""
+    losses, vespo_phi_mean of VESPO, ...), and top_entropy_kept_frac under a top-entropy selection. In the rollout
+    correction's bypass mode (``algorithm.rollout_correction.bypass``: logp_old is the engine's) the weights and
+    rejection rule are computed here, between logp_new and the engine (rollout_correction.bypass_correction):
+    rejected tokens leave the mask of the policy loss alone, and D stays the mini-batch's (verl's
+    ``compute_policy_loss_bypass_mode``); its rollout/* metrics are added, as token means."""
     loss_fn = policy_loss.get_policy_loss_fn(alg.policy_loss)
     weights, selection = policy_token_weights(batch, alg)
+    mask, corrected = batch.response_mask, {}
+    rc = getattr(alg, "rollout_correction", None)
+    if rc is not None and rc.bypass:  # weights and rejection between the policy being updated and the engine
+        c, corrected = rollout_correction.bypass_correction(rc, batch.logp_new, batch.logp_old, mask)
+        weights = c.weights if weights is None else (weights if c.weights is None else weights * c.weights)
+        mask = c.mask(mask)
     extra = {} if weights is None else {"token_weights": weights}
-    pg, m = loss_fn(batch.logp_new, batch.logp_old, batch.advantages, batch.response_mask, **loss_settings(alg),
-                    **extra)
-    local = default_denominator(batch.response_mask, alg.loss_agg_mode)
-    return pg * (local / batch.denominator), {**m, **selection}
+    pg, m = loss_fn(batch.logp_new, batch.logp_old, batch.advantages, mask, **loss_settings(alg), **extra)
+    local = default_denominator(mask, alg.loss_agg_mode)
+    return pg * (local / batch.denominator), {**m, **selection, **corrected}
 
 
 @register_term("entropy")

@@ -6,6 +6,7 @@ import dataclasses
 import typing
 from typing import Any, Iterator
 
+from searchr1_lld.config.correction_presets import format_correction_presets
 from searchr1_lld.config.methods import format_presets
 from searchr1_lld.config.root import Config
 
@@ -46,7 +47,7 @@ def format_help(cls: type = Config, prefix: str = "") -> str:
             lines += ["", f"[{head or 'top level'}]" + (f"  {doc}" if doc else "")]
         lines.append(f"  {key} ({_type_text(tp)}, default {default!r}): {f.metadata.get('help', '')}")
     text = "\n".join(lines).lstrip("\n") + "\n"
-    return text + "\n" + format_presets() if cls is Config else text
+    return text + "\n" + format_presets() + "\n" + format_correction_presets() if cls is Config else text
 
 
 def _section_help(cls: type, dotted: str) -> str:

@@ -7,7 +7,8 @@ Rules
 - ``Config.validate()`` rejects impossible values (lambda < 0, mini-batch larger than batch, ...) with the key's name.
 - A YAML file may start with ``_base_: other.yaml`` (path relative to the file); the file's keys override the base's.
 - ``algorithm.method: NAME`` fills in the settings the named method pins (config/methods.py); a pinned key written
-  with another value, in any file of the chain or an override, is an error.
+  with another value, in any file of the chain or an override, is an error. ``algorithm.rollout_correction.preset``
+  does the same for a rollout-correction preset (config/correction_presets.py), and fills in its thresholds.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, Literal
 
 import yaml
 
+from searchr1_lld.config.correction_presets import CORRECTION_PRESETS
 from searchr1_lld.config.methods import METHODS
 from searchr1_lld.config.root import Config
 from searchr1_lld.config.sections import AlgorithmConfig
@@ -192,8 +194,9 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
 
 def config_from_dict(values: dict[str, Any]) -> Config:
     """A validated :class:`~searchr1_lld.config.Config` from a nested dict (unknown keys and bad types: errors), its
-    ``algorithm.method`` expanded (:func:`expand_method`)."""
-    return build_dataclass(Config, expand_method(values)).validate()
+    ``algorithm.rollout_correction.preset`` and ``algorithm.method`` expanded (:func:`expand_correction_preset`,
+    :func:`expand_method`)."""
+    return build_dataclass(Config, expand_method(expand_correction_preset(values))).validate()
 
 
 def expand_method(values: dict[str, Any]) -> dict[str, Any]:
@@ -206,20 +209,57 @@ def expand_method(values: dict[str, Any]) -> dict[str, Any]:
         return values
     if name not in METHODS:
         raise ConfigError(f"algorithm.method: unknown method {name!r}; known: {list(METHODS)} (or '' for none)")
+    return _pin(values, METHODS[name].settings, f"algorithm.method={name}",
+                "remove the key, or set algorithm.method='' and write the method's switches yourself")
+
+
+def expand_correction_preset(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with what its ``algorithm.rollout_correction.preset`` (config/correction_presets.py) pins and, where
+    ``values`` does not write them, its thresholds. Errors as :func:`expand_method`'s, and a key that the method pins
+    to another value is one too."""
+    alg = values.get("algorithm")
+    rc = alg.get("rollout_correction") if isinstance(alg, dict) else None
+    name = rc.get("preset", "") if isinstance(rc, dict) else ""
+    if not name:
+        return values
+    if name not in CORRECTION_PRESETS:
+        raise ConfigError(f"algorithm.rollout_correction.preset: unknown preset {name!r}; known: "
+                          f"{list(CORRECTION_PRESETS)} (or '' for none)")
+    preset, method = CORRECTION_PRESETS[name], alg.get("method", "")
+    for key in sorted(preset.pins.keys() & (METHODS[method].settings if method in METHODS else {}).keys()):
+        if preset.pins[key] != METHODS[method].settings[key]:
+            raise ConfigError(f"algorithm.{key}: algorithm.method={method} pins it to "
+                              f"{METHODS[method].settings[key]!r} and algorithm.rollout_correction.preset={name} to "
+                              f"{preset.pins[key]!r}; drop one of the two")
+    out = _pin(values, preset.pins, f"algorithm.rollout_correction.preset={name}",
+               "remove the key, or set algorithm.rollout_correction.preset='' and write the settings yourself")
+    for dotted, value in preset.thresholds.items():
+        node, leaf = _node(out, dotted)
+        node.setdefault(leaf, value)
+    return out
+
+
+def _node(values: dict[str, Any], dotted: str) -> tuple[dict[str, Any], str]:
+    """(the dict that holds ``algorithm.<dotted>`` in ``values``, its leaf name), the dicts on the way copied."""
+    *path, leaf = dotted.split(".")
+    node = values["algorithm"] = dict(values["algorithm"])
+    for part in path:
+        node[part] = dict(node.get(part) or {})
+        node = node[part]
+    return node, leaf
+
+
+def _pin(values: dict[str, Any], settings: dict[str, Any], owner: str, advice: str) -> dict[str, Any]:
+    """``values`` with every ``algorithm.<dotted>: value`` of ``settings`` set; one that ``values`` sets to another
+    value is a ConfigError naming the key, the ``owner`` that pins it, both values and the ``advice``."""
     out = _deep_merge(values, {})
-    for dotted, pinned in METHODS[name].settings.items():
-        *path, leaf = dotted.split(".")
-        node = out["algorithm"] = dict(out["algorithm"])
-        for part in path:
-            node[part] = dict(node.get(part) or {})
-            node = node[part]
+    for dotted, pinned in settings.items():
+        node, leaf = _node(out, dotted)
         if leaf in node:
-            tp = _field_type(AlgorithmConfig, dotted)
-            given = _coerce(node[leaf], tp, f"algorithm.{dotted}")
+            given = _coerce(node[leaf], _field_type(AlgorithmConfig, dotted), f"algorithm.{dotted}")
             if given != pinned:
-                raise ConfigError(f"algorithm.{dotted}: algorithm.method={name} pins it to {pinned!r}, but the config "
-                                  f"sets {given!r}; remove the key, or set algorithm.method='' and write the method's "
-                                  "switches yourself")
+                raise ConfigError(f"algorithm.{dotted}: {owner} pins it to {pinned!r}, but the config sets "
+                                  f"{given!r}; {advice}")
         node[leaf] = pinned
     return out
 

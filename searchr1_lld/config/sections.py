@@ -120,10 +120,30 @@ class LLDSConfig:
 
 @dataclass
 class RolloutCorrectionConfig:
-    """Truncated importance sampling for the engine/learner mismatch (algo/rollout_correction.py); off by default."""
+    """The engine/learner mismatch (algo/rollout_correction.py): importance weights and rejection rules between the
+    engine's and the learner's log-probs, as verl 0.9.1 ships them; off by default (its diagnostics are logged
+    whenever the engine reports log-probs). --help-config lists the registered modes, rules and presets."""
 
-    mode: Literal["off", "token", "sequence"] = opt("off", "per-token weights, one weight per response, or off")
-    cap: float = opt(2.0, "C: weights are min(ratio, C)")
+    preset: str = opt("", "a verl / TRL preset by name (config/correction_presets.py: decoupled_token_is, "
+                      "decoupled_seq_is_rs, decoupled_geo_rs, bypass_ppo_clip, bypass_pg_is, trl_sequence_mask, ...): "
+                      "pins mode, rejection, bypass (and the bypass presets' policy_loss), fills in the thresholds "
+                      "below unless written; a pinned key set to another value is an error; '' = as written")
+    mode: str = opt("off", "importance weights on the policy loss, by registered name (token, sequence: truncated; "
+                    "token_mask, sequence_mask: zero outside [cap_lower, cap]), or off")
+    cap: float = opt(2.0, "C: upper bound of the ratio pi_old / pi_engine (truncated modes: min(ratio, C); mask "
+                     "modes: a ratio above C weighs 0)")
+    cap_lower: Optional[float] = opt(None, "lower bound of the ratio (truncated: max(ratio, c); mask: a ratio below "
+                                     "c weighs 0); null = none")
+    rejection: str = opt("off", "rejection rule by registered name (verl's rollout_rs options: token_k1..3, "
+                         "seq_sum_k1..3, seq_mean_k1..3, seq_max_k2/k3): a rejected token or response leaves the "
+                         "update's response mask; or off")
+    rejection_upper: Optional[float] = opt(None, "the rule's upper threshold (k1 rules: a ratio bound; k2 / k3 "
+                                           "rules: a divergence bound); required with a rule")
+    rejection_lower: Optional[float] = opt(None, "k1 rules: the lower ratio bound; null = 1 / rejection_upper")
+    bypass: bool = opt(False, "verl's bypass mode: logp_old := the engine's log-probs (the learner's recompute is "
+                       "skipped), the policy loss's ratio is taken against the engine, and the weights and rejection "
+                       "of each micro-batch are computed between the policy being updated and the engine; needs "
+                       "a backend that reports log-probs")
 
 
 @dataclass
@@ -243,7 +263,8 @@ class AlgorithmConfig:
     adv_eps: float = opt(1e-6, "GRPO: epsilon of the std division")
     policy_loss: str = opt("ppo_clip", "policy loss by registered name (algo/policy_loss.py: ppo_clip, gspo; "
                            "algo/covariance_losses.py: clip_cov, kl_cov; algo/logprob_losses.py: gpg, cispo, "
-                           "dppo_tv, dppo_kl, vespo; algo/ratio_losses.py: sapo, geo_mean)")
+                           "dppo_tv, dppo_kl, vespo, reinforce (gpg's loss: verl's REINFORCE); algo/ratio_losses.py: "
+                           "sapo, geo_mean)")
     clip_eps: float = opt(0.2, "PPO clip range (both sides unless clip_low / clip_high)")
     clip_low: Optional[float] = opt(None, "lower clip range; null = clip_eps (cispo: >= 1 = no lower bound; "
                                     "dppo_tv / dppo_kl: the divergence threshold where A <= 0; geo_mean: in log space)")

@@ -4,9 +4,12 @@ each check is (ok, dotted key, what the value must be), and the message of a fai
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from retriever.modes import retriever_mode
+from searchr1_lld.config.correction_presets import CORRECTION_PRESETS
+from searchr1_lld.config.correction_presets import registered_names as correction_names
 from searchr1_lld.config.methods import METHODS
 from searchr1_lld.config.sections import (AlgorithmConfig, DataConfig, EvalConfig, RetrieverConfig, RolloutConfig,
                                           StepSizeConfig, TrainerConfig)
@@ -35,8 +38,8 @@ def raise_first(checks: list[Check], cfg: object, prefix: str = "") -> None:
 
 
 def registered_names() -> dict[str, list[str]]:
-    """The names registered in algo/ by table: policy losses, advantage estimators, aggregation modes (imported here:
-    the config loads without torch until checked)."""
+    """The names registered in algo/ by table: policy losses, advantage estimators, aggregation modes, the rollout
+    correction's weight modes and rejection rules (imported here: the config loads without torch until checked)."""
     from searchr1_lld.algo.advantages import ADVANTAGE_ESTIMATORS  # deferred: torch
     from searchr1_lld.algo.aggregation import AGGREGATIONS  # deferred: torch
     from searchr1_lld.algo.batch_filters import BATCH_FILTERS  # deferred: torch
@@ -46,7 +49,15 @@ def registered_names() -> dict[str, list[str]]:
 
     return {"policy_loss": sorted(POLICY_LOSSES), "advantage": sorted(ADVANTAGE_ESTIMATORS),
             "loss_agg_mode": list(AGGREGATIONS), "nthr.eta_rule": list(ETA_RULES),
-            "reward_shaping": sorted(REWARD_SHAPINGS), "dynamic_sampling.filter": sorted(BATCH_FILTERS)}
+            "reward_shaping": sorted(REWARD_SHAPINGS), "dynamic_sampling.filter": sorted(BATCH_FILTERS),
+            **{f"rollout_correction.{k}": v for k, v in correction_names().items()}}
+
+
+def takes_lower_bound(rejection: str) -> bool:
+    """Whether the registered rejection rule ``rejection`` bounds a ratio from below too (algo/rollout_correction)."""
+    from searchr1_lld.algo.rollout_correction import takes_lower_bound as takes  # deferred: torch
+
+    return takes(rejection)
 
 
 def algorithm_checks(alg: AlgorithmConfig) -> list[Check]:
@@ -73,7 +84,6 @@ def algorithm_checks(alg: AlgorithmConfig) -> list[Check]:
         (alg.sapo.tau_neg > 0, "algorithm.sapo.tau_neg", "must be > 0"),
         (alg.dppo_tv.clip_ratio_c > 0, "algorithm.dppo_tv.clip_ratio_c", "must be > 0"),
         (alg.dppo_kl.clip_ratio_c > 0, "algorithm.dppo_kl.clip_ratio_c", "must be > 0"),
-        (alg.rollout_correction.cap >= 1, "algorithm.rollout_correction.cap", "must be >= 1"),
         (alg.vespo.k_pos >= 0, "algorithm.vespo.k_pos", "must be >= 0"),
         (alg.vespo.k_neg >= 0, "algorithm.vespo.k_neg", "must be >= 0"),
         (alg.vespo.lambda_pos > 0, "algorithm.vespo.lambda_pos", "must be > 0"),
@@ -87,6 +97,32 @@ def algorithm_checks(alg: AlgorithmConfig) -> list[Check]:
         (0 <= alg.nthr.eta <= 1, "algorithm.nthr.eta", "must lie in [0, 1]"),
         *[(get_dotted(alg, key) in known, f"algorithm.{key}", f"must name a registered one {known}")
           for key, known in names.items()],
+        *rollout_correction_checks(alg),
+    ]
+
+
+def rollout_correction_checks(alg: AlgorithmConfig) -> list[Check]:
+    """algorithm.rollout_correction.*: the preset's name, the bounds of the weights and of the rejection rule (its
+    names are checked with the other registered ones)."""
+    rc, key = alg.rollout_correction, "algorithm.rollout_correction."
+    rule = rc.rejection if rc.rejection in registered_names()["rollout_correction.rejection"][1:] else None
+    ratio_rule = rule is not None and takes_lower_bound(rule)  # a k1 rule: bounds a ratio, from both sides
+    return [
+        (rc.preset == "" or rc.preset in CORRECTION_PRESETS, key + "preset",
+         f"must be '' or a preset {list(CORRECTION_PRESETS)}"),
+        (rc.cap >= 1, key + "cap", "must be >= 1"),
+        (rc.cap_lower is None or 0 < rc.cap_lower < rc.cap, key + "cap_lower",
+         f"must be null or in (0, cap = {rc.cap})"),
+        (rc.rejection == "off" or rc.rejection_upper is not None, key + "rejection_upper",
+         f"must be set: rejection rule {rc.rejection!r} needs a threshold"),
+        (rc.rejection_upper is None or rc.rejection_upper > 0, key + "rejection_upper", "must be > 0"),
+        (rc.rejection_lower is None or 0 < rc.rejection_lower <= (rc.rejection_upper or math.inf),
+         key + "rejection_lower", f"must be null or in (0, rejection_upper = {rc.rejection_upper}]"),
+        (not ratio_rule or rc.rejection_lower is not None or (rc.rejection_upper or 0) >= 1, key + "rejection_upper",
+         "must be >= 1 when rejection_lower is null (the lower ratio bound is then 1 / rejection_upper)"),
+        (rule is None or ratio_rule or rc.rejection_lower is None, key + "rejection_lower",
+         f"must be null: rejection rule {rc.rejection!r} bounds a divergence from above only (the *_k1 rules take a "
+         "lower bound)"),
     ]
 
 

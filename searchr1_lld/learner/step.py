@@ -83,15 +83,14 @@ def train_step(learner: Learner, rows: list[dict[str, Any]], *, step: int, probe
     cfg, dist = learner.cfg, learner.dist
     seed_everything(seed := step_seed(cfg.trainer.seed, step, dist.rank, dist.world_size))
     t0 = time.time()
-    # rollout (the engine's memory handed over after it) and advantages; logp_old under the current policy,
-    # logp_ref under the frozen initial one; rollout correction
+    # rollout (the engine's memory handed over after it) and advantages; logp_old under the current policy (or the
+    # engine's, in the rollout correction's bypass mode), logp_ref under the frozen initial one; rollout correction
     trajs, batch, advantages, metrics = rollout_to_batch(learner, rows, seed=seed, more_rows=more_rows)
-    logp_old = batch_logprobs(learner, learner.model, batch)
+    rc = cfg.algorithm.rollout_correction
+    logp_old = old_logprobs(learner, batch, bypass=rc.bypass)
     logp_ref = batch_logprobs(learner, learner.ref_model, batch) if learner.ref_model is not None else None
-    if batch.has_engine_logprobs:
-        metrics["rollout/engine_learner_logp_gap"] = engine_learner_gap(
-            batch.engine_logprobs, logp_old, batch.response_mask, torch.ones(len(trajs), dtype=torch.bool))
-    token_weights, weight_stats = step_token_weights(learner, batch, advantages, logp_old)  # correction x NTHR
+    metrics.update(mismatch_diagnostics(batch, None if rc.bypass else logp_old))
+    token_weights, train_batch, weight_stats = step_token_weights(learner, batch, advantages, logp_old)
     metrics.update(weight_stats)
     valid_searches = mean_valid_searches(batch, learner)
 
@@ -105,7 +104,8 @@ def train_step(learner: Learner, rows: list[dict[str, Any]], *, step: int, probe
                         if k != "probe/size"})
 
     # ppo_epochs x mini-batches x micro-batches of objective + backward; one guarded optimiser step per mini-batch
-    update = update_policy(learner, batch, advantages, logp_old, logp_ref, token_weights, valid_searches, step=step)
+    update = update_policy(learner, train_batch, advantages, logp_old, logp_ref, token_weights, valid_searches,
+                           step=step)
     metrics.update(update)
 
     # the LLD monitor: likelihoods after the step's updates. Its own forward: every forward of the update ran with
@@ -170,29 +170,57 @@ def monitor_metrics(learner: Learner, batch: TrajectoryBatch, trajs: list[Trajec
     return out
 
 
-def correction_weights(rc: RolloutCorrectionConfig, batch: TrajectoryBatch,
-                       logp_old: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, float]]:
-    """Truncated-IS weights [B, T] for the step (algorithm.rollout_correction) and their statistics; None if off."""
-    if rc.mode == "off":
-        return None, {}
+def mismatch_diagnostics(batch: TrajectoryBatch, logp_learner: torch.Tensor | None) -> dict[str, float]:
+    """The engine/learner mismatch of the step's responses when the engine reported log-probs (correction on or off):
+    rollout_correction.mismatch_metrics and rollout/engine_learner_logp_gap; ``logp_learner`` None (bypass mode: no
+    recompute) leaves the engine's side alone."""
+    if not batch.has_engine_logprobs:
+        return {}
+    out = rollout_correction.mismatch_metrics(logp_learner, batch.engine_logprobs, batch.response_mask)
+    if logp_learner is not None:
+        out["rollout/engine_learner_logp_gap"] = engine_learner_gap(
+            batch.engine_logprobs, logp_learner, batch.response_mask,
+            torch.ones(batch.responses.shape[0], dtype=torch.bool))
+    return out
+
+
+def old_logprobs(learner: Learner, batch: TrajectoryBatch, *, bypass: bool) -> torch.Tensor:
+    """logp_old [B, T]: the learner's recompute under the current policy, or in the rollout correction's bypass mode
+    the engine's sampling log-probs (no forward; an error when the backend reported none)."""
+    if not bypass:
+        return batch_logprobs(learner, learner.model, batch)
+    if not batch.has_engine_logprobs:
+        raise RuntimeError("algorithm.rollout_correction.bypass takes logp_old from the engine's sampling log-probs, "
+                           "but the rollout backend reported none")
+    return batch.engine_logprobs * batch.response_mask
+
+
+def correction_weights(rc: RolloutCorrectionConfig, batch: TrajectoryBatch, logp_old: torch.Tensor
+                       ) -> tuple[torch.Tensor | None, TrajectoryBatch, dict[str, float]]:
+    """The step's rollout correction (algorithm.rollout_correction, decoupled mode): IS weights [B, T] (None if
+    off), the batch to train on (its response mask without the tokens a rejection rule rejects), their statistics.
+    Off, or in bypass mode (the policy loss corrects each micro-batch): (None, batch, {})."""
+    if rc.bypass or not rollout_correction.is_on(rc):
+        return None, batch, {}
     if not batch.has_engine_logprobs:
         raise RuntimeError("algorithm.rollout_correction needs the engine's sampling log-probs, but the rollout "
                            "backend reported none")
-    w = rollout_correction.tis_weights(logp_old, batch.engine_logprobs, batch.response_mask, mode=rc.mode, cap=rc.cap)
-    return w, rollout_correction.weight_stats(logp_old, batch.engine_logprobs, batch.response_mask, w,
-                                              mode=rc.mode, cap=rc.cap)
+    c = rollout_correction.correct(rc, logp_old, batch.engine_logprobs, batch.response_mask)
+    stats = rollout_correction.correction_stats(rc, logp_old, batch.engine_logprobs, batch.response_mask, c)
+    return c.weights, dataclasses.replace(batch, response_mask=c.mask(batch.response_mask)), stats
 
 
-def step_token_weights(learner: Learner, batch: TrajectoryBatch, advantages: torch.Tensor,
-                       logp_old: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, float]]:
-    """The step's per-token policy-loss weights [B, T] (None = 1) and their statistics: the rollout-correction
-    weights (algorithm.rollout_correction) times NTHR's (algorithm.nthr: computed here, before the updates, under the
-    policy of ``logp_old``; learner/nthr_weights.py)."""
-    tis, stats = correction_weights(learner.cfg.algorithm.rollout_correction, batch, logp_old)
+def step_token_weights(learner: Learner, batch: TrajectoryBatch, advantages: torch.Tensor, logp_old: torch.Tensor
+                       ) -> tuple[torch.Tensor | None, TrajectoryBatch, dict[str, float]]:
+    """The step's per-token policy-loss weights [B, T] (None = 1), the batch to train on (without the tokens the
+    rollout correction's rejection rule rejects) and their statistics: the rollout-correction weights
+    (algorithm.rollout_correction, decoupled mode: :func:`correction_weights`) times NTHR's (algorithm.nthr: computed
+    here, before the updates, under the policy of the step's rollout; learner/nthr_weights.py)."""
+    tis, train_batch, stats = correction_weights(learner.cfg.algorithm.rollout_correction, batch, logp_old)
     nthr, nthr_stats = nthr_weights.step_weights(learner, batch, advantages,
                                                  functools.partial(model_rows, learner, learner.model, batch))
     stats.update(nthr_stats)
-    return (nthr if tis is None else (tis if nthr is None else tis * nthr)), stats
+    return (nthr if tis is None else (tis if nthr is None else tis * nthr)), train_batch, stats
 
 
 def truncation_masked(batch: TrajectoryBatch, mask_truncated: bool) -> TrajectoryBatch:
