@@ -194,7 +194,8 @@ def test_mismatch_metrics_hand_computed():
 
 def _alg(policy_loss="ppo_clip", **rc):
     return SimpleNamespace(policy_loss=policy_loss, clip_eps=0.2, clip_low=None, clip_high=None, dual_clip=None,
-                           loss_agg_mode="token-mean", rollout_correction=_settings(bypass=True, **rc))
+                           loss_agg_mode="token-mean", top_entropy_quantile=1.0,
+                           rollout_correction=_settings(bypass=True, **rc))
 
 
 def test_bypass_term_weights_and_rejects_against_the_policy_being_updated():
