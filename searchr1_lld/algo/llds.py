@@ -18,16 +18,63 @@ while logp_new == logp_old (the first mini-batch after a rollout): the trainer m
 Fully vectorised, static shapes: no Python loop over responses or spans and no tensor whose size depends on the data
 (the action gate's span sums are one ``scatter_add`` by span number and one gather back to the tokens), so the gate
 needs no host synchronisation on a GPU.
+
+Kinds by name (``algorithm.llds.*`` names them; registered like the losses, so the config, ``--help-config`` and the
+errors read the tables): the gates (:data:`GATES`, ``llds.gate``), LLDS-MA's answer-span modes
+(:data:`ANSWER_MASK_MODES`, ``llds.ma``: off, fixed, adaptive) and the adaptive mode's rules (:data:`ADAPTIVE_RULES`,
+``llds.ma_adaptive_rule``: code, paper).
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
-from searchr1_lld.algo import spans
+from searchr1_lld.algo import registry, spans
 from searchr1_lld.algo.advantages import check_advantages
 
-GATES = ("none", "response", "action")
+# gate(on [B, T] bool: m and i in P, d*m [B, T], m [B, T] bool, span starts [B, T] bool, tau) -> g [B, T] bool
+GateFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+GATES: dict[str, GateFn] = {}
+# answer-span mode(lam_answer, the step's mean valid searches or None, adaptive rule) -> lam_answer' or None (no MA)
+AnswerMaskFn = Callable[[float, "float | None", str], "float | None"]
+ANSWER_MASK_MODES: dict[str, AnswerMaskFn] = {}
+# adaptive rule(lam_answer, mean valid searches V) -> lam_answer'
+AdaptiveRuleFn = Callable[[float, float], float]
+ADAPTIVE_RULES: dict[str, AdaptiveRuleFn] = {}
+
+
+def register_gate(name: str) -> Callable[[GateFn], GateFn]:
+    """Decorator: register ``fn`` as the LLDS gate ``name``."""
+    return registry.register(GATES, "LLDS gate", name)
+
+
+@register_gate("none")
+def no_gate(on: torch.Tensor, d_masked: torch.Tensor, m: torch.Tensor, starts: torch.Tensor,
+            tau: float) -> torch.Tensor:
+    """g = 1[i in P] on the response tokens."""
+    return on
+
+
+@register_gate("response")
+def response_gate(on: torch.Tensor, d_masked: torch.Tensor, m: torch.Tensor, starts: torch.Tensor,
+                  tau: float) -> torch.Tensor:
+    """The R-gate: g = 1[i in P and sum_t m d > tau]."""
+    return on & (d_masked.sum(dim=1, keepdim=True) > tau)
+
+
+@register_gate("action")
+def action_gate(on: torch.Tensor, d_masked: torch.Tensor, m: torch.Tensor, starts: torch.Tensor,
+                tau: float) -> torch.Tensor:
+    """The A-gate: g = 1[i in P and sum_{t' in span(t)} d[i,t'] > tau]. Static shapes: the spans of the flattened
+    batch are numbered by a cumulative sum of their first tokens (1-based; 0 for the tokens before the first span),
+    d*m is summed per span number into a ``[B*T + 1]`` buffer (``scatter_add``; tokens outside m add 0) and each
+    token's span sum read back with one gather (tokens outside m read some span's sum and are masked out by ``on``)."""
+    run = torch.cumsum(starts.reshape(-1), 0)
+    span_sum = torch.zeros(m.numel() + 1, dtype=d_masked.dtype, device=d_masked.device)
+    span_sum.scatter_add_(0, run, d_masked.reshape(-1))
+    return on & (span_sum[run] > tau).view(m.shape)
 
 
 def per_response_advantage(advantages: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -58,26 +105,12 @@ def preserving_rows(advantages: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def _gate(d_masked: torch.Tensor, m: torch.Tensor, in_p: torch.Tensor, gate: str, tau: float):
-    """Gate from the masked displacement d*m, the bool mask m and P membership ``[B]``: (g ``[B, T]`` bool, and the
-    action spans' first tokens ``[B, T]`` bool, :func:`searchr1_lld.algo.spans.span_starts`).
-
-    Static shapes only (no ``nonzero``, no per-span tensors whose length depends on the data): the action gate
-    numbers the spans of the flattened batch by a cumulative sum of their first tokens (1-based; 0 for the tokens
-    before the first span), sums d*m per span number into a ``[B*T + 1]`` buffer (``scatter_add``; tokens outside m
-    add 0) and reads each token's span sum back with one gather. Tokens outside m read some span's sum, and are masked out by ``m``.
-    """
-    on = m & in_p[:, None]
+    """Gate from the masked displacement d*m, the bool mask m and P membership ``[B]``: (g ``[B, T]`` bool, the
+    registered gate ``gate``; and the action spans' first tokens ``[B, T]`` bool,
+    :func:`searchr1_lld.algo.spans.span_starts`). Static shapes only (no ``nonzero``, no per-span tensors whose length
+    depends on the data)."""
     starts = spans.span_starts(m)
-    if gate == "response":
-        on = on & (d_masked.sum(dim=1, keepdim=True) > tau)
-    elif gate == "action":
-        run = torch.cumsum(starts.reshape(-1), 0)
-        span_sum = torch.zeros(m.numel() + 1, dtype=d_masked.dtype, device=d_masked.device)
-        span_sum.scatter_add_(0, run, d_masked.reshape(-1))
-        on = on & (span_sum[run] > tau).view(m.shape)
-    elif gate != "none":
-        raise ValueError(f"unknown LLDS gate {gate!r}; expected one of {list(GATES)}")
-    return on, starts
+    return registry.lookup(GATES, "LLDS gate", gate)(m & in_p[:, None], d_masked, m, starts, tau), starts
 
 
 @torch.no_grad()
@@ -88,8 +121,7 @@ def llds_gate(
 
     The gate is also False outside the response mask.
     """
-    if gate not in GATES:
-        raise ValueError(f"unknown LLDS gate {gate!r}; expected one of {list(GATES)}")
+    registry.lookup(GATES, "LLDS gate", gate)
     m = response_mask != 0
     d_masked = torch.where(m, displacement.detach(), 0.0)
     if m.numel() == 0:
@@ -105,8 +137,7 @@ def _check_args(logp_new: torch.Tensor, logp_old: torch.Tensor, response_mask: t
             f"logp_new, logp_old, response_mask must all be [B, T]; got {tuple(logp_new.shape)}, "
             f"{tuple(logp_old.shape)}, {tuple(response_mask.shape)}"
         )
-    if gate not in GATES:
-        raise ValueError(f"unknown LLDS gate {gate!r}; expected one of {list(GATES)}")
+    registry.lookup(GATES, "LLDS gate", gate)
     if lam < 0:
         raise ValueError(f"LLDS lam must be >= 0, got {lam}")
     if lam_answer is not None and lam_answer < 0:
@@ -222,22 +253,35 @@ def llds_weight_and_stats(
 
 def answer_coefficient(ma: str, lam_answer: float, valid_searches_mean: float | None,
                        rule: str = "code") -> float | None:
-    """LLDS-MA's answer-span coefficient lam_answer' (the coefficient applied there is min(lam_answer', lam)):
-    ``ma`` "off" -> None (no MA), "fixed" -> ``lam_answer``, "adaptive" -> :func:`adaptive_lam_answer` of the step's
-    mean number of valid searches per response (required then)."""
-    if ma == "off":
-        return None
-    if ma == "fixed":
-        return float(lam_answer)
-    if ma != "adaptive":
-        raise ValueError(f"unknown LLDS-MA mode {ma!r}; expected 'off', 'fixed' or 'adaptive'")
+    """LLDS-MA's answer-span coefficient lam_answer' (the coefficient applied there is min(lam_answer', lam)) of the
+    registered answer-span mode ``ma``: "off" -> None (no MA), "fixed" -> ``lam_answer``, "adaptive" ->
+    :func:`adaptive_lam_answer` of the step's mean number of valid searches per response (required then)."""
+    return registry.lookup(ANSWER_MASK_MODES, "LLDS-MA mode", ma)(lam_answer, valid_searches_mean, rule)
+
+
+@registry.register(ANSWER_MASK_MODES, "LLDS-MA mode", "off")
+def no_answer_mask(lam_answer: float, valid_searches_mean: float | None, rule: str) -> None:
+    """No LLDS-MA: the answer span is penalised like every other token."""
+    return None
+
+
+@registry.register(ANSWER_MASK_MODES, "LLDS-MA mode", "fixed")
+def fixed_answer_mask(lam_answer: float, valid_searches_mean: float | None, rule: str) -> float:
+    """lam_answer' = lam_answer."""
+    return float(lam_answer)
+
+
+@registry.register(ANSWER_MASK_MODES, "LLDS-MA mode", "adaptive")
+def adaptive_answer_mask(lam_answer: float, valid_searches_mean: float | None, rule: str) -> float:
+    """lam_answer' = :func:`adaptive_lam_answer` of the step's mean valid searches under ``rule``."""
     if valid_searches_mean is None:
         raise ValueError("adaptive LLDS-MA needs the step's mean number of valid searches")
     return adaptive_lam_answer(lam_answer, valid_searches_mean, rule)
 
 
 def adaptive_lam_answer(lam_answer: float, mean_valid_searches: float, rule: str = "code") -> float:
-    """Adaptive LLDS-MA weight of the answer span from the batch mean V of valid searches per response.
+    """Adaptive LLDS-MA weight of the answer span from the batch mean V of valid searches per response, by the
+    registered rule ``rule`` (:data:`ADAPTIVE_RULES`):
 
         rule="code":  lam_answer * max(V - 1, 0)   (the authors' released dp_actor.py; what their runs used)
         rule="paper": lam_answer * min(V / 2, 1)   (the paper's text)
@@ -247,12 +291,20 @@ def adaptive_lam_answer(lam_answer: float, mean_valid_searches: float, rule: str
     """
     if lam_answer < 0:
         raise ValueError(f"lam_answer must be >= 0, got {lam_answer}")
-    v = float(mean_valid_searches)
-    if rule == "code":
-        return float(lam_answer) * max(v - 1.0, 0.0)
-    if rule == "paper":
-        return float(lam_answer) * min(v / 2.0, 1.0)
-    raise ValueError(f"unknown adaptive answer-mask rule {rule!r}; expected 'code' or 'paper'")
+    return registry.lookup(ADAPTIVE_RULES, "adaptive answer-mask rule", rule)(float(lam_answer),
+                                                                             float(mean_valid_searches))
+
+
+@registry.register(ADAPTIVE_RULES, "adaptive answer-mask rule", "code")
+def released_code_rule(lam_answer: float, v: float) -> float:
+    """lam_answer * max(V - 1, 0): the authors' released dp_actor.py."""
+    return lam_answer * max(v - 1.0, 0.0)
+
+
+@registry.register(ADAPTIVE_RULES, "adaptive answer-mask rule", "paper")
+def paper_text_rule(lam_answer: float, v: float) -> float:
+    """lam_answer * min(V / 2, 1): the paper's text."""
+    return lam_answer * min(v / 2.0, 1.0)
 
 
 def llds_can_act(ppo_epochs: int, mini_batches_per_rollout: int) -> bool:

@@ -40,23 +40,57 @@ or re-registering one changes what training optimises.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 
-from searchr1_lld.algo import aggregation, terms
+from searchr1_lld.algo import aggregation, registry, terms
 from searchr1_lld.algo.aggregation import mini_batch_denominators
 from searchr1_lld.algo.terms import AlgorithmSettings, TermBatch
 
 __all__ = ["LOSS_SCALES", "AlgorithmSettings", "TermBatch", "loss_denominators", "mini_batch_denominators",
            "objective", "sum_of_terms"]
 
-LOSS_SCALES = ("mini-batch-token-mean", "micro-batch-mean")
+
+
+@dataclass(frozen=True)
+class MicroBatchCounts:
+    """What a loss scale divides by, for one micro-batch: the mini-batch's and the micro-batch's counts."""
+
+    mini_tokens: float  # N_tok
+    mini_responses: float  # N_resp
+    micro_tokens: float  # n_tok of the micro-batch (all its passes)
+    micro_responses: float  # n_resp
+    micro_batches: int  # K
+    per_token_units: bool  # the aggregation mode sums over tokens (token-mean), not over responses
+    budget: float  # C: 1, or algorithm.seq_token_sum_norm for a mode normalised by a token budget
+
+
+# loss scale(counts) -> (D, D_LLDS), registered by the name ``algorithm.loss_scale`` gives it (module docstring)
+LossScaleFn = Callable[[MicroBatchCounts], "tuple[float, float]"]
+LOSS_SCALES: dict[str, LossScaleFn] = {}
+
+
+@registry.register(LOSS_SCALES, "loss scale", "mini-batch-token-mean")
+def mini_batch_token_mean(c: MicroBatchCounts) -> tuple[float, float]:
+    """Every term a sum over the micro-batch divided by a mini-batch total: D = N_tok (token-mean) or N_resp * C,
+    D_LLDS = N_tok."""
+    return (c.mini_tokens if c.per_token_units else c.mini_responses * c.budget), c.mini_tokens
+
+
+@registry.register(LOSS_SCALES, "loss scale", "micro-batch-mean")
+def micro_batch_mean(c: MicroBatchCounts) -> tuple[float, float]:
+    """Every term the micro-batch's own mean divided by K: D = K n_tok (token-mean) or K n_resp C, D_LLDS = K n_tok
+    (an empty micro-batch gets D = K, which leaves its zero sums at 0)."""
+    local = c.micro_tokens if c.per_token_units else c.micro_responses
+    return c.micro_batches * max(local, 1.0) * c.budget, c.micro_batches * max(c.micro_tokens, 1.0)
 
 
 def _check_aggregation(alg: AlgorithmSettings, mini_tokens: float, mini_responses: float, micro_batches: int) -> None:
     """The aggregation mode and loss scale are known and the denominators are positive."""
     aggregation.get_aggregation(alg.loss_agg_mode)
-    if alg.loss_scale not in LOSS_SCALES:
-        raise ValueError(f"unknown loss scale {alg.loss_scale!r}; expected one of {list(LOSS_SCALES)}")
+    registry.lookup(LOSS_SCALES, "loss scale", alg.loss_scale)
     if mini_tokens <= 0 or mini_responses <= 0:
         raise ValueError(f"mini-batch denominators must be > 0; got mini_tokens={mini_tokens}, mini_responses={mini_responses}")
     if micro_batches < 1:
@@ -71,12 +105,11 @@ def loss_denominators(alg: AlgorithmSettings, response_mask: torch.Tensor, *, mi
     several passes (default: this pass is the whole micro-batch). Under ``micro-batch-mean`` an empty micro-batch
     (no response token) gets D = K, which leaves its zero sums at 0."""
     agg = aggregation.get_aggregation(alg.loss_agg_mode)
-    budget = float(alg.seq_token_sum_norm) if agg.per_token_budget else 1.0
-    if alg.loss_scale == "mini-batch-token-mean":
-        return (mini_tokens if agg.unit == "tokens" else mini_responses * budget), mini_tokens
     n_tok, n_resp = mini_batch_denominators(response_mask) if group is None else group
-    local = n_tok if agg.unit == "tokens" else n_resp
-    return micro_batches * max(local, 1.0) * budget, micro_batches * max(n_tok, 1.0)
+    counts = MicroBatchCounts(mini_tokens=mini_tokens, mini_responses=mini_responses, micro_tokens=n_tok,
+                              micro_responses=n_resp, micro_batches=micro_batches, per_token_units=agg.unit == "tokens",
+                              budget=float(alg.seq_token_sum_norm) if agg.per_token_budget else 1.0)
+    return registry.lookup(LOSS_SCALES, "loss scale", alg.loss_scale)(counts)
 
 
 def objective(

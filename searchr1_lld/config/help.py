@@ -9,6 +9,7 @@ from typing import Any, Iterator
 from searchr1_lld.config.correction_presets import format_correction_presets
 from searchr1_lld.config.methods import format_presets
 from searchr1_lld.config.root import Config
+from searchr1_lld.config.validation import registered_names
 
 
 def _type_text(tp: Any) -> str:
@@ -36,16 +37,19 @@ def iter_fields(cls: type, prefix: str = "") -> Iterator[tuple[str, dataclasses.
 
 
 def format_help(cls: type = Config, prefix: str = "") -> str:
-    """The config reference: one block per section (its help), one line per field: key, type, default, help."""
+    """The config reference: one block per section (its help), one line per field: key, type, default, help. A field
+    that names a registered function shows the names registered now (a name registered by a user's module too)."""
     lines: list[str] = []
     section = None
+    registered = {f"algorithm.{k}": names for k, names in registered_names().items()} if cls is Config else {}
     for key, f, tp, default in iter_fields(cls, prefix):
         head = key.rsplit(".", 1)[0] if "." in key else ""
         if head != section:
             section = head
             doc = _section_help(cls, head[len(prefix):]) if head != prefix.rstrip(".") else (cls.__doc__ or "")
             lines += ["", f"[{head or 'top level'}]" + (f"  {doc}" if doc else "")]
-        lines.append(f"  {key} ({_type_text(tp)}, default {default!r}): {f.metadata.get('help', '')}")
+        kind = "|".join(registered[key]) if key in registered else _type_text(tp)
+        lines.append(f"  {key} ({kind}, default {default!r}): {f.metadata.get('help', '')}")
     text = "\n".join(lines).lstrip("\n") + "\n"
     return text + "\n" + format_presets() + "\n" + format_correction_presets() if cls is Config else text
 

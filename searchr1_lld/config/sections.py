@@ -111,11 +111,14 @@ class LLDSConfig:
     enabled: bool = opt(True, "add the LLDS regulariser to the objective")
     lam: float = opt(0.2, "lambda: LLDS coefficient")
     tau: float = opt(0.0, "tau: likelihood drop tolerated before the penalty starts")
-    gate: Literal["none", "response", "action"] = opt("action", "which tokens LLDS may penalise (algo/llds.py)")
-    ma: Literal["off", "fixed", "adaptive"] = opt("off", "LLDS-MA: coefficient min(lam_answer, lam) on the answer span")
+    gate: str = opt("action", "which tokens LLDS may penalise, a registered gate (algo/llds.py: none, response, "
+                    "action)")
+    ma: str = opt("off", "LLDS-MA, a registered answer-span mode (algo/llds.py: off, fixed, adaptive): coefficient "
+                  "min(lam_answer, lam) on the answer span")
     lam_answer: float = opt(0.2, "LLDS-MA: answer-span coefficient")
-    ma_adaptive_rule: Literal["code", "paper"] = opt(
-        "code", "adaptive MA from mean valid searches V: code = lam_answer*max(V-1,0), paper = lam_answer*min(V/2,1)")
+    ma_adaptive_rule: str = opt(
+        "code", "adaptive MA from mean valid searches V, a registered rule (algo/llds.py): code = "
+        "lam_answer*max(V-1,0), paper = lam_answer*min(V/2,1)")
 
 
 @dataclass
@@ -275,13 +278,14 @@ class AlgorithmConfig:
                              "token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm)")
     seq_token_sum_norm: int = opt(4096, "seq-mean-token-sum-norm: the constant token budget C each response's token "
                                   "sum is divided by (Dr. GRPO's generation budget; verl's loss_scale_factor)")
-    loss_scale: Literal["mini-batch-token-mean", "micro-batch-mean"] = opt(
+    loss_scale: str = opt(
         "mini-batch-token-mean", "what a mini-batch's loss divides by (algo/objective.py): mini-batch-token-mean = "
         "the mini-batch's token (seq modes: response) total, this project's and later verl's default; "
         "micro-batch-mean = each micro-batch's own mean / number of micro-batches, the authors' verl actor (policy "
         "loss, entropy, KL and LLDS alike; pair with trainer.micro_batch_size)")
     kl_coef: float = opt(0.001, "KL(policy || reference) coefficient (0 = no reference model)")
-    kl_type: Literal["k1", "abs", "k2", "mse", "low_var_kl", "k3"] = opt("low_var_kl", "KL estimator (algo/kl.py)")
+    kl_type: str = opt("low_var_kl", "KL estimator, by registered name (algo/kl.py: k1, abs, k2 = mse, "
+                       "low_var_kl = k3)")
     entropy_coef: float = opt(0.0, "entropy bonus coefficient")
     llds: LLDSConfig = section(LLDSConfig, "the LLDS regulariser")
     nll_anchor: NLLAnchorConfig = section(NLLAnchorConfig, "the plain likelihood anchor")

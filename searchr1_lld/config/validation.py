@@ -43,12 +43,17 @@ def registered_names() -> dict[str, list[str]]:
     from searchr1_lld.algo.advantages import ADVANTAGE_ESTIMATORS  # deferred: torch
     from searchr1_lld.algo.aggregation import AGGREGATIONS  # deferred: torch
     from searchr1_lld.algo.batch_filters import BATCH_FILTERS  # deferred: torch
+    from searchr1_lld.algo.kl import KL_ESTIMATORS  # deferred: torch
+    from searchr1_lld.algo.llds import ADAPTIVE_RULES, ANSWER_MASK_MODES, GATES  # deferred: torch
     from searchr1_lld.algo.nthr import ETA_RULES  # deferred: torch
+    from searchr1_lld.algo.objective import LOSS_SCALES  # deferred: torch
     from searchr1_lld.algo.policy_loss import POLICY_LOSSES  # deferred: torch
     from searchr1_lld.algo.reward_shaping import REWARD_SHAPINGS  # deferred: torch
 
     return {"policy_loss": sorted(POLICY_LOSSES), "advantage": sorted(ADVANTAGE_ESTIMATORS),
-            "loss_agg_mode": list(AGGREGATIONS), "nthr.eta_rule": list(ETA_RULES),
+            "loss_agg_mode": list(AGGREGATIONS), "loss_scale": list(LOSS_SCALES), "kl_type": list(KL_ESTIMATORS),
+            "llds.gate": list(GATES), "llds.ma": list(ANSWER_MASK_MODES),
+            "llds.ma_adaptive_rule": list(ADAPTIVE_RULES), "nthr.eta_rule": list(ETA_RULES),
             "reward_shaping": sorted(REWARD_SHAPINGS), "dynamic_sampling.filter": sorted(BATCH_FILTERS),
             **{f"rollout_correction.{k}": v for k, v in correction_names().items()}}
 
