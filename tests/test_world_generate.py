@@ -296,6 +296,22 @@ def test_ensure_world_reuses_a_finished_build(tiny_world: Path, tiny_world_confi
     assert (tiny_world / "model" / "config.json").stat().st_mtime_ns == model_mtime
 
 
+
+def test_a_directory_holding_another_configs_world_is_never_built_over(tmp_path: Path) -> None:
+    """A finished world of another config (its card) is someone's data: ensure_world refuses, names both hashes and
+    touches nothing; `world build --force` is the way to replace it on purpose."""
+    from searchr1_lld.world.build import main as build_main
+
+    out = tmp_path / "study-world"
+    (out / "model").mkdir(parents=True)
+    (out / "model" / "config.json").write_text("{}")
+    (out / "world.json").write_text(json.dumps({"config_hash": "0123456789ab"}))
+    with pytest.raises(ValueError, match=rf"holds the world of another config \(config hash 0123456789ab; this one's "
+                                         rf"is {world_config_hash(DEFAULT)}\): building here would delete it"):
+        ensure_world(out, DEFAULT, progress=False)
+    assert (out / "model" / "config.json").read_text() == "{}" and (out / "world.json").exists()
+    assert build_main(["--out", str(out), "--quiet"]) == 2  # the CLI says so in one line, without --force
+
 OTHER_HOPS = dataclasses.replace(DEFAULT, multi_hop_families=[
     "founder_occupation", "founder_birth_city", "hq_river", "birthplace_founded_year"])
 

@@ -85,6 +85,17 @@ def is_built(out_dir: str | Path, cfg: WorldConfig) -> bool:
     return card is not None and card.get("config_hash") == world_config_hash(cfg)
 
 
+def refuse_other_world(out_dir: Path, cfg: WorldConfig) -> None:
+    """A ValueError when ``out_dir`` holds a finished world (its ``world.json``) built from another config than
+    ``cfg``; an unfinished build (no card) may be built over."""
+    card = read_card(out_dir)
+    if card is not None and card.get("config_hash") != world_config_hash(cfg):
+        raise ValueError(f"{out_dir} holds the world of another config (config hash {card.get('config_hash')}; this "
+                         f"one's is {world_config_hash(cfg)}): building here would delete it. Name another "
+                         f"directory, or replace it on purpose: python -m searchr1_lld.world build --force --out "
+                         f"{out_dir} --config ...")
+
+
 def _clear_build(out_dir: Path) -> None:
     """Remove the artefacts of a previous (different or unfinished) build; only the names this builder writes."""
     (out_dir / CARD).unlink(missing_ok=True)
@@ -105,17 +116,21 @@ def ensure_world(out_dir: str | Path, world_cfg: WorldConfig | None = None, *, p
     and record its figures and their acceptance (:func:`acceptance`) in ``world.json``. ``warm_start_from``: the
     policy shipped there (:mod:`.shipped`) instead of a new one (ValueError when it was not built for this world);
     without it, and with ``use_shipped``, the repository's (``assets/warm-start``) when it was built for this world.
+    A directory that holds a finished world of another config is never built over (its files are someone's data: a
+    study's world, a benchmark's): a ValueError names both configs' hashes (:func:`refuse_other_world`).
     """
     cfg = world_cfg or WorldConfig()
     out_dir = Path(out_dir)
     if is_built(out_dir, cfg):
         return out_dir
+    refuse_other_world(out_dir, cfg)
     if warm_start_from is None and use_shipped:
         warm_start_from = shipped_for(world_config_hash(cfg))
     out_dir.mkdir(parents=True, exist_ok=True)
     with FileLock(str(out_dir) + ".lock"):
         if is_built(out_dir, cfg):  # another process finished it while we waited
             return out_dir
+        refuse_other_world(out_dir, cfg)
         build_world(out_dir, cfg, progress=progress, measure=cfg.warmstart_measure if measure is None else measure,
                     warm_start_from=warm_start_from)
     return out_dir
@@ -300,7 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="world directory")
     parser.add_argument("--config", default="configs/world/default.yaml",
                         help="world YAML (WorldConfig keys; relative: to the repository root)")
-    parser.add_argument("--force", action="store_true", help="rebuild even if a finished build is there")
+    parser.add_argument("--force", action="store_true", help="rebuild even if a finished build is there (of this "
+                        "config or, replacing it, of another: without --force a directory holding another config's "
+                        "world is refused)")
     parser.add_argument("--no-measure", action="store_true", help="skip the warm-start rollout measurement")
     policy = parser.add_mutually_exclusive_group()
     policy.add_argument("--warm-start-from", metavar="DIR",
