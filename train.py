@@ -31,47 +31,19 @@ from __future__ import annotations
 import argparse
 import sys
 
-from searchr1_lld.cli import run_main
+from searchr1_lld.cli import options_parser, parse_options, run_main
 from searchr1_lld.learner.command import DEFAULT_CONFIG, TrainOptions, run_train
 from searchr1_lld.world.training import TrainingWorld
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default=None,
-                        help=f"YAML experiment config (default: {DEFAULT_CONFIG}; with --resume: the run's config.yaml)")
-    parser.add_argument("--resume", metavar="PATH", help="continue this run directory (or checkpoint directory)")
-    parser.add_argument("--allow-change", action="append", default=[], metavar="KEY",
-                        help="on resume, accept a changed value of KEY (only keys that are safe to change, e.g. "
-                             "trainer.total_steps; repeat for several)")
-    parser.add_argument("--world", metavar="FILE", help="train on the synthetic world of this world config "
-                        "(configs/world/*.yaml), built into --world-dir first if needed")
-    parser.add_argument("--world-dir", default=".cache/world", help="where the --world world lives (default: %(default)s)")
-    parser.add_argument("--no-eval", action="store_true",
-                        help="skip the test evaluation before and after training (each scores every test question)")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks of user errors too")
-    parser.add_argument("--preflight", action="store_true",
-                        help="check the config, data files, retriever and model, print the resource plan (GPU memory "
-                             "at rollout and update, host RAM, disk, evaluation cost) and exit without training (no "
-                             "GPU needed): 0 when the run can start, 2 with one line per problem")
-    parser.add_argument("--no-preflight", action="store_true",
-                        help="skip the blocking checks (files, retriever, the memory plan of this GPU) that a launch on "
-                             "a GPU runs on every rank before the model loads")
-    parser.add_argument("--accelerate-config", metavar="FILE",
-                        help="with --preflight: the accelerate config the run will be launched with (processes, "
-                             "ZeRO stage, offload; default: one process without DeepSpeed)")
-    parser.add_argument("--gpu-memory-gib", type=float, metavar="GIB",
-                        help="with --preflight: memory of one GPU in GiB (default: this machine's GPU, else an "
-                             "80 GB H100's 79.6 GiB)")
-    parser.add_argument("--help-config", action="store_true",
-                        help="print every config key (by section, with type, default and help) and exit")
-    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.total_steps=10")
-    return parser
+    """train.py's parser, generated from :class:`TrainOptions` (its one declaration)."""
+    return options_parser(TrainOptions, __doc__)
 
 
 def main(argv: list[str] | None = None) -> int:
     """The CLI; errors the user can fix -> one line on stderr and exit status 2 (tracebacks with --debug)."""
-    return run_main(lambda a: run_train(TrainOptions(**vars(build_parser().parse_args(a))), TrainingWorld()), argv,
+    return run_main(lambda a: run_train(parse_options(TrainOptions, a, __doc__), TrainingWorld()), argv,
                     prog="train.py")
 
 

@@ -1,5 +1,10 @@
-"""What the command-line entry points (train.py, eval.py) share: early checks of user input and one-line errors.
+"""What the command-line entry points (train.py, eval.py) share: one declaration of a command's options, early checks
+of user input and one-line errors.
 
+    @dataclass
+    class Options:                     # the typed options ARE the parser's declaration
+        out: str = option(help="output dir", required=True)
+    args = parse_options(Options, argv, description)   # -> Options, from the parser generated from its fields
     sys.exit(run_main(main, argv))     # main(argv) -> int; errors the user can fix -> one line on stderr, exit 2
 
 Errors the user can fix (a bad config, a path that does not exist, a malformed data file, a model that is neither a
@@ -10,10 +15,12 @@ the traceback always. Ctrl-C is one line too (``prog: interrupted``, exit status
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from huggingface_hub.errors import HFValidationError
 
@@ -26,6 +33,50 @@ from searchr1_lld.data.jsonl import DataFileError
 
 class UserError(Exception):
     """A problem with what the user asked for; the message says what and how to fix it."""
+
+
+T = TypeVar("T")
+_MISSING = dataclasses.MISSING
+
+
+def option(default: Any = None, *, help: str, env: str | None = None, positional: bool = False,
+           **argparse_kwargs: Any) -> Any:
+    """A dataclass field that is also a command-line option: ``--field-name`` (or a positional ``field_name``) with
+    ``help`` and any of argparse's ``add_argument`` keywords (``action``, ``type``, ``nargs``, ``choices``,
+    ``metavar``, ``required``); ``env``: the default is that environment variable's value when set, read when the
+    parser is built. A list default is copied per instance."""
+    meta = {"help": help, "env": env, "positional": positional, "argparse": argparse_kwargs}
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=lambda: list(default), metadata=meta)
+    if argparse_kwargs.get("required"):
+        return dataclasses.field(metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def options_parser(cls: type, description: str | None) -> argparse.ArgumentParser:
+    """The argparse parser of the options dataclass ``cls``: one argument per field, in field order, declared by
+    :func:`option` (its flag from the field's name, its default the field's)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f in dataclasses.fields(cls):
+        meta = f.metadata
+        if "help" not in meta:
+            raise TypeError(f"{cls.__name__}.{f.name}: declare it with option(...)")
+        kwargs = dict(meta["argparse"], help=meta["help"])
+        default = f.default_factory() if f.default_factory is not _MISSING else f.default
+        if meta["env"]:
+            default = os.environ.get(meta["env"]) or default
+        if default is not _MISSING:
+            kwargs["default"] = default
+        if meta["positional"]:
+            parser.add_argument(f.name, **kwargs)
+        else:
+            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, **kwargs)
+    return parser
+
+
+def parse_options(cls: type[T], argv: Sequence[str] | None, description: str | None) -> T:
+    """``cls`` from the command line ``argv`` (:func:`options_parser`)."""
+    return cls(**vars(options_parser(cls, description).parse_args(argv)))
 
 
 def looks_like_local_path(name: str) -> bool:

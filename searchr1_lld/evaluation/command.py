@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 import retriever as retrievers
 from searchr1_lld.bookkeeping.tracking import init_wandb, log_eval_results, quiet_library_output
-from searchr1_lld.cli import check_model_source
+from searchr1_lld.cli import check_model_source, option
 from searchr1_lld.config import Config, RetrieverConfig, RolloutConfig, load_config
 from searchr1_lld.evaluation.engines import CheckpointEngines
 from searchr1_lld.evaluation.files import (check_provenance, count_pending, drop_unused_provenance, eval_provenance,
@@ -26,46 +26,78 @@ from searchr1_lld.evaluation.shards import prepare_shard_process, run_shards
 from searchr1_lld.evaluation.tables import load_results, markdown_table
 from searchr1_lld.data.jsonl import read_rows
 from searchr1_lld.protocols import Retriever, Tokenizer
+from searchr1_lld.data.prompts import TEMPLATES
 from searchr1_lld.rollout.backends.base import GenerationBackend
+from searchr1_lld.rollout.backends.kinds import BACKEND_KINDS
 
 Rows = list[dict[str, Any]]
 Result = dict[str, Any]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EvalOptions:
-    """eval.py's flags, one field each (``eval.py --help`` says what each does); None: not given."""
+    """eval.py's options, one field each: the declaration eval.py's parser is generated from (cli.option); None: not
+    given."""
 
-    out: str
-    model: Optional[str] = None
-    tokenizer: Optional[str] = None
-    datasets: Optional[str] = None
-    data: list[str] = field(default_factory=list)
-    split: Optional[str] = None
-    flashrag_dir: Optional[str] = None
-    retriever_url: Optional[str] = None
-    retriever_token: Optional[str] = None
-    index: Optional[str] = None
-    name: str = ""
-    config: Optional[str] = None
-    set: list[str] = field(default_factory=list)
-    limit: Optional[int] = None
-    batch_size: Optional[int] = None
-    max_turns: Optional[int] = None
-    topk: Optional[int] = None
-    template: Optional[str] = None
-    chat_template: Optional[str] = None
-    backend: Optional[str] = None
-    shard: Optional[str] = None
-    gpus: Optional[int] = None
-    wandb: bool = False
-    merge: bool = False
-    compare: Optional[list[str]] = None
-    compare_dirs: Optional[list[str]] = None
-    baseline: Optional[str] = None
-    overwrite: bool = False
-    no_progress: bool = False
-    debug: bool = False
+    model: Optional[str] = option(help="checkpoint dir or hub id (default: model.path of the config)")
+    tokenizer: Optional[str] = option(help="tokenizer dir or hub id (default: the model's, else model.tokenizer_path)")
+    datasets: Optional[str] = option(help="comma list of nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,musique,"
+                                          "bamboogle, 'all', or NAME=PATH rows files (default: eval.datasets of the "
+                                          "config)")
+    data: list[str] = option([], nargs="+", metavar="FILE",
+                             help="rows files (JSONL/parquet: the project's, FlashRAG's or Search-R1's test.parquet): "
+                                  "one benchmark per data_source in a file (else per file, named by its file name); "
+                                  "with --datasets: both")
+    split: Optional[str] = option(help="dataset split (default: test, else dev)")
+    flashrag_dir: Optional[str] = option(help="local mirror of the FlashRAG files, DIR/<name>/<split>.jsonl "
+                                              "(default: $FLASHRAG_LOCAL_DIR, else the HF hub)")
+    retriever_url: Optional[str] = option(env="SEARCHR1_RETRIEVER_URL",
+                                          help="retriever HTTP service (Search-R1 /retrieve protocol; default: "
+                                               "$SEARCHR1_RETRIEVER_URL)")
+    retriever_token: Optional[str] = option(env="SEARCHR1_RETRIEVER_TOKEN",
+                                            help="bearer token of a service started with --token (default: "
+                                                 "$SEARCHR1_RETRIEVER_TOKEN, else retriever.token of the config)")
+    index: Optional[str] = option(help="index dir for an in-process retriever (default: retriever.index_dir of the "
+                                       "config)")
+    out: str = option(required=True, help="output dir")
+    name: str = option("", help="row label in the tables (default: from the model path, e.g. RUN-step_000100 for "
+                                "RUN/checkpoints/step_000100/policy)")
+    config: Optional[str] = option(help="YAML config whose rollout/data/eval settings apply (default: built-in "
+                                        "defaults)")
+    set: list[str] = option([], nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. eval.topk=5")
+    limit: Optional[int] = option(type=int, help="first N questions of each dataset (0 = all)")
+    batch_size: Optional[int] = option(type=int, help="questions per agent-loop call")
+    max_turns: Optional[int] = option(type=int, help="search turns allowed (default eval.max_turns = 4)")
+    topk: Optional[int] = option(type=int, help="documents per search (default eval.topk = 3)")
+    template: Optional[str] = option(choices=list(TEMPLATES), help="prompt template (default: data.prompt_template)")
+    chat_template: Optional[str] = option(choices=["auto", "always", "never"],
+                                          help="wrap the prompt in the tokenizer's chat template (default: "
+                                               "data.chat_template)")
+    backend: Optional[str] = option(choices=sorted(BACKEND_KINDS), help="generation backend (default: hf)")
+    shard: Optional[str] = option(help="i/k: evaluate every k-th row starting at i into a shard file, on cuda:(i mod "
+                                       "visible GPUs) (else the CPU) with its own MASTER_PORT unless one is set")
+    gpus: Optional[int] = option(type=int, metavar="N", help="run N shard processes on this node (shard i on "
+                                                             "cuda:i; CPU processes without GPUs), then merge them")
+    wandb: bool = option(False, action="store_true",
+                         help="log the results to wandb (table eval/results, summary eval/<dataset>/em and "
+                              "eval/avg_em) with the config's logging.wandb_* settings; the run id is kept in "
+                              "OUT/wandb_run.json")
+    merge: bool = option(False, action="store_true", help="merge the shard files in --out and write the tables")
+    compare: Optional[list[str]] = option(nargs="+", metavar="NAME=PATH",
+                                          help="evaluate several checkpoints, one table")
+    compare_dirs: Optional[list[str]] = option(nargs="+", metavar="DIR",
+                                               help="the paper's table from finished eval output dirs: rows = runs, "
+                                                    "the seven benchmarks + Avg., relative gain, and the paper's "
+                                                    "average where docs/design.md quotes one (results.md, "
+                                                    "results.csv, comparison.json in --out)")
+    baseline: Optional[str] = option(help="with --compare / --compare-dirs: the row the Gain column is relative to "
+                                          "(default: the first)")
+    overwrite: bool = option(False, action="store_true",
+                             help="delete earlier results in --out (of this shard) and start over, even if they came "
+                                  "from another model or other settings (without it such a rerun is refused)")
+    no_progress: bool = option(False, action="store_true",
+                               help="no progress bars (also: logging.progress_bar=false in --config)")
+    debug: bool = option(False, action="store_true", help="show tracebacks of user errors too")
 
 
 @dataclass

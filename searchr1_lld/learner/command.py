@@ -11,7 +11,7 @@ from typing import Optional, Protocol
 
 from searchr1_lld.bookkeeping.checkpoint import COMPLETE
 from searchr1_lld.bookkeeping.tracking import quiet_library_output
-from searchr1_lld.cli import UserError, check_model_source
+from searchr1_lld.cli import UserError, check_model_source, option
 from searchr1_lld.config import Config, load_config
 from searchr1_lld.preflight import run as pre
 from searchr1_lld.preflight.allocator import use_expandable_segments
@@ -23,21 +23,38 @@ DEFAULT_CONFIG = "configs/tiny.yaml"
 
 @dataclass
 class TrainOptions:
-    """train.py's flags, one field each (``train.py --help`` says what each does)."""
+    """train.py's options, one field each: the declaration train.py's parser is generated from (cli.option)."""
 
-    config: Optional[str] = None
-    resume: Optional[str] = None
-    allow_change: list[str] = field(default_factory=list)
-    world: Optional[str] = None
-    world_dir: str = ".cache/world"
-    no_eval: bool = False
-    debug: bool = False
-    preflight: bool = False
-    no_preflight: bool = False
-    accelerate_config: Optional[str] = None
-    gpu_memory_gib: Optional[float] = None
-    help_config: bool = False
-    overrides: list[str] = field(default_factory=list)
+    config: Optional[str] = option(help=f"YAML experiment config (default: {DEFAULT_CONFIG}; with --resume: the "
+                                        "run's config.yaml)")
+    resume: Optional[str] = option(metavar="PATH", help="continue this run directory (or checkpoint directory)")
+    allow_change: list[str] = option([], action="append", metavar="KEY",
+                                     help="on resume, accept a changed value of KEY (only keys that are safe to "
+                                          "change, e.g. trainer.total_steps; repeat for several)")
+    world: Optional[str] = option(metavar="FILE", help="train on the synthetic world of this world config "
+                                                       "(configs/world/*.yaml), built into --world-dir first if needed")
+    world_dir: str = option(".cache/world", help="where the --world world lives (default: %(default)s)")
+    no_eval: bool = option(False, action="store_true", help="skip the test evaluation before and after training "
+                                                            "(each scores every test question)")
+    debug: bool = option(False, action="store_true", help="show tracebacks of user errors too")
+    preflight: bool = option(False, action="store_true",
+                             help="check the config, data files, retriever and model, print the resource plan (GPU "
+                                  "memory at rollout and update, host RAM, disk, evaluation cost) and exit without "
+                                  "training (no GPU needed): 0 when the run can start, 2 with one line per problem")
+    no_preflight: bool = option(False, action="store_true",
+                                help="skip the blocking checks (files, retriever, the memory plan of this GPU) that a "
+                                     "launch on a GPU runs on every rank before the model loads")
+    accelerate_config: Optional[str] = option(metavar="FILE",
+                                              help="with --preflight: the accelerate config the run will be launched "
+                                                   "with (processes, ZeRO stage, offload; default: one process "
+                                                   "without DeepSpeed)")
+    gpu_memory_gib: Optional[float] = option(type=float, metavar="GIB",
+                                             help="with --preflight: memory of one GPU in GiB (default: this "
+                                                  "machine's GPU, else an 80 GB H100's 79.6 GiB)")
+    help_config: bool = option(False, action="store_true",
+                               help="print every config key (by section, with type, default and help) and exit")
+    overrides: list[str] = option([], positional=True, nargs="*",
+                                  help="dotted key=value overrides, e.g. trainer.total_steps=10")
 
 
 class WorldSource(Protocol):
