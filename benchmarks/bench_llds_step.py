@@ -9,16 +9,20 @@ Paired steps: before each step the trainer's state (policy weights, optimiser an
 RNG, monitor state) is saved in memory; the step runs with one variant, the state is restored and the *same* step
 runs with the other variant (same prompts, same sampled responses: the rollout is seeded per step), and the second
 run's state is kept. The two runs of a pair differ only in the variant, so their ratio is free of the step-to-step
-variation of the rollout; the order within a pair alternates. One untimed pair first (warm-up). Times are wall-clock
+variation of the rollout; the order within a pair alternates, and the number of timed pairs is even: the first run of
+a pair is slower than the second by a few per cent whichever the variant (``RESULT order_effect_wall`` measures it),
+so a ratio over unequal numbers of each order (or the median of the per-pair ratios, which picks one of them) carries
+that effect; over equal numbers it cancels. One untimed pair first (warm-up). Times are wall-clock
 (``time.perf_counter``) and the process's CPU time (``time.process_time``, all threads) of the whole ``train_step``,
 and wall-clock of its update phase (``step.update_policy``: the ppo_epochs x mini-batches x micro-batches of forward,
 objective, backward and optimiser step). The machine may be shared: only ratios within one run mean anything.
 
 Variants: ``llds_on`` (the config: LLDS lam 0.2, action gate) and ``llds_off`` (``algorithm.llds.enabled=false``).
 Prints one line per timed run, then, with the first variant as the numerator and the second as the denominator:
-``RESULT step_ratio_<a>_over_<b>_wall X`` (median of the per-pair ratios of whole-step wall time),
+``RESULT step_ratio_<a>_over_<b>_wall X`` (geometric mean of the per-pair ratios of whole-step wall time),
 ``RESULT step_ratio_<a>_over_<b>_cpu X`` (the same in CPU time), ``RESULT update_ratio_<a>_over_<b>_wall X``
-(the update phase alone), and the medians ``RESULT step_wall_s_<variant> X`` / ``RESULT update_wall_s_<variant> X``.
+(the update phase alone), ``RESULT order_effect_wall X`` (geometric mean of first / second run of a pair), and the
+medians ``RESULT step_wall_s_<variant> X`` / ``RESULT update_wall_s_<variant> X``.
 """
 
 from __future__ import annotations
@@ -85,13 +89,15 @@ def main() -> None:
     ap.add_argument("--config", default="configs/tiny.yaml")
     ap.add_argument("--world-dir", default=".cache/world", help="the synthetic world (built there if missing)")
     ap.add_argument("--world", default="configs/world/default.yaml", help="its world config")
-    ap.add_argument("--pairs", type=int, default=5, help="timed pairs (after one untimed warm-up pair)")
+    ap.add_argument("--pairs", type=int, default=6, help="timed pairs, even (after one untimed warm-up pair)")
     ap.add_argument("--variants", default="llds_on,llds_off", help=f"two of {sorted(VARIANTS)}: numerator,denominator")
     ap.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = ap.parse_args()
     names = args.variants.split(",")
     if len(names) != 2 or not set(names) <= set(VARIANTS):
         raise SystemExit(f"--variants needs two of {sorted(VARIANTS)}; got {args.variants!r}")
+    if args.pairs < 2 or args.pairs % 2:
+        raise SystemExit(f"--pairs must be even and >= 2 (each order of the variants as often); got {args.pairs}")
 
     from searchr1_lld.learner.trainer import Trainer
     from searchr1_lld.world import ensure_world, load_world_config, trainer_overrides
@@ -116,6 +122,7 @@ def main() -> None:
 
     step.update_policy = timed_update
     wall: dict[str, list[float]] = {n: [] for n in names}
+    first_over_second: list[float] = []
     cpu: dict[str, list[float]] = {n: [] for n in names}
     upd: dict[str, list[float]] = {n: [] for n in names}
     print(f"config {args.config}, world {args.world_dir}, {tr.updates_per_step} updates a step, "
@@ -135,14 +142,17 @@ def main() -> None:
                   f"pg_loss {m.get('actor/pg_loss', float('nan')):.6f}, llds/loss {m.get('llds/loss', 0.0):.6f}",
                   flush=True)
             if pair:
+                if k:
+                    first_over_second.append(wall[order[0]][-1] / w)
                 wall[name].append(w)
                 cpu[name].append(c)
                 upd[name].append(update_times[-1])
     a, b = names
-    ratio = lambda xs, ys: statistics.median(x / y for x, y in zip(xs, ys))  # noqa: E731
+    ratio = lambda xs, ys: statistics.geometric_mean([x / y for x, y in zip(xs, ys)])  # noqa: E731
     print(f"RESULT step_ratio_{a}_over_{b}_wall {ratio(wall[a], wall[b]):.4f}")
     print(f"RESULT step_ratio_{a}_over_{b}_cpu {ratio(cpu[a], cpu[b]):.4f}")
     print(f"RESULT update_ratio_{a}_over_{b}_wall {ratio(upd[a], upd[b]):.4f}")
+    print(f"RESULT order_effect_wall {statistics.geometric_mean(first_over_second):.4f}")
     for n in names:
         print(f"RESULT step_wall_s_{n} {statistics.median(wall[n]):.3f}")
         print(f"RESULT update_wall_s_{n} {statistics.median(upd[n]):.3f}")

@@ -416,7 +416,7 @@ ENTRIES: tuple[Entry, ...] = (
                "--quick in tests/test_lab.py::test_quick_lab_report_is_consistent"),
     CannotRun("lab_methods", (
         "python -m searchr1_lld.lab --config configs/lab/methods.yaml --seeds 0 --runs-dir runs/methods --methods "
-        "grpo,llds_action,llds_ma,nll_anchor,dapo_clip_higher,dr_grpo,gspo,clip_cov,kl_cov,rloo,reinforce_pp_baseline",),
+        "grpo,llds_action,llds_ma,nll_anchor,nthr,dapo,dr_grpo,gspo,cispo,clip_cov,kl_cov",),
         reason="eleven methods x 60 steps: hours on 2 cores; the same driver runs two of these arms in "
                "tests/test_lab.py::test_the_lab_runs_and_reports_any_method_by_name"),
     CannotRun("lab_grid", (

@@ -490,11 +490,12 @@ def test_lab_grad_norm_panel_is_log_scaled_and_the_others_linear():
 
 
 def test_the_lab_runs_and_reports_any_method_by_name(tmp_path, tiny_world):
-    """Arms beyond the LLDS comparison (here Dr. GRPO and the likelihood anchor) train and are reported by name."""
+    """Arms beyond the LLDS comparison train and are reported by name: here DAPO (its dynamic sampling draws more
+    prompts from the lab's prompt stream) and NTHR (its hidden-state pass before the updates)."""
     out = tmp_path / "report"
-    assert lab.main(["--quick", "--methods", "dr_grpo,nll_anchor", "--sampled", "0", "--out", str(out),
+    assert lab.main(["--quick", "--methods", "dapo,nthr", "--sampled", "0", "--out", str(out),
                      "--runs-dir", str(tmp_path / "runs"), "--world-dir", str(tiny_world)]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert [r["method"] for r in summary["runs"]] == ["dr_grpo", "nll_anchor"]
+    assert [r["method"] for r in summary["runs"]] == ["dapo", "nthr"]
     md = (out / "README.md").read_text()
-    assert "dr_grpo-seed0" in md and "nll_anchor-seed0" in md
+    assert "dapo-seed0" in md and "nthr-seed0" in md
