@@ -47,16 +47,21 @@ from searchr1_lld.rollout.types import Trajectory
 _REQUEST_SERIAL = itertools.count()  # request ids unique within the process (an engine may outlive many rollouts)
 
 
+def picks_continuous(scheduler: str, streams_requests: bool, engine: str) -> bool:
+    """The scheduler rule, the one place it is written (the backend kinds check a config with it, the agent loop
+    picks with it): ``rollout.scheduler`` 'continuous' (the engine must have the request-level API, else ValueError
+    naming ``engine``), 'turns' never, 'auto' when the engine has that API (vLLM)."""
+    if scheduler not in ("auto", "turns", "continuous"):
+        raise ValueError(f"rollout.scheduler must be 'auto', 'turns' or 'continuous', got {scheduler!r}")
+    if scheduler == "continuous" and not streams_requests:
+        raise ValueError(f"continuous needs an engine with a request-level API (add_request / step, the vllm "
+                         f"backend's); {engine} runs turn by turn: set rollout.scheduler=turns")
+    return scheduler == "continuous" or (scheduler == "auto" and streams_requests)
+
+
 def uses_continuous_scheduler(cfg: RolloutConfig, backend: GenerationBackend) -> bool:
-    """Whether ``rollout.scheduler`` picks the continuous scheduler for ``backend``: 'continuous' (the backend must
-    have the request-level API, else ValueError), 'turns' never, 'auto' when the backend has that API (vLLM)."""
-    if cfg.scheduler not in ("auto", "turns", "continuous"):
-        raise ValueError(f"rollout.scheduler must be 'auto', 'turns' or 'continuous', got {cfg.scheduler!r}")
-    streams = isinstance(backend, RequestStreamBackend)
-    if cfg.scheduler == "continuous" and not streams:
-        raise ValueError(f"rollout.scheduler=continuous needs an engine with a request-level API (add_request / "
-                         f"step, the vllm backend); {type(backend).__name__} has none: set rollout.scheduler=turns")
-    return cfg.scheduler == "continuous" or (cfg.scheduler == "auto" and streams)
+    """Whether ``rollout.scheduler`` picks the continuous scheduler for ``backend`` (:func:`picks_continuous`)."""
+    return picks_continuous(cfg.scheduler, isinstance(backend, RequestStreamBackend), type(backend).__name__)
 
 
 def run_continuous(

@@ -19,6 +19,7 @@ from searchr1_lld.rollout.backends.base import GenerationBackend
 from searchr1_lld.rollout.backends.hf import HFBackend
 from searchr1_lld.rollout.backends.vllm import VLLMBackend
 from searchr1_lld.rollout.backends.vllm_settings import EngineBatch, engine_batch, memory_settings
+from searchr1_lld.rollout.continuous import picks_continuous
 
 
 class BackendKind:
@@ -142,10 +143,10 @@ def backend_kind(r: RolloutConfig) -> BackendKind:
     if name not in BACKEND_KINDS:
         raise ConfigError(f"rollout.backend: must be one of {sorted(BACKEND_KINDS)} (got {name!r})")
     kind = BACKEND_KINDS[name]
-    if r.scheduler == "continuous" and not kind.streams_requests:
-        streaming = sorted(k for k, v in BACKEND_KINDS.items() if v.streams_requests)
-        raise ConfigError(f"rollout.scheduler: continuous needs backend {' or '.join(streaming)} (an engine with a "
-                          f"request-level API); the {name} engine runs turn by turn (got {r.scheduler!r})")
+    try:
+        picks_continuous(r.scheduler, kind.streams_requests, f"the {name} engine")
+    except ValueError as err:
+        raise ConfigError(f"rollout.scheduler: {err} (got {r.scheduler!r})") from None
     return kind
 
 
