@@ -30,7 +30,8 @@ def test_each_backend_name_is_a_kind_with_its_facts():
 
 def test_a_scheduler_the_kind_cannot_serve_stops_when_the_kind_is_chosen():
     cfg = load_config(None, ["rollout.scheduler=continuous"])  # hf by default
-    with pytest.raises(ConfigError, match=r"rollout.scheduler: continuous needs an engine with a request-level API .*the hf engine runs turn by turn.*\(got 'continuous'\)"):
+    with pytest.raises(ConfigError, match=r"rollout.scheduler: continuous needs an engine with a request-level API "
+                                          r".*the hf engine runs turn by turn.*\(got 'continuous'\)"):
         backend_kind(cfg.rollout)
     assert backend_kind(dataclasses.replace(cfg.rollout, backend="vllm")).streams_requests
     with pytest.raises(ConfigError, match="rollout.backend: must be one of"):
