@@ -11,6 +11,7 @@ from conftest import REPO_ROOT
 from searchr1_lld.preflight import memory_plan as mp
 from searchr1_lld.preflight import run as pre
 from searchr1_lld.config import load_config
+from searchr1_lld.rollout.backends.kinds import backend_kind
 
 GiB = 1 << 30
 QWEN25_3B = {"model_type": "qwen2", "hidden_size": 2048, "num_hidden_layers": 36, "num_attention_heads": 16,
@@ -159,7 +160,7 @@ def test_the_plan_of_the_3b_paper_cell_is_the_one_docs_memory_shows(tmp_path):
     c7 = load_config(REPO_ROOT / "configs" / "paper" / "qwen2.5-7b-base_nq-hotpotqa_llds-ma.yaml")
     cell = mp.paper_cells(*mp.paper_engines({"3b": cfg, "7b": c7}))["3B ZeRO-2"]
     shape = mp.shape_from_hf_config(QWEN25_3B)
-    assert pre.gpu_plan(pre.Preflight(), cfg, shape, launch, mp.H100_80GB, index) == cell
+    assert pre.gpu_plan(pre.Preflight(), cfg, backend_kind(cfg.rollout), shape, launch, mp.H100_80GB, index) == cell
     lines = {line.split(":")[0]: line for line in result.plan}
     assert lines["engine start"].startswith(f"engine start: {cell.engine_start / mp.GB:.1f} GB per GPU of 85.5 GB ("), \
         lines

@@ -20,7 +20,7 @@ import torch
 from searchr1_lld.config import RolloutConfig
 from searchr1_lld.evaluation.metrics import EvalError
 from searchr1_lld.protocols import Tokenizer
-from searchr1_lld.rollout.backends import GenerationBackend, backend_kind, make_backend
+from searchr1_lld.rollout.backends import BackendKind, GenerationBackend, backend_kind, make_backend
 
 # config.json keys that name or store a checkpoint without changing the model it describes
 _NOT_THE_MODEL = ("_name_or_path", "transformers_version", "torch_dtype", "dtype")
@@ -67,11 +67,15 @@ class CheckpointEngines:
     device: str = "auto"
     backend: Optional[GenerationBackend] = None
     first: dict[str, Any] = dataclasses.field(default_factory=dict)  # the running engine's model and tokenizer
+    kind: BackendKind = dataclasses.field(init=False)  # the engine's kind, resolved once from ``cfg``
+
+    def __post_init__(self) -> None:
+        self.kind = backend_kind(self.cfg)
 
     def backend_for(self, model_path: str, tokenizer: Tokenizer, tokenizer_path: str) -> GenerationBackend:
         """The engine for ``model_path``: a new one for the first checkpoint (and for every HF checkpoint), the running
         vLLM engine with ``model_path``'s weights streamed into it for each later one."""
-        if self.backend is None or not backend_kind(self.cfg).keeps_engine_across_checkpoints:
+        if self.backend is None or not self.kind.keeps_engine_across_checkpoints:
             self.backend = None  # the previous HF model is freed before the next is loaded
             self.backend = make_backend(self.cfg, tokenizer=tokenizer, model_path=model_path, dtype=self.dtype,
                                         tokenizer_path=tokenizer_path, device=self.device)

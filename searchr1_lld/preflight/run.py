@@ -36,7 +36,7 @@ from pathlib import Path
 
 from retriever.client import RetrieverError
 from retriever.modes import IndexFacts, retriever_mode
-from searchr1_lld.rollout.backends.kinds import backend_kind
+from searchr1_lld.rollout.backends.kinds import BackendKind, backend_kind
 from searchr1_lld.cli import looks_like_local_path
 from searchr1_lld.config import Config, read_yaml
 from searchr1_lld.data import flashrag
@@ -338,14 +338,14 @@ def _retriever_gpu_bytes(pf: Preflight, cfg: Config, index: IndexFacts, ranks_pe
     return mp.faiss_flat_shard_bytes(index.num_docs, index.dim, shards, processes=processes)
 
 
-def gpu_plan(pf: Preflight, cfg: Config, shape: mp.ModelShape, launch: Launch, gpu_bytes: float, index: IndexFacts,
-                on_gpu: bool = True) -> mp.MemoryPlan | None:
-    """The run's :class:`memory_plan.MemoryPlan` per GPU (None, with a note, for a ZeRO stage it does not cover)."""
+def gpu_plan(pf: Preflight, cfg: Config, kind: BackendKind, shape: mp.ModelShape, launch: Launch, gpu_bytes: float,
+             index: IndexFacts, on_gpu: bool = True) -> mp.MemoryPlan | None:
+    """The run's :class:`memory_plan.MemoryPlan` per GPU (None, with a note, for a ZeRO stage it does not cover);
+    ``kind``: the rollout engine's kind, resolved once by :func:`run_preflight`."""
     r, stage = cfg.rollout, launch.zero_stage if launch.deepspeed else 0
     if stage not in (0, 2, 3):
         pf.notes.append(f"plan: DeepSpeed ZeRO-{stage} is not in the memory arithmetic (no DeepSpeed, ZeRO-2, ZeRO-3)")
         return None
-    kind = backend_kind(r)
     engine = kind.engine_memory(cfg, launch.processes)
     return mp.gpu_memory_plan(
         shape, zero_stage=stage, data_parallel=launch.processes, gpu_bytes=gpu_bytes,
@@ -414,11 +414,10 @@ def _retriever_hint(cfg: Config, plan: mp.MemoryPlan) -> str:
             f"{cfg.retriever.index_dir} --gpu-index --port 8000` and retriever.mode=http")
 
 
-def _plan_lines(pf: Preflight, cfg: Config, shape: mp.ModelShape, launch: Launch, device_gib: float | None,
-                index: IndexFacts) -> None:
+def _plan_lines(pf: Preflight, cfg: Config, kind: BackendKind, shape: mp.ModelShape, launch: Launch,
+                device_gib: float | None, index: IndexFacts) -> None:
     import torch
 
-    kind = backend_kind(cfg.rollout)
     on_gpu = cfg.trainer.device == "cuda" or kind.needs_gpu or (
         cfg.trainer.device == "auto" and (torch.cuda.is_available() or launch.deepspeed and launch.processes > 1))
     gpu_bytes, device_text = _device_bytes(device_gib)
@@ -427,7 +426,7 @@ def _plan_lines(pf: Preflight, cfg: Config, shape: mp.ModelShape, launch: Launch
                    f"{', bf16' if launch.bf16 else ''}{', optimiser offloaded' if launch.offload_optimizer else ''} "
                    f"[{launch.source}]; model {_count(shape.params)} parameters"
                    + (f"; GPU {device_text}" if on_gpu else ""))
-    plan = gpu_plan(pf, cfg, shape, launch, gpu_bytes, index, on_gpu)
+    plan = gpu_plan(pf, cfg, kind, shape, launch, gpu_bytes, index, on_gpu)
     if plan is not None:
         _phase_lines(pf, plan, on_gpu, kind.label, _retriever_hint(cfg, plan))
     pf.notes.extend(kind.plan_notes(cfg.rollout))
@@ -456,7 +455,7 @@ def run_preflight(cfg: Config, *, launch: Launch | None = None, device_gib: floa
                   wait_for_service: bool = False) -> Preflight:
     """Every check of the module docstring on a validated config, and the plan when the model's shape is known
     (``wait_for_service``: a retriever service that is still starting is waited for, as at a run's start)."""
-    backend_kind(cfg.rollout)  # a rollout setting the engine's kind cannot serve stops the run before any check
+    kind = backend_kind(cfg.rollout)  # resolved once; a rollout setting it cannot serve stops the run here
     pf = Preflight()
     launch = launch or Launch()
     pf.ok.append(f"config: {cfg.name} resolved and valid")
@@ -464,7 +463,7 @@ def run_preflight(cfg: Config, *, launch: Launch | None = None, device_gib: floa
     index = check_retriever(pf, cfg, wait_for_service)
     shape = check_model(pf, cfg)
     if shape is not None:
-        _plan_lines(pf, cfg, shape, launch, device_gib, index)
+        _plan_lines(pf, cfg, kind, shape, launch, device_gib, index)
     else:
         pf.plan.append("memory and disk: not computed (the model's config.json is not available here)")
     pf.plan += eval_plan(cfg, eval_sizes)
