@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ENGINE_SETTINGS = ["rollout.vllm_kv_cache_memory_bytes=268435456", "rollout.vllm_enforce_eager=true"]
+ENGINE_SETTINGS = ["rollout.vllm.kv_cache_memory_bytes=268435456", "rollout.vllm.enforce_eager=true"]
 
 
 def rollout(world: Path, backend: str, rows: int, n: int) -> None:

@@ -183,7 +183,7 @@ def part_engine(device: torch.device, tmp: Path) -> dict[str, Any]:
     from gpu_check_parts import word_tokenizer
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from searchr1_lld.config import RolloutConfig
+    from searchr1_lld.config import RolloutConfig, VLLMConfig
     from searchr1_lld.preflight import memory_plan as mp
     from searchr1_lld.rollout.backends.vllm import VLLMBackend
 
@@ -195,7 +195,8 @@ def part_engine(device: torch.device, tmp: Path) -> dict[str, Any]:
     model.save_pretrained(tmp / "model")
     tok = word_tokenizer(config.vocab_size)
     tok.save_pretrained(tmp / "model")
-    cfg = RolloutConfig(backend="vllm", max_total_length=1024, vllm_gpu_memory_utilization=0.3, vllm_enforce_eager=True)
+    cfg = RolloutConfig(backend="vllm", max_total_length=1024,
+                        vllm=VLLMConfig(gpu_memory_utilization=0.3, enforce_eager=True))
     free0, _ = torch.cuda.mem_get_info()
     engine = VLLMBackend(str(tmp / "model"), tok, cfg, dtype="bfloat16", rank=0, world_size=1,
                          parameter_names={n for n, _ in model.named_parameters()})

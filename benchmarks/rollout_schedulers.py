@@ -69,7 +69,7 @@ def build(args: argparse.Namespace):
 
     world = engine_world(args.vllm_world)
     cfg = config_from_dict(apply_overrides(load_config(str(ROOT / "configs" / "tiny.yaml")).to_dict(), [
-        "rollout.backend=vllm", "rollout.vllm_kv_cache_memory_bytes=268435456", "rollout.vllm_enforce_eager=true"]))
+        "rollout.backend=vllm", "rollout.vllm.kv_cache_memory_bytes=268435456", "rollout.vllm.enforce_eager=true"]))
     tok = AutoTokenizer.from_pretrained(str(world / "tokenizer"))
     inprocess = make_retriever(RetrieverConfig(mode="inprocess", index_dir=str(world / "index")))
     engine = make_backend(cfg.rollout, tokenizer=tok, model_path=str(world / "model"), seed=0, dtype="float32",

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import retriever
-from searchr1_lld.config import RetrieverConfig, RolloutConfig, load_config
+from searchr1_lld.config import RetrieverConfig, RolloutConfig, VLLMConfig, load_config
 from searchr1_lld.distributed import DistributedFacts
 from searchr1_lld.preflight import allocator
 from searchr1_lld.preflight import memory_plan as mp
@@ -190,7 +190,7 @@ def test_the_start_up_check_runs_on_a_gpu_only_and_refuses_a_kv_cache_the_wake_u
         f"model.path={_qwen3b_dir(tmp_path)}", "retriever.mode=inprocess",
         f"retriever.index_dir={tiny_world / 'index'}",
         f"data.train_files=[{tiny_world / 'qa' / 'train.jsonl'}]", "eval.datasets=[]",
-        f"trainer.output_dir={tmp_path / 'runs'}", "rollout.vllm_kv_cache_memory_bytes=60000000000"])
+        f"trainer.output_dir={tmp_path / 'runs'}", "rollout.vllm.kv_cache_memory_bytes=60000000000"])
     from searchr1_lld.preflight import run as pre
 
     zero2 = {"zero_optimization": {"stage": 2, "reduce_bucket_size": 2e8, "allgather_bucket_size": 2e8}}
@@ -205,7 +205,7 @@ def test_the_start_up_check_runs_on_a_gpu_only_and_refuses_a_kv_cache_the_wake_u
         startup.check_at_start(cfg, FakeAccelerator(deepspeed_config=zero2), facts(8, 0, True, 2), mp.H100_80GB, out)
     assert [p.split(" needs")[0] for p in refused.value.problems] == ["plan: the rollout"], refused.value.problems
     assert out.getvalue().splitlines()[0].startswith("train.py: preflight: plan: the rollout needs ")
-    ok = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, vllm_kv_cache_memory_bytes=0))
+    ok = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, vllm=VLLMConfig(kv_cache_memory_bytes=0)))
     startup.check_at_start(ok, FakeAccelerator(deepspeed_config=zero2), facts(8, 0, True, 2), mp.H100_80GB)
 
 
@@ -282,7 +282,7 @@ def test_a_level_two_wake_without_a_weight_load_is_refused(monkeypatch):
     be.load_weights([("w", torch.zeros(1))])
     be.wake_up()
     be.generate([[1]], max_new_tokens=1, stop_strings=[], temperature=1.0, top_p=1.0, greedy=False)
-    level1 = _vllm_backend(FakeLLM(), monkeypatch, vllm_sleep_level=1)  # level 1 parks the weights: no load needed
+    level1 = _vllm_backend(FakeLLM(), monkeypatch, vllm=VLLMConfig(sleep_level=1))  # level 1 parks the weights: no load needed
     level1.sleep()
     level1.wake_up()
 

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 import retriever
-from searchr1_lld.config import ConfigError, RetrieverConfig, RolloutConfig, load_config
+from searchr1_lld.config import ConfigError, RetrieverConfig, RolloutConfig, VLLMConfig, load_config
 from searchr1_lld.rollout.backends import BACKEND_KINDS, backend_kind
 from searchr1_lld.rollout.backends.hf import HFBackend
 from searchr1_lld.rollout.backends.vllm import VLLMBackend
@@ -20,11 +20,12 @@ def test_each_backend_name_is_a_kind_with_its_facts():
     # the kind that streams requests is the one whose engine has the request-level API the scheduler drives
     assert [k.streams_requests for k in (hf, vllm)] == [hasattr(HFBackend, "add_request"),
                                                         hasattr(VLLMBackend, "add_request")]
-    r = RolloutConfig(generation_batch_size=3, max_total_length=100, vllm_enable_sleep_mode=True, vllm_sleep_level=1)
+    r = RolloutConfig(generation_batch_size=3, max_total_length=100,
+                      vllm=VLLMConfig(enable_sleep_mode=True, sleep_level=1))
     assert hf.hf_engine_tokens(r) == 300 and vllm.hf_engine_tokens(r) is None
-    assert vllm.parks_weights(r) and not vllm.parks_weights(dataclasses.replace(r, vllm_sleep_level=2))
+    assert vllm.parks_weights(r) and not vllm.parks_weights(dataclasses.replace(r, vllm=VLLMConfig(sleep_level=2)))
     assert not hf.parks_weights(r)
-    assert vllm.plan_notes(dataclasses.replace(r, vllm_enable_sleep_mode=False)) and not vllm.plan_notes(r)
+    assert vllm.plan_notes(dataclasses.replace(r, vllm=VLLMConfig(enable_sleep_mode=False))) and not vllm.plan_notes(r)
     assert hf.generates_on_learner_module and not vllm.generates_on_learner_module
 
 
@@ -57,3 +58,15 @@ def test_each_retriever_mode_is_a_kind_with_its_facts(monkeypatch):
     assert inproc.gpu_index_copies(RetrieverConfig(), facts, 8) is None
     with pytest.raises(ValueError, match="retriever.mode must be one of"):
         retriever.retriever_mode(RetrieverConfig(mode="grpc"))
+
+
+def test_the_vllm_kind_owns_its_section_and_its_checks():
+    """rollout.vllm.* is the vLLM kind's section: an old flat key is refused with its new name, and the kind checks
+    its settings when it is chosen (an HF run does not read them)."""
+    with pytest.raises(ConfigError, match=r"^rollout.vllm_sleep_level is now rollout.vllm.sleep_level"):
+        load_config(None, ["rollout.vllm_sleep_level=1"])
+    cfg = load_config(None, ["rollout.vllm.sleep_level=3", "rollout.vllm.gpu_memory_utilization=0.5"])
+    assert (cfg.rollout.vllm.sleep_level, cfg.rollout.vllm.gpu_memory_utilization) == (3, 0.5)
+    assert backend_kind(cfg.rollout).name == "hf"
+    with pytest.raises(ConfigError, match=r"rollout.vllm.sleep_level: must be 1 or 2 \(got 3\)"):
+        backend_kind(dataclasses.replace(cfg.rollout, backend="vllm"))

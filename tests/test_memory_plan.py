@@ -65,7 +65,7 @@ def _paper_plan(path: str) -> mp.MemoryPlan:
     seven = "7b" in cfg.model.path.lower()
     return mp.gpu_memory_plan(
         mp.QWEN25["7b" if seven else "3b"], zero_stage=3 if seven else 2, data_parallel=8, gpu_bytes=mp.H100_80GB,
-        vllm_gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization, reference=cfg.algorithm.kl_coef > 0,
+        vllm_gpu_memory_utilization=cfg.rollout.vllm.gpu_memory_utilization, reference=cfg.algorithm.kl_coef > 0,
         micro_batch_tokens=mp.pass_tokens(cfg.trainer.micro_batch_size, cfg.rollout.max_total_length,
                                           cfg.trainer.micro_batch_token_budget),
         gradient_checkpointing=cfg.model.gradient_checkpointing,

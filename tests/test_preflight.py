@@ -176,13 +176,13 @@ def test_an_engine_that_never_sleeps_on_a_small_gpu_is_a_problem(tiny_world, tmp
     """Without sleep mode vLLM's claim stays through the update: on a 40 GiB GPU the update cannot fit."""
     launch = pre.read_launch(REPO_ROOT / "configs" / "accelerate" / "zero2_8gpu.yaml")
     cfg = load_config(None, [f"model.path={_qwen3b_dir(tmp_path)}", "rollout.backend=vllm",
-                             "rollout.vllm_enable_sleep_mode=false", "rollout.vllm_gpu_memory_utilization=0.6",
+                             "rollout.vllm.enable_sleep_mode=false", "rollout.vllm.gpu_memory_utilization=0.6",
                              "model.gradient_checkpointing=true", f"trainer.output_dir={tmp_path / 'runs'}",
                              f"retriever.index_dir={tiny_world / 'index'}",
                              f"data.train_files=[{tiny_world / 'qa' / 'train.jsonl'}]"])
     result = pre.run_preflight(cfg, launch=launch, device_gib=40)
     assert any(x.startswith("plan: the update needs") for x in result.problems), result.problems
-    assert any("vllm_enable_sleep_mode=false" in x for x in result.notes)
+    assert any("rollout.vllm.enable_sleep_mode=false" in x for x in result.notes)
 
 
 def test_the_retriever_service_is_asked_for_its_health_and_encoder(tmp_path):

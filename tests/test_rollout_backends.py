@@ -9,9 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from searchr1_lld.config import RolloutConfig
+from searchr1_lld.config import RolloutConfig, VLLMConfig
 from searchr1_lld.rollout.backends.base import GenerationOutput, StopDetector
 from searchr1_lld.rollout.backends.hf import HFBackend, cache_keyword, sample_next_token, top_p_mask
+from searchr1_lld.rollout.backends.kinds import backend_kind
 from searchr1_lld.rollout.backends.vllm import (
     VLLMBackend,
     build_llm_kwargs,
@@ -202,13 +203,13 @@ def test_sleeping_backend_refuses_to_generate():
 
 
 def test_vllm_param_building():
-    cfg = RolloutConfig(vllm_gpu_memory_utilization=0.3, max_total_length=3000)
+    cfg = RolloutConfig(vllm=VLLMConfig(gpu_memory_utilization=0.3), max_total_length=3000)
     kw = build_llm_kwargs("/models/qwen", cfg, seed=7)
     assert kw["model"] == kw["tokenizer"] == "/models/qwen" and kw["gpu_memory_utilization"] == 0.3
     assert kw["enable_sleep_mode"] is True and kw["max_model_len"] == 3000 and kw["seed"] == 7
     assert kw["logprobs_mode"] == "processed_logprobs"
     assert kw["distributed_executor_backend"] == "external_launcher"
-    cfg.vllm_logprobs_mode = ""
+    cfg.vllm.logprobs_mode = ""
     assert "logprobs_mode" not in build_llm_kwargs("/m", cfg)
     s = build_sampling_kwargs(max_new_tokens=500, stop_strings=["</search>", "</answer>"], temperature=1.0, top_p=0.9,
                               greedy=False, n=5)
@@ -226,7 +227,7 @@ def test_vllm_one_independent_engine_per_rank():
     assert all(k["distributed_executor_backend"] == "external_launcher" and k["tensor_parallel_size"] == 1
                and "data_parallel_size" not in k for k in kws)
     with pytest.raises(ValueError, match="lockstep"):
-        build_llm_kwargs("/m", RolloutConfig(vllm_tensor_parallel_size=2), rank=0, world_size=8)
+        build_llm_kwargs("/m", RolloutConfig(vllm=VLLMConfig(tensor_parallel_size=2)), rank=0, world_size=8)
     with pytest.raises(ValueError, match="rank"):
         build_llm_kwargs("/m", RolloutConfig(), rank=4, world_size=4)
 
@@ -328,13 +329,13 @@ def test_vllm_backend_with_a_fake_engine(monkeypatch):
 
 def test_vllm_sleep_mode_switch_does_what_it_says(monkeypatch):
     llm = FakeLLM(held={"w": (1,)})
-    be = _vllm_backend(llm, monkeypatch, names=["w"], vllm_enable_sleep_mode=False)
+    be = _vllm_backend(llm, monkeypatch, names=["w"], vllm=VLLMConfig(enable_sleep_mode=False))
     be.sleep()
     be.load_weights([("w", torch.zeros(1))])
     be.wake_up()
     assert llm.log == [("reset_prefix_cache",)]  # the engine kept its memory: no sleep / wake_up calls
     llm = FakeLLM()
-    be = _vllm_backend(llm, monkeypatch, vllm_sleep_level=1)
+    be = _vllm_backend(llm, monkeypatch, vllm=VLLMConfig(sleep_level=1))
     be.sleep()
     be.wake_up()  # no weight load in between: wake everything
     assert llm.log == [("sleep", 1), ("wake_up", None)]
@@ -447,20 +448,21 @@ def test_vllm_launcher_env_keeps_what_is_set_and_picks_a_free_port(monkeypatch):
 
 
 def test_vllm_sleep_mode_is_not_asked_for_where_the_platform_has_none():
-    kw = build_llm_kwargs("/m", RolloutConfig(vllm_enable_sleep_mode=True), sleep_mode_available=False)
+    kw = build_llm_kwargs("/m", RolloutConfig(vllm=VLLMConfig(enable_sleep_mode=True)), sleep_mode_available=False)
     assert kw["enable_sleep_mode"] is False
-    kw = build_llm_kwargs("/m", RolloutConfig(vllm_kv_cache_memory_bytes=1 << 26))
+    kw = build_llm_kwargs("/m", RolloutConfig(vllm=VLLMConfig(kv_cache_memory_bytes=1 << 26)))
     assert kw["kv_cache_memory_bytes"] == 1 << 26 and kw["enable_sleep_mode"] is True
 
 
 @pytest.mark.parametrize("override, key", [
-    ("rollout.vllm_tensor_parallel_size=2", "rollout.vllm_tensor_parallel_size"),
-    ("rollout.vllm_sleep_level=3", "rollout.vllm_sleep_level"),
+    ("rollout.vllm.tensor_parallel_size=2", "rollout.vllm.tensor_parallel_size"),
+    ("rollout.vllm.sleep_level=3", "rollout.vllm.sleep_level"),
     ("algorithm.rollout_correction.cap=0.5", "algorithm.rollout_correction.cap"),
     ("algorithm.rollout_correction.mode=tokens", "algorithm.rollout_correction.mode"),
 ])
 def test_engine_config_rejects_bad_values(override, key):
+    """A bad engine setting stops the run: at load, or (the vLLM section) when its kind is chosen."""
     from searchr1_lld.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        load_config(None, [override])
+        backend_kind(load_config(None, ["rollout.backend=vllm", override]).rollout)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT, TEST_WORLD_CONFIG, free_port, test_world_dir
-from searchr1_lld.config import RolloutConfig, RetrieverConfig
+from searchr1_lld.config import RetrieverConfig, RolloutConfig, VLLMConfig
 from searchr1_lld.instruments.monitor import engine_learner_gap
 from searchr1_lld.algo.rollout_correction import tis_weights
 from searchr1_lld.learner.policy_logprobs import response_logprobs
@@ -26,8 +26,8 @@ pytestmark = pytest.mark.slow
 VLLM_WORLD_CONFIG = dataclasses.replace(TEST_WORLD_CONFIG, model_heads=2, model_kv_heads=1)
 # small budgets: the engine reserves 64 MiB of KV cache, no sleep mode (CUDA-only), prefix caching on as in training
 ENGINE_CFG = RolloutConfig(backend="vllm", max_turns=2, max_tokens_per_turn=48, max_obs_length=160,
-                           max_total_length=1024, topk=2, temperature=1.0, vllm_kv_cache_memory_bytes=64 << 20,
-                           vllm_enforce_eager=True)
+                           max_total_length=1024, topk=2, temperature=1.0, 
+                           vllm=VLLMConfig(kv_cache_memory_bytes=64 << 20, enforce_eager=True))
 
 
 @pytest.fixture(scope="session")
@@ -334,8 +334,8 @@ def test_eval_cli_with_the_vllm_backend_equals_the_hf_backend(vllm_world, tmp_pa
         cmd = [sys.executable, "eval.py", "--backend", backend, "--model", str(vllm_world / "model"),
                "--tokenizer", str(vllm_world / "tokenizer"), "--index", str(vllm_world / "index"), "--template", "tiny",
                "--datasets", f"synthetic={vllm_world / 'qa' / 'test.jsonl'}", "--limit", "8", "--out", str(out),
-               "--set", "model.dtype=float32", "rollout.max_total_length=1024", "rollout.vllm_enforce_eager=true",
-               f"rollout.vllm_kv_cache_memory_bytes={64 << 20}"]
+               "--set", "model.dtype=float32", "rollout.max_total_length=1024", "rollout.vllm.enforce_eager=true",
+               f"rollout.vllm.kv_cache_memory_bytes={64 << 20}"]
         proc = subprocess.run(cmd, cwd=REPO_ROOT, env=_clean_env(), capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         trajs = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
@@ -367,8 +367,8 @@ def test_eval_compare_runs_two_checkpoints_in_one_vllm_engine(vllm_world, tmp_pa
     model.save_pretrained(tmp_path / "b")
     common = ["--tokenizer", str(vllm_world / "tokenizer"), "--index", str(vllm_world / "index"), "--template", "tiny",
               "--datasets", f"synthetic={vllm_world / 'qa' / 'test.jsonl'}", "--limit", "6", "--set",
-              "model.dtype=float32", "rollout.max_total_length=1024", "rollout.vllm_enforce_eager=true",
-              f"rollout.vllm_kv_cache_memory_bytes={64 << 20}"]
+              "model.dtype=float32", "rollout.max_total_length=1024", "rollout.vllm.enforce_eager=true",
+              f"rollout.vllm.kv_cache_memory_bytes={64 << 20}"]
 
     def run(*args):
         proc = subprocess.run([sys.executable, "eval.py", *args, *common], cwd=REPO_ROOT, env=_clean_env(),

@@ -20,14 +20,15 @@ from pathlib import Path
 import torch.distributed as dist
 from transformers import AutoTokenizer
 
-from searchr1_lld.config import RolloutConfig
+from searchr1_lld.config import RolloutConfig, VLLMConfig
 from searchr1_lld.rollout.backends import make_backend
 
 model_dir, tokenizer_dir, out_dir = sys.argv[1:4]
 dist.init_process_group("gloo")  # accelerate's group: vLLM's external launcher joins it
 rank = dist.get_rank()
 tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-cfg = RolloutConfig(backend="vllm", max_total_length=256, vllm_kv_cache_memory_bytes=32 << 20, vllm_enforce_eager=True)
+cfg = RolloutConfig(backend="vllm", max_total_length=256,
+                    vllm=VLLMConfig(kv_cache_memory_bytes=32 << 20, enforce_eager=True))
 backend = make_backend(cfg, tokenizer=tokenizer, model_path=model_dir, seed=100, dtype="float32",
                        tokenizer_path=tokenizer_dir)
 prompt = tokenizer.encode("Question: who founded the company?", add_special_tokens=False)

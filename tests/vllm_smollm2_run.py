@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from retriever import make_retriever
-from searchr1_lld.config import RetrieverConfig, RolloutConfig
+from searchr1_lld.config import RetrieverConfig, RolloutConfig, VLLMConfig
 from searchr1_lld.data.jsonl import read_jsonl
 from searchr1_lld.rollout import run_agent_loop
 from searchr1_lld.rollout.agent_loop import encode_prompt
@@ -45,7 +45,7 @@ model.save_pretrained(out / "model")
 tokenizer.save_pretrained(out / "model")
 
 cfg = RolloutConfig(backend="vllm", max_turns=1, max_tokens_per_turn=16, max_obs_length=60, max_total_length=2048,
-                    topk=2, temperature=1.0, vllm_kv_cache_memory_bytes=128 << 20, vllm_enforce_eager=True)
+                    topk=2, temperature=1.0, vllm=VLLMConfig(kv_cache_memory_bytes=128 << 20, enforce_eager=True))
 backend = make_backend(cfg, tokenizer=tokenizer, model_path=str(out / "model"), seed=0, dtype="float32")
 retriever = make_retriever(RetrieverConfig(mode="inprocess", index_dir=str(world / "index")))
 trajs = run_agent_loop(rows, backend=backend, tokenizer=tokenizer, retriever=retriever, cfg=cfg, n=2,

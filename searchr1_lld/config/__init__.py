@@ -16,7 +16,7 @@ from searchr1_lld.config.loading import (REPO_ROOT, _coerce, apply_overrides, co
 from searchr1_lld.config.root import Config, validate
 from searchr1_lld.config.sections import (AlgorithmConfig, DataConfig, EvalConfig, LLDSConfig, LoggingConfig,
                                           ModelConfig, RetrieverConfig, RolloutConfig, RolloutCorrectionConfig,
-                                          StepSizeConfig, TrainerConfig)
+                                          StepSizeConfig, TrainerConfig, VLLMConfig)
 from searchr1_lld.config.validation import ConfigError, get_dotted
 
 __all__ = [
@@ -24,5 +24,5 @@ __all__ = [
     "get_dotted", "load_config", "parse_override", "read_yaml", "resolve_repo_path",
     "save_config", "format_help", "iter_fields", "AlgorithmConfig", "Config", "DataConfig", "EvalConfig",
     "LLDSConfig", "LoggingConfig", "ModelConfig", "RetrieverConfig", "RolloutConfig", "RolloutCorrectionConfig",
-    "StepSizeConfig", "TrainerConfig", "validate",
+    "StepSizeConfig", "TrainerConfig", "VLLMConfig", "validate",
 ]

@@ -25,7 +25,7 @@ import yaml
 from searchr1_lld.config.correction_presets import CORRECTION_PRESETS
 from searchr1_lld.config.methods import METHODS
 from searchr1_lld.config.root import Config
-from searchr1_lld.config.sections import AlgorithmConfig
+from searchr1_lld.config.sections import RENAMED_KEYS, AlgorithmConfig
 from searchr1_lld.config.validation import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -119,6 +119,9 @@ def build_dataclass(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
     unknown = sorted(set(values) - names)
     if unknown:
         where = f"{prefix}." if prefix else ""
+        if f"{where}{unknown[0]}" in RENAMED_KEYS:
+            raise ConfigError(f"{where}{unknown[0]} is now {RENAMED_KEYS[where + unknown[0]]}: write it there "
+                              f"(a settings section of its own)")
         raise ConfigError(f"unknown key {where}{unknown[0]!s}; known keys here: {sorted(names)}")
     base = cls()
     kwargs = {}

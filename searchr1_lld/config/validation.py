@@ -145,7 +145,8 @@ def sampling_checks(alg: AlgorithmConfig, rollout: RolloutConfig) -> list[Check]
 
 
 def rollout_checks(rollout: RolloutConfig, data: DataConfig) -> list[Check]:
-    """rollout.*: sampling, turns and lengths (the total against data.max_prompt_length), the vLLM engine."""
+    """rollout.*: sampling, turns and lengths (the total against data.max_prompt_length); the engine's own section
+    (rollout.vllm) is its kind's to check (rollout/backends/kinds.py: ``BackendKind.checks``)."""
     return [
         (rollout.n >= 2, "rollout.n", "must be >= 2: GRPO's advantage compares the responses to one prompt (one "
          "response is its own group mean: its advantage is 0, nothing is learned)"),
@@ -157,15 +158,7 @@ def rollout_checks(rollout: RolloutConfig, data: DataConfig) -> list[Check]:
         (rollout.max_total_length > data.max_prompt_length, "rollout.max_total_length",
          f"must exceed data.max_prompt_length ({data.max_prompt_length})"),
         (rollout.topk >= 1, "rollout.topk", "must be >= 1"),
-        (0 < rollout.vllm_gpu_memory_utilization <= 1, "rollout.vllm_gpu_memory_utilization", "must be in (0, 1]"),
-        (rollout.vllm_tensor_parallel_size == 1, "rollout.vllm_tensor_parallel_size",
-         "must be 1: one engine per rank (TP ranks would have to call generate in lockstep, which the multi-turn "
-         "agent loop does not; see rollout/backends/vllm.py)"),
-        (rollout.vllm_sleep_level in (1, 2), "rollout.vllm_sleep_level", "must be 1 or 2"),
-        (rollout.vllm_kv_cache_memory_bytes >= 0, "rollout.vllm_kv_cache_memory_bytes", "must be >= 0"),
         (rollout.generation_batch_size >= 1, "rollout.generation_batch_size", "must be >= 1"),
-        (rollout.vllm_logprobs_mode in ("", "raw_logprobs", "processed_logprobs"), "rollout.vllm_logprobs_mode",
-         "must be '', 'raw_logprobs' or 'processed_logprobs'"),
     ]
 
 

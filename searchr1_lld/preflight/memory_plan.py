@@ -70,7 +70,7 @@ VLLM_MAX_NUM_SEQS = 1024
 VLLM_MAX_NUM_BATCHED_TOKENS = 16384
 # the CUDA-graph pool a vLLM engine keeps through sleep (captured graphs live in PyTorch's graph pool, outside the
 # sleep-mode allocator): an allowance, not measured here; vLLM logs its own figure at start-up ("CUDA graph pool
-# memory: X GiB (actual)"), and an engine with rollout.vllm_enforce_eager has none
+# memory: X GiB (actual)"), and an engine with rollout.vllm.enforce_eager has none
 CUDA_GRAPH_POOL_BYTES = 1.0 * GB
 FAISS_TEMP_BYTES = 1.5 * 2**30  # StandardGpuResources' default temporary memory per GPU
 RETRIEVER_CONTEXT_BYTES = 0.5 * GB  # the retriever process's CUDA context on each GPU it uses

@@ -349,7 +349,7 @@ def gpu_plan(pf: Preflight, cfg: Config, kind: BackendKind, shape: mp.ModelShape
     engine = kind.engine_memory(cfg, launch.processes)
     return mp.gpu_memory_plan(
         shape, zero_stage=stage, data_parallel=launch.processes, gpu_bytes=gpu_bytes,
-        vllm_gpu_memory_utilization=r.vllm_gpu_memory_utilization, reference=cfg.algorithm.kl_coef > 0,
+        vllm_gpu_memory_utilization=r.vllm.gpu_memory_utilization, reference=cfg.algorithm.kl_coef > 0,
         micro_batch_tokens=mp.pass_tokens(cfg.trainer.micro_batch_size, r.max_total_length,
                                           cfg.trainer.micro_batch_token_budget),
         gradient_checkpointing=cfg.model.gradient_checkpointing, buckets=launch.buckets,
@@ -367,13 +367,13 @@ def _start_line(pf: Preflight, plan: mp.MemoryPlan, engine: str, hint: str) -> N
     learner = plan.learner if plan.learner_at_start is None else plan.learner_at_start
     listing = (f"learner states at set-up {_gb(learner)}, reference {_gb(plan.reference)}, CUDA contexts "
                f"{_gb(plan.contexts)}, retriever {_gb(plan.retriever)}; {engine} asks for "
-               f"{_gb(plan.engine_start_claim)} free (rollout.vllm_gpu_memory_utilization x the GPU's total)")
+               f"{_gb(plan.engine_start_claim)} free (rollout.vllm.gpu_memory_utilization x the GPU's total)")
     margin = plan.margin_at_engine_start
     pf.plan.append(f"engine start: {_gb(plan.engine_start)} per GPU of {_gb(plan.gpu)} ({listing}); margin "
                    f"{_gb(margin)} ({100 * margin / plan.gpu:.1f} %)")
     if margin < 0:
         pf.problems.append(f"plan: {engine} cannot start: it checks that {_gb(plan.engine_start_claim)} "
-                           f"(rollout.vllm_gpu_memory_utilization x {_gb(plan.gpu)}) is free, and the learner, "
+                           f"(rollout.vllm.gpu_memory_utilization x {_gb(plan.gpu)}) is free, and the learner, "
                            f"reference, contexts and retriever hold {_gb(held)} then{hint}")
 
 

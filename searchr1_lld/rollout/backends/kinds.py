@@ -13,6 +13,7 @@ from typing import Any, Optional
 import torch
 
 from searchr1_lld.config import Config, ConfigError, RolloutConfig
+from searchr1_lld.config.validation import Check, raise_first
 from searchr1_lld.distributed import explicit_device
 from searchr1_lld.protocols import Tokenizer
 from searchr1_lld.rollout.backends.base import GenerationBackend
@@ -62,6 +63,11 @@ class BackendKind:
 
     def plan_notes(self, r: RolloutConfig) -> list[str]:
         """The preflight's notes on this engine's memory."""
+        return []
+
+    def checks(self, r: RolloutConfig) -> list[Check]:
+        """The checks of the kind's own settings section (keys relative to ``rollout``), run when the kind is chosen
+        (:func:`backend_kind`)."""
         return []
 
 
@@ -125,12 +131,26 @@ class VLLMKind(BackendKind):
         return memory_settings(cfg.rollout, engine_batch(cfg, world_size))
 
     def parks_weights(self, r: RolloutConfig) -> bool:
-        return r.vllm_enable_sleep_mode and r.vllm_sleep_level == 1
+        return r.vllm.enable_sleep_mode and r.vllm.sleep_level == 1
 
     def plan_notes(self, r: RolloutConfig) -> list[str]:
-        if r.vllm_enable_sleep_mode:
+        if r.vllm.enable_sleep_mode:
             return []
-        return ["plan: rollout.vllm_enable_sleep_mode=false: the engine keeps its reservation through the update"]
+        return ["plan: rollout.vllm.enable_sleep_mode=false: the engine keeps its reservation through the update"]
+
+    def checks(self, r: RolloutConfig) -> list[Check]:
+        """rollout.vllm.*: the engine's memory, sleep and log-prob settings; one engine per rank."""
+        v = r.vllm
+        return [
+            (0 < v.gpu_memory_utilization <= 1, "vllm.gpu_memory_utilization", "must be in (0, 1]"),
+            (v.tensor_parallel_size == 1, "vllm.tensor_parallel_size",
+             "must be 1: one engine per rank (TP ranks would have to call generate in lockstep, which the multi-turn "
+             "agent loop does not; see rollout/backends/vllm.py)"),
+            (v.sleep_level in (1, 2), "vllm.sleep_level", "must be 1 or 2"),
+            (v.kv_cache_memory_bytes >= 0, "vllm.kv_cache_memory_bytes", "must be >= 0"),
+            (v.logprobs_mode in ("", "raw_logprobs", "processed_logprobs"), "vllm.logprobs_mode",
+             "must be '', 'raw_logprobs' or 'processed_logprobs'"),
+        ]
 
 
 BACKEND_KINDS: dict[str, BackendKind] = {kind.name: kind for kind in (HFKind(), VLLMKind())}
@@ -138,7 +158,7 @@ BACKEND_KINDS: dict[str, BackendKind] = {kind.name: kind for kind in (HFKind(), 
 
 def backend_kind(r: RolloutConfig) -> BackendKind:
     """The kind ``rollout.backend`` names, checked against the rollout settings it must serve
-    (``rollout.scheduler=continuous`` needs a kind that streams requests)."""
+    (``rollout.scheduler=continuous`` needs a kind that streams requests) and its own section's checks."""
     name = r.backend
     if name not in BACKEND_KINDS:
         raise ConfigError(f"rollout.backend: must be one of {sorted(BACKEND_KINDS)} (got {name!r})")
@@ -147,6 +167,7 @@ def backend_kind(r: RolloutConfig) -> BackendKind:
         picks_continuous(r.scheduler, kind.streams_requests, f"the {name} engine")
     except ValueError as err:
         raise ConfigError(f"rollout.scheduler: {err} (got {r.scheduler!r})") from None
+    raise_first(kind.checks(r), r, prefix="rollout.")
     return kind
 
 

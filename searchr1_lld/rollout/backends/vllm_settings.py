@@ -60,9 +60,9 @@ def engine_batch(cfg: Config, world_size: int) -> EngineBatch:
 def memory_settings(r: RolloutConfig, batch: Optional[EngineBatch]) -> dict[str, Any]:
     """What the memory plan needs of an engine built from ``r`` with ``batch`` (None: vLLM's defaults of an 80 GB
     GPU): memory_plan.EngineSettings' fields, with ``eager`` (no CUDA graphs) in place of the graph pool's size."""
-    settings: dict[str, Any] = dict(gpu_memory_utilization=r.vllm_gpu_memory_utilization,
-                                    kv_cache_memory_bytes=int(r.vllm_kv_cache_memory_bytes),
-                                    sleeps=r.vllm_enable_sleep_mode, eager=r.vllm_enforce_eager,
+    settings: dict[str, Any] = dict(gpu_memory_utilization=r.vllm.gpu_memory_utilization,
+                                    kv_cache_memory_bytes=int(r.vllm.kv_cache_memory_bytes),
+                                    sleeps=r.vllm.enable_sleep_mode, eager=r.vllm.enforce_eager,
                                     offload_cudagraph=OFFLOAD_CUDAGRAPH)
     if batch is not None:
         settings.update(max_num_seqs=batch.max_num_seqs, max_num_batched_tokens=batch.max_num_batched_tokens)
