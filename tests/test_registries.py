@@ -20,6 +20,13 @@ KINDS = {"llds.gate": ("span", ["none", "response", "action"]),
          "kl_type": ("k4", ["k1", "abs", "k2", "mse", "low_var_kl", "k3"])}
 
 
+def test_the_retriever_mode_is_its_registry_too():
+    with pytest.raises(ConfigError, match=r"^retriever.mode: must name a registered mode \['inprocess', 'http'\] "
+                                          r"\(got 'grpc'\)$"):
+        load_config(None, ["retriever.mode=grpc"])
+    assert "  retriever.mode (inprocess|http, default 'inprocess')" in format_help()
+
+
 @pytest.mark.parametrize("key", list(KINDS))
 def test_an_unknown_kind_is_one_line_naming_the_registered_ones(key):
     bad, known = KINDS[key]

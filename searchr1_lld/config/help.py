@@ -6,6 +6,7 @@ import dataclasses
 import typing
 from typing import Any, Iterator
 
+from retriever.modes import MODES
 from searchr1_lld.config.correction_presets import format_correction_presets
 from searchr1_lld.config.methods import format_presets
 from searchr1_lld.config.root import Config
@@ -42,6 +43,7 @@ def format_help(cls: type = Config, prefix: str = "") -> str:
     lines: list[str] = []
     section = None
     registered = {f"algorithm.{k}": names for k, names in registered_names().items()} if cls is Config else {}
+    registered.update({"retriever.mode": list(MODES)} if cls is Config else {})
     for key, f, tp, default in iter_fields(cls, prefix):
         head = key.rsplit(".", 1)[0] if "." in key else ""
         if head != section:

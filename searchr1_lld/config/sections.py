@@ -99,7 +99,8 @@ RENAMED_KEYS: dict[str, str] = {f"rollout.vllm_{f.name}": f"rollout.vllm.{f.name
 
 @dataclass
 class RetrieverConfig:
-    mode: Literal["inprocess", "http"] = opt("inprocess", "in-process index, or the HTTP service (python -m retriever serve)")
+    mode: str = opt("inprocess", "a registered retriever mode (retriever/modes.py): inprocess = the index in this "
+                    "process, http = the service (python -m retriever serve)")
     url: str = opt("http://127.0.0.1:8000", "http: the service's address; $SEARCHR1_RETRIEVER_URL overrides it (one "
                    "service that every node reaches; docs/multinode.md)")
     index_dir: str = opt("", "inprocess: the index dir (python -m retriever build; required in inprocess mode)")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from retriever.modes import retriever_mode
+from retriever.modes import MODES, retriever_mode
 from searchr1_lld.config.correction_presets import CORRECTION_PRESETS
 from searchr1_lld.config.correction_presets import registered_names as correction_names
 from searchr1_lld.config.methods import METHODS
@@ -180,7 +180,8 @@ def retriever_checks(retriever: RetrieverConfig) -> list[Check]:
         (retriever.timeout_s > 0, "retriever.timeout_s", "must be > 0"),
         (retriever.batch_size >= 1, "retriever.batch_size", "must be >= 1"),
         (retriever.backoff_s >= 0, "retriever.backoff_s", "must be >= 0"),
-        *retriever_mode(retriever).checks(retriever),
+        (retriever.mode in MODES, "retriever.mode", f"must name a registered mode {list(MODES)}"),
+        *(retriever_mode(retriever).checks(retriever) if retriever.mode in MODES else []),
     ]
 
 
