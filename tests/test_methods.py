@@ -257,12 +257,17 @@ def test_help_config_shows_every_preset_expanded():
     assert "algorithm.policy_loss='gspo', algorithm.clip_low=0.0003, algorithm.clip_high=0.0004" in text
 
 
-# the presets of CISPO, SAPO, GMPO, GPG, DPPO, the Pass@k / OPO advantages, DAPO, REMAX and NTHR; TRL's bnpo, luspo and vespo
+# the presets of CISPO, SAPO, GMPO, GPG, DPPO, the Pass@k / OPO advantages, DAPO, REMAX and NTHR; TRL's bnpo, luspo
+# and vespo
 NEW_PRESETS = ("cispo", "sapo", "gmpo", "gpg", "dppo_tv", "dppo_kl", "grpo_passk", "opo", "dapo", "remax", "nthr",
                "bnpo", "luspo", "vespo")
 # what a preset logs of its own every step
 PRESET_METRICS = {"dapo": ("rollout/dynamic_sampling_rounds", "rollout/kept_group_frac", "reward/overlong_penalty_mean"),
-                  "remax": ("time/baseline_rollout_s", "rollout/baseline_generated_tokens")}
+                  "remax": ("time/baseline_rollout_s", "rollout/baseline_generated_tokens"),
+                  "nthr": ("nthr/selected_token_frac", "nthr/incorrect_weight_mean"),
+                  "llds_ma": ("llds/active_token_frac", "llds/lam_answer_effective"),
+                  "nll_anchor": ("nll_anchor/loss", "nll_anchor/anchored_token_frac"),
+                  "clip_cov": ("actor/cov_token_frac",), "vespo": ("actor/vespo_phi_mean",)}
 
 
 @pytest.fixture(scope="module")
@@ -272,10 +277,10 @@ def world_retriever(tiny_world):
     return InProcessRetriever(tiny_world / "index")
 
 
-@pytest.mark.parametrize("name", NEW_PRESETS)
-def test_each_new_preset_trains_two_steps(tmp_path, tiny_world, world_retriever, monkeypatch, name):
-    """Two training steps on the test world (about 5 s each) run the preset's registered policy loss and advantage
-    estimator, and log finite actor metrics."""
+@pytest.mark.parametrize("name", list(METHODS))
+def test_each_preset_trains_two_steps(tmp_path, tiny_world, world_retriever, monkeypatch, name):
+    """Two training steps on the test world (about 5 s each) run every preset's registered policy loss and advantage
+    estimator, and log finite actor metrics and the preset's own."""
     from conftest import on_world
     from searchr1_lld.algo import policy_loss
     from searchr1_lld.learner.trainer import Trainer
