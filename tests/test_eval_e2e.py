@@ -201,9 +201,9 @@ def test_eval_cli_through_a_service_started_with_a_token(tiny_world, tmp_path, m
         cli = _cli()
         args = _args(tiny_world, tmp_path / "tok", "--retriever-url", url)
         # the client eval.py builds: the token from --retriever-token (or the config), no retries on a 401
-        built = command.retriever_config(
-            load_config(None, ["retriever.max_retries=0", "retriever.timeout_s=7"]),
-            command.EvalOptions(**vars(cli.build_parser().parse_args([*args, "--retriever-token", "s3cret"]))), None)
+        with_token = command.EvalOptions(**vars(cli.build_parser().parse_args([*args, "--retriever-token", "s3cret"])))
+        built = command.retriever_of(load_config(None, ["retriever.max_retries=0", "retriever.timeout_s=7"]),
+                                     with_token)["retriever"]
         assert (built.mode, built.url, built.token, built.max_retries, built.timeout_s) == ("http", url, "s3cret", 0, 7)
         monkeypatch.delenv("SEARCHR1_RETRIEVER_TOKEN", raising=False)
         assert cli.main([*args, "--retriever-token", "s3cret"]) == 0
@@ -216,9 +216,9 @@ def test_eval_cli_through_a_service_started_with_a_token(tiny_world, tmp_path, m
         with pytest.raises(RetrieverError):
             import retriever as retrievers
 
-            retrievers.make_retriever(command.retriever_config(
-                load_config(None, ["retriever.max_retries=0"]),
-                command.EvalOptions(**vars(cli.build_parser().parse_args(args))), None)).search(["who"], topk=1)
+            bare = command.EvalOptions(**vars(cli.build_parser().parse_args(args)))
+            retrievers.make_retriever(command.retriever_of(
+                load_config(None, ["retriever.max_retries=0"]), bare)["retriever"]).search(["who"], topk=1)
     finally:
         server.should_exit = True
         thread.join(timeout=30)

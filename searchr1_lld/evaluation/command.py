@@ -102,7 +102,8 @@ class EvalOptions:
 
 @dataclass
 class EvalPlan:
-    """The settings of one evaluation: the config with the flags applied (:func:`resolve`)."""
+    """The settings of one evaluation: the config with the flags applied (:func:`resolve`), the one object every step
+    of the evaluation reads (the flags themselves only choose what eval.py does: merge, shards, compare)."""
 
     cfg: Config
     datasets: list[str]  # dataset specs: names, NAME=PATH files
@@ -115,7 +116,18 @@ class EvalPlan:
     backend: str  # the generation backend's name (rollout.backend of the engine)
     kind: BackendKind  # its kind, resolved (and its settings checked) once, when the plan is made
     progress: bool
-    retriever_source: str = ""  # the service's URL or the index dir (provenance)
+    model: str  # the checkpoint (--model, else model.path; "" = none named)
+    tokenizer: Optional[str]  # --tokenizer (None: the model's, else the config's)
+    name: str  # --name: the row label ("" = from the model path)
+    split: Optional[str]  # --split
+    flashrag_dir: Optional[str]  # --flashrag-dir
+    shard: Optional[tuple[int, int]]  # --shard i/k
+    overwrite: bool  # --overwrite
+    wandb: bool  # --wandb
+    compare: list[str]  # --compare NAME=PATH items
+    baseline: Optional[str]  # --baseline
+    retriever: Optional[RetrieverConfig]  # the retriever to build on first use (None: neither a URL nor an index)
+    retriever_source: str  # the service's URL or the index dir (provenance)
 
 
 def check_counts(opts: EvalOptions) -> None:
@@ -148,7 +160,10 @@ def resolve(opts: EvalOptions) -> EvalPlan:
         rollout_cfg=eval_rollout_config(cfg.rollout, max_turns=opts.max_turns or e.max_turns,
                                         topk=opts.topk or e.topk),
         template=opts.template or cfg.data.prompt_template, chat_template=opts.chat_template or cfg.data.chat_template,
-        backend=backend, kind=kind, progress=not opts.no_progress and cfg.logging.progress_bar)
+        backend=backend, kind=kind, progress=not opts.no_progress and cfg.logging.progress_bar,
+        model=opts.model or cfg.model.path or "", tokenizer=opts.tokenizer, name=opts.name, split=opts.split,
+        flashrag_dir=opts.flashrag_dir, shard=parse_shard(opts.shard), overwrite=opts.overwrite, wandb=opts.wandb,
+        compare=list(opts.compare or []), baseline=opts.baseline, **retriever_of(cfg, opts))
 
 
 def file_benchmarks(path: str, rows: Rows) -> dict[str, Rows]:
@@ -174,15 +189,21 @@ def default_tokenizer(model_path: str, cfg: Config) -> str:
     return cfg.model.tokenizer_path or cfg.model.path or model_path
 
 
-def retriever_config(cfg: Config, opts: EvalOptions, index: str | None) -> RetrieverConfig:
-    """The config's retriever section pointed at --retriever-url (timeouts, retries and the bearer token from the
-    config; --retriever-token / $SEARCHR1_RETRIEVER_TOKEN override the token) or at the in-process --index."""
+def retriever_of(cfg: Config, opts: EvalOptions) -> dict[str, Any]:
+    """The plan's retriever: the config's retriever section pointed at --retriever-url (timeouts, retries and the
+    bearer token from the config; --retriever-token / $SEARCHR1_RETRIEVER_TOKEN override the token) or at the
+    in-process --index (else the config's index dir); None when there is neither (an error once one is needed), and
+    its source for the provenance."""
     rc = cfg.retriever
     if opts.retriever_url:
-        return dataclasses.replace(rc, mode="http", url=opts.retriever_url, token=opts.retriever_token or rc.token)
+        return {"retriever": dataclasses.replace(rc, mode="http", url=opts.retriever_url,
+                                                 token=opts.retriever_token or rc.token),
+                "retriever_source": opts.retriever_url}
+    index = opts.index or retrievers.retriever_mode(rc).index_dir(rc)
     if not index:
-        raise EvalError("need a retriever: --retriever-url URL or --index DIR")
-    return dataclasses.replace(rc, mode="inprocess", index_dir=str(index))
+        return {"retriever": None, "retriever_source": ""}
+    return {"retriever": dataclasses.replace(rc, mode="inprocess", index_dir=str(index)),
+            "retriever_source": str(Path(index).resolve())}
 
 
 @dataclass
@@ -200,11 +221,12 @@ class Resources:
         return self.retriever
 
 
-def _engine_for(model_path: str, tok_path: str, tokenizer: Tokenizer, plan: EvalPlan, shard: tuple[int, int] | None,
+def _engine_for(model_path: str, tok_path: str, tokenizer: Tokenizer, plan: EvalPlan,
                 shared: Resources) -> GenerationBackend:
     """The process's engine holding ``model_path``; a shard takes its own device and port before its engine is built
     (shards of one node run side by side)."""
     engine_cfg = dataclasses.replace(plan.rollout_cfg, backend=plan.backend, generation_batch_size=plan.batch_size)
+    shard = plan.shard
     device = prepare_shard_process(shard) if shard is not None else "auto"
     if shard is not None:
         print(f"shard {shard[0]}/{shard[1]} on {device} (LOCAL_RANK={os.environ['LOCAL_RANK']}, "
@@ -214,25 +236,24 @@ def _engine_for(model_path: str, tok_path: str, tokenizer: Tokenizer, plan: Eval
     return shared.engines.backend_for(model_path, tokenizer, tok_path)
 
 
-def evaluate_checkpoint(model: str | None, out_dir: Path, name: str, plan: EvalPlan, opts: EvalOptions,
+def evaluate_checkpoint(model_path: str, out_dir: Path, name: str, plan: EvalPlan,
                         shared: Resources) -> Result | None:
-    """One checkpoint's evaluation into ``out_dir`` (None for one shard of it)."""
-    model_path = model or plan.cfg.model.path
+    """The checkpoint ``model_path``'s evaluation into ``out_dir`` (None for one shard of it)."""
     if not model_path:
         raise EvalError("no model: --model (or model.path in --config)")
-    tok_path = opts.tokenizer or default_tokenizer(model_path, plan.cfg)
-    rows = load_eval_rows(plan.datasets, limit=plan.limit, split=opts.split, flashrag_dir=opts.flashrag_dir,
+    tok_path = plan.tokenizer or default_tokenizer(model_path, plan.cfg)
+    rows = load_eval_rows(plan.datasets, limit=plan.limit, split=plan.split, flashrag_dir=plan.flashrag_dir,
                           file_rows=plan.file_rows)
-    shard = parse_shard(opts.shard)
+    shard = plan.shard
     provenance = eval_provenance(model_path=model_path, tokenizer_path=tok_path, rows_by_dataset=rows,
                                  rollout_cfg=plan.rollout_cfg, template=plan.template, backend=plan.backend,
                                  dtype=plan.cfg.model.dtype, retriever=plan.retriever_source)
-    check_provenance(out_dir, shard, provenance, overwrite=opts.overwrite)
+    check_provenance(out_dir, shard, provenance, overwrite=plan.overwrite)
     try:
         tokenizer = backend = retriever = None
         if count_pending(rows, out_dir, shard):  # a finished (resumed) evaluation loads no model and no index
             tokenizer = load_tokenizer(tok_path)
-            backend = _engine_for(model_path, tok_path, tokenizer, plan, shard, shared)
+            backend = _engine_for(model_path, tok_path, tokenizer, plan, shared)
             retriever = shared.get_retriever()
         return evaluate(rows, backend=backend, tokenizer=tokenizer, retriever=retriever, rollout_cfg=plan.rollout_cfg,
                         out_dir=out_dir, batch_size=plan.batch_size, template=plan.template,
@@ -242,14 +263,14 @@ def evaluate_checkpoint(model: str | None, out_dir: Path, name: str, plan: EvalP
         raise
 
 
-def log_wandb(opts: EvalOptions, cfg: Config, out: Path, methods: list[tuple[str, Result]]) -> None:
+def log_wandb(plan: EvalPlan, out: Path, methods: list[tuple[str, Result]]) -> None:
     """--wandb: the results as a wandb.Table in a run of their own (job type eval; resumed by the id in OUT)."""
-    if not opts.wandb:
+    if not plan.wandb:
         return
-    settings = {"model": opts.model or cfg.model.path, "datasets": list(methods[0][1]["datasets"]),
-                "eval": dataclasses.asdict(cfg.eval), "max_turns": opts.max_turns or cfg.eval.max_turns,
-                "topk": opts.topk or cfg.eval.topk}
-    run = init_wandb(out, cfg.logging, settings, name=opts.name or methods[0][0] or out.name, job_type="eval")
+    settings = {"model": plan.model, "datasets": list(methods[0][1]["datasets"]),
+                "eval": dataclasses.asdict(plan.cfg.eval), "max_turns": plan.rollout_cfg.max_turns,
+                "topk": plan.rollout_cfg.topk}
+    run = init_wandb(out, plan.cfg.logging, settings, name=plan.name or methods[0][0] or out.name, job_type="eval")
     if run is None:
         return
     try:
@@ -275,40 +296,43 @@ def shards_and_merge(opts: EvalOptions, plan: EvalPlan, out: Path, argv: list[st
             raise EvalError("--gpus runs the shards itself: drop --shard / --merge / --compare")
         check_model_source(opts.model or "", "--model")
         run_shards(argv, opts.gpus, out, script)
-    model = opts.model or plan.cfg.model.path
-    res = merge_shards(out, order=plan.datasets, name=opts.name or (model_label(model) if model else ""))
-    log_wandb(opts, plan.cfg, out, [(res["name"], res)])
+    res = merge_shards(out, order=plan.datasets, name=plan.name or (model_label(plan.model) if plan.model else ""))
+    log_wandb(plan, out, [(res["name"], res)])
     print(markdown_table([(res["name"], res)]))
     return 0
 
 
 def prepare_checkpoints(opts: EvalOptions, plan: EvalPlan) -> Resources:
     """Each model and tokenizer named by a flag checked now (a missing dir is named before the index is loaded); the
-    retriever (built on first use) and its source in ``plan``."""
+    retriever of the plan, built on first use."""
     models = [("--model", opts.model)]
-    models += [(f"--compare {item.partition('=')[0]}", item.partition("=")[2]) for item in opts.compare or []]
+    models += [(f"--compare {item.partition('=')[0]}", item.partition("=")[2]) for item in plan.compare]
     for what, path in models:
         check_model_source(path or "", what)
-    check_model_source(opts.tokenizer or "", "--tokenizer", tokenizer=True)
-    rc = plan.cfg.retriever
-    index = opts.index or retrievers.retriever_mode(rc).index_dir(rc)
-    plan.retriever_source = opts.retriever_url or (str(Path(index).resolve()) if index else "")
-    return Resources(lambda: retrievers.make_retriever(retriever_config(plan.cfg, opts, index)))
+    check_model_source(plan.tokenizer or "", "--tokenizer", tokenizer=True)
+    return Resources(lambda: retrievers.make_retriever(needed_retriever(plan)))
 
 
-def compare_checkpoints(opts: EvalOptions, plan: EvalPlan, out: Path, shared: Resources) -> int:
+def needed_retriever(plan: EvalPlan) -> RetrieverConfig:
+    """The plan's retriever, once one is needed (an evaluation with questions left to roll out)."""
+    if plan.retriever is None:
+        raise EvalError("need a retriever: --retriever-url URL or --index DIR")
+    return plan.retriever
+
+
+def compare_checkpoints(plan: EvalPlan, out: Path, shared: Resources) -> int:
     """--compare NAME=PATH ...: each checkpoint into OUT/NAME, one table."""
     methods = []
-    for item in opts.compare or []:
+    for item in plan.compare:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
             raise EvalError(f"--compare takes NAME=PATH items, got {item!r}")
-        res = evaluate_checkpoint(path, out / name, name, plan, opts, shared)
+        res = evaluate_checkpoint(path, out / name, name, plan, shared)
         if res is None:
             raise EvalError("--compare cannot be combined with --shard")
         methods.append((name, res))
-    table = compare(methods, out, baseline=opts.baseline, result_dirs=[out / name for name, _ in methods])
-    log_wandb(opts, plan.cfg, out, methods)
+    table = compare(methods, out, baseline=plan.baseline, result_dirs=[out / name for name, _ in methods])
+    log_wandb(plan, out, methods)
     print(table)
     return 0
 
@@ -324,14 +348,13 @@ def run_eval(opts: EvalOptions, argv: list[str] | None, script: Path) -> int:
     if opts.merge or opts.gpus is not None:
         return shards_and_merge(opts, plan, out, sys.argv[1:] if argv is None else argv, script)
     shared = prepare_checkpoints(opts, plan)
-    if opts.compare:
-        return compare_checkpoints(opts, plan, out, shared)
-    res = evaluate_checkpoint(opts.model, out, opts.name or model_label(opts.model or plan.cfg.model.path), plan,
-                              opts, shared)
+    if plan.compare:
+        return compare_checkpoints(plan, out, shared)
+    res = evaluate_checkpoint(plan.model, out, plan.name or model_label(plan.model), plan, shared)
     if res is None:
-        print(f"shard {opts.shard} done -> {trajectories_path(out, parse_shard(opts.shard))}; "
+        print(f"shard {opts.shard} done -> {trajectories_path(out, plan.shard)}; "
               f"merge with: python eval.py --merge --out {out}")
         return 0
-    log_wandb(opts, plan.cfg, out, [(res["name"], res)])
+    log_wandb(plan, out, [(res["name"], res)])
     print((out / RESULTS_MD).read_text())
     return 0
