@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import os
 import subprocess
 import sys
 import types
@@ -66,10 +67,14 @@ def load_grpo_trainer() -> types.ModuleType:
     root = str(unpacked())
     if root not in sys.path:
         sys.path.insert(0, root)
+    environment = dict(os.environ)  # importing TRL imports parts of vLLM, which set variables (VLLM_LOGGING_LEVEL...)
     try:
         module = importlib.import_module("trl.trainer.grpo_trainer")
     except Exception as err:  # an import error of TRL or of a dependency it needs
         pytest.fail(f"TRL {VERSION}'s grpo_trainer does not import here: {type(err).__name__}: {err}")
+    finally:  # that later tests' subprocesses (a vLLM engine that must log) would inherit
+        os.environ.clear()
+        os.environ.update(environment)
     if not str(module.__file__).startswith(root):
         pytest.fail(f"trl was imported from {module.__file__}, not from the pinned wheel in {root}")
     return module
