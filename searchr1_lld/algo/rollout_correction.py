@@ -407,17 +407,13 @@ def mismatch_metrics(logp_learner: Optional[torch.Tensor], logp_engine: torch.Te
     return out
 
 
-# the bypass mode's per-micro-batch metrics: token means over the step (learner/step.py CORRECTION_MEANS)
-BYPASS_METRICS = ("rollout/engine_learner_kl_k1", "rollout/engine_learner_kl_k3", "rollout/masked_token_frac",
-                  "rollout/tis_weight_mean")
-
-
 def bypass_correction(rc: CorrectionSettings, logp_new: torch.Tensor, logp_engine: torch.Tensor,
                       response_mask: torch.Tensor) -> tuple[Correction, dict[str, float]]:
     """verl's bypass mode (``compute_policy_loss_bypass_mode``): logp_old is the engine's, and the correction of one
     micro-batch is taken between the policy being updated and the engine, w and the keep mask from
-    r = pi_new / pi_engine (without gradient). Returns it and the micro-batch's token means of
-    :data:`BYPASS_METRICS` (k1, k3 over x = logp_new - logp_engine; the rejected share; the mean weight)."""
+    r = pi_new / pi_engine (without gradient). Returns it and the micro-batch's token means (the step averages them
+    over its tokens, algo/step_metrics.py): rollout/engine_learner_kl_k1 and _k3 over x = logp_new - logp_engine,
+    rollout/masked_token_frac (the rejected share) and rollout/tis_weight_mean."""
     c = correct(rc, logp_new.detach(), logp_engine, response_mask)
     m = response_mask != 0
     if not bool(m.any()):
