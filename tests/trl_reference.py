@@ -14,10 +14,8 @@ process). ``get_high_entropy_mask`` and ``get_gamma_weights`` are TRL's own meth
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import os
-import subprocess
 import sys
 import types
 import zipfile
@@ -28,32 +26,21 @@ from typing import Any
 import pytest
 import torch
 
+from pinned_wheel import pinned_wheel
+
 VERSION = "1.16.0"
-WHEEL = f"trl-{VERSION}-py3-none-any.whl"
 SHA256 = "c4726e139dd40e1a41661511c639c8a68416782b2e3e8c0befebd77bb7ba0396"
-CACHE = Path(__file__).resolve().parents[1] / ".cache" / "trl"
 
 
 def wheel_path() -> Path:
-    """The pinned TRL wheel in .cache/trl, downloaded from PyPI when missing; pytest.fail when that is impossible."""
-    path = CACHE / WHEEL
-    if not path.is_file():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run([sys.executable, "-m", "pip", "download", f"trl=={VERSION}", "--no-deps", "-d",
-                               str(CACHE)], capture_output=True, text=True, timeout=600)
-        if done.returncode != 0 or not path.is_file():
-            pytest.fail(f"the TRL reference could not be downloaded (pip download trl=={VERSION} --no-deps; PyPI "
-                        f"must be reachable): {done.stderr[-2000:]}")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    if digest != SHA256:
-        pytest.fail(f"{path}: sha256 {digest}, expected {SHA256} (remove it to download it again)")
-    return path
+    """The pinned TRL wheel in .cache/trl (tests/pinned_wheel.py)."""
+    return pinned_wheel("trl", VERSION, SHA256, "TRL")
 
 
 def unpacked() -> Path:
     """The wheel's files under .cache/trl/trl-VERSION (unpacked once; a marker file says it is complete)."""
     wheel = wheel_path()
-    root = CACHE / f"trl-{VERSION}"
+    root = wheel.parent / f"trl-{VERSION}"
     marker = root / ".complete"
     if not marker.is_file():
         with zipfile.ZipFile(wheel) as z:

@@ -15,8 +15,6 @@ the IS weights (``from_dict(tensors=...).batch``). No function under test is rep
 
 from __future__ import annotations
 
-import hashlib
-import subprocess
 import sys
 import types
 import zipfile
@@ -25,26 +23,16 @@ from pathlib import Path
 
 import pytest
 
+from pinned_wheel import pinned_wheel
+
 VERSION = "0.9.1"
 WHEEL = f"verl-{VERSION}-py3-none-any.whl"
 SHA256 = "db6e6f2a8d9d5808d9ec32d357a42319fdc6967df688ff9d9810050f49bfdd14"
-CACHE = Path(__file__).resolve().parents[1] / ".cache" / "verl"
 
 
 def wheel_path() -> Path:
-    """The pinned verl wheel in .cache/verl, downloaded from PyPI when missing; pytest.fail when that is impossible."""
-    path = CACHE / WHEEL
-    if not path.is_file():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run([sys.executable, "-m", "pip", "download", f"verl=={VERSION}", "--no-deps", "-d",
-                               str(CACHE)], capture_output=True, text=True, timeout=600)
-        if done.returncode != 0 or not path.is_file():
-            pytest.fail(f"the verl reference could not be downloaded (pip download verl=={VERSION} --no-deps; PyPI "
-                        f"must be reachable): {done.stderr[-2000:]}")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    if digest != SHA256:
-        pytest.fail(f"{path}: sha256 {digest}, expected {SHA256} (remove it to download it again)")
-    return path
+    """The pinned verl wheel in .cache/verl (tests/pinned_wheel.py)."""
+    return pinned_wheel("verl", VERSION, SHA256, "verl")
 
 
 def _module(name: str, **attrs) -> types.ModuleType:
