@@ -60,7 +60,7 @@ world-from-scratch: $(STAMP)
 	$(PY) -m searchr1_lld.world build --config configs/world/default.yaml --out .cache/world --force --train-warm-start
 
 demo: world
-	$(PY) -m searchr1_lld.demo
+	$(PY) -m searchr1_lab.demo
 
 # Two workers, one test file each at a time, one torch thread per worker (and per process a test starts): the suite
 # is CPU-bound in a few multi-process tests, so two workers fill the 2-core CI machine where one run with two

@@ -11,13 +11,16 @@ from pathlib import Path
 
 from conftest import REPO_ROOT
 
-PACKAGES = ("searchr1_lld", "retriever")
+PACKAGES = ("searchr1_lld", "searchr1_lab", "retriever")
+# the experiments (the studies, the demo, the sweeps), beside the library as verl keeps recipe/ beside verl/: they
+# import the library; the library and its entry scripts import nothing from them
+EXPERIMENTS = "searchr1_lab"
 # the entry scripts: argument parsing and one typed function of the package each (held to the packages' rules too)
 ENTRY_SCRIPTS = ("train.py", "eval.py")
-# the synthetic world's own package and its consumers (the demo and the lab run on it); train.py, an entry point,
+# the synthetic world's own package and its consumers (the experiments run on it); train.py, an entry point,
 # may build it too (--world). Everything else is the core, which takes a model, a retriever and rows files.
 WORLD = "searchr1_lld.world"
-WORLD_USERS = ("searchr1_lld.world", "searchr1_lld.lab", "searchr1_lld.demo", "train")
+WORLD_USERS = ("searchr1_lld.world", EXPERIMENTS, "train")
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
 # the optional dependencies heavy enough to defer: an import inside a function says which one it defers, as
@@ -119,7 +122,7 @@ def test_no_import_cycle_among_the_benchmarks():
 
 def folder_of(module: str, modules: dict[str, Path]) -> str:
     """The folder node of a module: a top-level package's sub-package (``searchr1_lld.rollout.backends.hf`` ->
-    ``searchr1_lld.rollout``), or the module itself when it sits at a package's root (``searchr1_lld.demo``)."""
+    ``searchr1_lld.rollout``), or the module itself when it sits at a package's root (``searchr1_lld.cli``)."""
     parts = module.split(".")
     if len(parts) >= 2 and ".".join(parts[:2]) in modules and modules[".".join(parts[:2])].name == "__init__.py":
         return ".".join(parts[:2])
@@ -141,8 +144,9 @@ def folder_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
 def test_the_folder_graph_collapses_sub_packages():
     modules = first_party_modules()
     assert folder_of("searchr1_lld.rollout.backends.hf", modules) == "searchr1_lld.rollout"
-    assert folder_of("searchr1_lld.demo", modules) == "searchr1_lld.demo"
-    assert cycles({"searchr1_lld.lab": {"searchr1_lld.demo"}, "searchr1_lld.demo": {"searchr1_lld.lab"}}) != []
+    assert folder_of("searchr1_lab.stepsize.report", modules) == "searchr1_lab.stepsize"
+    assert folder_of("searchr1_lld.cli", modules) == "searchr1_lld.cli"
+    assert cycles({"searchr1_lab": {"searchr1_lab.demo"}, "searchr1_lab.demo": {"searchr1_lab"}}) != []
 
 
 def test_no_import_cycle_among_folders():
@@ -240,6 +244,15 @@ def test_the_core_never_imports_the_synthetic_world():
     assert {m: t for m, t in offenders.items() if t} == {}
 
 
+def test_the_library_imports_nothing_from_the_experiments():
+    """searchr1_lld, retriever and the entry scripts work without searchr1_lab (imports inside functions count)."""
+    graph = import_graph(first_party_modules())
+    assert graph["searchr1_lab.demo.command"] >= {"searchr1_lld.world"}  # the graph sees the experiments' imports
+    offenders = {m: sorted(t for t in targets if t == EXPERIMENTS or t.startswith(EXPERIMENTS + "."))
+                 for m, targets in graph.items() if not (m == EXPERIMENTS or m.startswith(EXPERIMENTS + "."))}
+    assert {m: t for m, t in offenders.items() if t} == {}
+
+
 def test_no_first_party_package_under_a_generic_top_level_name():
     import tomllib
 
@@ -254,16 +267,20 @@ def test_modules_stay_small():
     assert long == {}, f"split by job: modules over {MAX_MODULE_LINES} lines: {long}"
 
 
-# the folders docs/architecture.md draws (leaf modules of the package root are listed there, not drawn)
-PICTURED = ("demo", "sweep", "lab", "world", "learner", "preflight", "bookkeeping", "instruments", "evaluation",
+# the folders docs/architecture.md draws (leaf modules of the package root are listed there, not drawn); the
+# experiments package is one node, "lab"
+PICTURED = ("lab", "world", "learner", "preflight", "bookkeeping", "instruments", "evaluation",
             "rollout", "algo", "config", "data", "retriever")
 
 
 def pictured_edges() -> set[tuple[str, str]]:
-    """(importer, imported) among the pictured folders, from the code (retriever's modules are one node)."""
+    """(importer, imported) among the pictured folders, from the code (retriever's modules are one node, the
+    experiments' another)."""
     def node(name: str) -> str | None:
         if name == "retriever" or name.startswith("retriever."):
             return "retriever"
+        if name == EXPERIMENTS or name.startswith(EXPERIMENTS + "."):
+            return "lab"
         short = name.removeprefix("searchr1_lld.")
         return short if short in PICTURED else None
 
@@ -355,7 +372,7 @@ MAX_LOOSE_ROOT_MODULES = 6
 
 def test_the_package_root_holds_few_loose_modules():
     """A subsystem's modules sit in its folder; the package root keeps a few shared leaves (the CLI helpers, the
-    distributed facts, the protocols, the reward, and the demo and sweep entry points)."""
+    distributed facts, the protocols, the reward)."""
     loose = sorted(f.name for f in (REPO_ROOT / "searchr1_lld").glob("*.py") if f.name != "__init__.py")
     assert len(loose) <= MAX_LOOSE_ROOT_MODULES, f"move into the folder each belongs to: {loose}"
 

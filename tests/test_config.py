@@ -162,7 +162,7 @@ def test_train_py_help_config_prints_every_section(capsys):
 
 def test_world_config_lives_outside_the_run_config():
     from searchr1_lld.config import ConfigError, load_config
-    from searchr1_lld.lab.methods import read_lab_config
+    from searchr1_lab.methods import read_lab_config
     from searchr1_lld.world import load_world_config
 
     assert not hasattr(load_config(None).data, "world")

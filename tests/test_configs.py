@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from searchr1_lld.config import load_config
-from searchr1_lld.lab.methods import lab_config, read_lab_config
+from searchr1_lab.methods import lab_config, read_lab_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # accelerate / DeepSpeed launcher configs are not run configs; world configs are checked below
 ALL_YAML = sorted(p for p in CONFIGS.rglob("*.y*ml") if not {"accelerate", "world"} & set(p.relative_to(CONFIGS).parts))
-LAB_YAML = sorted((CONFIGS / "lab").glob("*.yaml"))  # run configs plus `world: FILE` (searchr1_lld.lab.methods)
+LAB_YAML = sorted((CONFIGS / "lab").glob("*.yaml"))  # run configs plus `world: FILE` (searchr1_lab.methods)
 WORLD_YAML = sorted((CONFIGS / "world").glob("*.yaml"))
 
 
@@ -134,7 +134,7 @@ def test_each_method_runs_on_the_papers_3b_cell_sharing_every_other_setting_with
 def test_the_lab_runs_every_method_on_the_sandbox_with_the_llds_runs_settings(tmp_path):
     """configs/lab/methods.yaml: every preset is a lab arm; the arms' configs differ only in the method's keys."""
     from searchr1_lld.config.methods import METHODS
-    from searchr1_lld.lab.methods import check_only_llds_differs, method_config, parse_methods
+    from searchr1_lab.methods import check_only_llds_differs, method_config, parse_methods
 
     arms = parse_methods(",".join(METHODS))
     configs = [method_config(CONFIGS / "lab" / "methods.yaml", [], arm, 0, world_dir=".cache/world",

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from searchr1_lld import demo
-from searchr1_lld.lab.demo import report as demo_report
+from searchr1_lab.demo import command as demo
+from searchr1_lab.demo import report as demo_report
 
 
 def _rec(rid, em, hops, pred="x"):
@@ -61,7 +61,7 @@ def test_format_example_keeps_every_search_and_the_answer_of_a_two_hop_trajector
 
 def _selection(tmp_path, curves, warm_em=0.30, world_hash="h", warm_hash=None):
     """Hand-made selection results in ``tmp_path``: one run per (lr, curve), the warm start's validation EM."""
-    from searchr1_lld.lab.demo.selection import selection_file, warm_start_file
+    from searchr1_lab.demo.selection import selection_file, warm_start_file
 
     for lr, curve in curves:
         selection_file(tmp_path, lr).write_text(json.dumps({"lr": lr, "seed": 0, "steps": 10, "eval_every": 5,
@@ -71,7 +71,7 @@ def _selection(tmp_path, curves, warm_em=0.30, world_hash="h", warm_hash=None):
 
 
 def test_choose_takes_the_best_validation_step_over_the_selection_runs(tmp_path):
-    from searchr1_lld.lab.demo.selection import choose, selection_overrides
+    from searchr1_lab.demo.selection import choose, selection_overrides
 
     assert choose(tmp_path) is None
     _selection(tmp_path, ((5e-4, [[5, 0.30], [10, 0.42]]), (1e-3, [[5, 0.42], [10, 0.40]]), (2e-3, [[5, 0.10]])))
@@ -83,7 +83,7 @@ def test_choose_takes_the_best_validation_step_over_the_selection_runs(tmp_path)
 
 
 def test_the_warm_start_is_chosen_when_no_step_beats_it(tmp_path):
-    from searchr1_lld.lab.demo.selection import choose, selection_overrides
+    from searchr1_lab.demo.selection import choose, selection_overrides
 
     _selection(tmp_path, ((5e-4, [[5, 0.30], [10, 0.28]]), (1e-3, [[5, 0.12]])), warm_em=0.30)
     chosen = choose(tmp_path)
@@ -92,7 +92,7 @@ def test_the_warm_start_is_chosen_when_no_step_beats_it(tmp_path):
 
 
 def test_the_selection_refuses_a_missing_warm_start_or_mixed_worlds(tmp_path):
-    from searchr1_lld.lab.demo.selection import choose, warm_start_file
+    from searchr1_lab.demo.selection import choose, warm_start_file
 
     _selection(tmp_path, ((5e-4, [[5, 0.30]]),), world_hash="other", warm_hash="h")
     with pytest.raises(ValueError, match="different worlds"):
@@ -106,7 +106,7 @@ QUESTIONS = [{"id": f"q{k}", "hops": 1 + k % 2, "subject": f"s{k // 2}", "train_
 
 
 def _summary(gain_lo: float = 0.05, steps: int = 25, seed: int = 0) -> dict:
-    from searchr1_lld.lab.demo.report import em_intervals, gain_intervals, question_slices
+    from searchr1_lab.demo.report import em_intervals, gain_intervals, question_slices
 
     before = {q["id"]: int(q["id"] in ("q0", "q2")) for q in QUESTIONS}
     after = {q["id"]: int(q["id"] in ("q0", "q1", "q2", "q3", "q5")) for q in QUESTIONS}
@@ -121,7 +121,7 @@ def _summary(gain_lo: float = 0.05, steps: int = 25, seed: int = 0) -> dict:
 
 
 def test_slices_intervals_and_the_claim_by_hand():
-    from searchr1_lld.lab.demo.report import claimed, em_intervals, gain_intervals, question_slices
+    from searchr1_lab.demo.report import claimed, em_intervals, gain_intervals, question_slices
 
     slices = question_slices(QUESTIONS)
     assert slices["1-hop"] == ["q0", "q2", "q4", "q6"] and slices["not_guessable"] == [f"q{k}" for k in range(2, 8)]
@@ -135,7 +135,7 @@ def test_slices_intervals_and_the_claim_by_hand():
 
 
 def test_readme_line_and_table_show_the_baselines_intervals_and_the_claim():
-    from searchr1_lld.lab.demo.report import em_table, readme_line
+    from searchr1_lab.demo.report import em_table, readme_line
 
     s = _summary()
     line = readme_line(s)
@@ -176,19 +176,19 @@ def test_the_report_shows_its_figure(tmp_path):
     s["selection"] = {**s["selection"], "val_em": 0.5, "procedure": "p", "candidates": []}
     s["validation"] = {**s["validation"], "questions": 8, "subjects": 4, "slice_n": s["slice_n"],
                        "em": s["test_em"], "gain": s["test_gain"]}
-    demo_report.write_report(tmp_path, s, "table", "example", "`python -m searchr1_lld.demo --report x`")
+    demo_report.write_report(tmp_path, s, "table", "example", "`python -m searchr1_lab.demo --report x`")
     assert f"]({demo_report.RESULT_FIGURE})" in (tmp_path / "README.md").read_text()
     assert demo_report.read_figure_rows(tmp_path / demo_report.RESULT_FIGURE) == demo_report.figure_rows(s)
 
 
 def test_seeds_summary_reports_every_seed_and_the_spread(tmp_path):
-    from searchr1_lld.lab.demo.report import seeds_summary, write_seeds_report
+    from searchr1_lab.demo.report import seeds_summary, write_seeds_report
 
     seeds = seeds_summary([_summary(seed=0), _summary(seed=1, gain_lo=-0.1)])
     assert [(r["seed"], r["claimed"]) for r in seeds["seeds"]] == [(0, True), (1, False)]
     assert seeds["spread"]["gain_all"]["min"] == seeds["spread"]["gain_all"]["max"] == 0.375
     assert seeds["spread"]["gain_2-hop"]["std"] == 0.0
-    write_seeds_report(tmp_path, seeds, "python -m searchr1_lld.demo --seeds 0,1 --report docs/demo/seeds")
+    write_seeds_report(tmp_path, seeds, "python -m searchr1_lab.demo --seeds 0,1 --report docs/demo/seeds")
     text = (tmp_path / "README.md").read_text()
     assert "| 0 | 0.25 | 0.62 | 0.38 [" in text and "[seed1](seed1/README.md)" in text
     assert "| single-hop gain [95 % CI] |" in text and seeds["spread"]["gain_1-hop"]["mean"] == 0.0
@@ -196,7 +196,7 @@ def test_seeds_summary_reports_every_seed_and_the_spread(tmp_path):
 
 
 def test_replace_readme_line_swaps_the_one_demo_line():
-    from searchr1_lld.lab.demo.report import replace_readme_line
+    from searchr1_lab.demo.report import replace_readme_line
 
     assert replace_readme_line("a\nDemo result: old\nb", "Demo result: new") == "a\nDemo result: new\nb"
     with pytest.raises(ValueError):
@@ -204,8 +204,8 @@ def test_replace_readme_line_swaps_the_one_demo_line():
 
 
 def test_the_report_names_its_dir_relative_to_the_repository(tmp_path):
-    from searchr1_lld.lab.demo.report import repo_relative
-    from searchr1_lld.lab.methods import REPO_ROOT as REPO
+    from searchr1_lab.demo.report import repo_relative
+    from searchr1_lab.methods import REPO_ROOT as REPO
 
     assert repo_relative(REPO / "docs" / "demo") == "docs/demo"
     assert repo_relative(tmp_path) == str(tmp_path.resolve())
@@ -217,15 +217,15 @@ def test_the_report_says_how_the_world_came_to_be():
 
 
 def test_the_report_names_the_command_that_made_it():
-    from searchr1_lld.lab.methods import REPO_ROOT
+    from searchr1_lab.methods import REPO_ROOT
 
     parse = demo._parser().parse_args
     assert demo.command_line(parse(["--report", str(REPO_ROOT / "docs" / "demo"), "--readme", "README.md"])) \
-        == "python -m searchr1_lld.demo --report docs/demo --readme README.md"
+        == "python -m searchr1_lab.demo --report docs/demo --readme README.md"
     args = parse(["--world", "configs/world/balanced-seed1.yaml", "--world-dir", ".cache/w1", "--select-dir",
                   str(REPO_ROOT / "docs" / "x" / "select"), "--seeds", "0,1", "--report", "docs/x", "--readme",
                   "README.md", "trainer.kl_coef=0"])
-    assert demo.command_line(args) == ("python -m searchr1_lld.demo --world configs/world/balanced-seed1.yaml "
+    assert demo.command_line(args) == ("python -m searchr1_lab.demo --world configs/world/balanced-seed1.yaml "
                                        "--world-dir .cache/w1 --select-dir docs/x/select --seeds 0,1 --report docs/x "
                                        "trainer.kl_coef=0")  # --readme only without --seeds
 
@@ -237,7 +237,7 @@ TOY_TRAINING = ["trainer.train_batch_size=2", "rollout.n=2", "trainer.ppo_mini_b
 
 @pytest.mark.slow
 def test_the_recipe_trains_claims_on_validation_and_tests_once_on_the_test_world(tmp_path, tiny_world):
-    """``python -m searchr1_lld.demo --seeds 1 --report DIR`` on the test world with a hand-made selection whose
+    """``python -m searchr1_lab.demo --seeds 1 --report DIR`` on the test world with a hand-made selection whose
     best candidate is one step at lr 1e-3 (so the training path runs): the seed's report, its validation claim,
     every test figure with an interval over the world's subjects, and the seeds' report."""
     import dataclasses
@@ -273,7 +273,7 @@ def test_the_recipe_trains_claims_on_validation_and_tests_once_on_the_test_world
     seeds = json.loads((report / "seeds.json").read_text())
     assert [r["seed"] for r in seeds["seeds"]] == [1]
     rel = demo_report.repo_relative
-    assert f"python -m searchr1_lld.demo --world {rel(world_yaml)} --world-dir {rel(tiny_world)} --select-dir " \
+    assert f"python -m searchr1_lab.demo --world {rel(world_yaml)} --world-dir {rel(tiny_world)} --select-dir " \
         f"{rel(select)} --seeds 1 --report {rel(report)} " in (report / "README.md").read_text()  # the world named
 
 

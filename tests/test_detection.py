@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from searchr1_lld.lab.prereg.detection import (Alarm, alarm_outcome, drop_below_start, held_out_collapse_step,
-                                        newcombe_difference, ratio_over_early, score_alarm, wilson)
+from searchr1_lab.prereg.detection import (Alarm, alarm_outcome, drop_below_start, held_out_collapse_step,
+                                           newcombe_difference, ratio_over_early, score_alarm, wilson)
 
 
 def test_held_out_collapse_needs_the_whole_tail_at_or_below_the_bound():

@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 LAB_DIR = ROOT / "docs" / "lab"
-DEMO_DIR = ROOT / "docs" / "demo"  # written by `python -m searchr1_lld.demo --report docs/demo`
+DEMO_DIR = ROOT / "docs" / "demo"  # written by `python -m searchr1_lab.demo --report docs/demo`
 MARKDOWN = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 MAX_README_LINES = 300
 
@@ -201,10 +201,10 @@ def test_section_pointers_in_code_and_configs_resolve():
 # ---------------------------------------------------------------------------------------------------------------
 
 def test_readme_lab_block_is_what_the_report_command_computes(tmp_path):
-    """README's lab figures equal what `python -m searchr1_lld.lab report --runs docs/lab/runs` computes from the
+    """README's lab figures equal what `python -m searchr1_lab report --runs docs/lab/runs` computes from the
     committed compact results (whatever part of the grid has finished), and so do docs/lab's summary and report."""
-    from searchr1_lld.lab.comparison.claims import readme_block, readme_block_of
-    from searchr1_lld.lab.comparison.report import report_markdown, write_outputs
+    from searchr1_lab.comparison.claims import readme_block, readme_block_of
+    from searchr1_lab.comparison.report import report_markdown, write_outputs
 
     readme = README.read_text()
     assert "docs/lab/summary.json" in readme, "the README names the file its lab figures come from"
@@ -216,11 +216,11 @@ def test_readme_lab_block_is_what_the_report_command_computes(tmp_path):
 
 def test_readme_prereg_block_is_what_the_registered_analysis_computes(tmp_path):
     """README's block of the pre-registered comparison, docs/lab/prereg's summary, report and figures equal what
-    `python -m searchr1_lld.lab prereg-report` computes from the committed compact results (finished or not)."""
-    from searchr1_lld.lab.comparison.claims import readme_block_of
-    from searchr1_lld.lab.prereg.registration import load_preregistration
-    from searchr1_lld.lab.prereg.report import (PHENOMENA_FIGURES, README_BEGIN, README_END, readme_block, render,
-                                                write_report)
+    `python -m searchr1_lab prereg-report` computes from the committed compact results (finished or not)."""
+    from searchr1_lab.comparison.claims import readme_block_of
+    from searchr1_lab.prereg.registration import load_preregistration
+    from searchr1_lab.prereg.report import (PHENOMENA_FIGURES, README_BEGIN, README_END, readme_block, render,
+                                            write_report)
 
     reg = load_preregistration()["registration"]
     summary = write_report(ROOT / "docs" / "lab" / "preregistration.json", ROOT / reg["runs_dir"], tmp_path)
@@ -242,12 +242,12 @@ def test_lab_summary_holds_what_a_reader_checks_first():
 
 
 def test_readme_demo_result_is_one_line_copied_from_the_demo_report():
-    from searchr1_lld.lab.demo.report import readme_line
+    from searchr1_lab.demo.report import readme_line
 
     lines = [line for line in README.read_text().splitlines() if line.startswith("Demo result:")]
     assert len(lines) == 1, "exactly one line begins with 'Demo result:'"
     assert "docs/demo/README.md" in links(README.read_text())
-    path = DEMO_DIR / "summary.json"  # python -m searchr1_lld.demo --report docs/demo
+    path = DEMO_DIR / "summary.json"  # python -m searchr1_lab.demo --report docs/demo
     if not path.is_file():
         assert lines[0].startswith("Demo result: pending"), lines[0]
         return
@@ -259,7 +259,7 @@ def test_readme_demo_result_is_one_line_copied_from_the_demo_report():
 def test_readme_shows_the_demo_figure_drawn_from_the_demo_report():
     """README.md and docs/demo/README.md show the demo's figure; the committed one was drawn from the committed
     summary.json's numbers (``write_figure`` stores them in the PNG), so a rerun of the report replaces both."""
-    from searchr1_lld.lab.demo.report import RESULT_FIGURE, figure_rows, read_figure_rows
+    from searchr1_lab.demo.report import RESULT_FIGURE, figure_rows, read_figure_rows
 
     assert f"docs/demo/{RESULT_FIGURE}" in links(README.read_text())
     assert RESULT_FIGURE in links((DEMO_DIR / "README.md").read_text())
@@ -271,8 +271,8 @@ def test_the_architecture_page_names_every_module_of_the_lab_studies():
     """docs/architecture.md's row of the lab names each module of each study folder (`name`), so a module added to
     a study is described where a reader looks for it."""
     row = next(line for line in (ROOT / "docs" / "architecture.md").read_text().splitlines()
-               if line.startswith("| `searchr1_lld/lab/` |"))
-    missing = [f"{folder.name}/{f.name}" for folder in sorted((ROOT / "searchr1_lld" / "lab").iterdir())
+               if line.startswith("| `searchr1_lab/` |"))
+    missing = [f"{folder.name}/{f.name}" for folder in sorted((ROOT / "searchr1_lab").iterdir())
                if folder.is_dir() and (folder / "__init__.py").is_file()
                for f in sorted(folder.glob("*.py")) if f.stem != "__init__" and f"`{f.stem}`" not in row]
     assert not missing, f"describe these in docs/architecture.md's lab row: {missing}"

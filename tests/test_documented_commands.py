@@ -44,13 +44,14 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO_ROOT, TEST_WORLD_CONFIG, free_port
+from searchr1_lab.studies import current_command
 
 DOCUMENTS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
 CONFIG_FILES = sorted((REPO_ROOT / "configs").rglob("*.yaml"))
 
 ENV_ASSIGNMENT = r"(?:[A-Z_][A-Z0-9_]*=\S+\s+)*"
 ENTRY_POINT = re.compile(
-    ENV_ASSIGNMENT + r"(?:python (?:train\.py|eval\.py|benchmarks/\S+|-m (?:searchr1_lld|retriever)\b)"
+    ENV_ASSIGNMENT + r"(?:python (?:train\.py|eval\.py|benchmarks/\S+|-m (?:searchr1_lld|searchr1_lab|retriever)\b)"
     r"|searchr1-retriever\b|accelerate launch\s+\S|make\b)")  # a bare `accelerate launch` is the launcher's name
 
 
@@ -127,14 +128,23 @@ def commands_in_yaml_comments(text: str) -> list[str]:
     return [c for c in found if ENTRY_POINT.match(c)]
 
 
+def registered_prose() -> set[str]:
+    """The registrations' prose files: they keep the commands they were registered with (a changed registration would
+    void its runs), so their commands are read as they run today (:func:`searchr1_lab.studies.current_command`)."""
+    return {json.loads(f.read_text())["registration"]["prose"]
+            for f in (REPO_ROOT / "docs").rglob("*registration.json")}
+
+
 def documented_commands() -> dict[str, list[str]]:
     """Each documented command -> the files that document it (repository-relative)."""
     found: dict[str, list[str]] = {}
+    frozen = registered_prose()
     for path in DOCUMENTS + CONFIG_FILES:
         text = path.read_text()
         commands = commands_in_markdown(text) if path.suffix == ".md" else commands_in_yaml_comments(text)
+        where = path.relative_to(REPO_ROOT).as_posix()
         for command in commands:
-            where = path.relative_to(REPO_ROOT).as_posix()
+            command = current_command(command) if where in frozen else command
             if where not in found.setdefault(command, []):
                 found[command].append(where)
     return found
@@ -248,29 +258,29 @@ ENTRIES: tuple[Entry, ...] = (
         ("python eval.py --model .cache/world/model --index .cache/world/index --template tiny "
          "--datasets synthetic=.cache/world/qa/test.jsonl --out runs/eval-tiny",), append="--limit 4"),
     Run("sweep_print_launch_lam", (
-        'python -m searchr1_lld.sweep expand --base configs/ablations/base.yaml '
+        'python -m searchr1_lab.sweep expand --base configs/ablations/base.yaml '
         '--grid "algorithm.llds.lam=0,0.05,0.1,0.2,0.5" --print-launch',)),
     Run("sweep_print_launch_gate", (
-        'python -m searchr1_lld.sweep expand --base configs/ablations/base.yaml '
+        'python -m searchr1_lab.sweep expand --base configs/ablations/base.yaml '
         '--grid "algorithm.llds.gate=none,response,action" --print-launch',)),
     Run("sweep_validate", (
-        'python -m searchr1_lld.sweep expand --base configs/tiny.yaml '
+        'python -m searchr1_lab.sweep expand --base configs/tiny.yaml '
         '--grid "algorithm.llds.lam=0,0.2 algorithm.llds.gate=none,action"',)),
     Run("sweep_local", (
-        'python -m searchr1_lld.sweep expand --base configs/tiny.yaml --grid "algorithm.llds.lam=0,0.1,0.2" '
+        'python -m searchr1_lab.sweep expand --base configs/tiny.yaml --grid "algorithm.llds.lam=0,0.1,0.2" '
         '--local --out runs/sweep',),
         append="--set {world_overrides} " + TOY_TRAINING + " trainer.total_steps=1 trainer.save_every=0 "
                "trainer.output_dir={work}/runs"),  # the runs where the README's `collect runs/tiny-lam=*` finds them
-    Run("sweep_collect", ("python -m searchr1_lld.sweep collect runs/tiny-lam=* --out runs/sweep",),
+    Run("sweep_collect", ("python -m searchr1_lab.sweep collect runs/tiny-lam=* --out runs/sweep",),
         needs=("sweep_local",)),
-    Run("lab_report", ("python -m searchr1_lld.lab report --runs docs/lab/runs --out docs/lab --readme README.md",),
+    Run("lab_report", ("python -m searchr1_lab report --runs docs/lab/runs --out docs/lab --readme README.md",),
         replace=(("--out docs/lab", "--out {work}/docs/lab"), ("README.md", "{readme_copy}"))),
     # a one-step selection run; its first run also scores the warm start on validation (step 0)
-    Run("demo_select", ("python -m searchr1_lld.demo --select-lr 1e-3 --select-dir docs/demo/select",),
+    Run("demo_select", ("python -m searchr1_lab.demo --select-lr 1e-3 --select-dir docs/demo/select",),
         replace=(("docs/demo", "{work}/docs/demo"),),
         append="--select-steps 1 --select-eval-every 1 --world {world_config} --world-dir {world} " + TOY_RUN),
     # at the settings that selection chose; the demo scores every validation and test question
-    Run("demo_report", ("python -m searchr1_lld.demo --report docs/demo --readme README.md",),
+    Run("demo_report", ("python -m searchr1_lab.demo --report docs/demo --readme README.md",),
         replace=(("docs/demo", "{work}/docs/demo"), ("README.md", "{readme_copy}")), needs=("demo_select",),
         append="--select-dir {work}/docs/demo/select --world {world_config} --world-dir {world} " + TOY_RUN),
     Run("two_rank_ddp", (
@@ -302,28 +312,28 @@ ENTRIES: tuple[Entry, ...] = (
               ("accelerate launch --config_file configs/accelerate/cpu_2proc_{ddp,zero2,zero3}.yaml",),
               where="tests/test_trainer_multirank.py::_launch", snippet='"accelerate.commands.launch", "--config_file"',
               how="docs/batch_semantics.md names the launcher prefix of tests/multirank_run.py's launches"),
-    RunByTest("lab_quick", ("python -m searchr1_lld.lab --quick --out runs/lab-quick/report",),
+    RunByTest("lab_quick", ("python -m searchr1_lab --quick --out runs/lab-quick/report",),
               where="tests/test_lab.py::test_quick_lab_report_is_consistent", snippet='lab.main(["--quick", "--out"',
               how="the same command with --runs-dir and --world-dir on the test world"),
-    RunByTest("prereg_report", ("python -m searchr1_lld.lab prereg-report",
-                                "python -m searchr1_lld.lab prereg-report --readme README.md"),
+    RunByTest("prereg_report", ("python -m searchr1_lab prereg-report",
+                                "python -m searchr1_lab prereg-report --readme README.md"),
               where="tests/test_prereg.py::test_the_report_command_writes_the_report",
               snippet='lab_main(["prereg-report"',
               how="the same command with --prereg, --runs, --out and --readme on a hand-made registration and grid"),
-    RunByTest("stepsize_report", ("python -m searchr1_lld.lab stepsize-report --readme README.md",
-                                  "python -m searchr1_lld.lab stepsize-report --registration "
+    RunByTest("stepsize_report", ("python -m searchr1_lab stepsize-report --readme README.md",
+                                  "python -m searchr1_lab stepsize-report --registration "
                                   "docs/lab/trustregion/registration.json --readme README.md"),
               where="tests/test_stepsize_report.py::"
                     "test_the_report_command_writes_summary_verdict_figures_and_readme_block",
               snippet='lab_main(["stepsize-report"',
               how="the same command with --registration and --readme on a hand-made registration and grid"),
     RunByTest("sweep_local_two", (
-        'python -m searchr1_lld.sweep expand --base configs/tiny.yaml --grid "algorithm.llds.lam=0,0.2" --local '
+        'python -m searchr1_lab.sweep expand --base configs/tiny.yaml --grid "algorithm.llds.lam=0,0.2" --local '
         '--out runs/sweep-lam',),
         where="tests/test_sweep.py::test_local_sweep_trains_each_run_and_collects",
         snippet='"--grid", "algorithm.llds.lam=0,0.2", "--local"',
         how="the same command with --set: toy sizes, the test world"),
-    RunByTest("demo_seeds", ("python -m searchr1_lld.demo --seeds 0,1,2 --report docs/demo/seeds",),
+    RunByTest("demo_seeds", ("python -m searchr1_lab.demo --seeds 0,1,2 --report docs/demo/seeds",),
               where="tests/test_demo.py::test_the_recipe_trains_claims_on_validation_and_tests_once_on_the_test_world",
               snippet='"--seeds", "1", "--report"',
               how="one seed on the test world, with a hand-made selection whose best candidate trains one step"),
@@ -360,7 +370,7 @@ ENTRIES: tuple[Entry, ...] = (
     CannotRun("make_world_from_scratch", ("make world-from-scratch",),
               reason="trains the default world's warm start anew (~20 min on 2 cores); the command runs as world_build "
               "on the test world"),
-    CannotRun("demo_without_report", ("python -m searchr1_lld.demo",),
+    CannotRun("demo_without_report", ("python -m searchr1_lab.demo",),
               reason="the demo of demo_report without its last step (--report: write summary.json and README.md)"),
     CannotRun("make_test", ("make test",), reason="is this test suite (this file is part of it)"),
     CannotRun("make_bench", ("make bench",), reason="runs every benchmarks/bench_*.py: measurements, each minutes "
@@ -387,11 +397,11 @@ ENTRIES: tuple[Entry, ...] = (
         reason="builds a world for minutes on 2 cores (6.5 min the large one); the command runs as world_build and "
                "tests/test_configs.py loads every world config"),
     CannotRun("demo_other_world", (
-        "python -m searchr1_lld.demo --world configs/world/second-hop.yaml --world-dir .cache/world-second-hop",
-        "python -m searchr1_lld.demo --world configs/world/v5.yaml --world-dir .cache/world-v5",
-        "python -m searchr1_lld.demo --world configs/world/balanced-seed1.yaml --world-dir .cache/world-balanced-seed1 "
+        "python -m searchr1_lab.demo --world configs/world/second-hop.yaml --world-dir .cache/world-second-hop",
+        "python -m searchr1_lab.demo --world configs/world/v5.yaml --world-dir .cache/world-v5",
+        "python -m searchr1_lab.demo --world configs/world/balanced-seed1.yaml --world-dir .cache/world-balanced-seed1 "
         "--select-lr 1e-3 --select-dir docs/lab/balanced-seed1/select",
-        "python -m searchr1_lld.demo --world configs/world/balanced-seed1.yaml --world-dir .cache/world-balanced-seed1 "
+        "python -m searchr1_lab.demo --world configs/world/balanced-seed1.yaml --world-dir .cache/world-balanced-seed1 "
         "--select-dir docs/lab/balanced-seed1/select --seeds 0,1,2 --report docs/lab/balanced-seed1/seeds"),
         reason="builds that world first (minutes on 2 cores); the demo runs on the test world as demo_report"),
     CannotRun("world_smollm2", (
@@ -401,43 +411,43 @@ ENTRIES: tuple[Entry, ...] = (
                "size on the test world in tests/test_world_smollm2.py::"
                "test_build_smollm2_world_trains_saves_and_measures"),
     CannotRun("lab_runs", (
-        "python -m searchr1_lld.lab",
-        "python -m searchr1_lld.lab --config configs/lab/lab.yaml --seeds 0,1,2 --runs-dir runs/lab "
+        "python -m searchr1_lab",
+        "python -m searchr1_lab --config configs/lab/lab.yaml --seeds 0,1,2 --runs-dir runs/lab "
         "--out runs/lab/report",
-        "python -m searchr1_lld.lab --config configs/lab/lab-large.yaml --seeds 0,1,2 --runs-dir runs/lab-large "
+        "python -m searchr1_lab --config configs/lab/lab-large.yaml --seeds 0,1,2 --runs-dir runs/lab-large "
         "--out runs/lab-large/report",
-        "python -m searchr1_lld.lab --config configs/lab/lab-large-quoted.yaml --seeds 0,1,2 "
+        "python -m searchr1_lab --config configs/lab/lab-large-quoted.yaml --seeds 0,1,2 "
         "--runs-dir runs/lab-large-quoted-lr7e-4 --out docs/lab",
-        "python -m searchr1_lld.lab --config configs/lab/lab-lr1e-3.yaml --out runs/lab-lr1e-3/report "
+        "python -m searchr1_lab --config configs/lab/lab-lr1e-3.yaml --out runs/lab-lr1e-3/report "
         "--runs-dir runs/lab-lr1e-3",
-        "python -m searchr1_lld.lab --config configs/lab/smollm2.yaml --methods grpo,llds_action --seeds 0 "
+        "python -m searchr1_lab --config configs/lab/smollm2.yaml --methods grpo,llds_action --seeds 0 "
         "--world-dir .cache/smollm2-world --runs-dir runs/lab-smollm2 --out docs/lab/smollm2"),
         reason="a lab of several methods x seeds x tens of steps: hours on 2 cores; the same driver runs as "
                "--quick in tests/test_lab.py::test_quick_lab_report_is_consistent"),
     CannotRun("lab_methods", (
-        "python -m searchr1_lld.lab --config configs/lab/methods.yaml --seeds 0 --runs-dir runs/methods --methods "
+        "python -m searchr1_lab --config configs/lab/methods.yaml --seeds 0 --runs-dir runs/methods --methods "
         "grpo,llds_action,llds_ma,nll_anchor,nthr,dapo,dr_grpo,gspo,cispo,clip_cov,kl_cov",),
         reason="eleven methods x 60 steps: hours on 2 cores; the same driver runs two of these arms in "
                "tests/test_lab.py::test_the_lab_runs_and_reports_any_method_by_name"),
     CannotRun("lab_grid", (
-        "python -m searchr1_lld.lab grid --config configs/lab/compare.yaml --lrs 5e-4,1e-3,2e-3 --seeds 0,1,2 "
+        "python -m searchr1_lab grid --config configs/lab/compare.yaml --lrs 5e-4,1e-3,2e-3 --seeds 0,1,2 "
         "--methods grpo,llds_action --runs-dir runs/compare --compact docs/lab/runs --jobs 2",),
         reason="the comparison: 18 runs of 40 steps on the large-quoted world, hours on 2 cores; its bookkeeping is "
                "tested in tests/test_lab_claims.py"),
     CannotRun("stepsize_grid", (
-        "python -m searchr1_lld.lab grid --registration docs/lab/stepsize/registration.json",
-        "PYTHONPATH=$PWD python -m searchr1_lld.lab grid --registration docs/lab/stepsize/registration.json --jobs 2 "
+        "python -m searchr1_lab grid --registration docs/lab/stepsize/registration.json",
+        "PYTHONPATH=$PWD python -m searchr1_lab grid --registration docs/lab/stepsize/registration.json --jobs 2 "
         "--commit"),
         reason="the step-size study's registered grid: 45 runs of 75 steps, about 9 hours on 2 cores, committed as "
                "they land and checked against the registration in tests/test_stepsize_registration.py, which also "
                "tests the driver's refusal of a draft and the tasks it makes from a registration"),
     CannotRun("trustregion_grid", (
-        "python -m searchr1_lld.lab grid --registration docs/lab/trustregion/registration.json --jobs 2 --commit",),
+        "python -m searchr1_lab grid --registration docs/lab/trustregion/registration.json --jobs 2 --commit",),
         reason="the trust-region study's registered grid: 25 runs of 75 steps, about 5 hours on 2 cores, committed as "
                "they land and checked against the registration in tests/test_trustregion_registration.py; the driver "
                "is the step-size study's (tests/test_stepsize_registration.py)"),
     RunByTest("step_kl_target", (
-        "python -m searchr1_lld.lab step-kl-target --runs docs/lab/stepsize/runs --arm llds_action --lr 0.002 "
+        "python -m searchr1_lab step-kl-target --runs docs/lab/stepsize/runs --arm llds_action --lr 0.002 "
         "--steps 75 --out configs/lab/targets/llds_action-lr0.002.json",),
         where="tests/test_stepsize_target.py::test_the_command_writes_a_target_file_the_controller_reads",
         snippet='lab_main(["step-kl-target", "--runs"',
@@ -451,12 +461,12 @@ ENTRIES: tuple[Entry, ...] = (
             "(a target file is read by tests/test_step_size.py::test_the_controller_follows_a_per_step_target_"
             "from_a_file)"),
     CannotRun("study_reruns", (
-        "python -m searchr1_lld.lab grid --config configs/lab/prereg.yaml --lrs 7e-4,1e-3,1.4e-3,2e-3 "
+        "python -m searchr1_lab grid --config configs/lab/prereg.yaml --lrs 7e-4,1e-3,1.4e-3,2e-3 "
         "--seeds 0,1,2,3,4 --methods grpo,llds_response,llds_action,llds_ma --runs-dir runs/prereg "
         "--compact docs/lab/prereg/runs --jobs 2 --fresh runs/prereg-rerun",
-        "python -m searchr1_lld.lab grid --registration docs/lab/stepsize/registration.json --jobs 2 "
+        "python -m searchr1_lab grid --registration docs/lab/stepsize/registration.json --jobs 2 "
         "--fresh runs/stepsize-rerun",
-        "python -m searchr1_lld.lab grid --registration docs/lab/trustregion/registration.json --jobs 2 "
+        "python -m searchr1_lab grid --registration docs/lab/trustregion/registration.json --jobs 2 "
         "--fresh runs/trustregion-rerun"),
         reason="a committed study's whole grid again (80, 45 and 25 runs: hours on 2 cores); what --fresh makes of a "
                "grid (every task into the fresh directory, nothing into docs/, the study's report there) is tested "
@@ -464,30 +474,30 @@ ENTRIES: tuple[Entry, ...] = (
     CannotRun("comparison_at_its_commit", (
         "PYTHONPATH=$PWD python -m searchr1_lld.world build --config configs/world/large-quoted.yaml "
         "--out .cache/lab-world-c1823703dda8",
-        "PYTHONPATH=$PWD python -m searchr1_lld.lab grid --config configs/lab/compare.yaml --lrs 5e-4,1e-3,2e-3 "
+        "PYTHONPATH=$PWD python -m searchr1_lab grid --config configs/lab/compare.yaml --lrs 5e-4,1e-3,2e-3 "
         "--seeds 0,1,2 --methods grpo,llds_action --runs-dir runs/compare --compact docs/lab/runs --jobs 2",
-        "python -m searchr1_lld.lab task --baselines --config configs/lab/compare.yaml "
+        "python -m searchr1_lab task --baselines --config configs/lab/compare.yaml "
         "--world-dir ../compare/.cache/lab-world-c1823703dda8 --runs-dir runs/compare-rerun/train "
         "--compact runs/compare-rerun/runs",
-        "python -m searchr1_lld.lab report --runs runs/compare-rerun/runs --out runs/compare-rerun/report"),
+        "python -m searchr1_lab report --runs runs/compare-rerun/runs --out runs/compare-rerun/report"),
         reason="the comparison rerun in a worktree at commit c772729, whose code builds its world (minutes) and "
                "trains its 18 runs (hours), then reported here; tests/test_studies.py checks that that commit's "
                "world config builds the hash the committed results record"),
     CannotRun("smollm2_at_its_commit", (
-        "PYTHONPATH=$PWD python -m searchr1_lld.lab --config configs/lab/smollm2.yaml --methods grpo,llds_action "
+        "PYTHONPATH=$PWD python -m searchr1_lab --config configs/lab/smollm2.yaml --methods grpo,llds_action "
         "--seeds 0 --world-dir .cache/smollm2-world --runs-dir runs/lab-smollm2 --out runs/lab-smollm2/report",),
         reason="the SmolLM2 runs in a worktree at commit cefae78, after that commit's world and policy builds "
                "(minutes, then hours of training); tests/test_studies.py checks that that commit's world config is "
                "the one the committed report records"),
     CannotRun("prereg_grid", (
-        "python -m searchr1_lld.lab grid --config configs/lab/prereg.yaml --lrs 7e-4,1e-3,1.4e-3,2e-3 "
+        "python -m searchr1_lab grid --config configs/lab/prereg.yaml --lrs 7e-4,1e-3,1.4e-3,2e-3 "
         "--seeds 0,1,2,3,4 "
         "--methods grpo,llds_response,llds_action,llds_ma --runs-dir runs/prereg --compact docs/lab/prereg/runs "
         "--jobs 2 --commit",),
         reason="the registered grid: 4 arms x 4 learning rates x 5 seeds, hours on 2 cores (its runs are committed "
                "as they land and checked against the registration in tests/test_prereg.py); the driver's "
                "bookkeeping is tested in tests/test_lab_claims.py"),
-    CannotRun("sweep_collect_paper", ("python -m searchr1_lld.sweep collect runs/paper/* --out runs/paper-summary",),
+    CannotRun("sweep_collect_paper", ("python -m searchr1_lab.sweep collect runs/paper/* --out runs/paper-summary",),
               reason="collects finished runs of the paper grid (8 GPUs each); the subcommand runs as sweep_collect"),
     CannotRun("preflight_paper", (
         "python train.py --config configs/paper/qwen2.5-3b-base_nq-hotpotqa_llds-ma.yaml --preflight "
@@ -880,14 +890,14 @@ def test_the_collector_reads_every_kind_of_place_a_command_is_written():
     markdown = ("Run `make demo` or `python train.py --resume\nRUN_DIR`; `accelerate launch` is the launcher.\n\n"
                 "```bash\n# a comment\npython eval.py --model M \\\n    --out O   # trailing comment\n"
                 "python -m retriever serve --index I --port 8000 &\ncurl -s localhost:8000/health\n```\n\n"
-                "```python\npython -m searchr1_lld.sweep  # not a shell block\n```\n\n"
+                "```python\npython -m searchr1_lab.sweep  # not a shell block\n```\n\n"
                 "The same configs run:\n\n    accelerate launch --config_file c.yaml train.py \\\n"
                 "        --config t.yaml\n")
     assert commands_in_markdown(markdown) == [
         "python eval.py --model M --out O", "python -m retriever serve --index I --port 8000",
         "accelerate launch --config_file c.yaml train.py --config t.yaml", "make demo",
         "python train.py --resume RUN_DIR"]
-    yaml_text = ("# A config (python -m searchr1_lld.lab): prose, not a command.\n"
+    yaml_text = ("# A config (python -m searchr1_lab): prose, not a command.\n"
                  "#   accelerate launch --config_file a.yaml --machine_rank k \\\n#       train.py --config ...\n"
                  "# Build (about 6.5 min on 2 cores): python -m searchr1_lld.world build --out W\n"
                  "name: x\nmode: http   # to use `python -m retriever serve`\n")

@@ -123,7 +123,7 @@ def test_train_malformed_train_file_is_one_line(tiny_world, tmp_path):
 
 
 def test_demo_seeds_that_are_not_integers_are_one_line():
-    proc = _run("-m", "searchr1_lld.demo", "--seeds", "abc", timeout=120)
+    proc = _run("-m", "searchr1_lab.demo", "--seeds", "abc", timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines() == ["config error: --seeds must be comma-separated integers, got 'abc'"]
 

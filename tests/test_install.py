@@ -71,7 +71,7 @@ def test_the_demo_imports_none_of_the_tests_packages():
     """What the demo runs (world build, trainer, hf rollout, evaluator, retriever) imports no package that only
     `make test` installs."""
     tests_only = {"vllm", "pytest", "xdist", "pytest_timeout", "hypothesis", "gguf"}
-    code = ("import sys, searchr1_lld.demo, searchr1_lld.world.build, searchr1_lld.learner.trainer, "
+    code = ("import sys, searchr1_lab.demo, searchr1_lld.world.build, searchr1_lld.learner.trainer, "
             "searchr1_lld.rollout.backends.hf, searchr1_lld.evaluation, retriever.inprocess; "
             "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,

@@ -63,7 +63,7 @@ def test_ctrl_c_during_a_world_build_is_one_line_and_leaves_no_half_built_world(
         config.write_text(yaml.safe_dump(dataclasses.asdict(TEST_WORLD_CONFIG)))
         proc = _start("-m", "searchr1_lld.world", "build", "--config", str(config), "--out", str(world), "--quiet")
     else:
-        proc = _start("-m", "searchr1_lld.lab", "--quick", "--world-dir", str(world), "--runs-dir",
+        proc = _start("-m", "searchr1_lab", "--quick", "--world-dir", str(world), "--runs-dir",
                       str(tmp_path / "runs"), "--out", str(tmp_path / "report"))
     _wait_for(lambda: (world / "qa" / "test.jsonl").is_file(), proc)
     _, err = _interrupt(proc)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from searchr1_lld import lab
+import searchr1_lab as lab
 from searchr1_lld.config import ConfigError
 from searchr1_lld.instruments.monitor import PHASES
 
@@ -75,7 +75,7 @@ def test_finished_runs_are_reused_only_with_the_same_config(tmp_path):
 
 def test_a_run_record_cut_off_while_written_is_named_and_not_reused(tmp_path):
     """lab_run.json is written whole or not at all; a truncated one is named in the error and its run retrained."""
-    from searchr1_lld.lab import running
+    from searchr1_lab import running
     cfg = lab.method_config(lab.QUICK_CONFIG, [], lab.METHODS["grpo"], 0, world_dir=tmp_path / "w",
                             runs_dir=tmp_path / "r")
     run_dir = tmp_path / "r" / cfg.trainer.run_name
@@ -309,7 +309,7 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world, monkeypatch):
         assert f"({name})" in md
     # every curve, the optional ones when some run logged them (the gradient norm of updates with signal: none of
     # these 3-step runs may have had a non-zero advantage; validation EM: checked below)
-    from searchr1_lld.lab.plots import OPTIONAL_CURVES
+    from searchr1_lab.plots import OPTIONAL_CURVES
 
     assert {f"{stem}.png" for stem in lab.CURVES if stem not in OPTIONAL_CURVES} | {"overview.png", "val_em.png"} \
         <= set(summary["pngs"]) <= {f"{stem}.png" for stem in lab.CURVES} | {"overview.png"}
@@ -403,7 +403,7 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world, monkeypatch):
         assert _table(md2, heading) == _table(md, heading)
     # ... also when the world the config names is not built (a recipe edit renames the world dir): the report then
     # reads the world the runs recorded, and says so
-    from searchr1_lld.lab import running
+    from searchr1_lab import running
 
     monkeypatch.setattr(running, "resolve_world_dir", lambda cfg, world_dir: tmp_path / "world-not-built")
     assert running.trained_world_dir(runs_dir) == tiny_world
@@ -461,7 +461,7 @@ def test_quick_lab_report_is_consistent(tmp_path, tiny_world, monkeypatch):
 def test_repo_relative_keeps_machine_paths_out_of_reports(tmp_path) -> None:
     """Paths inside the repository are written relative to it (a committed report must not name the machine that
     wrote it: the world dir the lab resolves is absolute); paths outside it are kept as given."""
-    from searchr1_lld.lab.running import repo_relative
+    from searchr1_lab.running import repo_relative
 
     assert repo_relative(lab.REPO_ROOT / ".cache" / "world-large") == ".cache/world-large"
     assert repo_relative(tmp_path / "world") == str(tmp_path / "world")
@@ -476,7 +476,7 @@ def test_lab_grad_norm_panel_is_log_scaled_and_the_others_linear():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from searchr1_lld.lab.plots import LOG_SCALE_CURVES, _panel
+    from searchr1_lab.plots import LOG_SCALE_CURVES, _panel
 
     recs = [{"step": s, "actor/grad_norm": g, "reward/em_mean": 0.1 * s} for s, g in ((1, 0.8), (2, 695.0), (3, 1.2))]
     methods = [lab.METHODS["grpo"]]

@@ -8,10 +8,10 @@ import json
 import pytest
 
 from searchr1_lld.config import ConfigError
-from searchr1_lld.lab import baselines, compact, grid
-from searchr1_lld.lab.comparison import claims
-from searchr1_lld.lab.comparison.report import write_outputs
-from searchr1_lld.lab.methods import ARMS, METHODS, Method
+from searchr1_lab import baselines, compact, grid
+from searchr1_lab.comparison import claims
+from searchr1_lab.comparison.report import write_outputs
+from searchr1_lab.methods import ARMS, METHODS, Method
 
 IDS = [f"q{i}" for i in range(10)]
 QUESTIONS = [{"id": i, "hops": 1, "family": "f", "subject": f"s{k // 2}", "train_answer": k < 4}
@@ -190,7 +190,7 @@ def test_each_worker_runs_the_threads_it_is_given(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_grid_tasks_end_to_end_on_the_test_world(tmp_path, tiny_world):
     """The baselines and one run of the quick lab on the test world, their compact results, and the report."""
-    from searchr1_lld.lab.methods import QUICK_CONFIG
+    from searchr1_lab.methods import QUICK_CONFIG
 
     runs_root, compact_dir = tmp_path / "runs", tmp_path / "compact"
     config = tmp_path / "quick-all.yaml"  # the quick lab, every test question (baselines and runs on the same ones)

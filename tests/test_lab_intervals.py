@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from searchr1_lld.lab.baselines import question_table, subject_of, subjects
-from searchr1_lld.lab.intervals import clustered_bootstrap, excludes_zero, format_interval
+from searchr1_lab.baselines import question_table, subject_of, subjects
+from searchr1_lab.intervals import clustered_bootstrap, excludes_zero, format_interval
 
 
 def _singletons(ids):

@@ -6,17 +6,17 @@ import subprocess
 import pytest
 
 from searchr1_lld.config import ConfigError
-from searchr1_lld.lab.cli import main as lab_main
-from searchr1_lld.lab.compact import BASELINES_FILE, compact_name, read_runs, write_gz_json
-from searchr1_lld.lab.grid import rebuild_report
-from searchr1_lld.lab.methods import REPO_ROOT
-from searchr1_lld.lab.comparison.claims import readme_block_of
-from searchr1_lld.lab.prereg.registration import (PREREG_FILE, analyse, check_registered, h2, load_preregistration, make_alarm,
-                                     registration_violations)
-from searchr1_lld.lab.prereg.report import README_BEGIN, README_END, readme_block, render, spiral_statement
+from searchr1_lab.cli import main as lab_main
+from searchr1_lab.compact import BASELINES_FILE, compact_name, read_runs, write_gz_json
+from searchr1_lab.grid import rebuild_report
+from searchr1_lab.methods import REPO_ROOT
+from searchr1_lab.comparison.claims import readme_block_of
+from searchr1_lab.prereg.registration import (PREREG_FILE, analyse, check_registered, h2, load_preregistration, make_alarm,
+                                              registration_violations)
+from searchr1_lab.prereg.report import README_BEGIN, README_END, readme_block, render, spiral_statement
 
 PREREG = {
-    "registration": {"analysis_command": "python -m searchr1_lld.lab prereg-report", "analysis_commit": "abc",
+    "registration": {"analysis_command": "python -m searchr1_lab prereg-report", "analysis_commit": "abc",
                      "runs_dir": "x", "report_dir": "y"},
     "grid": {"methods": ["grpo", "llds_action"], "lrs": [5e-4, 1e-3], "seeds": [0, 1]},
     "label": {"ratio": 0.3, "persist": 2, "reward_ratio": 0.3},
@@ -195,7 +195,7 @@ def test_the_registered_grid_still_trains_on_the_registered_world():
     """The registration names its grid config and its world's hash: the world file that grid config names must still
     hash to it (an edit of that file, a new WorldConfig field or a recipe change would give a run of the registered
     grid command another world than the registered one)."""
-    from searchr1_lld.lab.methods import read_lab_config
+    from searchr1_lab.methods import read_lab_config
     from searchr1_lld.world import load_world_config
     from searchr1_lld.world.build import world_config_hash
 
@@ -259,10 +259,10 @@ def test_the_grid_rebuilds_the_registered_report_into_its_own_dir(grid, tmp_path
 def test_a_report_that_fails_does_not_stop_the_grid(tmp_path, monkeypatch, capsys):
     import subprocess as sp
 
-    from searchr1_lld.lab import grid as grid_mod
+    from searchr1_lab import grid as grid_mod
 
     def broken(compact_dir):
-        raise sp.CalledProcessError(1, ["python", "-m", "searchr1_lld.lab", "prereg-report"])
+        raise sp.CalledProcessError(1, ["python", "-m", "searchr1_lab", "prereg-report"])
 
     committed = []
     monkeypatch.setattr(grid_mod, "rebuild_report", broken)

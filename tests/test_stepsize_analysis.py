@@ -9,11 +9,11 @@ import math
 import numpy as np
 import pytest
 
-from searchr1_lld.lab.stepsize.alarms import (LabelledRun, alarm_study, healthy_end, matched_threshold,
-                                              not_estimable, score_series)
-from searchr1_lld.lab.stepsize.analysis import (cell_survival, collapse_time, compare_arms, control_lr, hypotheses,
-                                                run_points, sensitivity_table, step_size, supported)
-from searchr1_lld.lab.stepsize.survival import kaplan_meier, logrank, rmst, rmst_difference
+from searchr1_lab.stepsize.alarms import (LabelledRun, alarm_study, healthy_end, matched_threshold,
+                                          not_estimable, score_series)
+from searchr1_lab.stepsize.analysis import (cell_survival, collapse_time, compare_arms, control_lr, hypotheses,
+                                            run_points, sensitivity_table, step_size, supported)
+from searchr1_lab.stepsize.survival import kaplan_meier, logrank, rmst, rmst_difference
 
 SHORT = {"step_kl": "lld/step_kl", "reward": "reward/em_mean", "probe": "probe/logp_per_token",
          "correct": "lld/correct_logp_old_per_token", "val_em": "eval/val_em"}
@@ -403,7 +403,7 @@ def test_alarms_against_the_healthy_stretch_need_no_calm_run():
 
 
 def test_bootstrap_mean_of_a_difference_resamples_each_group_within_itself():
-    from searchr1_lld.lab.stepsize.alarms import bootstrap_mean
+    from searchr1_lab.stepsize.alarms import bootstrap_mean
     d = bootstrap_mean([1.0, 2.0, 3.0], other=[1.0, 1.0, 1.0])
     # the control never varies, so every replicate is a resampled mean of 1, 2, 3 minus 1: within [0, 2]
     assert d["estimate"] == pytest.approx(1.0) and 0.0 <= d["low"] < 1.0 < d["high"] <= 2.0

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from searchr1_lld.lab.stepsize.analysis import (adjust_for_multiplicity, family, hypotheses, matched_verdict,
-                                                step_size_match, utility_comparison)
-from searchr1_lld.lab.stepsize.smallsample import holm
+from searchr1_lab.stepsize.analysis import (adjust_for_multiplicity, family, hypotheses, matched_verdict,
+                                            step_size_match, utility_comparison)
+from searchr1_lab.stepsize.smallsample import holm
 
 from test_stepsize_analysis import make_run
 
@@ -157,7 +157,7 @@ def test_a_mechanism_family_counts_each_comparison_once():
 
 
 def test_the_readings_beside_the_verdict_by_hand():
-    from searchr1_lld.lab.stepsize.readings import cell_step_sizes, unregistered_comparisons, warmup_steps
+    from searchr1_lab.stepsize.readings import cell_step_sizes, unregistered_comparisons, warmup_steps
 
     # 10 % of 75 steps of 8 updates = 60 updates = 7.5 steps: steps 1-8 hold warm-up updates; 28.5 % of 1,005: 287
     assert warmup_steps(0.1, 75) == 8 and warmup_steps(0.285, 1005) == 287 and warmup_steps(0.0, 75) == 0
@@ -178,7 +178,7 @@ def test_the_readings_beside_the_verdict_by_hand():
 
 
 def test_a_control_that_outlives_the_treatment_is_named_beside_the_registered_verdict():
-    from searchr1_lld.lab.stepsize.report import matched_verdict_text
+    from searchr1_lab.stepsize.report import matched_verdict_text
 
     runs = cell("grpo", EARLY) + cell("llds_action", [8, 8, 10, 10, 12, 12]) + cell("grpo_trust_region", NEVER)
     h2 = hypotheses(runs, REGISTRATION)["H2"]

@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from searchr1_lld.lab.cli import main as lab_main
-from searchr1_lld.lab.compact import read_runs
-from searchr1_lld.lab.stepsize import report
-from searchr1_lld.lab.stepsize.movement import compared_pairs, movement, movement_sensitivity, movement_study
+from searchr1_lab.cli import main as lab_main
+from searchr1_lab.compact import read_runs
+from searchr1_lab.stepsize import report
+from searchr1_lab.stepsize.movement import compared_pairs, movement, movement_sensitivity, movement_study
 from test_stepsize_report import registration, write_grid
 
 RECORDS = [{"step": 0, "eval/val_sub_em": 0.4},

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from searchr1_lld.config import ConfigError
-from searchr1_lld.lab import grid
-from searchr1_lld.lab.methods import ARMS, REPO_ROOT
-from searchr1_lld.lab.stepsize import registration as stepsize
+from searchr1_lab import grid
+from searchr1_lab.methods import ARMS, REPO_ROOT
+from searchr1_lab.stepsize import registration as stepsize
+from searchr1_lab.studies import current_path
 
 
 def draft(tmp_path: Path, **changes) -> dict:
@@ -115,7 +116,7 @@ def test_the_report_of_a_registered_runs_dir_is_the_studys(tmp_path, monkeypatch
 
 
 def test_the_command_line_names_both_ways_to_run_a_task():
-    out = subprocess.run([sys.executable, "-m", "searchr1_lld.lab", "task", "--help"], cwd=REPO_ROOT,
+    out = subprocess.run([sys.executable, "-m", "searchr1_lab", "task", "--help"], cwd=REPO_ROOT,
                          capture_output=True, text=True, timeout=120).stdout
     assert "--registration" in out and "--arm" in out and "--set KEY=VALUE" in out
 
@@ -126,7 +127,7 @@ def test_the_command_line_names_both_ways_to_run_a_task():
 
 
 def test_the_committed_registration_is_valid_and_its_world_is_the_registered_one():
-    from searchr1_lld.lab.methods import read_lab_config
+    from searchr1_lab.methods import read_lab_config
     from searchr1_lld.world import load_world_config
     from searchr1_lld.world.build import world_config_hash
 
@@ -135,14 +136,14 @@ def test_the_committed_registration_is_valid_and_its_world_is_the_registered_one
     _, world_file, _ = read_lab_config(block["config"], [])
     assert world_file == reg["world"]["config"]
     assert world_config_hash(load_world_config(REPO_ROOT / world_file)) == reg["world"]["hash"]
-    for path in block["analysis_code"]:
-        assert (REPO_ROOT / path).is_file(), path
+    for path in block["analysis_code"]:  # registered before the experiments moved: each file where it lives now
+        assert (REPO_ROOT / current_path(path)).is_file(), path
     assert len(stepsize.cells(reg)) == 45
 
 
 def test_the_registration_precedes_every_run_of_its_grid():
-    from searchr1_lld.lab.compact import read_runs
-    from searchr1_lld.lab.prereg.registration import registration_violations
+    from searchr1_lab.compact import read_runs
+    from searchr1_lab.prereg.registration import registration_violations
 
     shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=REPO_ROOT, capture_output=True,
                              text=True).stdout.strip()
@@ -157,8 +158,8 @@ def test_the_registration_precedes_every_run_of_its_grid():
 
 
 def test_the_readme_block_and_the_report_are_what_the_committed_runs_compute():
-    from searchr1_lld.lab.comparison.claims import clean, readme_block_of
-    from searchr1_lld.lab.stepsize import report
+    from searchr1_lab.comparison.claims import clean, readme_block_of
+    from searchr1_lab.stepsize import report
 
     reg = stepsize.load_registration()
     summary = clean(report.analyse(reg, REPO_ROOT / reg["registration"]["runs_dir"]))

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
-from searchr1_lld.lab.cli import main as lab_main
-from searchr1_lld.lab.comparison.claims import readme_block_of
-from searchr1_lld.lab.compact import compact_name, write_gz_json
-from searchr1_lld.lab.stepsize import report
+from searchr1_lab.cli import main as lab_main
+from searchr1_lab.comparison.claims import readme_block_of
+from searchr1_lab.compact import compact_name, write_gz_json
+from searchr1_lab.stepsize import report
 
 HORIZON = 12
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from searchr1_lld.lab.stepsize.alarms import HELD_OUT
-from searchr1_lld.lab.stepsize.utility import gain_area, peak_gain, run_utility
+from searchr1_lab.stepsize.alarms import HELD_OUT
+from searchr1_lab.stepsize.utility import gain_area, peak_gain, run_utility
 
 
 def _run(curve: dict[int, float], key: str = HELD_OUT) -> list[dict]:

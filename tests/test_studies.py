@@ -1,17 +1,18 @@
 """Every committed study can be rebuilt from its docs: the world config and commit its docs name build the world its
 results record (compared by the config's hash, nothing is built), and every committed file that records a world
-belongs to a study of the table (searchr1_lld/lab/studies.py)."""
+belongs to a study of the table (searchr1_lab/studies.py)."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 
 import pytest
 
 from conftest import REPO_ROOT
-from searchr1_lld.lab.studies import (STUDIES, CommitUnavailable, Study, recorded_config, recorded_hashes,
-                                      result_files, world_identity)
+from searchr1_lab.studies import (STUDIES, CommitUnavailable, Study, current_command, current_path, recorded_config,
+                                  recorded_hashes, result_files, world_identity)
 
 
 def _identity(study: Study) -> dict:
@@ -51,7 +52,7 @@ def test_every_committed_result_that_records_a_world_belongs_to_a_study():
     listed = {p for s in STUDIES for p in result_files(s.results)}
     recording = recorded_hashes(("docs",))
     missing = sorted(path for path in recording if REPO_ROOT / path not in listed)
-    assert not missing, f"add the studies of these results to searchr1_lld/lab/studies.py: {missing}"
+    assert not missing, f"add the studies of these results to searchr1_lab/studies.py: {missing}"
 
 
 def test_the_check_catches_a_world_config_that_moved_on():
@@ -61,3 +62,37 @@ def test_the_check_catches_a_world_config_that_moved_on():
     today = world_identity(comparison.world)["hash"]
     assert {today} not in recorded_hashes(comparison.results).values()
     assert {_identity(comparison)["hash"]} == set().union(*recorded_hashes(comparison.results).values())
+
+
+REGISTRATIONS = ("docs/lab/preregistration.json", "docs/lab/stepsize/registration.json",
+                 "docs/lab/trustregion/registration.json")
+
+
+@pytest.mark.parametrize("path", REGISTRATIONS)
+def test_a_registrations_commands_and_files_are_found_where_they_live_today(path: str):
+    """A registration keeps the commands and analysis files it was registered with: each command maps to one that
+    runs today, and each analysis file is in the commit the registration pins."""
+    import importlib.util
+
+    block = json.loads((REPO_ROOT / path).read_text())["registration"]
+    for key in ("analysis_command", "grid_command"):
+        if key in block:
+            module = current_command(block[key]).split()[2]
+            assert module.startswith("searchr1_lab") and importlib.util.find_spec(module) is not None, block[key]
+    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=REPO_ROOT, capture_output=True,
+                             text=True).stdout.strip()
+    if shallow == "true":
+        pytest.skip("shallow clone: run `git fetch --unshallow` to read the registered analysis commit")
+    for file in block.get("analysis_code", []):
+        found = subprocess.run(["git", "cat-file", "-e", f"{block['analysis_commit']}:{file}"], cwd=REPO_ROOT)
+        assert found.returncode == 0, f"{file} is not in the registered analysis commit {block['analysis_commit']}"
+
+
+def test_current_command_and_path_rename_the_moved_modules_only():
+    assert current_command("python -m searchr1_lld.lab grid --jobs 2") == "python -m searchr1_lab grid --jobs 2"
+    assert current_command("python -m searchr1_lld.demo --select-lr 1e-3") == "python -m searchr1_lab.demo --select-lr 1e-3"
+    assert current_command("python -m searchr1_lld.world build") == "python -m searchr1_lld.world build"
+    assert current_command("python -m searchr1_lld.labels") == "python -m searchr1_lld.labels"
+    assert current_path("searchr1_lld/lab/stepsize/survival.py") == "searchr1_lab/stepsize/survival.py"
+    assert current_path("searchr1_lld/sweep.py") == "searchr1_lab/sweep.py"
+    assert current_path("searchr1_lld/algo/llds.py") == "searchr1_lld/algo/llds.py"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from searchr1_lld import sweep
+from searchr1_lab import sweep
 from searchr1_lld.config import ConfigError, load_config
 
 from conftest import world_args

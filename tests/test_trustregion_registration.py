@@ -8,8 +8,9 @@ import subprocess
 
 import pytest
 
-from searchr1_lld.lab.methods import REPO_ROOT
-from searchr1_lld.lab.stepsize import registration as stepsize
+from searchr1_lab.methods import REPO_ROOT
+from searchr1_lab.stepsize import registration as stepsize
+from searchr1_lab.studies import current_path
 
 TRUSTREGION_FILE = "docs/lab/trustregion/registration.json"
 
@@ -20,7 +21,7 @@ def reg():
 
 
 def test_the_registration_is_valid_on_the_registered_world(reg):
-    from searchr1_lld.lab.methods import read_lab_config
+    from searchr1_lab.methods import read_lab_config
     from searchr1_lld.learner.step_size import read_target_file
     from searchr1_lld.world import load_world_config
     from searchr1_lld.world.build import world_config_hash
@@ -29,22 +30,22 @@ def test_the_registration_is_valid_on_the_registered_world(reg):
     values, world_file, _ = read_lab_config(block["config"], [])
     assert world_file == reg["world"]["config"]
     assert world_config_hash(load_world_config(REPO_ROOT / world_file)) == reg["world"]["hash"]
-    for path in block["analysis_code"]:
-        assert (REPO_ROOT / path).is_file(), path
+    for path in block["analysis_code"]:  # registered before the experiments moved: each file where it lives now
+        assert (REPO_ROOT / current_path(path)).is_file(), path
     assert len(stepsize.cells(reg)) == 25
     control = dict(item.split("=", 1) for item in reg["arms"]["grpo_trust_region"]["overrides"])
     targets = read_target_file(REPO_ROOT / control["trainer.step_size.target_file"], values["trainer"]["total_steps"])
     assert len(targets) == reg["label"]["horizon"]
     # the step-size window starts after the warm-up: 10 % of 75 steps x 8 updates = 60 updates, steps 1-8
-    from searchr1_lld.lab.stepsize.readings import warmup_steps
+    from searchr1_lab.stepsize.readings import warmup_steps
 
     assert reg["step_size"]["first"] == warmup_steps(values["trainer"]["warmup_ratio"],
                                                      values["trainer"]["total_steps"]) + 1
 
 
 def test_the_registration_precedes_every_run_of_its_grid(reg):
-    from searchr1_lld.lab.compact import read_runs
-    from searchr1_lld.lab.prereg.registration import registration_violations
+    from searchr1_lab.compact import read_runs
+    from searchr1_lab.prereg.registration import registration_violations
 
     shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=REPO_ROOT, capture_output=True,
                              text=True).stdout.strip()
@@ -58,8 +59,8 @@ def test_the_registration_precedes_every_run_of_its_grid(reg):
 
 
 def test_the_readme_block_and_the_report_are_what_the_committed_runs_compute(reg):
-    from searchr1_lld.lab.comparison.claims import clean, readme_block_of
-    from searchr1_lld.lab.stepsize import report
+    from searchr1_lab.comparison.claims import clean, readme_block_of
+    from searchr1_lab.stepsize import report
 
     summary = clean(report.analyse(reg, REPO_ROOT / reg["registration"]["runs_dir"]))
     readme = (REPO_ROOT / "README.md").read_text()

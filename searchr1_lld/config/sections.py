@@ -338,7 +338,7 @@ class StepSizeConfig:
                                 "rollout step's updates, per generated token); 0 = none")
     target_file: str = opt("", "a JSON file with a target per step, {\"step_kl\": [t_1, t_2, ...]} (t_s: the target of "
                                "step s; at least trainer.total_steps values, each > 0), e.g. another run's measured "
-                               "curve (python -m searchr1_lld.lab step-kl-target); '' = none")
+                               "curve (python -m searchr1_lab step-kl-target); '' = none")
     gain: float = opt(1.0, "share of the measured error corrected per step, in log space: the next step's LR is scaled "
                            "by (target / measured) ** (gain / 2) (KL grows with the square of the step); 1 corrects "
                            "it at once (in the lab's pilot 0.5 lagged a target that rises through the warm-up)")

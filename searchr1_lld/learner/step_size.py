@@ -1,6 +1,6 @@
 """The trust-region step size of a run (trainer.step_size): a controller that scales each rollout step's learning
 rate so that the policy's measured step size, ``lld/step_kl``, tracks a target, a constant or one value per step read
-from a file (e.g. another arm's mean curve, ``python -m searchr1_lld.lab step-kl-target``).
+from a file (e.g. another arm's mean curve, ``python -m searchr1_lab step-kl-target``).
 
     controller = StepSizeController.of(cfg.trainer.step_size, cfg.trainer.total_steps)
     lr(update u) = base lr x lr_factor(u) (warm-up, schedule) x controller.multiplier     (learner/optim.py)

@@ -1,6 +1,6 @@
 """What one trajectory of the world's policy did, judged against the world (pure: trajectories and passages in,
 flags and rates out): its format, its first query, and where its answer came from. The warm start's measurement
-(:mod:`.measure`) and the lab's provenance tables (:mod:`searchr1_lld.lab.evaluating`) read them."""
+(:mod:`.measure`) and the lab's provenance tables (:mod:`searchr1_lab.evaluating`) read them."""
 
 from __future__ import annotations
 

@@ -1,0 +1,171 @@
+"""The pre-registered comparison's ground truth and its alarms, scored (pure: per-step records in, numbers out).
+
+Ground truth comes from held-out data: :func:`held_out_collapse_step` reads a run's validation-EM curve (the trainer's
+greedy EM on the validation split, on a fixed schedule) against the warm start's validation EM. The training-reward
+rule (:func:`searchr1_lld.instruments.phases.reward_collapse_step`) stays a secondary signal.
+
+An alarm (:class:`Alarm`) is a rule over the per-step records up to a step that names the series it reads. An alarm
+whose definition reads a collapse signal (:data:`COLLAPSE_SIGNALS`: the validation EM the label is computed from, and
+the training reward the secondary label is) is refused when it is made: it would contain the thing it predicts.
+:func:`score_alarm` scores one alarm against the label over a set of runs, overall and within each learning rate
+(the rate alone predicts collapse on a grid that spans the edge of stability, so an alarm earns its place only where
+it separates runs at one rate): sensitivity (collapsed runs alarmed strictly before the collapse step), specificity
+(runs that did not collapse and never alarmed), each with a Wilson score interval, and the lead times.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from searchr1_lld.instruments.phases import median
+from searchr1_lab.analysis import VAL_EM_KEY, finite
+
+REWARD = "reward/em_mean"
+# the series a collapse label is computed from: no alarm may read them
+COLLAPSE_SIGNALS = frozenset({VAL_EM_KEY, REWARD})
+Z95 = 1.959963984540054  # the standard normal's 97.5 % quantile
+
+
+def held_out_collapse_step(val_curve: Sequence[Sequence[float]], warm_em: float, *, ratio: float = 0.3,
+                           persist: int = 2) -> int | None:
+    """The step at which a run's held-out EM collapsed for good, or None.
+
+    ``val_curve``: ``[[step, validation EM], ...]`` in step order (the schedule the run evaluated on); ``warm_em``: the
+    warm start's validation EM (step 0). The run collapsed at the first evaluation from which every evaluation to the
+    end scores at most ``ratio * warm_em``, provided that stretch holds at least ``persist`` evaluations; the label's
+    step is that evaluation's step. A warm start at EM 0 has nothing to collapse from (ValueError).
+    """
+    if not finite(warm_em) or warm_em <= 0:
+        raise ValueError(f"the warm start's validation EM must be > 0 to define a collapse, got {warm_em!r}")
+    bound = ratio * warm_em
+    start = None
+    for i in range(len(val_curve) - 1, -1, -1):
+        em = val_curve[i][1]
+        if not (finite(em) and em <= bound):
+            break
+        start = i
+    if start is None or len(val_curve) - start < persist:
+        return None
+    return int(val_curve[start][0])
+
+
+def _series(records: Sequence[Mapping[str, Any]], key: str) -> list[tuple[int, float]]:
+    """``[(step, value)]`` of the finite values of ``key``."""
+    return [(int(r["step"]), float(r[key])) for r in records if finite(r.get(key))]
+
+
+def early_median(values: Sequence[float], early: int) -> float:
+    """The median of the first ``early`` of ``values``, once a later value exists (NaN before)."""
+    return median(values[:early]) if len(values) > early else float("nan")
+
+
+@dataclass(frozen=True)
+class Alarm:
+    """One pre-registered alarm: ``first_step(records)`` is the first step at which ``rule`` holds, the rule seeing
+    only the records up to that step (it cannot look ahead). ``reads``: every series key the rule reads."""
+
+    name: str
+    reads: frozenset[str]
+    description: str
+    rule: Callable[[Sequence[Mapping[str, Any]]], bool]
+
+    def __post_init__(self) -> None:
+        leaked = sorted(self.reads & COLLAPSE_SIGNALS)
+        if leaked:
+            raise ValueError(f"alarm {self.name!r} reads {leaked}, which a collapse label is computed from: an alarm "
+                             "defined on the collapse signal cannot warn of it")
+
+    def first_step(self, records: Sequence[Mapping[str, Any]]) -> int | None:
+        for i in range(len(records)):
+            if self.rule(records[: i + 1]):
+                return int(records[i]["step"])
+        return None
+
+
+def drop_below_start(key: str, drop: float, start_points: int = 1, reference_key: str | None = None
+                     ) -> Callable[[Sequence[Mapping[str, Any]]], bool]:
+    """Rule: the latest value of ``key`` is at least ``drop`` below its start: the first value of ``reference_key``
+    when given (e.g. the probe set's likelihood before any update), else the mean of its first ``start_points``
+    values (the rule holds only once a later value exists)."""
+    def rule(records: Sequence[Mapping[str, Any]]) -> bool:
+        vals = [v for _, v in _series(records, key)]
+        if reference_key is not None:
+            ref = [v for _, v in _series(records, reference_key)]
+            return bool(ref and vals) and vals[-1] <= ref[0] - drop
+        if len(vals) <= start_points:
+            return False
+        start = sum(vals[:start_points]) / start_points
+        return vals[-1] <= start - drop
+    return rule
+
+
+def ratio_over_early(key: str, ratio: float, early_steps: int) -> Callable[[Sequence[Mapping[str, Any]]], bool]:
+    """Rule: the latest finite value of ``key`` is at least ``ratio`` times the median of its first ``early_steps``
+    finite values; never before those are all in."""
+    def rule(records: Sequence[Mapping[str, Any]]) -> bool:
+        vals = [v for _, v in _series(records, key)]
+        base = early_median(vals, early_steps)
+        return finite(base) and base > 0 and vals[-1] >= ratio * base
+    return rule
+
+
+def wilson(successes: int, trials: int, z: float = Z95) -> dict[str, Any]:
+    """The share ``successes / trials`` with its Wilson score interval (95 % by default); all None for 0 trials."""
+    if trials <= 0:
+        return {"value": None, "lo": None, "hi": None, "k": successes, "n": trials}
+    p = successes / trials
+    denom = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denom
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denom
+    return {"value": p, "lo": max(0.0, centre - half), "hi": min(1.0, centre + half), "k": successes, "n": trials}
+
+
+def newcombe_difference(k1: int, n1: int, k2: int, n2: int, z: float = Z95) -> dict[str, Any]:
+    """``k1/n1 - k2/n2`` with Newcombe's hybrid score interval (from the two Wilson intervals); None without trials."""
+    if n1 <= 0 or n2 <= 0:
+        return {"value": None, "lo": None, "hi": None}
+    a, b = wilson(k1, n1, z), wilson(k2, n2, z)
+    d = a["value"] - b["value"]
+    lo = d - math.sqrt((a["value"] - a["lo"]) ** 2 + (b["hi"] - b["value"]) ** 2)
+    hi = d + math.sqrt((a["hi"] - a["value"]) ** 2 + (b["value"] - b["lo"]) ** 2)
+    return {"value": d, "lo": lo, "hi": hi}
+
+
+def alarm_outcome(first_alarm: int | None, collapse: int | None) -> str:
+    """``warned`` (collapse, alarm strictly before it), ``late`` (alarm at or after it), ``missed``, ``false_alarm``
+    (no collapse, an alarm), ``quiet``."""
+    if collapse is None:
+        return "quiet" if first_alarm is None else "false_alarm"
+    if first_alarm is None:
+        return "missed"
+    return "warned" if first_alarm < collapse else "late"
+
+
+def _score(outcomes: Sequence[tuple[str, int | None]]) -> dict[str, Any]:
+    """Sensitivity, specificity (Wilson) and lead times of ``(outcome, lead)`` pairs."""
+    count = {o: sum(1 for x, _ in outcomes if x == o) for o in ("warned", "late", "missed", "false_alarm", "quiet")}
+    collapsed = count["warned"] + count["late"] + count["missed"]
+    calm = count["false_alarm"] + count["quiet"]
+    leads = sorted(lead for o, lead in outcomes if o == "warned")
+    return {"runs": len(outcomes), "collapsed": collapsed, "not_collapsed": calm, **count,
+            "sensitivity": wilson(count["warned"], collapsed), "specificity": wilson(count["quiet"], calm),
+            "lead_steps": leads, "lead_median": median(leads) if leads else None}
+
+
+def score_alarm(runs: Sequence[Mapping[str, Any]], alarm: Alarm) -> dict[str, Any]:
+    """``alarm`` against the held-out label over ``runs`` (each ``{"lr", "records", "collapse_step"}``: its per-step
+    records and its label's step or None): per run its first alarm step, outcome and lead; the score over every run
+    (``overall``) and within each learning rate (``by_lr``, keyed by the rate's ``%g``)."""
+    per_run = []
+    for run in runs:
+        first = alarm.first_step(run["records"])
+        outcome = alarm_outcome(first, run["collapse_step"])
+        per_run.append({"lr": run["lr"], "first_alarm": first, "outcome": outcome,
+                        "lead": run["collapse_step"] - first if outcome == "warned" else None})
+    by_lr = {}
+    for lr in sorted({r["lr"] for r in per_run}):
+        by_lr[f"{lr:g}"] = _score([(r["outcome"], r["lead"]) for r in per_run if r["lr"] == lr])
+    return {"alarm": alarm.name, "reads": sorted(alarm.reads), "description": alarm.description,
+            "overall": _score([(r["outcome"], r["lead"]) for r in per_run]), "by_lr": by_lr, "per_run": per_run}

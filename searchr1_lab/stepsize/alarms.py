@@ -1,0 +1,279 @@
+"""Early-warning alarms scored at a matched false-alarm rate (pure: per-step records and collapse labels in, numbers
+out).
+
+An alarm is a per-step SCORE (:data:`ALARM_SCORES`, one function each) computed at step ``t`` from the run's records
+up to ``t`` only (no look-ahead); the larger the score, the nearer the run is taken to be to a collapse. Its
+threshold is not chosen by hand: within one learning rate, it is the smallest value above which at most a given share
+of the runs that did NOT collapse ever score (:func:`matched_threshold`), so every alarm is held to the same false-
+alarm rate and they are compared by how early they warn of the collapses (:func:`alarm_study`): the lead of a
+collapsed run is its collapse step minus the first step whose score exceeds the threshold, when that is before the
+collapse. Each alarm's leads are compared with the reference alarm's (the drop in training reward, what a user would
+watch anyway), paired over the collapsed runs, with a bootstrap interval.
+
+The scores (``early`` median: over the steps ``early_first..early_last``; ``trailing`` mean: the last ``trailing``
+finite values at steps ``<= t``; both from :class:`ScoreWindow`):
+
+- ``reward_drop``: ``early median(reward/em_mean) - trailing mean(reward/em_mean)``;
+- ``probe_drop``: ``probe/initial_logp_per_token - probe/logp_per_token(t)`` (positive: the probe set's likelihood
+  fell);
+- ``correct_logp_drop``: ``early median - trailing mean`` of ``lld/correct_logp_old_per_token``;
+- ``step_kl_rise``: ``trailing mean(lld/step_kl) / early median(lld/step_kl)`` (NaN when the early median is <= 0).
+
+A score that reads an early median is NaN before step ``early_last`` (its early window is not complete).
+
+Two rules say which firings are false alarms (:data:`FALSE_ALARM_RULES`, the ``rule`` of :func:`alarm_study`):
+``calm_runs`` (the registered one: any firing of a run that did not collapse; the leads of the collapsed runs count
+from step 1) and ``healthy_stretch`` (exploratory, for grids where every run collapses: a firing during a run's
+healthy stretch, the steps before its held-out EM (``eval/val_sub_em``) first falls below its own step-0 value; every
+run sets the threshold, and a collapsed run's lead counts from the end of its stretch, so it measures how early in
+the decline an alarm noticed).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from searchr1_lld.instruments.phases import median
+from searchr1_lab.analysis import finite
+from searchr1_lab.intervals import BOOT_SEED, LEVEL, N_BOOT
+
+NAN = float("nan")
+REFERENCE_ALARM = "reward_drop"
+HELD_OUT = "eval/val_sub_em"
+
+
+@dataclass(frozen=True)
+class ScoreWindow:
+    """The steps an alarm's early median reads (``early_first..early_last``, inclusive) and the number of latest
+    values its trailing mean averages."""
+
+    early_first: int = 1
+    early_last: int = 5
+    trailing: int = 3
+
+
+Records = Sequence[Mapping[str, Any]]
+
+
+def series(records: Records, key: str) -> list[tuple[int, float]]:
+    """``[(step, value)]`` of the finite values of ``key``, in the records' order."""
+    return [(int(r["step"]), float(r[key])) for r in records if finite(r.get(key))]
+
+
+def early_median(records: Records, key: str, window: ScoreWindow) -> float:
+    """Median of ``key`` over steps ``early_first..early_last``; NaN until a record of step ``early_last`` is in (the
+    window is complete) or when the window holds no value."""
+    if not any(int(r["step"]) >= window.early_last for r in records):
+        return NAN
+    return median([v for s, v in series(records, key) if window.early_first <= s <= window.early_last])
+
+
+def trailing_mean(records: Records, key: str, window: ScoreWindow) -> float:
+    """Mean of the last ``trailing`` finite values of ``key`` (fewer when fewer are logged; NaN when none)."""
+    vals = [v for _, v in series(records, key)][-window.trailing:]
+    return sum(vals) / len(vals) if vals else NAN
+
+
+def reward_drop(records: Records, window: ScoreWindow) -> float:
+    return early_median(records, "reward/em_mean", window) - trailing_mean(records, "reward/em_mean", window)
+
+
+def probe_drop(records: Records, window: ScoreWindow) -> float:
+    initial = series(records, "probe/initial_logp_per_token")
+    now = series(records, "probe/logp_per_token")
+    return initial[0][1] - now[-1][1] if initial and now else NAN
+
+
+def correct_logp_drop(records: Records, window: ScoreWindow) -> float:
+    key = "lld/correct_logp_old_per_token"
+    return early_median(records, key, window) - trailing_mean(records, key, window)
+
+
+def step_kl_rise(records: Records, window: ScoreWindow) -> float:
+    base = early_median(records, "lld/step_kl", window)
+    return trailing_mean(records, "lld/step_kl", window) / base if finite(base) and base > 0 else NAN
+
+
+# the registry: an alarm is one score function (records up to a step, window) -> score
+ALARM_SCORES: dict[str, Callable[[Records, ScoreWindow], float]] = {
+    "reward_drop": reward_drop, "probe_drop": probe_drop, "correct_logp_drop": correct_logp_drop,
+    "step_kl_rise": step_kl_rise}
+
+
+def score_series(records: Records, alarm: str, window: ScoreWindow = ScoreWindow()) -> list[tuple[int, float]]:
+    """``[(t, score_t)]`` for every step ``t >= 1`` of the run, ``score_t`` computed from the records of steps
+    ``<= t`` only."""
+    score = ALARM_SCORES[alarm]
+    ordered = sorted(records, key=lambda r: int(r["step"]))
+    return [(int(r["step"]), score(ordered[: i + 1], window)) for i, r in enumerate(ordered) if int(r["step"]) >= 1]
+
+
+def peak(scores: Sequence[tuple[int, float]]) -> float:
+    """The largest finite score of a run (``-inf`` when it never had one: it can never fire)."""
+    return max((s for _, s in scores if finite(s)), default=-math.inf)
+
+
+def matched_threshold(calm_peaks: Sequence[float], false_alarm_rate: float) -> float:
+    """The smallest threshold at which at most ``false_alarm_rate`` of the runs that did not collapse ever fire.
+
+    An alarm fires at the first step whose score EXCEEDS the threshold (``score > threshold``). With ``m`` the
+    ``n`` calm runs' peak scores (:func:`peak`) and ``k = floor(rate * n)`` false alarms allowed, the runs that fire
+    are those with ``m_i > threshold``, and the smallest threshold that lets at most ``k`` of them fire is the
+    ``(k + 1)``-th largest peak (``-inf`` when ``k >= n``: every run may fire).
+    """
+    n = len(calm_peaks)
+    k = math.floor(false_alarm_rate * n + 1e-9)
+    if k >= n:
+        return -math.inf
+    return sorted(calm_peaks, reverse=True)[k]
+
+
+def first_firing(scores: Sequence[tuple[int, float]], threshold: float) -> int | None:
+    """The first step whose score exceeds ``threshold``, or None."""
+    return next((t for t, s in scores if finite(s) and s > threshold), None)
+
+
+def lead(collapse_step: int, fired: int | None) -> int | None:
+    """``collapse_step - fired`` when the alarm fired strictly before the collapse; None (missed) otherwise."""
+    return collapse_step - fired if fired is not None and fired < collapse_step else None
+
+
+def bootstrap_mean(values: Sequence[float], n_boot: int = N_BOOT, seed: int = BOOT_SEED,
+                   level: float = LEVEL, other: Sequence[float] | None = None) -> dict[str, Any]:
+    """Mean of ``values`` with its seeded percentile bootstrap interval (values resampled with replacement); with
+    ``other``, the difference ``mean(values) - mean(other)``, each group resampled within itself (unpaired). None
+    fields without values (in either group)."""
+    if not values or (other is not None and not other):
+        return {"estimate": None, "low": None, "high": None}
+    rng = np.random.default_rng(seed)
+    x = np.asarray(values, dtype=float)  # [n]
+    reps = x[rng.integers(0, len(x), (n_boot, len(x)))].mean(axis=1)  # [n_boot]
+    estimate = x.mean()
+    if other is not None:
+        y = np.asarray(other, dtype=float)  # [m]
+        reps = reps - y[rng.integers(0, len(y), (n_boot, len(y)))].mean(axis=1)
+        estimate = estimate - y.mean()
+    low, high = np.percentile(reps, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
+    return {"estimate": float(estimate), "low": float(low), "high": float(high)}
+
+
+@dataclass(frozen=True)
+class LabelledRun:
+    """One run's per-step records and its collapse label (``time``: collapse step or horizon; ``event``: 1/0)."""
+
+    name: str
+    records: Records
+    time: int
+    event: int
+
+
+def _leads(runs: Sequence[LabelledRun], alarm: str, threshold: float, window: ScoreWindow) -> list[int | None]:
+    """Per collapsed run (in order), the alarm's lead or None (missed)."""
+    return [lead(r.time, first_firing(score_series(r.records, alarm, window), threshold)) for r in runs if r.event]
+
+
+def alarm_at_matched_rate(runs: Sequence[LabelledRun], alarm: str, false_alarm_rate: float,
+                          window: ScoreWindow = ScoreWindow()) -> dict[str, Any]:
+    """One alarm over the runs of one learning rate: its matched threshold (:func:`matched_threshold` over the runs
+    with ``event = 0``), the share of those runs that fire at it (``false_alarm_share``, <= the rate), the collapsed
+    runs it warned of (``detections``, ``k/n``), each collapsed run's lead (None: missed) and the median lead of the
+    warned runs (None when none was)."""
+    calm = [peak(score_series(r.records, alarm, window)) for r in runs if not r.event]
+    threshold = matched_threshold(calm, false_alarm_rate)
+    return alarm_result(alarm, threshold, calm, _leads(runs, alarm, threshold, window))
+
+
+def alarm_result(alarm: str, threshold: float, calm_peaks: Sequence[float], leads: list[int | None]) -> dict[str, Any]:
+    """One alarm at its threshold: how many of the peaks it was matched on exceed it (``false_alarms``, ``k/n``, and
+    ``false_alarm_share``), the collapsed runs it warned of (``detections``), their ``leads`` (None: missed) and the
+    median lead of the warned runs (None when none was)."""
+    fired = sum(p > threshold for p in calm_peaks)
+    warned = [x for x in leads if x is not None]
+    return {"alarm": alarm, "threshold": threshold,
+            "false_alarm_share": fired / len(calm_peaks) if calm_peaks else None,
+            "false_alarms": f"{fired}/{len(calm_peaks)}", "detections": f"{len(warned)}/{len(leads)}", "leads": leads,
+            "median_lead": median(warned) if warned else None}
+
+
+def not_estimable(runs: Sequence[LabelledRun]) -> str | None:
+    """Why a matched false-alarm rate cannot be set or tested on ``runs`` (fewer than 2 collapsed or fewer than 2
+    calm runs), or None."""
+    collapsed = sum(1 for r in runs if r.event)
+    calm = len(runs) - collapsed
+    if collapsed < 2 or calm < 2:
+        return (f"not estimable: {collapsed} collapsed and {calm} non-collapsed runs (at least 2 of each are needed "
+                "to set a threshold on the calm runs and compare leads over the collapsed ones)")
+    return None
+
+
+def healthy_end(records: Records, key: str = HELD_OUT) -> float:
+    """The first step after 0 at which the held-out ``key`` is below the run's own step-0 value (the run's healthy
+    stretch is the steps before it); ``inf`` when it never falls below, NaN without a step-0 value."""
+    ref = [v for s, v in series(records, key) if s == 0]
+    if not ref:
+        return NAN
+    return float(min((s for s, v in series(records, key) if s > 0 and v < ref[0]), default=math.inf))
+
+
+def alarm_on_healthy_stretch(runs: Sequence[LabelledRun], alarm: str, false_alarm_rate: float,
+                             window: ScoreWindow = ScoreWindow()) -> dict[str, Any]:
+    """One alarm over the runs of one rate under the ``healthy_stretch`` rule: the threshold is matched
+    (:func:`matched_threshold`) on every run's peak score over its healthy stretch (:func:`healthy_end`; runs
+    without a step-0 held-out value are left out), ``false_alarms`` counts the runs that fire there, and a collapsed
+    run's lead is its collapse step minus the first firing at or after the end of its stretch (None: missed).
+    Same fields as :func:`alarm_at_matched_rate`."""
+    usable = [(r, healthy_end(r.records)) for r in runs]
+    usable = [(r, end, score_series(r.records, alarm, window)) for r, end in usable if not math.isnan(end)]
+    healthy = [peak([(t, v) for t, v in scores if t < end]) for _, end, scores in usable]
+    threshold = matched_threshold(healthy, false_alarm_rate)
+    leads = [lead(r.time, first_firing([(t, v) for t, v in scores if t >= end], threshold))
+             for r, end, scores in usable if r.event]
+    return alarm_result(alarm, threshold, healthy, leads)
+
+
+def not_estimable_on_healthy_stretch(runs: Sequence[LabelledRun]) -> str | None:
+    """Why the ``healthy_stretch`` rule cannot be applied to ``runs`` (fewer than 2 collapsed runs, or fewer than 2
+    runs with a healthy stretch to set the threshold on), or None."""
+    collapsed = sum(1 for r in runs if r.event)
+    stretches = sum(1 for r in runs if healthy_end(r.records) > 1)
+    if collapsed < 2 or stretches < 2:
+        return (f"not estimable: {collapsed} collapsed runs and {stretches} with a healthy stretch (at least 2 of "
+                "each are needed)")
+    return None
+
+
+# a false-alarm rule: (one alarm at the matched rate, why the runs cannot be tested under it or None)
+FALSE_ALARM_RULES: dict[str, tuple[Callable[..., dict[str, Any]], Callable[[Sequence[LabelledRun]], str | None]]] = {
+    "calm_runs": (alarm_at_matched_rate, not_estimable),
+    "healthy_stretch": (alarm_on_healthy_stretch, not_estimable_on_healthy_stretch)}
+
+
+def alarm_study(runs: Sequence[LabelledRun], alarms: Sequence[str], false_alarm_rate: float,
+                reference: str = REFERENCE_ALARM, window: ScoreWindow = ScoreWindow(), n_boot: int = N_BOOT,
+                seed: int = BOOT_SEED, rule: str = "calm_runs") -> dict[str, Any]:
+    """Every alarm of ``alarms`` and the ``reference`` alarm at the matched false-alarm rate over ``runs`` (one
+    learning rate), and for each alarm the paired difference of leads against the reference over the collapsed runs,
+    ``mean_i (lead_alarm,i - lead_reference,i)`` with a missed warning counted as lead 0, with its bootstrap interval
+    (:func:`bootstrap_mean`, runs resampled). ``supported`` for an alarm when that interval lies above 0.
+
+    ``rule`` names which firings are false alarms (:data:`FALSE_ALARM_RULES`). ``{"estimable": False,
+    "reason"}`` instead when the rule's check (:func:`not_estimable` for ``calm_runs``) says so.
+    """
+    at_rate, why_not = FALSE_ALARM_RULES[rule]
+    reason = why_not(runs)
+    base = {"rule": rule, "false_alarm_rate": false_alarm_rate, "reference": reference, "runs": len(runs),
+            "collapsed": sum(1 for r in runs if r.event)}
+    if reason:
+        return {**base, "estimable": False, "reason": reason}
+    ref = at_rate(runs, reference, false_alarm_rate, window)
+    out = {reference: ref}
+    for alarm in alarms:
+        res = at_rate(runs, alarm, false_alarm_rate, window)
+        gains = [(a or 0) - (r or 0) for a, r in zip(res["leads"], ref["leads"])]
+        diff = bootstrap_mean(gains, n_boot, seed)
+        out[alarm] = {**res, "versus_reference": diff, "supported": diff["low"] is not None and diff["low"] > 0}
+    return {**base, "estimable": True, "reason": None, "alarms": out}

@@ -1,0 +1,325 @@
+"""Experiment sweeps: expand a grid of config overrides into runs, launch them, collect the finished runs.
+
+    # list (and validate) the runs of a grid
+    python -m searchr1_lab.sweep expand --base configs/tiny.yaml --grid "algorithm.llds.lam=0,0.1 algorithm.llds.gate=none,action"
+    # run them one after another on this machine (searchr1_lld.learner.trainer.train), then collect
+    python -m searchr1_lab.sweep expand --base configs/tiny.yaml --grid "..." --local --out runs/sweep-lam
+    # one `accelerate launch` command per run, for a cluster scheduler
+    python -m searchr1_lab.sweep expand --base configs/paper/qwen2.5-3b-base_nq-hotpotqa_llds.yaml --grid "..." --print-launch
+    # one table + one figure over finished runs: final EM and collapse step per setting
+    python -m searchr1_lab.sweep collect runs/tiny-lam=0 runs/tiny-lam=0.1 --out runs/sweep-lam
+
+Grid syntax: space-separated ``key=v1,v2,...`` items; the runs are the Cartesian product, in the order given (the last
+key varies fastest). Each run is named ``<config name>-<leaf>=<value>_...`` (leaf = last part of the dotted key).
+
+Collapse step of a run: the first logged step whose monitor phase (``phase/name`` in metrics.jsonl) is
+``accelerated_collapse``; "none" when it never is. Final EM: ``average_em`` of the run's final evaluation
+(``results.json`` from eval.py in the run dir or below it), else ``em_after`` of the trainer's own ``eval.json``; the
+last training reward ``reward/em_mean`` is reported beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import itertools
+import json
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+from searchr1_lld.config import ConfigError, load_config
+from searchr1_lld.data.jsonl import read_jsonl
+from searchr1_lld.learner.trainer import train
+
+COLLAPSE_PHASE = "accelerated_collapse"
+DEFAULT_ACCELERATE_CONFIG = "configs/accelerate/zero2_8gpu.yaml"
+
+
+@dataclass
+class RunSpec:
+    """One run of a sweep: the overrides that distinguish it and the name derived from them."""
+
+    name: str
+    overrides: list[str]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Expansion (pure)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def parse_grid(text: str) -> list[tuple[str, list[str]]]:
+    """``"a.b=0,0.1 c=x,y"`` -> ``[("a.b", ["0", "0.1"]), ("c", ["x", "y"])]`` (values stay strings; the config
+    loader parses them as YAML)."""
+    axes: list[tuple[str, list[str]]] = []
+    for item in text.split():
+        key, sep, values = item.partition("=")
+        if not sep or not key or not values:
+            raise ConfigError(f"grid item {item!r} must look like key.sub=v1,v2")
+        vals = [v for v in values.split(",")]
+        if any(v == "" for v in vals):
+            raise ConfigError(f"grid item {item!r} has an empty value")
+        if len(set(vals)) != len(vals):
+            raise ConfigError(f"grid item {item!r} repeats a value")
+        if key in (k for k, _ in axes):
+            raise ConfigError(f"grid key {key!r} given twice")
+        axes.append((key, vals))
+    if not axes:
+        raise ConfigError("empty grid")
+    return axes
+
+
+def _yaml_safe(value: str) -> str:
+    """Quote words that YAML would read as booleans (``off``, ``on``, ``no``, ``yes``) but that are meant as strings,
+    e.g. ``algorithm.llds.ma=off``; ``true``/``false`` stay booleans."""
+    parsed = yaml.safe_load(value)
+    if isinstance(parsed, bool) and value.lower() not in ("true", "false"):
+        return f"'{value}'"
+    return value
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=+-]", "-", text)
+
+
+def expand_grid(axes: Sequence[tuple[str, Sequence[str]]], base_name: str = "run") -> list[RunSpec]:
+    """Cartesian product of the axes -> one :class:`RunSpec` per combination (last axis varies fastest)."""
+    leaves = [k.split(".")[-1] for k, _ in axes]
+    if len(set(leaves)) != len(leaves):  # two keys with the same leaf: use the full key in names
+        leaves = [k for k, _ in axes]
+    runs = []
+    for combo in itertools.product(*[vals for _, vals in axes]):
+        overrides = [f"{k}={_yaml_safe(v)}" for (k, _), v in zip(axes, combo)]
+        suffix = "_".join(f"{leaf}={v}" for leaf, v in zip(leaves, combo))
+        runs.append(RunSpec(name=_slug(f"{base_name}-{suffix}"), overrides=overrides))
+    return runs
+
+
+def plan(base_config: str | Path, grid: str, extra_overrides: Sequence[str] = ()) -> list[RunSpec]:
+    """Expand ``grid`` over ``base_config`` and validate every run's full config (fails before anything launches)."""
+    base_cfg = load_config(base_config, list(extra_overrides))
+    runs = expand_grid(parse_grid(grid), base_name=base_cfg.name)
+    for run in runs:
+        try:
+            load_config(base_config, [*extra_overrides, *run.overrides])
+        except ConfigError as e:
+            raise ConfigError(f"run {run.name}: {e}") from e
+    return runs
+
+
+def launch_command(base_config: str | Path, run: RunSpec, *, accelerate_config: str = DEFAULT_ACCELERATE_CONFIG,
+                   extra_overrides: Sequence[str] = ()) -> str:
+    """The shell command that trains ``run`` on a cluster node (accelerate + DeepSpeed config)."""
+    args = ["accelerate", "launch", "--config_file", accelerate_config, "train.py", "--config", str(base_config),
+            *extra_overrides, *run.overrides, f"trainer.run_name={run.name}"]
+    return " ".join(shlex.quote(a) for a in args)
+
+
+def run_local(base_config: str | Path, runs: Sequence[RunSpec], extra_overrides: Sequence[str] = ()) -> list[Path]:
+    """Train each run in turn in this process with :func:`searchr1_lld.learner.trainer.train`; returns their run dirs."""
+    run_dirs = []
+    for i, run in enumerate(runs):
+        print(f"[sweep] run {i + 1}/{len(runs)}: {run.name}  ({' '.join(run.overrides)})", flush=True)
+        cfg = load_config(base_config, [*extra_overrides, *run.overrides, f"trainer.run_name={run.name}"])
+        result = train(cfg)
+        run_dir = Path(result.run_dir)
+        (run_dir / "sweep_run.json").write_text(json.dumps({"name": run.name, "overrides": run.overrides}) + "\n")
+        run_dirs.append(run_dir)
+    return run_dirs
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Collection
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def collapse_step(metrics: Sequence[dict[str, Any]]) -> int | None:
+    """First ``step`` whose ``phase/name`` is accelerated_collapse, or None."""
+    for row in metrics:
+        if row.get("phase/name") == COLLAPSE_PHASE:
+            return int(row["step"])
+    return None
+
+
+def _find_results(run_dir: Path) -> Path | None:
+    """The run's final evaluation results.json: run_dir/results.json, else the newest one below run_dir."""
+    direct = run_dir / "results.json"
+    if direct.is_file():
+        return direct
+    found = sorted(run_dir.rglob("results.json"), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+def _run_setting(run_dir: Path) -> dict[str, Any]:
+    """The LLDS settings of a run, from the config it saved (config.yaml / config.json) when present."""
+    for name in ("config.yaml", "config.json"):
+        p = run_dir / name
+        if p.is_file():
+            raw = yaml.safe_load(p.read_text()) or {}
+            llds = (raw.get("algorithm") or {}).get("llds") or {}
+            return {k: llds.get(k) for k in ("enabled", "lam", "gate", "ma")}
+    return {}
+
+
+def collect_run(run_dir: str | Path) -> dict[str, Any]:
+    """Summary of one finished (or partial) run: setting, final EM, collapse step, last train reward."""
+    run_dir = Path(run_dir)
+    metrics_path = run_dir / "metrics.jsonl"
+    if not metrics_path.is_file():
+        raise ConfigError(f"{run_dir}: no metrics.jsonl (is this a run dir?)")
+    metrics = read_jsonl(metrics_path, partial_tail=True)  # a run may still be writing it
+    sweep_meta = run_dir / "sweep_run.json"
+    meta = json.loads(sweep_meta.read_text()) if sweep_meta.is_file() else {}
+    results_path = _find_results(run_dir)
+    final_em = json.loads(results_path.read_text())["average_em"] if results_path else None
+    trainer_eval = run_dir / "eval.json"  # the trainer's own end-of-run greedy EM on the test split
+    if final_em is None and trainer_eval.is_file():
+        final_em = json.loads(trainer_eval.read_text()).get("em_after")
+    train_em = [r["reward/em_mean"] for r in metrics if isinstance(r.get("reward/em_mean"), (int, float))]
+    step = collapse_step(metrics)
+    return {
+        "run": meta.get("name") or run_dir.name,
+        "run_dir": str(run_dir),
+        "overrides": meta.get("overrides", []),
+        **_run_setting(run_dir),
+        "steps": int(metrics[-1]["step"]) if metrics else 0,
+        "final_em": final_em,
+        "final_train_em": train_em[-1] if train_em else None,
+        "peak_train_em": max(train_em) if train_em else None,
+        "collapse_step": step if step is not None else "none",
+        "train_em_curve": [(int(r["step"]), r["reward/em_mean"]) for r in metrics
+                           if isinstance(r.get("reward/em_mean"), (int, float))],
+    }
+
+
+TABLE_COLUMNS = ["run", "lam", "gate", "ma", "steps", "final_em", "final_train_em", "peak_train_em", "collapse_step"]
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    return str(v)
+
+
+def sweep_table(rows: Sequence[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "|".join(["---"] * len(TABLE_COLUMNS)) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join(_fmt(r.get(c)) for c in TABLE_COLUMNS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def sweep_figure(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """Left: final EM per setting (eval EM; hatched = last train EM when no eval exists), collapse step annotated.
+    Right: training reward curves with a cross at each run's collapse step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_bar, ax_curve) = plt.subplots(1, 2, figsize=(max(8, 1.2 * len(rows) + 6), 4.2))
+    names = [r["run"] for r in rows]
+    for i, r in enumerate(rows):
+        em = r["final_em"] if r["final_em"] is not None else (r["final_train_em"] or 0.0)
+        ax_bar.bar(i, em, color="#4c72b0" if r["final_em"] is not None else "#cccccc",
+                   hatch=None if r["final_em"] is not None else "//", edgecolor="black")
+        ax_bar.text(i, em, f"{em:.2f}\ncollapse: {r['collapse_step']}", ha="center", va="bottom", fontsize=7)
+    ax_bar.set_xticks(range(len(rows)), names, rotation=30, ha="right", fontsize=7)
+    ax_bar.set_ylabel("final EM")
+    ax_bar.set_title("final EM per setting (grey = train EM, no eval)")
+    ax_bar.set_ylim(0, max([0.1] + [(r["final_em"] or r["final_train_em"] or 0) * 1.3 for r in rows]))
+    for r in rows:
+        if r["train_em_curve"]:
+            steps, ems = zip(*r["train_em_curve"])
+            (line,) = ax_curve.plot(steps, ems, label=r["run"], lw=1.2, marker="o", ms=3)  # a 1-step run: a point
+            if r["collapse_step"] != "none":
+                k = list(steps).index(r["collapse_step"]) if r["collapse_step"] in steps else None
+                if k is not None:
+                    ax_curve.plot(steps[k], ems[k], "x", color=line.get_color(), ms=9, mew=2)
+    ax_curve.set_xlabel("step")
+    ax_curve.set_ylabel("train reward (EM)")
+    ax_curve.set_title("training reward; x = accelerated collapse")
+    if any(r["train_em_curve"] for r in rows):
+        ax_curve.legend(fontsize=6)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def collect(run_dirs: Sequence[str | Path], out_dir: str | Path) -> list[dict[str, Any]]:
+    """Summaries of ``run_dirs`` -> out_dir/sweep.md, sweep.csv, sweep.json, sweep.png. Returns the rows."""
+    if not run_dirs:
+        raise ConfigError("collect: no run dirs given")
+    rows = [collect_run(d) for d in run_dirs]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "sweep.md").write_text(sweep_table(rows))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=TABLE_COLUMNS + ["run_dir"], extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    (out_dir / "sweep.csv").write_text(buf.getvalue())
+    (out_dir / "sweep.json").write_text(json.dumps(rows, indent=2) + "\n")
+    sweep_figure(rows, out_dir / "sweep.png")
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m searchr1_lab.sweep", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("expand", help="expand a grid into runs (list, run locally, or print launch commands)")
+    e.add_argument("--base", required=True, help="base YAML config")
+    e.add_argument("--grid", required=True, help='e.g. "algorithm.llds.lam=0,0.1 algorithm.llds.gate=none,action"')
+    e.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="overrides applied to every run")
+    mode = e.add_mutually_exclusive_group()
+    mode.add_argument("--local", action="store_true", help="train the runs one after another here, then collect")
+    mode.add_argument("--print-launch", action="store_true", help="print one accelerate launch command per run")
+    e.add_argument("--accelerate-config", default=DEFAULT_ACCELERATE_CONFIG)
+    e.add_argument("--out", help="--local: where the collected table and figure go (default: OUTPUT_DIR/sweep-NAME)")
+    c = sub.add_parser("collect", help="table + figure over finished run dirs")
+    c.add_argument("run_dirs", nargs="+")
+    c.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    try:
+        if args.cmd == "collect":
+            print(sweep_table(collect(args.run_dirs, args.out)))
+            return 0
+        runs = plan(args.base, args.grid, args.set)
+        if args.print_launch:
+            for run in runs:
+                print(launch_command(args.base, run, accelerate_config=args.accelerate_config, extra_overrides=args.set))
+            return 0
+        if args.local:
+            run_dirs = run_local(args.base, runs, args.set)
+            base_cfg = load_config(args.base, args.set)
+            out = args.out or str(Path(base_cfg.trainer.output_dir) / f"sweep-{base_cfg.name}")
+            print(sweep_table(collect(run_dirs, out)))
+            print(f"[sweep] table and figure in {out}")
+            return 0
+        for run in runs:
+            print(f"{run.name}\t{' '.join(run.overrides)}")
+        return 0
+    except ConfigError as err:
+        print(f"sweep: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
