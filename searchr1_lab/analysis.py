@@ -7,13 +7,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from searchr1_lld.bookkeeping.tracking import read_metrics
+from searchr1_lld.instruments.alarms import finite
 from searchr1_lld.instruments.monitor import (PHASES, PhaseDetector, PhaseThresholds, alarm_steps,
                                               warning_accounting)
 from searchr1_lab.methods import LLD_MARGIN, REWARD_MARGIN, TREND_WINDOW, Method
-
-
-def finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def mean_std(values: Sequence[float | None]) -> tuple[float, float, int]:

@@ -4,8 +4,9 @@ import math
 
 import pytest
 
-from searchr1_lab.prereg.detection import (Alarm, alarm_outcome, drop_below_start, held_out_collapse_step,
-                                           newcombe_difference, ratio_over_early, score_alarm, wilson)
+from searchr1_lld.instruments.alarms import Alarm
+from searchr1_lab.prereg.detection import (alarm_outcome, held_out_collapse_step, newcombe_difference,
+                                           refuse_collapse_signals, score_alarm, wilson)
 
 
 def test_held_out_collapse_needs_the_whole_tail_at_or_below_the_bound():
@@ -38,9 +39,11 @@ def test_newcombe_difference_brackets_the_difference():
 
 def test_an_alarm_reading_a_collapse_signal_is_refused():
     for key in ("eval/val_em", "reward/em_mean"):
+        leaky = Alarm("leaky", "drop_below_start", 0.5, {"key": "probe/logp_per_token", "reference_key": key})
         with pytest.raises(ValueError, match="collapse label is computed from"):
-            Alarm("leaky", frozenset({"probe/logp_per_token", key}), "reads the label", lambda records: False)
-    Alarm("fine", frozenset({"probe/logp_per_token"}), "probe only", lambda records: False)
+            refuse_collapse_signals(leaky)
+    fine = Alarm("fine", "drop_below_start", 0.5, {"key": "probe/logp_per_token"})
+    assert refuse_collapse_signals(fine) is fine
 
 
 def _records(probe, grad=None):
@@ -49,13 +52,13 @@ def _records(probe, grad=None):
 
 
 def test_rules_see_only_the_past():
-    drop = Alarm("probe_drop", frozenset({"probe/logp_per_token"}), "", drop_below_start("probe/logp_per_token", 0.5))
+    drop = Alarm("probe_drop", "drop_below_start", 0.5, {"key": "probe/logp_per_token"})
     assert drop.first_step(_records([-1.0, -1.2, -1.6, -1.0])) == 3  # fires at step 3, whatever comes after
     assert drop.first_step(_records([-1.0, -1.2, -1.4])) is None
     assert drop.first_step(_records([math.nan, -1.0, -1.6])) == 3  # NaN values are skipped, the first finite is start
-    spike = ratio_over_early("actor/grad_norm", 5.0, early_steps=2)
+    spike = Alarm("gn", "ratio_over_early", 5.0, {"key": "actor/grad_norm", "early_steps": 2})
     recs = _records([0] * 5, grad=[1.0, 3.0, 9.0, 10.0, 1.0])  # early median 2.0: x5 = 10
-    assert Alarm("gn", frozenset({"actor/grad_norm"}), "", spike).first_step(recs) == 4
+    assert spike.first_step(recs) == 4
 
 
 def test_outcomes():
@@ -66,7 +69,7 @@ def test_outcomes():
 def test_scoring_within_rate_shows_what_the_rate_hides():
     # at lr 1e-3 every run collapses and every run alarms; at 5e-4 none collapses and every run alarms: overall the
     # alarm looks sensitive, within each rate it separates nothing (specificity 0 where there is anything to tell)
-    drop = Alarm("probe_drop", frozenset({"probe/logp_per_token"}), "", drop_below_start("probe/logp_per_token", 0.5))
+    drop = Alarm("probe_drop", "drop_below_start", 0.5, {"key": "probe/logp_per_token"})
     falling = _records([-1.0, -1.2, -1.8, -2.0, -2.5, -3.0])  # alarm at step 3
     runs = ([{"lr": 1e-3, "records": falling, "collapse_step": 5} for _ in range(3)]
             + [{"lr": 5e-4, "records": falling, "collapse_step": None} for _ in range(2)]

@@ -4,7 +4,8 @@ Ground truth comes from held-out data: :func:`held_out_collapse_step` reads a ru
 greedy EM on the validation split, on a fixed schedule) against the warm start's validation EM. The training-reward
 rule (:func:`searchr1_lld.instruments.phases.reward_collapse_step`) stays a secondary signal.
 
-An alarm (:class:`Alarm`) is a rule over the per-step records up to a step that names the series it reads. An alarm
+An alarm (:class:`searchr1_lld.instruments.alarms.Alarm`, one of the registered kinds with its registered threshold)
+fires at the first step its score, computed from the records up to that step, reaches its threshold. An alarm
 whose definition reads a collapse signal (:data:`COLLAPSE_SIGNALS`: the validation EM the label is computed from, and
 the training reward the secondary label is) is refused when it is made: it would contain the thing it predicts.
 :func:`score_alarm` scores one alarm against the label over a set of runs, overall and within each learning rate
@@ -16,10 +17,9 @@ it separates runs at one rate): sensitivity (collapsed runs alarmed strictly bef
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from searchr1_lld.instruments.phases import median
+from searchr1_lld.instruments.alarms import Alarm, median
 from searchr1_lab.analysis import VAL_EM_KEY, finite
 
 REWARD = "reward/em_mean"
@@ -51,64 +51,14 @@ def held_out_collapse_step(val_curve: Sequence[Sequence[float]], warm_em: float,
     return int(val_curve[start][0])
 
 
-def _series(records: Sequence[Mapping[str, Any]], key: str) -> list[tuple[int, float]]:
-    """``[(step, value)]`` of the finite values of ``key``."""
-    return [(int(r["step"]), float(r[key])) for r in records if finite(r.get(key))]
-
-
-def early_median(values: Sequence[float], early: int) -> float:
-    """The median of the first ``early`` of ``values``, once a later value exists (NaN before)."""
-    return median(values[:early]) if len(values) > early else float("nan")
-
-
-@dataclass(frozen=True)
-class Alarm:
-    """One pre-registered alarm: ``first_step(records)`` is the first step at which ``rule`` holds, the rule seeing
-    only the records up to that step (it cannot look ahead). ``reads``: every series key the rule reads."""
-
-    name: str
-    reads: frozenset[str]
-    description: str
-    rule: Callable[[Sequence[Mapping[str, Any]]], bool]
-
-    def __post_init__(self) -> None:
-        leaked = sorted(self.reads & COLLAPSE_SIGNALS)
-        if leaked:
-            raise ValueError(f"alarm {self.name!r} reads {leaked}, which a collapse label is computed from: an alarm "
-                             "defined on the collapse signal cannot warn of it")
-
-    def first_step(self, records: Sequence[Mapping[str, Any]]) -> int | None:
-        for i in range(len(records)):
-            if self.rule(records[: i + 1]):
-                return int(records[i]["step"])
-        return None
-
-
-def drop_below_start(key: str, drop: float, start_points: int = 1, reference_key: str | None = None
-                     ) -> Callable[[Sequence[Mapping[str, Any]]], bool]:
-    """Rule: the latest value of ``key`` is at least ``drop`` below its start: the first value of ``reference_key``
-    when given (e.g. the probe set's likelihood before any update), else the mean of its first ``start_points``
-    values (the rule holds only once a later value exists)."""
-    def rule(records: Sequence[Mapping[str, Any]]) -> bool:
-        vals = [v for _, v in _series(records, key)]
-        if reference_key is not None:
-            ref = [v for _, v in _series(records, reference_key)]
-            return bool(ref and vals) and vals[-1] <= ref[0] - drop
-        if len(vals) <= start_points:
-            return False
-        start = sum(vals[:start_points]) / start_points
-        return vals[-1] <= start - drop
-    return rule
-
-
-def ratio_over_early(key: str, ratio: float, early_steps: int) -> Callable[[Sequence[Mapping[str, Any]]], bool]:
-    """Rule: the latest finite value of ``key`` is at least ``ratio`` times the median of its first ``early_steps``
-    finite values; never before those are all in."""
-    def rule(records: Sequence[Mapping[str, Any]]) -> bool:
-        vals = [v for _, v in _series(records, key)]
-        base = early_median(vals, early_steps)
-        return finite(base) and base > 0 and vals[-1] >= ratio * base
-    return rule
+def refuse_collapse_signals(alarm: Alarm) -> Alarm:
+    """``alarm`` when it reads no collapse signal (:data:`COLLAPSE_SIGNALS`); ValueError otherwise: an alarm defined
+    on the series a collapse label is computed from would contain the thing it predicts."""
+    leaked = sorted(alarm.reads & COLLAPSE_SIGNALS)
+    if leaked:
+        raise ValueError(f"alarm {alarm.name!r} reads {leaked}, which a collapse label is computed from: an alarm "
+                         "defined on the collapse signal cannot warn of it")
+    return alarm
 
 
 def wilson(successes: int, trials: int, z: float = Z95) -> dict[str, Any]:

@@ -32,10 +32,12 @@ from searchr1_lld.config import ConfigError
 from searchr1_lab.analysis import finite, mean_std, val_em_curve, window_mean
 from searchr1_lab.baselines import subjects
 from searchr1_lab.compact import read_runs
-from searchr1_lab.prereg.detection import (Alarm, drop_below_start, early_median, held_out_collapse_step,
-                                           newcombe_difference, ratio_over_early, score_alarm, wilson)
+from searchr1_lab.prereg.detection import (held_out_collapse_step, newcombe_difference, refuse_collapse_signals,
+                                           score_alarm, wilson)
 from searchr1_lab.intervals import clustered_bootstrap
 from searchr1_lab.methods import REPO_ROOT
+from searchr1_lld.instruments import alarms
+from searchr1_lld.instruments.alarms import Alarm, median_of_first
 from searchr1_lld.instruments.phases import reward_collapse_step
 
 PREREG_FILE = "docs/lab/preregistration.json"
@@ -45,20 +47,10 @@ def load_preregistration(path: str | Path = REPO_ROOT / PREREG_FILE) -> dict[str
 
 
 def make_alarm(spec: Mapping[str, Any]) -> Alarm:
-    """An :class:`.detection.Alarm` from its registered ``spec``: ``{"name", "kind", "key", ...}`` with kind
-    ``drop_below_start`` (``drop``, optional ``reference_key`` / ``start_points``) or ``ratio_over_early``
-    (``ratio``, ``early_steps``). The alarm refuses a collapse signal among the keys it reads."""
-    kind, key = spec["kind"], spec["key"]
-    if kind == "drop_below_start":
-        ref = spec.get("reference_key")
-        rule = drop_below_start(key, float(spec["drop"]), int(spec.get("start_points", 1)), reference_key=ref)
-        reads = {key} | ({ref} if ref else set())
-    elif kind == "ratio_over_early":
-        rule = ratio_over_early(key, float(spec["ratio"]), int(spec["early_steps"]))
-        reads = {key}
-    else:
-        raise ValueError(f"alarm {spec.get('name')!r}: unknown kind {kind!r} (drop_below_start, ratio_over_early)")
-    return Alarm(spec["name"], frozenset(reads), spec.get("description", ""), rule)
+    """An alarm from its registered ``spec`` (:func:`searchr1_lld.instruments.alarms.make_alarm`: ``{"name", "kind",
+    "key", ...}``, e.g. kind ``drop_below_start`` with ``drop`` and optional ``reference_key`` / ``start_points``, or
+    ``ratio_over_early`` with ``ratio`` and ``early_steps``), refused when it reads a collapse signal."""
+    return refuse_collapse_signals(alarms.make_alarm(spec))
 
 
 def warm_val_em(base: Mapping[str, Any]) -> float:
@@ -75,7 +67,7 @@ def val_curve(records: Sequence[Mapping[str, Any]], warm_em: float) -> list[list
 def _ratio_to_early(records: Sequence[Mapping[str, Any]], key: str, early: int) -> float:
     """Largest value of ``key`` over the median of its first ``early`` finite values (NaN when undefined)."""
     vals = [float(r[key]) for r in records if finite(r.get(key))]
-    base = early_median(vals, early)
+    base = median_of_first(vals, early)
     return max(vals) / base if finite(base) and base > 0 else float("nan")
 
 

@@ -10,11 +10,11 @@ alarms at a matched false-alarm rate. All of it is pure: compact run records
 (:func:`searchr1_lab.compact.read_runs`) and a registration dict in, numbers out.
 """
 
-from searchr1_lab.stepsize.alarms import ALARM_SCORES, ScoreWindow, alarm_study, matched_threshold
+from searchr1_lab.stepsize.alarms import STUDY_ALARMS, ScoreWindow, alarm_study, matched_threshold
 from searchr1_lab.stepsize.analysis import (cell_survival, collapse_time, compare_arms, hypotheses, run_points,
                                             sensitivity_table, step_size)
 from searchr1_lab.stepsize.survival import kaplan_meier, logrank, rmst, rmst_difference
 
-__all__ = ["ALARM_SCORES", "ScoreWindow", "alarm_study", "matched_threshold", "cell_survival", "collapse_time",
+__all__ = ["STUDY_ALARMS", "ScoreWindow", "alarm_study", "matched_threshold", "cell_survival", "collapse_time",
            "compare_arms", "hypotheses", "run_points", "sensitivity_table", "step_size", "kaplan_meier", "logrank",
            "rmst", "rmst_difference"]

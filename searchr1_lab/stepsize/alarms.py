@@ -1,25 +1,15 @@
 """Early-warning alarms scored at a matched false-alarm rate (pure: per-step records and collapse labels in, numbers
 out).
 
-An alarm is a per-step SCORE (:data:`ALARM_SCORES`, one function each) computed at step ``t`` from the run's records
-up to ``t`` only (no look-ahead); the larger the score, the nearer the run is taken to be to a collapse. Its
-threshold is not chosen by hand: within one learning rate, it is the smallest value above which at most a given share
-of the runs that did NOT collapse ever score (:func:`matched_threshold`), so every alarm is held to the same false-
-alarm rate and they are compared by how early they warn of the collapses (:func:`alarm_study`): the lead of a
-collapsed run is its collapse step minus the first step whose score exceeds the threshold, when that is before the
-collapse. Each alarm's leads are compared with the reference alarm's (the drop in training reward, what a user would
-watch anyway), paired over the collapsed runs, with a bootstrap interval.
-
-The scores (``early`` median: over the steps ``early_first..early_last``; ``trailing`` mean: the last ``trailing``
-finite values at steps ``<= t``; both from :class:`ScoreWindow`):
-
-- ``reward_drop``: ``early median(reward/em_mean) - trailing mean(reward/em_mean)``;
-- ``probe_drop``: ``probe/initial_logp_per_token - probe/logp_per_token(t)`` (positive: the probe set's likelihood
-  fell);
-- ``correct_logp_drop``: ``early median - trailing mean`` of ``lld/correct_logp_old_per_token``;
-- ``step_kl_rise``: ``trailing mean(lld/step_kl) / early median(lld/step_kl)`` (NaN when the early median is <= 0).
-
-A score that reads an early median is NaN before step ``early_last`` (its early window is not complete).
+An alarm is a per-step SCORE computed at step ``t`` from the run's records up to ``t`` only (no look-ahead), one of
+the registered kinds of :mod:`searchr1_lld.instruments.alarms` (the study's: :data:`STUDY_ALARMS`, each with a
+:class:`ScoreWindow`); the larger the score, the nearer the run is taken to be to a collapse. Its threshold is not
+chosen by hand: within one learning rate, it is the smallest value above which at most a given share of the runs that
+did NOT collapse ever score (:func:`matched_threshold`), so every alarm is held to the same false-alarm rate and they
+are compared by how early they warn of the collapses (:func:`alarm_study`): the lead of a collapsed run is its
+collapse step minus the first step whose score exceeds the threshold, when that is before the collapse. Each alarm's
+leads are compared with the reference alarm's (the drop in training reward, what a user would watch anyway), paired
+over the collapsed runs, with a bootstrap interval.
 
 Two rules say which firings are false alarms (:data:`FALSE_ALARM_RULES`, the ``rule`` of :func:`alarm_study`):
 ``calm_runs`` (the registered one: any firing of a run that did not collapse; the leads of the collapsed runs count
@@ -33,83 +23,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from searchr1_lld.instruments.phases import median
-from searchr1_lab.analysis import finite
+from searchr1_lld.instruments.alarms import Records, ScoreWindow, finite, median, series
+from searchr1_lld.instruments.alarms import score_series as alarm_scores
 from searchr1_lab.intervals import BOOT_SEED, LEVEL, N_BOOT
 
 NAN = float("nan")
 REFERENCE_ALARM = "reward_drop"
 HELD_OUT = "eval/val_sub_em"
-
-
-@dataclass(frozen=True)
-class ScoreWindow:
-    """The steps an alarm's early median reads (``early_first..early_last``, inclusive) and the number of latest
-    values its trailing mean averages."""
-
-    early_first: int = 1
-    early_last: int = 5
-    trailing: int = 3
-
-
-Records = Sequence[Mapping[str, Any]]
-
-
-def series(records: Records, key: str) -> list[tuple[int, float]]:
-    """``[(step, value)]`` of the finite values of ``key``, in the records' order."""
-    return [(int(r["step"]), float(r[key])) for r in records if finite(r.get(key))]
-
-
-def early_median(records: Records, key: str, window: ScoreWindow) -> float:
-    """Median of ``key`` over steps ``early_first..early_last``; NaN until a record of step ``early_last`` is in (the
-    window is complete) or when the window holds no value."""
-    if not any(int(r["step"]) >= window.early_last for r in records):
-        return NAN
-    return median([v for s, v in series(records, key) if window.early_first <= s <= window.early_last])
-
-
-def trailing_mean(records: Records, key: str, window: ScoreWindow) -> float:
-    """Mean of the last ``trailing`` finite values of ``key`` (fewer when fewer are logged; NaN when none)."""
-    vals = [v for _, v in series(records, key)][-window.trailing:]
-    return sum(vals) / len(vals) if vals else NAN
-
-
-def reward_drop(records: Records, window: ScoreWindow) -> float:
-    return early_median(records, "reward/em_mean", window) - trailing_mean(records, "reward/em_mean", window)
-
-
-def probe_drop(records: Records, window: ScoreWindow) -> float:
-    initial = series(records, "probe/initial_logp_per_token")
-    now = series(records, "probe/logp_per_token")
-    return initial[0][1] - now[-1][1] if initial and now else NAN
-
-
-def correct_logp_drop(records: Records, window: ScoreWindow) -> float:
-    key = "lld/correct_logp_old_per_token"
-    return early_median(records, key, window) - trailing_mean(records, key, window)
-
-
-def step_kl_rise(records: Records, window: ScoreWindow) -> float:
-    base = early_median(records, "lld/step_kl", window)
-    return trailing_mean(records, "lld/step_kl", window) / base if finite(base) and base > 0 else NAN
-
-
-# the registry: an alarm is one score function (records up to a step, window) -> score
-ALARM_SCORES: dict[str, Callable[[Records, ScoreWindow], float]] = {
-    "reward_drop": reward_drop, "probe_drop": probe_drop, "correct_logp_drop": correct_logp_drop,
-    "step_kl_rise": step_kl_rise}
+# the study's alarms: kinds of the one registry (searchr1_lld.instruments.alarms), each scored with a ScoreWindow
+STUDY_ALARMS = ("reward_drop", "probe_drop", "correct_logp_drop", "step_kl_rise")
 
 
 def score_series(records: Records, alarm: str, window: ScoreWindow = ScoreWindow()) -> list[tuple[int, float]]:
-    """``[(t, score_t)]`` for every step ``t >= 1`` of the run, ``score_t`` computed from the records of steps
-    ``<= t`` only."""
-    score = ALARM_SCORES[alarm]
-    ordered = sorted(records, key=lambda r: int(r["step"]))
-    return [(int(r["step"]), score(ordered[: i + 1], window)) for i, r in enumerate(ordered) if int(r["step"]) >= 1]
+    """``[(t, score_t)]`` of the registered alarm kind ``alarm`` for every step ``t >= 1`` of the run, ``score_t``
+    computed from the records of steps ``<= t`` only."""
+    return alarm_scores(records, alarm, window=window)
 
 
 def peak(scores: Sequence[tuple[int, float]]) -> float:

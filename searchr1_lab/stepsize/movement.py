@@ -25,7 +25,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from searchr1_lab.analysis import finite
 from searchr1_lab.intervals import BOOT_SEED, N_BOOT
-from searchr1_lab.stepsize.alarms import ALARM_SCORES, ScoreWindow, bootstrap_mean
+from searchr1_lld.instruments.alarms import probe_drop
+from searchr1_lab.stepsize.alarms import bootstrap_mean
 from searchr1_lab.stepsize.analysis import (Run, cell_runs, control_lr, hypothesis_kind, hypothesis_beats,
                                             hypothesis_mechanism, labels, resolve_lr)
 
@@ -47,7 +48,7 @@ def probe_drop_by(records: Records, until: int) -> float:
     """The probe set's likelihood drop by step ``until`` (the ``probe_drop`` alarm's score on the records of steps
     ``<= until``)."""
     ordered = sorted((r for r in records if int(r["step"]) <= until), key=lambda r: int(r["step"]))
-    return ALARM_SCORES["probe_drop"](ordered, ScoreWindow())
+    return probe_drop(ordered)
 
 
 # how far a run has moved by a step: records, step -> movement

@@ -8,6 +8,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
+from searchr1_lld.instruments.alarms import Alarm, median
+
 PHASES = ("healthy", "early_stagnation", "steady_decay", "accelerated_collapse")
 PHASE_ID = {name: i for i, name in enumerate(PHASES)}
 
@@ -81,15 +83,6 @@ def _finite(values: Iterable[Any]) -> list[float]:
     return [float(v) for v in values if v is not None and isinstance(v, (int, float)) and math.isfinite(v)]
 
 
-def median(values: Sequence[float]) -> float:
-    """The median of ``values`` (NaN when there are none)."""
-    if not values:
-        return NAN
-    s = sorted(values)
-    mid = len(s) // 2
-    return s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
-
-
 class PhaseDetector:
     """Names the death-spiral phase from the logged series.
 
@@ -137,6 +130,12 @@ class PhaseDetector:
     def __init__(self, thresholds: PhaseThresholds | None = None):
         self.t = thresholds or PhaseThresholds()
 
+    @property
+    def drawdown(self) -> Alarm:
+        """The collapse alarm, a kind of the one alarm registry (:mod:`.alarms`) at ``drawdown_alarm_logp``."""
+        return Alarm("drawdown", "drop_from_best", self.t.drawdown_alarm_logp, {"key": self.PROBE_LOGP},
+                     "the probe set's log-likelihood per token below its best measurement so far")
+
     def detect(self, history: Sequence[dict[str, Any]]) -> PhaseReport:
         """The reported phase after ``history`` (persistence applied; see the class docstring)."""
         k = self.t.persistence()
@@ -158,12 +157,12 @@ class PhaseDetector:
         keys = (self.REWARD, self.CORRECT_LOGP, self.GRAD_NORM, self.ENTROPY, self.PROBE_LOGP)
         series = {k: [h.get(k) for h in history] for k in keys}
         win = {k: v[-self.t.window:] for k, v in series.items()}
-        ev = {**self._trend_evidence(win), **self._level_evidence(series, win), **self._probe_evidence(series),
+        ev = {**self._trend_evidence(win), **self._level_evidence(series, win), **self._probe_evidence(series, history),
               **self._explosion_evidence(series, win)}
         sig = _Signals.of(ev, self.t)
         phase, reasons = _phase_and_reasons(ev, sig, self.t)
         return PhaseReport(phase=phase, evidence=ev, reasons=reasons, warning=_early_warning(ev, sig),
-                           drawdown_alarm=_drawdown_alarm(ev, self.t))
+                           drawdown_alarm=self._drawdown_alarm(history, ev))
 
     def _trend_evidence(self, win: dict[str, list[Any]]) -> dict[str, float]:
         """Least-squares slopes over the window of the correct responses' log-likelihood and of the reward (NaN
@@ -185,16 +184,23 @@ class PhaseDetector:
                 "reward_now": _nanmean(_finite(win[self.REWARD])[-2:]),
                 "reward_peak": max(reward_all) if reward_all else NAN}
 
-    def _probe_evidence(self, series: dict[str, list[Any]]) -> dict[str, float]:
+    def _probe_evidence(self, series: dict[str, list[Any]], history: Sequence[dict[str, Any]]) -> dict[str, float]:
         """The probe set's latest log-likelihood, its drop below its best, and its slope per step over its last
         ``min_points`` measurements (at their steps)."""
         probe = series[self.PROBE_LOGP]
         probe_all = _finite(probe)
         probe_at = [i for i, v in enumerate(probe) if v is not None and math.isfinite(v)]
         return {"probe_logp_now": probe_all[-1] if probe_all else NAN,
-                "probe_drop_from_peak": max(probe_all) - probe_all[-1] if probe_all else NAN,
+                "probe_drop_from_peak": self.drawdown.score(history),
                 "probe_slope": (linear_slope(probe[probe_at[-self.t.min_points]:])
                                 if len(probe_at) >= self.t.min_points else NAN)}
+
+    def _drawdown_alarm(self, history: Sequence[dict[str, Any]], ev: dict[str, float]) -> str | None:
+        """The collapse alarm (:attr:`drawdown`) as a sentence; None when it does not fire."""
+        if not self.drawdown.fires(history):
+            return None
+        return (f"collapse alarm: probe-set log-likelihood {ev['probe_drop_from_peak']:.3f} nats/token below its "
+                f"best (alarm at {self.t.drawdown_alarm_logp})")
 
     def _explosion_evidence(self, series: dict[str, list[Any]], win: dict[str, list[Any]]) -> dict[str, float]:
         """Grad norm and entropy: their early baseline (median of the first ``window`` steps), now, now over the
@@ -315,14 +321,6 @@ def _early_warning(ev: dict[str, float], sig: _Signals) -> str | None:
     slope = ev["logp_slope"] if sig.falling["correct"] else ev["probe_slope"]
     return (f"early warning: correct-response likelihood trends down ({slope:.4f} nats/token/step) "
             f"while reward still rises ({ev['reward_slope']:.4f}/step) - the LLD death spiral's precursor")
-
-
-def _drawdown_alarm(ev: dict[str, float], t: PhaseThresholds) -> str | None:
-    """The collapse alarm: the probe set at least ``drawdown_alarm_logp`` below its best (None when it is not)."""
-    if _ok(ev["probe_drop_from_peak"]) and ev["probe_drop_from_peak"] >= t.drawdown_alarm_logp:
-        return (f"collapse alarm: probe-set log-likelihood {ev['probe_drop_from_peak']:.3f} nats/token below its "
-                f"best (alarm at {t.drawdown_alarm_logp})")
-    return None
 
 
 # --------------------------------------------------------------------------------------------------------------------
