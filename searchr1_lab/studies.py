@@ -99,7 +99,8 @@ STUDIES = (
             "--out .cache/lab-world-2eabc7e23c51", "docs/lab.md")
       for name, results in (("the step-size study", "docs/lab/stepsize/runs"),
                             ("the step-size pilot", "docs/lab/stepsize/pilot"),
-                            ("the trust-region study", "docs/lab/trustregion/runs"))),
+                            ("the trust-region study", "docs/lab/trustregion/runs"),
+                            ("the learning-stability frontier", "docs/lab/frontier/runs"))),
     Study("the demo", ("docs/demo",), "configs/world/default.yaml",
           "python -m searchr1_lld.world build --config configs/world/default.yaml --out .cache/world", "README.md"),
     Study("the demo's protocol on world seed 1", ("docs/lab/balanced-seed1",), "configs/world/balanced-seed1.yaml",

@@ -327,6 +327,10 @@ ENTRIES: tuple[Entry, ...] = (
                     "test_the_report_command_writes_summary_verdict_figures_and_readme_block",
               snippet='lab_main(["stepsize-report"',
               how="the same command with --registration and --readme on a hand-made registration and grid"),
+    RunByTest("frontier_report", ("python -m searchr1_lab frontier-report --readme README.md",),
+              where="tests/test_frontier.py::test_the_report_command_writes_the_report_figures_and_readme_block",
+              snippet='lab_main(["frontier-report"',
+              how="the same command with --registration, --runs, --out and --readme on a hand-made registration"),
     RunByTest("sweep_local_two", (
         'python -m searchr1_lab.sweep expand --base configs/tiny.yaml --grid "algorithm.llds.lam=0,0.2" --local '
         '--out runs/sweep-lam',),

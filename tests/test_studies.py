@@ -33,6 +33,8 @@ def test_the_world_a_studys_docs_name_builds_the_world_its_results_record(study:
         assert identity["config"] == recorded_config(study), f"{study.world} at {study.commit} is another world"
         return
     recorded = recorded_hashes(study.results)
+    if not result_files(study.results):  # a registered study before its first result lands
+        pytest.skip(f"{study.name}: no result yet")
     assert recorded, f"{study.results} records no world hash"
     moved = {path: sorted(h) for path, h in recorded.items() if h != {identity['hash']}}
     assert not moved, (f"{study.world}{f' at commit {study.commit}' if study.commit else ''} builds world "

@@ -1,0 +1,207 @@
+"""The frontier's registered analysis, its report (``README.md``, ``summary.json``, the figures) and the README block,
+from the grid's compact results alone: ``python -m searchr1_lab frontier-report [--registration FILE] [--readme
+README.md]``.
+
+Every cell (an arm at one learning rate) is scored by its runs' endpoints (:mod:`.endpoints`); the Pareto frontier
+is taken over the cells with runs, on (RMST, mean utility) (:mod:`.pareto`); each method's dose is chosen on
+validation (:mod:`.selection`), and the chosen settings' test EM is read only once every registered run is in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from searchr1_lld.config import ConfigError
+from searchr1_lab.comparison.claims import clean, replace_readme_block
+from searchr1_lab.compact import read_runs
+from searchr1_lab.frontier.endpoints import cell_endpoints, run_endpoints
+from searchr1_lab.frontier.figures import FIGURES, write_figures
+from searchr1_lab.frontier.pareto import pareto_front
+from searchr1_lab.frontier.selection import choose, method_cells, test_scores
+from searchr1_lab.methods import REPO_ROOT
+from searchr1_lab.prereg.registration import phenomena
+from searchr1_lab.stepsize.analysis import cell_runs, same_lr
+from searchr1_lab.stepsize.registration import cells, load_registration
+from searchr1_lab.studies import current_command
+
+FRONTIER_FILE = "docs/lab/frontier/registration.json"
+# the paper's phenomena in the report's table: key of prereg.registration.phenomena -> column
+PHENOMENA_COLUMNS = {"entropy_start": "entropy start", "entropy_end": "entropy end",
+                     "grad_norm_max_ratio": "max grad norm / early", "correct_logp_start": "correct logp start",
+                     "correct_logp_end": "correct logp end"}
+
+
+def method_of_arm(reg: Mapping[str, Any]) -> dict[str, str]:
+    """Arm -> its method (the registration's ``frontier.methods``); ConfigError unless every arm has exactly one."""
+    owner: dict[str, str] = {}
+    for method, arms in reg["frontier"]["methods"].items():
+        for arm in arms:
+            if arm in owner or arm not in reg["arms"]:
+                raise ConfigError(f"frontier.methods: arm {arm!r} is {'listed twice' if arm in owner else 'unknown'}")
+            owner[arm] = method
+    missing = sorted(set(reg["arms"]) - set(owner))
+    if missing:
+        raise ConfigError(f"frontier.methods names no method for the arms {missing}")
+    return owner
+
+
+def _mean_phenomena(runs: Sequence[Mapping[str, Any]], settings: Mapping[str, int]) -> dict[str, float | None]:
+    rows = [phenomena(r["records"], settings["window"], settings["early_steps"]) for r in runs]
+    out = {}
+    for key in PHENOMENA_COLUMNS:
+        vals = [row[key] for row in rows if row[key] == row[key]]  # NaN != NaN: left out
+        out[key] = sum(vals) / len(vals) if vals else None
+    return out
+
+
+def cell_rows(reg: Mapping[str, Any], runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per registered cell, in the registration's order: its method, dose, endpoints and phenomena."""
+    label, owner = reg["label"], method_of_arm(reg)
+    points = [run_endpoints(r, label) for r in runs]
+    rows = []
+    for arm_name, arm in reg["arms"].items():
+        for lr in arm["lrs"]:
+            mine = [p for p in points if p["arm"] == arm_name and same_lr(p["lr"], lr)]
+            dose = arm.get("dose", arm.get("label", arm_name)) + (f", lr {lr:g}" if len(arm["lrs"]) > 1 else "")
+            rows.append({"arm": arm_name, "lr": lr, "name": f"{arm_name}@{lr:g}", "method": owner[arm_name],
+                         "dose": dose, **cell_endpoints(mine, int(label["horizon"])),
+                         "phenomena": _mean_phenomena(cell_runs(runs, arm_name, lr), reg["frontier"]["phenomena"])})
+    scored = [c for c in rows if c["runs"] and c["utility"]["mean"] is not None]
+    front = {scored[i]["name"] for i in pareto_front([(c["rmst"], c["utility"]["mean"]) for c in scored])}
+    for c in rows:
+        c["on_frontier"] = c["name"] in front
+    return rows
+
+
+def analyse(reg: Mapping[str, Any], runs_dir: str | Path) -> dict[str, Any]:
+    """The registered analysis of the compact results in ``runs_dir`` (module docstring)."""
+    runs, base = read_runs(runs_dir)
+    rows = cell_rows(reg, runs)
+    planned = len(cells(reg))
+    complete = len(runs) >= planned
+    chosen = {m: choose(method_cells(rows, arms)) for m, arms in reg["frontier"]["methods"].items()}
+    chosen = {m: c for m, c in chosen.items() if c is not None}
+    if complete and base is None:
+        raise FileNotFoundError(f"{runs_dir} holds no baselines file: the test questions' subjects are read there")
+    return {"registration": reg["registration"], "label": reg["label"], "runs_finished": len(runs),
+            "runs_planned": planned, "complete": complete, "methods": list(reg["frontier"]["methods"]),
+            "cells": rows, "frontier": [c["name"] for c in sorted((c for c in rows if c["on_frontier"]),
+                                                                   key=lambda c: c["rmst"])],
+            "chosen": {m: c["name"] for m, c in chosen.items()},
+            "test": test_scores(chosen, runs, base) if complete else None}
+
+
+def fmt(x: Any, digits: int = 3, sign: bool = False) -> str:
+    if x is None:
+        return "-"
+    return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
+
+
+def _spread(s: Mapping[str, Any], digits: int = 3, sign: bool = False) -> str:
+    if s["mean"] is None:
+        return "-"
+    return f"{fmt(s['mean'], digits, sign)} [{fmt(s['min'], digits, sign)}, {fmt(s['max'], digits, sign)}]"
+
+
+def cell_table(s: Mapping[str, Any]) -> list[str]:
+    lines = ["| method | dose | runs | collapsed | RMST (steps) | utility: peak gain [min, max] | gain area [min, max] "
+             "| final validation EM | on the frontier |", "|" + " --- |" * 9]
+    for c in s["cells"]:
+        lines.append(f"| {c['method']} | {c['dose']} | {c['runs']} | {c['collapsed']} | {fmt(c['rmst'], 1)} | "
+                     f"{_spread(c['utility'])} | {_spread(c['gain_area'], sign=True)} | "
+                     f"{fmt(c['final_val_em']['mean'])} | {'yes' if c['on_frontier'] else ''} |")
+    return lines
+
+
+def phenomena_table(s: Mapping[str, Any]) -> list[str]:
+    lines = ["| cell | " + " | ".join(PHENOMENA_COLUMNS.values()) + " |", "|" + " --- |" * (1 + len(PHENOMENA_COLUMNS))]
+    for c in s["cells"]:
+        lines.append(f"| {c['name']} | " + " | ".join(fmt(c["phenomena"][k], 2) for k in PHENOMENA_COLUMNS) + " |")
+    return lines
+
+
+def test_lines(s: Mapping[str, Any]) -> list[str]:
+    if s["test"] is None:
+        return [f"Withheld until every registered run is in ({s['runs_finished']} of {s['runs_planned']}): the test "
+                "split is read once, for the settings chosen on validation."]
+    lines = ["| method | chosen on validation | test EM [95 % interval, subjects resampled] | rank on validation | "
+             "rank on test |", "|" + " --- |" * 5]
+    for m, t in s["test"].items():
+        em = t["test_em"]
+        lines.append(f"| {m} | {s['chosen'][m]} | {fmt(em['mean'])} [{fmt(em['lo'])}, {fmt(em['hi'])}] | "
+                     f"{t['rank_validation']} | {t['rank_test']} |")
+    return lines
+
+
+def render(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
+    """The report's README.md."""
+    block, label = reg["registration"], s["label"]
+    lines = [f"# {block.get('report_title', block['title'])}", "",
+             f"The registered analysis ([registration](registration.md), analysis code at commit "
+             f"`{str(block.get('analysis_commit'))[:10]}`) of {s['runs_finished']} of {s['runs_planned']} runs, "
+             f"written by `{current_command(block['analysis_command'])}`. Exploratory: 3 seeds a cell, no "
+             "hypothesis is tested; the figures describe this sandbox, not real models.", "",
+             f"Collapse: held-out EM (`eval/val_sub_em`) at or below {label['ratio']} x the run's own step-0 value at "
+             f"{label['persist']} evaluations in a row; survival is the RMST to step {label['horizon']}. Utility: the "
+             "run's peak held-out gain over step 0, floored at 0 (a run that never learns has none, however long it "
+             "lasts); gain area: its mean gain per step over the run.", "",
+             "## The frontier", "", "![utility against survival](frontier.png)", "",
+             "On the Pareto frontier (no other cell both learned more and lasted longer), by survival: "
+             + (", ".join(f"**{n}**" for n in s["frontier"]) or "none yet") + ".", "", *cell_table(s), "",
+             "## Each method's dose, chosen on validation, scored once on test", "",
+             "Chosen: the largest mean gain area, then utility, then RMST. "
+             + "; ".join(f"{m}: {n}" for m, n in s["chosen"].items()) + ".", "", *test_lines(s), "",
+             "## The paper's phenomena per method", "", "![phenomena](phenomena.png)", "", *phenomena_table(s), ""]
+    return "\n".join(lines)
+
+
+def readme_markers(reg: Mapping[str, Any]) -> tuple[str, str]:
+    name = reg["registration"].get("readme_block", "frontier-results")
+    return f"<!-- {name}:begin ({current_command(reg['registration']['analysis_command'])}) -->", f"<!-- {name}:end -->"
+
+
+def readme_block(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
+    """The README's lines of the study (between its markers)."""
+    front = ", ".join(s["frontier"]) or "none yet"
+    tested = ("test EM " + "; ".join(f"{m} {fmt(t['test_em']['mean'])}" for m, t in s["test"].items())
+              if s["test"] is not None else "test withheld until the grid is complete")
+    return (f"{s['runs_finished']} of {s['runs_planned']} runs ([report]({reg['registration']['report_dir']}/README.md), "
+            f"exploratory, 3 seeds a cell). On the learning-stability frontier: {front}. Chosen on validation: "
+            + "; ".join(f"{m} {n}" for m, n in s["chosen"].items()) + f"; {tested}.")
+
+
+def write_report(registration: str | Path, runs_dir: str | Path, out_dir: str | Path,
+                 readme: str | Path | None = None) -> dict[str, Any]:
+    """``summary.json``, ``README.md`` and the figures in ``out_dir``; with ``readme``, its block replaced."""
+    reg = load_registration(registration)
+    summary = clean(analyse(reg, runs_dir))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    (out / "README.md").write_text(render(summary, reg))
+    runs, _ = read_runs(runs_dir)
+    write_figures(summary, runs, out)
+    if readme is not None:
+        path = Path(readme)
+        path.write_text(replace_readme_block(path.read_text(), readme_block(summary, reg), *readme_markers(reg)))
+    return summary
+
+
+def main(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m searchr1_lab frontier-report", description=__doc__.split("\n\n")[0])
+    p.add_argument("--registration", default=str(REPO_ROOT / FRONTIER_FILE), help="the registration's JSON")
+    p.add_argument("--runs", help="the grid's compact results (default: the registration's runs_dir)")
+    p.add_argument("--out", help="report dir (default: the registration's report_dir)")
+    p.add_argument("--readme", help="also replace this README's block of the study")
+    args = p.parse_args(list(argv))
+    reg = load_registration(args.registration)["registration"]
+    s = write_report(args.registration, args.runs or REPO_ROOT / reg["runs_dir"],
+                     args.out or REPO_ROOT / reg["report_dir"], args.readme)
+    print(f"{s['runs_finished']} of {s['runs_planned']} runs; report in {args.out or reg['report_dir']}")
+    return 0
+
+
+__all__ = ["FIGURES", "FRONTIER_FILE", "analyse", "main", "render", "readme_block", "readme_markers", "write_report"]

@@ -1,0 +1,223 @@
+"""The learning-stability frontier: its endpoints on hand-made curves, the Pareto frontier on a hand-made set, the
+choice on validation and the test read once, and the committed registration (valid, before every run, its report
+what the committed runs compute)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from searchr1_lld.config import ConfigError
+from searchr1_lab.frontier.endpoints import cell_endpoints, final_value, run_endpoints
+from searchr1_lab.frontier.pareto import dominates, pareto_front
+from searchr1_lab.frontier.selection import choose, ranks, selection_key
+from searchr1_lab.methods import REPO_ROOT
+
+LABEL = {"ratio": 0.3, "persist": 2, "horizon": 10}
+
+
+def run(arm, curve, seed=0, lr=0.002, whole=None, test=None):
+    """A compact run whose held-out EM follows ``curve`` at steps 0, 2, 4, ..."""
+    records = [{"step": 2 * i, "eval/val_sub_em": v} for i, v in enumerate(curve)]
+    for step, v in (whole or {}).items():
+        records.append({"step": step, "eval/val_em": v})
+    return {"method": arm, "lr": lr, "seed": seed, "records": sorted(records, key=lambda r: r["step"]),
+            "test": {"correct": test or {q: 0 for q in ("q1", "q2", "q3", "q4")}}}
+
+
+def test_a_run_that_never_learns_has_zero_utility_whatever_it_survives():
+    flat = run_endpoints(run("a", [0.4, 0.4, 0.38, 0.39, 0.4, 0.37]), LABEL)
+    assert flat["utility"] == 0.0 and flat["peak_gain"] == 0.0 and flat["event"] == 0 and flat["time"] == 10
+    falling = run_endpoints(run("a", [0.4, 0.3, 0.2, 0.2, 0.2, 0.2]), LABEL)
+    assert falling["utility"] == 0.0 and falling["peak_gain"] == pytest.approx(-0.1) and falling["event"] == 0
+    assert falling["gain_area"] < 0
+
+
+def test_a_run_that_learns_then_collapses_scores_its_peak_and_its_collapse():
+    e = run_endpoints(run("a", [0.4, 0.5, 0.6, 0.1, 0.05, 0.1], whole={0: 0.41, 10: 0.08, 12: 0.5}), LABEL)
+    assert e["utility"] == pytest.approx(0.2) and e["peak_step"] == 4
+    assert (e["time"], e["event"]) == (6, 1)  # 0.1 and 0.05 <= 0.12 at steps 6 and 8
+    # gain area: trapezoids (0,0) (2,.1) (4,.2) (6,-.3) (8,-.35) (10,-.3) over 10 steps
+    area = (0.5 * 0.1 * 2 + 0.5 * 0.3 * 2 + 0.5 * (-0.1) * 2 + 0.5 * (-0.65) * 2 + 0.5 * (-0.65) * 2) / 10
+    assert e["gain_area"] == pytest.approx(area)
+    assert e["final_val_em"] == 0.08  # the last whole-validation EM at or before the horizon, not step 12's
+    assert final_value([{"step": 3, "x": float("nan")}], "x", 10) is None
+
+
+def test_a_cells_summary_is_its_runs_spread_and_rmst():
+    points = [run_endpoints(run("a", c, seed=s), LABEL) for s, c in
+              enumerate([[0.4, 0.5, 0.6, 0.1, 0.05, 0.1], [0.4, 0.45, 0.42, 0.41, 0.44, 0.43]])]
+    cell = cell_endpoints(points, 10)
+    assert cell["runs"] == 2 and cell["collapsed"] == "1/2"
+    assert cell["rmst"] == pytest.approx(0.5 * 6 + 0.5 * 10)  # KM: 1 to step 6, then 0.5 to the horizon
+    assert cell["utility"] == {"mean": pytest.approx(0.125), "min": pytest.approx(0.05), "max": pytest.approx(0.2)}
+    assert cell_endpoints([], 10)["rmst"] is None and cell_endpoints([], 10)["utility"]["mean"] is None
+
+
+def test_the_pareto_frontier_of_a_hand_made_set():
+    points = [(10, 0.1), (30, 0.05), (20, 0.2), (20, 0.1), (75, 0.0), (30, 0.05), (5, 0.3)]
+    assert dominates((20, 0.2), (20, 0.1)) and not dominates((30, 0.05), (30, 0.05))
+    # (10, .1) and (20, .1) lie under (20, .2); the two (30, .05) tie and neither dominates the other
+    assert pareto_front(points) == [6, 2, 1, 5, 4]
+    assert pareto_front([]) == []
+
+
+def cell(name, area, utility, rmst, runs=3):
+    return {"name": name, "runs": runs, "gain_area": {"mean": area}, "utility": {"mean": utility}, "rmst": rmst}
+
+
+def test_each_methods_dose_is_chosen_by_gain_area_then_utility_then_survival():
+    assert choose([cell("a", 0.01, 0.1, 30), cell("b", 0.02, 0.05, 10)])["name"] == "b"
+    assert choose([cell("a", 0.02, 0.1, 30), cell("b", 0.02, 0.2, 10)])["name"] == "b"
+    assert choose([cell("a", 0.02, 0.2, 30), cell("b", 0.02, 0.2, 10)])["name"] == "a"
+    assert choose([cell("a", 0.02, 0.2, 30), cell("b", 0.02, 0.2, 30)])["name"] == "a"  # a tie: the registered order
+    assert choose([cell("a", None, None, None), cell("b", -0.1, 0.0, 5)])["name"] == "b"  # a missing value ranks last
+    assert choose([cell("a", 0.5, 0.5, 75, runs=0)]) is None
+    assert selection_key(cell("a", None, 0.1, 3))[0] == float("-inf")
+    assert ranks({"x": 0.3, "y": 0.5, "z": 0.3, "w": None}) == {"x": 2, "y": 1, "z": 2, "w": None}
+
+
+def hand_made_registration():
+    return {"registration": {"title": "t", "analysis_command": "python -m searchr1_lab frontier-report",
+                             "report_dir": "r", "runs_dir": "r/runs"},
+            "seeds": [0, 1], "label": LABEL,
+            "arms": {"grpo": {"method": "grpo", "lrs": [0.002]},
+                     "llds_a": {"method": "llds_action", "lrs": [0.002], "dose": "lambda 0.2"},
+                     "llds_b": {"method": "llds_action", "lrs": [0.002], "dose": "lambda 1.0"}},
+            "frontier": {"methods": {"GRPO": ["grpo"], "LLDS": ["llds_a", "llds_b"]},
+                         "phenomena": {"window": 2, "early_steps": 2}}}
+
+
+def write_runs(tmp_path, runs, base=True):
+    from searchr1_lab.compact import BASELINES_FILE, write_gz_json
+
+    for i, r in enumerate(runs):
+        write_gz_json(tmp_path / f"{r['method']}-seed{r['seed']}-{i}.json.gz", r)
+    if base:
+        questions = [{"id": q, "subject": s} for q, s in (("q1", "A"), ("q2", "A"), ("q3", "B"), ("q4", "C"))]
+        write_gz_json(tmp_path / BASELINES_FILE, {"splits": {"test": {"questions": questions}}})
+    return tmp_path
+
+
+def test_the_analysis_reads_the_test_split_only_once_the_grid_is_complete(tmp_path):
+    from searchr1_lab.frontier.report import analyse, readme_block, render
+
+    reg = hand_made_registration()
+    good, bad = {"q1": 1, "q2": 1, "q3": 0, "q4": 1}, {"q1": 0, "q2": 0, "q3": 0, "q4": 1}
+    runs = [run("grpo", [0.4, 0.3, 0.1, 0.1, 0.1, 0.1], seed=s, test=bad) for s in (0, 1)]
+    runs += [run("llds_a", [0.4, 0.5, 0.55, 0.5, 0.5, 0.45], seed=s, test=good) for s in (0, 1)]
+    runs += [run("llds_b", [0.4, 0.42, 0.41, 0.4, 0.41, 0.4], seed=0, test=bad)]
+    partial = analyse(reg, write_runs(tmp_path / "partial", runs))
+    assert partial["runs_planned"] == 6 and not partial["complete"] and partial["test"] is None
+    assert partial["chosen"] == {"GRPO": "grpo@0.002", "LLDS": "llds_a@0.002"}
+    assert partial["frontier"] == ["llds_a@0.002"]  # it learned most and lasted to the horizon
+    assert "Withheld until every registered run is in (5 of 6)" in render(partial, reg)
+    assert "test withheld" in readme_block(partial, reg)
+    runs.append(run("llds_b", [0.4, 0.42, 0.41, 0.4, 0.41, 0.4], seed=1, test=bad))
+    full = analyse(reg, write_runs(tmp_path / "full", runs))
+    assert full["complete"] and full["test"]["LLDS"]["test_em"]["mean"] == 0.75
+    assert full["test"]["GRPO"]["test_em"]["mean"] == 0.25 and full["test"]["GRPO"]["test_em"]["clusters"] == 3
+    assert (full["test"]["LLDS"]["rank_validation"], full["test"]["LLDS"]["rank_test"]) == (1, 1)
+    with pytest.raises(FileNotFoundError, match="baselines"):
+        analyse(reg, write_runs(tmp_path / "nobase", runs, base=False))
+
+
+def test_every_arm_belongs_to_exactly_one_method():
+    from searchr1_lab.frontier.report import method_of_arm
+
+    reg = hand_made_registration()
+    assert method_of_arm(reg) == {"grpo": "GRPO", "llds_a": "LLDS", "llds_b": "LLDS"}
+    reg["frontier"]["methods"]["LLDS"] = ["llds_a"]
+    with pytest.raises(ConfigError, match="no method for the arms \\['llds_b'\\]"):
+        method_of_arm(reg)
+    reg["frontier"]["methods"]["LLDS"] = ["llds_a", "llds_b", "grpo"]
+    with pytest.raises(ConfigError, match="listed twice"):
+        method_of_arm(reg)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the committed registration
+# ---------------------------------------------------------------------------------------------------------------
+
+FRONTIER_FILE = "docs/lab/frontier/registration.json"
+
+
+@pytest.fixture(scope="module")
+def reg():
+    from searchr1_lab.stepsize.registration import load_registration
+
+    return load_registration(REPO_ROOT / FRONTIER_FILE)
+
+
+def test_the_registration_is_valid_on_a_world_whose_test_split_no_report_scored(reg):
+    from searchr1_lab.frontier.report import method_of_arm
+    from searchr1_lab.methods import read_lab_config
+    from searchr1_lab.stepsize.registration import cells
+    from searchr1_lld.world import load_world_config
+    from searchr1_lld.world.build import world_config_hash
+
+    block = reg["registration"]
+    _, world_file, _ = read_lab_config(block["config"], [])
+    assert world_file == reg["world"]["config"]
+    assert world_config_hash(load_world_config(REPO_ROOT / world_file)) == reg["world"]["hash"]
+    assert len(cells(reg)) == 51 and set(method_of_arm(reg)) == set(reg["arms"])
+    for path in block["analysis_code"]:
+        assert (REPO_ROOT / path).is_file(), path
+    # the reports of the other studies on this world never print a test EM
+    for other in ("docs/lab/stepsize/README.md", "docs/lab/trustregion/README.md"):
+        assert "test EM" not in (REPO_ROOT / other).read_text()
+
+
+def test_the_registration_precedes_every_run_of_its_grid(reg):
+    from searchr1_lab.compact import read_runs
+    from searchr1_lab.prereg.registration import registration_violations
+
+    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=REPO_ROOT, capture_output=True,
+                             text=True).stdout.strip()
+    if shallow == "true":
+        pytest.skip("shallow clone: run `git fetch --unshallow` to check the runs against the registration")
+    runs, _ = read_runs(REPO_ROOT / reg["registration"]["runs_dir"])
+    if reg["registration"]["status"] != "registered":
+        assert runs == [], "runs exist before the registration"
+        return
+    assert registration_violations(REPO_ROOT, FRONTIER_FILE, runs) == []
+
+
+def test_the_readme_block_and_the_report_are_what_the_committed_runs_compute(reg):
+    from searchr1_lab.comparison.claims import clean, readme_block_of
+    from searchr1_lab.frontier import report
+
+    summary = clean(report.analyse(reg, REPO_ROOT / reg["registration"]["runs_dir"]))
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert readme_block_of(readme, *report.readme_markers(reg)) == report.readme_block(summary, reg)
+    out = REPO_ROOT / reg["registration"]["report_dir"]
+    assert (out / "README.md").read_text() == report.render(summary, reg)
+    assert json.loads((out / "summary.json").read_text()) == json.loads(json.dumps(summary, sort_keys=True))
+
+
+def test_the_report_command_writes_the_report_figures_and_readme_block(tmp_path):
+    from searchr1_lab.cli import main as lab_main
+
+    reg = hand_made_registration()
+    reg["registration"].update(status="registered", config="configs/lab/frontier.yaml", train_dir="runs/x")
+    path = tmp_path / "registration.json"
+    path.write_text(json.dumps(reg))
+    runs = [run("grpo", [0.4, 0.3, 0.1, 0.1, 0.1, 0.1], seed=s) for s in (0, 1)]
+    runs += [run(arm, [0.4, 0.5, 0.55, 0.5, 0.5, 0.45], seed=s) for arm in ("llds_a", "llds_b") for s in (0, 1)]
+    for r in runs:
+        r["records"] += [{"step": 2 * i + 1, "actor/entropy": 1.0 - 0.1 * i, "actor/grad_norm": 1.0 + i,
+                          "lld/correct_logp_old_per_token": -1.0 - 0.1 * i} for i in range(5)]
+    write_runs(tmp_path / "runs", runs)
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- frontier-results:begin (python -m searchr1_lab frontier-report) -->\nold\n"
+                      "<!-- frontier-results:end -->\n")
+    assert lab_main(["frontier-report", "--registration", str(path), "--runs", str(tmp_path / "runs"), "--out",
+                     str(tmp_path / "out"), "--readme", str(readme)]) == 0
+    out = tmp_path / "out"
+    assert {p.name for p in out.iterdir()} == {"README.md", "summary.json", "frontier.png", "phenomena.png"}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["complete"] and summary["chosen"]["LLDS"] == "llds_a@0.002"  # a tie: the registered order
+    assert "6 of 6 runs" in readme.read_text() and "old" not in readme.read_text()
+    assert "| LLDS | lambda 0.2 | 2 | 0/2 | 10.0 |" in (out / "README.md").read_text()
