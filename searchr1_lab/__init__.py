@@ -8,7 +8,8 @@
     python -m searchr1_lab grid --config configs/lab/compare.yaml --lrs 5e-4,1e-3,2e-3 ...   # the comparison
     python -m searchr1_lab report --runs docs/lab/runs --out docs/lab --readme README.md     # its claims
 
-Four studies share the resumable driver (grid.py) and its pieces (compact.py, one small file per finished run;
+Four studies share the resumable grid (grid.py, on the task driver in driver.py, which ``sweep --local`` runs
+through too) and its pieces (compact.py, one small file per finished run;
 baselines.py, the baselines, the not-guessable slice and each question's subject; intervals.py, the bootstrap that
 resamples subjects), each in a folder of its own with one public entry: ``comparison/`` (selection on validation,
 intervals, the detector measured, the report and the README block, from the compact files alone; docs/lab.md),

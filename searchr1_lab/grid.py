@@ -1,5 +1,5 @@
-"""The comparison's resumable driver: every (method, learning rate, seed) of a grid, the baselines, and optionally the
-demo's selection runs, as separate worker processes, ``jobs`` at a time.
+"""The comparison's resumable grid: every (method, learning rate, seed) of a grid, the baselines, and optionally the
+demo's selection runs, as separate worker processes, ``jobs`` at a time (the driver: :mod:`.driver`).
 
     python -m searchr1_lab grid --config configs/lab/compare.yaml --lrs 5e-4,1e-3,2e-3 --seeds 0,1,2 \\
         --methods grpo,llds_action --runs-dir runs/compare --compact docs/lab/runs --jobs 2 [--demo] [--commit]
@@ -28,22 +28,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Sequence
 
 from retriever import make_retriever
-from retriever.runtime import THREAD_ENV_VARS, usable_cores
 from searchr1_lld.config import ConfigError, config_from_dict
 from searchr1_lab.analysis import load_records
 from searchr1_lab.baselines import NoRetrieval, correct_by_id, majority_correct, question_table, read_split
 from searchr1_lab.comparison.claims import DESIGN_FILE
 from searchr1_lab.comparison.report import CURVES_FILE
 from searchr1_lab.compact import BASELINES_FILE, compact_name, git_commit, lr_tag, run_record, write_gz_json
+from searchr1_lab.driver import Task, commit, interleave, run_tasks
 from searchr1_lab import fresh
 from searchr1_lab.evaluating import evaluate_policy, load_policy
 from searchr1_lab.methods import (ARMS, REPO_ROOT, Method, lab_config, parse_methods, parse_seeds,
@@ -128,13 +127,9 @@ def write_design(compact_dir: Path, design: dict) -> None:
 
 
 @dataclass
-class Task:
-    """One worker process: ``argv``, done when ``done`` exists; starts after the tasks named in ``after``."""
+class LabTask(Task):
+    """A task of the lab's grid: what :func:`finish` does once it is done."""
 
-    name: str
-    argv: list[str]
-    done: Path
-    after: tuple[str, ...] = ()
     # what to commit when it is done (with --commit), besides ``done``; ``report``: rebuild the lab's report and the
     # README's lab block first (they must stay what the committed compact results compute)
     also_commit: tuple[Path, ...] = ()
@@ -142,73 +137,47 @@ class Task:
 
 
 def lab_tasks(config: str, lrs: Sequence[float], seeds: Sequence[int], methods: Sequence[str], runs_root: Path,
-              compact_dir: Path) -> list[Task]:
+              compact_dir: Path) -> list[LabTask]:
     """The baselines, then every run, seed by seed (so that an unfinished grid has whole seeds)."""
     common = ["--config", config, "--runs-dir", str(runs_root), "--compact", str(compact_dir)]
     py = [sys.executable, "-m", "searchr1_lab", "task"]
-    tasks = [Task("baselines", [*py, "--baselines", *common], compact_dir / BASELINES_FILE, report=True)]
+    tasks = [LabTask("baselines", [*py, "--baselines", *common], compact_dir / BASELINES_FILE, report=True)]
     for seed in seeds:
         for lr in lrs:
             for m in methods:
-                tasks.append(Task(f"{m}-lr{lr_tag(lr)}-seed{seed}",
-                                  [*py, "--lr", repr(lr), "--method", m, "--seed", str(seed), *common],
-                                  compact_dir / compact_name(m, lr, seed), report=True))
+                tasks.append(LabTask(f"{m}-lr{lr_tag(lr)}-seed{seed}",
+                                     [*py, "--lr", repr(lr), "--method", m, "--seed", str(seed), *common],
+                                     compact_dir / compact_name(m, lr, seed), report=True))
     return tasks
 
 
-def registered_tasks(reg_path: Path, reg: dict) -> list[Task]:
+def registered_tasks(reg_path: Path, reg: dict) -> list[LabTask]:
     """The baselines, then every (arm, learning rate, seed) of a registration, seed by seed."""
     block = reg["registration"]
     compact_dir = REPO_ROOT / block["runs_dir"]
     common = ["--registration", str(reg_path), "--runs-dir", str(REPO_ROOT / block["train_dir"]),
               "--compact", str(compact_dir)]
     py = [sys.executable, "-m", "searchr1_lab", "task"]
-    tasks = [Task("baselines", [*py, "--baselines", "--config", block["config"], *common[2:]],
-                  compact_dir / BASELINES_FILE, report=True)]
+    tasks = [LabTask("baselines", [*py, "--baselines", "--config", block["config"], *common[2:]],
+                     compact_dir / BASELINES_FILE, report=True)]
     for arm, lr, seed in stepsize.cells(reg):
-        tasks.append(Task(f"{arm}-lr{lr_tag(lr)}-seed{seed}",
-                          [*py, "--arm", arm, "--lr", repr(lr), "--seed", str(seed), *common],
-                          compact_dir / compact_name(arm, lr, seed), report=True))
+        tasks.append(LabTask(f"{arm}-lr{lr_tag(lr)}-seed{seed}",
+                             [*py, "--arm", arm, "--lr", repr(lr), "--seed", str(seed), *common],
+                             compact_dir / compact_name(arm, lr, seed), report=True))
     return tasks
 
 
-def demo_tasks(lrs: Sequence[float], demo_dir: Path) -> list[Task]:
+def demo_tasks(lrs: Sequence[float], demo_dir: Path) -> list[LabTask]:
     """The demo's selection runs (one per learning rate) and then the demo itself with the chosen settings."""
     py = [sys.executable, "-m", "searchr1_lab.demo"]
-    select = [Task(f"demo-select-lr{lr_tag(lr)}", [*py, "--select-lr", repr(lr), "--select-dir",
-                                                    str(demo_dir / "select")],
-                   selection_file(demo_dir / "select", lr)) for lr in lrs]
-    final = Task("demo", [*py, "--select-dir", str(demo_dir / "select"), "--report", str(demo_dir), "--readme",
-                          str(REPO_ROOT / "README.md")],
-                 demo_dir / "summary.json", after=tuple(t.name for t in select),
-                 also_commit=(demo_dir / "README.md", REPO_ROOT / "README.md"))
+    select = [LabTask(f"demo-select-lr{lr_tag(lr)}", [*py, "--select-lr", repr(lr), "--select-dir",
+                                                       str(demo_dir / "select")],
+                      selection_file(demo_dir / "select", lr)) for lr in lrs]
+    final = LabTask("demo", [*py, "--select-dir", str(demo_dir / "select"), "--report", str(demo_dir), "--readme",
+                             str(REPO_ROOT / "README.md")],
+                    demo_dir / "summary.json", after=tuple(t.name for t in select),
+                    also_commit=(demo_dir / "README.md", REPO_ROOT / "README.md"))
     return [*select, final]
-
-
-def interleave(first: Sequence[Task], second: Sequence[Task]) -> list[Task]:
-    """``first[0], second[0], first[1], second[1], ...`` then the rest of the longer one: two kinds of work share the
-    job slots from the start."""
-    out: list[Task] = []
-    for i in range(max(len(first), len(second))):
-        out += [*first[i:i + 1], *second[i:i + 1]]
-    return out
-
-
-def commit(paths: Sequence[Path], message: str) -> None:
-    """``git commit`` of ``paths`` alone (retried while another git command holds the index; a path git ignores is
-    refused at once, with git's words, since no retry can commit it)."""
-    names = sorted({str(p) for p in paths if Path(p).exists()})
-    for attempt in range(5):
-        proc = subprocess.run(["git", "add", "--", *names], cwd=REPO_ROOT, capture_output=True, text=True)
-        if proc.returncode == 0:
-            proc = subprocess.run(["git", "commit", "-q", "-m", message, "--", *names], cwd=REPO_ROOT,
-                                  capture_output=True, text=True)
-            if proc.returncode == 0:
-                return
-        if "ignored by one of your .gitignore files" in proc.stderr:
-            break
-        time.sleep(5 * (attempt + 1))
-    print(f"[grid] could not commit {names}: {proc.stderr.strip() or proc.stdout.strip()}", flush=True)
 
 
 def rebuild_report(compact_dir: Path, prereg_path: Path = REPO_ROOT / PREREG_FILE,
@@ -239,7 +208,7 @@ def rebuild_report(compact_dir: Path, prereg_path: Path = REPO_ROOT / PREREG_FIL
     return [compact_dir / DESIGN_FILE, *written, readme]
 
 
-def finish(task: Task, commit_results: bool, compact_dir: Path | None, registration: Path | None = None) -> None:
+def finish(task: LabTask, commit_results: bool, compact_dir: Path | None, registration: Path | None = None) -> None:
     """After a task is done: the report its results feed rebuilt (``task.report``, :func:`rebuild_report`), then,
     with ``commit_results``, its files committed. A report that fails to build is named in the log and the result
     is committed without it: one broken report must not stop a grid of hours (the next result rebuilds it)."""
@@ -251,66 +220,7 @@ def finish(task: Task, commit_results: bool, compact_dir: Path | None, registrat
             print(f"[grid] the report of {compact_dir} failed (exit {e.returncode}); committing the result alone",
                   flush=True)
     if commit_results:
-        commit(paths, f"lab: result of {task.name}")
-
-
-def threads_per_job(jobs: int, threads: int = 0) -> int:
-    """Intra-op threads of each of ``jobs`` workers: ``threads`` when given (> 0), else the usable cores shared out
-    over the jobs (at least 1)."""
-    return threads if threads > 0 else max(1, usable_cores() // max(jobs, 1))
-
-
-def worker_env(threads: int) -> dict[str, str]:
-    """The driver's environment with every thread-count variable (OMP, MKL, OpenBLAS) set to ``threads``."""
-    return {**os.environ, **{name: str(threads) for name in THREAD_ENV_VARS}}
-
-
-def run_tasks(tasks: Sequence[Task], jobs: int, log_dir: Path, commit_results: bool = False,
-              poll_s: float = 10.0, compact_dir: Path | None = None, threads: int = 0,
-              registration: Path | None = None) -> list[str]:
-    """Run the tasks not yet done, ``jobs`` at a time (each with :func:`threads_per_job` threads), each after the
-    tasks it waits for; returns the names of the tasks that failed (a task depending on a failed one is not
-    started). Each finished task: :func:`finish`."""
-    env = worker_env(threads_per_job(jobs, threads))
-    log_dir.mkdir(parents=True, exist_ok=True)
-    by_name = {t.name: t for t in tasks}
-    pending = [t for t in tasks if not t.done.exists()]
-    running: dict[str, tuple[subprocess.Popen, object]] = {}
-    failed: list[str] = []
-    print(f"[grid] {len(tasks) - len(pending)} of {len(tasks)} tasks done earlier; {len(pending)} to run, {jobs} at a "
-          f"time with {env['OMP_NUM_THREADS']} thread(s) each", flush=True)
-    while pending or running:
-        for t in list(pending):
-            if len(running) >= jobs:
-                break
-            if any(d in failed for d in t.after):
-                pending.remove(t)
-                failed.append(t.name)
-                continue
-            if not all(by_name[d].done.exists() for d in t.after if d in by_name):
-                continue
-            log = open(log_dir / f"{t.name}.log", "a")
-            running[t.name] = (subprocess.Popen(t.argv, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env),
-                               log)
-            pending.remove(t)
-            print(f"[grid] {time.strftime('%H:%M:%S')} started {t.name}", flush=True)
-        if pending and not running:
-            raise RuntimeError(f"tasks waiting on tasks that are not in the grid: {[t.name for t in pending]}")
-        time.sleep(poll_s)
-        for name, (proc, log) in list(running.items()):
-            if proc.poll() is None:
-                continue
-            log.close()
-            del running[name]
-            task = by_name[name]
-            ok = proc.returncode == 0 and task.done.exists()
-            print(f"[grid] {time.strftime('%H:%M:%S')} {name}: {'done' if ok else f'FAILED ({proc.returncode})'}",
-                  flush=True)
-            if not ok:
-                failed.append(name)
-            else:
-                finish(task, commit_results, compact_dir, registration)
-    return failed
+        commit(paths, f"lab: result of {task.name}", REPO_ROOT)
 
 
 def task_method(args: argparse.Namespace, reg: dict | None) -> Method:
@@ -342,25 +252,25 @@ def parser(mode: str) -> argparse.ArgumentParser:
     p.add_argument("--compact", help="where the compact results go (default docs/lab/runs)")
     if mode == "grid":
         p.add_argument("--lrs", help="comma-separated learning rates")
-        p.add_argument("--seeds", default="0,1,2")
-        p.add_argument("--methods", default="grpo,llds_action")
+        p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+        p.add_argument("--methods", default="grpo,llds_action", help="comma-separated method presets")
         p.add_argument("--jobs", type=int, default=2, help="worker processes at a time")
         p.add_argument("--threads", type=int, default=0, help="torch/BLAS threads of each worker (default: the "
                        "usable cores / --jobs, at least 1)")
         p.add_argument("--demo", action="store_true", help="also the demo's selection runs (at --demo-lrs) and the "
                        "demo with the settings chosen on validation (docs/demo), interleaved with the lab's tasks")
-        p.add_argument("--demo-lrs", default="5e-4,1e-3,2e-3")
+        p.add_argument("--demo-lrs", default="5e-4,1e-3,2e-3", help="--demo: the learning rates of its selection runs")
         p.add_argument("--commit", action="store_true", help="git-commit each compact result as it lands")
         fresh.add_argument(p)
     else:
         p.add_argument("--baselines", action="store_true", help="the baselines instead of a run")
-        p.add_argument("--lr", type=float)
+        p.add_argument("--lr", type=float, help="the run's learning rate")
         p.add_argument("--method", help="a method preset (algorithm.method)")
         p.add_argument("--arm", help="the arm's name: a registered arm (with --registration), or the name of --method "
                        "with the --set overrides")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="an override that makes --method the arm --arm (repeatable)")
-        p.add_argument("--seed", type=int)
+        p.add_argument("--seed", type=int, help="the run's seed")
         p.add_argument("--world-dir", help="an existing world dir to use as is (default: the config's world)")
     return p
 
@@ -413,9 +323,10 @@ def main(argv: list[str]) -> int:
             tasks = lab_tasks(config, design["lrs"], design["seeds"], design["methods"], runs_root, compact_dir)
         if args.demo:
             tasks = interleave(tasks, demo_tasks(parse_lrs(args.demo_lrs), REPO_ROOT / "docs" / "demo"))
-        failed = run_tasks(tasks, args.jobs, runs_root / "logs", commit_results=args.commit,
-                           compact_dir=None if rerun else compact_dir, threads=args.threads,
-                           registration=Path(args.registration).resolve() if args.registration else None)
+        on_done = partial(finish, commit_results=args.commit, compact_dir=None if rerun else compact_dir,
+                          registration=Path(args.registration).resolve() if args.registration else None)
+        failed = run_tasks(tasks, args.jobs, runs_root / "logs", on_done=on_done, threads=args.threads,
+                           cwd=REPO_ROOT, label="grid")
         if rerun is not None:
             failed += rerun.finish(failed)
     except ConfigError as e:

@@ -2,8 +2,8 @@
 
     # list (and validate) the runs of a grid
     python -m searchr1_lab.sweep expand --base configs/tiny.yaml --grid "algorithm.llds.lam=0,0.1 algorithm.llds.gate=none,action"
-    # run them one after another on this machine (searchr1_lld.learner.trainer.train), then collect
-    python -m searchr1_lab.sweep expand --base configs/tiny.yaml --grid "..." --local --out runs/sweep-lam
+    # train them on this machine, one worker process per run, --jobs at a time, then collect
+    python -m searchr1_lab.sweep expand --base configs/tiny.yaml --grid "..." --local --jobs 2 --out runs/sweep-lam
     # one `accelerate launch` command per run, for a cluster scheduler
     python -m searchr1_lab.sweep expand --base configs/paper/qwen2.5-3b-base_nq-hotpotqa_llds.yaml --grid "..." --print-launch
     # one table + one figure over finished runs: final EM and collapse step per setting
@@ -11,6 +11,13 @@
 
 Grid syntax: space-separated ``key=v1,v2,...`` items; the runs are the Cartesian product, in the order given (the last
 key varies fastest). Each run is named ``<config name>-<leaf>=<value>_...`` (leaf = last part of the dotted key).
+
+``--local`` runs through the lab's driver (:mod:`searchr1_lab.driver`): each run is a worker, ``python -m
+searchr1_lab.sweep task``, that trains it (searchr1_lld.learner.trainer.train) with ``--threads`` torch/BLAS threads
+(default: the usable cores shared out over the ``--jobs``) and writes its ``sweep_run.json`` when it has finished; its
+output goes to ``OUT/logs/<run>.log``. A rerun of the same command skips the finished runs and resumes an interrupted
+one from its checkpoint (the trainer's own resume). A failed run is named, the others still run, and the command
+exits 1 after collecting those that finished.
 
 Collapse step of a run: the first logged step whose monitor phase (``phase/name`` in metrics.jsonl) is
 ``accelerated_collapse``; "none" when it never is. Final EM: ``average_em`` of the run's final evaluation
@@ -25,6 +32,7 @@ import csv
 import io
 import itertools
 import json
+import os
 import re
 import shlex
 import sys
@@ -34,12 +42,18 @@ from typing import Any, Sequence
 
 import yaml
 
+from searchr1_lab.driver import Task, run_tasks
+from searchr1_lld.bookkeeping.resume import run_dir_of
 from searchr1_lld.config import ConfigError, load_config
 from searchr1_lld.data.jsonl import read_jsonl
 from searchr1_lld.learner.trainer import train
 
 COLLAPSE_PHASE = "accelerated_collapse"
 DEFAULT_ACCELERATE_CONFIG = "configs/accelerate/zero2_8gpu.yaml"
+# written into a run dir when the run has finished: the driver's done file, and the run's name and overrides for collect
+SWEEP_MARKER = "sweep_run.json"
+LOCAL_POLL_S = 2.0  # how often --local looks at its workers
+CODE_ROOT = Path(__file__).resolve().parents[1]  # the directory that holds this searchr1_lab
 
 
 @dataclass
@@ -122,17 +136,48 @@ def launch_command(base_config: str | Path, run: RunSpec, *, accelerate_config: 
     return " ".join(shlex.quote(a) for a in args)
 
 
-def run_local(base_config: str | Path, runs: Sequence[RunSpec], extra_overrides: Sequence[str] = ()) -> list[Path]:
-    """Train each run in turn in this process with :func:`searchr1_lld.learner.trainer.train`; returns their run dirs."""
-    run_dirs = []
-    for i, run in enumerate(runs):
-        print(f"[sweep] run {i + 1}/{len(runs)}: {run.name}  ({' '.join(run.overrides)})", flush=True)
-        cfg = load_config(base_config, [*extra_overrides, *run.overrides, f"trainer.run_name={run.name}"])
-        result = train(cfg)
-        run_dir = Path(result.run_dir)
-        (run_dir / "sweep_run.json").write_text(json.dumps({"name": run.name, "overrides": run.overrides}) + "\n")
-        run_dirs.append(run_dir)
-    return run_dirs
+def run_config_overrides(run: RunSpec, extra_overrides: Sequence[str] = ()) -> list[str]:
+    """Every override of ``run``'s config: the shared ones, the run's own, its name as the run name."""
+    return [*extra_overrides, *run.overrides, f"trainer.run_name={run.name}"]
+
+
+def sweep_tasks(base_config: str | Path, grid: str, runs: Sequence[RunSpec],
+                extra_overrides: Sequence[str] = ()) -> list[Task]:
+    """One driver task per run: ``python -m searchr1_lab.sweep task`` (:func:`train_run`), done when the run's
+    :data:`SWEEP_MARKER` exists."""
+    tasks = []
+    for run in runs:
+        run_dir = run_dir_of(load_config(base_config, run_config_overrides(run, extra_overrides)))
+        argv = [sys.executable, "-m", "searchr1_lab.sweep", "task", "--base", str(base_config), "--grid", grid,
+                "--run", run.name, "--set", *extra_overrides]
+        tasks.append(Task(run.name, argv, run_dir / SWEEP_MARKER))
+    return tasks
+
+
+def train_run(base_config: str | Path, grid: str, name: str, extra_overrides: Sequence[str] = ()) -> Path:
+    """Train (or resume, as :func:`searchr1_lld.learner.trainer.train` does) the run ``name`` of the grid, then
+    write its :data:`SWEEP_MARKER`, last: the marker says the run finished. Returns the marker."""
+    runs = {run.name: run for run in plan(base_config, grid, extra_overrides)}
+    if name not in runs:
+        raise ConfigError(f"the grid has no run {name!r} (its runs: {', '.join(runs)})")
+    run = runs[name]
+    result = train(load_config(base_config, run_config_overrides(run, extra_overrides)))
+    marker = Path(result.run_dir) / SWEEP_MARKER
+    marker.write_text(json.dumps({"name": run.name, "overrides": run.overrides}) + "\n")
+    return marker
+
+
+def run_local(base_config: str | Path, grid: str, runs: Sequence[RunSpec], out: Path,
+              extra_overrides: Sequence[str] = (), jobs: int = 1, threads: int = 0) -> tuple[list[Path], list[str]]:
+    """Train the runs on this machine through the driver (:func:`searchr1_lab.driver.run_tasks`), one worker process
+    per run, ``jobs`` at a time, each run's log in ``out/logs``; a run finished earlier (its marker exists) is
+    skipped. Returns the run dirs of the finished runs, in the grid's order, and the names of the failed ones."""
+    tasks = sweep_tasks(base_config, grid, runs, extra_overrides)
+    # the workers import this checkout's searchr1_lab, whichever directory the sweep runs in
+    code_path = os.pathsep.join(p for p in (str(CODE_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    failed = run_tasks(tasks, jobs, out / "logs", poll_s=LOCAL_POLL_S, threads=threads,
+                       extra_env={"PYTHONPATH": code_path}, label="sweep")
+    return [t.done.parent for t in tasks if t.done.exists()], failed
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -175,7 +220,7 @@ def collect_run(run_dir: str | Path) -> dict[str, Any]:
     if not metrics_path.is_file():
         raise ConfigError(f"{run_dir}: no metrics.jsonl (is this a run dir?)")
     metrics = read_jsonl(metrics_path, partial_tail=True)  # a run may still be writing it
-    sweep_meta = run_dir / "sweep_run.json"
+    sweep_meta = run_dir / SWEEP_MARKER
     meta = json.loads(sweep_meta.read_text()) if sweep_meta.is_file() else {}
     results_path = _find_results(run_dir)
     final_em = json.loads(results_path.read_text())["average_em"] if results_path else None
@@ -280,26 +325,61 @@ def collect(run_dirs: Sequence[str | Path], out_dir: str | Path) -> list[dict[st
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line: ``expand``, ``task`` (one worker of ``expand --local``) and ``collect``."""
     p = argparse.ArgumentParser(prog="python -m searchr1_lab.sweep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("expand", help="expand a grid into runs (list, run locally, or print launch commands)")
-    e.add_argument("--base", required=True, help="base YAML config")
-    e.add_argument("--grid", required=True, help='e.g. "algorithm.llds.lam=0,0.1 algorithm.llds.gate=none,action"')
-    e.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="overrides applied to every run")
+    t = sub.add_parser("task", help="train one run of a grid, then write its sweep_run.json (a worker of --local)")
+    for cmd in (e, t):
+        cmd.add_argument("--base", required=True, help="base YAML config")
+        cmd.add_argument("--grid", required=True,
+                         help='e.g. "algorithm.llds.lam=0,0.1 algorithm.llds.gate=none,action"')
+        cmd.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="overrides applied to every run")
+    t.add_argument("--run", required=True, help="the run's name, as expand lists it")
     mode = e.add_mutually_exclusive_group()
-    mode.add_argument("--local", action="store_true", help="train the runs one after another here, then collect")
+    mode.add_argument("--local", action="store_true", help="train the runs here, one worker process per run, "
+                      "--jobs at a time, then collect; a rerun skips the runs that finished")
     mode.add_argument("--print-launch", action="store_true", help="print one accelerate launch command per run")
-    e.add_argument("--accelerate-config", default=DEFAULT_ACCELERATE_CONFIG)
-    e.add_argument("--out", help="--local: where the collected table and figure go (default: OUTPUT_DIR/sweep-NAME)")
+    e.add_argument("--jobs", type=int, default=1, help="--local: worker processes at a time")
+    e.add_argument("--threads", type=int, default=0, help="--local: torch/BLAS threads of each worker (default: "
+                   "the usable cores / --jobs, at least 1)")
+    e.add_argument("--accelerate-config", default=DEFAULT_ACCELERATE_CONFIG,
+                   help="--print-launch: the accelerate config of each launch command")
+    e.add_argument("--out", help="--local: where the collected table and figure go, and the runs' logs (OUT/logs) "
+                   "(default: OUTPUT_DIR/sweep-NAME)")
     c = sub.add_parser("collect", help="table + figure over finished run dirs")
-    c.add_argument("run_dirs", nargs="+")
-    c.add_argument("--out", required=True)
-    args = p.parse_args(argv)
+    c.add_argument("run_dirs", nargs="+", help="the run directories to summarise")
+    c.add_argument("--out", required=True, help="where sweep.md, sweep.csv, sweep.json and sweep.png go")
+    return p
+
+
+def local_sweep(args: argparse.Namespace, runs: Sequence[RunSpec]) -> int:
+    """``expand --local``: the runs through the driver, then the table and figure of those that finished; 1 when
+    any failed (each named), else 0."""
+    if args.jobs < 1 or args.threads < 0:
+        raise ConfigError(f"--jobs must be >= 1 and --threads >= 0, got {args.jobs} and {args.threads}")
+    base_cfg = load_config(args.base, args.set)
+    out = Path(args.out or Path(base_cfg.trainer.output_dir) / f"sweep-{base_cfg.name}")
+    run_dirs, failed = run_local(args.base, args.grid, runs, out, args.set, jobs=args.jobs, threads=args.threads)
+    if run_dirs:
+        print(sweep_table(collect(run_dirs, out)))
+        print(f"[sweep] table and figure in {out}")
+    if failed:
+        print(f"[sweep] failed: {', '.join(failed)} (their logs: {out / 'logs'})", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         if args.cmd == "collect":
             print(sweep_table(collect(args.run_dirs, args.out)))
+            return 0
+        if args.cmd == "task":
+            print(train_run(args.base, args.grid, args.run, args.set))
             return 0
         runs = plan(args.base, args.grid, args.set)
         if args.print_launch:
@@ -307,12 +387,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(launch_command(args.base, run, accelerate_config=args.accelerate_config, extra_overrides=args.set))
             return 0
         if args.local:
-            run_dirs = run_local(args.base, runs, args.set)
-            base_cfg = load_config(args.base, args.set)
-            out = args.out or str(Path(base_cfg.trainer.output_dir) / f"sweep-{base_cfg.name}")
-            print(sweep_table(collect(run_dirs, out)))
-            print(f"[sweep] table and figure in {out}")
-            return 0
+            return local_sweep(args, runs)
         for run in runs:
             print(f"{run.name}\t{' '.join(run.overrides)}")
         return 0

@@ -268,7 +268,7 @@ ENTRIES: tuple[Entry, ...] = (
         '--grid "algorithm.llds.lam=0,0.2 algorithm.llds.gate=none,action"',)),
     Run("sweep_local", (
         'python -m searchr1_lab.sweep expand --base configs/tiny.yaml --grid "algorithm.llds.lam=0,0.1,0.2" '
-        '--local --out runs/sweep',),
+        '--local --jobs 2 --out runs/sweep',),
         append="--set {world_overrides} " + TOY_TRAINING + " trainer.total_steps=1 trainer.save_every=0 "
                "trainer.output_dir={work}/runs"),  # the runs where the README's `collect runs/tiny-lam=*` finds them
     Run("sweep_collect", ("python -m searchr1_lab.sweep collect runs/tiny-lam=* --out runs/sweep",),
@@ -333,9 +333,9 @@ ENTRIES: tuple[Entry, ...] = (
               how="the same command with --registration, --runs, --out and --readme on a hand-made registration"),
     RunByTest("sweep_local_two", (
         'python -m searchr1_lab.sweep expand --base configs/tiny.yaml --grid "algorithm.llds.lam=0,0.2" --local '
-        '--out runs/sweep-lam',),
-        where="tests/test_sweep.py::test_local_sweep_trains_each_run_and_collects",
-        snippet='"--grid", "algorithm.llds.lam=0,0.2", "--local"',
+        '--jobs 2 --out runs/sweep-lam',),
+        where="tests/test_sweep.py::test_local_sweep_trains_each_run_in_a_worker_and_collects",
+        snippet='"--grid", "algorithm.llds.lam=0,0.2", "--local", "--jobs", "2"',
         how="the same command with --set: toy sizes, the test world"),
     RunByTest("demo_seeds", ("python -m searchr1_lab.demo --seeds 0,1,2 --report docs/demo/seeds",),
               where="tests/test_demo.py::test_the_recipe_trains_claims_on_validation_and_tests_once_on_the_test_world",

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from searchr1_lld.config import ConfigError
-from searchr1_lab import baselines, compact, grid
+from searchr1_lab import baselines, compact, driver, grid
 from searchr1_lab.comparison import claims
 from searchr1_lab.comparison.report import write_outputs
 from searchr1_lab.methods import ARMS, METHODS, Method
@@ -144,7 +144,7 @@ def test_compact_files_are_byte_stable_and_the_grid_skips_finished_tasks(tmp_pat
     for t in tasks:
         t.done.parent.mkdir(parents=True, exist_ok=True)
         t.done.write_text("x")
-    assert grid.run_tasks(tasks, jobs=2, log_dir=tmp_path / "logs", poll_s=0) == []  # nothing left to run
+    assert driver.run_tasks(tasks, jobs=2, log_dir=tmp_path / "logs", poll_s=0) == []  # nothing left to run
     grid.write_design(tmp_path / "compact", DESIGN)
     with pytest.raises(ConfigError, match="another design"):
         grid.write_design(tmp_path / "compact", {**DESIGN, "seeds": [0]})
@@ -153,7 +153,7 @@ def test_compact_files_are_byte_stable_and_the_grid_skips_finished_tasks(tmp_pat
     demo = grid.demo_tasks([1e-3, 2e-3], tmp_path / "demo")
     assert [t.name for t in demo] == ["demo-select-lr0.001", "demo-select-lr0.002", "demo"]
     assert demo[-1].after == ("demo-select-lr0.001", "demo-select-lr0.002")
-    assert [t.name for t in grid.interleave(tasks, demo)] == [
+    assert [t.name for t in driver.interleave(tasks, demo)] == [
         "baselines", "demo-select-lr0.001", "grpo-lr0.001-seed0", "demo-select-lr0.002", "grpo-lr0.001-seed1", "demo"]
 
 
@@ -162,10 +162,10 @@ def test_run_tasks_runs_dependencies_first_and_reports_failures(tmp_path):
 
     def task(name, after=(), fail=False):
         code = "import sys; sys.exit(1)" if fail else f"open({str(tmp_path / name)!r}, 'w').write('x')"
-        return grid.Task(name, [sys.executable, "-c", code], tmp_path / name, after)
+        return driver.Task(name, [sys.executable, "-c", code], tmp_path / name, after)
 
     tasks = [task("b", after=("a",)), task("a"), task("c", fail=True), task("d", after=("c",))]
-    failed = grid.run_tasks(tasks, jobs=2, log_dir=tmp_path / "logs", poll_s=0.05)
+    failed = driver.run_tasks(tasks, jobs=2, log_dir=tmp_path / "logs", poll_s=0.05)
     assert sorted(failed) == ["c", "d"] and (tmp_path / "a").is_file() and (tmp_path / "b").is_file()
 
 
@@ -173,17 +173,17 @@ def test_each_worker_runs_the_threads_it_is_given(tmp_path, monkeypatch):
     """Every worker sees its thread count in OMP/MKL/OpenBLAS_NUM_THREADS: given, or the cores shared out."""
     import sys
 
-    monkeypatch.setattr(grid, "usable_cores", lambda: 2)
-    assert grid.threads_per_job(2) == 1 and grid.threads_per_job(1) == 2 and grid.threads_per_job(3) == 1
-    assert grid.threads_per_job(2, threads=3) == 3
+    monkeypatch.setattr(driver, "usable_cores", lambda: 2)
+    assert driver.threads_per_job(2) == 1 and driver.threads_per_job(1) == 2 and driver.threads_per_job(3) == 1
+    assert driver.threads_per_job(2, threads=3) == 3
     monkeypatch.setenv("OMP_NUM_THREADS", "7")
     code = ("import os, sys; open(sys.argv[1], 'w').write(','.join(os.environ[k] for k in "
             "('OMP_NUM_THREADS', 'MKL_NUM_THREADS', 'OPENBLAS_NUM_THREADS')))")
-    tasks = [grid.Task(n, [sys.executable, "-c", code, str(tmp_path / n)], tmp_path / n, ()) for n in ("a", "b")]
-    assert grid.run_tasks(tasks, jobs=2, log_dir=tmp_path / "logs", poll_s=0.05) == []
+    tasks = [driver.Task(n, [sys.executable, "-c", code, str(tmp_path / n)], tmp_path / n, ()) for n in ("a", "b")]
+    assert driver.run_tasks(tasks, jobs=2, log_dir=tmp_path / "logs", poll_s=0.05) == []
     assert (tmp_path / "a").read_text() == (tmp_path / "b").read_text() == "1,1,1"
     (tmp_path / "a").unlink()
-    assert grid.run_tasks(tasks[:1], jobs=1, log_dir=tmp_path / "logs", poll_s=0.05) == []
+    assert driver.run_tasks(tasks[:1], jobs=1, log_dir=tmp_path / "logs", poll_s=0.05) == []
     assert (tmp_path / "a").read_text() == "2,2,2"
 
 

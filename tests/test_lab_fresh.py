@@ -102,6 +102,11 @@ def _planned(monkeypatch, argv: list[str]) -> dict:
     monkeypatch.setattr(grid, "run_tasks", run_tasks)
     monkeypatch.setattr(fresh.Rerun, "finish", finish)
     assert grid.main(["grid", *argv]) == 0
+    rebuilt = []  # what a finished task of the grid would rebuild
+    monkeypatch.setattr(grid, "rebuild_report", lambda compact_dir, **kw: rebuilt.append(compact_dir) or [])
+    for task in seen["tasks"]:
+        seen["on_done"](task)
+    seen["reports_rebuilt"] = rebuilt
     return seen
 
 
@@ -117,7 +122,7 @@ def test_the_grid_reruns_a_committed_comparison_into_the_fresh_directory(tmp_pat
     for t in seen["tasks"]:
         assert t.argv[t.argv.index("--runs-dir") + 1] == str(train)
         assert t.argv[t.argv.index("--compact") + 1] == str(runs)
-    assert seen["compact_dir"] is None and seen["log_dir"] == train / "logs"  # no report into docs/ on the way
+    assert seen["reports_rebuilt"] == [] and seen["log_dir"] == train / "logs"  # no report into docs/ on the way
     assert seen["finished"] and (runs / DESIGN_FILE).is_file()
     assert (COMPARISON / DESIGN_FILE).read_text() == committed_design
 
@@ -132,7 +137,7 @@ def test_the_grid_reruns_a_registered_study_into_the_fresh_directory(tmp_path, m
     for t in seen["tasks"]:
         assert t.argv[t.argv.index("--runs-dir") + 1] == str(train)
         assert t.argv[t.argv.index("--compact") + 1] == str(runs)
-    assert seen["compact_dir"] is None and seen["finished"]
+    assert seen["reports_rebuilt"] == [] and seen["finished"]
     assert json.loads((runs / DESIGN_FILE).read_text())["registration"] == "docs/lab/stepsize/registration.json"
 
 

@@ -266,9 +266,9 @@ def test_a_report_that_fails_does_not_stop_the_grid(tmp_path, monkeypatch, capsy
 
     committed = []
     monkeypatch.setattr(grid_mod, "rebuild_report", broken)
-    monkeypatch.setattr(grid_mod, "commit", lambda paths, message: committed.append((list(paths), message)))
+    monkeypatch.setattr(grid_mod, "commit", lambda paths, message, repo: committed.append((list(paths), message)))
     done = tmp_path / "run.json.gz"
     done.write_text("x")
-    grid_mod.finish(grid_mod.Task("run", [], done, report=True), True, tmp_path)
+    grid_mod.finish(grid_mod.LabTask("run", [], done, report=True), True, tmp_path)
     assert committed == [([done], "lab: result of run")]  # the result is committed without the report
     assert "failed (exit 1); committing the result alone" in capsys.readouterr().out

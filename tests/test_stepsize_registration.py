@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from searchr1_lld.config import ConfigError
-from searchr1_lab import grid
+from searchr1_lab import driver, grid
 from searchr1_lab.methods import ARMS, REPO_ROOT
 from searchr1_lab.stepsize import registration as stepsize
 from searchr1_lab.studies import current_path
@@ -189,10 +189,9 @@ def test_the_grid_commits_a_result_and_names_why_it_cannot(tmp_path, monkeypatch
     (tmp_path / "kept.json").write_text("{}")
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "lost.json").write_text("{}")
-    monkeypatch.setattr(grid, "REPO_ROOT", tmp_path)
-    grid.commit([tmp_path / "kept.json"], "lab: result of a")
+    driver.commit([tmp_path / "kept.json"], "lab: result of a", tmp_path)
     assert "lab: result of a" in run("log", "--format=%s").stdout
-    monkeypatch.setattr(grid.time, "sleep", lambda s: pytest.fail("an ignored path is not retried"))
-    grid.commit([tmp_path / "runs" / "lost.json"], "lab: result of b")
+    monkeypatch.setattr(driver.time, "sleep", lambda s: pytest.fail("an ignored path is not retried"))
+    driver.commit([tmp_path / "runs" / "lost.json"], "lab: result of b", tmp_path)
     out = capsys.readouterr().out
     assert "could not commit" in out and "ignored" in out and "lab: result of b" not in run("log").stdout

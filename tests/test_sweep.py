@@ -1,19 +1,22 @@
-"""Sweep: grid parsing and expansion, validation before launch, launch commands, collecting finished runs."""
+"""Sweep: grid parsing and expansion, validation before launch, launch commands, running a grid here through the
+driver (one worker per run, resumable), collecting finished runs."""
 
 from __future__ import annotations
 
 import json
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
 
-from searchr1_lab import sweep
+from searchr1_lab import driver, sweep
 from searchr1_lld.config import ConfigError, load_config
 
 from conftest import world_args
 
 ABLATION_BASE = Path(__file__).resolve().parents[1] / "configs" / "ablations" / "base.yaml"
+TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
 
 
 def test_parse_grid():
@@ -100,24 +103,100 @@ def test_collect_table_and_figure(tmp_path):
 
 
 @pytest.mark.slow
-def test_local_sweep_trains_each_run_and_collects(tiny_world, tmp_path, capsys):
-    """Two 1-step runs on the tiny world through searchr1_lld.learner.trainer.train, then the table and figure."""
-    tiny = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+def test_local_sweep_trains_each_run_in_a_worker_and_collects(tiny_world, tmp_path, capsys):
+    """Two 1-step runs on the tiny world, two worker processes at a time (``sweep task``, which trains with
+    searchr1_lld.learner.trainer.train), then the table and figure; the same command again skips both runs."""
     small = ["trainer.total_steps=1", "trainer.train_batch_size=2", "trainer.ppo_mini_batch_size=1", "rollout.n=2",
              "rollout.max_turns=1", "rollout.max_tokens_per_turn=16", "rollout.max_obs_length=60",
              "trainer.micro_batch_token_budget=400", "logging.progress_bar=false", "logging.plot_every=0",
              "trainer.probe_every=1", "trainer.probe_size=2", "trainer.eval_limit=2", "trainer.save_every=0",
              "trainer.resume=never", f"trainer.output_dir={tmp_path / 'runs'}", *world_args(tiny_world)]
     out = tmp_path / "sweep"
-    assert sweep.main(["expand", "--base", str(tiny), "--grid", "algorithm.llds.lam=0,0.2", "--local",
-                       "--out", str(out), "--set", *small]) == 0
+    argv = ["expand", "--base", str(TINY), "--grid", "algorithm.llds.lam=0,0.2", "--local", "--jobs", "2",
+            "--out", str(out), "--set", *small]
+    assert sweep.main(argv) == 0
     runs = json.loads((out / "sweep.json").read_text())
     assert [r["run"] for r in runs] == ["tiny-lam=0", "tiny-lam=0.2"]
     assert [r["lam"] for r in runs] == [0.0, 0.2]  # read back from each run's saved config
     for r in runs:
         assert Path(r["run_dir"]).parent == tmp_path / "runs" and r["steps"] == 1
         assert r["final_em"] is not None and r["collapse_step"] in ("none", 1)
-    assert (out / "sweep.png").is_file() and "tiny-lam=0.2" in capsys.readouterr().out
+        log = (out / "logs" / f"{r['run']}.log").read_text()  # each run's worker: its training, then its marker
+        assert log.strip().endswith(str(Path(r["run_dir"]) / sweep.SWEEP_MARKER))
+    printed = capsys.readouterr().out
+    assert "2 to run, 2 at a time with 1 thread(s) each" in printed and "tiny-lam=0.2" in printed
+    assert (out / "sweep.png").is_file()
+    markers = {r["run"]: (Path(r["run_dir"]) / sweep.SWEEP_MARKER).stat().st_mtime_ns for r in runs}
+    assert sweep.main(argv) == 0  # a rerun: nothing trains again, the table is collected again
+    assert "2 of 2 tasks done earlier; 0 to run" in capsys.readouterr().out
+    assert {r["run"]: (Path(r["run_dir"]) / sweep.SWEEP_MARKER).stat().st_mtime_ns for r in runs} == markers
+
+
+FAKE_RUN = ("import json, pathlib, sys; run = pathlib.Path(sys.argv[1]); run.mkdir(parents=True, exist_ok=True); "
+            "(run / 'metrics.jsonl').write_text(json.dumps({'step': 1, 'reward/em_mean': 0.5}) + '\\n'); "
+            "(run / 'sweep_run.json').write_text(json.dumps({'name': run.name, 'overrides': []}))")
+
+
+def test_a_local_sweep_skips_finished_runs_and_names_a_failed_one(tmp_path, monkeypatch, capsys):
+    """``--local`` through the driver with stand-in workers: a run whose marker exists is not run again, a failing
+    run is named and the others still run and are collected, and the command exits 1."""
+    real_tasks = sweep.sweep_tasks
+
+    def stand_in_tasks(*args):
+        tasks = real_tasks(*args)
+        for t in tasks:
+            code = "import sys; print('no luck'); sys.exit(3)" if t.name.endswith("lam=0.1") else FAKE_RUN
+            t.argv = [sys.executable, "-c", code, str(t.done.parent)]
+        return tasks
+
+    monkeypatch.setattr(sweep, "sweep_tasks", stand_in_tasks)
+    monkeypatch.setattr(sweep, "LOCAL_POLL_S", 0.05)
+    runs, out = tmp_path / "runs", tmp_path / "sweep"
+    finished = _fake_run(runs, "tiny-lam=0", [0.9], ["healthy"], None, 0.0)  # finished by an earlier sweep
+    (finished / sweep.SWEEP_MARKER).write_text(json.dumps({"name": "tiny-lam=0", "overrides": []}))
+    argv = ["expand", "--base", str(TINY), "--grid", "algorithm.llds.lam=0,0.1,0.2", "--local", "--out", str(out),
+            "--set", f"trainer.output_dir={runs}"]
+    assert sweep.main(argv) == 1
+    captured = capsys.readouterr()
+    assert "1 of 3 tasks done earlier; 2 to run" in captured.out
+    assert "failed: tiny-lam=0.1" in captured.err and "no luck" in (out / "logs" / "tiny-lam=0.1.log").read_text()
+    rows = json.loads((out / "sweep.json").read_text())
+    assert [(r["run"], r["final_train_em"]) for r in rows] == [("tiny-lam=0", 0.9), ("tiny-lam=0.2", 0.5)]
+
+
+def test_each_run_is_a_sweep_task_done_when_its_marker_exists(tmp_path, capsys):
+    """The worker command of each run (``sweep task`` with the grid, the run's name and the shared overrides), and
+    its done file: the marker in the run's own directory."""
+    shared = [f"trainer.output_dir={tmp_path / 'runs'}", "trainer.total_steps=3"]
+    runs = sweep.plan(TINY, "algorithm.llds.lam=0,0.2", shared)
+    tasks = sweep.sweep_tasks(TINY, "algorithm.llds.lam=0,0.2", runs, shared)
+    assert [t.name for t in tasks] == ["tiny-lam=0", "tiny-lam=0.2"]
+    assert tasks[1].done == tmp_path / "runs" / "tiny-lam=0.2" / "sweep_run.json"
+    assert tasks[1].argv[1:] == ["-m", "searchr1_lab.sweep", "task", "--base", str(TINY), "--grid",
+                                 "algorithm.llds.lam=0,0.2", "--run", "tiny-lam=0.2", "--set", *shared]
+    assert sweep.main(["task", "--base", str(TINY), "--grid", "algorithm.llds.lam=0,0.2", "--run", "tiny-lam=0.5"]) == 2
+    assert "no run 'tiny-lam=0.5'" in capsys.readouterr().err
+
+
+def test_the_driver_runs_what_is_not_done_in_order_and_goes_on_past_a_failure(tmp_path):
+    """One job at a time, in the tasks' order, after what each waits for; a task already done is skipped, a
+    failed one (and what waits on it) is named, the rest still run; ``on_done`` sees each task that finished."""
+    order = tmp_path / "order.txt"
+
+    def task(name, after=(), fail=False):
+        code = ("import sys; sys.exit(1)" if fail else
+                f"open({str(order)!r}, 'a').write({name!r} + ' '); open({str(tmp_path / name)!r}, 'w').write('x')")
+        return driver.Task(name, [sys.executable, "-c", code], tmp_path / name, after)
+
+    (tmp_path / "done_before").write_text("x")
+    tasks = [task("b", after=("a",)), task("done_before", fail=True), task("a"), task("c", fail=True),
+             task("d", after=("c",)), task("e")]
+    finished = []
+    failed = driver.run_tasks(tasks, jobs=1, log_dir=tmp_path / "logs", on_done=lambda t: finished.append(t.name),
+                              poll_s=0.01)
+    assert failed == ["c", "d"]
+    assert order.read_text().split() == finished == ["a", "b", "e"]  # b waited for a; "done_before" never ran
+    assert sorted(p.stem for p in (tmp_path / "logs").iterdir()) == ["a", "b", "c", "e"]
 
 
 def test_a_one_step_run_shows_in_the_sweep_figure(tmp_path, monkeypatch):
