@@ -52,6 +52,7 @@ from searchr1_lab.prereg.report import PHENOMENA_FIGURES
 from searchr1_lab.running import prepare_world, read_run_record, repo_relative, resolve_world_dir, run_lab
 from searchr1_lab.demo.selection import selection_file
 from searchr1_lab.stepsize import registration as stepsize
+from searchr1_lab.studies import current_command
 from searchr1_lld.world import read_card
 
 
@@ -180,12 +181,28 @@ def demo_tasks(lrs: Sequence[float], demo_dir: Path) -> list[LabTask]:
     return [*select, final]
 
 
+# the report commands a registration of the step-size form may name as its analysis (each takes --registration, --out
+# and --readme)
+REGISTERED_REPORTS = ("stepsize-report", "frontier-report")
+
+
+def registered_report(reg: dict) -> str:
+    """The lab subcommand that writes a registered study's report: the one its ``analysis_command`` names (read as it
+    runs today), ``stepsize-report`` when it names none; ConfigError for any other command."""
+    command = reg["registration"].get("analysis_command")
+    words = current_command(command).split() if command else ["python", "-m", "searchr1_lab", "stepsize-report"]
+    if words[:3] != ["python", "-m", "searchr1_lab"] or len(words) < 4 or words[3] not in REGISTERED_REPORTS:
+        raise ConfigError(f"the registration's analysis_command {command!r} is not one of the lab's registered "
+                          f"reports ({', '.join(REGISTERED_REPORTS)})")
+    return words[3]
+
+
 def rebuild_report(compact_dir: Path, prereg_path: Path = REPO_ROOT / PREREG_FILE,
                    readme: Path = REPO_ROOT / "README.md",
                    stepsize_path: Path = REPO_ROOT / stepsize.STEPSIZE_FILE) -> list[Path]:
     """The report the compact results in ``compact_dir`` feed, rebuilt from them; the paths it wrote. The
     pre-registered comparison's runs dir feeds its registered analysis (``prereg-report``, into its ``report_dir``),
-    the step-size study's runs dir its own (``stepsize-report``, into the whole of its ``report_dir``), any other the
+    a registered study's runs dir its own (:func:`registered_report`, into the whole of its ``report_dir``), any other the
     comparison's report in docs/lab (``report``); each replaces its block of ``readme``. The report command runs in
     a fresh interpreter, so a grid that runs for hours writes its reports with the code on disk, not the code it
     started with."""
@@ -193,7 +210,7 @@ def rebuild_report(compact_dir: Path, prereg_path: Path = REPO_ROOT / PREREG_FIL
     study = stepsize.registration_of(compact_dir, stepsize_path)
     if study is not None:
         out = REPO_ROOT / study["registration"]["report_dir"]
-        argv = ["stepsize-report", "--registration", str(stepsize_path), "--out", str(out)]
+        argv = [registered_report(study), "--registration", str(stepsize_path), "--out", str(out)]
         written = [out]
     elif reg is not None:
         out = REPO_ROOT / reg["report_dir"]

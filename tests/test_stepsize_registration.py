@@ -195,3 +195,17 @@ def test_the_grid_commits_a_result_and_names_why_it_cannot(tmp_path, monkeypatch
     driver.commit([tmp_path / "runs" / "lost.json"], "lab: result of b", tmp_path)
     out = capsys.readouterr().out
     assert "could not commit" in out and "ignored" in out and "lab: result of b" not in run("log").stdout
+
+
+def test_a_registered_study_names_its_report_command(tmp_path):
+    """The grid rebuilds a registered study's report with the command its registration names, read as it runs
+    today; an unknown command is refused."""
+    assert grid.registered_report(draft(tmp_path)) == "stepsize-report"
+    for command, report in (("python -m searchr1_lld.lab stepsize-report --readme README.md", "stepsize-report"),
+                            ("python -m searchr1_lab frontier-report --readme README.md", "frontier-report")):
+        assert grid.registered_report(draft(tmp_path, registration={"analysis_command": command})) == report
+    with pytest.raises(ConfigError, match="not one of the lab's registered reports"):
+        grid.registered_report(draft(tmp_path, registration={"analysis_command": "python -m searchr1_lab report"}))
+    for path in ("docs/lab/stepsize/registration.json", "docs/lab/trustregion/registration.json",
+                 "docs/lab/frontier/registration.json"):
+        assert grid.registered_report(json.loads((REPO_ROOT / path).read_text())) in grid.REGISTERED_REPORTS
