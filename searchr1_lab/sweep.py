@@ -381,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "task":
             print(train_run(args.base, args.grid, args.run, args.set))
             return 0
+        if not args.local and (args.jobs != 1 or args.threads != 0):
+            raise ConfigError("--jobs and --threads set how --local trains the runs: add --local")
         runs = plan(args.base, args.grid, args.set)
         if args.print_launch:
             for run in runs:

@@ -62,6 +62,9 @@ def test_print_launch(capsys):
     assert argv[7:] == ["algorithm.llds.gate=response",
                         "trainer.run_name=ablation-qwen2.5-3b-base_nq-hotpotqa-gate=response"]
     assert sweep.main(["expand", "--base", str(ABLATION_BASE), "--grid", "algorithm.llds.nope=1"]) == 2
+    # --jobs and --threads without --local would be ignored: refused
+    assert sweep.main(["expand", "--base", str(ABLATION_BASE), "--grid", "algorithm.llds.gate=response",
+                       "--print-launch", "--jobs", "2"]) == 2
 
 
 def _fake_run(root: Path, name: str, ems: list[float], phases: list[str], final_em: float | None, lam: float):
