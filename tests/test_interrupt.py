@@ -53,12 +53,12 @@ def test_ctrl_c_stops_the_retriever_service_with_one_line(tiny_world):
     assert err == ["python -m retriever serve: interrupted"]
 
 
-@pytest.mark.parametrize("entry", ["world", "lab"])
+@pytest.mark.parametrize("entry", ["searchr1_lld.world", "searchr1_lab"])
 def test_ctrl_c_during_a_world_build_is_one_line_and_leaves_no_half_built_world(entry, tmp_path):
     """Interrupted once the world's files are written (its index, tokenizer and policy still to come): the build
     removes what it wrote, so the next run builds it anew."""
     world = tmp_path / "world"
-    if entry == "world":
+    if entry == "searchr1_lld.world":
         config = tmp_path / "world.yaml"  # the test world, built anew in a dir of its own
         config.write_text(yaml.safe_dump(dataclasses.asdict(TEST_WORLD_CONFIG)))
         proc = _start("-m", "searchr1_lld.world", "build", "--config", str(config), "--out", str(world), "--quiet")
@@ -67,7 +67,7 @@ def test_ctrl_c_during_a_world_build_is_one_line_and_leaves_no_half_built_world(
                       str(tmp_path / "runs"), "--out", str(tmp_path / "report"))
     _wait_for(lambda: (world / "qa" / "test.jsonl").is_file(), proc)
     _, err = _interrupt(proc)
-    assert err[-1] == f"python -m searchr1_lld.{entry}: interrupted"
+    assert err[-1] == f"python -m {entry}: interrupted"
     assert all(line.startswith("build world:") for line in err[:-1]), err  # its progress bar, if any
     assert not world.exists() or not any(world.iterdir())
     assert not (tmp_path / "runs").exists() and not (tmp_path / "report").exists()
