@@ -74,6 +74,49 @@ TEST_WORLD_CONFIG = WorldConfig(
 )
 
 
+def registered_run_violations(registration_file: str, registered: str = "registered") -> list[str]:
+    """Why the committed runs of the registration at ``registration_file`` (repository-relative) cannot count as
+    registered (:func:`searchr1_lab.prereg.registration.registration_violations`); a registration not yet
+    registered must have no runs. Skips on a shallow clone, which lacks the commits the runs name."""
+    import json
+    import subprocess
+
+    from searchr1_lab.compact import read_runs
+    from searchr1_lab.prereg.registration import registration_violations
+
+    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=REPO_ROOT, capture_output=True,
+                             text=True).stdout.strip()
+    if shallow == "true":
+        pytest.skip("shallow clone: run `git fetch --unshallow` to check the runs against the registration")
+    block = json.loads((REPO_ROOT / registration_file).read_text())["registration"]
+    runs, _ = read_runs(REPO_ROOT / block["runs_dir"])
+    if block["status"] != registered:
+        return ["runs exist before the registration"] if runs else []
+    return registration_violations(REPO_ROOT, registration_file, runs)
+
+
+def stale_report_parts(report, reg) -> list[str]:
+    """Which parts of a registered study's committed report differ from what its committed runs compute now
+    (``report``: its :class:`searchr1_lab.stepsize.study_report.StudyReport`): the README block, the report's
+    README.md, its summary.json."""
+    import json
+
+    from searchr1_lab.comparison.claims import clean, readme_block_of
+
+    block = reg["registration"]
+    summary = clean(report.analyse(reg, REPO_ROOT / block["runs_dir"]))
+    out = REPO_ROOT / block["report_dir"]
+    stale = []
+    if readme_block_of((REPO_ROOT / "README.md").read_text(), *report.readme_markers(reg)) != report.readme_block(
+            summary, reg):
+        stale.append("the README block")
+    if (out / "README.md").read_text() != report.render(summary, reg):
+        stale.append(f"{block['report_dir']}/README.md")
+    if json.loads((out / "summary.json").read_text()) != json.loads(json.dumps(summary, sort_keys=True)):
+        stale.append(f"{block['report_dir']}/summary.json")
+    return stale
+
+
 def test_world_dir(cfg: WorldConfig = TEST_WORLD_CONFIG) -> Path:
     """Where the test world for ``cfg`` is cached: ``<repo>/.cache/test-world-<confighash>``."""
     from searchr1_lld.world.build import world_config_hash

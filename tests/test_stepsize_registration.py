@@ -12,6 +12,7 @@ import pytest
 
 from searchr1_lld.config import ConfigError
 from searchr1_lab import driver, grid
+from conftest import registered_run_violations
 from searchr1_lab.methods import ARMS, REPO_ROOT
 from searchr1_lab.stepsize import registration as stepsize
 from searchr1_lab.studies import current_path
@@ -142,19 +143,7 @@ def test_the_committed_registration_is_valid_and_its_world_is_the_registered_one
 
 
 def test_the_registration_precedes_every_run_of_its_grid():
-    from searchr1_lab.compact import read_runs
-    from searchr1_lab.prereg.registration import registration_violations
-
-    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=REPO_ROOT, capture_output=True,
-                             text=True).stdout.strip()
-    if shallow == "true":  # a depth-limited clone lacks the commits the runs name: the check needs the history
-        pytest.skip("shallow clone: run `git fetch --unshallow` to check the runs against the registration")
-    reg = stepsize.load_registration()
-    runs, _ = read_runs(REPO_ROOT / reg["registration"]["runs_dir"])
-    if reg["registration"]["status"] != stepsize.REGISTERED:
-        assert runs == [], "runs exist before the registration"
-        return
-    assert registration_violations(REPO_ROOT, stepsize.STEPSIZE_FILE, runs) == []
+    assert registered_run_violations(stepsize.STEPSIZE_FILE) == []
 
 
 def test_the_readme_block_and_the_report_are_what_the_committed_runs_compute():

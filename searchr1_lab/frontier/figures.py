@@ -8,6 +8,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from searchr1_lab.compact import read_runs
 from searchr1_lab.stepsize.analysis import cell_runs
 
 FIGURES = ("frontier", "phenomena")
@@ -96,5 +97,7 @@ def phenomena_figure(summary: Mapping[str, Any], runs: Sequence[Mapping[str, Any
     return path
 
 
-def write_figures(summary: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
+def write_figures(summary: Mapping[str, Any], reg: Mapping[str, Any], runs_dir: Path, out: Path) -> list[Path]:
+    """Both figures into ``out``, from the summary and the compact runs in ``runs_dir``."""
+    runs, _ = read_runs(runs_dir)
     return [frontier_figure(summary, out / "frontier.png"), phenomena_figure(summary, runs, out / "phenomena.png")]

@@ -9,22 +9,19 @@ validation (:mod:`.selection`), and the chosen settings' test EM is read only on
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from searchr1_lld.config import ConfigError
-from searchr1_lab.comparison.claims import clean, replace_readme_block
 from searchr1_lab.compact import read_runs
 from searchr1_lab.frontier.endpoints import cell_endpoints, run_endpoints
 from searchr1_lab.frontier.figures import FIGURES, write_figures
 from searchr1_lab.frontier.pareto import pareto_front
 from searchr1_lab.frontier.selection import choose, method_cells, test_scores
-from searchr1_lab.methods import REPO_ROOT
 from searchr1_lab.prereg.registration import phenomena
 from searchr1_lab.stepsize.analysis import cell_runs, same_lr
-from searchr1_lab.stepsize.registration import cells, load_registration
+from searchr1_lab.stepsize.registration import cells
+from searchr1_lab.stepsize.study_report import StudyReport
 from searchr1_lab.studies import current_command
 
 FRONTIER_FILE = "docs/lab/frontier/registration.json"
@@ -173,35 +170,12 @@ def readme_block(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
             + "; ".join(f"{m} {n}" for m, n in s["chosen"].items()) + f"; {tested}.")
 
 
-def write_report(registration: str | Path, runs_dir: str | Path, out_dir: str | Path,
-                 readme: str | Path | None = None) -> dict[str, Any]:
-    """``summary.json``, ``README.md`` and the figures in ``out_dir``; with ``readme``, its block replaced."""
-    reg = load_registration(registration)
-    summary = clean(analyse(reg, runs_dir))
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
-    (out / "README.md").write_text(render(summary, reg))
-    runs, _ = read_runs(runs_dir)
-    write_figures(summary, runs, out)
-    if readme is not None:
-        path = Path(readme)
-        path.write_text(replace_readme_block(path.read_text(), readme_block(summary, reg), *readme_markers(reg)))
-    return summary
+REPORT = StudyReport("python -m searchr1_lab frontier-report", FRONTIER_FILE, analyse, render, write_figures,
+                     readme_block, readme_markers)
 
 
 def main(argv: Sequence[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m searchr1_lab frontier-report", description=__doc__.split("\n\n")[0])
-    p.add_argument("--registration", default=str(REPO_ROOT / FRONTIER_FILE), help="the registration's JSON")
-    p.add_argument("--runs", help="the grid's compact results (default: the registration's runs_dir)")
-    p.add_argument("--out", help="report dir (default: the registration's report_dir)")
-    p.add_argument("--readme", help="also replace this README's block of the study")
-    args = p.parse_args(list(argv))
-    reg = load_registration(args.registration)["registration"]
-    s = write_report(args.registration, args.runs or REPO_ROOT / reg["runs_dir"],
-                     args.out or REPO_ROOT / reg["report_dir"], args.readme)
-    print(f"{s['runs_finished']} of {s['runs_planned']} runs; report in {args.out or reg['report_dir']}")
-    return 0
+    return REPORT.main(argv, __doc__.split("\n\n")[0])
 
 
-__all__ = ["FIGURES", "FRONTIER_FILE", "analyse", "main", "render", "readme_block", "readme_markers", "write_report"]
+__all__ = ["FIGURES", "FRONTIER_FILE", "analyse", "main", "render", "readme_block", "readme_markers", "REPORT"]

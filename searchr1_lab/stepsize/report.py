@@ -15,16 +15,14 @@ registered run has finished.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from searchr1_lab.analysis import finite
-from searchr1_lab.comparison.claims import clean, replace_readme_block
 from searchr1_lab.compact import read_runs
-from searchr1_lab.methods import REPO_ROOT, read_lab_config
+from searchr1_lab.methods import read_lab_config
+from searchr1_lab.stepsize.study_report import StudyReport
 from searchr1_lab.studies import current_command
 from searchr1_lab.stepsize import account
 from searchr1_lab.stepsize.analysis import (HELD_OUT, cell_survival, exploratory_alarms, hypotheses, run_points,
@@ -33,7 +31,7 @@ from searchr1_lab.stepsize.figures import FIGURES, MEASURE_NAMES, write_figures
 from searchr1_lab.stepsize.movement import MEASURES, cells_movement, movement_sensitivity, movement_study
 from searchr1_lab.stepsize.readings import (cell_table, small_sample_rows, unregistered_comparisons,
                                             warmup_steps)
-from searchr1_lab.stepsize.registration import STEPSIZE_FILE, cells, load_registration
+from searchr1_lab.stepsize.registration import STEPSIZE_FILE, cells
 
 __all__ = ["FIGURES", "README_BEGIN", "README_END", "analyse", "main", "readme_block", "readme_markers", "render",
            "write_report"]
@@ -399,32 +397,15 @@ def readme_block(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+REPORT = StudyReport("python -m searchr1_lab stepsize-report", STEPSIZE_FILE, analyse, render, write_figures,
+                     readme_block, readme_markers)
+
+
 def write_report(registration: str | Path, runs_dir: str | Path, out_dir: str | Path,
                  readme: str | Path | None = None) -> dict[str, Any]:
     """``summary.json``, ``README.md`` and the figures in ``out_dir``; with ``readme``, its block replaced."""
-    reg = load_registration(registration)
-    summary = clean(analyse(reg, runs_dir))
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
-    (out / "README.md").write_text(render(summary, reg))
-    write_figures(summary, reg, runs_dir, out)
-    if readme is not None:
-        path = Path(readme)
-        path.write_text(replace_readme_block(path.read_text(), readme_block(summary, reg), *readme_markers(reg)))
-    return summary
+    return REPORT.write(registration, runs_dir, out_dir, readme)
 
 
 def main(argv: Sequence[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m searchr1_lab stepsize-report",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--registration", default=str(REPO_ROOT / STEPSIZE_FILE), help="the registration's JSON")
-    p.add_argument("--runs", help="the grid's compact results (default: the registration's runs_dir)")
-    p.add_argument("--out", help="report dir (default: the registration's report_dir)")
-    p.add_argument("--readme", help="also replace this README's block of the study")
-    args = p.parse_args(list(argv))
-    reg = load_registration(args.registration)["registration"]
-    s = write_report(args.registration, args.runs or REPO_ROOT / reg["runs_dir"],
-                     args.out or REPO_ROOT / reg["report_dir"], args.readme)
-    print(f"{s['runs_finished']} of {s['runs_planned']} runs; report in {args.out or reg['report_dir']}")
-    return 0
+    return REPORT.main(argv, __doc__.split("\n\n")[0])
