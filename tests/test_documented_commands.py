@@ -450,6 +450,11 @@ ENTRIES: tuple[Entry, ...] = (
         reason="the trust-region study's registered grid: 25 runs of 75 steps, about 5 hours on 2 cores, committed as "
                "they land and checked against the registration in tests/test_trustregion_registration.py; the driver "
                "is the step-size study's (tests/test_stepsize_registration.py)"),
+    CannotRun("frontier_grid", (
+        "python -m searchr1_lab grid --registration docs/lab/frontier/registration.json --jobs 2 --commit",),
+        reason="the learning-stability frontier's registered grid: 51 runs of 75 steps, about 10 hours on 2 cores, "
+               "committed as they land and checked against the registration in tests/test_frontier.py; the driver "
+               "is the step-size study's (tests/test_stepsize_registration.py)"),
     RunByTest("step_kl_target", (
         "python -m searchr1_lab step-kl-target --runs docs/lab/stepsize/runs --arm llds_action --lr 0.002 "
         "--steps 75 --out configs/lab/targets/llds_action-lr0.002.json",),
@@ -471,8 +476,10 @@ ENTRIES: tuple[Entry, ...] = (
         "python -m searchr1_lab grid --registration docs/lab/stepsize/registration.json --jobs 2 "
         "--fresh runs/stepsize-rerun",
         "python -m searchr1_lab grid --registration docs/lab/trustregion/registration.json --jobs 2 "
-        "--fresh runs/trustregion-rerun"),
-        reason="a committed study's whole grid again (80, 45 and 25 runs: hours on 2 cores); what --fresh makes of a "
+        "--fresh runs/trustregion-rerun",
+        "python -m searchr1_lab grid --registration docs/lab/frontier/registration.json --jobs 2 "
+        "--fresh runs/frontier-rerun"),
+        reason="a committed study's whole grid again (80, 45, 25 and 51 runs: hours on 2 cores); what --fresh makes of a "
                "grid (every task into the fresh directory, nothing into docs/, the study's report there) is tested "
                "in tests/test_lab_fresh.py"),
     CannotRun("comparison_at_its_commit", (
