@@ -22,13 +22,16 @@ Prints one line per timed run, then, with the first variant as the numerator and
 ``RESULT step_ratio_<a>_over_<b>_wall X`` (geometric mean of the per-pair ratios of whole-step wall time),
 ``RESULT step_ratio_<a>_over_<b>_cpu X`` (the same in CPU time), ``RESULT update_ratio_<a>_over_<b>_wall X``
 (the update phase alone), ``RESULT order_effect_wall X`` (geometric mean of first / second run of a pair), and the
-medians ``RESULT step_wall_s_<variant> X`` / ``RESULT update_wall_s_<variant> X``.
+medians ``RESULT step_wall_s_<variant> X`` / ``RESULT update_wall_s_<variant> X``; ``..._wall_ci95_low / _high``: the 95 %
+interval of the step and update ratios (Student's t on the per-pair log ratios; the rollout's time varies from run to
+run even on the same samples, so a ratio nearer 1 than this interval's half-width is not resolved).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import math
 import shutil
 import statistics
 import tempfile
@@ -38,6 +41,7 @@ from typing import Any, Callable
 from searchr1_lld.bookkeeping import checkpoint
 from searchr1_lld.config import load_config
 from searchr1_lld.learner import step
+from searchr1_lab.stepsize.smallsample import student_t_quantile
 
 
 def _llds(enabled: bool) -> Callable[[Any], None]:
@@ -82,6 +86,15 @@ def timed_step(tr: Any) -> tuple[float, float, dict[str, Any]]:
     w0, c0 = time.perf_counter(), time.process_time()
     metrics = tr.train_step()
     return time.perf_counter() - w0, time.process_time() - c0, metrics
+
+
+def ratio_interval(xs: list[float], ys: list[float], level: float = 0.95) -> tuple[float, float]:
+    """The ``level`` interval of the geometric mean of the per-pair ratios ``x_i / y_i``: Student's t on their logs
+    (n - 1 degrees of freedom). A ratio nearer 1 than this interval's half-width is not resolved by the run."""
+    logs = [math.log(x / y) for x, y in zip(xs, ys)]
+    half = student_t_quantile(0.5 + level / 2, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    centre = statistics.fmean(logs)
+    return math.exp(centre - half), math.exp(centre + half)
 
 
 def main() -> None:
@@ -152,6 +165,10 @@ def main() -> None:
     print(f"RESULT step_ratio_{a}_over_{b}_wall {ratio(wall[a], wall[b]):.4f}")
     print(f"RESULT step_ratio_{a}_over_{b}_cpu {ratio(cpu[a], cpu[b]):.4f}")
     print(f"RESULT update_ratio_{a}_over_{b}_wall {ratio(upd[a], upd[b]):.4f}")
+    for name, xs, ys in (("step", wall[a], wall[b]), ("update", upd[a], upd[b])):
+        low, high = ratio_interval(xs, ys)
+        print(f"RESULT {name}_ratio_{a}_over_{b}_wall_ci95_low {low:.4f}")
+        print(f"RESULT {name}_ratio_{a}_over_{b}_wall_ci95_high {high:.4f}")
     print(f"RESULT order_effect_wall {statistics.geometric_mean(first_over_second):.4f}")
     for n in names:
         print(f"RESULT step_wall_s_{n} {statistics.median(wall[n]):.3f}")
