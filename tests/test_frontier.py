@@ -5,6 +5,7 @@ what the committed runs compute)."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
@@ -203,3 +204,11 @@ def test_the_report_command_writes_the_report_figures_and_readme_block(tmp_path)
     assert summary["complete"] and summary["chosen"]["LLDS"] == "llds_a@0.002"  # a tie: the registered order
     assert "6 of 6 runs" in readme.read_text() and "old" not in readme.read_text()
     assert "| LLDS | lambda 0.2 | 2 | 0/2 | 10.0 |" in (out / "README.md").read_text()
+
+
+def test_git_keeps_the_studys_results(reg):
+    block = reg["registration"]
+    paths = [f"{block['runs_dir']}/grpo-lr0.002-seed20.json.gz", f"{block['runs_dir']}/baselines.json.gz",
+             f"{block['report_dir']}/summary.json"]
+    ignored = subprocess.run(["git", "check-ignore", *paths], cwd=REPO_ROOT, capture_output=True, text=True).stdout
+    assert ignored == "", f"git ignores {ignored.split()}"
