@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from retriever.runtime import THREAD_ENV_VARS, usable_cores
+from searchr1_lld.config import ConfigError
 
 
 @dataclass
@@ -54,6 +55,13 @@ def commit(paths: Sequence[Path], message: str, repo: Path) -> None:
             break
         time.sleep(5 * (attempt + 1))
     print(f"[commit] could not commit {names}: {proc.stderr.strip() or proc.stdout.strip()}", flush=True)
+
+
+def check_jobs(jobs: int, threads: int) -> None:
+    """ConfigError unless ``jobs >= 1`` and ``threads >= 0`` (the ``--jobs`` / ``--threads`` of a command that runs
+    tasks), before anything is written."""
+    if jobs < 1 or threads < 0:
+        raise ConfigError(f"--jobs must be >= 1 and --threads >= 0, got {jobs} and {threads}")
 
 
 def threads_per_job(jobs: int, threads: int = 0) -> int:

@@ -42,7 +42,7 @@ from searchr1_lab.baselines import NoRetrieval, correct_by_id, majority_correct,
 from searchr1_lab.comparison.claims import DESIGN_FILE
 from searchr1_lab.comparison.report import CURVES_FILE
 from searchr1_lab.compact import BASELINES_FILE, compact_name, git_commit, lr_tag, run_record, write_gz_json
-from searchr1_lab.driver import Task, commit, interleave, run_tasks
+from searchr1_lab.driver import Task, check_jobs, commit, interleave, run_tasks
 from searchr1_lab import fresh
 from searchr1_lab.evaluating import evaluate_policy, load_policy
 from searchr1_lab.methods import (ARMS, REPO_ROOT, Method, lab_config, parse_methods, parse_seeds,
@@ -322,8 +322,7 @@ def main(argv: list[str]) -> int:
                 raise ConfigError("task needs --lr and --seed (or --baselines)")
             print(run_task(config, args.lr, method, args.seed, runs_root, compact_dir, args.world_dir))
             return 0
-        if args.jobs < 1 or args.threads < 0:
-            raise ConfigError(f"--jobs must be >= 1 and --threads >= 0, got {args.jobs} and {args.threads}")
+        check_jobs(args.jobs, args.threads)
         if reg is not None:
             stepsize.check_registered(reg, args.registration)
             design = {"registration": repo_relative(Path(args.registration)), "config": config,

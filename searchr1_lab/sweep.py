@@ -42,7 +42,8 @@ from typing import Any, Sequence
 
 import yaml
 
-from searchr1_lab.driver import Task, run_tasks
+from searchr1_lab.driver import Task, check_jobs, run_tasks
+from searchr1_lab.methods import REPO_ROOT
 from searchr1_lld.bookkeeping.resume import run_dir_of
 from searchr1_lld.config import ConfigError, load_config
 from searchr1_lld.data.jsonl import read_jsonl
@@ -53,7 +54,6 @@ DEFAULT_ACCELERATE_CONFIG = "configs/accelerate/zero2_8gpu.yaml"
 # written into a run dir when the run has finished: the driver's done file, and the run's name and overrides for collect
 SWEEP_MARKER = "sweep_run.json"
 LOCAL_POLL_S = 2.0  # how often --local looks at its workers
-CODE_ROOT = Path(__file__).resolve().parents[1]  # the directory that holds this searchr1_lab
 
 
 @dataclass
@@ -132,7 +132,7 @@ def launch_command(base_config: str | Path, run: RunSpec, *, accelerate_config: 
                    extra_overrides: Sequence[str] = ()) -> str:
     """The shell command that trains ``run`` on a cluster node (accelerate + DeepSpeed config)."""
     args = ["accelerate", "launch", "--config_file", accelerate_config, "train.py", "--config", str(base_config),
-            *extra_overrides, *run.overrides, f"trainer.run_name={run.name}"]
+            *run_config_overrides(run, extra_overrides)]
     return " ".join(shlex.quote(a) for a in args)
 
 
@@ -174,7 +174,7 @@ def run_local(base_config: str | Path, grid: str, runs: Sequence[RunSpec], out: 
     skipped. Returns the run dirs of the finished runs, in the grid's order, and the names of the failed ones."""
     tasks = sweep_tasks(base_config, grid, runs, extra_overrides)
     # the workers import this checkout's searchr1_lab, whichever directory the sweep runs in
-    code_path = os.pathsep.join(p for p in (str(CODE_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    code_path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     failed = run_tasks(tasks, jobs, out / "logs", poll_s=LOCAL_POLL_S, threads=threads,
                        extra_env={"PYTHONPATH": code_path}, label="sweep")
     return [t.done.parent for t in tasks if t.done.exists()], failed
@@ -358,8 +358,7 @@ def parser() -> argparse.ArgumentParser:
 def local_sweep(args: argparse.Namespace, runs: Sequence[RunSpec]) -> int:
     """``expand --local``: the runs through the driver, then the table and figure of those that finished; 1 when
     any failed (each named), else 0."""
-    if args.jobs < 1 or args.threads < 0:
-        raise ConfigError(f"--jobs must be >= 1 and --threads >= 0, got {args.jobs} and {args.threads}")
+    check_jobs(args.jobs, args.threads)
     base_cfg = load_config(args.base, args.set)
     out = Path(args.out or Path(base_cfg.trainer.output_dir) / f"sweep-{base_cfg.name}")
     run_dirs, failed = run_local(args.base, args.grid, runs, out, args.set, jobs=args.jobs, threads=args.threads)

@@ -19,6 +19,8 @@ from searchr1_lab.frontier.figures import FIGURES, write_figures
 from searchr1_lab.frontier.pareto import pareto_front
 from searchr1_lab.frontier.selection import choose, method_cells, test_scores
 from searchr1_lab.prereg.registration import phenomena
+from searchr1_lab.report import fmt
+from searchr1_lab.stepsize.account import signed
 from searchr1_lab.stepsize.analysis import cell_runs, same_lr
 from searchr1_lab.stepsize.registration import cells
 from searchr1_lab.stepsize.study_report import StudyReport
@@ -91,16 +93,11 @@ def analyse(reg: Mapping[str, Any], runs_dir: str | Path) -> dict[str, Any]:
             "test": test_scores(chosen, runs, base) if complete else None}
 
 
-def fmt(x: Any, digits: int = 3, sign: bool = False) -> str:
-    if x is None:
-        return "-"
-    return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
-
-
 def _spread(s: Mapping[str, Any], digits: int = 3, sign: bool = False) -> str:
     if s["mean"] is None:
         return "-"
-    return f"{fmt(s['mean'], digits, sign)} [{fmt(s['min'], digits, sign)}, {fmt(s['max'], digits, sign)}]"
+    show = signed if sign else fmt
+    return f"{show(s['mean'], digits)} [{show(s['min'], digits)}, {show(s['max'], digits)}]"
 
 
 def cell_table(s: Mapping[str, Any]) -> list[str]:

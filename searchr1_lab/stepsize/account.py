@@ -21,7 +21,7 @@ def _num(x: Any, digits: int = 1) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
-def _signed(x: Any, digits: int = 1) -> str:
+def signed(x: Any, digits: int = 1) -> str:
     return "-" if x is None else f"{x:+.{digits}f}"
 
 
@@ -30,8 +30,8 @@ def _interval(d: Mapping[str, Any] | None, digits: int = 1) -> str:
     if not d or d.get("estimate") is None:
         return "-"
     if d.get("low") is None:
-        return _signed(d["estimate"], digits)
-    return f"{_signed(d['estimate'], digits)} [{_signed(d['low'], digits)}, {_signed(d['high'], digits)}]"
+        return signed(d["estimate"], digits)
+    return f"{signed(d['estimate'], digits)} [{signed(d['low'], digits)}, {signed(d['high'], digits)}]"
 
 
 def _cell(s: Mapping[str, Any], arm: str, lr: float) -> Mapping[str, Any] | None:
@@ -81,8 +81,8 @@ def controls_reading(s: Mapping[str, Any], res: Mapping[str, Any]) -> tuple[str,
         welch = c["comparison"].get("welch") or {}
         lines.append(f"{ta} did not outlive {name}: RMST difference {_interval(welch)} steps (Welch 95 %), a failure to "
                      "reject, not an equivalence (no margin was registered); "
-                     f"{name}'s peak held-out gain over step 0 was {_signed(_peak(s, b['arm'], b['lr']), 3)} against "
-                     f"{ta}'s {_signed(_peak(s, ta, tl), 3)}"
+                     f"{name}'s peak held-out gain over step 0 was {signed(_peak(s, b['arm'], b['lr']), 3)} against "
+                     f"{ta}'s {signed(_peak(s, ta, tl), 3)}"
                      + (": it survived without learning." if (_peak(s, b["arm"], b["lr"]) or 0) < 0.02 else "."))
     reading = "mechanism" if res["verdict"] == "mechanism" and all(matched) else "inconclusive"
     return reading, lines
@@ -105,7 +105,7 @@ def matched_text(res: Mapping[str, Any], spec: Mapping[str, Any]) -> str:
             f"{b['arm']} {_num(match['mean_b'], 3)} (ratio "
             f"{_num(match['ratio'], 2)}, tolerance {spec['match_tolerance']}: "
             f"{'matched' if match['matched'] else 'not matched'}). Utility, peak held-out gain over step 0: "
-            f"{_signed(util['a']['mean_peak_gain'], 3)} vs {_signed(util['b']['mean_peak_gain'], 3)}, difference "
+            f"{signed(util['a']['mean_peak_gain'], 3)} vs {signed(util['b']['mean_peak_gain'], 3)}, difference "
             f"{_interval(util['peak_gain'], 3)} (margin -{spec['utility_margin']}: "
             f"{'no worse' if res['utility_ok'] else 'not shown no worse'})")
 
@@ -166,7 +166,7 @@ def cell_lines(s: Mapping[str, Any]) -> list[str]:
             "|---|---|---|---|---|---|---|---|---|"] + [
         f"| {c['arm']} | {c['lr']:g} | {c['runs']} | {_num(c['step_size']['registered'], 3)} | "
         f"{_num(c['step_size']['to_collapse'], 3)} | {_num(c['step_size']['fixed'], 3)} | "
-        f"{_signed(c['utility']['mean_peak_gain'], 3)} | {_signed(c['utility']['mean_gain_area'], 3)} | "
+        f"{signed(c['utility']['mean_peak_gain'], 3)} | {signed(c['utility']['mean_gain_area'], 3)} | "
         f"{_num(c['val_em_start'], 3)} -> {_num(c['val_em_end'], 3)} |" for c in cells] + [
         "", "![Per-step KL against the step: the treatment and its step-size controls](step_kl.png)", ""]
 
