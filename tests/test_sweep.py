@@ -65,6 +65,8 @@ def test_print_launch(capsys):
     # --jobs and --threads without --local would be ignored: refused
     assert sweep.main(["expand", "--base", str(ABLATION_BASE), "--grid", "algorithm.llds.gate=response",
                        "--print-launch", "--jobs", "2"]) == 2
+    assert sweep.main(["expand", "--base", str(ABLATION_BASE), "--grid", "algorithm.llds.gate=response",
+                       "--local", "--jobs", "0"]) == 2  # refused before anything runs
 
 
 def _fake_run(root: Path, name: str, ems: list[float], phases: list[str], final_em: float | None, lam: float):
