@@ -103,6 +103,8 @@ def main() -> None:
     ap.add_argument("--world-dir", default=".cache/world", help="the synthetic world (built there if missing)")
     ap.add_argument("--world", default="configs/world/default.yaml", help="its world config")
     ap.add_argument("--pairs", type=int, default=6, help="timed pairs, even (after one untimed warm-up pair)")
+    ap.add_argument("--update-pairs", type=int, default=0,
+                    help="then time the update phase alone on one fixed batch, this many pairs (even; 0: skip)")
     ap.add_argument("--variants", default="llds_on,llds_off", help=f"two of {sorted(VARIANTS)}: numerator,denominator")
     ap.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = ap.parse_args()
@@ -111,6 +113,8 @@ def main() -> None:
         raise SystemExit(f"--variants needs two of {sorted(VARIANTS)}; got {args.variants!r}")
     if args.pairs < 2 or args.pairs % 2:
         raise SystemExit(f"--pairs must be even and >= 2 (each order of the variants as often); got {args.pairs}")
+    if args.update_pairs < 0 or args.update_pairs % 2 or args.update_pairs == 2:
+        raise SystemExit(f"--update-pairs must be 0 or even and >= 4; got {args.update_pairs}")
 
     from searchr1_lld.learner.trainer import Trainer
     from searchr1_lld.world import ensure_world, load_world_config, trainer_overrides
@@ -125,9 +129,11 @@ def main() -> None:
     tr = Trainer(cfg, run_dir=out)
 
     update_times: list[float] = []
+    update_inputs: list[tuple[tuple, dict]] = []  # the last update's arguments
     real_update = step.update_policy
 
     def timed_update(*a: Any, **k: Any) -> Any:
+        update_inputs[:] = [(a, k)]
         t0 = time.perf_counter()
         result = real_update(*a, **k)
         update_times.append(time.perf_counter() - t0)
@@ -173,7 +179,58 @@ def main() -> None:
     for n in names:
         print(f"RESULT step_wall_s_{n} {statistics.median(wall[n]):.3f}")
         print(f"RESULT update_wall_s_{n} {statistics.median(upd[n]):.3f}")
+    if args.update_pairs:
+        a_args, a_kwargs = update_inputs[0]
+        fixed_update_pairs(tr, names, args.update_pairs, lambda: real_update(*a_args, **a_kwargs),
+                           statistics.median(wall[b]))
     shutil.rmtree(out, ignore_errors=True)
+
+
+def fixed_update_pairs(tr: Any, names: list[str], pairs: int, run_update: Callable[[], dict[str, float]],
+                       step_wall_b: float) -> None:
+    """Time ``run_update`` (one step's update phase on a fixed batch) under each variant in ``pairs`` interleaved
+    pairs of alternating order after one untimed pair, the learner's state restored before every run; print the
+    RESULT lines of the module's docstring."""
+    state = {"model": {k: v.detach().clone() for k, v in tr.learner.model.state_dict().items()},
+             "optimizer": copy.deepcopy(tr.learner.optimizer.state_dict()),
+             "scheduler": copy.deepcopy(tr.learner.scheduler.state_dict()), "rng": checkpoint.capture_rng_state()}
+    times: dict[str, list[float]] = {n: [] for n in names}
+    pg_loss: dict[str, list[float]] = {n: [] for n in names}
+    for pair in range(pairs + 1):
+        for name in names if pair % 2 == 0 else names[::-1]:
+            tr.learner.model.load_state_dict(state["model"])
+            # (copies: the optimiser adopts the tensors it is given and its step updates them in place)
+            tr.learner.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
+            tr.learner.scheduler.load_state_dict(copy.deepcopy(state["scheduler"]))
+            checkpoint.restore_rng_state(state["rng"])
+            VARIANTS[name](tr)
+            t0 = time.perf_counter()
+            metrics = run_update()
+            seconds = time.perf_counter() - t0
+            print(f"{'warm-up' if pair == 0 else f'pair {pair}'} {name:9s} fixed-batch update {seconds:6.3f} s wall; "
+                  f"pg_loss {metrics.get('actor/pg_loss', float('nan')):.6f}", flush=True)
+            if pair:
+                times[name].append(seconds)
+                pg_loss[name].append(metrics.get("actor/pg_loss", float("nan")))
+    a, b = names
+    ratios = [x / y for x, y in zip(times[a], times[b])]
+    low, high = ratio_interval(times[a], times[b])
+    print(f"RESULT fixed_update_ratio_{a}_over_{b}_wall {statistics.geometric_mean(ratios):.4f}")
+    print(f"RESULT fixed_update_ratio_{a}_over_{b}_wall_ci95_low {low:.4f}")
+    print(f"RESULT fixed_update_ratio_{a}_over_{b}_wall_ci95_high {high:.4f}")
+    for n in names:
+        print(f"RESULT fixed_update_wall_s_{n} {statistics.median(times[n]):.3f}")
+    spread = max(max(v) - min(v) for v in pg_loss.values())
+    print(f"RESULT fixed_update_pg_loss_spread {spread:.3g}")
+    if spread:
+        raise SystemExit("the runs of one variant computed different losses: the learner's state is not fully "
+                         "restored between runs, so their times do not time the same work")
+    diffs = [x - y for x, y in zip(times[a], times[b])]
+    half = student_t_quantile(0.975, len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    mean = statistics.fmean(diffs)
+    print(f"RESULT step_ratio_{a}_over_{b}_from_update {1 + mean / step_wall_b:.4f}")
+    print(f"RESULT step_ratio_{a}_over_{b}_from_update_ci95_low {1 + (mean - half) / step_wall_b:.4f}")
+    print(f"RESULT step_ratio_{a}_over_{b}_from_update_ci95_high {1 + (mean + half) / step_wall_b:.4f}")
 
 
 if __name__ == "__main__":
