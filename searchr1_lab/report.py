@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from searchr1_lab.analysis import PROVENANCE_KEYS, PROVENANCE_SPLITS, finite
 from searchr1_lab.methods import LLD_MARGIN, REWARD_MARGIN, TREND_WINDOW, run_name
@@ -12,6 +12,21 @@ from searchr1_lld.instruments.monitor import PHASES, PhaseThresholds
 
 def fmt(x: Any, nd: int = 3) -> str:
     return f"{x:.{nd}f}" if finite(x) else "-"
+
+
+def signed(x: Any, digits: int = 1) -> str:
+    """``+1.5`` (``-`` for None)."""
+    return "-" if x is None else f"{x:+.{digits}f}"
+
+
+def signed_interval(d: Mapping[str, Any] | None, digits: int = 1) -> str:
+    """``+15.2 [+11.3, +19.1]`` from ``{"estimate", "low", "high"}`` (the estimate alone without bounds, ``-``
+    without an estimate)."""
+    if not d or d.get("estimate") is None:
+        return "-"
+    if d.get("low") is None:
+        return signed(d["estimate"], digits)
+    return f"{signed(d['estimate'], digits)} [{signed(d['low'], digits)}, {signed(d['high'], digits)}]"
 
 
 def fmt_ms(cell: dict[str, Any], nd: int = 3) -> str:

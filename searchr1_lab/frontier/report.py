@@ -19,8 +19,7 @@ from searchr1_lab.frontier.figures import FIGURES, write_figures
 from searchr1_lab.frontier.pareto import pareto_front
 from searchr1_lab.frontier.selection import choose, method_cells, test_scores
 from searchr1_lab.prereg.registration import phenomena
-from searchr1_lab.report import fmt
-from searchr1_lab.stepsize.account import signed
+from searchr1_lab.report import fmt, signed
 from searchr1_lab.stepsize.analysis import cell_runs, same_lr
 from searchr1_lab.stepsize.registration import cells
 from searchr1_lab.stepsize.study_report import StudyReport

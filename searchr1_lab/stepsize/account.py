@@ -14,24 +14,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from searchr1_lab.report import signed, signed_interval
+
 MATCH_TOLERANCE = 0.2  # a control "matched" after the warm-up: its step size within 1/1.2-1.2 x the treatment's
 
 
 def _num(x: Any, digits: int = 1) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
-
-
-def signed(x: Any, digits: int = 1) -> str:
-    return "-" if x is None else f"{x:+.{digits}f}"
-
-
-def _interval(d: Mapping[str, Any] | None, digits: int = 1) -> str:
-    """``+15.2 [+11.3, +19.1]`` (``-`` without an estimate)."""
-    if not d or d.get("estimate") is None:
-        return "-"
-    if d.get("low") is None:
-        return signed(d["estimate"], digits)
-    return f"{signed(d['estimate'], digits)} [{signed(d['low'], digits)}, {signed(d['high'], digits)}]"
 
 
 def _cell(s: Mapping[str, Any], arm: str, lr: float) -> Mapping[str, Any] | None:
@@ -75,12 +64,12 @@ def controls_reading(s: Mapping[str, Any], res: Mapping[str, Any]) -> tuple[str,
             p_holm = c["comparison"].get("p_holm")
             lines.append(f"{ta} outlived {name} by the registered rule, with {name} taking "
                          f"{_num(_after(s, b['arm'], b['lr']), 3)} after the warm-up; RMST difference "
-                         f"{_interval(c['comparison'].get('welch'))} steps (Welch 95 %)"
+                         f"{signed_interval(c['comparison'].get('welch'))} steps (Welch 95 %)"
                          + (f", Holm-adjusted log-rank p {p_holm:.2g}." if p_holm is not None else "."))
             continue
         welch = c["comparison"].get("welch") or {}
-        lines.append(f"{ta} did not outlive {name}: RMST difference {_interval(welch)} steps (Welch 95 %), a failure to "
-                     "reject, not an equivalence (no margin was registered); "
+        lines.append(f"{ta} did not outlive {name}: RMST difference {signed_interval(welch)} steps (Welch 95 %), "
+                     "a failure to reject, not an equivalence (no margin was registered); "
                      f"{name}'s peak held-out gain over step 0 was {signed(_peak(s, b['arm'], b['lr']), 3)} against "
                      f"{ta}'s {signed(_peak(s, ta, tl), 3)}"
                      + (": it survived without learning." if (_peak(s, b["arm"], b["lr"]) or 0) < 0.02 else "."))
@@ -96,8 +85,8 @@ def matched_text(res: Mapping[str, Any], spec: Mapping[str, Any]) -> str:
     if a["rmst"] is None or b["rmst"] is None:
         return f"{a['arm']} against {b['arm']}: no runs of one of them yet"
     return (f"verdict **{res['verdict']}**. Survival: {a['arm']} {a['count']} collapsed, RMST {_num(a['rmst'])} vs "
-            f"{b['arm']} {b['count']}, RMST {_num(b['rmst'])}: difference {_interval(comp.get('welch'))} steps "
-            f"(Welch 95 %; 90 %: {_interval(comp.get('welch90'))}, equivalence margin +-{spec['equivalence_margin']}: "
+            f"{b['arm']} {b['count']}, RMST {_num(b['rmst'])}: difference {signed_interval(comp.get('welch'))} steps "
+            f"(Welch 95 %; 90 %: {signed_interval(comp.get('welch90'))}, equivalence margin +-{spec['equivalence_margin']}: "
             f"{'equivalent' if res['equivalent'] else 'not shown equivalent'}), log-rank one-sided p "
             f"{comp['logrank']['p_one_sided']:.3g}, Holm-adjusted {comp.get('p_holm', float('nan')):.3g}: "
             f"{'outlived' if res['supported'] else 'not outlived'}. Step size over the {match['steps']} steps of "
@@ -106,7 +95,7 @@ def matched_text(res: Mapping[str, Any], spec: Mapping[str, Any]) -> str:
             f"{_num(match['ratio'], 2)}, tolerance {spec['match_tolerance']}: "
             f"{'matched' if match['matched'] else 'not matched'}). Utility, peak held-out gain over step 0: "
             f"{signed(util['a']['mean_peak_gain'], 3)} vs {signed(util['b']['mean_peak_gain'], 3)}, difference "
-            f"{_interval(util['peak_gain'], 3)} (margin -{spec['utility_margin']}: "
+            f"{signed_interval(util['peak_gain'], 3)} (margin -{spec['utility_margin']}: "
             f"{'no worse' if res['utility_ok'] else 'not shown no worse'})")
 
 
@@ -142,7 +131,7 @@ def small_sample_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     for r in rows:
         perm = r["permutation"] or {}
         out.append(f"| {r['name']}: {r['treatment']} ({r['lr']:g}) vs {r['control']} ({r['control_lr']:g}) | "
-                   f"{_interval(r['bootstrap'])} | {_interval(r['welch'])} | "
+                   f"{signed_interval(r['bootstrap'])} | {signed_interval(r['welch'])} | "
                    f"{_num(perm.get('p_one_sided'), 4)} | {r['p']:.3g} | {_num(r['p_holm'], 3)} |")
     return out + [""]
 
@@ -185,6 +174,6 @@ def unregistered_lines(found: Sequence[Mapping[str, Any]]) -> list[str]:
         word = ("survived longer" if better else "survived shorter" if worse else
                 "no evidence of a difference in survival")
         out.append(f"- {a['arm']} against {b['arm']} (lr {f['lr']:g}): {word}: RMST {_num(a['rmst'])} vs "
-                   f"{_num(b['rmst'])}, difference {_interval(welch)} steps (Welch 95 %), bootstrap "
-                   f"{_interval(comp['rmst_difference'])}.")
+                   f"{_num(b['rmst'])}, difference {signed_interval(welch)} steps (Welch 95 %), bootstrap "
+                   f"{signed_interval(comp['rmst_difference'])}.")
     return out + [""]

@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 from searchr1_lab.analysis import finite
 from searchr1_lab.compact import read_runs
 from searchr1_lab.methods import read_lab_config
+from searchr1_lab.report import signed_interval
 from searchr1_lab.stepsize.study_report import StudyReport
 from searchr1_lab.studies import current_command
 from searchr1_lab.stepsize import account
@@ -185,12 +186,6 @@ def exploratory_alarm_lines(s: Mapping[str, Any], reg: Mapping[str, Any]) -> lis
 
 
 
-def _signed_interval(d: Mapping[str, Any], digits: int = 2) -> str:
-    if d.get("estimate") is None:
-        return "-"
-    return f"{d['estimate']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}]"
-
-
 def _sides(labels: Sequence[Mapping[str, Any]]) -> str:
     """``2/6 above 0, 0/6 below``: over the labels, how many of a difference's intervals lie above 0 and below."""
     above = sum(1 for d in labels if d.get("low") is not None and d["low"] > 0)
@@ -219,7 +214,7 @@ def movement_lines(s: Mapping[str, Any], reg: Mapping[str, Any]) -> list[str]:
                 f"({pair['control_lr']:g})")
         for measure, res in pair["measures"].items():
             lines.append(f"| {name} | {MEASURE_NAMES[measure]} | {_num(res['mean_treatment'], 2)} | "
-                         f"{_num(res['mean_control'], 2)} | {_signed_interval(res['difference'])} | "
+                         f"{_num(res['mean_control'], 2)} | {signed_interval(res['difference'], 2)} | "
                          f"{_sides(sens[measure][i]['labels'])} |")
     lines += ["", "Per cell (mean, min-max over its runs; censored runs count to the horizon):", "",
               "| arm | lr | runs (censored) | " + " | ".join(MEASURE_NAMES[m] for m in MEASURES) + " |",
