@@ -75,6 +75,23 @@ def worker_env(threads: int) -> dict[str, str]:
     return {**os.environ, **{name: str(threads) for name in THREAD_ENV_VARS}}
 
 
+def time_left(task_seconds: Sequence[float], pending: int, running_elapsed: Sequence[float], jobs: int) -> float | None:
+    """Seconds until the last task ends, estimated from the durations of the tasks finished so far: the ``pending``
+    tasks at their mean each, the running ones for what is left of it (elapsed ``running_elapsed``), shared over
+    ``jobs`` slots. None before any task has finished."""
+    if not task_seconds:
+        return None
+    mean = sum(task_seconds) / len(task_seconds)
+    return (pending * mean + sum(max(mean - e, 0.0) for e in running_elapsed)) / max(jobs, 1)
+
+
+def _progress(done: int, total: int, left_s: float | None) -> str:
+    """``12 of 52 tasks done, about 3.4 h left``."""
+    left = "" if left_s is None else f", about {left_s / 3600:.1f} h left" if left_s >= 5400 else \
+        f", about {left_s / 60:.0f} min left"
+    return f"{done} of {total} tasks done{left}"
+
+
 def run_tasks(tasks: Sequence[Task], jobs: int, log_dir: Path, on_done: Callable[[Task], None] | None = None,
               poll_s: float = 10.0, threads: int = 0, cwd: Path | None = None,
               extra_env: Mapping[str, str] | None = None, label: str = "driver") -> list[str]:
@@ -86,8 +103,9 @@ def run_tasks(tasks: Sequence[Task], jobs: int, log_dir: Path, on_done: Callable
     log_dir.mkdir(parents=True, exist_ok=True)
     by_name = {t.name: t for t in tasks}
     pending = [t for t in tasks if not t.done.exists()]
-    running: dict[str, tuple[subprocess.Popen, object]] = {}
+    running: dict[str, tuple[subprocess.Popen, object, float]] = {}  # name -> (process, log, start time)
     failed: list[str] = []
+    task_seconds: list[float] = []  # the durations of the tasks finished here
     print(f"[{label}] {len(tasks) - len(pending)} of {len(tasks)} tasks done earlier; {len(pending)} to run, {jobs} "
           f"at a time with {env['OMP_NUM_THREADS']} thread(s) each", flush=True)
     while pending or running:
@@ -101,21 +119,26 @@ def run_tasks(tasks: Sequence[Task], jobs: int, log_dir: Path, on_done: Callable
             if not all(by_name[d].done.exists() for d in t.after if d in by_name):
                 continue
             log = open(log_dir / f"{t.name}.log", "a")
-            running[t.name] = (subprocess.Popen(t.argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env), log)
+            running[t.name] = (subprocess.Popen(t.argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env), log,
+                               time.monotonic())
             pending.remove(t)
             print(f"[{label}] {time.strftime('%H:%M:%S')} started {t.name}", flush=True)
         if pending and not running:
             raise RuntimeError(f"tasks waiting on tasks that are not in the grid: {[t.name for t in pending]}")
         time.sleep(poll_s)
-        for name, (proc, log) in list(running.items()):
+        for name, (proc, log, started) in list(running.items()):
             if proc.poll() is None:
                 continue
             log.close()
             del running[name]
             task = by_name[name]
             ok = proc.returncode == 0 and task.done.exists()
-            print(f"[{label}] {time.strftime('%H:%M:%S')} {name}: {'done' if ok else f'FAILED ({proc.returncode})'}",
-                  flush=True)
+            if ok:
+                task_seconds.append(time.monotonic() - started)
+            now = time.monotonic()
+            left = time_left(task_seconds, len(pending), [now - r[2] for r in running.values()], jobs)
+            print(f"[{label}] {time.strftime('%H:%M:%S')} {name}: {'done' if ok else f'FAILED ({proc.returncode})'}; "
+                  f"{_progress(sum(t.done.exists() for t in tasks), len(tasks), left)}", flush=True)
             if not ok:
                 failed.append(name)
             elif on_done is not None:

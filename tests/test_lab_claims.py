@@ -157,7 +157,7 @@ def test_compact_files_are_byte_stable_and_the_grid_skips_finished_tasks(tmp_pat
         "baselines", "demo-select-lr0.001", "grpo-lr0.001-seed0", "demo-select-lr0.002", "grpo-lr0.001-seed1", "demo"]
 
 
-def test_run_tasks_runs_dependencies_first_and_reports_failures(tmp_path):
+def test_run_tasks_runs_dependencies_first_and_reports_failures(tmp_path, capsys):
     import sys
 
     def task(name, after=(), fail=False):
@@ -167,6 +167,8 @@ def test_run_tasks_runs_dependencies_first_and_reports_failures(tmp_path):
     tasks = [task("b", after=("a",)), task("a"), task("c", fail=True), task("d", after=("c",))]
     failed = driver.run_tasks(tasks, jobs=2, log_dir=tmp_path / "logs", poll_s=0.05)
     assert sorted(failed) == ["c", "d"] and (tmp_path / "a").is_file() and (tmp_path / "b").is_file()
+    out = capsys.readouterr().out
+    assert "c: FAILED (1); " in out and "2 of 4 tasks done" in out and " left" in out  # a time left once one is done
 
 
 def test_each_worker_runs_the_threads_it_is_given(tmp_path, monkeypatch):
@@ -217,3 +219,13 @@ def test_grid_tasks_end_to_end_on_the_test_world(tmp_path, tiny_world):
     assert s["complete"] and s["selection"]["chosen"]["grpo"]["lr"] == 1e-3
     assert s["runs"][0]["test_em"] == rec["test"]["em"]
     assert set(s["baselines"]) == set(baselines.BASELINE_NAMES)
+
+
+def test_the_driver_estimates_the_time_left_from_the_tasks_finished():
+    """Pending tasks at the mean duration, running ones for what is left of it, over the job slots."""
+    assert driver.time_left([], pending=3, running_elapsed=[], jobs=2) is None
+    # mean 100 s: 3 pending (300 s) + one running for 40 s (60 s left) + one past the mean (0) over 2 slots
+    assert driver.time_left([50.0, 150.0], pending=3, running_elapsed=[40.0, 130.0], jobs=2) == 180.0
+    assert driver._progress(12, 52, None) == "12 of 52 tasks done"
+    assert driver._progress(12, 52, 180.0) == "12 of 52 tasks done, about 3 min left"
+    assert driver._progress(12, 52, 4 * 3600.0) == "12 of 52 tasks done, about 4.0 h left"
