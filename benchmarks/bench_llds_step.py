@@ -71,8 +71,10 @@ def snapshot(tr: Any) -> dict[str, Any]:
 
 def restore(tr: Any, state: dict[str, Any]) -> None:
     tr.learner.model.load_state_dict(state["model"])
-    tr.learner.optimizer.load_state_dict(state["optimizer"])
-    tr.learner.scheduler.load_state_dict(state["scheduler"])
+    # (copies: the optimiser adopts the tensors it is given and its step updates them in place, which would change
+    # ``state`` for its next use)
+    tr.learner.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
+    tr.learner.scheduler.load_state_dict(copy.deepcopy(state["scheduler"]))
     tr.sampler.load_state(state["sampler"])
     tr.step, tr.skipped_updates = state["step"], state["skipped_updates"]
     tr.detector = copy.deepcopy(state["detector"])
@@ -91,10 +93,15 @@ def timed_step(tr: Any) -> tuple[float, float, dict[str, Any]]:
 def ratio_interval(xs: list[float], ys: list[float], level: float = 0.95) -> tuple[float, float]:
     """The ``level`` interval of the geometric mean of the per-pair ratios ``x_i / y_i``: Student's t on their logs
     (n - 1 degrees of freedom). A ratio nearer 1 than this interval's half-width is not resolved by the run."""
-    logs = [math.log(x / y) for x, y in zip(xs, ys)]
-    half = student_t_quantile(0.5 + level / 2, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
-    centre = statistics.fmean(logs)
-    return math.exp(centre - half), math.exp(centre + half)
+    low, high = mean_interval([math.log(x / y) for x, y in zip(xs, ys)], level)
+    return math.exp(low), math.exp(high)
+
+
+def mean_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
+    """The ``level`` Student's t interval of the mean of ``values`` (n - 1 degrees of freedom)."""
+    half = student_t_quantile(0.5 + level / 2, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    centre = statistics.fmean(values)
+    return centre - half, centre + half
 
 
 def main() -> None:
@@ -191,18 +198,12 @@ def fixed_update_pairs(tr: Any, names: list[str], pairs: int, run_update: Callab
     """Time ``run_update`` (one step's update phase on a fixed batch) under each variant in ``pairs`` interleaved
     pairs of alternating order after one untimed pair, the learner's state restored before every run; print the
     RESULT lines of the module's docstring."""
-    state = {"model": {k: v.detach().clone() for k, v in tr.learner.model.state_dict().items()},
-             "optimizer": copy.deepcopy(tr.learner.optimizer.state_dict()),
-             "scheduler": copy.deepcopy(tr.learner.scheduler.state_dict()), "rng": checkpoint.capture_rng_state()}
+    state = snapshot(tr)
     times: dict[str, list[float]] = {n: [] for n in names}
     pg_loss: dict[str, list[float]] = {n: [] for n in names}
     for pair in range(pairs + 1):
         for name in names if pair % 2 == 0 else names[::-1]:
-            tr.learner.model.load_state_dict(state["model"])
-            # (copies: the optimiser adopts the tensors it is given and its step updates them in place)
-            tr.learner.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
-            tr.learner.scheduler.load_state_dict(copy.deepcopy(state["scheduler"]))
-            checkpoint.restore_rng_state(state["rng"])
+            restore(tr, state)
             VARIANTS[name](tr)
             t0 = time.perf_counter()
             metrics = run_update()
@@ -226,11 +227,10 @@ def fixed_update_pairs(tr: Any, names: list[str], pairs: int, run_update: Callab
         raise SystemExit("the runs of one variant computed different losses: the learner's state is not fully "
                          "restored between runs, so their times do not time the same work")
     diffs = [x - y for x, y in zip(times[a], times[b])]
-    half = student_t_quantile(0.975, len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
-    mean = statistics.fmean(diffs)
-    print(f"RESULT step_ratio_{a}_over_{b}_from_update {1 + mean / step_wall_b:.4f}")
-    print(f"RESULT step_ratio_{a}_over_{b}_from_update_ci95_low {1 + (mean - half) / step_wall_b:.4f}")
-    print(f"RESULT step_ratio_{a}_over_{b}_from_update_ci95_high {1 + (mean + half) / step_wall_b:.4f}")
+    low, high = mean_interval(diffs)
+    print(f"RESULT step_ratio_{a}_over_{b}_from_update {1 + statistics.fmean(diffs) / step_wall_b:.4f}")
+    print(f"RESULT step_ratio_{a}_over_{b}_from_update_ci95_low {1 + low / step_wall_b:.4f}")
+    print(f"RESULT step_ratio_{a}_over_{b}_from_update_ci95_high {1 + high / step_wall_b:.4f}")
 
 
 if __name__ == "__main__":

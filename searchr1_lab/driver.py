@@ -87,9 +87,10 @@ def time_left(task_seconds: Sequence[float], pending: int, running_elapsed: Sequ
 
 def _progress(done: int, total: int, left_s: float | None) -> str:
     """``12 of 52 tasks done, about 3.4 h left``."""
-    left = "" if left_s is None else f", about {left_s / 3600:.1f} h left" if left_s >= 5400 else \
-        f", about {left_s / 60:.0f} min left"
-    return f"{done} of {total} tasks done{left}"
+    if left_s is None:
+        return f"{done} of {total} tasks done"
+    left = f"{left_s / 3600:.1f} h" if left_s >= 5400 else f"{left_s / 60:.0f} min"
+    return f"{done} of {total} tasks done, about {left} left"
 
 
 def run_tasks(tasks: Sequence[Task], jobs: int, log_dir: Path, on_done: Callable[[Task], None] | None = None,
