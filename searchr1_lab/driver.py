@@ -42,11 +42,17 @@ def interleave(first: Sequence[Task], second: Sequence[Task]) -> list[Task]:
 
 def commit(paths: Sequence[Path], message: str, repo: Path) -> None:
     """``git commit`` of ``paths`` alone in the repository at ``repo`` (retried while another git command holds the
-    index; a path git ignores is refused at once, with git's words, since no retry can commit it)."""
+    index; a path git ignores is refused at once, with git's words, since no retry can commit it). Paths that an
+    earlier commit already holds as they are (two tasks that end together: the first one's report directory took
+    both results) are said so and left, not retried."""
     names = sorted({str(p) for p in paths if Path(p).exists()})
     for attempt in range(5):
         proc = subprocess.run(["git", "add", "--", *names], cwd=repo, capture_output=True, text=True)
         if proc.returncode == 0:
+            if subprocess.run(["git", "diff", "--cached", "--quiet", "--", *names], cwd=repo).returncode == 0:
+                print(f"[commit] nothing new to commit for {message!r}: an earlier commit holds its files as they are",
+                      flush=True)
+                return
             proc = subprocess.run(["git", "commit", "-q", "-m", message, "--", *names], cwd=repo,
                                   capture_output=True, text=True)
             if proc.returncode == 0:

@@ -229,3 +229,29 @@ def test_the_driver_estimates_the_time_left_from_the_tasks_finished():
     assert driver._progress(12, 52, None) == "12 of 52 tasks done"
     assert driver._progress(12, 52, 180.0) == "12 of 52 tasks done, about 3 min left"
     assert driver._progress(12, 52, 4 * 3600.0) == "12 of 52 tasks done, about 4.0 h left"
+
+
+def test_a_result_that_an_earlier_commit_already_took_is_left_without_retrying(tmp_path, capsys, monkeypatch):
+    """Two tasks that end together: the first one's commit of the report directory holds both results, so the
+    second finds nothing new, says so and returns at once (no retries, no failure)."""
+    import subprocess
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    for who in ("AUTHOR", "COMMITTER"):
+        monkeypatch.setenv(f"GIT_{who}_NAME", "t")
+        monkeypatch.setenv(f"GIT_{who}_EMAIL", "t@t")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "a.json").write_text("a")
+    (runs / "b.json").write_text("b")
+    monkeypatch.setattr(driver.time, "sleep", lambda s: pytest.fail("a commit with nothing new must not be retried"))
+    driver.commit([runs], "result of a", tmp_path)
+    driver.commit([runs / "b.json", runs], "result of b", tmp_path)
+    log = subprocess.run(["git", "log", "--format=%s"], cwd=tmp_path, capture_output=True, text=True).stdout
+    assert log.split("\n")[:-1] == ["result of a"]
+    out = capsys.readouterr().out
+    assert "nothing new to commit for 'result of b'" in out and "could not commit" not in out
+    (runs / "b.json").write_text("b, rerun")
+    driver.commit([runs / "b.json"], "result of b", tmp_path)
+    log = subprocess.run(["git", "log", "--format=%s"], cwd=tmp_path, capture_output=True, text=True).stdout
+    assert log.split("\n")[:-1] == ["result of b", "result of a"]
