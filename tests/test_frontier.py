@@ -212,3 +212,20 @@ def test_git_keeps_the_studys_results(reg):
              f"{block['report_dir']}/summary.json"]
     ignored = subprocess.run(["git", "check-ignore", *paths], cwd=REPO_ROOT, capture_output=True, text=True).stdout
     assert ignored == "", f"git ignores {ignored.split()}"
+
+
+def test_the_frontier_figure_names_close_points_without_overlap_and_inside_the_axes():
+    from searchr1_lab.frontier.figures import _label_points, _pyplot
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(4, 3))
+    points = [(10.0, 0.1), (10.0, 0.1), (10.1, 0.1), (20.0, 0.05)]  # three at one place, one at the right edge
+    ax.plot(*zip(*points), "o")
+    ax.set_xlim(0, 20.0)
+    _label_points(ax, points, ["first@0.002", "second@0.002", "third@0.002", "edge@0.002"])
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    plt.close(fig)
+    assert [t.get_text() for t in ax.texts] == ["first@0.002", "second@0.002", "third@0.002", "edge@0.002"]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    assert boxes[-1].x1 <= ax.bbox.x1  # named to the left of a point at the right edge

@@ -26,6 +26,32 @@ def _pyplot():
     return plt
 
 
+# where a point's name may go, in points from the point (x, y, horizontal alignment), tried in this order
+LABEL_OFFSETS = ((4, 3, "left"), (4, -9, "left"), (-4, 3, "right"), (-4, -9, "right"), (4, 10, "left"),
+                 (4, -16, "left"), (-4, 10, "right"), (-4, -16, "right"))
+
+
+def _label_points(ax, points: Sequence[tuple[float, float]], names: Sequence[str]) -> None:
+    """Each point named beside it, at the first of :data:`LABEL_OFFSETS` where its name stays inside the axes and
+    overlaps no name placed before it (the first offset when none is free), so cells that sit close together stay
+    readable."""
+    ax.figure.canvas.draw()  # the axes' final limits and place: a name's box is measured where it will be drawn
+    renderer = ax.figure.canvas.get_renderer()
+    placed = []
+    for (x, y), name in zip(points, names):
+        for dx, dy, ha in LABEL_OFFSETS:
+            text = ax.annotate(name, (x, y), fontsize=6, xytext=(dx, dy), textcoords="offset points", ha=ha)
+            box = text.get_window_extent(renderer)
+            inside = ax.bbox.x0 <= box.x0 and box.x1 <= ax.bbox.x1 and ax.bbox.y0 <= box.y0 and box.y1 <= ax.bbox.y1
+            if inside and not any(box.overlaps(other) for other in placed):
+                break
+            text.remove()
+        else:
+            text = ax.annotate(name, (x, y), fontsize=6, xytext=LABEL_OFFSETS[0][:2], textcoords="offset points")
+            box = text.get_window_extent(renderer)
+        placed.append(box)
+
+
 def frontier_figure(summary: Mapping[str, Any], path: Path) -> Path:
     """One point per cell at (RMST, mean utility), bars from the seeds' smallest to largest utility, the cells on
     the Pareto frontier joined and named."""
@@ -38,7 +64,6 @@ def frontier_figure(summary: Mapping[str, Any], path: Path) -> Path:
         u = c["utility"]
         ax.errorbar(c["rmst"], u["mean"], yerr=[[u["mean"] - u["min"]], [u["max"] - u["mean"]]], fmt="o", ms=6,
                     color=color[c["method"]], capsize=3, label=c["method"])
-        ax.annotate(c["name"], (c["rmst"], u["mean"]), fontsize=6, xytext=(4, 3), textcoords="offset points")
     front = [c for c in cells if c["on_frontier"]]
     if front:
         xs, ys = [c["rmst"] for c in front], [c["utility"]["mean"] for c in front]
@@ -52,6 +77,7 @@ def frontier_figure(summary: Mapping[str, Any], path: Path) -> Path:
     ax.set_title(f"learning against lasting, {summary['runs_finished']} of {summary['runs_planned']} runs", fontsize=10)
     ax.grid(alpha=0.3)
     fig.tight_layout()
+    _label_points(ax, [(c["rmst"], c["utility"]["mean"]) for c in cells], [c["name"] for c in cells])
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
