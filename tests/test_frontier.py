@@ -115,6 +115,8 @@ def test_the_analysis_reads_the_test_split_only_once_the_grid_is_complete(tmp_pa
     assert partial["frontier"] == ["llds_a@0.002"]  # it learned most and lasted to the horizon
     assert "Withheld until every registered run is in (5 of 6)" in render(partial, reg)
     assert "test withheld" in readme_block(partial, reg)
+    extra = runs + [run("llds_b", [0.4, 0.42, 0.41, 0.4, 0.41, 0.4], seed=7, test=bad)]  # a seed not registered
+    assert analyse(reg, write_runs(tmp_path / "extra", extra))["test"] is None  # 6 runs, yet not the 6 registered
     runs.append(run("llds_b", [0.4, 0.42, 0.41, 0.4, 0.41, 0.4], seed=1, test=bad))
     full = analyse(reg, write_runs(tmp_path / "full", runs))
     assert full["complete"] and full["test"]["LLDS"]["test_em"]["mean"] == 0.75

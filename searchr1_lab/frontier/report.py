@@ -78,14 +78,16 @@ def analyse(reg: Mapping[str, Any], runs_dir: str | Path) -> dict[str, Any]:
     """The registered analysis of the compact results in ``runs_dir`` (module docstring)."""
     runs, base = read_runs(runs_dir)
     rows = cell_rows(reg, runs)
-    planned = len(cells(reg))
-    complete = len(runs) >= planned
+    planned = cells(reg)
+    missing = [(arm, lr, seed) for arm, lr, seed in planned
+               if not any(r["method"] == arm and same_lr(r["lr"], lr) and r["seed"] == seed for r in runs)]
+    complete = not missing  # every registered run, not merely as many runs: the test split is read once
     chosen = {m: choose(method_cells(rows, arms)) for m, arms in reg["frontier"]["methods"].items()}
     chosen = {m: c for m, c in chosen.items() if c is not None}
     if complete and base is None:
         raise FileNotFoundError(f"{runs_dir} holds no baselines file: the test questions' subjects are read there")
     return {"registration": reg["registration"], "label": reg["label"], "runs_finished": len(runs),
-            "runs_planned": planned, "complete": complete, "methods": list(reg["frontier"]["methods"]),
+            "runs_planned": len(planned), "complete": complete, "methods": list(reg["frontier"]["methods"]),
             "cells": rows, "frontier": [c["name"] for c in sorted((c for c in rows if c["on_frontier"]),
                                                                    key=lambda c: c["rmst"])],
             "chosen": {m: c["name"] for m, c in chosen.items()},
