@@ -231,3 +231,20 @@ def test_the_frontier_figure_names_close_points_without_overlap_and_inside_the_a
     assert [t.get_text() for t in ax.texts] == ["first@0.002", "second@0.002", "third@0.002", "edge@0.002"]
     assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
     assert boxes[-1].x1 <= ax.bbox.x1  # named to the left of a point at the right edge
+
+
+def test_the_frontier_is_named_and_drawn_by_survival_whatever_the_registered_order(tmp_path, monkeypatch):
+    from searchr1_lab.frontier import figures
+    from searchr1_lab.frontier.report import analyse
+
+    # grpo (registered first) never learns much but lasts; llds_a learns most and collapses; llds_b is beaten by both
+    runs = [run("grpo", [0.4, 0.45, 0.45, 0.45, 0.45, 0.45], seed=s) for s in (0, 1)]
+    runs += [run("llds_a", [0.4, 0.6, 0.1, 0.1, 0.1, 0.1], seed=s) for s in (0, 1)]
+    runs += [run("llds_b", [0.4, 0.42, 0.1, 0.1, 0.1, 0.1], seed=s) for s in (0, 1)]
+    summary = analyse(hand_made_registration(), write_runs(tmp_path, runs))
+    assert summary["frontier"] == ["llds_a@0.002", "grpo@0.002"]
+    plt, kept = figures._pyplot(), []
+    monkeypatch.setattr(plt, "close", kept.append)
+    figures.frontier_figure(summary, tmp_path / "frontier.png")
+    (line,) = [ln for ln in kept[0].axes[0].lines if ln.get_linestyle() == "--"]
+    assert list(line.get_xdata()) == sorted(line.get_xdata())  # the line runs along the frontier, not across it

@@ -64,7 +64,8 @@ def frontier_figure(summary: Mapping[str, Any], path: Path) -> Path:
         u = c["utility"]
         ax.errorbar(c["rmst"], u["mean"], yerr=[[u["mean"] - u["min"]], [u["max"] - u["mean"]]], fmt="o", ms=6,
                     color=color[c["method"]], capsize=3, label=c["method"])
-    front = [c for c in cells if c["on_frontier"]]
+    by_name = {c["name"]: c for c in cells}
+    front = [by_name[name] for name in summary["frontier"]]  # by survival, so the line runs along the frontier
     if front:
         xs, ys = [c["rmst"] for c in front], [c["utility"]["mean"] for c in front]
         ax.plot(xs, ys, "--", color="black", lw=1)
