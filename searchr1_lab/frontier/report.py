@@ -80,7 +80,7 @@ def analyse(reg: Mapping[str, Any], runs_dir: str | Path) -> dict[str, Any]:
     rows = cell_rows(reg, runs)
     planned = cells(reg)
     missing = [(arm, lr, seed) for arm, lr, seed in planned
-               if not any(r["method"] == arm and same_lr(r["lr"], lr) and r["seed"] == seed for r in runs)]
+               if seed not in {r["seed"] for r in cell_runs(runs, arm, lr)}]
     complete = not missing  # every registered run, not merely as many runs: the test split is read once
     chosen = {m: choose(method_cells(rows, arms)) for m, arms in reg["frontier"]["methods"].items()}
     chosen = {m: c for m, c in chosen.items() if c is not None}
