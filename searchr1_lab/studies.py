@@ -27,7 +27,7 @@ import tempfile
 from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from searchr1_lab.methods import REPO_ROOT
 from searchr1_lld.world.build import world_config_hash
@@ -206,3 +206,22 @@ def world_identity(world: str, commit: str | None = None) -> dict[str, Any]:
     if out.returncode != 0:
         raise RuntimeError(f"the code of commit {commit} could not read {world}: {out.stderr.strip()[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def analysis_changes(block: Mapping[str, Any], repo: str | Path = REPO_ROOT) -> list[dict[str, str]] | None:
+    """The commits since a registration's ``analysis_commit`` that changed its ``analysis_code`` (read at today's
+    paths, :func:`current_path`), oldest first, each ``{"commit": short hash, "subject": ...}``; None for a
+    registration that records no analysis commit (a hand-made one). A report lists them so that a reader sees every
+    change made to the registered analysis after its runs began. Raises when the commit is not in this clone's
+    history (a shallow clone): the list would silently be empty."""
+    commit = block.get("analysis_commit")
+    if not commit:
+        return None
+    known = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=repo, capture_output=True)
+    if known.returncode != 0:
+        raise RuntimeError(f"analysis commit {commit} is not in the history of {repo} (a shallow clone?): the changes "
+                           "to the registered analysis cannot be listed")
+    paths = sorted({current_path(p) for p in block.get("analysis_code", [])})
+    log = subprocess.run(["git", "log", "--no-merges", "--reverse", "--format=%h%x09%s", "--abbrev=10",
+                          f"{commit}..HEAD", "--", *paths], cwd=repo, capture_output=True, text=True, check=True)
+    return [dict(zip(("commit", "subject"), line.split("\t", 1))) for line in log.stdout.splitlines() if line]

@@ -248,3 +248,33 @@ def test_the_frontier_is_named_and_drawn_by_survival_whatever_the_registered_ord
     figures.frontier_figure(summary, tmp_path / "frontier.png")
     (line,) = [ln for ln in kept[0].axes[0].lines if ln.get_linestyle() == "--"]
     assert list(line.get_xdata()) == sorted(line.get_xdata())  # the line runs along the frontier, not across it
+
+
+def test_the_report_lists_every_change_to_the_registered_analysis_code(tmp_path):
+    from searchr1_lab.frontier.report import change_lines
+    from searchr1_lab.studies import analysis_changes
+
+    git = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, capture_output=True, text=True, check=True)  # noqa: E731
+    git("init", "-q")
+    git("config", "user.email", "t@t")
+    git("config", "user.name", "t")
+    for name in ("analysis.py", "other.py"):
+        (tmp_path / name).write_text("x = 1\n")
+    git("add", ".")
+    git("commit", "-q", "-m", "registered")
+    registered = git("rev-parse", "HEAD").stdout.strip()
+    block = {"analysis_commit": registered, "analysis_code": ["analysis.py"]}
+    assert analysis_changes(block, tmp_path) == []
+    assert change_lines({"analysis_changes": []}) == ["The analysis code is as registered.", ""]
+    for name, subject in (("other.py", "a change elsewhere"), ("analysis.py", "the label moved"),
+                          ("analysis.py", "a second change")):
+        (tmp_path / name).write_text(f"x = '{subject}'\n")
+        git("commit", "-q", "-am", subject)
+    changes = analysis_changes(block, tmp_path)
+    assert [c["subject"] for c in changes] == ["the label moved", "a second change"]  # oldest first, its files only
+    lines = change_lines({"analysis_changes": changes})
+    assert "2 commit(s)" in lines[0] and lines[2] == f"- `{changes[0]['commit']}` the label moved"
+    assert analysis_changes({"analysis_code": ["analysis.py"]}, tmp_path) is None  # a hand-made registration
+    assert change_lines({"analysis_changes": None}) == []
+    with pytest.raises(RuntimeError, match="not in the history"):
+        analysis_changes({**block, "analysis_commit": "0" * 40}, tmp_path)

@@ -23,7 +23,7 @@ from searchr1_lab.report import fmt, signed
 from searchr1_lab.stepsize.analysis import cell_runs, same_lr
 from searchr1_lab.stepsize.registration import cells
 from searchr1_lab.stepsize.study_report import StudyReport
-from searchr1_lab.studies import current_command
+from searchr1_lab.studies import analysis_changes, current_command
 
 FRONTIER_FILE = "docs/lab/frontier/registration.json"
 # the paper's phenomena in the report's table: key of prereg.registration.phenomena -> column
@@ -91,7 +91,8 @@ def analyse(reg: Mapping[str, Any], runs_dir: str | Path) -> dict[str, Any]:
             "cells": rows, "frontier": [c["name"] for c in sorted((c for c in rows if c["on_frontier"]),
                                                                    key=lambda c: c["rmst"])],
             "chosen": {m: c["name"] for m, c in chosen.items()},
-            "test": test_scores(chosen, runs, base) if complete else None}
+            "test": test_scores(chosen, runs, base) if complete else None,
+            "analysis_changes": analysis_changes(reg["registration"])}
 
 
 def _spread(s: Mapping[str, Any], digits: int = 3, sign: bool = False) -> str:
@@ -131,6 +132,18 @@ def test_lines(s: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def change_lines(s: Mapping[str, Any]) -> list[str]:
+    """The commits that changed the analysis code after its registered commit (none listed: none did)."""
+    changes = s.get("analysis_changes")
+    if changes is None:
+        return []
+    if not changes:
+        return ["The analysis code is as registered.", ""]
+    return [f"The analysis code changed in {len(changes)} commit(s) after its registered commit (`git log` of the "
+            "registration's analysis files; `git show COMMIT` gives each one's change):", "",
+            *(f"- `{c['commit']}` {c['subject']}" for c in changes), ""]
+
+
 def render(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
     """The report's README.md."""
     block, label = reg["registration"], s["label"]
@@ -142,7 +155,7 @@ def render(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
              f"Collapse: held-out EM (`eval/val_sub_em`) at or below {label['ratio']} x the run's own step-0 value at "
              f"{label['persist']} evaluations in a row; survival is the RMST to step {label['horizon']}. Utility: the "
              "run's peak held-out gain over step 0, floored at 0 (a run that never learns has none, however long it "
-             "lasts); gain area: its mean gain per step over the run.", "",
+             "lasts); gain area: its mean gain per step over the run.", "", *change_lines(s),
              "## The frontier", "", "![utility against survival](frontier.png)", "",
              "On the Pareto frontier (no other cell both learned more and lasted longer), by survival: "
              + (", ".join(f"**{n}**" for n in s["frontier"]) or "none yet") + ".", "", *cell_table(s), "",
