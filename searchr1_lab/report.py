@@ -29,6 +29,18 @@ def signed_interval(d: Mapping[str, Any] | None, digits: int = 1) -> str:
     return f"{signed(d['estimate'], digits)} [{signed(d['low'], digits)}, {signed(d['high'], digits)}]"
 
 
+def analysis_change_lines(changes: Sequence[Mapping[str, str]] | None) -> list[str]:
+    """A registered report's list of the commits that changed its analysis code after the registered commit
+    (:func:`searchr1_lab.studies.analysis_changes`; None, a registration without one: nothing)."""
+    if changes is None:
+        return []
+    if not changes:
+        return ["The analysis code is as registered.", ""]
+    return [f"The analysis code changed in {len(changes)} commit(s) after its registered commit (`git log` of the "
+            "registration's analysis files; `git show COMMIT` gives each one's change):", "",
+            *(f"- `{c['commit']}` {c['subject']}" for c in changes), ""]
+
+
 def fmt_ms(cell: dict[str, Any], nd: int = 3) -> str:
     """``mean ± std`` as the EM table prints it (the test parses this back)."""
     if not finite(cell["mean"]):

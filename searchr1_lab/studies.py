@@ -209,8 +209,8 @@ def world_identity(world: str, commit: str | None = None) -> dict[str, Any]:
 
 
 def analysis_changes(block: Mapping[str, Any], repo: str | Path = REPO_ROOT) -> list[dict[str, str]] | None:
-    """The commits since a registration's ``analysis_commit`` that changed its ``analysis_code`` (read at today's
-    paths, :func:`current_path`), oldest first, each ``{"commit": short hash, "subject": ...}``; None for a
+    """The commits since a registration's ``analysis_commit`` that changed its ``analysis_code`` (at its registered
+    paths and today's, :func:`current_path`), oldest first, each ``{"commit": short hash, "subject": ...}``; None for a
     registration that records no analysis commit (a hand-made one). A report lists them so that a reader sees every
     change made to the registered analysis after its runs began. Raises when the commit is not in this clone's
     history (a shallow clone): the list would silently be empty."""
@@ -221,7 +221,8 @@ def analysis_changes(block: Mapping[str, Any], repo: str | Path = REPO_ROOT) -> 
     if known.returncode != 0:
         raise RuntimeError(f"analysis commit {commit} is not in the history of {repo} (a shallow clone?): the changes "
                            "to the registered analysis cannot be listed")
-    paths = sorted({current_path(p) for p in block.get("analysis_code", [])})
+    registered = block.get("analysis_code", [])
+    paths = sorted({*registered, *map(current_path, registered)})  # a file moved since: its commits under both names
     log = subprocess.run(["git", "log", "--no-merges", "--reverse", "--format=%h%x09%s", "--abbrev=10",
                           f"{commit}..HEAD", "--", *paths], cwd=repo, capture_output=True, text=True, check=True)
     return [dict(zip(("commit", "subject"), line.split("\t", 1))) for line in log.stdout.splitlines() if line]

@@ -251,7 +251,7 @@ def test_the_frontier_is_named_and_drawn_by_survival_whatever_the_registered_ord
 
 
 def test_the_report_lists_every_change_to_the_registered_analysis_code(tmp_path):
-    from searchr1_lab.frontier.report import change_lines
+    from searchr1_lab.report import analysis_change_lines as change_lines
     from searchr1_lab.studies import analysis_changes
 
     git = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, capture_output=True, text=True, check=True)  # noqa: E731
@@ -265,16 +265,33 @@ def test_the_report_lists_every_change_to_the_registered_analysis_code(tmp_path)
     registered = git("rev-parse", "HEAD").stdout.strip()
     block = {"analysis_commit": registered, "analysis_code": ["analysis.py"]}
     assert analysis_changes(block, tmp_path) == []
-    assert change_lines({"analysis_changes": []}) == ["The analysis code is as registered.", ""]
+    assert change_lines([]) == ["The analysis code is as registered.", ""]
     for name, subject in (("other.py", "a change elsewhere"), ("analysis.py", "the label moved"),
                           ("analysis.py", "a second change")):
         (tmp_path / name).write_text(f"x = '{subject}'\n")
         git("commit", "-q", "-am", subject)
     changes = analysis_changes(block, tmp_path)
     assert [c["subject"] for c in changes] == ["the label moved", "a second change"]  # oldest first, its files only
-    lines = change_lines({"analysis_changes": changes})
+    lines = change_lines(changes)
     assert "2 commit(s)" in lines[0] and lines[2] == f"- `{changes[0]['commit']}` the label moved"
     assert analysis_changes({"analysis_code": ["analysis.py"]}, tmp_path) is None  # a hand-made registration
-    assert change_lines({"analysis_changes": None}) == []
+    assert change_lines(None) == []
     with pytest.raises(RuntimeError, match="not in the history"):
         analysis_changes({**block, "analysis_commit": "0" * 40}, tmp_path)
+    # a file registered at its old place (searchr1_lld/lab/..., searchr1_lab/... today): its changes under both names
+    old, new = tmp_path / "searchr1_lld/lab/stepsize.py", tmp_path / "searchr1_lab/stepsize.py"
+    old.parent.mkdir(parents=True)
+    old.write_text("x = 1\n")
+    git("add", ".")
+    git("commit", "-q", "-m", "registered at the old place")
+    moved = {"analysis_commit": git("rev-parse", "HEAD").stdout.strip(),
+             "analysis_code": ["searchr1_lld/lab/stepsize.py"]}
+    old.write_text("x = 2\n")
+    git("commit", "-q", "-am", "changed before the move")
+    new.parent.mkdir()
+    git("mv", "searchr1_lld/lab/stepsize.py", "searchr1_lab/stepsize.py")
+    git("commit", "-q", "-m", "the move")
+    new.write_text("x = 3\n")
+    git("commit", "-q", "-am", "changed after the move")
+    assert [c["subject"] for c in analysis_changes(moved, tmp_path)] == [
+        "changed before the move", "the move", "changed after the move"]

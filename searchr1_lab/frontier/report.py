@@ -19,7 +19,7 @@ from searchr1_lab.frontier.figures import FIGURES, write_figures
 from searchr1_lab.frontier.pareto import pareto_front
 from searchr1_lab.frontier.selection import choose, method_cells, test_scores
 from searchr1_lab.prereg.registration import phenomena
-from searchr1_lab.report import fmt, signed
+from searchr1_lab.report import analysis_change_lines, fmt, signed
 from searchr1_lab.stepsize.analysis import cell_runs, same_lr
 from searchr1_lab.stepsize.registration import cells
 from searchr1_lab.stepsize.study_report import StudyReport
@@ -132,18 +132,6 @@ def test_lines(s: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def change_lines(s: Mapping[str, Any]) -> list[str]:
-    """The commits that changed the analysis code after its registered commit (none listed: none did)."""
-    changes = s.get("analysis_changes")
-    if changes is None:
-        return []
-    if not changes:
-        return ["The analysis code is as registered.", ""]
-    return [f"The analysis code changed in {len(changes)} commit(s) after its registered commit (`git log` of the "
-            "registration's analysis files; `git show COMMIT` gives each one's change):", "",
-            *(f"- `{c['commit']}` {c['subject']}" for c in changes), ""]
-
-
 def render(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
     """The report's README.md."""
     block, label = reg["registration"], s["label"]
@@ -155,7 +143,8 @@ def render(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
              f"Collapse: held-out EM (`eval/val_sub_em`) at or below {label['ratio']} x the run's own step-0 value at "
              f"{label['persist']} evaluations in a row; survival is the RMST to step {label['horizon']}. Utility: the "
              "run's peak held-out gain over step 0, floored at 0 (a run that never learns has none, however long it "
-             "lasts); gain area: its mean gain per step over the run.", "", *change_lines(s),
+             "lasts); gain area: its mean gain per step over the run.", "",
+             *analysis_change_lines(s["analysis_changes"]),
              "## The frontier", "", "![utility against survival](frontier.png)", "",
              "On the Pareto frontier (no other cell both learned more and lasted longer), by survival: "
              + (", ".join(f"**{n}**" for n in s["frontier"]) or "none yet") + ".", "", *cell_table(s), "",

@@ -22,9 +22,9 @@ from typing import Any, Mapping, Sequence
 from searchr1_lab.analysis import finite
 from searchr1_lab.compact import read_runs
 from searchr1_lab.methods import read_lab_config
-from searchr1_lab.report import signed_interval
+from searchr1_lab.report import analysis_change_lines, signed_interval
 from searchr1_lab.stepsize.study_report import StudyReport
-from searchr1_lab.studies import current_command
+from searchr1_lab.studies import analysis_changes, current_command
 from searchr1_lab.stepsize import account
 from searchr1_lab.stepsize.analysis import (HELD_OUT, cell_survival, exploratory_alarms, hypotheses, run_points,
                                             same_lr, sensitivity_table)
@@ -89,7 +89,8 @@ def analyse(reg: Mapping[str, Any], runs_dir: str | Path) -> dict[str, Any]:
             "exploratory_alarms": exploratory_alarms(mine, reg),
             "exploratory_movement": {"cells": cells_movement(mine, label), "primary": movement_study(mine, reg),
                                      "sensitivity": {m: movement_sensitivity(mine, reg, m) for m in MEASURES}},
-            "matching": matching(points), "points": points}
+            "matching": matching(points), "points": points,
+            "analysis_changes": analysis_changes(reg["registration"])}
 
 
 def study_warmup_steps(reg: Mapping[str, Any]) -> int:
@@ -329,7 +330,7 @@ def render(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
              "", f"The registered analysis ([registration]({prose}), analysis code at commit "
              f"`{str(reg['registration'].get('analysis_commit'))[:10]}`) of {s['runs_finished']} of {s['runs_planned']} "
              f"runs, written by `{current_command(block.get('analysis_command', 'python -m searchr1_lab stepsize-report'))}`.",
-             "", f"**Verdict.** {verdict_text(s, reg)}", "",
+             "", *analysis_change_lines(s["analysis_changes"]), f"**Verdict.** {verdict_text(s, reg)}", "",
              f"Collapse label (primary): held-out EM on the fixed validation subsample (`{HELD_OUT}`) at or below "
              f"{label['ratio']} x the run's own step-0 value at {label['persist']} evaluations in a row; a run that "
              f"never does is censored at step {label['horizon']}. Step size: the mean per-step KL between the policy "
