@@ -16,7 +16,7 @@ HORIZON = 12
 def registration(tmp_path) -> dict:
     return {"registration": {"status": "registered", "config": "configs/lab/stepsize.yaml",
                              "runs_dir": str(tmp_path / "runs"), "train_dir": str(tmp_path / "train"),
-                             "report_dir": str(tmp_path / "report"), "analysis_commit": "0123456789abcdef"},
+                             "report_dir": str(tmp_path / "report")},
             "seeds": [0, 1, 2],
             "arms": {"grpo": {"method": "grpo", "lrs": [2e-3]}, "llds_action": {"method": "llds_action", "lrs": [2e-3]},
                      "grpo_lr_matched": {"method": "grpo", "lrs": [1.5e-3]},
