@@ -26,6 +26,8 @@ SLICES = ("all", "not_guessable")
 SUBJECT_KEY = "subject"  # metadata key of a world's QA row: the entity the question asks about (its cluster)
 HOPS_KEY = "hops"  # metadata key of a world's QA row: 1 (single-hop) or 2 (through a bridge entity)
 BASELINE_NAMES = ("majority", "warm_start_no_retrieval", "warm_start")
+BASELINE_LABELS = {"majority": "majority training answer per question type",
+                   "warm_start_no_retrieval": "warm start, no retrieval", "warm_start": "warm start (step 0)"}
 
 
 class NoRetrieval:

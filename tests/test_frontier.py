@@ -97,12 +97,15 @@ def write_runs(tmp_path, runs, base=True):
         write_gz_json(tmp_path / f"{r['method']}-seed{r['seed']}-{i}.json.gz", r)
     if base:
         questions = [{"id": q, "subject": s} for q, s in (("q1", "A"), ("q2", "A"), ("q3", "B"), ("q4", "C"))]
-        write_gz_json(tmp_path / BASELINES_FILE, {"splits": {"test": {"questions": questions}}})
+        correct = {"majority": {q: 0 for q in ("q1", "q2", "q3", "q4")},
+                   "warm_start_no_retrieval": {q: 0 for q in ("q1", "q2", "q3", "q4")},
+                   "warm_start": {"q1": 1, "q2": 0, "q3": 0, "q4": 0}}
+        write_gz_json(tmp_path / BASELINES_FILE, {"splits": {"test": {"questions": questions, "correct": correct}}})
     return tmp_path
 
 
 def test_the_analysis_reads_the_test_split_only_once_the_grid_is_complete(tmp_path):
-    from searchr1_lab.frontier.report import analyse, readme_block, render
+    from searchr1_lab.frontier.report import analyse, readme_block, render, test_lines
 
     reg = hand_made_registration()
     good, bad = {"q1": 1, "q2": 1, "q3": 0, "q4": 1}, {"q1": 0, "q2": 0, "q3": 0, "q4": 1}
@@ -122,6 +125,21 @@ def test_the_analysis_reads_the_test_split_only_once_the_grid_is_complete(tmp_pa
     assert full["complete"] and full["test"]["LLDS"]["test_em"]["mean"] == 0.75
     assert full["test"]["GRPO"]["test_em"]["mean"] == 0.25 and full["test"]["GRPO"]["test_em"]["clusters"] == 3
     assert (full["test"]["LLDS"]["rank_validation"], full["test"]["LLDS"]["rank_test"]) == (1, 1)
+    assert full["test_baselines"]["warm_start"]["mean"] == 0.25 and full["test_baselines"]["majority"]["mean"] == 0
+    assert partial["test_baselines"] is None  # the baselines' test EM waits for the grid too
+    text = render(full, reg)
+    assert "warm start (step 0) 0.250 [" in text
+    # LLDS (0.75) is not called above the warm start (0.25): with 3 subjects a resample of B alone (1 in 27) scores
+    # it 0, one of A alone the warm start 0.5, so the intervals overlap
+    above = "score above the warm start on test (intervals apart): "
+    assert above + "none." in text and "(the warm start, untrained: 0.250)" in readme_block(full, reg)
+    em = lambda mean, lo, hi: {"mean": mean, "lo": lo, "hi": hi}  # noqa: E731
+    by_hand = {"chosen": {"A": "a@0.002", "B": "b@0.002"},
+               "test": {"A": {"test_em": em(0.6, 0.5, 0.7), "rank_validation": 1, "rank_test": 1},
+                        "B": {"test_em": em(0.45, 0.35, 0.55), "rank_validation": 2, "rank_test": 2}},
+               "test_baselines": {"majority": em(0.0, 0.0, 0.0), "warm_start_no_retrieval": em(0.0, 0.0, 0.0),
+                                  "warm_start": em(0.4, 0.3, 0.49)}}
+    assert above + "A." in "\n".join(test_lines(by_hand))  # B's interval overlaps the warm start's
     with pytest.raises(FileNotFoundError, match="baselines"):
         analyse(reg, write_runs(tmp_path / "nobase", runs, base=False))
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from searchr1_lab.analysis import finite, lld_verdict, phase_summary, trend_summary
-from searchr1_lab.baselines import BASELINE_NAMES, slice_em, subjects
+from searchr1_lab.baselines import BASELINE_LABELS, BASELINE_NAMES, slice_em, subjects
 from searchr1_lab.compact import read_runs
 from searchr1_lab.intervals import clustered_bootstrap, format_interval
 from searchr1_lab.methods import ARMS, REPO_ROOT
@@ -200,10 +200,6 @@ def _lrs(values: Sequence[float]) -> str:
     return ", ".join(f"{v:g}" for v in values) if values else "none"
 
 
-BASELINE_TEXT = {"majority": "majority training answer per question type",
-                 "warm_start_no_retrieval": "warm start, no retrieval", "warm_start": "warm start (step 0)"}
-
-
 def reading(s: dict[str, Any]) -> str:
     """The comparison's answer in words, from the difference's interval and the stable learning rates."""
     diff, labels = s["difference"], s["labels"]
@@ -227,7 +223,7 @@ def readme_block(s: dict[str, Any]) -> str:
     if b:
         lines.append("Baselines on the test split (EM, all / not-guessable slice of "
                      f"{s['slice_sizes']['test_not_guessable']} questions): " + "; ".join(
-                         f"{BASELINE_TEXT[k]} {_f(v['all'], 3)} / {_f(v['not_guessable'], 3)}" for k, v in b.items()))
+                         f"{BASELINE_LABELS[k]} {_f(v['all'], 3)} / {_f(v['not_guessable'], 3)}" for k, v in b.items()))
     if not s["complete"]:
         lines.append("The comparison is pending: no learning rate is selected and no test figure is claimed until "
                      "every run of the design has finished.")

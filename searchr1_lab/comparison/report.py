@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from searchr1_lab.comparison.claims import (ALARMS, BASELINE_TEXT, _ci, _f, _lrs, build_summary, clean, readme_block,
+from searchr1_lab.baselines import BASELINE_LABELS
+from searchr1_lab.comparison.claims import (ALARMS, _ci, _f, _lrs, build_summary, clean, readme_block,
                                             reading, replace_readme_block)
 from searchr1_lab.compact import read_runs
 from searchr1_lab.methods import ARMS
@@ -79,7 +80,7 @@ def _baselines_section(s: dict[str, Any]) -> list[str]:
            "questions whose gold answer is no training question's answer (the majority baseline scores 0 there "
            "by construction).", "", "| baseline | test EM | not guessable | validation EM |", "|---|---:|---:|---:|"]
     for k, v in s["baselines"].items():
-        out.append(f"| {BASELINE_TEXT[k]} | {_f(v['all'], 3)} | {_f(v['not_guessable'], 3)} | "
+        out.append(f"| {BASELINE_LABELS[k]} | {_f(v['all'], 3)} | {_f(v['not_guessable'], 3)} | "
                    f"{_f(s['baselines_val'].get(k, {}).get('all'), 3)} |")
     return [*out, ""]
 

@@ -10,12 +10,11 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from searchr1_lab.baselines import BASELINE_LABELS
 from searchr1_lab.intervals import clustered_bootstrap, format_interval
 from searchr1_lab.methods import REPO_ROOT
 
-POLICY_LABELS = {"majority": "majority training answer per question type",
-                 "warm_start_no_retrieval": "warm start, no retrieval", "warm_start": "warm start (step 0)",
-                 "trained": "trained"}
+POLICY_LABELS = {**BASELINE_LABELS, "trained": "trained"}
 REPRODUCE = """## Reproduce
 
 The selection, on the validation split: the warm start's validation EM (step 0, measured by the first selection run)

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from searchr1_lld.config import ConfigError
+from searchr1_lab.baselines import BASELINE_LABELS
 from searchr1_lab.compact import read_runs
 from searchr1_lab.frontier.endpoints import cell_endpoints, run_endpoints
 from searchr1_lab.frontier.figures import FIGURES, write_figures
 from searchr1_lab.frontier.pareto import pareto_front
-from searchr1_lab.frontier.selection import choose, method_cells, test_scores
+from searchr1_lab.frontier.selection import baseline_test_scores, choose, method_cells, test_scores
 from searchr1_lab.prereg.registration import phenomena
 from searchr1_lab.report import analysis_change_lines, fmt, signed
 from searchr1_lab.stepsize.analysis import cell_runs, same_lr
@@ -92,6 +93,7 @@ def analyse(reg: Mapping[str, Any], runs_dir: str | Path) -> dict[str, Any]:
                                                                    key=lambda c: c["rmst"])],
             "chosen": {m: c["name"] for m, c in chosen.items()},
             "test": test_scores(chosen, runs, base) if complete else None,
+            "test_baselines": baseline_test_scores(base) if complete else None,
             "analysis_changes": analysis_changes(reg["registration"])}
 
 
@@ -129,7 +131,12 @@ def test_lines(s: Mapping[str, Any]) -> list[str]:
         em = t["test_em"]
         lines.append(f"| {m} | {s['chosen'][m]} | {fmt(em['mean'])} [{fmt(em['lo'])}, {fmt(em['hi'])}] | "
                      f"{t['rank_validation']} | {t['rank_test']} |")
-    return lines
+    above = [m for m, t in s["test"].items() if t["test_em"]["lo"] > s["test_baselines"]["warm_start"]["hi"]]
+    return lines + ["", "The same test questions without training (one policy each, subjects resampled): "
+                    + "; ".join(f"{BASELINE_LABELS[b]} {fmt(em['mean'])} [{fmt(em['lo'])}, {fmt(em['hi'])}]"
+                                for b, em in s["test_baselines"].items())
+                    + ". Chosen settings whose final policies score above the warm start on test (intervals apart): "
+                    + (", ".join(above) or "none") + "."]
 
 
 def render(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
@@ -164,6 +171,7 @@ def readme_block(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
     """The README's lines of the study (between its markers)."""
     front = ", ".join(s["frontier"]) or "none yet"
     tested = ("test EM " + "; ".join(f"{m} {fmt(t['test_em']['mean'])}" for m, t in s["test"].items())
+              + f" (the warm start, untrained: {fmt(s['test_baselines']['warm_start']['mean'])})"
               if s["test"] is not None else "test withheld until the grid is complete")
     return (f"{s['runs_finished']} of {s['runs_planned']} runs ([report]({reg['registration']['report_dir']}/README.md), "
             f"exploratory, 3 seeds a cell). On the learning-stability frontier: {front}. Chosen on validation: "

@@ -5,7 +5,9 @@ doses. Its chosen cell is the one with the largest mean gain area (the held-out 
 rewards learning and lasting at once), ties broken by the mean utility and then the RMST (:func:`choose`). Test:
 the chosen cell's runs' final policies, already scored on the test split when each run ended and read only here, once
 the grid is complete; the mean EM over runs x questions with the bootstrap that resamples subjects
-(:func:`searchr1_lab.intervals.clustered_bootstrap`), and each method's rank on test beside its rank on validation.
+(:func:`searchr1_lab.intervals.clustered_bootstrap`), and each method's rank on test beside its rank on validation;
+beside them the baselines' test EM (:func:`baseline_test_scores`: the warm start every run began from, scored when
+the grid built its world), the line a final policy is read against.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from searchr1_lab.baselines import subjects
+from searchr1_lab.baselines import BASELINE_NAMES, subjects
 from searchr1_lab.intervals import clustered_bootstrap
 from searchr1_lab.stepsize.analysis import cell_runs
 
@@ -64,3 +66,11 @@ def test_scores(chosen: Mapping[str, Mapping[str, Any]], runs: Sequence[Mapping[
     for m in out:
         out[m]["rank_validation"], out[m]["rank_test"] = val[m], test[m]
     return out
+
+
+def baseline_test_scores(base: Mapping[str, Any]) -> dict[str, Any]:
+    """Each baseline's test EM (``base``: the grid's baselines file; :data:`searchr1_lab.baselines.BASELINE_NAMES`,
+    the warm start among them) with the same subject-resampling interval as :func:`test_scores`."""
+    test = base["splits"]["test"]
+    ids, clusters = [q["id"] for q in test["questions"]], subjects(test["questions"])
+    return {name: clustered_bootstrap([test["correct"][name]], ids, clusters) for name in BASELINE_NAMES}
