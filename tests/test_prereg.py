@@ -16,7 +16,7 @@ from searchr1_lab.prereg.registration import (PREREG_FILE, analyse, check_regist
 from searchr1_lab.prereg.report import README_BEGIN, README_END, readme_block, render, spiral_statement
 
 PREREG = {
-    "registration": {"analysis_command": "python -m searchr1_lab prereg-report", "analysis_commit": "abc",
+    "registration": {"analysis_command": "python -m searchr1_lab prereg-report",
                      "runs_dir": "x", "report_dir": "y"},
     "grid": {"methods": ["grpo", "llds_action"], "lrs": [5e-4, 1e-3], "seeds": [0, 1]},
     "label": {"ratio": 0.3, "persist": 2, "reward_ratio": 0.3},
