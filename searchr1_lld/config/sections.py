@@ -21,6 +21,20 @@ def section(cls: type, help: str) -> Any:  # noqa: A002
 
 
 @dataclass
+class HoldoutConfig:
+    """The validation split held out of the training rows (data/splits.py ``hold_out``), so that settings and the
+    best checkpoint are chosen on questions the run never trains on, never on a test set."""
+
+    size: int = opt(0, "questions held out of each training source (data_source: nq, hotpotqa) before training: the "
+                    "validation split, scored every trainer.eval_every steps (eval/val_em, and eval/val/<source>/em "
+                    "with several sources) and what trainer.keep_best reads; every training row asking one of its "
+                    "questions leaves the training rows too; 0 = none (data.val_files, if any)")
+    seed: int = opt(0, "which questions: in each source the smallest SHA-256 of '<seed>:<id>', independent of "
+                    "trainer.seed and of the files' row order, so every run, seed and method of a grid holds out "
+                    "the same questions")
+
+
+@dataclass
 class DataConfig:
     source: Literal["files", "flashrag"] = opt(
         "files", "training prompts: data.train_files, or FlashRAG's data.train_mix (hub)")
@@ -28,7 +42,9 @@ class DataConfig:
     train_mix: str = opt("nq", "source=flashrag: 'nq' or 'nq+hotpotqa'")
     val_files: list[str] = opt(
         None, "validation rows (JSONL/parquet) for choosing settings: scored by greedy EM every trainer.eval_every "
-        "steps and at the last one (eval/val_em) instead of data.test_files; [] = none", factory=list)
+        "steps and at the last one (eval/val_em) instead of data.test_files; [] = none (see data.val_holdout)",
+        factory=list)
+    val_holdout: HoldoutConfig = section(HoldoutConfig, "the validation split held out of the training rows")
     test_files: list[str] = opt(
         None, "held-out rows (JSONL/parquet) scored by greedy EM before and after training (eval/em), and every "
         "trainer.eval_every steps when data.val_files is empty; [] = none", factory=list)
@@ -373,17 +389,26 @@ class TrainerConfig:
     run_name: str = opt("", "'' = <config name>-<hash of the settings>: rerunning the same command resumes it")
     save_every: int = opt(50, "checkpoint every N steps (0 = only at the end)")
     keep_last_k: int = opt(2, "checkpoints kept (the last k; the best one of trainer.keep_best comes on top)")
-    keep_best: str = opt("", "a logged metric (e.g. eval/avg_em, eval/em): also keep the checkpoint of its best "
-                             "value, exempt from pruning (RUN/best_checkpoint.json; survives resume); '' = off")
+    keep_best: str = opt("", "a logged metric (e.g. eval/val_em): also keep the checkpoint of its best value, "
+                             "exempt from pruning (RUN/best_checkpoint.json; survives resume); a metric of a test "
+                             "split (eval/em, eval/avg_em, eval/<benchmark>/em) only with trainer.select_on_test; "
+                             "'' = off")
     keep_best_mode: Literal["max", "min"] = opt("max", "trainer.keep_best: best = the largest (max) or smallest (min)")
     resume: str = opt("auto", "auto | never | path to a checkpoint dir")
-    eval_every: int = opt(0, "greedy EM on data.val_files (eval/val_em; without them on data.test_files, eval/em; "
-                                "benchmarks' eval/<name>/em with data.source=files) every N steps and at the last one "
-                                "(0 = off; runs evaluate the test rows before and after training anyway)")
+    eval_every: int = opt(0, "greedy EM on the validation split (data.val_holdout or data.val_files: eval/val_em; "
+                                "without one on data.test_files, eval/em) every N steps and at the last one, where "
+                                "eval.datasets are scored too (eval/<name>/em, eval/avg_em; every N steps only with "
+                                "trainer.select_on_test) (0 = off; runs evaluate the test rows before and after "
+                                "training anyway)")
+    select_on_test: bool = opt(False, "the authors' practice (their scripts validate on the seven test sets): score "
+                               "eval.datasets every trainer.eval_every steps and let trainer.keep_best read them; "
+                               "the chosen checkpoint's test EM is then no held-out estimate (a warning says so "
+                               "at start); false: eval.datasets once, at the last step, and trainer.keep_best reads "
+                               "the validation split only")
     eval_limit: int = opt(0, "questions evaluated during training (first N; 0 = eval.limit, both 0 = all)")
     val_subsample: int = opt(0, "score a fixed N of the validation questions every trainer.eval_every steps "
                              "(eval/val_sub_em; the same questions for every run, seed and method, balanced over "
-                             "their number of hops: evaluation.fixed_subsample) and the whole split before the first "
+                             "their source and number of hops: data/splits.py fixed_subsample) and the whole split before the first "
                              "step and at the last (eval/val_em); 0 = the whole split every time")
     probe_every: int = opt(5, "re-measure the probe set every N steps (0 = never); it is also measured once before "
                                "any update of it (probe/initial_logp_per_token)")

@@ -5,6 +5,7 @@ each check is (ok, dotted key, what the value must be), and the message of a fai
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from retriever.modes import MODES, retriever_mode
@@ -17,6 +18,9 @@ from searchr1_lld.data.prompts import TEMPLATES
 from searchr1_lld.data.specs import EvalError, parse_datasets
 
 Check = tuple[bool, str, str]  # (the value is fine, its dotted key, what it must be)
+# the metrics of the validation split (learner/trainer.py): eval/val_em, eval/val_sub_em, eval/val/<source>/em,
+# eval/val_sub/<source>/em; every other eval/ metric is computed on a test split (data.test_files, eval.datasets)
+VALIDATION_METRIC = re.compile(r"eval/val(_sub)?(_em|/[^/]+/em)")
 
 
 class ConfigError(ValueError):
@@ -214,6 +218,26 @@ def trainer_checks(trainer: TrainerConfig, rollout: RolloutConfig) -> list[Check
          f"{trainer.keep_best} is logged only when trainer.eval_every > 0"),
         (trainer.logprob_chunk_size >= 0, "trainer.logprob_chunk_size", "must be >= 0 (0 = sized to the device)"),
         *step_size_checks(trainer.step_size),
+    ]
+
+
+def selection_checks(trainer: TrainerConfig, data: DataConfig) -> list[Check]:
+    """trainer.keep_best against the splits: a checkpoint is chosen on the validation split (data.val_holdout or
+    data.val_files), on a test split only with trainer.select_on_test; one validation split at most."""
+    metric, holdout = trainer.keep_best, data.val_holdout
+    on_validation = VALIDATION_METRIC.fullmatch(metric) is not None
+    return [
+        (holdout.size >= 0, "data.val_holdout.size", "must be >= 0 (0 = none)"),
+        (not (holdout.size and data.val_files), "data.val_holdout.size",
+         "one validation split: hold it out of the training rows (data.val_holdout.size) or name data.val_files, "
+         "not both"),
+        (not metric.startswith("eval/") or on_validation or trainer.select_on_test, "trainer.keep_best",
+         f"{metric} is computed on a test split (eval.datasets or data.test_files), so the checkpoint it keeps "
+         "would be chosen on test: read the validation split (trainer.keep_best=eval/val_em with "
+         "data.val_holdout.size > 0 or data.val_files), or set trainer.select_on_test=true for the authors' "
+         "practice (docs/configs.md)"),
+        (not on_validation or holdout.size > 0 or bool(data.val_files), "trainer.keep_best",
+         f"{metric} is logged only with a validation split: data.val_holdout.size > 0 or data.val_files"),
     ]
 
 

@@ -42,8 +42,9 @@ from searchr1_lld.evaluation.metrics import (BENCHMARKS, DISPLAY_NAMES, KNOWN_DA
                                              dataset_metrics, dataset_name, parse_datasets, record_from_trajectory, relative_gain,
                                              summarize)
 from searchr1_lld.evaluation.paper_table import PAPER_AVERAGE_EM, paper_config, paper_table, write_paper_table
+from searchr1_lld.data.splits import fixed_subsample
 from searchr1_lld.evaluation.run import (benchmark_rows, compare, distinct_labels, eval_rollout_config, evaluate,
-                                         fixed_subsample, load_eval_rows, load_tokenizer, model_label, sampled_em)
+                                         load_eval_rows, load_tokenizer, model_label, sampled_em)
 from searchr1_lld.evaluation.shards import prepare_shard_process, run_shards, shard_device, shard_env
 from searchr1_lld.evaluation.tables import (csv_table, detail_table, load_results, markdown_table, write_results,
                                             write_tables)

@@ -4,7 +4,6 @@ EM, comparisons."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -64,25 +63,6 @@ def benchmark_rows(cfg: Config) -> dict[str, list[dict[str, Any]]]:
     if not cfg.eval.datasets:
         return {}
     return load_eval_rows(parse_datasets(cfg.eval.datasets), limit=cfg.trainer.eval_limit or cfg.eval.limit)
-
-
-def fixed_subsample(rows: Sequence[dict[str, Any]], size: int) -> list[dict[str, Any]]:
-    """``size`` of ``rows``, the same whatever run, seed or method asks: the rows grouped by their number of hops
-    (``metadata.hops``; one group without it), each group given its share of ``size`` (largest remainders, ties to
-    the larger group), and within a group the rows whose id has the smallest SHA-256. In the order of ``rows``; all of
-    them when ``size`` is 0 or at least ``len(rows)``."""
-    if size <= 0 or size >= len(rows):
-        return list(rows)
-    groups: dict[Any, list[int]] = {}
-    for i, row in enumerate(rows):
-        groups.setdefault((row.get("metadata") or {}).get("hops"), []).append(i)
-    quota = {g: size * len(ix) / len(rows) for g, ix in groups.items()}
-    take = {g: int(q) for g, q in quota.items()}
-    for g in sorted(groups, key=lambda g: (take[g] - quota[g], -len(groups[g])))[: size - sum(take.values())]:
-        take[g] += 1
-    digest = lambda i: hashlib.sha256(str(rows[i]["id"]).encode()).hexdigest()  # noqa: E731
-    chosen = {i for g, ix in groups.items() for i in sorted(ix, key=digest)[: take[g]]}
-    return [row for i, row in enumerate(rows) if i in chosen]
 
 
 def _load_benchmark(name: str, split: str | None, flashrag_dir: str | Path | None) -> list[dict[str, Any]]:

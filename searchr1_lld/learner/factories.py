@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 import retriever
 from searchr1_lld.config import Config
-from searchr1_lld.data import flashrag
+from searchr1_lld.data import flashrag, splits
 from searchr1_lld.data.jsonl import read_rows_files
 from searchr1_lld.learner import policy_logprobs
 from searchr1_lld.learner.engines import TrainingEngine
@@ -123,8 +123,9 @@ def make_retriever(cfg: Config, engine: TrainingEngine | None = None) -> Retriev
         return retriever.make_retriever(rc)
 
 
-def load_train_rows(cfg: Config) -> list[dict]:
-    """The training prompts of ``data.source``: the rows of ``data.train_files``, or FlashRAG's ``data.train_mix``."""
+def _source_rows(cfg: Config) -> list[dict]:
+    """The rows of ``data.source``: those of ``data.train_files``, or FlashRAG's ``data.train_mix`` (before the
+    validation hold-out)."""
     if cfg.data.source == "files":
         if not cfg.data.train_files:
             raise ValueError("data.train_files is empty: name the training rows (JSONL/parquet), e.g. "
@@ -133,14 +134,29 @@ def load_train_rows(cfg: Config) -> list[dict]:
     return flashrag.load_train_rows(cfg.data.train_mix)
 
 
+def load_train_and_val_rows(cfg: Config) -> tuple[list[dict], list[dict]]:
+    """(training prompts, validation rows): ``data.val_holdout`` held out of the rows of ``data.source`` when its
+    size is > 0 (:func:`searchr1_lld.data.splits.hold_out`: the training rows lose the validation questions), else
+    those rows and the rows of ``data.val_files`` ([] when none)."""
+    holdout = cfg.data.val_holdout
+    if holdout.size:
+        return splits.hold_out(_source_rows(cfg), holdout.size, holdout.seed)
+    return _source_rows(cfg), read_rows_files(cfg.data.val_files)
+
+
+def load_train_rows(cfg: Config) -> list[dict]:
+    """The training prompts: the rows of ``data.source`` less the validation hold-out."""
+    return load_train_and_val_rows(cfg)[0]
+
+
 def load_test_rows(cfg: Config) -> list[dict]:
     """The held-out rows of ``data.test_files`` ([] when none)."""
     return read_rows_files(cfg.data.test_files)
 
 
 def load_val_rows(cfg: Config) -> list[dict]:
-    """The validation rows of ``data.val_files`` ([] when none)."""
-    return read_rows_files(cfg.data.val_files)
+    """The validation rows: the hold-out of ``data.val_holdout``, else those of ``data.val_files`` ([] when none)."""
+    return load_train_and_val_rows(cfg)[1] if cfg.data.val_holdout.size else read_rows_files(cfg.data.val_files)
 
 
 def check_prompt_lengths(rows: list[dict], tokenizer: Tokenizer, cfg: Config) -> None:

@@ -60,6 +60,7 @@ from searchr1_lld.bookkeeping import resume
 from searchr1_lld.bookkeeping.best_checkpoint import BestCheckpoint, load_best, write_best
 from searchr1_lld.bookkeeping.tracking import Tracker
 from searchr1_lld.config import Config
+from searchr1_lld.data import splits
 from searchr1_lld.distributed import any_rank
 from searchr1_lld.instruments.monitor import PhaseDetector, ProbeSet
 from searchr1_lld.instruments.phases import PhaseReport
@@ -93,7 +94,7 @@ class EvalRows:
     curve: list[dict]  # every trainer.eval_every steps: the validation rows when there are any, else test
     curve_key: str  # "eval/val_em", "eval/val_sub_em" (trainer.val_subsample) or "eval/em"
     full_val: list[dict]  # with trainer.val_subsample: the whole validation split, before the first step and at the last
-    benchmarks: dict[str, list[dict]]  # eval/<name>/em every trainer.eval_every steps
+    benchmarks: dict[str, list[dict]]  # eval/<name>/em at the last step (trainer.select_on_test: every eval)
 
 
 class Trainer:
@@ -118,7 +119,8 @@ class Trainer:
             raise ValueError(
                 f"trainer.train_batch_size ({tc.train_batch_size}) and trainer.ppo_mini_batch_size "
                 f"({tc.ppo_mini_batch_size}) must be divisible by the number of processes ({ws})")
-        self.train_rows = factories.load_train_rows(cfg)
+        # the validation split (data.val_holdout: held out of the training rows here; or data.val_files)
+        self.train_rows, self.val_rows = factories.load_train_and_val_rows(cfg)
         factories.check_prompt_lengths(self.train_rows, self.learner.tokenizer, cfg)
         self.sampler = PromptSampler(self.train_rows, tc.train_batch_size, tc.seed, cfg.data.shuffle)
         self.detector = PhaseDetector()
@@ -132,8 +134,10 @@ class Trainer:
         self.train_s = 0.0
         self.phase_report: PhaseReport | None = None  # the detector's report of the last step
         self.llds_warning = step.llds_noop_warning(cfg, self.updates_per_step)
-        if self.llds_warning and self.learner.dist.is_main:
-            warnings.warn(self.llds_warning)
+        self.test_selection_warning = selection_on_test_warning(cfg)
+        for warning in (self.llds_warning, self.test_selection_warning):
+            if warning and self.learner.dist.is_main:
+                warnings.warn(warning)
 
     # ---------------------------------------------------------------- the step and evaluation
     def train_step(self) -> dict[str, Any]:
@@ -162,6 +166,20 @@ class Trainer:
         """eval/<dataset>/em for each benchmark and eval/avg_em (mean over datasets), greedy, eval.max_turns/topk."""
         out = {f"eval/{name}/em": self.evaluate(rows, desc=name)["em"] for name, rows in rows_by_dataset.items()}
         out["eval/avg_em"] = sum(out.values()) / max(len(out), 1)
+        return out
+
+    def evaluate_by_source(self, rows: list[dict], key: str) -> dict[str, float]:
+        """``{key: greedy EM on rows}``; rows of several sources (``data_source``: a hold-out of nq + hotpotqa) are
+        scored source by source, each logged as ``<key less _em>/<source>/em`` (eval/val_em -> eval/val/nq/em), and
+        ``key`` is their mean weighted by questions (the EM of all the rows)."""
+        by_source: dict[str, list[dict]] = {}
+        for row in rows:
+            by_source.setdefault(splits.source_of(row), []).append(row)
+        if len(by_source) < 2 or not key.endswith("_em"):
+            return {key: self.evaluate(rows)["em"]}
+        parts = {source: self.evaluate(part, desc=source or "eval") for source, part in by_source.items()}
+        out = {f"{key.removesuffix('_em')}/{source or 'unnamed'}/em": m["em"] for source, m in parts.items()}
+        out[key] = sum(m["em"] * m["n"] for m in parts.values()) / sum(m["n"] for m in parts.values())
         return out
 
     # ---------------------------------------------------------------- checkpoints
@@ -222,10 +240,10 @@ class Trainer:
     # ---------------------------------------------------------------- the loop
     def run(self, *, evaluate: bool = True, allow_changes: Sequence[str] = ()) -> RunResult:
         """Train to ``trainer.total_steps`` (resuming per ``trainer.resume``). ``evaluate``: greedy test EM before and
-        after training (eval.md); the evaluations every ``trainer.eval_every`` steps (``eval/val_em`` on
-        ``data.val_files``, or ``eval/em`` on the test rows when there are none; the benchmarks' ``eval/<name>/em``;
-        also at the last step) follow the config alone. Greedy decoding draws no random numbers, so
-        they leave the training itself unchanged. ``allow_changes``: config keys that may differ from the resumed
+        after training (eval.md); the evaluations every ``trainer.eval_every`` steps (``eval/val_em`` on the
+        validation split, or ``eval/em`` on the test rows when there is none; also at the last step, where the
+        benchmarks' ``eval/<name>/em`` are scored, every time with ``trainer.select_on_test``) follow the config
+        alone. Greedy decoding draws no random numbers, so they leave the training itself unchanged. ``allow_changes``: config keys that may differ from the resumed
         run's saved config (see :data:`resume.RESUME_SAFE_KEYS`); any other is refused."""
         tracker = self._open_run(allow_changes)
         rows = self._eval_rows()
@@ -234,8 +252,8 @@ class Trainer:
             em_before = self._em_before(rows.test)
             tracker.write(f"test EM before training: {em_before:.4f} ({len(rows.test)} questions)")
         if rows.full_val and self.step == 0:  # the ground truth before any update: the subsample and the whole split
-            tracker.record(0, {rows.curve_key: self.evaluate(rows.curve)["em"],
-                               "eval/val_em": self.evaluate(rows.full_val)["em"]})
+            tracker.record(0, {**self.evaluate_by_source(rows.curve, rows.curve_key),
+                               **self.evaluate_by_source(rows.full_val, "eval/val_em")})
         tracker.start_bar()  # its clock counts training only
         last_metrics: dict[str, Any] = {}
         last_phase, last_drawdown = "healthy", None
@@ -268,8 +286,7 @@ class Trainer:
             notes = notes + ([best_note] if best_note else [])
         if resumed is not None:
             notes.append(f"resumed from {resumed} at step {self.step}")
-        if self.llds_warning:
-            notes.append(f"WARNING: {self.llds_warning}")
+        notes += [f"WARNING: {w}" for w in (self.llds_warning, self.test_selection_warning) if w]
         tracker = Tracker(self.run_dir, cfg.logging, cfg.to_dict(), total_steps=tc.total_steps,
                           start_step=self.step, enabled=lr.dist.is_main)
         for note in notes:
@@ -280,7 +297,7 @@ class Trainer:
         cfg, tc = self.cfg, self.cfg.trainer
         limit = tc.eval_limit or cfg.eval.limit  # as the benchmarks (evaluation.benchmark_rows)
         test_rows = factories.load_test_rows(cfg)[:limit or None]
-        val_rows = factories.load_val_rows(cfg)[:limit or None]
+        val_rows = self.val_rows[:limit or None]
         # the curve during training: the validation rows when there are any (settings are chosen on them), else test
         curve, key = (val_rows, "eval/val_em") if val_rows else (test_rows, "eval/em")
         full_val: list[dict] = []
@@ -290,14 +307,16 @@ class Trainer:
                         benchmarks=evaluation.benchmark_rows(cfg) if tc.eval_every else {})
 
     def _scheduled_evaluations(self, rows: EvalRows) -> dict[str, float]:
-        """The evaluations due after this step: every trainer.eval_every steps and at the last step."""
+        """The evaluations due after this step: every trainer.eval_every steps and at the last step; the benchmarks
+        (eval.datasets, test sets) at the last step only, unless trainer.select_on_test."""
         tc = self.cfg.trainer
-        if not tc.eval_every or not (self.step % tc.eval_every == 0 or self.step == tc.total_steps):
+        last = self.step == tc.total_steps
+        if not tc.eval_every or not (self.step % tc.eval_every == 0 or last):
             return {}
-        out = {rows.curve_key: self.evaluate(rows.curve)["em"]} if rows.curve else {}
-        if rows.full_val and self.step == tc.total_steps:
-            out["eval/val_em"] = self.evaluate(rows.full_val)["em"]
-        if rows.benchmarks:
+        out = self.evaluate_by_source(rows.curve, rows.curve_key) if rows.curve else {}
+        if rows.full_val and last:
+            out.update(self.evaluate_by_source(rows.full_val, "eval/val_em"))
+        if rows.benchmarks and (last or tc.select_on_test):
             out.update(self.evaluate_benchmarks(rows.benchmarks))
         return out
 
@@ -359,6 +378,16 @@ class Trainer:
         if self.learner.dist.is_main:
             path.write_text(json.dumps({"em": em, "n": len(test_rows)}))
         return em
+
+
+def selection_on_test_warning(cfg: Config) -> str:
+    """The warning of a run that chooses on test (trainer.select_on_test), '' otherwise."""
+    tc = cfg.trainer
+    if not tc.select_on_test:
+        return ""
+    return (f"trainer.select_on_test=true: eval.datasets (test sets) are scored every {tc.eval_every} steps and "
+            f"trainer.keep_best={tc.keep_best or '(off)'} may choose a checkpoint on them, as the authors' scripts "
+            "did; the test EM of a checkpoint chosen so is not a held-out estimate")
 
 
 def eval_table(em_before: float | None, em_after: float | None, n: int) -> str:

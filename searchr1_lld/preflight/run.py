@@ -20,8 +20,8 @@ process: a whole copy on each rank's own GPU). A plan that does not fit is a pro
 check that its utilisation's share is free), at the update or at the first wake-up. Here, P = parameters:
     disk / checkpoint= policy/ (b P, b = 2 with DeepSpeed bf16, else 4) + optimiser state (DeepSpeed: b P module +
                        12 P; else 8 P), times trainer.keep_last_k (+1 with trainer.keep_best)
-    evaluation       = questions per evaluation (limits applied), at most (eval.max_turns + 1) x max_tokens_per_turn
-                       generated tokens each, against the training trajectories of eval_every steps
+    evaluation       = greedy trajectories over the run against its training trajectories, at most
+                       (eval.max_turns + 1) x max_tokens_per_turn generated tokens each (eval_plan.py)
 """
 
 from __future__ import annotations
@@ -38,11 +38,12 @@ from retriever.client import RetrieverError
 from retriever.modes import IndexFacts, retriever_mode
 from searchr1_lld.rollout.backends.kinds import BackendKind, backend_kind
 from searchr1_lld.cli import looks_like_local_path
-from searchr1_lld.config import Config, read_yaml
-from searchr1_lld.data import flashrag
+from searchr1_lld.config import Config, DataConfig, read_yaml
+from searchr1_lld.data import flashrag, splits
 from searchr1_lld.data.specs import dataset_name, parse_datasets
 from searchr1_lld.data.jsonl import read_rows
 from searchr1_lld.preflight import memory_plan as mp
+from searchr1_lld.preflight.eval_plan import EvalSets, plan_lines
 GiB = float(1 << 30)
 
 
@@ -137,33 +138,6 @@ def checkpoint_bytes(params: int, launch: Launch) -> float:
     return 4 * p + 8 * p
 
 
-def eval_plan(cfg: Config, sizes: dict[str, int]) -> list[str]:
-    """Lines on the evaluation during training: questions per evaluation, their worst-case generated tokens, how
-    many evaluations, and their trajectories against the training trajectories of eval_every steps."""
-    tc, e, r = cfg.trainer, cfg.eval, cfg.rollout
-    limit = tc.eval_limit or e.limit
-    per_set = {k: (min(n, limit) if limit else n) for k, n in sizes.items()}
-    questions = sum(per_set.values())
-    if not questions:
-        if cfg.data.test_files or (e.datasets and tc.eval_every):
-            return ["evaluation: not computed (its rows files cannot be read here: see the problems)"]
-        unused = ", and trainer.eval_every=0 leaves eval.datasets unused" if e.datasets else ", no eval.datasets"
-        return [f"evaluation: none (no data.test_files{unused})"]
-    listing = ", ".join(f"{k} {n:,}" for k, n in per_set.items())
-    tokens = questions * (e.max_turns + 1) * r.max_tokens_per_turn
-    lines = [f"evaluation: {questions:,} questions per evaluation ({listing}); at most {tokens / 1e6:.2f} M generated "
-             f"tokens each ({e.max_turns + 1} turns x {r.max_tokens_per_turn})"]
-    if tc.eval_every:
-        count = math.ceil(tc.total_steps / tc.eval_every)
-        train = tc.eval_every * tc.train_batch_size * r.n
-        lines.append(f"evaluation every {tc.eval_every} steps: {count} evaluations; each is {questions:,} greedy "
-                     f"trajectories against {train:,} training trajectories in {tc.eval_every} steps "
-                     f"({100.0 * questions / train:.1f} %)")
-    else:
-        lines.append("evaluation during training: off (trainer.eval_every=0)")
-    return lines
-
-
 def _gb(x: float) -> str:
     return f"{x / mp.GB:.1f} GB" if x >= 0.05 * mp.GB or not x else f"{x / 1e6:.2f} MB"
 
@@ -173,8 +147,8 @@ def _count(params: int) -> str:
 
 
 # ------------------------------------------------------------------------------------------------- the checks
-def check_rows(pf: Preflight, key: str, paths: list[str]) -> dict[str, int]:
-    """Each rows file exists and parses; ``{path: rows}`` of the good ones."""
+def check_rows(pf: Preflight, key: str, paths: list[str]) -> dict[str, list[dict]]:
+    """Each rows file exists and parses; ``{path: its rows}`` of the good ones."""
     counts = {}
     for path in paths:
         try:
@@ -185,7 +159,7 @@ def check_rows(pf: Preflight, key: str, paths: list[str]) -> dict[str, int]:
         if not rows:
             pf.problems.append(f"{key}: {path} holds no rows")
             continue
-        counts[path] = len(rows)
+        counts[path] = rows
         pf.ok.append(f"{key}: {path}: {len(rows):,} rows")
     return counts
 
@@ -221,26 +195,44 @@ def _flashrag_hint(pf: Preflight, cfg: Config, paths: list[str]) -> None:
                         f"flashrag --out {out} --train-mix {cfg.data.train_mix}` writes them")
 
 
-def check_data(pf: Preflight, cfg: Config) -> dict[str, int]:
-    """Training and evaluation rows; returns the evaluation sets' sizes ``{name: questions}``."""
-    d = cfg.data
+def check_data(pf: Preflight, cfg: Config) -> tuple[EvalSets, bool]:
+    """Training, validation and evaluation rows; returns the evaluation sets counted and whether a data problem
+    left them uncounted."""
+    d, problems_before = cfg.data, len(pf.problems)
     if d.source == "files":
         if not d.train_files:
             pf.problems.append("data.train_files is empty: name the training rows (JSONL/parquet)")
-        check_rows(pf, "data.train_files", d.train_files)
+        train = [row for rows in check_rows(pf, "data.train_files", d.train_files).values() for row in rows]
+        validation = _held_out(pf, d, train)
     else:
         _flashrag_sets(pf, f"data.train_mix={d.train_mix}", flashrag.TRAIN_MIXES[d.train_mix], "train")
-    sizes = {f"test_files {Path(p).name}": n for p, n in check_rows(pf, "data.test_files", d.test_files).items()}
+        validation = d.val_holdout.size * len(flashrag.TRAIN_MIXES[d.train_mix])  # FlashRAG: one source per set
+    if not d.val_holdout.size:
+        validation = sum(len(rows) for rows in check_rows(pf, "data.val_files", d.val_files).values())
+    test = sum(len(rows) for rows in check_rows(pf, "data.test_files", d.test_files).values())
+    benchmarks: dict[str, int] = {}
     if cfg.eval.datasets and cfg.trainer.eval_every:
         for spec in parse_datasets(cfg.eval.datasets):
             name, sep, path = spec.partition("=")
             if sep:
-                sizes.update({dataset_name(spec): n for n in check_rows(pf, f"eval.datasets {name}", [path]).values()})
+                benchmarks.update({dataset_name(spec): len(rows) for rows in
+                                   check_rows(pf, f"eval.datasets {name}", [path]).values()})
             else:
-                sizes.update(_flashrag_sets(pf, "eval.datasets", [name], None))
+                benchmarks.update(_flashrag_sets(pf, "eval.datasets", [name], None))
     named = [s.partition("=")[2] for s in parse_datasets(cfg.eval.datasets) if "=" in s] if cfg.eval.datasets else []
     _flashrag_hint(pf, cfg, (d.train_files if d.source == "files" else []) + d.test_files + named)
-    return sizes
+    return EvalSets(validation, test, benchmarks), len(pf.problems) > problems_before
+
+
+def _held_out(pf: Preflight, d: DataConfig, train: list[dict]) -> int:
+    """The size of data.val_holdout's split of the training rows (0 without one, or without rows)."""
+    if not (d.val_holdout.size and train):
+        return 0
+    try:
+        return len(splits.hold_out(train, d.val_holdout.size, d.val_holdout.seed)[1])
+    except ValueError as e:
+        pf.problems.append(str(e))
+        return 0
 
 
 def check_retriever(pf: Preflight, cfg: Config, wait: bool = False) -> IndexFacts:
@@ -459,14 +451,14 @@ def run_preflight(cfg: Config, *, launch: Launch | None = None, device_gib: floa
     pf = Preflight()
     launch = launch or Launch()
     pf.ok.append(f"config: {cfg.name} resolved and valid")
-    eval_sizes = check_data(pf, cfg)
+    eval_sets, unread = check_data(pf, cfg)
     index = check_retriever(pf, cfg, wait_for_service)
     shape = check_model(pf, cfg)
     if shape is not None:
         _plan_lines(pf, cfg, kind, shape, launch, device_gib, index)
     else:
         pf.plan.append("memory and disk: not computed (the model's config.json is not available here)")
-    pf.plan += eval_plan(cfg, eval_sizes)
+    pf.plan += plan_lines(cfg, eval_sets, unread)
     return pf
 
 
