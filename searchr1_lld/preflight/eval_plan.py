@@ -150,11 +150,11 @@ def render_block(root: Path, gpu_check: str = GPU_CHECK) -> str:
         BEGIN, "",
         f"Counted from the configs (`{DOC_RUNS[0][1]}` and its NQ sibling) and FlashRAG's benchmark sizes; a run "
         f"trains on {training:,} trajectories. Tokens are bounded by (`eval.max_turns` + 1) x "
-        f"`rollout.max_tokens_per_turn` per question; GPU-hours divide that bound by {basis}, from `{gpu_check}` (no "
-        "vLLM engine and no 3B or 7B rollout has been timed: vLLM generates faster, a larger model slower). Greedy "
-        "trajectories answer in fewer turns than the bound, so the hours are an upper bound; the share of the "
-        "training trajectories is the better guide to the time, where evaluation and training trajectories are "
-        "about as long.", "",
+        f"`rollout.max_tokens_per_turn` per question; GPU-hours divide that bound by {basis}, from `{gpu_check}`, "
+        "the only generation rate measured (no vLLM engine and no 3B or 7B rollout has been timed). A trajectory "
+        "that answers before its last turn, or stops a turn short of its token budget, generates less than the "
+        "bound, so the hours bound the cost from above; where evaluation and training trajectories are about as "
+        "long, the share of the training trajectories is the share of the run's generation time.", "",
         "| schedule | evaluations | questions each | questions once | greedy trajectories | of the training "
         "trajectories | generated tokens (M), at most | GPU-hours at most |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
