@@ -353,6 +353,9 @@ ENTRIES: tuple[Entry, ...] = (
         where="tests/test_gpu_check.py::test_report_command_rewrites_the_block_in_place",
         snippet='REPORT_COMMAND.replace("benchmarks/gpu_check.py"',
         how="the documented command on a copy of docs/gpu.md and the JSON files"),
+    RunByTest("eval_cost_block", ("python -m searchr1_lld.preflight.eval_plan --doc docs/configs.md",),
+              where="tests/test_eval_plan.py::test_the_documented_command_leaves_docs_configs_md_as_it_is",
+              snippet='ep.main(["--doc"', how="the documented command on a copy of docs/configs.md"),
     RunByTest("retriever_serve_world", ("python -m retriever serve --index indexes/world-minilm --port 8000",),
               where="tests/test_eval_e2e.py::test_eval_through_http_service",
               snippet='"-m", "retriever", "serve", "--index"',
@@ -519,6 +522,10 @@ ENTRIES: tuple[Entry, ...] = (
                "on stand-ins"),
     CannotRun("paper_launch", pattern=r"accelerate launch --config_file configs/accelerate/zero[23]_8gpu\.yaml "
               r"train\.py --config configs/(paper|ablations)/[^ ]+\.yaml", reason=EIGHT_GPUS),
+    CannotRun("paper_launch_select_on_test", (
+        "accelerate launch --config_file configs/accelerate/zero2_8gpu.yaml train.py --config configs/paper/<run>.yaml "
+        "trainer.select_on_test=true trainer.keep_best=eval/avg_em data.val_holdout.size=0",),
+        reason=EIGHT_GPUS + "; tests/test_validation_split.py runs trainer.select_on_test on the test world"),
     CannotRun("launch_template", (
         "accelerate launch --config_file configs/accelerate/<accelerate config>.yaml train.py --config <config>",),
         reason=EIGHT_GPUS + " (the template of the paper configs' launches)"),
@@ -544,7 +551,9 @@ ENTRIES: tuple[Entry, ...] = (
         "python eval.py --model runs/<run>/checkpoints/<step>/policy --config configs/paper/eval.yaml "
         "--retriever-url http://127.0.0.1:8000 --out runs/<run>/eval",
         "python eval.py --model RUN/checkpoints/step_001005/policy --config RUN/config.yaml "
-        "--retriever-url http://127.0.0.1:8000 --out RUN/eval"),
+        "--retriever-url http://127.0.0.1:8000 --out RUN/eval",
+        "python eval.py --model RUN/checkpoints/step_<N>/policy --config RUN/config.yaml "
+        "--retriever-url http://127.0.0.1:8000 --out RUN/eval-best"),
         reason="a paper run's checkpoint (8 GPUs) on the FlashRAG files (hub) through the wiki-18 service; "
                "tests/test_protocol.py evaluates configs/paper/eval.yaml on stand-ins"),
     CannotRun("eval_released", (

@@ -11,6 +11,7 @@ from searchr1_lld.bookkeeping import checkpoint as ckpt
 from searchr1_lld.bookkeeping.best_checkpoint import BEST_FILE, BestCheckpoint, load_best, write_best
 from searchr1_lld.config import ConfigError, load_config
 
+from conftest import REPO_ROOT
 from test_trainer import _cfg, _trainer, shared_retriever  # noqa: F401  (the module's retriever fixture)
 
 
@@ -57,10 +58,40 @@ def test_a_record_is_continued_only_for_the_same_metric_and_an_earlier_step(tmp_
 
 def test_an_eval_metric_needs_eval_every():
     with pytest.raises(ConfigError, match="trainer.keep_best"):
-        load_config(None, ["trainer.keep_best=eval/avg_em", "trainer.eval_every=0"])
-    load_config(None, ["trainer.keep_best=eval/avg_em", "trainer.eval_every=5"])
+        load_config(None, ["trainer.keep_best=eval/val_em", "trainer.eval_every=0", "data.val_holdout.size=5"])
+    load_config(None, ["trainer.keep_best=eval/val_em", "trainer.eval_every=5", "data.val_holdout.size=5"])
     with pytest.raises(ConfigError, match="keep_best_mode"):
         load_config(None, ["trainer.keep_best=actor/entropy", "trainer.keep_best_mode=median"])
+
+
+PAPER_CONFIGS = sorted([*(REPO_ROOT / "configs" / "paper").glob("*.yaml"), *(REPO_ROOT / "configs" / "ablations").glob(
+    "*.yaml")])
+
+
+@pytest.mark.parametrize("path", PAPER_CONFIGS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_a_paper_configs_keep_best_refuses_a_test_split(path):
+    """Every paper and ablation config keeps its best checkpoint by the validation split held out of its training
+    rows; pointed at a metric of a test split it does not start, and the error names the field and the fix."""
+    cfg = load_config(path)
+    assert (cfg.trainer.keep_best, cfg.trainer.select_on_test) == ("eval/val_em", False)
+    assert cfg.data.val_holdout.size > 0 and not cfg.data.val_files
+    for test_metric in ("eval/avg_em", "eval/nq/em", "eval/em"):
+        with pytest.raises(ConfigError, match=r"^trainer.keep_best: .* test split .*trainer.select_on_test=true"):
+            load_config(path, [f"trainer.keep_best={test_metric}"])
+    # the authors' practice, asked for by name
+    load_config(path, ["trainer.keep_best=eval/avg_em", "trainer.select_on_test=true"])
+
+
+def test_keep_best_on_validation_needs_one_validation_split():
+    for metric in ("eval/val_em", "eval/val/nq/em", "eval/val_sub_em"):
+        with pytest.raises(ConfigError, match="logged only with a validation split"):
+            load_config(None, [f"trainer.keep_best={metric}", "trainer.eval_every=5"])
+        load_config(None, [f"trainer.keep_best={metric}", "trainer.eval_every=5", "data.val_files=[v.jsonl]"])
+    with pytest.raises(ConfigError, match="one validation split"):
+        load_config(None, ["data.val_holdout.size=5", "data.val_files=[v.jsonl]"])
+    with pytest.raises(ConfigError, match="data.val_holdout.size: must be >= 0"):
+        load_config(None, ["data.val_holdout.size=-1"])
+    load_config(None, ["trainer.keep_best=actor/entropy", "trainer.eval_every=0"])  # a training metric: no split
 
 
 def _scripted(trainer, scores):
