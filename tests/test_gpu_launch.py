@@ -189,7 +189,7 @@ def test_the_start_up_check_runs_on_a_gpu_only_and_refuses_a_kv_cache_the_wake_u
     cfg = load_config("configs/paper/qwen2.5-3b-base_nq-hotpotqa_llds-ma.yaml", [
         f"model.path={_qwen3b_dir(tmp_path)}", "retriever.mode=inprocess",
         f"retriever.index_dir={tiny_world / 'index'}",
-        f"data.train_files=[{tiny_world / 'qa' / 'train.jsonl'}]", "eval.datasets=[]",
+        f"data.train_files=[{tiny_world / 'qa' / 'train.jsonl'}]", "data.val_holdout.size=10", "eval.datasets=[]",
         f"trainer.output_dir={tmp_path / 'runs'}", "rollout.vllm.kv_cache_memory_bytes=60000000000"])
     from searchr1_lld.preflight import run as pre
 
