@@ -44,16 +44,16 @@ class DataConfig:
         None, "validation rows (JSONL/parquet) for choosing settings: scored by greedy EM every trainer.eval_every "
         "steps and at the last one (eval/val_em) instead of data.test_files; [] = none (see data.val_holdout)",
         factory=list)
-    val_holdout: HoldoutConfig = section(HoldoutConfig, "the validation split held out of the training rows")
     test_files: list[str] = opt(
         None, "held-out rows (JSONL/parquet) scored by greedy EM before and after training (eval/em), and every "
-        "trainer.eval_every steps when data.val_files is empty; [] = none", factory=list)
+        "trainer.eval_every steps when there is no validation split; [] = none", factory=list)
     prompt_template: str = opt(
         "tiny", "instruction text: 'search-r1' = Search-R1's verbatim, 'tiny' = the project's short one (prompts.py)")
     chat_template: Literal["auto", "always", "never"] = opt(
         "never", "wrap the prompt in the tokenizer's chat template: auto (when it has one) / always / never")
     max_prompt_length: int = opt(512, "longest initial prompt in tokens; a longer training prompt is an error at start")
     shuffle: bool = opt(True, "shuffle the training prompts every epoch")
+    val_holdout: HoldoutConfig = section(HoldoutConfig, "the validation split held out of the training rows")
 
 
 @dataclass
@@ -400,7 +400,7 @@ class TrainerConfig:
                                 "eval.datasets are scored too (eval/<name>/em, eval/avg_em; every N steps only with "
                                 "trainer.select_on_test) (0 = off; runs evaluate the test rows before and after "
                                 "training anyway)")
-    select_on_test: bool = opt(False, "the authors' practice (their scripts validate on the seven test sets): score "
+    select_on_test: bool = opt(False, "the authors' practice (their script's validation files are the test split): score "
                                "eval.datasets every trainer.eval_every steps and let trainer.keep_best read them; "
                                "the chosen checkpoint's test EM is then no held-out estimate (a warning says so "
                                "at start); false: eval.datasets once, at the last step, and trainer.keep_best reads "
