@@ -63,7 +63,8 @@ def test_the_test_sets_are_scored_once_at_the_last_step_unless_select_on_test(tm
     assert "select_on_test" not in capsys.readouterr().out
 
     authors = load_config(None, [*COMMON, f"trainer.output_dir={tmp_path / 'authors'}", benchmark,
-                                 "trainer.eval_limit=2", "trainer.select_on_test=true", "trainer.keep_best=eval/avg_em"])
+                                 "trainer.eval_limit=2", "trainer.select_on_test=true",
+                                 "trainer.keep_best=eval/avg_em"])
     with pytest.warns(UserWarning, match="select_on_test=true: eval.datasets .* not a held-out estimate"):
         tr = Trainer(on_world(authors, tiny_world), retriever=shared_retriever)
     res = tr.run(evaluate=False)

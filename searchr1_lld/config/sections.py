@@ -400,16 +400,16 @@ class TrainerConfig:
                                 "eval.datasets are scored too (eval/<name>/em, eval/avg_em; every N steps only with "
                                 "trainer.select_on_test) (0 = off; runs evaluate the test rows before and after "
                                 "training anyway)")
-    select_on_test: bool = opt(False, "the authors' practice (their script's validation files are the test split): score "
-                               "eval.datasets every trainer.eval_every steps and let trainer.keep_best read them; "
-                               "the chosen checkpoint's test EM is then no held-out estimate (a warning says so "
-                               "at start); false: eval.datasets once, at the last step, and trainer.keep_best reads "
-                               "the validation split only")
+    select_on_test: bool = opt(False, "the authors' practice (their script's validation files are the test "
+                               "split): score eval.datasets every trainer.eval_every steps and let "
+                               "trainer.keep_best read them; the chosen checkpoint's test EM is then no held-out "
+                               "estimate (a warning says so at start); false: eval.datasets once, at the last step, "
+                               "and trainer.keep_best reads the validation split only")
     eval_limit: int = opt(0, "questions evaluated during training (first N; 0 = eval.limit, both 0 = all)")
     val_subsample: int = opt(0, "score a fixed N of the validation questions every trainer.eval_every steps "
                              "(eval/val_sub_em; the same questions for every run, seed and method, balanced over "
-                             "their source and number of hops: data/splits.py fixed_subsample) and the whole split before the first "
-                             "step and at the last (eval/val_em); 0 = the whole split every time")
+                             "their source and number of hops: data/splits.py fixed_subsample) and the whole split "
+                             "before the first step and at the last (eval/val_em); 0 = the whole split every time")
     probe_every: int = opt(5, "re-measure the probe set every N steps (0 = never); it is also measured once before "
                                "any update of it (probe/initial_logp_per_token)")
     probe_size: int = opt(16, "correct responses kept in the probe set")

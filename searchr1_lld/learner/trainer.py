@@ -243,8 +243,9 @@ class Trainer:
         after training (eval.md); the evaluations every ``trainer.eval_every`` steps (``eval/val_em`` on the
         validation split, or ``eval/em`` on the test rows when there is none; also at the last step, where the
         benchmarks' ``eval/<name>/em`` are scored, every time with ``trainer.select_on_test``) follow the config
-        alone. Greedy decoding draws no random numbers, so they leave the training itself unchanged. ``allow_changes``: config keys that may differ from the resumed
-        run's saved config (see :data:`resume.RESUME_SAFE_KEYS`); any other is refused."""
+        alone. Greedy decoding draws no random numbers, so they leave the training itself unchanged.
+        ``allow_changes``: config keys that may differ from the resumed run's saved config (see
+        :data:`resume.RESUME_SAFE_KEYS`); any other is refused."""
         tracker = self._open_run(allow_changes)
         rows = self._eval_rows()
         em_before = None

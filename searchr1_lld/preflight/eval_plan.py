@@ -21,6 +21,7 @@ import argparse
 import json
 import math
 import re
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,15 +147,16 @@ def render_block(root: Path, gpu_check: str = GPU_CHECK) -> str:
         training = s.training_trajectories
         rows.append(f"| {what} | {s.evaluations} | {s.per_evaluation:,} | {s.once:,} | {s.trajectories:,} | "
                     f"{100 * s.share_of_training:.1f} % | {s.max_tokens / 1e6:,.0f} | {s.max_gpu_hours(rate):,.0f} |")
-    return "\n".join([
-        BEGIN, "",
+    basis_text = textwrap.fill(
         f"Counted from the configs (`{DOC_RUNS[0][1]}` and its NQ sibling) and FlashRAG's benchmark sizes; a run "
         f"trains on {training:,} trajectories. Tokens are bounded by (`eval.max_turns` + 1) x "
         f"`rollout.max_tokens_per_turn` per question; GPU-hours divide that bound by {basis}, from `{gpu_check}`, "
         "the only generation rate measured (no vLLM engine and no 3B or 7B rollout has been timed). A trajectory "
         "that answers before its last turn, or stops a turn short of its token budget, generates less than the "
         "bound, so the hours bound the cost from above; where evaluation and training trajectories are about as "
-        "long, the share of the training trajectories is the share of the run's generation time.", "",
+        "long, the share of the training trajectories is the share of the run's generation time.", width=118)
+    return "\n".join([
+        BEGIN, "", basis_text, "",
         "| schedule | evaluations | questions each | questions once | greedy trajectories | of the training "
         "trajectories | generated tokens (M), at most | GPU-hours at most |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -170,7 +172,8 @@ def replace_block(text: str, block: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m searchr1_lld.preflight.eval_plan")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 prog="python -m searchr1_lld.preflight.eval_plan")
     ap.add_argument("--doc", help="write the block between the eval-cost markers of this document (else print it)")
     ap.add_argument("--gpu-check", default=GPU_CHECK, help="the GPU check's JSON whose rollout rate times the tokens "
                     "(relative to the repository root)")

@@ -149,7 +149,7 @@ def _count(params: int) -> str:
 # ------------------------------------------------------------------------------------------------- the checks
 def check_rows(pf: Preflight, key: str, paths: list[str]) -> dict[str, list[dict]]:
     """Each rows file exists and parses; ``{path: its rows}`` of the good ones."""
-    counts = {}
+    good = {}
     for path in paths:
         try:
             rows = read_rows(path)
@@ -159,9 +159,9 @@ def check_rows(pf: Preflight, key: str, paths: list[str]) -> dict[str, list[dict
         if not rows:
             pf.problems.append(f"{key}: {path} holds no rows")
             continue
-        counts[path] = rows
+        good[path] = rows
         pf.ok.append(f"{key}: {path}: {len(rows):,} rows")
-    return counts
+    return good
 
 
 def _flashrag_sets(pf: Preflight, key: str, names: list[str], split: str | None) -> dict[str, int]:
