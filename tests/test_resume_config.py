@@ -35,6 +35,19 @@ def test_check_resume_config_refuses_lists_and_allows_only_safe_keys():
         check_resume_config(saved, same, ["trainer.lr"])
 
 
+def test_a_field_added_after_the_run_started_is_no_change_at_its_default_only():
+    from searchr1_lld.bookkeeping.resume import check_resume_config
+
+    saved = _cfg("trainer.lr=1e-3").to_dict()
+    del saved["trainer"]["select_on_test"]  # a run saved before the field existed
+    assert check_resume_config(saved, _cfg("trainer.lr=1e-3")) == {}
+    with pytest.raises(ConfigError, match="trainer.select_on_test: None -> True"):  # not at its default: a change
+        check_resume_config(saved, _cfg("trainer.lr=1e-3", "trainer.select_on_test=true"))
+    saved["trainer"]["select_on_test"] = True  # present in the saved config: compared as before
+    with pytest.raises(ConfigError, match="trainer.select_on_test: True -> False"):
+        check_resume_config(saved, _cfg("trainer.lr=1e-3"))
+
+
 def test_default_run_name_is_deterministic_and_ignores_safe_keys():
     from searchr1_lld.bookkeeping.resume import default_run_name
 

@@ -90,12 +90,19 @@ def check_inputs(run_dir: Path, inputs: str | None, resuming: bool) -> None:
 def check_resume_config(saved: dict[str, Any], cfg: Config, allow: Sequence[str] = ()) -> dict[str, tuple[Any, Any]]:
     """Compare the config a run was started with (``saved``, its config.yaml) with ``cfg``. Returns the differing
     keys that are accepted (each in :data:`RESUME_SAFE_KEYS` and named in ``allow``); raises ConfigError listing the
-    others, since resuming with them would mix two runs' states."""
+    others, since resuming with them would mix two runs' states. A key that ``saved`` lacks and ``cfg`` holds at its
+    default is a field added after the run started (its default keeps the old behaviour): not a difference."""
     bad_allow = [a for a in allow if not _matches(a, RESUME_SAFE_KEYS)]
     if bad_allow:
         raise ConfigError(f"--allow-change {', '.join(bad_allow)}: only these may change on resume: "
                           f"{', '.join(RESUME_SAFE_KEYS)}")
-    diffs = {k: v for k, v in config_differences(saved, cfg).items() if not _matches(k, RESUME_IGNORED_KEYS)}
+    defaults = flatten_dict(Config().to_dict())
+    saved_keys = flatten_dict(saved).keys()
+    # a key the saved config lacks, at its default: a field added to the code after the run started, whose default
+    # is the behaviour the run had; not a change
+    diffs = {k: v for k, v in config_differences(saved, cfg).items()
+             if not _matches(k, RESUME_IGNORED_KEYS)
+             and not (k not in saved_keys and k in defaults and v[1] == defaults[k])}
     refused = {k: v for k, v in diffs.items() if not _matches(k, allow)}
     if refused:
         listing = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in refused.items())
