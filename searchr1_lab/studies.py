@@ -11,6 +11,10 @@ the results, and that every committed file recording a world belongs to one entr
 A world at another commit is identified by that commit's own code (:func:`world_identity`): its ``*.py`` files and
 configs are read from git into a scratch directory and asked for the config's hash there, so nothing is built and the
 working tree is not touched; the commit must be in this clone's history.
+
+A registered study's report also says what changed after its registration: the commits that changed the code that
+writes it (:func:`analysis_changes`: the registered analysis files and every module of the package its report
+imports) and the readings it added after a held-out split had been read (:func:`late_readings`).
 """
 
 from __future__ import annotations
@@ -292,8 +296,8 @@ def late_readings(block: Mapping[str, Any], repo: str | Path = REPO_ROOT) -> dic
     """The readings a registered study's report added after one of its held-out splits had been read, from
     ``<report_dir>/late_readings.json`` (``{}`` without one): reading name (the report's key for it) ->
     ``{"added": the commit that added it, "split": the split, "read": the commit whose report first showed that
-    split's scores}``. A report labels each such reading where it prints it and in its list of
-    analysis changes: it was chosen knowing the split's results."""
+    split's scores}``. A report labels each such reading where it prints it and in its list of analysis changes: it
+    was chosen knowing the split's results."""
     path = Path(repo) / block.get("report_dir", "") / LATE_READINGS_FILE
     if not block.get("report_dir") or not path.is_file():
         return {}
