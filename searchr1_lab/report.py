@@ -29,16 +29,29 @@ def signed_interval(d: Mapping[str, Any] | None, digits: int = 1) -> str:
     return f"{signed(d['estimate'], digits)} [{signed(d['low'], digits)}, {signed(d['high'], digits)}]"
 
 
-def analysis_change_lines(changes: Sequence[Mapping[str, str]] | None) -> list[str]:
-    """A registered report's list of the commits that changed its analysis code after the registered commit
-    (:func:`searchr1_lab.studies.analysis_changes`; None, a registration without one: nothing)."""
+def analysis_change_lines(changes: Sequence[Mapping[str, str]] | None,
+                          late: Mapping[str, Mapping[str, str]] | None = None) -> list[str]:
+    """A registered report's list of the commits that changed the code that writes it after the registered analysis
+    commit (:func:`searchr1_lab.studies.analysis_changes`; None, a registration without one: nothing); a commit that
+    added a reading after a split was read (``late``: :func:`searchr1_lab.studies.late_readings`) says so."""
     if changes is None:
         return []
     if not changes:
-        return ["The analysis code is as registered.", ""]
-    return [f"The analysis code changed in {len(changes)} commit(s) after its registered commit (`git log` of the "
-            "registration's analysis files; `git show COMMIT` gives each one's change):", "",
-            *(f"- `{c['commit']}` {c['subject']}" for c in changes), ""]
+        return ["The code that writes this report is as it was at the registered analysis commit.", ""]
+    marks = {c["commit"]: f" (**{late_text(entry)}**)" for entry in (late or {}).values() for c in changes
+             if entry["added"].startswith(c["commit"])}
+    return [f"The code that writes this report changed in {len(changes)} commit(s) after the registered analysis "
+            "commit (`git log` of the registration's analysis files and of every module of `searchr1_lab` that the "
+            "report's module imports, directly or through another, under their names today and before any move; "
+            "`git show COMMIT` gives each one's change):", "",
+            *(f"- `{c['commit']}` {c['subject']}{marks.get(c['commit'], '')}" for c in changes), ""]
+
+
+def late_text(entry: Mapping[str, str]) -> str:
+    """``added after the test split was read (in `8ac3ab37b4`; its scores first shown in `c8e8d5d2e8`), not
+    registered`` for a reading of :func:`searchr1_lab.studies.late_readings`."""
+    return (f"added after the {entry['split']} split was read (in `{entry['added'][:10]}`; its scores first shown in "
+            f"`{entry['read'][:10]}`), not registered")
 
 
 def fmt_ms(cell: dict[str, Any], nd: int = 3) -> str:

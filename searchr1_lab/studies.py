@@ -11,10 +11,15 @@ the results, and that every committed file recording a world belongs to one entr
 A world at another commit is identified by that commit's own code (:func:`world_identity`): its ``*.py`` files and
 configs are read from git into a scratch directory and asked for the config's hash there, so nothing is built and the
 working tree is not touched; the commit must be in this clone's history.
+
+A registered study's report also says what changed after its registration: the commits that changed the code that
+writes it (:func:`analysis_changes`: the registered analysis files and every module of the package its report
+imports) and the readings it added after a held-out split had been read (:func:`late_readings`).
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import gzip
 import json
@@ -54,6 +59,19 @@ def current_path(path: str) -> str:
         if path.startswith(old):
             return new + path[len(old):]
     return path
+
+
+def earlier_paths(path: str) -> list[str]:
+    """A repository path of today -> it and every place it had before a move of :data:`MOVED_PATHS` (the inverse of
+    :func:`current_path`, followed through successive moves): ``searchr1_lab/report.py`` ->
+    ``[searchr1_lab/report.py, searchr1_lld/lab/report.py]``."""
+    out, todo = [], [path]
+    while todo:
+        here = todo.pop()
+        if here not in out:
+            out.append(here)
+            todo += [old + here[len(new):] for old, new in MOVED_PATHS.items() if here.startswith(new)]
+    return out
 
 
 # What a result records of its world: the hash (runs, baselines, the demo's files) or a card's own hash.
@@ -208,12 +226,53 @@ def world_identity(world: str, commit: str | None = None) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def analysis_changes(block: Mapping[str, Any], repo: str | Path = REPO_ROOT) -> list[dict[str, str]] | None:
-    """The commits since a registration's ``analysis_commit`` that changed its ``analysis_code`` (at its registered
-    paths and today's, :func:`current_path`), oldest first, each ``{"commit": short hash, "subject": ...}``; None for a
-    registration that records no analysis commit (a hand-made one). A report lists them so that a reader sees every
-    change made to the registered analysis after its runs began. Raises when the commit is not in this clone's
-    history (a shallow clone): the list would silently be empty."""
+def _module_file(repo: Path, module: str) -> str | None:
+    """The repository-relative file of ``module`` (``a.b`` -> ``a/b.py`` or ``a/b/__init__.py``), None if neither."""
+    base = module.replace(".", "/")
+    return next((f for f in (f"{base}.py", f"{base}/__init__.py") if (repo / f).is_file()), None)
+
+
+def _imported_modules(root: Path, path: str, module: str) -> set[str]:
+    """The modules with a file under ``root`` that the source of ``module`` (at ``path``) imports, anywhere in it (a
+    function's imports too): ``import a.b`` -> ``a.b``; ``from a import b`` -> ``a.b`` where that is a module, else
+    ``a``; relative imports resolved against ``module``."""
+    here = module.split(".") if path.endswith("__init__.py") else module.split(".")[:-1]
+    out = set()
+    for node in ast.walk(ast.parse((root / path).read_text())):
+        if isinstance(node, ast.Import):
+            out |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = (".".join([*here[: len(here) - node.level + 1], *([node.module] if node.module else [])])
+                    if node.level else node.module)
+            out |= {f"{base}.{a.name}" if _module_file(root, f"{base}.{a.name}") else base for a in node.names}
+    return {name for name in out if _module_file(root, name)}
+
+
+def imported_files(module: str, repo: str | Path = REPO_ROOT, package: str = "searchr1_lab") -> list[str]:
+    """The repository-relative files of ``module`` and of every module of ``package`` it imports, directly or
+    through each other, read from the source in ``repo`` (nothing is imported; a package's ``__init__.py`` counts
+    only where a module imports the package itself, not for each of its submodules). Sorted."""
+    root, seen, todo = Path(repo), set(), [module]
+    while todo:
+        name = todo.pop()
+        path = _module_file(root, name)
+        if path is None or path in seen:
+            continue
+        seen.add(path)
+        todo += [n for n in _imported_modules(root, path, name) if n == package or n.startswith(package + ".")]
+    return sorted(seen)
+
+
+def analysis_changes(block: Mapping[str, Any], repo: str | Path = REPO_ROOT,
+                     report_module: str | None = None) -> list[dict[str, str]] | None:
+    """The commits since a registration's ``analysis_commit`` that changed the code that writes its report, oldest
+    first, each ``{"commit": short hash, "subject": ...}``: its ``analysis_code`` (at its registered paths and
+    today's, :func:`current_path`) and, with ``report_module``, every file :func:`imported_files` finds for that
+    module (at its places today and before any move, :func:`earlier_paths`): the formatters and readings a report
+    prints change its text as much as the registered analysis does. None for a registration that records no analysis
+    commit (a hand-made one). A report lists them so that a reader sees every change made to what it prints after
+    its runs began. Raises when the commit is not in this clone's history (a shallow clone): the list would silently
+    be empty."""
     commit = block.get("analysis_commit")
     if not commit:
         return None
@@ -222,7 +281,29 @@ def analysis_changes(block: Mapping[str, Any], repo: str | Path = REPO_ROOT) -> 
         raise RuntimeError(f"analysis commit {commit} is not in the history of {repo} (a shallow clone?): the changes "
                            "to the registered analysis cannot be listed")
     registered = block.get("analysis_code", [])
-    paths = sorted({*registered, *map(current_path, registered)})  # a file moved since: its commits under both names
+    reporting = imported_files(report_module, repo) if report_module else []
+    # a file moved since: its commits under both names
+    paths = sorted({*registered, *map(current_path, registered), *(p for f in reporting for p in earlier_paths(f))})
     log = subprocess.run(["git", "log", "--no-merges", "--reverse", "--format=%h%x09%s", "--abbrev=10",
                           f"{commit}..HEAD", "--", *paths], cwd=repo, capture_output=True, text=True, check=True)
     return [dict(zip(("commit", "subject"), line.split("\t", 1))) for line in log.stdout.splitlines() if line]
+
+
+LATE_READINGS_FILE = "late_readings.json"  # beside a study's report: the readings added after a split was read
+
+
+def late_readings(block: Mapping[str, Any], repo: str | Path = REPO_ROOT) -> dict[str, dict[str, str]]:
+    """The readings a registered study's report added after one of its held-out splits had been read, from
+    ``<report_dir>/late_readings.json`` (``{}`` without one): reading name (the report's key for it) ->
+    ``{"added": the commit that added it, "split": the split, "read": the commit whose report first showed that
+    split's scores}``. A report labels each such reading where it prints it and in its list of analysis changes: it
+    was chosen knowing the split's results."""
+    path = Path(repo) / block.get("report_dir", "") / LATE_READINGS_FILE
+    if not block.get("report_dir") or not path.is_file():
+        return {}
+    readings = json.loads(path.read_text())["readings"]
+    for name, entry in readings.items():
+        missing = {"added", "split", "read"} - set(entry)
+        if missing:
+            raise ValueError(f"{path}: reading {name!r} lacks {sorted(missing)}")
+    return readings

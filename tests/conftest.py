@@ -95,6 +95,21 @@ def registered_run_violations(registration_file: str, registered: str = "registe
     return registration_violations(REPO_ROOT, registration_file, runs)
 
 
+@pytest.fixture
+def scratch_git(tmp_path):
+    """A fresh git repository in ``tmp_path`` with an identity: returns ``git(*args)``, run there (check=True; its
+    CompletedProcess, text)."""
+    import subprocess
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=tmp_path, capture_output=True, text=True, check=True)
+
+    git("init", "-q")
+    git("config", "user.email", "t@t")
+    git("config", "user.name", "t")
+    return git
+
+
 def stale_report_parts(report, reg) -> list[str]:
     """Which parts of a registered study's committed report differ from what its committed runs compute now
     (``report``: its :class:`searchr1_lab.stepsize.study_report.StudyReport`): the README block, the report's

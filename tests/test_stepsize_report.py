@@ -142,3 +142,20 @@ def test_the_healthy_stretch_alarm_retest_is_reported_apart_as_not_registered(tm
     window = text.index("## Step size over the registered window")
     assert text.index("## The label's sensitivity (registered)") < section < window
     assert "exploratory" not in report.readme_block(s, reg)
+
+
+def test_each_registered_comparison_prints_its_welch_interval_beside_the_bootstrap():
+    """The report's hypothesis line keeps the registered bootstrap interval and adds Welch's; the README's bullet
+    quotes Welch first, the bootstrap beside it (a hand-made comparison where the two differ)."""
+    comp = {"a": {"arm": "llds_action", "lr": 0.002, "count": "5/5", "rmst": 25.2},
+            "b": {"arm": "grpo", "lr": 0.002, "count": "5/5", "rmst": 10.0},
+            "rmst_difference": {"estimate": 15.2, "low": 12.4, "high": 18.0},
+            "welch": {"estimate": 15.2, "low": 11.3, "high": 19.1}, "logrank": {"p_one_sided": 0.00124},
+            "p_holm": 0.00622}
+    c = {"comparison": comp, "supported": True}
+    assert ("difference 15.2 [12.4, 18.0] steps (bootstrap 95 %; Welch 95 % [+11.3, +19.1]), log-rank one-sided p "
+            "0.00124 (Holm-adjusted 0.00622): supported") in report._comparison_text(c)
+    assert report._short(c) == ("llds_action 5/5 vs grpo (lr 0.002) 5/5 collapsed, RMST difference +15.2 steps, "
+                                "Welch [+11.3, +19.1] (bootstrap [+12.4, +18.0]), p 0.0012 (Holm-adjusted 0.00622): "
+                                "supported")
+    assert "Welch 95 % -" in report._comparison_text({**c, "comparison": {**comp, "welch": None}})

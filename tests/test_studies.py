@@ -1,6 +1,7 @@
 """Every committed study can be rebuilt from its docs: the world config and commit its docs name build the world its
 results record (compared by the config's hash, nothing is built), and every committed file that records a world
-belongs to a study of the table (searchr1_lab/studies.py)."""
+belongs to a study of the table (searchr1_lab/studies.py); a registered report lists every commit that changed the
+code that writes it, and the readings it added after a split was read."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import subprocess
 import pytest
 
 from conftest import REPO_ROOT
-from searchr1_lab.studies import (STUDIES, CommitUnavailable, Study, current_command, current_path, recorded_config,
-                                  recorded_hashes, result_files, world_identity)
+from searchr1_lab.studies import (STUDIES, CommitUnavailable, Study, analysis_changes, current_command, current_path,
+                                  earlier_paths, imported_files, late_readings, recorded_config, recorded_hashes,
+                                  result_files, world_identity)
 
 
 def _identity(study: Study) -> dict:
@@ -98,3 +100,71 @@ def test_current_command_and_path_rename_the_moved_modules_only():
     assert current_path("searchr1_lld/lab/stepsize/survival.py") == "searchr1_lab/stepsize/survival.py"
     assert current_path("searchr1_lld/sweep.py") == "searchr1_lab/sweep.py"
     assert current_path("searchr1_lld/algo/llds.py") == "searchr1_lld/algo/llds.py"
+
+
+def test_earlier_paths_undo_every_move():
+    assert earlier_paths("searchr1_lab/stepsize/report.py") == ["searchr1_lab/stepsize/report.py",
+                                                                "searchr1_lld/lab/stepsize/report.py"]
+    assert set(earlier_paths("searchr1_lab/demo/command.py")) == {
+        "searchr1_lab/demo/command.py", "searchr1_lld/demo.py", "searchr1_lld/lab/demo/command.py"}
+    assert earlier_paths("searchr1_lld/algo/llds.py") == ["searchr1_lld/algo/llds.py"]
+    for path in ("searchr1_lab/report.py", "searchr1_lab/demo/command.py"):
+        assert path in map(current_path, earlier_paths(path))
+
+
+def _write(root, files: dict) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+def test_a_change_to_the_code_a_report_imports_is_listed(tmp_path, scratch_git):
+    """The registered analysis file is not all that writes a report: a change to the formatter its report module
+    imports (through another module, and before the formatter moved out of searchr1_lld/lab/) is listed too; a module
+    it does not import is not; nor is a package's __init__ for its submodules' sake."""
+    git = scratch_git
+    _write(tmp_path, {"searchr1_lab/__init__.py": "from searchr1_lab.other import y\n",
+                      "searchr1_lab/study/__init__.py": "",
+                      "searchr1_lab/study/analysis.py": "x = 1\n",
+                      "searchr1_lab/study/report.py": "from . import readings\nimport searchr1_lab.study.analysis\n",
+                      "searchr1_lab/study/readings.py": "def f():\n    from ..fmt import line\n",
+                      "searchr1_lab/other.py": "y = 1\n",
+                      "searchr1_lld/lab/fmt.py": "def line(): pass\n"})
+    git("add", ".")
+    git("commit", "-q", "-m", "registered")
+    block = {"analysis_commit": git("rev-parse", "HEAD").stdout.strip(),
+             "analysis_code": ["searchr1_lab/study/analysis.py"]}
+    for path, subject in (("searchr1_lld/lab/fmt.py", "the formatter before its move"),
+                          ("searchr1_lab/other.py", "a module the report does not import"),
+                          ("searchr1_lab/study/__init__.py", "the package's init")):
+        _write(tmp_path, {path: f"z = '{subject}'\n"})
+        git("commit", "-q", "-am", subject)
+    git("mv", "searchr1_lld/lab/fmt.py", "searchr1_lab/fmt.py")
+    git("commit", "-q", "-m", "the move")
+    _write(tmp_path, {"searchr1_lab/fmt.py": "def line(): return 1\n"})
+    git("commit", "-q", "-am", "the formatter after its move")
+    assert imported_files("searchr1_lab.study.report", tmp_path) == [
+        "searchr1_lab/fmt.py", "searchr1_lab/study/analysis.py", "searchr1_lab/study/readings.py",
+        "searchr1_lab/study/report.py"]
+    assert analysis_changes(block, tmp_path) == []  # the registered file alone never changed
+    listed = [c["subject"] for c in analysis_changes(block, tmp_path, report_module="searchr1_lab.study.report")]
+    assert listed == ["the formatter before its move", "the move", "the formatter after its move"]
+
+
+def test_a_reading_added_after_a_split_was_read_is_marked_in_the_list(tmp_path):
+    from searchr1_lab.report import analysis_change_lines
+
+    assert late_readings({"report_dir": str(tmp_path)}) == {} and late_readings({}) == {}
+    entry = {"added": "8ac3ab37b4b94b23e2d17be97f8d63bdcbba65a0", "split": "test",
+             "read": "c8e8d5d2e88dbac8b6e595a844cca6ec847cdeee"}
+    (tmp_path / "late_readings.json").write_text(json.dumps({"readings": {"baselines": entry}}))
+    late = late_readings({"report_dir": str(tmp_path)})
+    assert late == {"baselines": entry}
+    lines = analysis_change_lines([{"commit": "1234567890", "subject": "a"}, {"commit": "8ac3ab37b4", "subject": "b"}],
+                                  late)
+    assert lines[2] == "- `1234567890` a"
+    assert lines[3] == ("- `8ac3ab37b4` b (**added after the test split was read (in `8ac3ab37b4`; its scores first "
+                        "shown in `c8e8d5d2e8`), not registered**)")
+    (tmp_path / "late_readings.json").write_text(json.dumps({"readings": {"baselines": {"added": "8ac3ab37b4"}}}))
+    with pytest.raises(ValueError, match="lacks \\['read', 'split'\\]"):
+        late_readings({"report_dir": str(tmp_path)})

@@ -3,7 +3,8 @@ from the grid's compact results alone: ``python -m searchr1_lab frontier-report 
 README.md]``.
 
 Every cell (an arm at one learning rate) is scored by its runs' endpoints (:mod:`.endpoints`); the Pareto frontier
-is taken over the cells with runs, on (RMST, mean utility) (:mod:`.pareto`); each method's dose is chosen on
+is taken over the cells with runs, on (RMST, mean utility) (:mod:`.pareto`), and how firmly each cell holds its place
+there is read with Welch intervals (:mod:`.margins`, not registered); each method's dose is chosen on
 validation (:mod:`.selection`), and the chosen settings' test EM is read only once every registered run is in.
 """
 
@@ -17,14 +18,16 @@ from searchr1_lab.baselines import BASELINE_LABELS
 from searchr1_lab.compact import read_runs
 from searchr1_lab.frontier.endpoints import cell_endpoints, run_endpoints
 from searchr1_lab.frontier.figures import FIGURES, write_figures
+from searchr1_lab.frontier.margins import LEVEL, frontier_margins
 from searchr1_lab.frontier.pareto import pareto_front
 from searchr1_lab.frontier.selection import baseline_test_scores, choose, method_cells, test_scores
 from searchr1_lab.prereg.registration import phenomena
-from searchr1_lab.report import analysis_change_lines, fmt, signed
+from searchr1_lab.methods import read_lab_config
+from searchr1_lab.report import analysis_change_lines, fmt, late_text, signed, signed_interval
 from searchr1_lab.stepsize.analysis import cell_runs, same_lr
 from searchr1_lab.stepsize.registration import cells
 from searchr1_lab.stepsize.study_report import StudyReport
-from searchr1_lab.studies import analysis_changes, current_command
+from searchr1_lab.studies import analysis_changes, current_command, late_readings
 
 FRONTIER_FILE = "docs/lab/frontier/registration.json"
 # the paper's phenomena in the report's table: key of prereg.registration.phenomena -> column
@@ -56,10 +59,11 @@ def _mean_phenomena(runs: Sequence[Mapping[str, Any]], settings: Mapping[str, in
     return out
 
 
-def cell_rows(reg: Mapping[str, Any], runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per registered cell, in the registration's order: its method, dose, endpoints and phenomena."""
+def cell_rows(reg: Mapping[str, Any], runs: Sequence[Mapping[str, Any]],
+              points: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per registered cell, in the registration's order: its method, dose, endpoints (``points``: the runs'
+    :func:`.endpoints.run_endpoints`) and phenomena."""
     label, owner = reg["label"], method_of_arm(reg)
-    points = [run_endpoints(r, label) for r in runs]
     rows = []
     for arm_name, arm in reg["arms"].items():
         for lr in arm["lrs"]:
@@ -78,7 +82,8 @@ def cell_rows(reg: Mapping[str, Any], runs: Sequence[Mapping[str, Any]]) -> list
 def analyse(reg: Mapping[str, Any], runs_dir: str | Path) -> dict[str, Any]:
     """The registered analysis of the compact results in ``runs_dir`` (module docstring)."""
     runs, base = read_runs(runs_dir)
-    rows = cell_rows(reg, runs)
+    points = [run_endpoints(r, reg["label"]) for r in runs]
+    rows = cell_rows(reg, runs, points)
     planned = cells(reg)
     missing = [(arm, lr, seed) for arm, lr, seed in planned
                if seed not in {r["seed"] for r in cell_runs(runs, arm, lr)}]
@@ -94,7 +99,19 @@ def analyse(reg: Mapping[str, Any], runs_dir: str | Path) -> dict[str, Any]:
             "chosen": {m: c["name"] for m, c in chosen.items()},
             "test": test_scores(chosen, runs, base) if complete else None,
             "test_baselines": baseline_test_scores(base) if complete else None,
-            "analysis_changes": analysis_changes(reg["registration"])}
+            "margins": frontier_margins(rows, points, int(reg["label"]["horizon"])),
+            "held_out_questions": held_out_questions(reg),
+            "analysis_changes": analysis_changes(reg["registration"], report_module=__name__),
+            "late_readings": late_readings(reg["registration"])}
+
+
+def held_out_questions(reg: Mapping[str, Any]) -> int | None:
+    """The questions of the held-out subsample utility is measured on (the study config's ``trainer.val_subsample``;
+    None for a registration without a config)."""
+    if "config" not in reg["registration"]:
+        return None
+    values, _, _ = read_lab_config(reg["registration"]["config"], [])
+    return int(values["trainer"]["val_subsample"])
 
 
 def _spread(s: Mapping[str, Any], digits: int = 3, sign: bool = False) -> str:
@@ -132,11 +149,53 @@ def test_lines(s: Mapping[str, Any]) -> list[str]:
         lines.append(f"| {m} | {s['chosen'][m]} | {fmt(em['mean'])} [{fmt(em['lo'])}, {fmt(em['hi'])}] | "
                      f"{t['rank_validation']} | {t['rank_test']} |")
     above = [m for m, t in s["test"].items() if t["test_em"]["lo"] > s["test_baselines"]["warm_start"]["hi"]]
-    return lines + ["", "The same test questions without training (one policy each, subjects resampled): "
+    late = (s.get("late_readings") or {}).get("test_baselines")
+    label = late_text(late) if late else ""
+    return lines + ["", (f"*{label[:1].upper() + label[1:]}:* " if late else "")
+                    + "The same test questions without training (one policy each, subjects resampled): "
                     + "; ".join(f"{BASELINE_LABELS[b]} {fmt(em['mean'])} [{fmt(em['lo'])}, {fmt(em['hi'])}]"
                                 for b, em in s["test_baselines"].items())
                     + ". Chosen settings whose final policies score above the warm start on test (intervals apart): "
                     + (", ".join(above) or "none") + "."]
+
+
+def unresolved(s: Mapping[str, Any]) -> list[str]:
+    """The cells on the frontier whose place is not resolved (:func:`.margins.frontier_margins`)."""
+    return [m["cell"] for m in s.get("margins") or [] if not m["resolved"]]
+
+
+def frontier_names(s: Mapping[str, Any], bold: bool = False) -> str:
+    """The cells on the frontier by survival, each whose place is not resolved marked so."""
+    flagged = unresolved(s)
+    mark = "**" if bold else ""
+    return ", ".join(f"{mark}{n}{mark}" + (" (its place unresolved)" if n in flagged else "")
+                     for n in s["frontier"]) or "none yet"
+
+
+def margin_lines(s: Mapping[str, Any]) -> list[str]:
+    """How firmly each cell holds its place on the frontier: the rule, and each lead with its Welch interval."""
+    if not s.get("margins"):
+        return []
+    n = s.get("held_out_questions")
+    per_question = f"; a utility lead also in questions of the {n}-question held-out subsample" if n else ""
+    lines = ["## How firmly each cell holds its place on the frontier (not registered)", "",
+             "A cell is on the frontier because every other cell at least as good on one axis (a challenger) is worse "
+             "on the other. Its lead over a challenger is that difference on the other axis, its value minus the "
+             f"challenger's, with the Welch {LEVEL * 100:.0f} % interval over the two cells' runs (per-run utility; "
+             f"per-run survival time to the horizon, whose mean is the RMST){per_question}. Rule: a cell's place is "
+             "resolved when every lead's interval lies above 0; otherwise it is flagged: the frontier keeps or drops it "
+             "on a difference its seeds cannot tell from none. Added after the frontier was read, not registered.", "",
+             f"| on the frontier | challenger | lead on | lead [Welch {LEVEL * 100:.0f} %] | in questions | resolved |",
+             "|" + " --- |" * 6]
+    for m in s["margins"]:
+        for d in m["leads"]:
+            digits = 3 if d["axis"] == "utility" else 1
+            questions = (signed(d["lead"]["estimate"] * n, 1) if n and d["axis"] == "utility"
+                         and d["lead"]["estimate"] is not None else "")
+            inside = d["lead"]["low"] is not None and d["lead"]["low"] > 0
+            lines.append(f"| {m['cell']} | {d['challenger']} | {'RMST' if d['axis'] == 'rmst' else 'utility'} | "
+                         f"{signed_interval(d['lead'], digits)} | {questions} | {'yes' if inside else 'no'} |")
+    return lines + ["", "Flagged: " + (", ".join(unresolved(s)) or "none") + ".", ""]
 
 
 def render(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
@@ -151,10 +210,10 @@ def render(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
              f"{label['persist']} evaluations in a row; survival is the RMST to step {label['horizon']}. Utility: the "
              "run's peak held-out gain over step 0, floored at 0 (a run that never learns has none, however long it "
              "lasts); gain area: its mean gain per step over the run.", "",
-             *analysis_change_lines(s["analysis_changes"]),
+             *analysis_change_lines(s["analysis_changes"], s.get("late_readings")),
              "## The frontier", "", "![utility against survival](frontier.png)", "",
              "On the Pareto frontier (no other cell both learned more and lasted longer), by survival: "
-             + (", ".join(f"**{n}**" for n in s["frontier"]) or "none yet") + ".", "", *cell_table(s), "",
+             + frontier_names(s, bold=True) + ".", "", *cell_table(s), "", *margin_lines(s),
              "## Each method's dose, chosen on validation, scored once on test", "",
              "Chosen: the largest mean gain area, then utility, then RMST. "
              + "; ".join(f"{m}: {n}" for m, n in s["chosen"].items()) + ".", "", *test_lines(s), "",
@@ -169,9 +228,11 @@ def readme_markers(reg: Mapping[str, Any]) -> tuple[str, str]:
 
 def readme_block(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
     """The README's lines of the study (between its markers)."""
-    front = ", ".join(s["frontier"]) or "none yet"
+    front = frontier_names(s)
+    late = (s.get("late_readings") or {}).get("test_baselines")
     tested = ("test EM " + "; ".join(f"{m} {fmt(t['test_em']['mean'])}" for m, t in s["test"].items())
-              + f" (the warm start, untrained: {fmt(s['test_baselines']['warm_start']['mean'])})"
+              + f" (the warm start, untrained: {fmt(s['test_baselines']['warm_start']['mean'])}"
+              + ("; added after the test split was read, not registered" if late else "") + ")"
               if s["test"] is not None else "test withheld until the grid is complete")
     return (f"{s['runs_finished']} of {s['runs_planned']} runs ([report]({reg['registration']['report_dir']}/README.md), "
             f"exploratory, 3 seeds a cell). On the learning-stability frontier: {front}. Chosen on validation: "

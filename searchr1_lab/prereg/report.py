@@ -21,7 +21,7 @@ from searchr1_lab.methods import ARMS, REPO_ROOT
 from searchr1_lab.plots import plot_grid
 from searchr1_lab.prereg.registration import CONTROL, PREREG_FILE, analyse, load_preregistration
 from searchr1_lab.report import analysis_change_lines, fmt
-from searchr1_lab.studies import analysis_changes, current_command
+from searchr1_lab.studies import analysis_changes, current_command, late_readings
 
 README_BEGIN = "<!-- prereg-results:begin (python -m searchr1_lab prereg-report --readme README.md) -->"
 README_END = "<!-- prereg-results:end -->"
@@ -135,7 +135,7 @@ def render(s: Mapping[str, Any]) -> str:
              f"Registered in `docs/lab/preregistration.md` (analysis code at commit `{reg.get('analysis_commit')}`); "
              f"rebuilt by `{current_command(reg['analysis_command'])}`. {s['runs_finished']} of {s['runs_planned']} runs finished"
              + ("." if s["complete"] else ": every figure below is interim until the grid is complete."), "",
-             *analysis_change_lines(s.get("analysis_changes")),
+             *analysis_change_lines(s.get("analysis_changes"), s.get("late_readings")),
              f"Held-out label: validation EM at or below {fmt(s['collapse_bound'], 3)} (0.3 x the warm start's "
              f"{fmt(s['warm_start_val_em'], 3)}) at every evaluation from some step to the end.", "",
              f"**{spiral_statement(s)}**", "",
@@ -275,7 +275,9 @@ def write_report(prereg_path: str | Path, runs_dir: str | Path, out_dir: str | P
     summary["single_hop_test_em"] = single_hop_levels(runs_dir, summary["H3"]["rates"])
     block = prereg["registration"]
     summary["analysis_changes"] = analysis_changes({**block, "analysis_code": [*block.get("analysis_code", []),
-                                                                              ANALYSIS_PACKAGE]})
+                                                                              ANALYSIS_PACKAGE]},
+                                                   report_module=__name__)
+    summary["late_readings"] = late_readings(block)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")

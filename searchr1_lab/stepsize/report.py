@@ -22,9 +22,9 @@ from typing import Any, Mapping, Sequence
 from searchr1_lab.analysis import finite
 from searchr1_lab.compact import read_runs
 from searchr1_lab.methods import read_lab_config
-from searchr1_lab.report import analysis_change_lines, signed_interval
+from searchr1_lab.report import analysis_change_lines, signed, signed_interval
 from searchr1_lab.stepsize.study_report import StudyReport
-from searchr1_lab.studies import analysis_changes, current_command
+from searchr1_lab.studies import analysis_changes, current_command, late_readings
 from searchr1_lab.stepsize import account
 from searchr1_lab.stepsize.analysis import (HELD_OUT, cell_survival, exploratory_alarms, hypotheses, run_points,
                                             same_lr, sensitivity_table)
@@ -90,7 +90,8 @@ def analyse(reg: Mapping[str, Any], runs_dir: str | Path) -> dict[str, Any]:
             "exploratory_movement": {"cells": cells_movement(mine, label), "primary": movement_study(mine, reg),
                                      "sensitivity": {m: movement_sensitivity(mine, reg, m) for m in MEASURES}},
             "matching": matching(points), "points": points,
-            "analysis_changes": analysis_changes(reg["registration"])}
+            "analysis_changes": analysis_changes(reg["registration"], report_module=__name__),
+            "late_readings": late_readings(reg["registration"])}
 
 
 def study_warmup_steps(reg: Mapping[str, Any]) -> int:
@@ -118,16 +119,23 @@ def _num(x: Any, digits: int = 1) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def _welch(comp: Mapping[str, Any]) -> str:
+    """``[+11.3, +19.1]``: the 95 % Welch interval of a comparison's RMST difference (``-`` without one)."""
+    welch = comp.get("welch") or {}
+    return "-" if welch.get("low") is None else f"[{signed(welch['low'])}, {signed(welch['high'])}]"
+
+
 def _comparison_text(c: Mapping[str, Any]) -> str:
-    """``llds_action (2e-3) 4/5 collapsed, RMST 41.2 vs grpo (2e-3) 5/5, 11.0: difference 30.2 [21.0, 39.1] steps,
-    log-rank one-sided p 0.004: supported``."""
+    """``llds_action (2e-3) 4/5 collapsed, RMST 41.2 vs grpo (2e-3) 5/5, 11.0: difference 30.2 [21.0, 39.1] steps
+    (bootstrap 95 %; Welch 95 % [+19.8, +40.6]), log-rank one-sided p 0.004: supported``."""
     comp = c["comparison"]
     a, b, d, lr = comp["a"], comp["b"], comp["rmst_difference"], comp["logrank"]
     if a["rmst"] is None or b["rmst"] is None:
         return f"{a['arm']} (lr {a['lr']:g}) against {b['arm']} (lr {b['lr']:g}): no runs of one of them yet"
     return (f"{a['arm']} (lr {a['lr']:g}) {a['count']} collapsed, RMST {_num(a['rmst'])} vs {b['arm']} "
             f"(lr {b['lr']:g}) {b['count']}, RMST {_num(b['rmst'])}: difference {_num(d['estimate'])} [{_num(d['low'])}, "
-            f"{_num(d['high'])}] steps, log-rank one-sided p {lr['p_one_sided']:.3g}{_holm(comp)}: "
+            f"{_num(d['high'])}] steps (bootstrap 95 %; Welch 95 % {_welch(comp)}), log-rank one-sided p "
+            f"{lr['p_one_sided']:.3g}{_holm(comp)}: "
             f"{'supported' if c['supported'] else 'not supported'}")
 
 
@@ -330,7 +338,8 @@ def render(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
              "", f"The registered analysis ([registration]({prose}), analysis code at commit "
              f"`{str(reg['registration'].get('analysis_commit'))[:10]}`) of {s['runs_finished']} of {s['runs_planned']} "
              f"runs, written by `{current_command(block.get('analysis_command', 'python -m searchr1_lab stepsize-report'))}`.",
-             "", *analysis_change_lines(s["analysis_changes"]), f"**Verdict.** {verdict_text(s, reg)}", "",
+             "", *analysis_change_lines(s["analysis_changes"], s.get("late_readings")),
+             f"**Verdict.** {verdict_text(s, reg)}", "",
              f"Collapse label (primary): held-out EM on the fixed validation subsample (`{HELD_OUT}`) at or below "
              f"{label['ratio']} x the run's own step-0 value at {label['persist']} evaluations in a row; a run that "
              f"never does is censored at step {label['horizon']}. Step size: the mean per-step KL between the policy "
@@ -357,14 +366,15 @@ def render(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
 
 
 def _short(c: Mapping[str, Any]) -> str:
-    """``llds_action 2/5 vs grpo 5/5 collapsed, RMST +30.2 [+21.0, +39.1] steps, p 0.004: supported``."""
+    """``llds_action 2/5 vs grpo 5/5 collapsed, RMST difference +30.2 steps, Welch [+19.8, +40.6] (bootstrap
+    [+21.0, +39.1]), p 0.004: supported``."""
     comp = c["comparison"]
     a, b, d = comp["a"], comp["b"], comp["rmst_difference"]
     if a["rmst"] is None or b["rmst"] is None:
         return f"{a['arm']} vs {b['arm']}: no runs of one of them yet"
-    signed = (lambda x: "-" if x is None else f"{x:+.1f}")  # noqa: E731
     return (f"{a['arm']} {a['count']} vs {b['arm']} (lr {b['lr']:g}) {b['count']} collapsed, RMST difference "
-            f"{signed(d['estimate'])} [{signed(d['low'])}, {signed(d['high'])}] steps, p "
+            f"{signed(d['estimate'])} steps, Welch {_welch(comp)} (bootstrap [{signed(d['low'])}, "
+            f"{signed(d['high'])}]), p "
             f"{comp['logrank']['p_one_sided']:.2g}{_holm(comp)}: {'supported' if c['supported'] else 'not supported'}")
 
 
@@ -380,7 +390,8 @@ def readme_block(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
     alarms = [f"{n} " + alarm_text(hyps[n], specs[n]) for n in specs if "alarms" in specs[n]]
     lines = [f"{s['runs_finished']} of {s['runs_planned']} runs finished. {verdict_text(s, reg)}",
              "- Survival (one-sided log-rank p, Holm-adjusted over the confirmatory family; RMST difference with its "
-             "95 % bootstrap interval): " + "; ".join(survival) + "."]
+             "95 % Welch interval on the runs' restricted survival times, and the registered bootstrap's): "
+             + "; ".join(survival) + "."]
     if mechanism:
         lines.append("- Mechanism, against the step-size-matched controls: " + "; ".join(mechanism) + ".")
     if alarms:
