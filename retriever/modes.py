@@ -82,6 +82,7 @@ class RetrieverMode:
 
     name: str = ""
     index_in_process: bool = False  # the index is loaded into this process (its files count in host memory)
+    asks_service: bool = False  # it asks a running service, whose address $SEARCHR1_RETRIEVER_URL can give
 
     def build(self, cfg: RetrieverSettings,
               default_index_dir: str | Path | None = None) -> RetrieverClient | InProcessRetriever:
@@ -115,6 +116,7 @@ class HTTPMode(RetrieverMode):
     """The retriever service (``python -m retriever serve``) reached over the Search-R1 ``/retrieve`` protocol."""
 
     name = "http"
+    asks_service = True
 
     def build(self, cfg: RetrieverSettings,
               default_index_dir: str | Path | None = None) -> RetrieverClient | InProcessRetriever:

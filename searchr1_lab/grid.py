@@ -315,7 +315,7 @@ def slurm_grid(args: argparse.Namespace, tasks: Sequence[LabTask], config: str, 
     """``grid --slurm``: the tasks as a job array in RUNS_DIR/slurm (:func:`searchr1_lab.slurm.write_and_submit`);
     after each lab result, its array task rebuilds the report the result feeds (:func:`report_command`)."""
     settings = slurm.ArraySettings.from_args(args)
-    settings.check_modes({config: config_from_dict(read_lab_config(config, [])[0]).retriever.mode})
+    settings.check_runs({config: config_from_dict(read_lab_config(config, [])[0]).retriever})
     where = {"stepsize_path": Path(args.registration).resolve()} if args.registration else {}
     then = {t.name: report_command(compact_dir, **where)[0] for t in tasks if t.report}
     return slurm.write_and_submit(tasks, runs_root / "slurm", f"grid-{runs_root.name}", settings, args.submit,

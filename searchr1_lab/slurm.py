@@ -43,6 +43,7 @@ from typing import Iterator, Sequence
 
 from filelock import FileLock
 
+from retriever import RetrieverSettings, retriever_mode
 from retriever.runtime import usable_cores
 from searchr1_lab.driver import Task, worker_env
 from searchr1_lld.config import ConfigError
@@ -74,15 +75,16 @@ class ArraySettings:
         return cls(tuple(shlex.split(args.sbatch or "")), args.retriever_url,
                    str(Path(args.retriever_index).resolve()) if args.retriever_index else None)
 
-    def check_modes(self, modes: dict[str, str]) -> None:
-        """ConfigError when a retriever is given and a run (name -> its ``retriever.mode``) would not ask it."""
+    def check_runs(self, retrievers: dict[str, RetrieverSettings]) -> None:
+        """ConfigError when a retriever is given and a run (name -> its ``retriever`` settings) would not ask it (its
+        mode asks no service)."""
         if not (self.retriever_url or self.retriever_index):
             return
-        other = sorted(name for name, mode in modes.items() if mode != "http")
+        other = sorted(name for name, cfg in retrievers.items() if not retriever_mode(cfg).asks_service)
         if other:
             raise ConfigError(f"--retriever-url / --retriever-index serve runs with retriever.mode=http; "
                               f"{', '.join(other)} use{'s' if len(other) == 1 else ''} retriever.mode="
-                              f"{modes[other[0]]} (set retriever.mode=http)")
+                              f"{retrievers[other[0]].mode} (set retriever.mode=http)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

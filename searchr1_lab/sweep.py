@@ -380,8 +380,8 @@ def slurm_sweep(args: argparse.Namespace, runs: Sequence[RunSpec]) -> int:
     """``expand --slurm``: the runs' tasks as a job array in OUT/slurm (:func:`searchr1_lab.slurm.write_and_submit`),
     then the command that collects them once they have finished."""
     settings = slurm.ArraySettings.from_args(args)
-    settings.check_modes({run.name: load_config(args.base, run_config_overrides(run, args.set)).retriever.mode
-                          for run in runs})
+    settings.check_runs({run.name: load_config(args.base, run_config_overrides(run, args.set)).retriever
+                         for run in runs})
     out = sweep_out(args)
     tasks = sweep_tasks(args.base, args.grid, runs, args.set)
     code = slurm.write_and_submit(tasks, out / "slurm", f"sweep-{out.name}", settings, args.submit, cwd=Path.cwd(),
