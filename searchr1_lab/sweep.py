@@ -384,7 +384,7 @@ def slurm_sweep(args: argparse.Namespace, runs: Sequence[RunSpec]) -> int:
                          for run in runs})
     out = sweep_out(args)
     tasks = sweep_tasks(args.base, args.grid, runs, args.set)
-    code = slurm.write_and_submit(tasks, out / "slurm", f"sweep-{out.name}", settings, args.submit, cwd=Path.cwd(),
+    code = slurm.write_and_submit(tasks, out / "slurm", out.name, settings, args.submit, cwd=Path.cwd(),
                                   env={"PYTHONPATH": workers_code_path()})
     print("[slurm] once the array has finished: python -m searchr1_lab.sweep collect "
           f"{' '.join(shlex.quote(str(t.done.parent)) for t in tasks)} --out {shlex.quote(str(out))}")
