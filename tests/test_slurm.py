@@ -28,6 +28,16 @@ SMALL = ["trainer.train_batch_size=2", "trainer.ppo_mini_batch_size=2", "rollout
          "trainer.device=cpu"]
 
 
+def test_the_cluster_is_skipped_with_one_line_where_it_cannot_start(monkeypatch):
+    import slurm_cluster as cluster
+
+    monkeypatch.setattr(cluster.os, "geteuid", lambda: 1000)
+    assert cluster.why_not() == "the Slurm tests start munged, slurmctld and slurmd as root; not root here"
+    monkeypatch.setattr(cluster.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(cluster.shutil, "which", lambda b: None if b in ("slurmd", "sbatch") else f"/usr/bin/{b}")
+    assert cluster.why_not() == "Slurm is not installed (slurmd, sbatch missing): apt-get install slurm-wlm munge"
+
+
 def test_array_indices_and_the_script():
     assert slurm.index_ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
     assert slurm.index_ranges([3]) == "3" and slurm.index_ranges([]) == ""
