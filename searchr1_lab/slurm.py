@@ -46,6 +46,7 @@ from filelock import FileLock
 from retriever import RetrieverSettings, retriever_mode
 from retriever.runtime import usable_cores
 from searchr1_lab.driver import Task, worker_env
+from searchr1_lld.bookkeeping.files import write_json_atomic
 from searchr1_lld.config import ConfigError
 from searchr1_lld.distributed import free_ports
 
@@ -130,7 +131,7 @@ def write_array(tasks: Sequence[Task], directory: Path, name: str, settings: Arr
     record = {"name": name, "cwd": str(cwd), "env": env, "retriever_index": settings.retriever_index,
               "tasks": [{"name": t.name, "argv": list(t.argv), "done": str(Path(t.done).resolve()),
                          "after": list(t.after), "then": (then or {}).get(t.name)} for t in tasks]}
-    (directory / TASKS_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    write_json_atomic(directory / TASKS_FILE, record)  # an array task starting now reads the old file or this one
     lines = ["#!/bin/bash",
              f"# A Slurm job array of {len(tasks)} task(s) (searchr1_lab/slurm.py): array index i runs task i of",
              f"# {directory / TASKS_FILE}; a task whose done file exists exits at once, an interrupted run resumes",
@@ -257,7 +258,8 @@ def task_retriever(index_dir: str | None, env: dict[str, str]) -> Iterator[dict[
 
 
 def run_task(tasks_file: Path, index: int) -> int:
-    """Array task ``index`` of ``tasks_file``: nothing when its done file exists; else its command (its retriever
+    """Array task ``index`` of ``tasks_file``: nothing when its done file exists; exit 1 when a task it waits for is
+    not done; else its command (its retriever
     started first when the array starts one per task), then, once its done file exists, its ``then`` command (one
     array task at a time: a lock beside the tasks file). Exit status: the command's; 1 when it exited 0 without its
     done file. A ``then`` command that fails is reported and does not fail the task."""
@@ -269,6 +271,12 @@ def run_task(tasks_file: Path, index: int) -> int:
     if done.exists():
         print(f"[slurm] task {index} ({task['name']}): done earlier ({done})", flush=True)
         return 0
+    done_of = {t["name"]: Path(t["done"]) for t in record["tasks"]}
+    waiting = [name for name in task["after"] if name in done_of and not done_of[name].exists()]
+    if waiting:  # submitted without its dependency (`sbatch` on the whole array)
+        print(f"[slurm] task {index} ({task['name']}) waits for {', '.join(waiting)}, not done yet: submit it with "
+              f"the command that wrote this array (it waits for them)", flush=True)
+        return 1
     threads = int(os.environ.get("SLURM_CPUS_PER_TASK") or 0) or usable_cores()
     env = {**worker_env(threads), **record["env"]}
     print(f"[slurm] task {index} ({task['name']}) on {socket.gethostname()}, {threads} thread(s): "

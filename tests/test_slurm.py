@@ -60,6 +60,8 @@ def test_the_array_files_name_each_task_its_done_file_and_the_options(tmp_path):
     assert record["env"] == {"SEARCHR1_RETRIEVER_URL": "http://node0:8000"} and record["retriever_index"] is None
     assert [(t["name"], t["done"], t["after"], t["then"]) for t in record["tasks"]] == [
         ("a", str(tmp_path / "a.done"), [], ["report"]), ("b", str(tmp_path / "b.done"), ["a"], None)]
+    assert slurm.run_task(tmp_path / "slurm" / "tasks.json", 1) == 1  # a is not done: b does not start
+    assert not (tmp_path / "b.done").exists()
     (tmp_path / "a.done").write_text("")
     assert slurm.run_task(tmp_path / "slurm" / "tasks.json", 0) == 0  # done earlier: nothing runs
 
