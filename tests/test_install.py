@@ -336,7 +336,8 @@ def _user_pip_env() -> dict[str, str]:
     """pip as `make` runs it on this machine: its own configuration, the CPU constraints (Makefile: PIP_CONSTRAINT);
     no PYTHONPATH (the venv's imports must come from its own install)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return {**env, "PIP_CONSTRAINT": str(REPO_ROOT / "constraints-cpu.txt"), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    return {**env, "PIP_CONSTRAINT": str(REPO_ROOT / "constraints-cpu.txt"), "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            "PIP_NO_COMPILE": "1"}  # no bytecode for torch's thousands of files at install: most never run here
 
 
 @pytest.mark.slow
