@@ -1,8 +1,10 @@
-"""HTTP client for the ``/retrieve`` service: batched requests, timeouts, retries with capped exponential backoff.
+"""HTTP client for the ``/retrieve`` service: batched requests, timeouts, retries with capped exponential backoff and
+full jitter.
 
 A retriever restart takes minutes (loading wiki-18's 64.6 GB Flat index), so a service that is down or answers 5xx is waited for
-up to ``max_wait_s`` (default 5 minutes), sleeping ``backoff_s * 2**i`` capped at ``max_backoff_s`` between tries
-and printing one line per wait so the user sees why the run stalls. A URL where nothing has ever been reached
+up to ``max_wait_s`` (default 5 minutes), sleeping a uniform random time in ``[0, min(max_backoff_s, backoff_s *
+2**i))`` between tries ("full jitter": after a restart the ranks of a run come back spread over that window, not in
+step) and printing one line per wait so the user sees why the run stalls. A URL where nothing has ever been reached
 (connection refused, unknown host, connect timeout: a mistyped URL, or no service started) is given up after
 ``first_contact_s`` (default 20 s, time for a service started beside the client to bind its port) with the URL named;
 once the service has been reached (it answered, or it accepted a connection while loading its index) it is waited for
@@ -12,6 +14,7 @@ not the contract, raises RetrieverError. The client never returns silently empty
 
 from __future__ import annotations
 
+import random
 import sys
 import time
 from typing import Any
@@ -25,18 +28,26 @@ class RetrieverError(RuntimeError):
     """The retriever could not answer (service down after retries, HTTP error, or a malformed response)."""
 
 
+def retry_delay(attempt: int, backoff_s: float, max_backoff_s: float, rng: random.Random) -> float:
+    """Seconds before retry ``attempt`` (1, 2, ...): full jitter, ``uniform(0, min(max_backoff_s, backoff_s *
+    2**(attempt - 1)))``."""
+    return rng.uniform(0.0, min(max_backoff_s, backoff_s * 2 ** (attempt - 1)))
+
+
 class RetrieverClient:
     """``search(queries, topk) -> list[list[{"id", "contents", "score"}]]`` against a running service.
 
     Queries are sent ``batch_size`` at a time. Connection errors, timeouts and 5xx are retried until ``max_wait_s``
     seconds have passed since the first failure (``first_contact_s`` while the service has never been reached; at
-    most ``max_retries`` times, if given), sleeping ``min(backoff_s * 2**i, max_backoff_s)`` in between and printing
-    one line per wait to stderr; 4xx and malformed answers are not retried (they would fail the same way again).
+    most ``max_retries`` times, if given), sleeping ``rng.uniform(0, min(backoff_s * 2**i, max_backoff_s))`` in
+    between (:func:`retry_delay`; ``rng``: default a generator seeded by the system, so clients do not draw the same
+    times) and printing one line per wait to stderr; 4xx and malformed answers are not retried (they would fail the
+    same way again).
     """
 
     def __init__(self, url: str, *, timeout_s: float = 30.0, max_wait_s: float = 300.0, backoff_s: float = 0.5,
                  max_backoff_s: float = 30.0, max_retries: int | None = None, token: str | None = None,
-                 batch_size: int = 256, first_contact_s: float = 20.0):
+                 batch_size: int = 256, first_contact_s: float = 20.0, rng: random.Random | None = None):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"retriever url must start with http:// or https:// (got {url!r})")
         if (timeout_s <= 0 or batch_size < 1 or backoff_s < 0 or max_wait_s < 0 or max_backoff_s < 0
@@ -47,6 +58,7 @@ class RetrieverClient:
         self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
         self.max_wait_s, self.max_backoff_s, self.first_contact_s = max_wait_s, max_backoff_s, first_contact_s
         self.reached = False  # the service answered, or accepted a connection, at least once
+        self.rng = rng or random.Random()
         self.batch_size = batch_size
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(timeout=timeout_s, headers=headers)
@@ -88,7 +100,7 @@ class RetrieverClient:
             if remaining <= 0 or (self.max_retries is not None and attempt > self.max_retries):
                 raise self._unavailable(path, f"{attempt} attempt(s) over {waited:.1f} s, retriever.{setting}="
                                               f"{limit:g}; last error: {last_error}")
-            delay = min(self.backoff_s * 2 ** (attempt - 1), self.max_backoff_s, remaining)
+            delay = min(retry_delay(attempt, self.backoff_s, self.max_backoff_s, self.rng), remaining)
             self._wait_line(f"[retriever] {self.url}{path} not answering ({last_error.splitlines()[0][:120]}); "
                             f"retry {attempt} in {delay:.1f} s (waited {waited:.0f} s of "
                             f"retriever.{setting}={limit:g})")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Callable, Protocol
 
 import httpx
 
-from retriever.client import RetrieverClient, RetrieverError
+from retriever.client import RetrieverClient, RetrieverError, retry_delay
 from retriever.inprocess import InProcessRetriever
 from retriever.manifest import check_manifest, read_manifest, verify_files
 
@@ -81,6 +82,7 @@ class RetrieverMode:
 
     name: str = ""
     index_in_process: bool = False  # the index is loaded into this process (its files count in host memory)
+    asks_service: bool = False  # it asks a running service, whose address $SEARCHR1_RETRIEVER_URL can give
 
     def build(self, cfg: RetrieverSettings,
               default_index_dir: str | Path | None = None) -> RetrieverClient | InProcessRetriever:
@@ -114,6 +116,7 @@ class HTTPMode(RetrieverMode):
     """The retriever service (``python -m retriever serve``) reached over the Search-R1 ``/retrieve`` protocol."""
 
     name = "http"
+    asks_service = True
 
     def build(self, cfg: RetrieverSettings,
               default_index_dir: str | Path | None = None) -> RetrieverClient | InProcessRetriever:
@@ -155,12 +158,14 @@ class HTTPMode(RetrieverMode):
     @staticmethod
     def health(cfg: RetrieverSettings, wait: bool) -> dict:
         """The service's ``/health`` answer. ``wait``: a service that is still starting (its port bound while the
-        index loads: requests time out; or answering 5xx) is asked again, backing off from retriever.backoff_s, for
+        index loads: requests time out; or answering 5xx) is asked again, backing off from retriever.backoff_s with
+        full jitter (:func:`retriever.client.retry_delay`: the ranks of a launch do not ask in step), for
         up to retriever.max_wait_s, one whose port refuses for up to retriever.first_contact_s, as its client
         (retriever/client.py) would wait at the first search; the last error is raised after that."""
         headers = {"Authorization": f"Bearer {cfg.token}"} if cfg.token else {}
-        start, delay, reached = time.monotonic(), max(cfg.backoff_s, 0.05), False
+        start, attempt, reached, rng = time.monotonic(), 0, False, random.Random()
         while True:
+            attempt += 1
             try:
                 answer = httpx.get(cfg.url.rstrip("/") + "/health", timeout=min(5.0, cfg.timeout_s), headers=headers)
                 if answer.status_code < 500 or not wait:
@@ -172,10 +177,10 @@ class HTTPMode(RetrieverMode):
             except httpx.HTTPError as e:  # connected, no answer in time: a service loading its index
                 reached, error = True, e
             limit = cfg.max_wait_s if reached else cfg.first_contact_s
+            delay = retry_delay(attempt, max(cfg.backoff_s, 0.05), 30.0, rng)
             if not wait or time.monotonic() - start + delay > limit:
                 raise error
             time.sleep(delay)
-            delay = min(2 * delay, 30.0)
 
     def gpu_index_copies(self, cfg: RetrieverSettings, facts: IndexFacts,
                          ranks_per_node: int) -> tuple[int, int, str] | None:

@@ -6,6 +6,7 @@ demo's selection runs, as separate worker processes, ``jobs`` at a time (the dri
     python -m searchr1_lab task --config ... --lr 1e-3 --method grpo --seed 0 --runs-dir ... --compact ...
     python -m searchr1_lab task --baselines --config ... --runs-dir ... --compact ...
     python -m searchr1_lab grid --registration docs/lab/stepsize/registration.json --jobs 2 --commit
+    python -m searchr1_lab grid --registration docs/lab/stepsize/registration.json --slurm --submit   # a job array
     python -m searchr1_lab task --config ... --lr 2e-3 --method grpo --arm grpo_kl0.01 \\
         --set algorithm.kl_coef=0.01 --seed 100 --runs-dir ... --compact ...
 
@@ -22,6 +23,10 @@ A task is done when its compact result exists (``docs/lab/runs/<method>-lr<lr>-s
 same command skips it. An interrupted run resumes from its last checkpoint in ``--runs-dir`` (the lab's own resume).
 After each lab result the report and the README's lab block are rebuilt (:func:`finish`); with ``--commit`` the
 result and what was rebuilt from it are committed to the current git branch as they land (those paths only).
+
+``--slurm`` writes the same tasks as a Slurm job array into ``RUNS_DIR/slurm`` instead (:mod:`.slurm`; ``--submit``
+submits the tasks not done): one task per array task, skipped when done, resumed from its checkpoint when
+interrupted; after each lab result its array task rebuilds the report (one at a time); commit once it has finished.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from searchr1_lab.comparison.claims import DESIGN_FILE
 from searchr1_lab.comparison.report import CURVES_FILE
 from searchr1_lab.compact import BASELINES_FILE, compact_name, git_commit, lr_tag, run_record, write_gz_json
 from searchr1_lab.driver import Task, check_jobs, commit, interleave, run_tasks
-from searchr1_lab import fresh
+from searchr1_lab import fresh, slurm
 from searchr1_lab.evaluating import evaluate_policy, load_policy
 from searchr1_lab.methods import (ARMS, REPO_ROOT, Method, lab_config, parse_methods, parse_seeds,
                                   read_lab_config, shared_settings)
@@ -197,15 +202,15 @@ def registered_report(reg: dict) -> str:
     return words[3]
 
 
-def rebuild_report(compact_dir: Path, prereg_path: Path = REPO_ROOT / PREREG_FILE,
+def report_command(compact_dir: Path, prereg_path: Path = REPO_ROOT / PREREG_FILE,
                    readme: Path = REPO_ROOT / "README.md",
-                   stepsize_path: Path = REPO_ROOT / stepsize.STEPSIZE_FILE) -> list[Path]:
-    """The report the compact results in ``compact_dir`` feed, rebuilt from them; the paths it wrote. The
-    pre-registered comparison's runs dir feeds its registered analysis (``prereg-report``, into its ``report_dir``),
-    a registered study's runs dir its own (:func:`registered_report`, into the whole of its ``report_dir``), any other the
-    comparison's report in docs/lab (``report``); each replaces its block of ``readme``. The report command runs in
-    a fresh interpreter, so a grid that runs for hours writes its reports with the code on disk, not the code it
-    started with."""
+                   stepsize_path: Path = REPO_ROOT / stepsize.STEPSIZE_FILE) -> tuple[list[str], list[Path]]:
+    """The command that rebuilds the report the compact results in ``compact_dir`` feed, and the paths it writes.
+    The pre-registered comparison's runs dir feeds its registered analysis (``prereg-report``, into its
+    ``report_dir``), a registered study's runs dir its own (:func:`registered_report`, into the whole of its
+    ``report_dir``), any other the comparison's report in docs/lab (``report``); each replaces its block of
+    ``readme``. The command is a fresh interpreter, so a grid that runs for hours writes its reports with the code on
+    disk, not the code it started with."""
     reg = registration_of(compact_dir, prereg_path)
     study = stepsize.registration_of(compact_dir, stepsize_path)
     if study is not None:
@@ -220,9 +225,18 @@ def rebuild_report(compact_dir: Path, prereg_path: Path = REPO_ROOT / PREREG_FIL
         out = REPO_ROOT / "docs" / "lab"
         argv = ["report", "--runs", str(compact_dir), "--out", str(out)]
         written = [out / "summary.json", out / "README.md", out / CURVES_FILE]
-    subprocess.run([sys.executable, "-m", "searchr1_lab", *argv, "--readme", str(readme)], cwd=REPO_ROOT,
-                   check=True)
-    return [compact_dir / DESIGN_FILE, *written, readme]
+    return ([sys.executable, "-m", "searchr1_lab", *argv, "--readme", str(readme)],
+            [compact_dir / DESIGN_FILE, *written, readme])
+
+
+def rebuild_report(compact_dir: Path, prereg_path: Path = REPO_ROOT / PREREG_FILE,
+                   readme: Path = REPO_ROOT / "README.md",
+                   stepsize_path: Path = REPO_ROOT / stepsize.STEPSIZE_FILE) -> list[Path]:
+    """The report the compact results in ``compact_dir`` feed, rebuilt from them by :func:`report_command`; the
+    paths it wrote."""
+    argv, written = report_command(compact_dir, prereg_path, readme, stepsize_path)
+    subprocess.run(argv, cwd=REPO_ROOT, check=True)
+    return written
 
 
 def finish(task: LabTask, commit_results: bool, compact_dir: Path | None, registration: Path | None = None) -> None:
@@ -279,6 +293,10 @@ def parser(mode: str) -> argparse.ArgumentParser:
         p.add_argument("--demo-lrs", default="5e-4,1e-3,2e-3", help="--demo: the learning rates of its selection runs")
         p.add_argument("--commit", action="store_true", help="git-commit each compact result as it lands")
         fresh.add_argument(p)
+        p.add_argument("--slurm", action="store_true", help="write the tasks as a Slurm job array into "
+                       "RUNS_DIR/slurm instead of running them here, one task per array task, resumable; each "
+                       "result rebuilds its report (searchr1_lab/slurm.py; --submit submits it)")
+        slurm.add_arguments(p)
     else:
         p.add_argument("--baselines", action="store_true", help="the baselines instead of a run")
         p.add_argument("--lr", type=float, help="the run's learning rate")
@@ -290,6 +308,18 @@ def parser(mode: str) -> argparse.ArgumentParser:
         p.add_argument("--seed", type=int, help="the run's seed")
         p.add_argument("--world-dir", help="an existing world dir to use as is (default: the config's world)")
     return p
+
+
+def slurm_grid(args: argparse.Namespace, tasks: Sequence[LabTask], config: str, runs_root: Path,
+               compact_dir: Path) -> int:
+    """``grid --slurm``: the tasks as a job array in RUNS_DIR/slurm (:func:`searchr1_lab.slurm.write_and_submit`);
+    after each lab result, its array task rebuilds the report the result feeds (:func:`report_command`)."""
+    settings = slurm.ArraySettings.from_args(args)
+    settings.check_runs({config: config_from_dict(read_lab_config(config, [])[0]).retriever})
+    where = {"stepsize_path": Path(args.registration).resolve()} if args.registration else {}
+    then = {t.name: report_command(compact_dir, **where)[0] for t in tasks if t.report}
+    return slurm.write_and_submit(tasks, runs_root / "slurm", f"grid-{runs_root.name}", settings, args.submit,
+                                  cwd=REPO_ROOT, then=then)
 
 
 def places(args: argparse.Namespace, reg: dict | None, mode: str) -> tuple[str, Path, Path]:
@@ -308,6 +338,11 @@ def main(argv: list[str]) -> int:
     mode = argv[0]
     args = parser(mode).parse_args(argv[1:])
     try:
+        if mode == "grid":
+            slurm.refuse_without_slurm(args)
+            if args.slurm and (args.commit or args.fresh):
+                raise ConfigError("--slurm with --commit or --fresh: the array's tasks run on other nodes; commit "
+                                  "(and compare a fresh rerun) here once the array has finished")
         reg = stepsize.load_registration(args.registration) if args.registration else None
         config, runs_root, compact_dir = places(args, reg, mode)
         rerun = fresh.prepare(args, compact_dir) if mode == "grid" else None
@@ -339,6 +374,8 @@ def main(argv: list[str]) -> int:
             tasks = lab_tasks(config, design["lrs"], design["seeds"], design["methods"], runs_root, compact_dir)
         if args.demo:
             tasks = interleave(tasks, demo_tasks(parse_lrs(args.demo_lrs), REPO_ROOT / "docs" / "demo"))
+        if args.slurm:
+            return slurm_grid(args, tasks, config, runs_root, compact_dir)
         on_done = partial(finish, commit_results=args.commit, compact_dir=None if rerun else compact_dir,
                           registration=Path(args.registration).resolve() if args.registration else None)
         failed = run_tasks(tasks, args.jobs, runs_root / "logs", on_done=on_done, threads=args.threads,

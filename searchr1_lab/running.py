@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from filelock import FileLock
 from retriever import make_retriever
 from searchr1_lld.bookkeeping.files import write_json_atomic
 from searchr1_lld.bookkeeping.tracking import describe_machine
@@ -95,15 +96,9 @@ def exclusive(lock_path: Path):
     """Hold an exclusive lock on ``lock_path`` (created if missing) for the block: two lab jobs sharing a runs dir
     (split by --methods or --seeds) would otherwise both write the warm start's evaluation logs, one after the other
     into the same files (duplicate rows, and a score read from the other's half-written log)."""
-    import fcntl
-
     lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with FileLock(str(lock_path)):
+        yield
 
 
 def settings_diff(cfg: Config, trained: dict[str, Any]) -> list[str]:

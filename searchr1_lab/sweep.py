@@ -6,6 +6,8 @@
     python -m searchr1_lab.sweep expand --base configs/tiny.yaml --grid "..." --local --jobs 2 --out runs/sweep-lam
     # one `accelerate launch` command per run, for a cluster scheduler
     python -m searchr1_lab.sweep expand --base configs/paper/qwen2.5-3b-base_nq-hotpotqa_llds.yaml --grid "..." --print-launch
+    # a Slurm job array, one run per array task, resumable (searchr1_lab/slurm.py); --submit submits the runs not done
+    python -m searchr1_lab.sweep expand --base configs/tiny.yaml --grid "..." --slurm --submit --sbatch="--time=1:00:00"
     # one table + one figure over finished runs: final EM and collapse step per setting
     python -m searchr1_lab.sweep collect runs/tiny-lam=0 runs/tiny-lam=0.1 --out runs/sweep-lam
 
@@ -18,6 +20,11 @@ searchr1_lab.sweep task``, that trains it (searchr1_lld.learner.trainer.train) w
 output goes to ``OUT/logs/<run>.log``. A rerun of the same command skips the finished runs and resumes an interrupted
 one from its checkpoint (the trainer's own resume). A failed run is named, the others still run, and the command
 exits 1 after collecting those that finished.
+
+``--slurm`` writes the same runs as a Slurm job array into ``OUT/slurm`` (:mod:`searchr1_lab.slurm`): array task i
+runs ``sweep task`` for run i (one run per task, on the node's cores); a run whose marker exists is skipped, an
+interrupted one resumes from its checkpoint; ``--retriever-url`` / ``--retriever-index`` give the runs a service (one
+for all, or one started per task). Once the array has finished, ``collect`` (printed) makes the table.
 
 Collapse step of a run: the first logged step whose monitor phase (``phase/name`` in metrics.jsonl) is
 ``accelerated_collapse``; "none" when it never is. Final EM: ``average_em`` of the run's final evaluation
@@ -42,6 +49,7 @@ from typing import Any, Sequence
 
 import yaml
 
+from searchr1_lab import slurm
 from searchr1_lab.driver import Task, check_jobs, run_tasks
 from searchr1_lab.methods import REPO_ROOT
 from searchr1_lld.bookkeeping.resume import run_dir_of
@@ -167,16 +175,20 @@ def train_run(base_config: str | Path, grid: str, name: str, extra_overrides: Se
     return marker
 
 
+def workers_code_path() -> str:
+    """The PYTHONPATH of a sweep's workers: this checkout first, so that they import its searchr1_lab whichever
+    directory the sweep runs in."""
+    return os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+
+
 def run_local(base_config: str | Path, grid: str, runs: Sequence[RunSpec], out: Path,
               extra_overrides: Sequence[str] = (), jobs: int = 1, threads: int = 0) -> tuple[list[Path], list[str]]:
     """Train the runs on this machine through the driver (:func:`searchr1_lab.driver.run_tasks`), one worker process
     per run, ``jobs`` at a time, each run's log in ``out/logs``; a run finished earlier (its marker exists) is
     skipped. Returns the run dirs of the finished runs, in the grid's order, and the names of the failed ones."""
     tasks = sweep_tasks(base_config, grid, runs, extra_overrides)
-    # the workers import this checkout's searchr1_lab, whichever directory the sweep runs in
-    code_path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     failed = run_tasks(tasks, jobs, out / "logs", poll_s=LOCAL_POLL_S, threads=threads,
-                       extra_env={"PYTHONPATH": code_path}, label="sweep")
+                       extra_env={"PYTHONPATH": workers_code_path()}, label="sweep")
     return [t.done.parent for t in tasks if t.done.exists()], failed
 
 
@@ -342,25 +354,48 @@ def parser() -> argparse.ArgumentParser:
     mode.add_argument("--local", action="store_true", help="train the runs here, one worker process per run, "
                       "--jobs at a time, then collect; a rerun skips the runs that finished")
     mode.add_argument("--print-launch", action="store_true", help="print one accelerate launch command per run")
+    mode.add_argument("--slurm", action="store_true", help="write a Slurm job array of the runs into OUT/slurm, one "
+                      "run per array task, resumable (searchr1_lab/slurm.py; --submit submits it)")
+    slurm.add_arguments(e)
     e.add_argument("--jobs", type=int, default=1, help="--local: worker processes at a time")
     e.add_argument("--threads", type=int, default=0, help="--local: torch/BLAS threads of each worker (default: "
                    "the usable cores / --jobs, at least 1)")
     e.add_argument("--accelerate-config", default=DEFAULT_ACCELERATE_CONFIG,
                    help="--print-launch: the accelerate config of each launch command")
-    e.add_argument("--out", help="--local: where the collected table and figure go, and the runs' logs (OUT/logs) "
-                   "(default: OUTPUT_DIR/sweep-NAME)")
+    e.add_argument("--out", help="--local: where the collected table and figure go, and the runs' logs (OUT/logs); "
+                   "--slurm: where the array's files go (OUT/slurm) (default: OUTPUT_DIR/sweep-NAME)")
     c = sub.add_parser("collect", help="table + figure over finished run dirs")
     c.add_argument("run_dirs", nargs="+", help="the run directories to summarise")
     c.add_argument("--out", required=True, help="where sweep.md, sweep.csv, sweep.json and sweep.png go")
     return p
 
 
+def sweep_out(args: argparse.Namespace) -> Path:
+    """``--out``, default ``OUTPUT_DIR/sweep-NAME`` of the base config."""
+    base_cfg = load_config(args.base, args.set)
+    return Path(args.out or Path(base_cfg.trainer.output_dir) / f"sweep-{base_cfg.name}")
+
+
+def slurm_sweep(args: argparse.Namespace, runs: Sequence[RunSpec]) -> int:
+    """``expand --slurm``: the runs' tasks as a job array in OUT/slurm (:func:`searchr1_lab.slurm.write_and_submit`),
+    then the command that collects them once they have finished."""
+    settings = slurm.ArraySettings.from_args(args)
+    settings.check_runs({run.name: load_config(args.base, run_config_overrides(run, args.set)).retriever
+                         for run in runs})
+    out = sweep_out(args)
+    tasks = sweep_tasks(args.base, args.grid, runs, args.set)
+    code = slurm.write_and_submit(tasks, out / "slurm", out.name, settings, args.submit, cwd=Path.cwd(),
+                                  env={"PYTHONPATH": workers_code_path()})
+    print("[slurm] once the array has finished: python -m searchr1_lab.sweep collect "
+          f"{' '.join(shlex.quote(str(t.done.parent)) for t in tasks)} --out {shlex.quote(str(out))}")
+    return code
+
+
 def local_sweep(args: argparse.Namespace, runs: Sequence[RunSpec]) -> int:
     """``expand --local``: the runs through the driver, then the table and figure of those that finished; 1 when
     any failed (each named), else 0."""
     check_jobs(args.jobs, args.threads)
-    base_cfg = load_config(args.base, args.set)
-    out = Path(args.out or Path(base_cfg.trainer.output_dir) / f"sweep-{base_cfg.name}")
+    out = sweep_out(args)
     run_dirs, failed = run_local(args.base, args.grid, runs, out, args.set, jobs=args.jobs, threads=args.threads)
     if run_dirs:
         print(sweep_table(collect(run_dirs, out)))
@@ -382,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if not args.local and (args.jobs != 1 or args.threads != 0):
             raise ConfigError("--jobs and --threads set how --local trains the runs: add --local")
+        slurm.refuse_without_slurm(args)
         runs = plan(args.base, args.grid, args.set)
         if args.print_launch:
             for run in runs:
@@ -389,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.local:
             return local_sweep(args, runs)
+        if args.slurm:
+            return slurm_sweep(args, runs)
         for run in runs:
             print(f"{run.name}\t{' '.join(run.overrides)}")
         return 0

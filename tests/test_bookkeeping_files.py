@@ -33,3 +33,22 @@ def test_a_write_cut_off_leaves_the_earlier_record(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         write_json_atomic(path, {"step": 2})
     assert json.loads(path.read_text()) == {"step": 1}
+
+
+def test_a_record_is_on_disk_before_it_replaces_the_earlier_one(tmp_path, monkeypatch):
+    """The temporary file is fsync'ed, then moved: the order a crash after the move needs to find the new record."""
+    calls = []
+    real_fsync, real_replace = files.os.fsync, files.os.replace
+
+    def fsync(fd):
+        calls.append(("fsync", files.os.fstat(fd).st_size))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        calls.append(("replace", files.Path(dst).name))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(files.os, "fsync", fsync)
+    monkeypatch.setattr(files.os, "replace", replace)
+    write_json_atomic(tmp_path / "record.json", {"step": 3})
+    assert calls == [("fsync", len('{\n  "step": 3\n}\n')), ("replace", "record.json")]

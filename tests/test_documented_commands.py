@@ -511,6 +511,18 @@ ENTRIES: tuple[Entry, ...] = (
         reason="the registered grid: 4 arms x 4 learning rates x 5 seeds, hours on 2 cores (its runs are committed "
                "as they land and checked against the registration in tests/test_prereg.py); the driver's "
                "bookkeeping is tested in tests/test_lab_claims.py"),
+    CannotRun("sweep_slurm_paper", (
+        'python -m searchr1_lab.sweep expand --base configs/paper/qwen2.5-3b-base_nq-hotpotqa_llds.yaml '
+        '--grid "algorithm.llds.lam=0.1,0.2,0.3" --slurm --submit '
+        '--sbatch="--partition=gpu --gres=gpu:8 --cpus-per-task=64 --time=2-00:00:00" '
+        '--retriever-index indexes/e5-wiki18',),
+        reason="a job array of paper runs (8 GPUs each) on a GPU cluster; tests/test_slurm.py submits the same "
+               "options (--slurm --submit --sbatch= --retriever-index) for tiny runs to a one-node Slurm cluster"),
+    CannotRun("grid_slurm_registered", (
+        "python -m searchr1_lab grid --registration docs/lab/stepsize/registration.json --slurm --submit",),
+        reason="the registered study's grid (hours of runs) as a job array on a Slurm cluster; tests/test_slurm.py "
+               "writes this registration's array (every task done: its committed results) and submits arrays of "
+               "tasks that wait for others to a one-node Slurm cluster"),
     CannotRun("sweep_collect_paper", ("python -m searchr1_lab.sweep collect runs/paper/* --out runs/paper-summary",),
               reason="collects finished runs of the paper grid (8 GPUs each); the subcommand runs as sweep_collect"),
     CannotRun("preflight_paper", (

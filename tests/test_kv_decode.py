@@ -155,3 +155,44 @@ def test_greedy_answers_on_the_test_world_are_the_model_paths(tiny_world):
     assert [t.response_ids for t in runs[True]] == [t.response_ids for t in runs[False]]
     assert [t.prediction for t in runs[True]] == [t.prediction for t in runs[False]]
     assert any(t.valid_searches >= 1 for t in runs[True])  # a turn after a search: a cached prefix reused
+
+
+def _tiny_causal_lm(model_type: str) -> torch.nn.Module:
+    """A random 2-layer model of ``model_type`` (one of kv_decode.KV_DECODE_MODEL_TYPES) with grouped-query heads,
+    transformers' SDPA attention, fp32."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(3)
+    cfg = AutoConfig.for_model(model_type, vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                               sliding_window=None)
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("model_type", kv_decode.KV_DECODE_MODEL_TYPES)
+def test_the_transformers_internals_the_decoder_runs_compute_each_layer(model_type):
+    """Guard on the installed transformers: the decoder reaches into each supported model's internals
+    (``model.model.{embed_tokens, rotary_emb, layers, norm}``, the layers' ``input_layernorm``, ``self_attn.{q,k,v,o}_proj,
+    scaling, head_dim``, ``mlp``, ``post_attention_layernorm`` and the modeling module's ``apply_rotary_pos_emb``).
+    For every supported model type the fast path is taken (no silent fallback), and each decoder layer's output is
+    what the decoder's decomposition of it computes; a release that moves or changes one of them fails here."""
+    import transformers
+
+    model = _tiny_causal_lm(model_type)
+    assert kv_decode.unsupported_reason(model) is None, f"transformers {transformers.__version__}"
+    decoder = kv_decode.KVDecoder(model)
+    torch.manual_seed(0)
+    hidden = torch.randn(1, 7, 32)
+    positions = torch.arange(3, 10)[None]  # a prefix of 3 cached tokens: rotary phases from position 3
+    cos_sin = model.model.rotary_emb(hidden, positions)
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            out = layer(hidden, attention_mask=None, position_ids=positions, position_embeddings=cos_sin)
+            theirs = out[0] if isinstance(out, tuple) else out
+            q, k, v = decoder._qkv(layer, hidden, cos_sin)
+            attn = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                    scale=layer.self_attn.scaling, enable_gqa=True)
+            mine = decoder._finish_layer(layer, hidden, attn)
+            torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5,
+                                       msg=f"{model_type} layer {i}, transformers {transformers.__version__}")
+            hidden = theirs

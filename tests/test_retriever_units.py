@@ -306,6 +306,36 @@ def test_client_retries_5xx_then_succeeds_and_gives_up_with_clear_message():
         _client_with(lambda r: httpx.Response(200, text="<html>")).search(["a"], 1)
 
 
+def test_client_retries_with_full_jitter_from_its_generator(monkeypatch):
+    """Retry i sleeps uniform(0, min(max_backoff_s, backoff_s * 2**(i-1))): with backoff 0.5 and cap 1.5 the windows
+    are 0.5, 1.0, 1.5, 1.5; the draws are the seeded generator's, in that order; two clients seeded apart sleep at
+    different times (after a restart their retries are spread, not in step)."""
+    import random
+
+    import retriever.client as client_module
+
+    slept = []
+    monkeypatch.setattr(client_module.time, "sleep", slept.append)
+
+    def down(request):
+        return httpx.Response(503, text="restarting")
+
+    def sleeps(seed: int) -> list[float]:
+        slept.clear()
+        client = RetrieverClient("http://retriever.test", backoff_s=0.5, max_backoff_s=1.5, max_retries=4,
+                                 rng=random.Random(seed))
+        client._http = httpx.Client(transport=httpx.MockTransport(down))
+        with pytest.raises(RetrieverError, match=r"after 5 attempt\(s\)"):
+            client.search(["a"], 1)
+        return list(slept)
+
+    expected = random.Random(7)
+    assert sleeps(7) == [expected.uniform(0, window) for window in (0.5, 1.0, 1.5, 1.5)]
+    assert all(0 <= d <= w for d, w in zip(sleeps(8), (0.5, 1.0, 1.5, 1.5)))
+    assert sleeps(8) != sleeps(7)
+    assert client_module.retry_delay(3, 0.5, 1.5, random.Random(0)) == random.Random(0).uniform(0, 1.5)
+
+
 def test_client_gives_up_on_a_url_that_never_answered_within_first_contact_s(capsys):
     """Refused (a mistyped port) or no such host: given up after first_contact_s with the URL named, not after
     max_wait_s; a service that answered once and then went down is waited for (max_wait_s)."""

@@ -126,7 +126,8 @@ class RetrieverConfig:
     first_contact_s: float = opt(20.0, "http: give up after this long on a URL where nothing was ever reached "
                                  "(refused, unknown host: a mistyped URL); a service reached once gets max_wait_s")
     max_retries: Optional[int] = opt(None, "http: cap on retries within max_wait_s (null = no cap)")
-    backoff_s: float = opt(0.5, "http: first wait; doubles per retry, capped at 30 s")
+    backoff_s: float = opt(0.5, "http: the retry wait's scale: retry i waits a uniform random time "
+                            "in [0, min(30 s, backoff_s * 2**(i-1))] (full jitter)")
     token: Optional[str] = opt(None, "http: bearer token of a service started with --token (null: "
                                "$SEARCHR1_RETRIEVER_TOKEN)")
     batch_size: int = opt(256, "http: queries per request")

@@ -24,6 +24,12 @@ another model is not; the backend then decodes with ``model(...)`` (rollout/back
 Arithmetic: every module is the model's own, so projections, norms and the head compute what ``model(...)`` does;
 attention is computed here (scaled dot product, softmax in fp32), so logits agree with the ``model(...)`` path to float
 rounding (tests/test_kv_decode.py checks greedy outputs and sampled log-probs of both paths).
+
+transformers internals: the modules above are reached by name (``model.model.{embed_tokens, rotary_emb, layers,
+norm}``, each layer's ``input_layernorm``, ``self_attn.{q,k,v,o}_proj, scaling, head_dim``, ``mlp``,
+``post_attention_layernorm``, the modeling module's ``apply_rotary_pos_emb``); no release bound is set on them, a guard
+test does it instead: for every type in :data:`KV_DECODE_MODEL_TYPES`, on the installed transformers, the fast path
+is taken and each decoder layer's output is what this decomposition computes (tests/test_kv_decode.py).
 """
 
 from __future__ import annotations
