@@ -20,7 +20,7 @@ where one two-threaded job leaves a core idle (docs/lab.md, "The lab's cost").
 A task is done when its compact result exists (``docs/lab/runs/<method>-lr<lr>-seed<seed>.json.gz``,
 ``baselines.json.gz``; the demo's ``docs/demo/select/lr<lr>.json`` and ``docs/demo/summary.json``): a rerun of the
 same command skips it. An interrupted run resumes from its last checkpoint in ``--runs-dir`` (the lab's own resume).
-After each lab result the report and the README's lab block are rebuilt (:func:`finish`); with ``--commit`` the
+After each lab result the report and its block of docs/lab/results.md are rebuilt (:func:`finish`); with ``--commit`` the
 result and what was rebuilt from it are committed to the current git branch as they land (those paths only).
 """
 
@@ -52,7 +52,7 @@ from searchr1_lab.prereg.report import PHENOMENA_FIGURES
 from searchr1_lab.running import prepare_world, read_run_record, repo_relative, resolve_world_dir, run_lab
 from searchr1_lab.demo.selection import selection_file
 from searchr1_lab.stepsize import registration as stepsize
-from searchr1_lab.studies import current_command
+from searchr1_lab.studies import RESULTS_PAGE, current_command
 from searchr1_lld.world import read_card
 
 
@@ -198,7 +198,7 @@ def registered_report(reg: dict) -> str:
 
 
 def rebuild_report(compact_dir: Path, prereg_path: Path = REPO_ROOT / PREREG_FILE,
-                   readme: Path = REPO_ROOT / "README.md",
+                   readme: Path = REPO_ROOT / RESULTS_PAGE,
                    stepsize_path: Path = REPO_ROOT / stepsize.STEPSIZE_FILE) -> list[Path]:
     """The report the compact results in ``compact_dir`` feed, rebuilt from them; the paths it wrote. The
     pre-registered comparison's runs dir feeds its registered analysis (``prereg-report``, into its ``report_dir``),

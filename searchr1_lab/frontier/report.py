@@ -1,6 +1,6 @@
 """The frontier's registered analysis, its report (``README.md``, ``summary.json``, the figures) and the README block,
 from the grid's compact results alone: ``python -m searchr1_lab frontier-report [--registration FILE] [--readme
-README.md]``.
+docs/lab/results.md]``.
 
 Every cell (an arm at one learning rate) is scored by its runs' endpoints (:mod:`.endpoints`); the Pareto frontier
 is taken over the cells with runs, on (RMST, mean utility) (:mod:`.pareto`); each method's dose is chosen on
