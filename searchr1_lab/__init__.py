@@ -64,7 +64,7 @@ from searchr1_lab.methods import (FULL_CONFIG, LLD_MARGIN, METHODS, METHOD_KEYS,
                                   REWARD_MARGIN, RUN_KEYS, RUN_PLAN, RUN_RECORD, TREND_WINDOW, Method,
                                   check_only_llds_differs, config_differences, lab_config, method_config,
                                   parse_methods, parse_seeds, read_lab_config, run_name, shared_settings)
-from searchr1_lab.plots import CURVES, METHOD_COLORS, plot_curves
+from searchr1_lab.plots import COLOURS, CURVES, colour, plot_curves
 from searchr1_lab.report import (curve_columns, em_table, fmt, fmt_ms, per_run_table, phase_table, trend_table,
                                  warning_text, write_report)
 from searchr1_lab.evaluating import (eval_summary, evaluate_policy, evaluate_sampled, evaluate_train,
