@@ -18,7 +18,7 @@ LAB_DIR = ROOT / "docs" / "lab"
 RESULTS_PAGE = ROOT / studies.RESULTS_PAGE  # the studies' generated blocks
 DEMO_DIR = ROOT / "docs" / "demo"  # written by `python -m searchr1_lab.demo --report docs/demo`
 MARKDOWN = [README, *sorted((ROOT / "docs").rglob("*.md"))]
-MAX_README_LINES = 300
+MAX_README_LINES = 160  # about 150: pitch, commands, quick starts, findings, where things are
 
 SESSION_OR_ISSUE = re.compile(r"session[ -]?[0-9]+|sessions? [0-9]|issue[ #-]?[0-9]+|issues? #[0-9]", re.IGNORECASE)
 # Source files the world/data refactor moves out of the tree; they are cleaned where they land.
