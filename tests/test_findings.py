@@ -36,6 +36,17 @@ def test_the_committed_headline_figure_draws_what_the_committed_runs_compute():
     assert "(docs/lab/headline.png)" in (REPO_ROOT / "README.md").read_text()
 
 
+def test_the_command_writes_the_block_and_the_figure(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{findings.FINDINGS_BEGIN}\nold\n{findings.FINDINGS_END}\ntail\n")
+    assert findings.main(["--readme", str(readme), "--figure", str(tmp_path / "headline.png")]) == 0
+    text = readme.read_text()
+    assert "old" not in text and text.startswith("intro\n") and text.endswith("tail\n")
+    assert readme_block_of(text, findings.FINDINGS_BEGIN, findings.FINDINGS_END) == findings.findings_block(
+        findings.read_summaries())
+    assert findings.read_headline(tmp_path / "headline.png") == json.loads(json.dumps(findings.headline_inputs()[0]))
+
+
 def test_a_run_is_marked_at_the_first_of_its_collapsed_evaluations():
     records = [{"step": 0, "eval/val_sub_em": 0.5}, {"step": 2, "eval/val_sub_em": 0.6},
                {"step": 4, "eval/val_sub_em": 0.1}, {"step": 6, "eval/val_sub_em": 0.3},

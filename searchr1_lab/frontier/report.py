@@ -9,6 +9,7 @@ validation (:mod:`.selection`), and the chosen settings' test EM is read only on
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -24,7 +25,7 @@ from searchr1_lab.report import analysis_change_lines, fmt, signed
 from searchr1_lab.stepsize.analysis import cell_runs, same_lr
 from searchr1_lab.stepsize.registration import cells
 from searchr1_lab.stepsize.study_report import StudyReport
-from searchr1_lab.studies import analysis_changes, current_command
+from searchr1_lab.studies import RESULTS_PAGE, analysis_changes, current_command
 
 FRONTIER_FILE = "docs/lab/frontier/registration.json"
 # the paper's phenomena in the report's table: key of prereg.registration.phenomena -> column
@@ -168,12 +169,14 @@ def readme_markers(reg: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def readme_block(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
-    """The README's lines of the study (between its markers)."""
+    """The study's lines of the results page (:data:`searchr1_lab.studies.RESULTS_PAGE`, between its markers; the
+    report linked relative to that page)."""
     front = ", ".join(s["frontier"]) or "none yet"
     tested = ("test EM " + "; ".join(f"{m} {fmt(t['test_em']['mean'])}" for m, t in s["test"].items())
               + f" (the warm start, untrained: {fmt(s['test_baselines']['warm_start']['mean'])})"
               if s["test"] is not None else "test withheld until the grid is complete")
-    return (f"{s['runs_finished']} of {s['runs_planned']} runs ([report]({reg['registration']['report_dir']}/README.md), "
+    report = os.path.relpath(f"{reg['registration']['report_dir']}/README.md", Path(RESULTS_PAGE).parent)
+    return (f"{s['runs_finished']} of {s['runs_planned']} runs ([report]({report}), "
             f"exploratory, 3 seeds a cell). On the learning-stability frontier: {front}. Chosen on validation: "
             + "; ".join(f"{m} {n}" for m, n in s["chosen"].items()) + f"; {tested}.")
 
