@@ -60,7 +60,7 @@ def _counts(comparison: Mapping[str, Any]) -> str:
 
 def demo_rows(s: Mapping[str, Any]) -> list[list[str]]:
     em, gain = s["test_em"], s["test_gain"]["2-hop"]
-    return [["The demo: RL learns the second hop (default world, test split, seed 0)",
+    return [[f"The demo: RL learns the second hop (default world, test split, seed {s['seed']})",
              f"two-hop EM {em['warm_start']['2-hop']['mean']:.2f} -> {em['trained']['2-hop']['mean']:.2f}, gain "
              f"{gain['mean']:+.2f}", _iv(gain["lo"], gain["hi"], 2, signed=True) + " bootstrap over subjects",
              "gain claimed on validation" if s["validation"]["claimed"]["all"] else "no gain claimed"]]
@@ -72,8 +72,10 @@ def comparison_rows(s: Mapping[str, Any]) -> list[list[str]]:
         return [["LLDS vs GRPO at matched tuning", "pending", "-", "grid not complete"]]
     lo, hi = d["all"]["lo"], d["all"]["hi"]
     verdict = "no difference detected" if lo <= 0 <= hi else ("LLDS higher" if lo > 0 else "LLDS lower")
-    return [[f"{s['labels'][d['of']]} vs {s['labels'][d['minus']]} at matched tuning: test EM difference (40 steps, "
-             f"{len(s['design']['seeds'])} seeds a method)", f"{d['all']['mean']:+.3f}",
+    steps = sorted({r["steps"] for r in s["runs"]})
+    return [[f"{s['labels'][d['of']]} vs {s['labels'][d['minus']]} at matched tuning: test EM difference "
+             f"({'/'.join(map(str, steps))} steps, {len(s['design']['seeds'])} seeds a method)",
+             f"{d['all']['mean']:+.3f}",
              _iv(lo, hi, 3, signed=True) + " paired bootstrap over subjects", verdict]]
 
 
@@ -87,7 +89,7 @@ def prereg_rows(s: Mapping[str, Any]) -> list[list[str]]:
     n1, i1 = per_arm(one["arms"], "value", "lo", "hi", 2)
     n3, i3 = per_arm(three["arms"], "mean", "lo", "hi", 3)
     w = two["warned_k_ahead"]
-    return [[f"Registered: LLDS collapses less often than GRPO at lr {', '.join(one['rates'])} (25 steps, collapse "
+    return [[f"Registered: LLDS collapses less often than GRPO at lr {', '.join(one['rates'])} (held-out collapse "
              "share minus GRPO's)", n1, i1 + " Newcombe", supported(one["arms"])],
             [f"Registered: the probe likelihood falls {two['lead_k']}+ steps before a held-out collapse",
              f"{w['k']}/{w['n']} = {w['value']:.2f}", _iv(w["lo"], w["hi"], 2) + " Wilson",

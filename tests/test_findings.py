@@ -22,7 +22,7 @@ def test_the_readme_findings_block_is_what_the_committed_summaries_give():
     summaries = findings.read_summaries()
     assert set(summaries) == set(findings.SUMMARIES), "every report the table reads is committed"
     assert block == findings.findings_block(summaries)
-    assert block.count("\n| ") == len(findings.findings_rows(summaries)) + 1  # a row per claim under the header
+    assert block.count("\n| ") == len(findings.findings_rows(summaries))  # a row per claim under the header
 
 
 def test_the_committed_headline_figure_draws_what_the_committed_runs_compute():
@@ -38,10 +38,10 @@ def test_the_committed_headline_figure_draws_what_the_committed_runs_compute():
 
 def test_the_command_writes_the_block_and_the_figure(tmp_path):
     readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{findings.FINDINGS_BEGIN}\nold\n{findings.FINDINGS_END}\ntail\n")
+    readme.write_text(f"intro\n{findings.FINDINGS_BEGIN}\nSTALE BLOCK\n{findings.FINDINGS_END}\ntail\n")
     assert findings.main(["--readme", str(readme), "--figure", str(tmp_path / "headline.png")]) == 0
     text = readme.read_text()
-    assert "old" not in text and text.startswith("intro\n") and text.endswith("tail\n")
+    assert "STALE BLOCK" not in text and text.startswith("intro\n") and text.endswith("tail\n")
     assert readme_block_of(text, findings.FINDINGS_BEGIN, findings.FINDINGS_END) == findings.findings_block(
         findings.read_summaries())
     assert findings.read_headline(tmp_path / "headline.png") == json.loads(json.dumps(findings.headline_inputs()[0]))
@@ -61,9 +61,10 @@ def test_a_run_is_marked_at_the_first_of_its_collapsed_evaluations():
 
 
 def test_the_comparison_row_says_whether_its_interval_excludes_zero():
-    s = {"labels": {"llds_action": "LLDS", "grpo": "GRPO"}, "design": {"seeds": [0, 1, 2]},
+    s = {"labels": {"llds_action": "LLDS", "grpo": "GRPO"}, "design": {"seeds": [0, 1, 2]}, "runs": [{"steps": 40}],
          "difference": {"of": "llds_action", "minus": "grpo", "all": {"mean": 0.05, "lo": -0.01, "hi": 0.11}}}
     (row,) = findings.comparison_rows(s)
+    assert "(40 steps, 3 seeds a method)" in row[0]
     assert row[1:] == ["+0.050", "[-0.010, +0.110] paired bootstrap over subjects", "no difference detected"]
     s["difference"]["all"].update(lo=0.01)
     assert findings.comparison_rows(s)[0][3] == "LLDS higher"
