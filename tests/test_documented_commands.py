@@ -449,7 +449,8 @@ ENTRIES: tuple[Entry, ...] = (
     CannotRun("stepsize_grid", (
         "python -m searchr1_lab grid --registration docs/lab/stepsize/registration.json",
         "PYTHONPATH=$PWD python -m searchr1_lab grid --registration docs/lab/stepsize/registration.json --jobs 2 "
-        "--commit"),
+        "--commit",
+        "python -m searchr1_lab grid --registration docs/lab/stepsize/registration.json --jobs 2 --commit"),
         reason="the step-size study's registered grid: 45 runs of 75 steps, about 9 hours on 2 cores, committed as "
                "they land and checked against the registration in tests/test_stepsize_registration.py, which also "
                "tests the driver's refusal of a draft and the tasks it makes from a registration"),
