@@ -96,7 +96,30 @@ def test_the_frontier_row_names_the_best_method_and_the_others_bound():
     assert "(3 methods" in row[0]
     assert row[1:3] == ["B 0.330, the others <= 0.100; warm start 0.450",
                         "[0.280, 0.380] vs [0.400, 0.500] bootstrap over subjects"]
+    assert row[3] == "exploratory: every fix ends below the warm start, intervals apart"
+    s["test"]["B"] = em(0.33, 0.28, 0.42)  # its interval reaches the warm start's
+    assert findings.frontier_rows(s)[0][3] == "exploratory: the best fix is not shown below the warm start"
     assert findings.frontier_rows({**s, "complete": False})[0][1] == "pending"
+
+
+def test_the_step_size_rows_say_where_the_controls_were_matched_and_whether_every_llds_run_collapsed():
+    def comparison(count: str, lr: float) -> dict:
+        return {"a": {"count": count, "lr": lr}, "b": {"count": "5/5"}, **_welch(10.0, 5.0, 15.0)}
+
+    s = {"label": {"horizon": 75}, "step_size_window": [1, 8], "warmup_steps": 8,
+         "hypotheses": {"H1": {"supported": True, "comparison": comparison("5/5", 0.002)},
+                        "H1c": {"supported": True, "comparison": comparison("5/5", 0.0014)},
+                        "H2": {"verdict": "smaller steps suffice", "controls": {},
+                               "baseline": {"comparison": {"a": {"arm": "llds_action", "lr": 0.002}}}}}}
+    survival, matched = findings.stepsize_rows(s)
+    assert survival[1:4] == ["+10.0 steps; +10.0 steps", "[+5.0, +15.0] Welch; [+5.0, +15.0] Welch",
+                             "supported: a delay, every LLDS run collapsed too"]
+    assert "in the warm-up (steps 1-8)" in matched[0]
+    assert matched[3] == "registered: smaller steps suffice; what the data support: inconclusive"
+    s["hypotheses"]["H1c"]["comparison"] = comparison("3/5", 0.0014)
+    s["step_size_window"] = [1, 20]
+    survival, matched = findings.stepsize_rows(s)
+    assert survival[3] == "supported" and "over steps 1-20" in matched[0]
 
 
 def test_rows_link_their_report_and_a_missing_report_gives_none():
