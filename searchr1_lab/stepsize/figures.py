@@ -131,7 +131,8 @@ def draw_movement(plt: Any, runs: Sequence[Mapping[str, Any]], s: Mapping[str, A
                     time, event = ends[(arm, r["lr"], r["seed"])]
                     steps = sorted({int(x["step"]) for x in r["records"] if int(x["step"]) <= time})
                     ys = [movement(r["records"], t, measure) for t in steps]
-                    ax.plot(steps, ys, color=color, lw=0.8, alpha=0.6, label=arm if r is mine[0] else None)
+                    ax.plot(steps, ys, color=color, lw=0.8, alpha=0.6,
+                            label=f"{arm} (one line per seed)" if r is mine[0] else None)
                     ax.plot(steps[-1:], ys[-1:], "x" if event else ">", color=color, ms=7)
             ax.set(ylabel=MEASURE_NAMES[measure], title=f"lr {lr:g} (x: collapse, >: censored)" if row == 0 else "")
             if row == len(MEASURES) - 1:
