@@ -142,4 +142,5 @@ def replace_readme_block(text: str, lines: list[str], command: str) -> str:
     start, end = text.find(README_BEGIN), text.find(README_END)
     if start < 0 or end < start:
         raise ValueError(f"no '{README_BEGIN} ... -->' ... '{README_END}' markers in the README")
-    return text[:start] + "\n".join([f"{README_BEGIN} ({command}) -->", *lines, README_END]) + text[end + len(README_END):]
+    block = "\n".join([f"{README_BEGIN} ({command}) -->", *lines, README_END])
+    return text[:start] + block + text[end + len(README_END):]

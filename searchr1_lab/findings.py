@@ -97,8 +97,10 @@ def prereg_rows(s: Mapping[str, Any]) -> list[list[str]]:
         return ("; ".join(f"{ARM_NAMES.get(a, a)} {x['difference'][value]:+.{digits}f}" for a, x in arms.items()),
                 "; ".join(_iv(x["difference"][lo], x["difference"][hi], digits, signed=True) for x in arms.values()))
 
+    def supported(arms: Mapping[str, Any]) -> str:
+        return "supported" if all(x["supported"] for x in arms.values()) else "not in every arm"
+
     one, two, three = s["H1"], s["H2"], s["H3"]
-    supported = lambda arms: "supported" if all(x["supported"] for x in arms.values()) else "not in every arm"  # noqa: E731
     n1, i1 = per_arm(one["arms"], "value", "lo", "hi", 2)
     n3, i3 = per_arm(three["arms"], "mean", "lo", "hi", 3)
     w = two["warned_k_ahead"]

@@ -20,8 +20,8 @@ where one two-threaded job leaves a core idle (docs/lab.md, "The lab's cost").
 A task is done when its compact result exists (``docs/lab/runs/<method>-lr<lr>-seed<seed>.json.gz``,
 ``baselines.json.gz``; the demo's ``docs/demo/select/lr<lr>.json`` and ``docs/demo/summary.json``): a rerun of the
 same command skips it. An interrupted run resumes from its last checkpoint in ``--runs-dir`` (the lab's own resume).
-After each lab result the report and its block of docs/lab/results.md are rebuilt (:func:`finish`); with ``--commit`` the
-result and what was rebuilt from it are committed to the current git branch as they land (those paths only).
+After each lab result the report and its block of docs/lab/results.md are rebuilt (:func:`finish`); with ``--commit``
+the result and what was rebuilt from it are committed to the current git branch as they land (those paths only).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ OPTIONAL_CURVES = ("val_em", "grad_norm_signal")
 LOG_SCALE_CURVES = ("grad_norm", "grad_norm_signal")
 # One colour per arm, in every figure of the lab (the comparison's and the pre-registered study's curves, the
 # step-size and trust-region figures, the frontier, the headline figure): arm -> colour. The doses of one method are
-# shades of its colour (LLDS's lambda: light to dark green). tests/test_figures.py checks that every arm of a committed
+# shades of its colour (LLDS's lambda: light to dark green). tests/test_findings.py checks that every arm of a committed
 # study and every method of the lab has a colour of its own here.
 COLOURS = {
     # the paper's arms

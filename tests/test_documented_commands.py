@@ -277,7 +277,8 @@ ENTRIES: tuple[Entry, ...] = (
                "trainer.output_dir={work}/runs"),  # the runs where docs/tour.md's `collect runs/tiny-lam=*` finds them
     Run("sweep_collect", ("python -m searchr1_lab.sweep collect runs/tiny-lam=* --out runs/sweep",),
         needs=("sweep_local",)),
-    Run("lab_report", ("python -m searchr1_lab report --runs docs/lab/runs --out docs/lab --readme docs/lab/results.md",),
+    Run("lab_report", (
+        "python -m searchr1_lab report --runs docs/lab/runs --out docs/lab --readme docs/lab/results.md",),
         replace=(("--out docs/lab", "--out {work}/docs/lab"), ("docs/lab/results.md", "{results_copy}"))),
     # a one-step selection run; its first run also scores the warm start on validation (step 0)
     Run("demo_select", ("python -m searchr1_lab.demo --select-lr 1e-3 --select-dir docs/demo/select",),
@@ -520,8 +521,9 @@ ENTRIES: tuple[Entry, ...] = (
         reason="the registered grid: 4 arms x 4 learning rates x 5 seeds, hours on 2 cores (its runs are committed "
                "as they land and checked against the registration in tests/test_prereg.py); the driver's "
                "bookkeeping is tested in tests/test_lab_claims.py"),
-    CannotRun("sweep_collect_paper", ("python -m searchr1_lab.sweep collect runs/paper/* --out runs/paper-summary",
-                                      "python -m searchr1_lab.sweep collect runs/ablations/* --out runs/ablations-summary"),
+    CannotRun("sweep_collect_paper", (
+        "python -m searchr1_lab.sweep collect runs/paper/* --out runs/paper-summary",
+        "python -m searchr1_lab.sweep collect runs/ablations/* --out runs/ablations-summary"),
               reason="collects finished runs of the paper grid or the ablations (8 GPUs each); the subcommand runs as "
                      "sweep_collect"),
     CannotRun("preflight_paper", (

@@ -193,7 +193,7 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m searchr1_lab report", description=__doc__)
     p.add_argument("--runs", default="docs/lab/runs", help="the compact results")
     p.add_argument("--out", default="docs/lab", help="where summary.json and README.md go")
-    p.add_argument("--readme", help="also replace this page's lab-results block (the committed one: docs/lab/results.md)")
+    p.add_argument("--readme", help=f"also replace this page's lab-results block (the committed one: {RESULTS_PAGE})")
     args = p.parse_args(argv)
     if not Path(args.runs).is_dir():
         print(f"lab report: error: {args.runs} is not a directory", file=sys.stderr)

@@ -292,7 +292,8 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--prereg", default=str(REPO_ROOT / PREREG_FILE), help="the registration's JSON")
     p.add_argument("--runs", help="the grid's compact results (default: the registration's runs_dir)")
     p.add_argument("--out", help="report dir (default: the registration's report_dir)")
-    p.add_argument("--readme", help=f"also replace this page's block of the comparison (the committed one: {RESULTS_PAGE})")
+    p.add_argument("--readme", help=f"also replace this page's block of the comparison (the committed one: "
+                                    f"{RESULTS_PAGE})")
     args = p.parse_args(list(argv))
     reg = load_preregistration(args.prereg)["registration"]
     s = write_report(args.prereg, args.runs or REPO_ROOT / reg["runs_dir"], args.out or REPO_ROOT / reg["report_dir"],
