@@ -2,7 +2,7 @@
 
     python benchmarks/gpu_check.py [--out gpu_check.json]          # a GPU machine: <= 9 minutes on one H100
     python benchmarks/gpu_check.py --smoke [--out PATH]            # the same code on CPU at toy shapes
-    python benchmarks/gpu_check.py --report A.json [B.json ...] --doc docs/gpu.md   # the JSON files as markdown
+    python benchmarks/gpu_check.py --report A.json [B.json ...] --doc docs/gpu.md [--readme README.md]   # as markdown
 
 Needs only torch, transformers, accelerate (triton comes with CUDA torch; DeepSpeed, when importable, adds the
 ZeRO-2 section). No download: the models are random-initialised from benchmarks/model_configs/qwen2.5-*.json.
@@ -193,22 +193,42 @@ def run_section(section: str, smoke: bool, budget_s: float) -> dict:
             "environment": environment}
 
 
+def _sources(paths: list[str]) -> list[tuple[str, dict]]:
+    return [(p, json.loads(Path(p).read_text())) for p in paths]
+
+
 def report_block(paths: list[str], doc: str) -> str:
     """The markdown block of benchmarks/gpu_check_report.py from the JSON files ``paths``, in order."""
     import gpu_check_report
+    import paper_cell_cost
 
-    sources = [(p, json.loads(Path(p).read_text())) for p in paths]
     configs = {m: json.loads((HERE / "model_configs" / f"{m}.json").read_text()) for m in MODELS}
-    return gpu_check_report.render_block(sources, configs, doc)
+    return gpu_check_report.render_block(_sources(paths), configs, doc, paper_cell_cost.paper_facts(HERE.parent))
 
 
-def write_report(paths: list[str], doc: str) -> None:
-    """:func:`report_block` written between the gpu-check markers of ``doc``."""
+def readme_cost_lines(paths: list[str]) -> list[str]:
+    """The README's cost paragraph from the JSON files ``paths`` (benchmarks/paper_cell_cost.py)."""
     import gpu_check_report
+    import paper_cell_cost
+
+    estimate = gpu_check_report.cost_estimate(_sources(paths), paper_cell_cost.paper_facts(HERE.parent))
+    return paper_cell_cost.readme_lines(estimate) if estimate else ["**Cost**: no learner figures measured yet."]
+
+
+def write_report(paths: list[str], doc: str, readme: str | None = None) -> None:
+    """:func:`report_block` written between the gpu-check markers of ``doc``; with ``readme``, the cost paragraph
+    between its paper-cost markers."""
+    import gpu_check_report
+    import paper_cell_cost
 
     block = report_block(paths, doc)
     Path(doc).write_text(gpu_check_report.replace_block(Path(doc).read_text(), block))
     print(f"wrote the gpu-check block of {doc} from {', '.join(paths)}")
+    if readme:
+        command = f"python benchmarks/gpu_check.py --report {' '.join(paths)} --doc {doc} --readme {readme}"
+        Path(readme).write_text(paper_cell_cost.replace_readme_block(Path(readme).read_text(),
+                                                                     readme_cost_lines(paths), command))
+        print(f"wrote the cost paragraph of {readme}")
 
 
 def main() -> None:
@@ -219,6 +239,7 @@ def main() -> None:
     ap.add_argument("--report", nargs="+", default=[], metavar="JSON",
                     help="render these JSON files (later sections override earlier ones) into --doc; runs nothing")
     ap.add_argument("--doc", default="docs/gpu.md", help="with --report: the markdown file whose block is replaced")
+    ap.add_argument("--readme", help="with --report: also replace this README's paper-cost paragraph")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     ap.add_argument("--child-out", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -226,7 +247,7 @@ def main() -> None:
         run_child(args.child, args.smoke, Path(args.child_out))
         return
     if args.report:
-        write_report(args.report, args.doc)
+        write_report(args.report, args.doc, args.readme)
         return
     sections = [s for s in args.sections.split(",") if s]
     unknown = sorted(set(sections) - set(SECTION_ORDER))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import paper_cell_cost
 from searchr1_lld.preflight import memory_plan as mp
 
 MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b")
@@ -206,9 +207,22 @@ def facts_table(header: str, rows: tuple[tuple[str, str], ...], res: dict[str, A
     return table([header, "value"], [[label, shown(res.get(key))] for label, key in rows])
 
 
-def render_block(sources: list[tuple[str, dict]], model_configs: dict[str, dict], doc: str) -> str:
+def cost_estimate(sources: list[tuple[str, dict]], paper: tuple[dict, int]) -> dict[str, Any] | None:
+    """:func:`paper_cell_cost.estimate` of the merged ``sources`` (None without the learner's figures); ``paper``:
+    :func:`paper_cell_cost.paper_facts`."""
+    res, origin = merge(sources)
+    if "learner" not in origin:
+        return None
+    shapes = {**origin["learner"][1]["shapes"],
+              "rollout_batches": origin.get("rollout", origin["learner"])[1]["shapes"].get("rollout_batches")}
+    return paper_cell_cost.estimate(res, shapes, *paper)
+
+
+def render_block(sources: list[tuple[str, dict]], model_configs: dict[str, dict], doc: str,
+                 paper: tuple[dict, int] | None = None) -> str:
     """The markdown block of ``sources`` ([(path as the command names it, report)], later sections overriding),
-    between its markers; ``model_configs``: the HF config of each model (benchmarks/model_configs/) for the plan."""
+    between its markers; ``model_configs``: the HF config of each model (benchmarks/model_configs/) for the plan;
+    ``paper``: the paper configs' shapes (:func:`paper_cell_cost.paper_facts`) for the cost estimate."""
     res, origin = merge(sources)
     command = f"python benchmarks/gpu_check.py --report {' '.join(p for p, _ in sources)} --doc {doc}"
     lines = [f"{BEGIN} ({command}) -->", "", *environment_lines(sources), "", *sources_table(origin), "",
@@ -236,6 +250,11 @@ def render_block(sources: list[tuple[str, dict]], model_configs: dict[str, dict]
     if "launch" in origin:
         lines += ["", "**Launch: per-rank index placement, the allocator, the wake guard, the first update's LLDS**",
                   "", *facts_table("launch", LAUNCH_ROWS, res)]
+    estimate = cost_estimate(sources, paper) if paper else None
+    if estimate:
+        lines += ["", "**A paper cell on 8 GPUs, estimated from these figures** (benchmarks/paper_cell_cost.py: the "
+                      "arithmetic and its assumptions; L: tokens a trajectory, prompt, generated and retrieved)", "",
+                  *paper_cell_cost.table_lines(estimate)]
     return "\n".join(lines + ["", END])
 
 

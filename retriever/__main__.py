@@ -4,7 +4,7 @@ r"""CLI: ``python -m retriever {build,import,download,serve,search}`` (also the 
                                                       # encodes on every visible GPU in fp16 (--devices to choose)
     python -m retriever build --corpus wiki-18.jsonl --retriever bm25 --out indexes/bm25
     python -m retriever import --faiss-index e5_Flat.index --corpus wiki-18.jsonl --encoder intfloat/e5-base-v2 \
-        --out indexes/wiki18_e5                                        # adopt a prebuilt index, no re-encoding
+        --out indexes/e5-wiki18                                        # adopt a prebuilt index, no re-encoding
     python -m retriever download wiki18 --out data/wiki18 --index e5  # Search-R1's corpus + prebuilt e5 index
     python -m retriever serve --index indexes/e5_flat --port 8000        # prints "retriever ready on http://..."
     python -m retriever search --index indexes/e5_flat "who wrote hamlet"   # one-off query, no server

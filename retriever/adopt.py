@@ -3,7 +3,7 @@
 For indexes built elsewhere, such as Search-R1's prebuilt wiki-18 ``e5_Flat.index`` with ``wiki-18.jsonl``:
 
     python -m retriever import --faiss-index e5_Flat.index --corpus wiki-18.jsonl --encoder intfloat/e5-base-v2 \\
-        --out indexes/wiki18_e5
+        --out indexes/e5-wiki18
 
 The dir gets the layout of a built index (retriever/manifest.py): ``index.faiss`` (a hard link to the given index,
 else a symbolic link), ``docs.jsonl`` (the corpus, linked the same way; a ``.gz`` corpus is decompressed),

@@ -12,7 +12,7 @@ approximate sizes below. Offline (``HF_HUB_OFFLINE=1``) or without network: one 
 
 Then adopt them as an index dir:
 ``python -m retriever import --faiss-index DIR/e5_Flat.index --corpus DIR/wiki-18.jsonl.gz --encoder
-intfloat/e5-base-v2 --out indexes/wiki18_e5``.
+intfloat/e5-base-v2 --out indexes/e5-wiki18``.
 """
 
 from __future__ import annotations

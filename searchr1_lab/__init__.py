@@ -6,19 +6,22 @@
     python -m searchr1_lab --report-only --runs-dir runs/lab    # rebuild the report from finished runs
     python -m searchr1_lab --runs-dir runs/lab-90 --extend-from runs/lab trainer.total_steps=90   # 30 more steps
     python -m searchr1_lab grid --config configs/lab/compare.yaml --lrs 5e-4,1e-3,2e-3 ...   # the comparison
-    python -m searchr1_lab report --runs docs/lab/runs --out docs/lab --readme README.md     # its claims
+    python -m searchr1_lab report --runs docs/lab/runs --out docs/lab --readme docs/lab/results.md   # its claims
 
-Four studies share the resumable grid (grid.py, on the task driver in driver.py, which ``sweep --local`` runs
+Five studies share the resumable grid (grid.py, on the task driver in driver.py, which ``sweep --local`` runs
 through too) and its pieces (compact.py, one small file per finished run;
 baselines.py, the baselines, the not-guessable slice and each question's subject; intervals.py, the bootstrap that
 resamples subjects), each in a folder of its own with one public entry: ``comparison/`` (selection on validation,
 intervals, the detector measured, the report and the README block, from the compact files alone; docs/lab.md),
 ``prereg/`` (the pre-registered study: the registration, its label and alarms, its analysis and report),
-``demo/`` (the demo's selection on validation and its report; run by :mod:`searchr1_lab.demo`) and ``stepsize/``
-(the step-size study: its registration, which the grid runs, its analysis of mechanism or smaller steps, survival of
-runs to a collapse, the registered hypotheses, alarms at a matched false-alarm rate, and its report,
-``python -m searchr1_lab stepsize-report``). ``studies.py`` names the world each committed study ran on and how
-it is rebuilt; ``fresh.py`` reruns a study's grid into a fresh directory (``grid --fresh DIR``).
+``demo/`` (the demo's selection on validation and its report; run by :mod:`searchr1_lab.demo`), ``stepsize/``
+(the step-size study and the trust-region study built like it: its registration, which the grid runs, its analysis of
+mechanism or smaller steps, survival of runs to a collapse, the registered hypotheses, alarms at a matched false-alarm
+rate, and its report, ``python -m searchr1_lab stepsize-report``) and ``frontier/`` (every fix at its doses:
+``python -m searchr1_lab frontier-report``). The reports write their result blocks into docs/lab/results.md;
+``findings.py`` takes one row per claim from their summaries into the README's findings table, and draws the headline
+figure (``python -m searchr1_lab.findings``). ``studies.py`` names the world each committed study ran on and how it is
+rebuilt; ``fresh.py`` reruns a study's grid into a fresh directory (``grid --fresh DIR``).
 
 What one lab does
     1. one synthetic world (``searchr1_lld.world.ensure_world`` of the lab config's ``world: FILE``; ``--world-dir`` or
@@ -51,7 +54,8 @@ Numbers in the report
     the probe set's log-likelihood (the same correct responses re-measured), entropy, and the largest grad norm.
 
 Layout: methods.py (the arms and their configs), running.py (world, runs, summary), evaluating.py (greedy and
-sampled EM of a policy, provenance), analysis.py (phases, trends, verdicts), plots.py (curves), report.py
+sampled EM of a policy, provenance), analysis.py (phases, trends, verdicts), plots.py (curves, and the one table of
+colours every figure draws its arms with), report.py
 (README.md), cli.py (the command line).
 """
 
@@ -64,7 +68,7 @@ from searchr1_lab.methods import (FULL_CONFIG, LLD_MARGIN, METHODS, METHOD_KEYS,
                                   REWARD_MARGIN, RUN_KEYS, RUN_PLAN, RUN_RECORD, TREND_WINDOW, Method,
                                   check_only_llds_differs, config_differences, lab_config, method_config,
                                   parse_methods, parse_seeds, read_lab_config, run_name, shared_settings)
-from searchr1_lab.plots import CURVES, METHOD_COLORS, plot_curves
+from searchr1_lab.plots import COLOURS, CURVES, colour, plot_curves
 from searchr1_lab.report import (curve_columns, em_table, fmt, fmt_ms, per_run_table, phase_table, trend_table,
                                  warning_text, write_report)
 from searchr1_lab.evaluating import (eval_summary, evaluate_policy, evaluate_sampled, evaluate_train,

@@ -21,8 +21,8 @@ where one two-threaded job leaves a core idle (docs/lab.md, "The lab's cost").
 A task is done when its compact result exists (``docs/lab/runs/<method>-lr<lr>-seed<seed>.json.gz``,
 ``baselines.json.gz``; the demo's ``docs/demo/select/lr<lr>.json`` and ``docs/demo/summary.json``): a rerun of the
 same command skips it. An interrupted run resumes from its last checkpoint in ``--runs-dir`` (the lab's own resume).
-After each lab result the report and the README's lab block are rebuilt (:func:`finish`); with ``--commit`` the
-result and what was rebuilt from it are committed to the current git branch as they land (those paths only).
+After each lab result the report and its block of docs/lab/results.md are rebuilt (:func:`finish`); with ``--commit``
+the result and what was rebuilt from it are committed to the current git branch as they land (those paths only).
 
 ``--slurm`` writes the same tasks as a Slurm job array into ``RUNS_DIR/slurm`` instead (:mod:`.slurm`; ``--submit``
 submits the tasks not done): one task per array task, skipped when done, resumed from its checkpoint when
@@ -57,7 +57,7 @@ from searchr1_lab.prereg.report import PHENOMENA_FIGURES
 from searchr1_lab.running import prepare_world, read_run_record, repo_relative, resolve_world_dir, run_lab
 from searchr1_lab.demo.selection import selection_file
 from searchr1_lab.stepsize import registration as stepsize
-from searchr1_lab.studies import current_command
+from searchr1_lab.studies import RESULTS_PAGE, current_command
 from searchr1_lld.world import read_card
 
 
@@ -203,7 +203,7 @@ def registered_report(reg: dict) -> str:
 
 
 def report_command(compact_dir: Path, prereg_path: Path = REPO_ROOT / PREREG_FILE,
-                   readme: Path = REPO_ROOT / "README.md",
+                   readme: Path = REPO_ROOT / RESULTS_PAGE,
                    stepsize_path: Path = REPO_ROOT / stepsize.STEPSIZE_FILE) -> tuple[list[str], list[Path]]:
     """The command that rebuilds the report the compact results in ``compact_dir`` feed, and the paths it writes.
     The pre-registered comparison's runs dir feeds its registered analysis (``prereg-report``, into its
@@ -230,7 +230,7 @@ def report_command(compact_dir: Path, prereg_path: Path = REPO_ROOT / PREREG_FIL
 
 
 def rebuild_report(compact_dir: Path, prereg_path: Path = REPO_ROOT / PREREG_FILE,
-                   readme: Path = REPO_ROOT / "README.md",
+                   readme: Path = REPO_ROOT / RESULTS_PAGE,
                    stepsize_path: Path = REPO_ROOT / stepsize.STEPSIZE_FILE) -> list[Path]:
     """The report the compact results in ``compact_dir`` feed, rebuilt from them by :func:`report_command`; the
     paths it wrote."""

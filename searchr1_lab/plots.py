@@ -1,4 +1,5 @@
-"""The lab's curves: one panel per metric, thin lines per seed, bold per-method mean over seeds."""
+"""The lab's curves (one panel per metric, thin lines per seed, bold per-method mean over seeds) and the one table of
+colours every figure of the lab draws its arms with (:data:`COLOURS`)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,40 @@ OPTIONAL_CURVES = ("val_em", "grad_norm_signal")
 # drawn on a log axis: one spike before clipping (695 on one LLDS-MA run of the lab, others at 1-10)
 # flattens every other run on a linear axis
 LOG_SCALE_CURVES = ("grad_norm", "grad_norm_signal")
-METHOD_COLORS = {"grpo": "#d62728", "llds_response": "#1f77b4", "llds_action": "#2ca02c", "llds_ma": "#9467bd"}
+# One colour per arm, in every figure of the lab (the comparison's and the pre-registered study's curves, the
+# step-size and trust-region figures, the frontier, the headline figure): arm -> colour. The doses of one method are
+# shades of its colour (LLDS's lambda: light to dark green). tests/test_findings.py checks that every arm of a committed
+# study and every method of the lab has a colour of its own here.
+COLOURS = {
+    # the paper's arms
+    "grpo": "#d62728", "llds_action": "#2ca02c", "llds": "#2ca02c", "llds_response": "#1f77b4", "llds_ma": "#9467bd",
+    "llds_lam0.05": "#98df8a", "llds_lam1": "#145a14", "llds_action_lam1": "#145a14",
+    # the step-size controls
+    "grpo_trust_region": "#ff7f0e", "nll_anchor": "#8c564b", "grpo_lr_matched": "#e377c2", "grpo_kl_matched": "#7f7f7f",
+    "grpo_kl0.1": "#bcbd22", "grpo_kl1": "#8a8a10",
+    # the field's other fixes by name
+    "dapo": "#17becf", "dr_grpo": "#9edae5", "gspo": "#aec7e8", "cispo": "#c5b0d5", "clip_cov": "#c49c94",
+    "kl_cov": "#f7b6d2", "nthr": "#393b79", "dapo_clip_higher": "#6b6ecf", "sapo": "#637939", "gmpo": "#8ca252",
+    "gpg": "#b5cf6b", "dppo_tv": "#8c6d31", "dppo_kl": "#bd9e39", "grpo_passk": "#e7ba52", "opo": "#843c39",
+    "rloo": "#ad494a", "reinforce_pp_baseline": "#d6616b", "remax": "#7b4173", "bnpo": "#a55194", "luspo": "#ce6dbd",
+    "vespo": "#de9ed6",
+}
+UNLISTED = "#000000"  # an arm that is not in COLOURS (a new one: add it there)
+SEED_LINE = {"lw": 0.8, "alpha": 0.3}  # one seed's line, wherever curves of several seeds are drawn
+MEAN_LINE = {"lw": 1.8}                # their mean over seeds
+
+
+def colour(arm: str) -> str:
+    """The colour of ``arm`` in every figure (:data:`COLOURS`)."""
+    return COLOURS.get(arm, UNLISTED)
+
+
+def line_key_handles() -> list:
+    """Legend entries that say what thin and bold lines are: one seed, the mean over seeds."""
+    from matplotlib.lines import Line2D  # deferred: matplotlib
+
+    return [Line2D([], [], color="0.4", **SEED_LINE, label="thin: one seed"),
+            Line2D([], [], color="0.4", **MEAN_LINE, label="bold: mean over seeds")]
 
 
 def _series(records: Sequence[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
@@ -54,13 +88,13 @@ def _seed_mean(curves: Sequence[tuple[list[int], list[float]]]) -> tuple[list[in
 def _draw(ax: Any, records_by_run: dict[tuple[str, int], list[dict]], methods: Sequence[Method], key: str) -> None:
     for m in methods:
         curves = [_series(recs, key) for (mk, _), recs in records_by_run.items() if mk == m.key]
-        color = METHOD_COLORS.get(m.key)
+        color = colour(m.key)
         for xs, ys in curves:
             if len(curves) > 1:
-                ax.plot(xs, ys, color=color, alpha=0.25, lw=0.8)
+                ax.plot(xs, ys, color=color, **SEED_LINE)
         xs, ys = _seed_mean(curves)
         if xs:
-            ax.plot(xs, ys, color=color, lw=1.8, marker="o", ms=2.5, label=m.label)
+            ax.plot(xs, ys, color=color, **MEAN_LINE, marker="o", ms=2.5, label=m.label)
 
 
 def _reference(ax: Any, references: dict[str, tuple[float, str]], key: str) -> None:
@@ -83,7 +117,7 @@ def _panel(ax: Any, records_by_run: dict[tuple[str, int], list[dict]], methods: 
 
 
 def _figure_legend(fig: Any, axes: Any) -> None:
-    """One legend above the figure with every label its panels drew, once."""
+    """One legend above the figure with every label its panels drew, once, and what thin and bold lines are."""
     handles, labels = [], []
     for ax in axes.flat:
         for h, lab in zip(*ax.get_legend_handles_labels()):
@@ -91,6 +125,8 @@ def _figure_legend(fig: Any, axes: Any) -> None:
                 handles.append(h)
                 labels.append(lab)
     if handles:
+        handles += line_key_handles()
+        labels += [h.get_label() for h in handles[len(labels):]]
         fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=9)
 
 
@@ -115,7 +151,7 @@ def plot_curves(records_by_run: dict[tuple[str, int], list[dict]], methods: Sequ
         fig, ax = plt.subplots(figsize=(6, 3.4))
         _panel(ax, records_by_run, methods, stem, references, fontsize=10)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
+            ax.legend(handles=[*ax.get_legend_handles_labels()[0], *line_key_handles()], fontsize=7)
         fig.tight_layout()
         path = out_dir / f"{stem}.png"
         fig.savefig(path, dpi=90)

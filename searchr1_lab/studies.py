@@ -44,13 +44,21 @@ MOVED_MODULES = {"searchr1_lld.lab": "searchr1_lab", "searchr1_lld.demo": "searc
                  "searchr1_lld.sweep": "searchr1_lab.sweep"}
 MOVED_PATHS = {"searchr1_lld/lab/": "searchr1_lab/", "searchr1_lld/demo.py": "searchr1_lab/demo/command.py",
                "searchr1_lld/sweep.py": "searchr1_lab/sweep.py"}
+# The page that holds the studies' generated result blocks (the README holds the findings table that summarises them);
+# registrations name the README, where the blocks were when they were registered.
+RESULTS_PAGE = "docs/lab/results.md"
+MOVED_ARGUMENTS = {"--readme README.md": f"--readme {RESULTS_PAGE}"}
 
 
 def current_command(command: str) -> str:
-    """``command`` as registered (e.g. ``python -m searchr1_lld.lab stepsize-report``) -> the command that runs it
-    today (``python -m searchr1_lab stepsize-report``); a command of today is returned as is."""
-    return re.sub(r"\b(" + "|".join(re.escape(m) for m in MOVED_MODULES) + r")\b",
-                  lambda m: MOVED_MODULES[m.group(1)], command)
+    """``command`` as registered (e.g. ``python -m searchr1_lld.lab stepsize-report --readme README.md``) -> the
+    command that runs it today (``python -m searchr1_lab stepsize-report --readme docs/lab/results.md``); a command of
+    today is returned as is."""
+    command = re.sub(r"\b(" + "|".join(re.escape(m) for m in MOVED_MODULES) + r")\b",
+                     lambda m: MOVED_MODULES[m.group(1)], command)
+    for old, new in MOVED_ARGUMENTS.items():
+        command = re.sub(re.escape(old) + r"(?![\w./-])", new, command)
+    return command
 
 
 def current_path(path: str) -> str:

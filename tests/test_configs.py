@@ -94,18 +94,45 @@ def _reads_prepared_files(cfg):
     assert (cfg.eval.max_turns, cfg.eval.topk) == (4, 3)
 
 
+# the ablation axes: file prefix -> the LLDS key it varies; base.yaml is every axis's reference point
+ABLATION_AXES = {"lambda-": "lam", "gate-": "gate", "tau-": "tau", "ma-": "ma"}
+
+
 def test_ablation_grid():
+    """Each axis's files vary one LLDS key; with base.yaml (its reference point, never a second file of the same run)
+    they cover lambda 0-0.5, the three gates, tau 0-1 and the three answer masks."""
+    base = load_config(CONFIGS / "ablations" / "base.yaml")
     abl = {p.stem: load_config(p) for p in sorted((CONFIGS / "ablations").glob("*.yaml"))
            if p.stem != "base" and not p.stem.startswith("method-")}
-    lams = sorted(c.algorithm.llds.lam for s, c in abl.items() if s.startswith("lambda-"))
-    assert lams == [0.0, 0.05, 0.1, 0.2, 0.5]
-    assert {c.algorithm.llds.gate for s, c in abl.items() if s.startswith("gate-")} == {"none", "response", "action"}
-    assert {c.algorithm.llds.ma for s, c in abl.items() if s.startswith("ma-")} == {"off", "fixed", "adaptive"}
-    for cfg in abl.values():  # one knob changed, the rest is the headline setting
+    assert all(s.startswith(tuple(ABLATION_AXES)) for s in abl)
+
+    def axis(prefix: str) -> list:
+        key = ABLATION_AXES[prefix]
+        return sorted([getattr(c.algorithm.llds, key) for s, c in abl.items() if s.startswith(prefix)]
+                      + [getattr(base.algorithm.llds, key)])
+
+    assert axis("lambda-") == [0.0, 0.05, 0.1, 0.2, 0.5]
+    assert axis("gate-") == sorted(["none", "response", "action"])
+    assert axis("tau-") == [0.0, 0.01, 0.1, 1.0]
+    assert axis("ma-") == sorted(["off", "fixed", "adaptive"])
+    for name, cfg in abl.items():  # one knob changed, the rest is the headline setting
         assert cfg.model.path == "Qwen/Qwen2.5-3B" and cfg.data.train_mix == "nq+hotpotqa"
         assert (cfg.data.prompt_template, cfg.data.chat_template) == ("search-r1", "auto")
         assert cfg.algorithm.llds.enabled and cfg.algorithm.method == "llds"
+        changed = _differences(base, cfg) - {"name"}
+        assert changed and changed <= {f"algorithm.llds.{ABLATION_AXES[name.split('-')[0] + '-']}",
+                                       "algorithm.llds.lam_answer"}, (name, changed)
         _reads_prepared_files(cfg)
+
+
+def test_the_docs_count_the_ablation_runs_as_the_files_hold_them():
+    """docs/configs.md's counts: the axes' distinct runs (base.yaml included) and the method files."""
+    files = sorted((CONFIGS / "ablations").glob("*.yaml"))
+    axes = [p for p in files if not p.stem.startswith("method-")]
+    methods = [p for p in files if p.stem.startswith("method-")]
+    text = (CONFIGS.parent / "docs" / "configs.md").read_text()
+    assert f"## Ablations ({len(axes)} runs on four axes, and {len(methods)} other methods)" in text
+    assert f"**The other collapse fixes by name** ({len(methods)} runs" in text
 
 
 def _differences(a, b) -> set[str]:
@@ -115,13 +142,16 @@ def _differences(a, b) -> set[str]:
 
 
 def test_each_method_runs_on_the_papers_3b_cell_sharing_every_other_setting_with_llds():
-    """configs/ablations/method-<name>.yaml for every preset (the gate arms are gate-*.yaml): the same cell as the
-    LLDS ablation base, differing only in the name, algorithm.method and what the preset pins."""
+    """configs/ablations/method-<name>.yaml for every preset but LLDS's own, which the axes' files already run (the
+    gate arms are gate-*.yaml; llds is base.yaml, llds_ma is ma-adaptive.yaml): the same cell as the LLDS ablation
+    base, differing only in the name, algorithm.method and what the preset pins."""
     from searchr1_lld.config.methods import METHODS, PINNED_KEYS
 
     llds = load_config(CONFIGS / "ablations" / "base.yaml")
     files = {p.stem.removeprefix("method-"): p for p in (CONFIGS / "ablations").glob("method-*.yaml")}
-    assert set(files) == set(METHODS) - {"llds_action", "llds_response"}
+    assert set(files) == set(METHODS) - {"llds", "llds_ma", "llds_action", "llds_response"}
+    ma = load_config(CONFIGS / "ablations" / "ma-adaptive.yaml")  # the llds_ma preset's run, under the method llds
+    assert ma.algorithm.llds.ma == "adaptive" and llds.algorithm.method == "llds"
     allowed = {"name", "algorithm.method", *(f"algorithm.{k}" for k in PINNED_KEYS)}
     for name, path in files.items():
         cfg = load_config(path)

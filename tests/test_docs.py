@@ -10,13 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from searchr1_lab import studies
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 LAB_DIR = ROOT / "docs" / "lab"
+RESULTS_PAGE = ROOT / studies.RESULTS_PAGE  # the studies' generated blocks
 DEMO_DIR = ROOT / "docs" / "demo"  # written by `python -m searchr1_lab.demo --report docs/demo`
 MARKDOWN = [README, *sorted((ROOT / "docs").rglob("*.md"))]
-MAX_README_LINES = 300
+MAX_README_LINES = 160  # about 150: pitch, commands, quick starts, findings, where things are
 
 SESSION_OR_ISSUE = re.compile(r"session[ -]?[0-9]+|sessions? [0-9]|issue[ #-]?[0-9]+|issues? #[0-9]", re.IGNORECASE)
 # Source files the world/data refactor moves out of the tree; they are cleaned where they land.
@@ -200,22 +202,22 @@ def test_section_pointers_in_code_and_configs_resolve():
 # Figures the README quotes come from generated files
 # ---------------------------------------------------------------------------------------------------------------
 
-def test_readme_lab_block_is_what_the_report_command_computes(tmp_path):
-    """README's lab figures equal what `python -m searchr1_lab report --runs docs/lab/runs` computes from the
-    committed compact results (whatever part of the grid has finished), and so do docs/lab's summary and report."""
+def test_the_results_pages_lab_block_is_what_the_report_command_computes(tmp_path):
+    """The results page's lab figures equal what `python -m searchr1_lab report --runs docs/lab/runs` computes from
+    the committed compact results (whatever part of the grid has finished), and so do docs/lab's summary and report."""
     from searchr1_lab.comparison.claims import readme_block, readme_block_of
     from searchr1_lab.comparison.report import report_markdown, write_outputs
 
-    readme = README.read_text()
-    assert "docs/lab/summary.json" in readme, "the README names the file its lab figures come from"
+    page = RESULTS_PAGE.read_text()
+    assert "](summary.json)" in page, "the results page names the file its lab figures come from"
     summary = write_outputs(LAB_DIR / "runs", tmp_path)
-    assert readme_block_of(readme) == readme_block(summary)
+    assert readme_block_of(page) == readme_block(summary)
     assert json.loads((LAB_DIR / "summary.json").read_text()) == summary
     assert (LAB_DIR / "README.md").read_text() == report_markdown(summary)
 
 
-def test_readme_prereg_block_is_what_the_registered_analysis_computes(tmp_path):
-    """README's block of the pre-registered comparison, docs/lab/prereg's summary, report and figures equal what
+def test_the_results_pages_prereg_block_is_what_the_registered_analysis_computes(tmp_path):
+    """The results page's block of the pre-registered comparison, docs/lab/prereg's summary, report and figures equal what
     `python -m searchr1_lab prereg-report` computes from the committed compact results (finished or not)."""
     from searchr1_lab.comparison.claims import readme_block_of
     from searchr1_lab.prereg.registration import load_preregistration
@@ -225,7 +227,7 @@ def test_readme_prereg_block_is_what_the_registered_analysis_computes(tmp_path):
     reg = load_preregistration()["registration"]
     summary = write_report(ROOT / "docs" / "lab" / "preregistration.json", ROOT / reg["runs_dir"], tmp_path)
     report_dir = ROOT / reg["report_dir"]
-    assert readme_block_of(README.read_text(), README_BEGIN, README_END) == readme_block(summary)
+    assert readme_block_of(RESULTS_PAGE.read_text(), README_BEGIN, README_END) == readme_block(summary)
     assert json.loads((report_dir / "summary.json").read_text()) == summary
     assert (report_dir / "README.md").read_text() == render(summary)
     # the registered files were split into a package: a commit that changed only the package's files is listed

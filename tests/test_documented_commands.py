@@ -213,6 +213,7 @@ WIKI18 = "needs Search-R1's wiki-18 corpus and e5 index from the hub (~70 GB)"
 ENTRIES: tuple[Entry, ...] = (
     # --- run here ------------------------------------------------------------------------------------------------
     Run("help_config", ("python train.py --help-config",), slow=False),
+    Run("eval_help", ("python eval.py --help",), slow=False),
     Run("memory_plan", ("python -m searchr1_lld.preflight.memory_plan",)),
     # the build itself runs in the tiny_world fixture (ensure_world); here the command finds it built and reuses it
     Run("world_build", (
@@ -259,10 +260,13 @@ ENTRIES: tuple[Entry, ...] = (
          "--datasets synthetic=.cache/world/qa/test.jsonl --out runs/eval-tiny",), append="--limit 4"),
     Run("sweep_print_launch_lam", (
         'python -m searchr1_lab.sweep expand --base configs/ablations/base.yaml '
-        '--grid "algorithm.llds.lam=0,0.05,0.1,0.2,0.5" --print-launch',)),
+        '--grid "algorithm.llds.lam=0,0.05,0.1,0.5" --print-launch',)),
     Run("sweep_print_launch_gate", (
         'python -m searchr1_lab.sweep expand --base configs/ablations/base.yaml '
-        '--grid "algorithm.llds.gate=none,response,action" --print-launch',)),
+        '--grid "algorithm.llds.gate=none,response" --print-launch',)),
+    Run("sweep_print_launch_tau", (
+        'python -m searchr1_lab.sweep expand --base configs/ablations/base.yaml '
+        '--grid "algorithm.llds.tau=0.01,0.1,1" --print-launch',)),
     Run("sweep_validate", (
         'python -m searchr1_lab.sweep expand --base configs/tiny.yaml '
         '--grid "algorithm.llds.lam=0,0.2 algorithm.llds.gate=none,action"',)),
@@ -270,11 +274,12 @@ ENTRIES: tuple[Entry, ...] = (
         'python -m searchr1_lab.sweep expand --base configs/tiny.yaml --grid "algorithm.llds.lam=0,0.1,0.2" '
         '--local --jobs 2 --out runs/sweep',),
         append="--set {world_overrides} " + TOY_TRAINING + " trainer.total_steps=1 trainer.save_every=0 "
-               "trainer.output_dir={work}/runs"),  # the runs where the README's `collect runs/tiny-lam=*` finds them
+               "trainer.output_dir={work}/runs"),  # the runs where docs/tour.md's `collect runs/tiny-lam=*` finds them
     Run("sweep_collect", ("python -m searchr1_lab.sweep collect runs/tiny-lam=* --out runs/sweep",),
         needs=("sweep_local",)),
-    Run("lab_report", ("python -m searchr1_lab report --runs docs/lab/runs --out docs/lab --readme README.md",),
-        replace=(("--out docs/lab", "--out {work}/docs/lab"), ("README.md", "{readme_copy}"))),
+    Run("lab_report", (
+        "python -m searchr1_lab report --runs docs/lab/runs --out docs/lab --readme docs/lab/results.md",),
+        replace=(("--out docs/lab", "--out {work}/docs/lab"), ("docs/lab/results.md", "{results_copy}"))),
     # a one-step selection run; its first run also scores the warm start on validation (step 0)
     Run("demo_select", ("python -m searchr1_lab.demo --select-lr 1e-3 --select-dir docs/demo/select",),
         replace=(("docs/demo", "{work}/docs/demo"),),
@@ -316,21 +321,25 @@ ENTRIES: tuple[Entry, ...] = (
               where="tests/test_lab.py::test_quick_lab_report_is_consistent", snippet='lab.main(["--quick", "--out"',
               how="the same command with --runs-dir and --world-dir on the test world"),
     RunByTest("prereg_report", ("python -m searchr1_lab prereg-report",
-                                "python -m searchr1_lab prereg-report --readme README.md"),
+                                "python -m searchr1_lab prereg-report --readme docs/lab/results.md"),
               where="tests/test_prereg.py::test_the_report_command_writes_the_report",
               snippet='lab_main(["prereg-report"',
               how="the same command with --prereg, --runs, --out and --readme on a hand-made registration and grid"),
-    RunByTest("stepsize_report", ("python -m searchr1_lab stepsize-report --readme README.md",
+    RunByTest("stepsize_report", ("python -m searchr1_lab stepsize-report --readme docs/lab/results.md",
                                   "python -m searchr1_lab stepsize-report --registration "
-                                  "docs/lab/trustregion/registration.json --readme README.md"),
+                                  "docs/lab/trustregion/registration.json --readme docs/lab/results.md"),
               where="tests/test_stepsize_report.py::"
                     "test_the_report_command_writes_summary_verdict_figures_and_readme_block",
               snippet='lab_main(["stepsize-report"',
               how="the same command with --registration and --readme on a hand-made registration and grid"),
-    RunByTest("frontier_report", ("python -m searchr1_lab frontier-report --readme README.md",),
+    RunByTest("frontier_report", ("python -m searchr1_lab frontier-report --readme docs/lab/results.md",),
               where="tests/test_frontier.py::test_the_report_command_writes_the_report_figures_and_readme_block",
               snippet='lab_main(["frontier-report"',
               how="the same command with --registration, --runs, --out and --readme on a hand-made registration"),
+    RunByTest("findings", ("python -m searchr1_lab.findings --readme README.md",),
+              where="tests/test_findings.py::test_the_command_writes_the_block_and_the_figure",
+              snippet='findings.main(["--readme"',
+              how="the same command on a copy of the README, the figure into a temporary directory"),
     RunByTest("sweep_local_two", (
         'python -m searchr1_lab.sweep expand --base configs/tiny.yaml --grid "algorithm.llds.lam=0,0.2" --local '
         '--jobs 2 --out runs/sweep-lam',),
@@ -349,7 +358,7 @@ ENTRIES: tuple[Entry, ...] = (
         where="tests/test_eval.py::test_compare_dirs_cli", snippet='"--baseline", "llds"',
         how="--compare-dirs with --baseline naming a row"),
     RunByTest("gpu_check_report", (
-        "python benchmarks/gpu_check.py --report docs/gpu_check/h200.json --doc docs/gpu.md",),
+        "python benchmarks/gpu_check.py --report docs/gpu_check/h200.json --doc docs/gpu.md --readme README.md",),
         where="tests/test_gpu_check.py::test_report_command_rewrites_the_block_in_place",
         snippet='REPORT_COMMAND.replace("benchmarks/gpu_check.py"',
         how="the documented command on a copy of docs/gpu.md and the JSON files"),
@@ -428,7 +437,7 @@ ENTRIES: tuple[Entry, ...] = (
         "python -m searchr1_lab --config configs/lab/lab-lr1e-3.yaml --out runs/lab-lr1e-3/report "
         "--runs-dir runs/lab-lr1e-3",
         "python -m searchr1_lab --config configs/lab/smollm2.yaml --methods grpo,llds_action --seeds 0 "
-        "--world-dir .cache/smollm2-world --runs-dir runs/lab-smollm2 --out docs/lab/smollm2"),
+        "--world-dir .cache/smollm2-world --runs-dir runs/lab-smollm2 --out runs/lab-smollm2/report"),
         reason="a lab of several methods x seeds x tens of steps: hours on 2 cores; the same driver runs as "
                "--quick in tests/test_lab.py::test_quick_lab_report_is_consistent"),
     CannotRun("lab_methods", (
@@ -444,7 +453,8 @@ ENTRIES: tuple[Entry, ...] = (
     CannotRun("stepsize_grid", (
         "python -m searchr1_lab grid --registration docs/lab/stepsize/registration.json",
         "PYTHONPATH=$PWD python -m searchr1_lab grid --registration docs/lab/stepsize/registration.json --jobs 2 "
-        "--commit"),
+        "--commit",
+        "python -m searchr1_lab grid --registration docs/lab/stepsize/registration.json --jobs 2 --commit"),
         reason="the step-size study's registered grid: 45 runs of 75 steps, about 9 hours on 2 cores, committed as "
                "they land and checked against the registration in tests/test_stepsize_registration.py, which also "
                "tests the driver's refusal of a draft and the tasks it makes from a registration"),
@@ -488,7 +498,7 @@ ENTRIES: tuple[Entry, ...] = (
     CannotRun("comparison_at_its_commit", (
         "PYTHONPATH=$PWD python -m searchr1_lld.world build --config configs/world/large-quoted.yaml "
         "--out .cache/lab-world-c1823703dda8",
-        "PYTHONPATH=$PWD python -m searchr1_lab grid --config configs/lab/compare.yaml --lrs 5e-4,1e-3,2e-3 "
+        "PYTHONPATH=$PWD python -m searchr1_lld.lab grid --config configs/lab/compare.yaml --lrs 5e-4,1e-3,2e-3 "
         "--seeds 0,1,2 --methods grpo,llds_action --runs-dir runs/compare --compact docs/lab/runs --jobs 2",
         "python -m searchr1_lab task --baselines --config configs/lab/compare.yaml "
         "--world-dir ../compare/.cache/lab-world-c1823703dda8 --runs-dir runs/compare-rerun/train "
@@ -498,8 +508,11 @@ ENTRIES: tuple[Entry, ...] = (
                "trains its 18 runs (hours), then reported here; tests/test_studies.py checks that that commit's "
                "world config builds the hash the committed results record"),
     CannotRun("smollm2_at_its_commit", (
-        "PYTHONPATH=$PWD python -m searchr1_lab --config configs/lab/smollm2.yaml --methods grpo,llds_action "
-        "--seeds 0 --world-dir .cache/smollm2-world --runs-dir runs/lab-smollm2 --out runs/lab-smollm2/report",),
+        "PYTHONPATH=$PWD python -m searchr1_lld.lab --config configs/lab/smollm2.yaml --methods grpo,llds_action "
+        "--seeds 0 --world-dir .cache/smollm2-world --runs-dir runs/lab-smollm2 --out runs/lab-smollm2/report",
+        # the command its report records (docs/lab/smollm2/README.md), as it ran at that commit
+        "python -m searchr1_lld.lab --config configs/lab/smollm2.yaml --methods grpo,llds_action --seeds 0 "
+        "--world-dir .cache/smollm2-world --runs-dir runs/lab-smollm2 --out docs/lab/smollm2"),
         reason="the SmolLM2 runs in a worktree at commit cefae78, after that commit's world and policy builds "
                "(minutes, then hours of training); tests/test_studies.py checks that that commit's world config is "
                "the one the committed report records"),
@@ -523,8 +536,11 @@ ENTRIES: tuple[Entry, ...] = (
         reason="the registered study's grid (hours of runs) as a job array on a Slurm cluster; tests/test_slurm.py "
                "writes this registration's array (every task done: its committed results) and submits arrays of "
                "tasks that wait for others to a one-node Slurm cluster"),
-    CannotRun("sweep_collect_paper", ("python -m searchr1_lab.sweep collect runs/paper/* --out runs/paper-summary",),
-              reason="collects finished runs of the paper grid (8 GPUs each); the subcommand runs as sweep_collect"),
+    CannotRun("sweep_collect_paper", (
+        "python -m searchr1_lab.sweep collect runs/paper/* --out runs/paper-summary",
+        "python -m searchr1_lab.sweep collect runs/ablations/* --out runs/ablations-summary"),
+              reason="collects finished runs of the paper grid or the ablations (8 GPUs each); the subcommand runs as "
+                     "sweep_collect"),
     CannotRun("preflight_paper", (
         "python train.py --config configs/paper/qwen2.5-3b-base_nq-hotpotqa_llds-ma.yaml --preflight "
         "--accelerate-config configs/accelerate/zero2_8gpu.yaml",),
@@ -560,8 +576,8 @@ ENTRIES: tuple[Entry, ...] = (
                             "python benchmarks/gpu_check.py --out $OUT/gpu_check.json"),
               reason="needs a GPU; the same script runs with --smoke in tests/test_gpu_check.py"),
     CannotRun("eval_paper", (
-        "python eval.py --model runs/<run>/checkpoints/<step>/policy --config configs/paper/eval.yaml "
-        "--retriever-url http://127.0.0.1:8000 --out runs/<run>/eval",
+        "python eval.py --model runs/paper/<run>/checkpoints/step_001005/policy --config configs/paper/eval.yaml "
+        "--retriever-url http://127.0.0.1:8000 --gpus 8 --out runs/paper/<run>/eval",
         "python eval.py --model RUN/checkpoints/step_001005/policy --config RUN/config.yaml "
         "--retriever-url http://127.0.0.1:8000 --out RUN/eval",
         "python eval.py --model RUN/checkpoints/step_<N>/policy --config RUN/config.yaml "
@@ -580,16 +596,13 @@ ENTRIES: tuple[Entry, ...] = (
                "and their merge run on the test world in tests/test_eval_shards.py::"
                "test_gpus_spawns_shards_and_merges_to_the_unsharded_result (--gpus 2 on CPU) and "
                "tests/test_eval.py::test_shards_merge_to_the_unsharded_result"),
-    CannotRun("flashrag", ("python -m searchr1_lld.data.flashrag --out data/flashrag --train-mix nq+hotpotqa",
-                           "python -m searchr1_lld.data.flashrag"),
+    CannotRun("flashrag", ("python -m searchr1_lld.data.flashrag --out data/flashrag --train-mix nq+hotpotqa",),
               reason="downloads the FlashRAG benchmarks from the hub; tests/test_data_flashrag.py runs it on a "
                      "local mirror (--local-dir)"),
     CannotRun("wiki18_download", ("python -m retriever download wiki18 --out data/wiki18 --index e5",),
               reason=WIKI18 + "; tests/test_retriever_download.py runs it offline (one-line error) and with the "
                               "transfer stubbed"),
     CannotRun("wiki18_import", (
-        "python -m retriever import --faiss-index data/wiki18/e5_Flat.index --corpus data/wiki18/wiki-18.jsonl.gz "
-        "--encoder intfloat/e5-base-v2 --out indexes/e5-flat",
         "python -m retriever import --faiss-index data/wiki18/e5_Flat.index --corpus data/wiki18/wiki-18.jsonl.gz "
         "--encoder intfloat/e5-base-v2 --out indexes/e5-wiki18",
         "python -m retriever import"),
@@ -672,9 +685,10 @@ def program_help(program: str, sub: str) -> str:
 
 
 def unknown_flags(command: str) -> list[str]:
-    """The ``--flags`` of ``command`` that its program's (or subcommand's) --help does not name."""
+    """The ``--flags`` of ``command`` that its program's (or subcommand's) --help does not name; a command of a
+    module that has moved since (one that runs in a worktree of an old commit) is asked of the module it moved to."""
     unknown = []
-    for program, sub, args in _programs(command):
+    for program, sub, args in _programs(current_command(command)):
         flags = [a.split("=")[0] for a in args if a.startswith("--") and a != "--"]
         if flags or sub:  # a program without flags is not asked (some have no --help and would just run)
             text = program_help(program, sub)
@@ -790,7 +804,7 @@ def _children_cpu_s() -> float:
 class Workspace:
     """Runs the Run entries (each once; those an entry reads from first) in a scratch directory, on the test world
     and its stand-in for the default world. Template values: {work}, {test_world}, {world_config}, {world},
-    {world_overrides}, {readme_copy}, {port}, {entry} (the entry's own name), and another entry's name for what it
+    {world_overrides}, {readme_copy}, {results_copy}, {port}, {entry} (the entry's own name), and another entry's name for what it
     ran (``{train_tour.run_dir}``)."""
 
     def __init__(self, work: Path, test_world: Path):
@@ -838,6 +852,13 @@ class Workspace:
         path = self.work / "README.md"
         if not path.is_file():
             shutil.copyfile(REPO_ROOT / "README.md", path)
+        return path
+
+    def results_copy(self) -> Path:
+        """A copy of the studies' results page (the report commands' --readme)."""
+        path = self.work / "results.md"
+        if not path.is_file():
+            shutil.copyfile(REPO_ROOT / "docs" / "lab" / "results.md", path)
         return path
 
     def require(self, name: str) -> Ran:
@@ -903,7 +924,8 @@ class _Values(dict):
             value = shlex.join(trainer_overrides(ws.world()))
         else:
             paths = {"work": lambda: ws.work, "test_world": lambda: ws.test_world, "world": ws.world,
-                     "world_config": ws.world_config, "readme_copy": ws.readme_copy}
+                     "world_config": ws.world_config, "readme_copy": ws.readme_copy,
+                     "results_copy": ws.results_copy}
             value = shlex.quote(str(paths[key]()))
         self[key] = value
         return value
@@ -1007,7 +1029,7 @@ def test_the_readme_retriever_example_asks_about_a_company_of_the_default_world(
     from searchr1_lld.world.generate import generate_world, passage_kind, passage_title
 
     readme = (REPO_ROOT / "README.md").read_text()
-    section = readme.split("## The retriever as a standalone service", 1)[1].split("\n## ", 1)[0]
+    section = readme.split("## The retriever on its own", 1)[1].split("\n## ", 1)[0]
     asked = re.findall(r'"who founded ([^"]+)"', section)
     asked += re.findall(r'InProcessRetriever\([^)]*\)\.search\(\["([^"]+)"', section)
     assert len(asked) == 4 and len(set(asked)) == 1, asked

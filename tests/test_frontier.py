@@ -279,6 +279,18 @@ def test_the_reading_added_after_the_test_split_was_read_came_after_it(reg):
         assert shown(entry["read"]) and not shown(f"{entry['read']}^")
 
 
+def test_the_figures_group_every_method_once_label_cells_and_read_the_warm_starts_em():
+    from searchr1_lab.frontier.figures import cell_label, phenomena_groups, start_val_em
+
+    assert phenomena_groups(["GRPO", "DAPO", "reference KL", "a new fix"]) == {
+        "GRPO and the likelihood fixes": ["GRPO"], "step-size controls": ["reference KL"],
+        "the field's other fixes": ["DAPO", "a new fix"]}
+    assert cell_label({"method": "GRPO", "dose": "GRPO, lr 0.0014"}) == "GRPO, lr 0.0014"
+    assert cell_label({"method": "LLDS", "dose": "lambda 0.2"}) == "LLDS: lambda 0.2"
+    runs = [{"records": [{"step": 0, "eval/val_em": v}, {"step": 5, "eval/val_em": 0.0}]} for v in (0.4, 0.5)]
+    assert start_val_em(runs) == pytest.approx(0.45) and start_val_em([{"records": []}]) is None
+
+
 def test_git_keeps_the_studys_results(reg):
     block = reg["registration"]
     paths = [f"{block['runs_dir']}/grpo-lr0.002-seed20.json.gz", f"{block['runs_dir']}/baselines.json.gz",

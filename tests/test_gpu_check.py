@@ -19,12 +19,13 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import gpu_check  # noqa: E402
 import gpu_check_report  # noqa: E402
+import paper_cell_cost  # noqa: E402
 from searchr1_lld.preflight import memory_plan as mp  # noqa: E402
 
 CPU_NULL = ("_peak_gib", "_persistent_gib")  # no allocator statistics on CPU: present, null
 # runs gpu_check.py as the main program, then says whether that process (not its sections') imported torch
 # docs/gpu.md's figures: this command, run in the repository, writes its gpu-check block from the committed files
-REPORT_COMMAND = "python benchmarks/gpu_check.py --report docs/gpu_check/h200.json --doc docs/gpu.md"
+REPORT_COMMAND = "python benchmarks/gpu_check.py --report docs/gpu_check/h200.json --doc docs/gpu.md --readme README.md"
 AS_MAIN = ("import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__'); "
            "print('parent imported torch:', 'torch' in sys.modules)")
 
@@ -170,9 +171,13 @@ def test_docs_gpu_block_is_what_the_report_renders_from_the_committed_json(monke
     """The figures of docs/gpu.md cannot drift from docs/gpu_check/*.json: its block equals the rendered one."""
     monkeypatch.chdir(REPO)
     args = REPORT_COMMAND.split()
+    paths, doc_path = args[args.index("--report") + 1: args.index("--doc")], args[args.index("--doc") + 1]
     doc = (REPO / "docs" / "gpu.md").read_text()
     assert REPORT_COMMAND in doc, "docs/gpu.md names the command that writes its block"
-    assert gpu_check_report.block_of(doc) == gpu_check.report_block(args[3:-2], args[-1])
+    assert gpu_check_report.block_of(doc) == gpu_check.report_block(paths, doc_path)
+    readme = (REPO / "README.md").read_text()
+    assert f"{paper_cell_cost.README_BEGIN} ({REPORT_COMMAND}) -->" in readme, "the README's cost paragraph names it"
+    assert "\n".join(gpu_check.readme_cost_lines(paths)) in readme
 
 
 def test_report_command_rewrites_the_block_in_place(tmp_path):
@@ -180,6 +185,8 @@ def test_report_command_rewrites_the_block_in_place(tmp_path):
     (tmp_path / "docs" / "gpu_check").mkdir(parents=True)
     for name in ("gpu.md", "gpu_check/h200.json"):
         (tmp_path / "docs" / name).write_text((REPO / "docs" / name).read_text())
+    (tmp_path / "README.md").write_text(paper_cell_cost.replace_readme_block((REPO / "README.md").read_text(),
+                                                                            ["stale"], "old"))
     doc = tmp_path / "docs" / "gpu.md"
     doc.write_text(gpu_check_report.replace_block(doc.read_text(), f"{gpu_check_report.BEGIN} -->\nstale\n"
                                                                     f"{gpu_check_report.END}"))
@@ -188,6 +195,7 @@ def test_report_command_rewrites_the_block_in_place(tmp_path):
                           timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert doc.read_text() == (REPO / "docs" / "gpu.md").read_text()
+    assert (tmp_path / "README.md").read_text() == (REPO / "README.md").read_text()
 
 
 def hand_report(sections: dict, results: dict, **extra) -> dict:
@@ -280,3 +288,23 @@ def test_renderer_shows_the_launch_section():
                 "| vLLM: level-2 wake without a weight load refused | True |",
                 "| vLLM asleep: GPU memory kept, GiB | - |"):
         assert row in lines, row
+
+
+def test_the_paper_cell_cost_is_the_arithmetic_its_docstring_states():
+    """Hand-computed: update 32,768 tokens in 2 s (16,384/s), a forward of 16 x 4,096 tokens in 1 s (65,536/s); 80
+    trajectories a step over 8 GPUs (10 each); L = 1,024: 10,240 tokens a GPU, 0.625 s update + 3 x 0.15625 s forward
+    = 1.09375 s a step; the cap of 2,048 drops L = 4,096; 360 steps; HF rollout 1,000 tokens/s."""
+    res = {"learner_qwen2.5-3b_optimizer_step_s_llds_on": 2.0, "learner_qwen2.5-3b_tokens_per_micro_batch": 32768,
+           "learner_qwen2.5-3b_monitor_forward_s": 1.0, "rollout_tokens_per_s_qwen2.5-1.5b_b256": 1000.0}
+    shapes = {"rows": 16, "tokens_per_row": 4096, "rollout_batches": [64, 256]}
+    paper = {"trajectories": 80, "steps": 360, "eval_every": 100, "max_total_length": 2048}
+    e = paper_cell_cost.estimate(res, shapes, paper, eval_questions=160)
+    assert [c["tokens"] for c in e["cells"]] == [1024, 2048]
+    assert e["cells"][0]["step_s"] == pytest.approx(1.09375) and e["cells"][1]["step_s"] == pytest.approx(2.1875)
+    assert e["cells"][0]["hours_3b"] == pytest.approx(1.09375 * 360 / 3600)
+    assert e["cells"][0]["hours_7b"] == pytest.approx(e["cells"][0]["hours_3b"] * 7.62 / 3.09)
+    assert e["generate_s_per_100"] == pytest.approx(1.0)
+    assert (e["final_eval_steps"], e["evaluations"], e["full_eval_steps"]) == (2.0, 4, 8.0)
+    assert e["sample_eval_steps"] == pytest.approx(4 * paper_cell_cost.SAMPLE / 80)
+    assert paper_cell_cost.estimate({}, shapes, paper, 160) is None  # no learner figures, no estimate
+    assert "| 3B: learner GPU-hours / cell | 1 | 2 |" in paper_cell_cost.table_lines(e)

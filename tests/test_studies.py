@@ -97,6 +97,12 @@ def test_current_command_and_path_rename_the_moved_modules_only():
     assert current_command("python -m searchr1_lld.demo --select-lr 1e-3") == "python -m searchr1_lab.demo --select-lr 1e-3"
     assert current_command("python -m searchr1_lld.world build") == "python -m searchr1_lld.world build"
     assert current_command("python -m searchr1_lld.labels") == "python -m searchr1_lld.labels"
+    # the README's result blocks moved to the results page; another --readme target is left alone
+    assert current_command("python -m searchr1_lld.lab stepsize-report --readme README.md") == (
+        "python -m searchr1_lab stepsize-report --readme docs/lab/results.md")
+    assert current_command("x --readme README.md.bak") == "x --readme README.md.bak"
+    assert current_command("python -m searchr1_lab.demo --readme docs/README.md") == (
+        "python -m searchr1_lab.demo --readme docs/README.md")
     assert current_path("searchr1_lld/lab/stepsize/survival.py") == "searchr1_lab/stepsize/survival.py"
     assert current_path("searchr1_lld/sweep.py") == "searchr1_lab/sweep.py"
     assert current_path("searchr1_lld/algo/llds.py") == "searchr1_lld/algo/llds.py"

@@ -1,9 +1,9 @@
 """The comparison's claims, rebuilt from the committed compact results alone (``docs/lab/runs/``, :mod:`.compact`):
 
-    python -m searchr1_lab report --runs docs/lab/runs --out docs/lab --readme README.md
+    python -m searchr1_lab report --runs docs/lab/runs --out docs/lab --readme docs/lab/results.md
 
-writes ``OUT/summary.json`` and ``OUT/README.md`` and replaces the README's block between :data:`README_BEGIN` and
-:data:`README_END` with :func:`readme_block` (a test checks that the README holds exactly what this computes).
+writes ``OUT/summary.json`` and ``OUT/README.md`` and replaces the results page's block between :data:`README_BEGIN` and
+:data:`README_END` with :func:`readme_block` (a test checks that the page holds exactly what this computes).
 
 What is computed (pure: compact records in, numbers out)
     per run: the phase detector re-run on its logged series (:func:`.analysis.phase_summary`), its verdict, the reward

@@ -1,5 +1,5 @@
-"""The frontier report's figures: utility against survival with the Pareto frontier drawn and named
-(``frontier.png``), and the paper's phenomena per method as small multiples (``phenomena.png``)."""
+"""The frontier report's figures: utility and final validation EM against survival, with the Pareto frontier drawn
+and named (``frontier.png``), and the paper's phenomena per cell, a column per group of methods (``phenomena.png``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from searchr1_lab.compact import read_runs
+from searchr1_lab.frontier.endpoints import WHOLE_VAL
+from searchr1_lab.plots import colour
 from searchr1_lab.stepsize.analysis import cell_runs
 
 FIGURES = ("frontier", "phenomena")
@@ -52,79 +54,151 @@ def _label_points(ax, points: Sequence[tuple[float, float]], names: Sequence[str
         placed.append(box)
 
 
-def frontier_figure(summary: Mapping[str, Any], path: Path) -> Path:
-    """One point per cell at (RMST, mean utility), bars from the seeds' smallest to largest utility, the cells on
-    the Pareto frontier joined and named."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8.5, 6.0))
-    cells = [c for c in summary["cells"] if c["runs"] and c["utility"]["mean"] is not None]
-    colors = plt.get_cmap("tab20")(np.linspace(0, 1, max(len(summary["methods"]), 1)))
-    color = {m: colors[i] for i, m in enumerate(summary["methods"])}
+LR_MARKERS = ("o", "s", "^", "D")  # a cell's marker by its learning rate, highest first (GRPO ran at two)
+SPREAD_LABEL = "point: mean of a cell's seeds; bar: their minimum to maximum"
+
+
+def cell_label(c: Mapping[str, Any]) -> str:
+    """A cell as its legend names it: ``LLDS (action gate): lambda 0.2 (x1)``; a dose that names its method already
+    (``GRPO, lr 0.0014``) stands alone."""
+    return c["dose"] if c["dose"].startswith(c["method"]) else f"{c['method']}: {c['dose']}"
+
+
+def _markers(cells: Sequence[Mapping[str, Any]]) -> dict[float, str]:
+    lrs = sorted({c["lr"] for c in cells}, reverse=True)
+    return {lr: LR_MARKERS[i % len(LR_MARKERS)] for i, lr in enumerate(lrs)}
+
+
+def _cells_panel(ax, cells: Sequence[Mapping[str, Any]], key: str, markers: Mapping[float, str]) -> None:
+    """One point per cell at (RMST, mean of ``key``), a bar from its seeds' smallest to largest value, in its arm's
+    colour and its learning rate's marker."""
     for c in cells:
-        u = c["utility"]
-        ax.errorbar(c["rmst"], u["mean"], yerr=[[u["mean"] - u["min"]], [u["max"] - u["mean"]]], fmt="o", ms=6,
-                    color=color[c["method"]], capsize=3, label=c["method"])
+        v = c[key]
+        if v["mean"] is None:
+            continue
+        ax.errorbar(c["rmst"], v["mean"], yerr=[[v["mean"] - v["min"]], [v["max"] - v["mean"]]],
+                    fmt=markers[c["lr"]], ms=6, color=colour(c["arm"]), capsize=3,
+                    label=cell_label(c))
+
+
+def frontier_figure(summary: Mapping[str, Any], path: Path, start_val_em: float | None = None) -> Path:
+    """Two panels against survival (RMST), one point per cell with its seeds' spread: the utility (peak held-out
+    gain), with the cells on the Pareto frontier joined and named, and the final whole-validation EM, with the warm
+    start's (``start_val_em``, step 0 of every run) as a dashed line."""
+    plt = _pyplot()
+    fig, (ax, ax_em) = plt.subplots(1, 2, figsize=(15, 6.4), sharex=True)
+    cells = [c for c in summary["cells"] if c["runs"] and c["utility"]["mean"] is not None]
+    markers = _markers(cells)
+    _cells_panel(ax, cells, "utility", markers)
+    _cells_panel(ax_em, cells, "final_val_em", markers)
     by_name = {c["name"]: c for c in cells}
     front = [by_name[name] for name in summary["frontier"]]  # by survival, so the line runs along the frontier
     if front:
         xs, ys = [c["rmst"] for c in front], [c["utility"]["mean"] for c in front]
         ax.plot(xs, ys, "--", color="black", lw=1)
         ax.scatter(xs, ys, s=220, facecolors="none", edgecolors="black", label="on the Pareto frontier")
+    if start_val_em is not None:
+        ax_em.axhline(start_val_em, color="black", ls="--", lw=1,
+                      label=f"the warm start (step 0 of every run): {start_val_em:.3f}")
+    horizon = summary["label"]["horizon"]
+    for a in (ax, ax_em):
+        a.set_xlabel(f"survival: RMST to step {horizon} (steps)")
+        a.grid(alpha=0.3)
+    ax.set_ylabel("utility: peak held-out EM gain over step 0 (floored at 0)")
+    ax.set_title("how much each cell learns against how long it lasts", fontsize=10)
+    ax_em.set_ylabel(f"whole-validation EM at step {horizon} (the end)")
+    ax_em.set_title("where each cell ends", fontsize=10)
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
-    ax.legend(unique.values(), unique.keys(), fontsize=7, loc="best")
-    ax.set_xlabel(f"survival: RMST to step {summary['label']['horizon']} (steps)")
-    ax.set_ylabel("utility: peak held-out EM gain over step 0 (floored at 0)")
-    ax.set_title(f"learning against lasting, {summary['runs_finished']} of {summary['runs_planned']} runs", fontsize=10)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
+    extra = dict(zip(*ax_em.get_legend_handles_labels()[::-1]))
+    ax_em.legend([extra[k] for k in extra if k.startswith("the warm start")],
+                 [k for k in extra if k.startswith("the warm start")], fontsize=7, loc="upper right")
+    fig.legend(unique.values(), unique.keys(), fontsize=7, loc="lower center", ncol=4,
+               title=f"{summary['runs_finished']} of {summary['runs_planned']} runs; {SPREAD_LABEL}; "
+                     + ", ".join(f"{m}: lr {lr:g}" for lr, m in markers.items()), title_fontsize=8)
+    fig.tight_layout(rect=(0, 0.2, 1, 1))
     _label_points(ax, [(c["rmst"], c["utility"]["mean"]) for c in cells], [c["name"] for c in cells])
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 
 
-def _mean_curve(runs: Sequence[Mapping[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    """Per step, the mean over ``runs`` of the finite values of ``key``."""
+def _mean_curve(runs: Sequence[Mapping[str, Any]], key: str, horizon: int) -> tuple[list[int], list[float]]:
+    """Per step 0..``horizon``, the mean over ``runs`` of the finite values of ``key`` (NaN where no run has one, so
+    a line breaks there instead of bridging the gap)."""
     by_step: dict[int, list[float]] = {}
     for r in runs:
         for rec in r["records"]:
             v = rec.get(key)
             if isinstance(v, (int, float)) and np.isfinite(v):
                 by_step.setdefault(int(rec["step"]), []).append(float(v))
-    steps = sorted(by_step)
-    return steps, [float(np.mean(by_step[s])) for s in steps]
+    if not by_step:
+        return [], []
+    steps = list(range(min(by_step), min(max(by_step), horizon) + 1))
+    return steps, [float(np.mean(by_step[s])) if s in by_step else float("nan") for s in steps]
+
+
+# the phenomena figure's columns: which methods share a panel (a method not named here joins the last column)
+PHENOMENA_GROUPS = {"GRPO and the likelihood fixes": ("GRPO", "LLDS (action gate)", "LLDS-MA", "likelihood anchor"),
+                    "step-size controls": ("reference KL", "trust-region step size"),
+                    "the field's other fixes": ()}
+ENDED = "x: the line ends (no run of the cell logged it after this step)"
+
+
+def phenomena_groups(methods: Sequence[str]) -> dict[str, list[str]]:
+    """:data:`PHENOMENA_GROUPS` over ``methods``: each method in the first group that names it, else in the last."""
+    named = {m for group in PHENOMENA_GROUPS.values() for m in group}
+    last = list(PHENOMENA_GROUPS)[-1]
+    return {title: [m for m in methods if m in group or (title == last and m not in named)]
+            for title, group in PHENOMENA_GROUPS.items()}
 
 
 def phenomena_figure(summary: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    """A row per method, a column per phenomenon (:data:`PHENOMENA`); in each panel one line per dose (mean over
-    its seeds); one y range per column, so the methods compare at a glance."""
+    """A row per phenomenon (:data:`PHENOMENA`), a column per group of methods (:func:`phenomena_groups`); in each
+    panel one line per cell (the mean over its seeds, its arm's colour, dashed at a lower learning rate), an x where
+    a line ends before the horizon; one y range per row."""
     plt = _pyplot()
-    methods = list(summary["methods"])
-    fig, axes = plt.subplots(max(len(methods), 1), len(PHENOMENA), figsize=(11, 1.9 * max(len(methods), 1)),
-                             squeeze=False, sharex=True, sharey="col")
-    for row, method in enumerate(methods):
-        for col, (key, title) in enumerate(PHENOMENA.items()):
+    groups = phenomena_groups(summary["methods"])
+    horizon = int(summary["label"]["horizon"])
+    top_lr = max((c["lr"] for c in summary["cells"]), default=0.0)
+    fig, axes = plt.subplots(len(PHENOMENA), len(groups), figsize=(5.2 * len(groups), 3.0 * len(PHENOMENA) + 2),
+                             squeeze=False, sharex=True, sharey="row", layout="constrained")
+    for col, (title, methods) in enumerate(groups.items()):
+        for row, (key, name) in enumerate(PHENOMENA.items()):
             ax = axes[row][col]
-            for c in (c for c in summary["cells"] if c["method"] == method):
-                steps, vals = _mean_curve(cell_runs(runs, c["arm"], c["lr"]), key)
-                if steps:
-                    ax.plot(steps, vals, lw=1.2, label=c["dose"])
-            ax.set_title(f"{method}: {title}" if col == 0 else title, fontsize=7)
-            ax.tick_params(labelsize=6)
-            if col == 0 and ax.has_data():
-                ax.legend(fontsize=5)
+            for c in (c for c in summary["cells"] if c["method"] in methods):
+                steps, vals = _mean_curve(cell_runs(runs, c["arm"], c["lr"]), key, horizon)
+                if not steps:
+                    continue
+                style = "-" if c["lr"] == top_lr else "--"
+                ax.plot(steps, vals, style, color=colour(c["arm"]), lw=1.3, label=cell_label(c))
+                last = max(i for i, v in enumerate(vals) if np.isfinite(v))
+                if steps[last] < horizon:
+                    ax.plot(steps[last], vals[last], "x", color=colour(c["arm"]), ms=8, mew=2)
+            ax.set_title(f"{title}: {name}" if row == 0 else name, fontsize=9)
             if key == "actor/grad_norm" and ax.has_data():
                 ax.set_yscale("log")
-    for ax in axes[-1]:
-        ax.set_xlabel("step", fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+            ax.grid(alpha=0.3)
+            if row == len(PHENOMENA) - 1:
+                ax.set_xlabel("step")
+        if axes[-1][col].has_data():
+            axes[-1][col].legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    fig.suptitle(f"the paper's phenomena per cell: each line the mean over the cell's seeds ({summary['runs_finished']}"
+                 f" runs; dashed: a lower learning rate); {ENDED}", fontsize=10)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def start_val_em(runs: Sequence[Mapping[str, Any]]) -> float | None:
+    """The whole-validation EM at step 0 (the warm start every run began from), the mean over the runs that have it."""
+    values = [float(rec[WHOLE_VAL]) for r in runs for rec in r["records"]
+              if int(rec["step"]) == 0 and isinstance(rec.get(WHOLE_VAL), (int, float))]
+    return float(np.mean(values)) if values else None
 
 
 def write_figures(summary: Mapping[str, Any], reg: Mapping[str, Any], runs_dir: Path, out: Path) -> list[Path]:
     """Both figures into ``out``, from the summary and the compact runs in ``runs_dir``."""
     runs, _ = read_runs(runs_dir)
-    return [frontier_figure(summary, out / "frontier.png"), phenomena_figure(summary, runs, out / "phenomena.png")]
+    return [frontier_figure(summary, out / "frontier.png", start_val_em(runs)),
+            phenomena_figure(summary, runs, out / "phenomena.png")]

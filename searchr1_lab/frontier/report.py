@@ -1,6 +1,6 @@
 """The frontier's registered analysis, its report (``README.md``, ``summary.json``, the figures) and the README block,
 from the grid's compact results alone: ``python -m searchr1_lab frontier-report [--registration FILE] [--readme
-README.md]``.
+docs/lab/results.md]``.
 
 Every cell (an arm at one learning rate) is scored by its runs' endpoints (:mod:`.endpoints`); the Pareto frontier
 is taken over the cells with runs, on (RMST, mean utility) (:mod:`.pareto`), and how firmly each cell holds its place
@@ -10,6 +10,7 @@ validation (:mod:`.selection`), and the chosen settings' test EM is read only on
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -27,7 +28,7 @@ from searchr1_lab.report import analysis_change_lines, fmt, late_text, signed, s
 from searchr1_lab.stepsize.analysis import cell_runs, same_lr
 from searchr1_lab.stepsize.registration import cells
 from searchr1_lab.stepsize.study_report import StudyReport
-from searchr1_lab.studies import analysis_changes, current_command, late_readings
+from searchr1_lab.studies import RESULTS_PAGE, analysis_changes, current_command, late_readings
 
 FRONTIER_FILE = "docs/lab/frontier/registration.json"
 # the paper's phenomena in the report's table: key of prereg.registration.phenomena -> column
@@ -227,14 +228,16 @@ def readme_markers(reg: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def readme_block(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
-    """The README's lines of the study (between its markers)."""
+    """The study's lines of the results page (:data:`searchr1_lab.studies.RESULTS_PAGE`, between its markers; the
+    report linked relative to that page)."""
     front = frontier_names(s)
     late = (s.get("late_readings") or {}).get("test_baselines")
     tested = ("test EM " + "; ".join(f"{m} {fmt(t['test_em']['mean'])}" for m, t in s["test"].items())
               + f" (the warm start, untrained: {fmt(s['test_baselines']['warm_start']['mean'])}"
               + ("; added after the test split was read, not registered" if late else "") + ")"
               if s["test"] is not None else "test withheld until the grid is complete")
-    return (f"{s['runs_finished']} of {s['runs_planned']} runs ([report]({reg['registration']['report_dir']}/README.md), "
+    report = os.path.relpath(f"{reg['registration']['report_dir']}/README.md", Path(RESULTS_PAGE).parent)
+    return (f"{s['runs_finished']} of {s['runs_planned']} runs ([report]({report}), "
             f"exploratory, 3 seeds a cell). On the learning-stability frontier: {front}. Chosen on validation: "
             + "; ".join(f"{m} {n}" for m, n in s["chosen"].items()) + f"; {tested}.")
 

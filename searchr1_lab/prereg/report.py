@@ -1,8 +1,8 @@
 """The pre-registered comparison's report: the registered analysis (:mod:`.prereg`) as markdown with one figure per
-phenomenon beside the paper's description, and the README's block of the comparison.
+phenomenon beside the paper's description, and its block of docs/lab/results.md.
 
     python -m searchr1_lab prereg-report [--prereg docs/lab/preregistration.json] [--runs DIR] [--out DIR]
-                                             [--readme README.md]
+                                             [--readme docs/lab/results.md]
 
 Everything beyond the hypotheses' figures is exploratory description and says so.
 """
@@ -21,9 +21,9 @@ from searchr1_lab.methods import ARMS, REPO_ROOT
 from searchr1_lab.plots import plot_grid
 from searchr1_lab.prereg.registration import CONTROL, PREREG_FILE, analyse, load_preregistration
 from searchr1_lab.report import analysis_change_lines, fmt
-from searchr1_lab.studies import analysis_changes, current_command, late_readings
+from searchr1_lab.studies import RESULTS_PAGE, analysis_changes, current_command, late_readings
 
-README_BEGIN = "<!-- prereg-results:begin (python -m searchr1_lab prereg-report --readme README.md) -->"
+README_BEGIN = f"<!-- prereg-results:begin (python -m searchr1_lab prereg-report --readme {RESULTS_PAGE}) -->"
 README_END = "<!-- prereg-results:end -->"
 # The registered analysis files (``searchr1_lld/lab/prereg.py``, ``detection.py``) were later split into this package
 # (``searchr1_lld/lab/prereg/``, ``searchr1_lab/prereg/`` today): its files hold the registered analysis since, so
@@ -294,7 +294,8 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--prereg", default=str(REPO_ROOT / PREREG_FILE), help="the registration's JSON")
     p.add_argument("--runs", help="the grid's compact results (default: the registration's runs_dir)")
     p.add_argument("--out", help="report dir (default: the registration's report_dir)")
-    p.add_argument("--readme", help="also replace this README's block of the comparison")
+    p.add_argument("--readme", help=f"also replace this page's block of the comparison (the committed one: "
+                                    f"{RESULTS_PAGE})")
     args = p.parse_args(list(argv))
     reg = load_preregistration(args.prereg)["registration"]
     s = write_report(args.prereg, args.runs or REPO_ROOT / reg["runs_dir"], args.out or REPO_ROOT / reg["report_dir"],

@@ -8,6 +8,7 @@ from typing import Any, Mapping, Sequence
 
 from searchr1_lab.analysis import finite
 from searchr1_lab.compact import read_runs
+from searchr1_lab.plots import MEAN_LINE, SEED_LINE, colour
 from searchr1_lab.stepsize.analysis import HELD_OUT, same_lr, values_by_step
 from searchr1_lab.stepsize.movement import MEASURES, movement
 
@@ -16,8 +17,6 @@ CURVE_ROWS = ((HELD_OUT, "held-out EM (validation subsample)", False), ("lld/ste
               ("reward/em_mean", "training reward", False),
               ("lld/correct_logp_old_per_token", "log-likelihood of correct\nresponses (nats/token)", False),
               ("actor/entropy", "entropy (nats)", False), ("actor/grad_norm", "gradient norm", True))
-COLORS = ("#d62728", "#2ca02c", "#9467bd", "#1f77b4", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-          "#17becf")
 MEASURE_NAMES = {"kl": "summed step KL", "sqrt_kl": "path length (summed sqrt step KL)",
                  "probe_drop": "probe likelihood drop (nats/token)"}
 FIGURES = ("survival.png", "step_size.png", "curves.png", "movement.png", "step_kl.png")
@@ -26,7 +25,8 @@ FIGURES = ("survival.png", "step_size.png", "curves.png", "movement.png", "step_
 
 
 def _arm_colors(reg: Mapping[str, Any]) -> dict[str, str]:
-    return {arm: COLORS[i % len(COLORS)] for i, arm in enumerate(reg["arms"])}
+    """Each arm's colour, from the lab's one table (:data:`searchr1_lab.plots.COLOURS`)."""
+    return {arm: colour(arm) for arm in reg["arms"]}
 
 
 def write_figures(s: Mapping[str, Any], reg: Mapping[str, Any], runs_dir: str | Path, out: Path) -> None:
@@ -102,7 +102,7 @@ def draw_curves(plt: Any, runs: Sequence[Mapping[str, Any]], reg: Mapping[str, A
                     pts = [(x["step"], x[key]) for x in r["records"] if finite(x.get(key))]
                     if pts:
                         ax.plot(*zip(*pts), color=colors[arm], lw=0.7, alpha=0.5,
-                                label=arm if r is mine[0] else None)
+                                label=f"{arm} (one line per seed)" if r is mine[0] else None)
                         positive = positive or any(y > 0 for _, y in pts)
             ax.set(ylabel=ylabel, title=f"lr {lr:g}" if row == 0 else "",
                    yscale="log" if log and positive else "linear")
@@ -131,7 +131,8 @@ def draw_movement(plt: Any, runs: Sequence[Mapping[str, Any]], s: Mapping[str, A
                     time, event = ends[(arm, r["lr"], r["seed"])]
                     steps = sorted({int(x["step"]) for x in r["records"] if int(x["step"]) <= time})
                     ys = [movement(r["records"], t, measure) for t in steps]
-                    ax.plot(steps, ys, color=color, lw=0.8, alpha=0.6, label=arm if r is mine[0] else None)
+                    ax.plot(steps, ys, color=color, lw=0.8, alpha=0.6,
+                            label=f"{arm} (one line per seed)" if r is mine[0] else None)
                     ax.plot(steps[-1:], ys[-1:], "x" if event else ">", color=color, ms=7)
             ax.set(ylabel=MEASURE_NAMES[measure], title=f"lr {lr:g} (x: collapse, >: censored)" if row == 0 else "")
             if row == len(MEASURES) - 1:
@@ -185,10 +186,11 @@ def draw_step_kl(plt: Any, runs: Sequence[Mapping[str, Any]], s: Mapping[str, An
             pts = [(x["step"], x["lld/step_kl"]) for x in r["records"] if finite(x.get("lld/step_kl"))
                    and x["step"] > 0]
             if pts:
-                ax.plot(*zip(*pts), color=colors[arm], lw=0.4, alpha=0.35)
+                ax.plot(*zip(*pts), color=colors[arm], **SEED_LINE)
         steps, means = mean_by_step(mine, "lld/step_kl")
         if steps:
-            ax.plot(steps, means, color=colors[arm], lw=2, label=f"{arm} (lr {lr:g}), mean of {len(mine)}")
+            ax.plot(steps, means, color=colors[arm], **MEAN_LINE,
+                    label=f"{arm} (lr {lr:g}): bold the mean of {len(mine)} seeds, thin each seed")
         t_steps, targets = mean_by_step(mine, "step_size/target_kl")
         if t_steps and not target_drawn:
             ax.plot(t_steps, targets, color="k", ls="--", lw=1.2, label="trust-region target")

@@ -2,7 +2,7 @@
 figures, a plain-language verdict and the README's block, all written by one command:
 
     python -m searchr1_lab stepsize-report [--registration docs/lab/stepsize/registration.json] [--runs DIR]
-        [--out DIR] [--readme README.md]
+        [--out DIR] [--readme docs/lab/results.md]
 
 Writes ``summary.json`` (every number), ``README.md`` (the verdict, the hypotheses, the label's sensitivity, the
 alarms, how well the controls matched LLDS's step size), ``survival.png`` (Kaplan-Meier curves per arm, one panel per

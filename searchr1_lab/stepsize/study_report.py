@@ -54,7 +54,8 @@ class StudyReport:
                        help="the registration's JSON")
         p.add_argument("--runs", help="the grid's compact results (default: the registration's runs_dir)")
         p.add_argument("--out", help="report dir (default: the registration's report_dir)")
-        p.add_argument("--readme", help="also replace this README's block of the study")
+        p.add_argument("--readme", help="also replace this page's block of the study (the committed one: "
+                                        "docs/lab/results.md)")
         args = p.parse_args(list(argv))
         reg = load_registration(args.registration)["registration"]
         s = self.write(args.registration, args.runs or REPO_ROOT / reg["runs_dir"],
