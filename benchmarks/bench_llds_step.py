@@ -41,7 +41,7 @@ from typing import Any, Callable
 from searchr1_lld.bookkeeping import checkpoint
 from searchr1_lld.config import load_config
 from searchr1_lld.learner import step
-from searchr1_lab.stepsize.smallsample import student_t_quantile
+from searchr1_lab.stats.smallsample import student_t_quantile
 
 
 def _llds(enabled: bool) -> Callable[[Any], None]:

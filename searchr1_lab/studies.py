@@ -33,12 +33,19 @@ from searchr1_lab.methods import REPO_ROOT
 from searchr1_lld.world.build import world_config_hash
 from searchr1_lld.world.config import load_world_config
 
-# The experiments' modules and files before they moved out of the library into this package. A registration keeps
-# the commands and analysis files it was registered with (changing it would void the runs'); today's are these.
+# The experiments' modules before they moved out of the library into this package. A registration keeps the
+# commands and analysis files it was registered with (changing it would void the runs'); today's are these.
 MOVED_MODULES = {"searchr1_lld.lab": "searchr1_lab", "searchr1_lld.demo": "searchr1_lab.demo",
                  "searchr1_lld.sweep": "searchr1_lab.sweep"}
-MOVED_PATHS = {"searchr1_lld/lab/": "searchr1_lab/", "searchr1_lld/demo.py": "searchr1_lab/demo/command.py",
-               "searchr1_lld/sweep.py": "searchr1_lab/sweep.py"}
+# Files and folders (ending in "/") that moved, oldest move first: a registered path is followed through each.
+MOVED_PATHS = (("searchr1_lld/lab/", "searchr1_lab/"), ("searchr1_lld/demo.py", "searchr1_lab/demo/command.py"),
+               ("searchr1_lld/sweep.py", "searchr1_lab/sweep.py"),
+               ("searchr1_lab/stepsize/survival.py", "searchr1_lab/stats/survival.py"),
+               ("searchr1_lab/stepsize/smallsample.py", "searchr1_lab/stats/smallsample.py"),
+               ("searchr1_lab/intervals.py", "searchr1_lab/stats/bootstrap.py"))
+# Files some of whose functions moved into another file (file -> that file): the registered code lives in both since.
+SPLIT_PATHS = {"searchr1_lab/prereg/detection.py": "searchr1_lab/stats/proportions.py",
+               "searchr1_lab/stepsize/alarms.py": "searchr1_lab/stats/bootstrap.py"}
 
 
 def current_command(command: str) -> str:
@@ -48,12 +55,28 @@ def current_command(command: str) -> str:
                   lambda m: MOVED_MODULES[m.group(1)], command)
 
 
+def _moved_names(path: str) -> list[str]:
+    """``path``, then its name after each move of :data:`MOVED_PATHS` that applies, oldest first."""
+    names = [path]
+    for old, new in MOVED_PATHS:
+        if names[-1].startswith(old):
+            names.append(new + names[-1][len(old):])
+    return names
+
+
 def current_path(path: str) -> str:
     """A registered repository path (``searchr1_lld/lab/stepsize/analysis.py``) -> where that file lives today."""
-    for old, new in MOVED_PATHS.items():
-        if path.startswith(old):
-            return new + path[len(old):]
-    return path
+    return _moved_names(path)[-1]
+
+
+def path_names(path: str) -> list[str]:
+    """Every name a registered repository path has had, oldest first (``searchr1_lld/lab/stepsize/survival.py``,
+    ``searchr1_lab/stepsize/survival.py``, ``searchr1_lab/stats/survival.py``), then the files that functions of one
+    of these files, or of a folder among them, moved into (:data:`SPLIT_PATHS`)."""
+    names = _moved_names(path)
+    split = [part for file, part in SPLIT_PATHS.items()
+             if any(file == name or (name.endswith("/") and file.startswith(name)) for name in names)]
+    return list(dict.fromkeys([*names, *split]))
 
 
 # What a result records of its world: the hash (runs, baselines, the demo's files) or a card's own hash.
@@ -209,8 +232,8 @@ def world_identity(world: str, commit: str | None = None) -> dict[str, Any]:
 
 
 def analysis_changes(block: Mapping[str, Any], repo: str | Path = REPO_ROOT) -> list[dict[str, str]] | None:
-    """The commits since a registration's ``analysis_commit`` that changed its ``analysis_code`` (at its registered
-    paths and today's, :func:`current_path`), oldest first, each ``{"commit": short hash, "subject": ...}``; None for a
+    """The commits since a registration's ``analysis_commit`` that changed its ``analysis_code`` (under every name its
+    files have had and in the files their functions moved into, :func:`path_names`), oldest first, each ``{"commit": short hash, "subject": ...}``; None for a
     registration that records no analysis commit (a hand-made one). A report lists them so that a reader sees every
     change made to the registered analysis after its runs began. Raises when the commit is not in this clone's
     history (a shallow clone): the list would silently be empty."""
@@ -222,7 +245,7 @@ def analysis_changes(block: Mapping[str, Any], repo: str | Path = REPO_ROOT) -> 
         raise RuntimeError(f"analysis commit {commit} is not in the history of {repo} (a shallow clone?): the changes "
                            "to the registered analysis cannot be listed")
     registered = block.get("analysis_code", [])
-    paths = sorted({*registered, *map(current_path, registered)})  # a file moved since: its commits under both names
+    paths = sorted({name for path in registered for name in path_names(path)})  # a moved file: under every name
     log = subprocess.run(["git", "log", "--no-merges", "--reverse", "--format=%h%x09%s", "--abbrev=10",
                           f"{commit}..HEAD", "--", *paths], cwd=repo, capture_output=True, text=True, check=True)
     return [dict(zip(("commit", "subject"), line.split("\t", 1))) for line in log.stdout.splitlines() if line]

@@ -97,7 +97,7 @@ def registered_run_violations(registration_file: str, registered: str = "registe
 
 def stale_report_parts(report, reg) -> list[str]:
     """Which parts of a registered study's committed report differ from what its committed runs compute now
-    (``report``: its :class:`searchr1_lab.stepsize.study_report.StudyReport`): the README block, the report's
+    (``report``: its :class:`searchr1_lab.registered.report.StudyReport`): the README block, the report's
     README.md, its summary.json."""
     import json
 

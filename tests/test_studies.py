@@ -11,8 +11,8 @@ import subprocess
 import pytest
 
 from conftest import REPO_ROOT
-from searchr1_lab.studies import (STUDIES, CommitUnavailable, Study, current_command, current_path, recorded_config,
-                                  recorded_hashes, result_files, world_identity)
+from searchr1_lab.studies import (STUDIES, CommitUnavailable, Study, current_command, current_path, path_names,
+                                  recorded_config, recorded_hashes, result_files, world_identity)
 
 
 def _identity(study: Study) -> dict:
@@ -95,6 +95,17 @@ def test_current_command_and_path_rename_the_moved_modules_only():
     assert current_command("python -m searchr1_lld.demo --select-lr 1e-3") == "python -m searchr1_lab.demo --select-lr 1e-3"
     assert current_command("python -m searchr1_lld.world build") == "python -m searchr1_lld.world build"
     assert current_command("python -m searchr1_lld.labels") == "python -m searchr1_lld.labels"
-    assert current_path("searchr1_lld/lab/stepsize/survival.py") == "searchr1_lab/stepsize/survival.py"
+    assert current_path("searchr1_lld/lab/stepsize/survival.py") == "searchr1_lab/stats/survival.py"
+    assert current_path("searchr1_lld/lab/stepsize/analysis.py") == "searchr1_lab/stepsize/analysis.py"
     assert current_path("searchr1_lld/sweep.py") == "searchr1_lab/sweep.py"
     assert current_path("searchr1_lld/algo/llds.py") == "searchr1_lld/algo/llds.py"
+
+
+def test_a_registered_file_is_followed_through_every_move_and_into_the_files_its_functions_moved_to():
+    assert path_names("searchr1_lld/lab/stepsize/survival.py") == [
+        "searchr1_lld/lab/stepsize/survival.py", "searchr1_lab/stepsize/survival.py", "searchr1_lab/stats/survival.py"]
+    assert path_names("searchr1_lld/lab/stepsize/alarms.py") == [
+        "searchr1_lld/lab/stepsize/alarms.py", "searchr1_lab/stepsize/alarms.py", "searchr1_lab/stats/bootstrap.py"]
+    assert path_names("searchr1_lld/lab/prereg/") == [  # a folder: the files split out of its files count too
+        "searchr1_lld/lab/prereg/", "searchr1_lab/prereg/", "searchr1_lab/stats/proportions.py"]
+    assert path_names("searchr1_lld/algo/llds.py") == ["searchr1_lld/algo/llds.py"]

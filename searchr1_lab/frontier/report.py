@@ -22,8 +22,8 @@ from searchr1_lab.frontier.selection import baseline_test_scores, choose, method
 from searchr1_lab.prereg.registration import phenomena
 from searchr1_lab.report import analysis_change_lines, fmt, signed
 from searchr1_lab.stepsize.analysis import cell_runs, same_lr
-from searchr1_lab.stepsize.registration import cells
-from searchr1_lab.stepsize.study_report import StudyReport
+from searchr1_lab.registered.registration import cells
+from searchr1_lab.registered.report import StudyReport
 from searchr1_lab.studies import analysis_changes, current_command
 
 FRONTIER_FILE = "docs/lab/frontier/registration.json"

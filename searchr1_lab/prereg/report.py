@@ -50,7 +50,7 @@ PHENOMENA_FIGURES: dict[str, tuple[str, dict[str, str]]] = {
 
 
 def _share(w: Mapping[str, Any]) -> str:
-    """``k/n = p [lo, hi]`` of a :func:`.detection.wilson` cell."""
+    """``k/n = p [lo, hi]`` of a :func:`searchr1_lab.stats.proportions.wilson` cell."""
     if not w.get("n"):
         return "-"
     return f"{w['k']}/{w['n']} = {w['value']:.2f} [{w['lo']:.2f}, {w['hi']:.2f}]"

@@ -43,11 +43,11 @@ import math
 from typing import Any, Callable, Mapping, Sequence
 
 from searchr1_lab.analysis import finite
-from searchr1_lab.intervals import BOOT_SEED, N_BOOT
+from searchr1_lab.stats.bootstrap import BOOT_SEED, N_BOOT
 from searchr1_lab.stepsize.alarms import HELD_OUT, LabelledRun, ScoreWindow, alarm_study
-from searchr1_lab.stepsize.smallsample import (equivalent, holm, permutation_test, restricted_times,
+from searchr1_lab.stats.smallsample import (equivalent, holm, permutation_test, restricted_times,
                                                welch_difference)
-from searchr1_lab.stepsize.survival import kaplan_meier, logrank, rmst, rmst_difference
+from searchr1_lab.stats.survival import kaplan_meier, logrank, rmst, rmst_difference
 from searchr1_lab.stepsize.utility import run_utility
 
 Run = Mapping[str, Any]

@@ -23,7 +23,7 @@ from searchr1_lab.analysis import finite
 from searchr1_lab.compact import read_runs
 from searchr1_lab.methods import read_lab_config
 from searchr1_lab.report import analysis_change_lines, signed_interval
-from searchr1_lab.stepsize.study_report import StudyReport
+from searchr1_lab.registered.report import StudyReport
 from searchr1_lab.studies import analysis_changes, current_command
 from searchr1_lab.stepsize import account
 from searchr1_lab.stepsize.analysis import (HELD_OUT, cell_survival, exploratory_alarms, hypotheses, run_points,
@@ -32,7 +32,7 @@ from searchr1_lab.stepsize.figures import FIGURES, MEASURE_NAMES, write_figures
 from searchr1_lab.stepsize.movement import MEASURES, cells_movement, movement_sensitivity, movement_study
 from searchr1_lab.stepsize.readings import (cell_table, small_sample_rows, unregistered_comparisons,
                                             warmup_steps)
-from searchr1_lab.stepsize.registration import STEPSIZE_FILE, cells
+from searchr1_lab.registered.registration import STEPSIZE_FILE, cells
 
 __all__ = ["FIGURES", "README_BEGIN", "README_END", "analyse", "main", "readme_block", "readme_markers", "render",
            "write_report"]

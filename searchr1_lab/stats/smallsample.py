@@ -287,7 +287,7 @@ def restricted_times(times: Sequence[float], events: Sequence[int], horizon: flo
     where a run that never collapses is censored at the horizon), the Kaplan-Meier curve up to the horizon is the
     empirical survival curve ``S(t) = #{t_i > t} / n``, so
     ``mean_i min(t_i, horizon) = integral_0^horizon S(t) dt`` is the Kaplan-Meier restricted mean survival time
-    (:func:`searchr1_lab.stepsize.survival.rmst`); :func:`welch_difference` and :func:`permutation_test` on
+    (:func:`searchr1_lab.stats.survival.rmst`); :func:`welch_difference` and :func:`permutation_test` on
     these times then test the difference of RMSTs. ValueError on unequal lengths, an event not 0/1, or a run
     censored before the horizon (``event = 0`` and ``t_i < horizon``), where that equality fails.
     """

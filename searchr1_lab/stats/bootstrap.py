@@ -1,4 +1,5 @@
-"""Intervals of held-out EM that respect how the questions were drawn: a bootstrap that resamples subjects.
+"""Seeded bootstrap intervals: of a mean or a difference of two means (:func:`bootstrap_mean`, the values resampled),
+and of held-out EM resampling subjects, not questions (:func:`clustered_bootstrap`).
 
 Questions about one subject (an entity of the world: a person, a company, a city) share its passages and its name, so
 a policy tends to get them right or wrong together; the questions are not independent draws, their subjects are.
@@ -19,6 +20,25 @@ N_BOOT = 2000  # bootstrap replicates
 BOOT_SEED = 0  # one seed for every interval, so that a report rebuilt from the same results is the same
 LEVEL = 0.95  # the intervals' coverage
 CLUSTER_UNIT = "subject"  # what the bootstrap resamples (the report names it)
+
+
+def bootstrap_mean(values: Sequence[float], n_boot: int = N_BOOT, seed: int = BOOT_SEED,
+                   level: float = LEVEL, other: Sequence[float] | None = None) -> dict[str, Any]:
+    """Mean of ``values`` with its seeded percentile bootstrap interval (values resampled with replacement); with
+    ``other``, the difference ``mean(values) - mean(other)``, each group resampled within itself (unpaired). None
+    fields without values (in either group)."""
+    if not values or (other is not None and not other):
+        return {"estimate": None, "low": None, "high": None}
+    rng = np.random.default_rng(seed)
+    x = np.asarray(values, dtype=float)  # [n]
+    reps = x[rng.integers(0, len(x), (n_boot, len(x)))].mean(axis=1)  # [n_boot]
+    estimate = x.mean()
+    if other is not None:
+        y = np.asarray(other, dtype=float)  # [m]
+        reps = reps - y[rng.integers(0, len(y), (n_boot, len(y)))].mean(axis=1)
+        estimate = estimate - y.mean()
+    low, high = np.percentile(reps, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
+    return {"estimate": float(estimate), "low": float(low), "high": float(high)}
 
 
 def _cluster_sums(per_run: Sequence[Mapping[str, float]], ids: Sequence[str], cluster_of: Sequence[int],

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from searchr1_lab.intervals import BOOT_SEED, LEVEL, N_BOOT
+from searchr1_lab.stats.bootstrap import BOOT_SEED, LEVEL, N_BOOT
 
 
 def _observations(times: Sequence[float], events: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:

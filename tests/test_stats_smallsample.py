@@ -8,10 +8,10 @@ import math
 
 import pytest
 
-from searchr1_lab.stepsize.smallsample import (MAX_RELABELLINGS, equivalent, holm, permutation_test,
+from searchr1_lab.stats.smallsample import (MAX_RELABELLINGS, equivalent, holm, permutation_test,
                                                restricted_times, student_t_cdf, student_t_quantile,
                                                welch_difference)
-from searchr1_lab.stepsize.survival import rmst
+from searchr1_lab.stats.survival import rmst
 
 
 @pytest.mark.parametrize("p, df, table", [(0.975, 4, 2.776445), (0.95, 9, 1.833113), (0.975, 30, 2.042272),

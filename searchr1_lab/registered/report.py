@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from searchr1_lab.comparison.claims import clean, replace_readme_block
 from searchr1_lab.methods import REPO_ROOT
-from searchr1_lab.stepsize.registration import load_registration
+from searchr1_lab.registered.registration import load_registration
 
 Summary = Mapping[str, Any]
 
