@@ -233,8 +233,9 @@ def world_identity(world: str, commit: str | None = None) -> dict[str, Any]:
 
 def analysis_changes(block: Mapping[str, Any], repo: str | Path = REPO_ROOT) -> list[dict[str, str]] | None:
     """The commits since a registration's ``analysis_commit`` that changed its ``analysis_code`` (under every name its
-    files have had and in the files their functions moved into, :func:`path_names`), oldest first, each ``{"commit": short hash, "subject": ...}``; None for a
-    registration that records no analysis commit (a hand-made one). A report lists them so that a reader sees every
+    files have had and in the files their functions moved into, :func:`path_names`), oldest first, each
+    ``{"commit": short hash, "subject": ...}``; None for a registration that records no analysis commit (a hand-made
+    one). A report lists them so that a reader sees every
     change made to the registered analysis after its runs began. Raises when the commit is not in this clone's
     history (a shallow clone): the list would silently be empty."""
     commit = block.get("analysis_commit")

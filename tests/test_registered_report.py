@@ -7,7 +7,8 @@ from searchr1_lab.registered.report import SUMMARY_DIGITS, rounded, summary_json
 
 
 def test_summary_floats_are_rounded_to_the_stated_significant_digits():
-    """The last bits a BLAS kernel or a library version changes are gone; ints, None, text and non-finite values stay."""
+    """The last bits a BLAS kernel or a library version changes are gone; ints, None, text and non-finite values
+    stay."""
     assert SUMMARY_DIGITS == 10
     assert rounded({"rmst": 16.400000000000002, "estimate": [8.800000000000004, (0.1 + 0.2, 3)], "runs": 5,
                     "name": "grpo", "low": None, "inf": math.inf}) == {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from searchr1_lab.stats.survival import kaplan_meier, logrank, rmst, rmst_difference
@@ -75,3 +76,42 @@ def test_rmst_difference_bootstrap():
     same = rmst_difference([10, 10, 10], [0, 0, 0], [4, 4], [1, 1], horizon=10, n_boot=200)
     assert (same["estimate"], same["low"], same["high"]) == pytest.approx((6.0, 6.0, 6.0))
     assert rmst_difference([], [], [4], [1], horizon=10)["estimate"] is None
+
+
+def test_the_weighted_curve_behind_the_rmst_is_scipys_curve_bit_for_bit():
+    """The RMST's Kaplan-Meier (many weightings at once, for the bootstrap) gives SciPy's curve exactly, on runs with
+    tied times and censoring; integer weights are the runs repeated."""
+    from searchr1_lab.stats.survival import _km_factors
+
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        t = rng.integers(1, 12, 9).astype(float)
+        e = (rng.random(9) < 0.6).astype(float)
+        u, surv = _km_factors(t, e, np.ones((1, 9)))
+        steps = dict(kaplan_meier(t, e)[1:])
+        assert [surv[0, list(u).index(x)] for x in steps] == list(steps.values())
+        w = rng.integers(0, 3, 9)
+        repeated = _km_factors(np.repeat(t, w), np.repeat(e, w), np.ones((1, int(w.sum()))))
+        weighted = _km_factors(t, e, w[None, :].astype(float))
+        kept = np.isin(u, repeated[0])
+        assert np.array_equal(weighted[1][0, kept], repeated[1][0])
+
+
+def test_rmst_difference_draws_the_registered_resamples():
+    """The interval is the percentiles of the replicates drawn as registered: ``default_rng(seed)`` draws each
+    replicate's runs of a (``integers(0, n_a, (n_boot, n_a))``), then those of b, and recomputes both RMSTs."""
+    a, b = ([3, 6, 6, 9, 12], [1, 1, 0, 1, 0]), ([1, 2, 3, 5, 8], [1, 1, 1, 1, 1])
+    out = rmst_difference(*a, *b, horizon=10, n_boot=300, seed=4)
+    rng = np.random.default_rng(4)
+    draws_a, draws_b = rng.integers(0, 5, (300, 5)), rng.integers(0, 5, (300, 5))
+    reps = [rmst([a[0][i] for i in da], [a[1][i] for i in da], 10)
+            - rmst([b[0][i] for i in db], [b[1][i] for i in db], 10) for da, db in zip(draws_a, draws_b)]
+    assert (out["low"], out["high"]) == pytest.approx(tuple(np.percentile(reps, [2.5, 97.5])), abs=1e-12)
+    assert out["bca"]["low"] < out["estimate"] < out["bca"]["high"]  # 5 runs a group: BCa beside it
+
+
+def test_rmst_difference_reports_bca_only_up_to_ten_runs_a_group():
+    eleven = rmst_difference(list(range(1, 12)), [1] * 11, [2, 4, 6], [1, 1, 1], horizon=20, n_boot=200)
+    assert eleven["bca"] is None and eleven["low"] < eleven["estimate"] < eleven["high"]
+    ten = rmst_difference(list(range(1, 11)), [1] * 10, [2, 4, 6], [1, 1, 1], horizon=20, n_boot=200)
+    assert set(ten["bca"]) == {"low", "high"}

@@ -132,13 +132,14 @@ def compare_arms(runs: Sequence[Run], arm_a: str, arm_b: str, lr: float, label: 
 def small_sample(a: Mapping[str, Any], b: Mapping[str, Any], horizon: float) -> dict[str, Any]:
     """Tests of the RMST difference that hold at a handful of runs, on the per-run restricted survival times (their
     mean is the RMST: runs are censored only at the horizon): ``welch`` (the 95 % Welch interval), ``welch90`` (the
-    90 % one, for equivalence) and ``permutation`` (the exact permutation test). Empty when a cell has no run."""
+    90 % one, for equivalence) and ``permutation`` (the exact permutation test; None unless each cell has 2 runs).
+    Empty when a cell has no run."""
     if not a["times"] or not b["times"]:
         return {"welch": None, "welch90": None, "permutation": None}
     ra = restricted_times(a["times"], a["events"], horizon)
     rb = restricted_times(b["times"], b["events"], horizon)
     return {"welch": welch_difference(ra, rb, 0.95), "welch90": welch_difference(ra, rb, 0.90),
-            "permutation": permutation_test(ra, rb)}
+            "permutation": permutation_test(ra, rb) if min(len(ra), len(rb)) >= 2 else None}
 
 
 def supported(comparison: Mapping[str, Any], alpha: float) -> bool:
