@@ -135,11 +135,11 @@ def clustered_bootstrap(per_run: Sequence[Mapping[str, float]], ids: Sequence[st
     drawn = rng.integers(0, k, (n, k)) + k * np.arange(n)[:, None]  # [n, K] subjects drawn, one row per replicate
     weight = np.bincount(drawn.ravel(), minlength=n * k).reshape(n, k)  # [n, K] times each subject is drawn
     counted = weight @ sizes  # [n] questions counted per replicate
-    stats = (a[rng.integers(0, len(a), (n, len(a)))].mean(1) * weight).sum(1) / counted  # [n]
+    replicates = (a[rng.integers(0, len(a), (n, len(a)))].mean(1) * weight).sum(1) / counted  # [n]
     if b is not None:
-        stats -= (b[rng.integers(0, len(b), (n, len(b)))].mean(1) * weight).sum(1) / counted
+        replicates -= (b[rng.integers(0, len(b), (n, len(b)))].mean(1) * weight).sum(1) / counted
     point = a.sum(1).mean() / len(ids) - (b.sum(1).mean() / len(ids) if b is not None else 0.0)
-    lo, hi = np.percentile(stats, [100 * (1 - LEVEL) / 2, 100 * (1 + LEVEL) / 2])
+    lo, hi = np.percentile(replicates, [100 * (1 - LEVEL) / 2, 100 * (1 + LEVEL) / 2])
     return {"mean": float(point), "lo": float(lo), "hi": float(hi), "runs": len(per_run), "questions": len(ids),
             "clusters": len(names)}
 

@@ -15,7 +15,7 @@ call) would take 4,000 calls a comparison. Its curve is SciPy's, bit for bit (th
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from scipy import stats
@@ -142,7 +142,7 @@ def logrank(times_a: Sequence[float], events_a: Sequence[int], times_b: Sequence
             "p_one_sided": float(a_survives_longer.pvalue), "degenerate": None}
 
 
-def _rmst_of_draws(t: np.ndarray, e: np.ndarray, horizon: float) -> Any:
+def _rmst_of_draws(t: np.ndarray, e: np.ndarray, horizon: float) -> Callable[..., np.ndarray]:
     """``statistic(drawn, axis=-1)``: the RMSTs ``[...]`` of resamples of the runs ``(t, e)`` given as the indices
     ``drawn`` ``[..., m]`` of the runs each drew (each run weighted by how often it was drawn)."""
     def rmst_rows(drawn: np.ndarray, axis: int = -1) -> np.ndarray:
