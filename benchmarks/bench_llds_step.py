@@ -38,10 +38,11 @@ import tempfile
 import time
 from typing import Any, Callable
 
+from scipy import stats
+
 from searchr1_lld.bookkeeping import checkpoint
 from searchr1_lld.config import load_config
 from searchr1_lld.learner import step
-from searchr1_lab.stepsize.smallsample import student_t_quantile
 
 
 def _llds(enabled: bool) -> Callable[[Any], None]:
@@ -99,7 +100,7 @@ def ratio_interval(xs: list[float], ys: list[float], level: float = 0.95) -> tup
 
 def mean_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
     """The ``level`` Student's t interval of the mean of ``values`` (n - 1 degrees of freedom)."""
-    half = student_t_quantile(0.5 + level / 2, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    half = stats.t.ppf(0.5 + level / 2, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
     centre = statistics.fmean(values)
     return centre - half, centre + half
 

@@ -10,8 +10,9 @@
 
 Five studies share the resumable grid (grid.py, on the task driver in driver.py, which ``sweep --local`` runs
 through too) and its pieces (compact.py, one small file per finished run;
-baselines.py, the baselines, the not-guessable slice and each question's subject; intervals.py, the bootstrap that
-resamples subjects), each in a folder of its own with one public entry: ``comparison/`` (selection on validation,
+baselines.py, the baselines, the not-guessable slice and each question's subject; ``stats/``, the statistics: survival,
+small-sample tests, bootstrap and proportion intervals; ``registered/``, the registration and report command every
+registered study shares), each in a folder of its own with one public entry: ``comparison/`` (selection on validation,
 intervals, the detector measured, the report and the README block, from the compact files alone; docs/lab.md),
 ``prereg/`` (the pre-registered study: the registration, its label and alarms, its analysis and report),
 ``demo/`` (the demo's selection on validation and its report; run by :mod:`searchr1_lab.demo`), ``stepsize/``

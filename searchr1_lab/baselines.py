@@ -64,7 +64,7 @@ def majority_correct(rows: Sequence[dict[str, Any]], train_rows: Sequence[dict[s
 
 def subject_of(row: dict[str, Any]) -> str:
     """The subject (entity) a world's QA row asks about: the cluster the intervals resample
-    (:mod:`searchr1_lab.intervals`). KeyError naming the key when the row has none."""
+    (:mod:`searchr1_lab.stats.bootstrap`). KeyError naming the key when the row has none."""
     meta = row.get("metadata") or {}
     if SUBJECT_KEY not in meta:
         raise KeyError(f"QA row {row.get('id')!r} has no metadata[{SUBJECT_KEY!r}]: not a synthetic world's row?")

@@ -23,7 +23,7 @@ from searchr1_lld.config import ConfigError
 from searchr1_lab.methods import REPO_ROOT
 from searchr1_lab.prereg.registration import PREREG_FILE, registration_of
 from searchr1_lab.running import repo_relative
-from searchr1_lab.stepsize import registration as stepsize
+from searchr1_lab.registered import registration as stepsize
 
 MARKER = "rerun.json"
 

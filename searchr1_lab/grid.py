@@ -56,7 +56,7 @@ from searchr1_lab.prereg.registration import PREREG_FILE, check_registered, regi
 from searchr1_lab.prereg.report import PHENOMENA_FIGURES
 from searchr1_lab.running import prepare_world, read_run_record, repo_relative, resolve_world_dir, run_lab
 from searchr1_lab.demo.selection import selection_file
-from searchr1_lab.stepsize import registration as stepsize
+from searchr1_lab.registered import registration as stepsize
 from searchr1_lab.studies import RESULTS_PAGE, current_command
 from searchr1_lld.world import read_card
 

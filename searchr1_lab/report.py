@@ -29,6 +29,14 @@ def signed_interval(d: Mapping[str, Any] | None, digits: int = 1) -> str:
     return f"{signed(d['estimate'], digits)} [{signed(d['low'], digits)}, {signed(d['high'], digits)}]"
 
 
+def signed_bca(d: Mapping[str, Any] | None, digits: int = 1) -> str:
+    """The BCa interval beside a bootstrap's percentile one (:func:`searchr1_lab.stats.bootstrap.resampled_interval`),
+    as :func:`signed_interval` writes it (``-`` where none was computed)."""
+    if not d or not d.get("bca"):
+        return "-"
+    return signed_interval({"estimate": d["estimate"], **d["bca"]}, digits)
+
+
 def analysis_change_lines(changes: Sequence[Mapping[str, str]] | None,
                           late: Mapping[str, Mapping[str, str]] | None = None) -> list[str]:
     """A registered report's list of the commits that changed the code that writes it after the registered analysis

@@ -38,12 +38,21 @@ from searchr1_lab.methods import REPO_ROOT
 from searchr1_lld.world.build import world_config_hash
 from searchr1_lld.world.config import load_world_config
 
-# The experiments' modules and files before they moved out of the library into this package. A registration keeps
-# the commands and analysis files it was registered with (changing it would void the runs'); today's are these.
+# The experiments' modules before they moved out of the library into this package. A registration keeps the
+# commands and analysis files it was registered with (changing it would void the runs'); today's are these.
 MOVED_MODULES = {"searchr1_lld.lab": "searchr1_lab", "searchr1_lld.demo": "searchr1_lab.demo",
                  "searchr1_lld.sweep": "searchr1_lab.sweep"}
-MOVED_PATHS = {"searchr1_lld/lab/": "searchr1_lab/", "searchr1_lld/demo.py": "searchr1_lab/demo/command.py",
-               "searchr1_lld/sweep.py": "searchr1_lab/sweep.py"}
+# Files and folders (ending in "/") that moved, oldest move first: a registered path is followed through each.
+MOVED_PATHS = (("searchr1_lld/lab/", "searchr1_lab/"), ("searchr1_lld/demo.py", "searchr1_lab/demo/command.py"),
+               ("searchr1_lld/sweep.py", "searchr1_lab/sweep.py"),
+               ("searchr1_lab/stepsize/survival.py", "searchr1_lab/stats/survival.py"),
+               ("searchr1_lab/stepsize/smallsample.py", "searchr1_lab/stats/smallsample.py"),
+               ("searchr1_lab/intervals.py", "searchr1_lab/stats/bootstrap.py"),
+               ("searchr1_lab/stepsize/registration.py", "searchr1_lab/registered/registration.py"),
+               ("searchr1_lab/stepsize/study_report.py", "searchr1_lab/registered/report.py"))
+# Files some of whose functions moved into another file (file -> that file): the registered code lives in both since.
+SPLIT_PATHS = {"searchr1_lab/prereg/detection.py": "searchr1_lab/stats/proportions.py",
+               "searchr1_lab/stepsize/alarms.py": "searchr1_lab/stats/bootstrap.py"}
 # The page that holds the studies' generated result blocks (the README holds the findings table that summarises them);
 # registrations name the README, where the blocks were when they were registered.
 RESULTS_PAGE = "docs/lab/results.md"
@@ -61,12 +70,28 @@ def current_command(command: str) -> str:
     return command
 
 
+def _moved_names(path: str) -> list[str]:
+    """``path``, then its name after each move of :data:`MOVED_PATHS` that applies, oldest first."""
+    names = [path]
+    for old, new in MOVED_PATHS:
+        if names[-1].startswith(old):
+            names.append(new + names[-1][len(old):])
+    return names
+
+
 def current_path(path: str) -> str:
     """A registered repository path (``searchr1_lld/lab/stepsize/analysis.py``) -> where that file lives today."""
-    for old, new in MOVED_PATHS.items():
-        if path.startswith(old):
-            return new + path[len(old):]
-    return path
+    return _moved_names(path)[-1]
+
+
+def path_names(path: str) -> list[str]:
+    """Every name a registered repository path has had, oldest first (``searchr1_lld/lab/stepsize/survival.py``,
+    ``searchr1_lab/stepsize/survival.py``, ``searchr1_lab/stats/survival.py``), then the files that functions of one
+    of these files, or of a folder among them, moved into (:data:`SPLIT_PATHS`)."""
+    names = _moved_names(path)
+    split = [part for file, part in SPLIT_PATHS.items()
+             if any(file == name or (name.endswith("/") and file.startswith(name)) for name in names)]
+    return list(dict.fromkeys([*names, *split]))
 
 
 def earlier_paths(path: str) -> list[str]:
@@ -78,7 +103,7 @@ def earlier_paths(path: str) -> list[str]:
         here = todo.pop()
         if here not in out:
             out.append(here)
-            todo += [old + here[len(new):] for old, new in MOVED_PATHS.items() if here.startswith(new)]
+            todo += [old + here[len(new):] for old, new in MOVED_PATHS if here.startswith(new)]
     return out
 
 
@@ -274,8 +299,8 @@ def imported_files(module: str, repo: str | Path = REPO_ROOT, package: str = "se
 def analysis_changes(block: Mapping[str, Any], repo: str | Path = REPO_ROOT,
                      report_module: str | None = None) -> list[dict[str, str]] | None:
     """The commits since a registration's ``analysis_commit`` that changed the code that writes its report, oldest
-    first, each ``{"commit": short hash, "subject": ...}``: its ``analysis_code`` (at its registered paths and
-    today's, :func:`current_path`) and, with ``report_module``, every file :func:`imported_files` finds for that
+    first, each ``{"commit": short hash, "subject": ...}``: its ``analysis_code`` (at every name its files have had and in the
+    files their functions moved into, :func:`path_names`) and, with ``report_module``, every file :func:`imported_files` finds for that
     module (at its places today and before any move, :func:`earlier_paths`): the formatters and readings a report
     prints change its text as much as the registered analysis does. None for a registration that records no analysis
     commit (a hand-made one). A report lists them so that a reader sees every change made to what it prints after
@@ -290,8 +315,9 @@ def analysis_changes(block: Mapping[str, Any], repo: str | Path = REPO_ROOT,
                            "to the registered analysis cannot be listed")
     registered = block.get("analysis_code", [])
     reporting = imported_files(report_module, repo) if report_module else []
-    # a file moved since: its commits under both names
-    paths = sorted({*registered, *map(current_path, registered), *(p for f in reporting for p in earlier_paths(f))})
+    # a moved file: its commits under every name
+    paths = sorted({*(name for path in registered for name in path_names(path)),
+                    *(p for f in reporting for p in earlier_paths(f))})
     log = subprocess.run(["git", "log", "--no-merges", "--reverse", "--format=%h%x09%s", "--abbrev=10",
                           f"{commit}..HEAD", "--", *paths], cwd=repo, capture_output=True, text=True, check=True)
     return [dict(zip(("commit", "subject"), line.split("\t", 1))) for line in log.stdout.splitlines() if line]

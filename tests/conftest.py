@@ -112,15 +112,15 @@ def scratch_git(tmp_path):
 
 def stale_report_parts(report, reg) -> list[str]:
     """Which parts of a registered study's committed report differ from what its committed runs compute now
-    (``report``: its :class:`searchr1_lab.stepsize.study_report.StudyReport`): its block of the results page
-    (:data:`searchr1_lab.studies.RESULTS_PAGE`), the report's README.md, its summary.json."""
-    import json
-
-    from searchr1_lab.comparison.claims import clean, readme_block_of
+    (``report``: its :class:`searchr1_lab.registered.report.StudyReport`): its block of the results page
+    (:data:`searchr1_lab.studies.RESULTS_PAGE`), the report's README.md, its summary.json (byte for byte: its floats
+    rounded as the report writes them)."""
+    from searchr1_lab.comparison.claims import readme_block_of
+    from searchr1_lab.registered.report import summary_json
     from searchr1_lab.studies import RESULTS_PAGE
 
     block = reg["registration"]
-    summary = clean(report.analyse(reg, REPO_ROOT / block["runs_dir"]))
+    summary = report.summary(reg, REPO_ROOT / block["runs_dir"])
     out = REPO_ROOT / block["report_dir"]
     stale = []
     if readme_block_of((REPO_ROOT / RESULTS_PAGE).read_text(), *report.readme_markers(reg)) != report.readme_block(
@@ -128,7 +128,7 @@ def stale_report_parts(report, reg) -> list[str]:
         stale.append(f"the block of {RESULTS_PAGE}")
     if (out / "README.md").read_text() != report.render(summary, reg):
         stale.append(f"{block['report_dir']}/README.md")
-    if json.loads((out / "summary.json").read_text()) != json.loads(json.dumps(summary, sort_keys=True)):
+    if (out / "summary.json").read_text() != summary_json(summary):
         stale.append(f"{block['report_dir']}/summary.json")
     return stale
 

@@ -223,12 +223,13 @@ def test_the_results_pages_prereg_block_is_what_the_registered_analysis_computes
     from searchr1_lab.prereg.registration import load_preregistration
     from searchr1_lab.prereg.report import (PHENOMENA_FIGURES, README_BEGIN, README_END, readme_block, render,
                                             write_report)
+    from searchr1_lab.registered.report import summary_json
 
     reg = load_preregistration()["registration"]
     summary = write_report(ROOT / "docs" / "lab" / "preregistration.json", ROOT / reg["runs_dir"], tmp_path)
     report_dir = ROOT / reg["report_dir"]
     assert readme_block_of(RESULTS_PAGE.read_text(), README_BEGIN, README_END) == readme_block(summary)
-    assert json.loads((report_dir / "summary.json").read_text()) == summary
+    assert (report_dir / "summary.json").read_text() == summary_json(summary)
     assert (report_dir / "README.md").read_text() == render(summary)
     # the registered files were split into a package: a commit that changed only the package's files is listed
     assert any(c["subject"].startswith("one registry of alarms") for c in summary["analysis_changes"])

@@ -197,7 +197,7 @@ FRONTIER_FILE = "docs/lab/frontier/registration.json"
 
 @pytest.fixture(scope="module")
 def reg():
-    from searchr1_lab.stepsize.registration import load_registration
+    from searchr1_lab.registered.registration import load_registration
 
     return load_registration(REPO_ROOT / FRONTIER_FILE)
 
@@ -205,7 +205,8 @@ def reg():
 def test_the_registration_is_valid_on_a_world_whose_test_split_no_report_scored(reg):
     from searchr1_lab.frontier.report import method_of_arm
     from searchr1_lab.methods import read_lab_config
-    from searchr1_lab.stepsize.registration import cells
+    from searchr1_lab.registered.registration import cells
+    from searchr1_lab.studies import current_path
     from searchr1_lld.world import load_world_config
     from searchr1_lld.world.build import world_config_hash
 
@@ -214,8 +215,8 @@ def test_the_registration_is_valid_on_a_world_whose_test_split_no_report_scored(
     assert world_file == reg["world"]["config"]
     assert world_config_hash(load_world_config(REPO_ROOT / world_file)) == reg["world"]["hash"]
     assert len(cells(reg)) == 51 and set(method_of_arm(reg)) == set(reg["arms"])
-    for path in block["analysis_code"]:
-        assert (REPO_ROOT / path).is_file(), path
+    for path in block["analysis_code"]:  # each file where it lives now
+        assert (REPO_ROOT / current_path(path)).is_file(), path
     # the reports of the other studies on this world never print a test EM (their lists of the commits that changed
     # their code name commits of this study's report, which did)
     for other in ("docs/lab/stepsize/README.md", "docs/lab/trustregion/README.md"):

@@ -13,7 +13,7 @@ from conftest import REPO_ROOT
 from searchr1_lld.config import ConfigError
 from searchr1_lab import fresh, grid
 from searchr1_lab.comparison.claims import DESIGN_FILE
-from searchr1_lab.stepsize import registration as stepsize
+from searchr1_lab.registered import registration as stepsize
 
 COMPARISON = REPO_ROOT / "docs" / "lab" / "runs"
 PREREG = REPO_ROOT / "docs" / "lab" / "prereg" / "runs"

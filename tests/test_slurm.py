@@ -85,7 +85,7 @@ def test_the_registered_grid_as_an_array_names_its_tasks_and_report(tmp_path, ca
     command; --commit and --fresh are refused with it."""
     from searchr1_lab.cli import main as lab_main
     from searchr1_lab.grid import registered_tasks
-    from searchr1_lab.stepsize.registration import load_registration
+    from searchr1_lab.registered.registration import load_registration
 
     registration = REPO_ROOT / "docs" / "lab" / "stepsize" / "registration.json"
     argv = ["grid", "--registration", str(registration), "--runs-dir", str(tmp_path / "train"), "--slurm"]

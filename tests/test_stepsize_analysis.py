@@ -1,4 +1,4 @@
-"""The step-size study's analysis on hand-made runs: the collapse label, the survival statistics, the registered
+"""The step-size study's analysis on hand-made runs: the collapse label, the cells' survival, the registered
 hypotheses, their sensitivity to the label, and the alarms at a matched false-alarm rate, each against values worked
 out by hand."""
 
@@ -13,7 +13,6 @@ from searchr1_lab.stepsize.alarms import (LabelledRun, alarm_study, healthy_end,
                                           not_estimable, score_series)
 from searchr1_lab.stepsize.analysis import (cell_survival, collapse_time, compare_arms, control_lr, hypotheses,
                                             run_points, sensitivity_table, step_size, supported)
-from searchr1_lab.stepsize.survival import kaplan_meier, logrank, rmst, rmst_difference
 
 SHORT = {"step_kl": "lld/step_kl", "reward": "reward/em_mean", "probe": "probe/logp_per_token",
          "correct": "lld/correct_logp_old_per_token", "val_em": "eval/val_em"}
@@ -80,66 +79,6 @@ def test_step_size_is_the_mean_step_kl_over_its_window():
 
 
 # ---------------------------------------------------------------- survival statistics by hand
-
-def test_kaplan_meier_by_hand():
-    # at 2: 5 at risk, 1 dies -> 4/5 = 0.8; at 4: 4 at risk (the run censored at 4 still counts), 1 dies -> 0.8 * 3/4
-    # = 0.6; at 6: 2 at risk (6 and 8), 1 dies -> 0.3; the run censored at 8 leaves the curve unchanged
-    curve = kaplan_meier([2, 4, 4, 6, 8], [1, 1, 0, 1, 0])
-    assert [t for t, _ in curve] == [0, 2, 4, 6]
-    assert [s for _, s in curve] == pytest.approx([1.0, 0.8, 0.6, 0.3])
-    assert kaplan_meier([5, 5], [0, 0]) == [(0.0, 1.0)]
-    assert kaplan_meier([3, 3, 3, 7], [1, 1, 0, 1])[1:] == [(3.0, 0.5), (7.0, 0.0)]  # 2 of 4 die at 3, then 1 of 1
-
-
-def test_rmst_is_the_area_under_the_curve():
-    times, events = [2, 4, 4, 6, 8], [1, 1, 0, 1, 0]
-    assert rmst(times, events, 8) == pytest.approx(1.0 * 2 + 0.8 * 2 + 0.6 * 2 + 0.3 * 2)  # 5.4
-    assert rmst(times, events, 5) == pytest.approx(1.0 * 2 + 0.8 * 2 + 0.6 * 1)  # 4.2: cut at the horizon
-    assert rmst([10, 10], [0, 0], 10) == 10.0
-    with pytest.raises(ValueError):
-        rmst([1, 2], [1], 5)
-
-
-def test_logrank_by_hand():
-    # a: collapses at 3, two censored at 6; b: collapses at 1, 2, 3.
-    # t=1: n_a=3 n_b=3 n=6 d=1 -> E_a = 3/6 = 0.5, V = 1 (1/2)(1/2)(5/5) = 0.25
-    # t=2: n_a=3 n_b=2 n=5 d=1 -> E_a = 3/5 = 0.6, V = (3/5)(2/5)(4/4) = 0.24
-    # t=3: n_a=3 n_b=1 n=4 d=2 -> E_a = 2 (3/4) = 1.5, V = 2 (3/4)(1/4)(2/3) = 0.25
-    # E_a = 2.6, O_a = 1, E_b = 4 - 2.6 = 1.4, O_b = 3, V = 0.74, z = 1.6 / sqrt(0.74)
-    out = logrank([3, 6, 6], [1, 0, 0], [1, 2, 3], [1, 1, 1])
-    assert (out["observed_a"], out["observed_b"]) == (1, 3)
-    assert out["expected_a"] == pytest.approx(2.6) and out["expected_b"] == pytest.approx(1.4)
-    assert out["variance"] == pytest.approx(0.74)
-    z = 1.6 / math.sqrt(0.74)
-    assert out["z"] == pytest.approx(z)  # 1.8600: a survives longer
-    assert out["p_one_sided"] == pytest.approx(0.5 * math.erfc(z / math.sqrt(2)))  # 0.0314
-    assert out["p_two_sided"] == pytest.approx(math.erfc(z / math.sqrt(2)))  # 0.0629
-    assert out["p_one_sided"] == pytest.approx(0.03145, abs=1e-4) and out["degenerate"] is None
-    swapped = logrank([1, 2, 3], [1, 1, 1], [3, 6, 6], [1, 0, 0])
-    assert swapped["z"] == pytest.approx(-z)
-    assert swapped["p_one_sided"] == pytest.approx(1 - out["p_one_sided"])
-
-
-def test_logrank_without_any_collapse_is_degenerate():
-    out = logrank([75, 75], [0, 0], [75, 75, 75], [0, 0, 0])
-    assert (out["z"], out["p_one_sided"], out["p_two_sided"]) == (0.0, 1.0, 1.0)
-    assert out["degenerate"] == "no run collapsed"
-    assert logrank([], [], [3, 4], [1, 1])["degenerate"] is not None
-
-
-def test_rmst_difference_bootstrap():
-    a = ([3, 6, 6], [1, 0, 0])  # RMST to 8: 3 + (2/3) 5 = 6.333
-    b = ([1, 2, 3], [1, 1, 1])  # RMST to 8: 1 + 2/3 + 1/3 = 2
-    out = rmst_difference(*a, *b, horizon=8)
-    assert out["estimate"] == pytest.approx(6 + 1 / 3 - 2)
-    assert out["low"] < out["estimate"] < out["high"]
-    assert rmst_difference(*a, *b, horizon=8) == out  # seeded: the same interval
-    assert rmst_difference(*a, *b, horizon=8, seed=1) != out
-    # every replicate of identical runs is the same: the interval is the point
-    same = rmst_difference([10, 10, 10], [0, 0, 0], [4, 4], [1, 1], horizon=10, n_boot=200)
-    assert (same["estimate"], same["low"], same["high"]) == pytest.approx((6.0, 6.0, 6.0))
-    assert rmst_difference([], [], [4], [1], horizon=10)["estimate"] is None
-
 
 # ---------------------------------------------------------------- cells and hypotheses
 
@@ -400,12 +339,3 @@ def test_alarms_against_the_healthy_stretch_need_no_calm_run():
     assert probe["versus_reference"]["estimate"] == pytest.approx(2.0) and probe["supported"] is True
     few = alarm_study(STRETCH_RUNS[:1] + STRETCH_RUNS[3:], ["probe_drop"], 0.25, rule="healthy_stretch")
     assert few["estimable"] is False and "1 collapsed runs and 2 with a healthy stretch" in few["reason"]
-
-
-def test_bootstrap_mean_of_a_difference_resamples_each_group_within_itself():
-    from searchr1_lab.stepsize.alarms import bootstrap_mean
-    d = bootstrap_mean([1.0, 2.0, 3.0], other=[1.0, 1.0, 1.0])
-    # the control never varies, so every replicate is a resampled mean of 1, 2, 3 minus 1: within [0, 2]
-    assert d["estimate"] == pytest.approx(1.0) and 0.0 <= d["low"] < 1.0 < d["high"] <= 2.0
-    assert bootstrap_mean([1.0], other=[]) == {"estimate": None, "low": None, "high": None}
-    assert bootstrap_mean([5.0, 5.0], other=[2.0]) == {"estimate": 3.0, "low": 3.0, "high": 3.0}

@@ -8,7 +8,7 @@ import pytest
 
 from searchr1_lab.stepsize.analysis import (adjust_for_multiplicity, family, hypotheses, matched_verdict,
                                             step_size_match, utility_comparison)
-from searchr1_lab.stepsize.smallsample import holm
+from searchr1_lab.stats.smallsample import holm
 
 from test_stepsize_analysis import make_run
 

@@ -14,7 +14,7 @@ from searchr1_lld.config import ConfigError
 from searchr1_lab import driver, grid
 from conftest import registered_run_violations, stale_report_parts
 from searchr1_lab.methods import ARMS, REPO_ROOT
-from searchr1_lab.stepsize import registration as stepsize
+from searchr1_lab.registered import registration as stepsize
 from searchr1_lab.studies import current_path
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from searchr1_lld.config import ConfigError
 from searchr1_lab.compact import write_gz_json
-from searchr1_lab.stepsize.registration import cells
+from searchr1_lab.registered.registration import cells
 from searchr1_lab.cli import main as lab_main
 from searchr1_lab.stepsize.target import mean_curve
 
@@ -47,7 +47,7 @@ def test_cells_with_an_arm_of_its_own_seeds_run_seed_by_seed():
 
 
 def test_an_arm_with_repeated_seeds_is_refused(tmp_path):
-    from searchr1_lab.stepsize.registration import validate
+    from searchr1_lab.registered.registration import validate
 
     reg = {"registration": {"status": "draft", "config": "configs/lab/stepsize.yaml", "runs_dir": "x",
                             "train_dir": "y"},

@@ -13,8 +13,8 @@ import pytest
 
 from conftest import REPO_ROOT
 from searchr1_lab.studies import (STUDIES, CommitUnavailable, Study, analysis_changes, current_command, current_path,
-                                  earlier_paths, imported_files, late_readings, recorded_config, recorded_hashes,
-                                  result_files, world_identity)
+                                  earlier_paths, imported_files, late_readings, path_names, recorded_config,
+                                  recorded_hashes, result_files, world_identity)
 
 
 def _identity(study: Study) -> dict:
@@ -103,7 +103,8 @@ def test_current_command_and_path_rename_the_moved_modules_only():
     assert current_command("x --readme README.md.bak") == "x --readme README.md.bak"
     assert current_command("python -m searchr1_lab.demo --readme docs/README.md") == (
         "python -m searchr1_lab.demo --readme docs/README.md")
-    assert current_path("searchr1_lld/lab/stepsize/survival.py") == "searchr1_lab/stepsize/survival.py"
+    assert current_path("searchr1_lld/lab/stepsize/survival.py") == "searchr1_lab/stats/survival.py"
+    assert current_path("searchr1_lld/lab/stepsize/analysis.py") == "searchr1_lab/stepsize/analysis.py"
     assert current_path("searchr1_lld/sweep.py") == "searchr1_lab/sweep.py"
     assert current_path("searchr1_lld/algo/llds.py") == "searchr1_lld/algo/llds.py"
 
@@ -111,6 +112,9 @@ def test_current_command_and_path_rename_the_moved_modules_only():
 def test_earlier_paths_undo_every_move():
     assert earlier_paths("searchr1_lab/stepsize/report.py") == ["searchr1_lab/stepsize/report.py",
                                                                 "searchr1_lld/lab/stepsize/report.py"]
+    assert earlier_paths("searchr1_lab/registered/report.py") == [
+        "searchr1_lab/registered/report.py", "searchr1_lab/stepsize/study_report.py",
+        "searchr1_lld/lab/stepsize/study_report.py"]
     assert set(earlier_paths("searchr1_lab/demo/command.py")) == {
         "searchr1_lab/demo/command.py", "searchr1_lld/demo.py", "searchr1_lld/lab/demo/command.py"}
     assert earlier_paths("searchr1_lld/algo/llds.py") == ["searchr1_lld/algo/llds.py"]
@@ -174,3 +178,13 @@ def test_a_reading_added_after_a_split_was_read_is_marked_in_the_list(tmp_path):
     (tmp_path / "late_readings.json").write_text(json.dumps({"readings": {"baselines": {"added": "8ac3ab37b4"}}}))
     with pytest.raises(ValueError, match="lacks \\['read', 'split'\\]"):
         late_readings({"report_dir": str(tmp_path)})
+
+
+def test_a_registered_file_is_followed_through_every_move_and_into_the_files_its_functions_moved_to():
+    assert path_names("searchr1_lld/lab/stepsize/survival.py") == [
+        "searchr1_lld/lab/stepsize/survival.py", "searchr1_lab/stepsize/survival.py", "searchr1_lab/stats/survival.py"]
+    assert path_names("searchr1_lld/lab/stepsize/alarms.py") == [
+        "searchr1_lld/lab/stepsize/alarms.py", "searchr1_lab/stepsize/alarms.py", "searchr1_lab/stats/bootstrap.py"]
+    assert path_names("searchr1_lld/lab/prereg/") == [  # a folder: the files split out of its files count too
+        "searchr1_lld/lab/prereg/", "searchr1_lab/prereg/", "searchr1_lab/stats/proportions.py"]
+    assert path_names("searchr1_lld/algo/llds.py") == ["searchr1_lld/algo/llds.py"]

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from conftest import REPO_ROOT, registered_run_violations, stale_report_parts
-from searchr1_lab.stepsize import registration as stepsize
+from searchr1_lab.registered import registration as stepsize
 from searchr1_lab.studies import current_path
 
 TRUSTREGION_FILE = "docs/lab/trustregion/registration.json"

@@ -13,7 +13,7 @@ What is computed (pure: compact records in, numbers out)
     lower rate); the test split plays no part in it;
     test_em_ci: per method at its selected rate, mean test EM with a 95 % bootstrap interval that resamples the
     questions' subjects (clusters: every question of a drawn subject) and the seeds
-    (:func:`searchr1_lab.intervals.clustered_bootstrap`), overall and on the not-guessable slice; the difference
+    (:func:`searchr1_lab.stats.bootstrap.clustered_bootstrap`), overall and on the not-guessable slice; the difference
     between two methods is paired: one common draw of subjects, each method's seeds drawn on their own;
     stable learning rates: per method, the rates at which no seed's reward collapsed;
     detector: per alarm, sensitivity (collapsed runs alarmed before the collapse), specificity (runs that did not
@@ -31,7 +31,7 @@ from typing import Any, Sequence
 from searchr1_lab.analysis import finite, lld_verdict, phase_summary, trend_summary
 from searchr1_lab.baselines import BASELINE_LABELS, BASELINE_NAMES, slice_em, subjects
 from searchr1_lab.compact import read_runs
-from searchr1_lab.intervals import clustered_bootstrap, format_interval
+from searchr1_lab.stats.bootstrap import clustered_bootstrap, format_interval
 from searchr1_lab.methods import ARMS, REPO_ROOT
 
 README_BEGIN = "<!-- lab-results:begin (python -m searchr1_lab report) -->"

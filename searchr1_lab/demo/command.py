@@ -24,7 +24,7 @@ rate). With a constant rate and no warm-up a run of N steps is the first N steps
 policy is the one the selection measured. The test split is scored once, at the end.
 
 Every interval is a 95 % paired bootstrap that resamples the questions' subjects, not the questions
-(:mod:`searchr1_lab.intervals`): questions about one entity stand or fall together.
+(:mod:`searchr1_lab.stats.bootstrap`): questions about one entity stand or fall together.
 
 ``--report DIR`` also writes the result as ``DIR/summary.json``, ``DIR/em_by_hop.png`` and ``DIR/README.md``
 (docs/demo/ holds the committed one; the README quotes its line, :func:`readme_line`, and shows its figure); with

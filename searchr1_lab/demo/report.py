@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from searchr1_lab.baselines import BASELINE_LABELS
-from searchr1_lab.intervals import clustered_bootstrap, format_interval
+from searchr1_lab.stats.bootstrap import clustered_bootstrap, format_interval
 from searchr1_lab.methods import REPO_ROOT
 
 POLICY_LABELS = {**BASELINE_LABELS, "trained": "trained"}

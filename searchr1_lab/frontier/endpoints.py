@@ -11,7 +11,7 @@ collapse_time`, on the held-out EM ``eval/val_sub_em`` against the run's own ste
 - ``final_val_em``: the last whole-validation EM (``eval/val_em``) at or before the horizon.
 
 Per cell (arm at one learning rate): the mean, minimum and maximum of each over its runs (the seeds' spread), the
-runs that collapsed, and the RMST to the horizon (:func:`~searchr1_lab.stepsize.survival.rmst`).
+runs that collapsed, and the RMST to the horizon (:func:`~searchr1_lab.stats.survival.rmst`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from searchr1_lab.analysis import finite
 from searchr1_lab.stepsize.analysis import collapse_time, run_name
-from searchr1_lab.stepsize.survival import rmst
+from searchr1_lab.stats.survival import rmst
 from searchr1_lab.stepsize.utility import run_utility
 
 WHOLE_VAL = "eval/val_em"

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from searchr1_lab.stepsize.analysis import same_lr
-from searchr1_lab.stepsize.smallsample import restricted_times, welch_difference
+from searchr1_lab.stats.smallsample import restricted_times, welch_difference
 
 LEVEL = 0.95
 

@@ -26,8 +26,8 @@ from searchr1_lab.prereg.registration import phenomena
 from searchr1_lab.methods import read_lab_config
 from searchr1_lab.report import analysis_change_lines, fmt, late_text, signed, signed_interval
 from searchr1_lab.stepsize.analysis import cell_runs, same_lr
-from searchr1_lab.stepsize.registration import cells
-from searchr1_lab.stepsize.study_report import StudyReport
+from searchr1_lab.registered.registration import cells
+from searchr1_lab.registered.report import StudyReport
 from searchr1_lab.studies import RESULTS_PAGE, analysis_changes, current_command, late_readings
 
 FRONTIER_FILE = "docs/lab/frontier/registration.json"

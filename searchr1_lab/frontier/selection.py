@@ -5,7 +5,7 @@ doses. Its chosen cell is the one with the largest mean gain area (the held-out 
 rewards learning and lasting at once), ties broken by the mean utility and then the RMST (:func:`choose`). Test:
 the chosen cell's runs' final policies, already scored on the test split when each run ended and read only here, once
 the grid is complete; the mean EM over runs x questions with the bootstrap that resamples subjects
-(:func:`searchr1_lab.intervals.clustered_bootstrap`), and each method's rank on test beside its rank on validation;
+(:func:`searchr1_lab.stats.bootstrap.clustered_bootstrap`), and each method's rank on test beside its rank on validation;
 beside them the baselines' test EM (:func:`baseline_test_scores`: the warm start every run began from, scored when
 the grid built its world), the line a final policy is read against.
 """
@@ -16,7 +16,7 @@ import math
 from typing import Any, Mapping, Sequence
 
 from searchr1_lab.baselines import BASELINE_NAMES, subjects
-from searchr1_lab.intervals import clustered_bootstrap
+from searchr1_lab.stats.bootstrap import clustered_bootstrap
 from searchr1_lab.stepsize.analysis import cell_runs
 
 

@@ -16,16 +16,15 @@ it separates runs at one rate): sensitivity (collapsed runs alarmed strictly bef
 
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping, Sequence
 
 from searchr1_lld.instruments.alarms import Alarm, median
 from searchr1_lab.analysis import VAL_EM_KEY, finite
+from searchr1_lab.stats.proportions import wilson
 
 REWARD = "reward/em_mean"
 # the series a collapse label is computed from: no alarm may read them
 COLLAPSE_SIGNALS = frozenset({VAL_EM_KEY, REWARD})
-Z95 = 1.959963984540054  # the standard normal's 97.5 % quantile
 
 
 def held_out_collapse_step(val_curve: Sequence[Sequence[float]], warm_em: float, *, ratio: float = 0.3,
@@ -59,28 +58,6 @@ def refuse_collapse_signals(alarm: Alarm) -> Alarm:
         raise ValueError(f"alarm {alarm.name!r} reads {leaked}, which a collapse label is computed from: an alarm "
                          "defined on the collapse signal cannot warn of it")
     return alarm
-
-
-def wilson(successes: int, trials: int, z: float = Z95) -> dict[str, Any]:
-    """The share ``successes / trials`` with its Wilson score interval (95 % by default); all None for 0 trials."""
-    if trials <= 0:
-        return {"value": None, "lo": None, "hi": None, "k": successes, "n": trials}
-    p = successes / trials
-    denom = 1 + z * z / trials
-    centre = (p + z * z / (2 * trials)) / denom
-    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denom
-    return {"value": p, "lo": max(0.0, centre - half), "hi": min(1.0, centre + half), "k": successes, "n": trials}
-
-
-def newcombe_difference(k1: int, n1: int, k2: int, n2: int, z: float = Z95) -> dict[str, Any]:
-    """``k1/n1 - k2/n2`` with Newcombe's hybrid score interval (from the two Wilson intervals); None without trials."""
-    if n1 <= 0 or n2 <= 0:
-        return {"value": None, "lo": None, "hi": None}
-    a, b = wilson(k1, n1, z), wilson(k2, n2, z)
-    d = a["value"] - b["value"]
-    lo = d - math.sqrt((a["value"] - a["lo"]) ** 2 + (b["hi"] - b["value"]) ** 2)
-    hi = d + math.sqrt((a["hi"] - a["value"]) ** 2 + (b["value"] - b["lo"]) ** 2)
-    return {"value": d, "lo": lo, "hi": hi}
 
 
 def alarm_outcome(first_alarm: int | None, collapse: int | None) -> str:

@@ -32,9 +32,9 @@ from searchr1_lld.config import ConfigError
 from searchr1_lab.analysis import finite, mean_std, val_em_curve, window_mean
 from searchr1_lab.baselines import subjects
 from searchr1_lab.compact import read_runs
-from searchr1_lab.prereg.detection import (held_out_collapse_step, newcombe_difference, refuse_collapse_signals,
-                                           score_alarm, wilson)
-from searchr1_lab.intervals import clustered_bootstrap
+from searchr1_lab.prereg.detection import held_out_collapse_step, refuse_collapse_signals, score_alarm
+from searchr1_lab.stats.proportions import newcombe_difference, wilson
+from searchr1_lab.stats.bootstrap import clustered_bootstrap
 from searchr1_lab.methods import REPO_ROOT
 from searchr1_lld.instruments import alarms
 from searchr1_lld.instruments.alarms import Alarm, median_of_first

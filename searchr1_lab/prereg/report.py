@@ -10,7 +10,6 @@ Everything beyond the hypotheses' figures is exploratory description and says so
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -20,6 +19,7 @@ from searchr1_lab.compact import read_runs
 from searchr1_lab.methods import ARMS, REPO_ROOT
 from searchr1_lab.plots import plot_grid
 from searchr1_lab.prereg.registration import CONTROL, PREREG_FILE, analyse, load_preregistration
+from searchr1_lab.registered.report import summary_json
 from searchr1_lab.report import analysis_change_lines, fmt
 from searchr1_lab.studies import RESULTS_PAGE, analysis_changes, current_command, late_readings
 
@@ -50,7 +50,7 @@ PHENOMENA_FIGURES: dict[str, tuple[str, dict[str, str]]] = {
 
 
 def _share(w: Mapping[str, Any]) -> str:
-    """``k/n = p [lo, hi]`` of a :func:`.detection.wilson` cell."""
+    """``k/n = p [lo, hi]`` of a :func:`searchr1_lab.stats.proportions.wilson` cell."""
     if not w.get("n"):
         return "-"
     return f"{w['k']}/{w['n']} = {w['value']:.2f} [{w['lo']:.2f}, {w['hi']:.2f}]"
@@ -269,7 +269,8 @@ def _levels_text(levels: Mapping[str, Any] | None) -> str:
 def write_report(prereg_path: str | Path, runs_dir: str | Path, out_dir: str | Path,
                  readme: str | Path | None = None) -> dict[str, Any]:
     """``out_dir/summary.json``, ``out_dir/README.md`` and the phenomena's figures of the registered analysis;
-    with ``readme``, that README's block of the comparison replaced (:func:`readme_block`). Returns the summary."""
+    with ``readme``, that README's block of the comparison replaced (:func:`readme_block`). Returns the summary
+    (full precision; the file rounds it, :func:`searchr1_lab.registered.report.summary_json`)."""
     prereg = load_preregistration(prereg_path)
     summary = clean(analyse(prereg, runs_dir))
     summary["single_hop_test_em"] = single_hop_levels(runs_dir, summary["H3"]["rates"])
@@ -280,7 +281,7 @@ def write_report(prereg_path: str | Path, runs_dir: str | Path, out_dir: str | P
     summary["late_readings"] = late_readings(block)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    (out / "summary.json").write_text(summary_json(summary))
     (out / "README.md").write_text(render(summary))
     write_figures(prereg, runs_dir, out, summary["collapse_bound"])
     if readme is not None:

@@ -29,7 +29,7 @@ import numpy as np
 
 from searchr1_lld.instruments.alarms import Records, ScoreWindow, finite, median, series
 from searchr1_lld.instruments.alarms import score_series as alarm_scores
-from searchr1_lab.intervals import BOOT_SEED, LEVEL, N_BOOT
+from searchr1_lab.stats.bootstrap import BOOT_SEED, N_BOOT, bootstrap_mean
 
 NAN = float("nan")
 REFERENCE_ALARM = "reward_drop"
@@ -72,25 +72,6 @@ def first_firing(scores: Sequence[tuple[int, float]], threshold: float) -> int |
 def lead(collapse_step: int, fired: int | None) -> int | None:
     """``collapse_step - fired`` when the alarm fired strictly before the collapse; None (missed) otherwise."""
     return collapse_step - fired if fired is not None and fired < collapse_step else None
-
-
-def bootstrap_mean(values: Sequence[float], n_boot: int = N_BOOT, seed: int = BOOT_SEED,
-                   level: float = LEVEL, other: Sequence[float] | None = None) -> dict[str, Any]:
-    """Mean of ``values`` with its seeded percentile bootstrap interval (values resampled with replacement); with
-    ``other``, the difference ``mean(values) - mean(other)``, each group resampled within itself (unpaired). None
-    fields without values (in either group)."""
-    if not values or (other is not None and not other):
-        return {"estimate": None, "low": None, "high": None}
-    rng = np.random.default_rng(seed)
-    x = np.asarray(values, dtype=float)  # [n]
-    reps = x[rng.integers(0, len(x), (n_boot, len(x)))].mean(axis=1)  # [n_boot]
-    estimate = x.mean()
-    if other is not None:
-        y = np.asarray(other, dtype=float)  # [m]
-        reps = reps - y[rng.integers(0, len(y), (n_boot, len(y)))].mean(axis=1)
-        estimate = estimate - y.mean()
-    low, high = np.percentile(reps, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
-    return {"estimate": float(estimate), "low": float(low), "high": float(high)}
 
 
 @dataclass(frozen=True)
@@ -190,7 +171,7 @@ def alarm_study(runs: Sequence[LabelledRun], alarms: Sequence[str], false_alarm_
     """Every alarm of ``alarms`` and the ``reference`` alarm at the matched false-alarm rate over ``runs`` (one
     learning rate), and for each alarm the paired difference of leads against the reference over the collapsed runs,
     ``mean_i (lead_alarm,i - lead_reference,i)`` with a missed warning counted as lead 0, with its bootstrap interval
-    (:func:`bootstrap_mean`, runs resampled). ``supported`` for an alarm when that interval lies above 0.
+    (:func:`searchr1_lab.stats.bootstrap.bootstrap_mean`, runs resampled). ``supported`` for an alarm when that interval lies above 0.
 
     ``rule`` names which firings are false alarms (:data:`FALSE_ALARM_RULES`). ``{"estimable": False,
     "reason"}`` instead when the rule's check (:func:`not_estimable` for ``calm_runs``) says so.

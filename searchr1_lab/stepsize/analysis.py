@@ -43,11 +43,11 @@ import math
 from typing import Any, Callable, Mapping, Sequence
 
 from searchr1_lab.analysis import finite
-from searchr1_lab.intervals import BOOT_SEED, N_BOOT
+from searchr1_lab.stats.bootstrap import BOOT_SEED, N_BOOT
 from searchr1_lab.stepsize.alarms import HELD_OUT, LabelledRun, ScoreWindow, alarm_study
-from searchr1_lab.stepsize.smallsample import (equivalent, holm, permutation_test, restricted_times,
+from searchr1_lab.stats.smallsample import (equivalent, holm, permutation_test, restricted_times,
                                                welch_difference)
-from searchr1_lab.stepsize.survival import kaplan_meier, logrank, rmst, rmst_difference
+from searchr1_lab.stats.survival import kaplan_meier, logrank, rmst, rmst_difference
 from searchr1_lab.stepsize.utility import run_utility
 
 Run = Mapping[str, Any]
@@ -132,13 +132,14 @@ def compare_arms(runs: Sequence[Run], arm_a: str, arm_b: str, lr: float, label: 
 def small_sample(a: Mapping[str, Any], b: Mapping[str, Any], horizon: float) -> dict[str, Any]:
     """Tests of the RMST difference that hold at a handful of runs, on the per-run restricted survival times (their
     mean is the RMST: runs are censored only at the horizon): ``welch`` (the 95 % Welch interval), ``welch90`` (the
-    90 % one, for equivalence) and ``permutation`` (the exact permutation test). Empty when a cell has no run."""
+    90 % one, for equivalence) and ``permutation`` (the exact permutation test; None unless each cell has 2 runs).
+    Empty when a cell has no run."""
     if not a["times"] or not b["times"]:
         return {"welch": None, "welch90": None, "permutation": None}
     ra = restricted_times(a["times"], a["events"], horizon)
     rb = restricted_times(b["times"], b["events"], horizon)
     return {"welch": welch_difference(ra, rb, 0.95), "welch90": welch_difference(ra, rb, 0.90),
-            "permutation": permutation_test(ra, rb)}
+            "permutation": permutation_test(ra, rb) if min(len(ra), len(rb)) >= 2 else None}
 
 
 def supported(comparison: Mapping[str, Any], alpha: float) -> bool:

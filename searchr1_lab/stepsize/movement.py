@@ -24,9 +24,8 @@ import math
 from typing import Any, Callable, Mapping, Sequence
 
 from searchr1_lab.analysis import finite
-from searchr1_lab.intervals import BOOT_SEED, N_BOOT
+from searchr1_lab.stats.bootstrap import BOOT_SEED, N_BOOT, bootstrap_mean
 from searchr1_lld.instruments.alarms import probe_drop
-from searchr1_lab.stepsize.alarms import bootstrap_mean
 from searchr1_lab.stepsize.analysis import (Run, cell_runs, control_lr, hypothesis_kind, hypothesis_beats,
                                             hypothesis_mechanism, labels, resolve_lr)
 
@@ -110,7 +109,7 @@ def movement_study(runs: Sequence[Run], registration: Mapping[str, Any], label: 
                    seed: int = BOOT_SEED) -> list[dict[str, Any]]:
     """Per compared pair (:func:`compared_pairs`) and measure: both cells' movements to collapse under ``label``
     (default: the registered primary label), their means, and ``difference`` (treatment minus control) with its
-    bootstrap interval (:func:`.alarms.bootstrap_mean`)."""
+    bootstrap interval (:func:`searchr1_lab.stats.bootstrap.bootstrap_mean`)."""
     label = label or registration["label"]
     out = []
     for pair in compared_pairs(runs, registration):

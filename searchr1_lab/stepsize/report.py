@@ -22,8 +22,8 @@ from typing import Any, Mapping, Sequence
 from searchr1_lab.analysis import finite
 from searchr1_lab.compact import read_runs
 from searchr1_lab.methods import read_lab_config
-from searchr1_lab.report import analysis_change_lines, signed, signed_interval
-from searchr1_lab.stepsize.study_report import StudyReport
+from searchr1_lab.report import analysis_change_lines, signed, signed_bca, signed_interval
+from searchr1_lab.registered.report import StudyReport
 from searchr1_lab.studies import analysis_changes, current_command, late_readings
 from searchr1_lab.stepsize import account
 from searchr1_lab.stepsize.analysis import (HELD_OUT, cell_survival, exploratory_alarms, hypotheses, run_points,
@@ -32,7 +32,7 @@ from searchr1_lab.stepsize.figures import FIGURES, MEASURE_NAMES, write_figures
 from searchr1_lab.stepsize.movement import MEASURES, cells_movement, movement_sensitivity, movement_study
 from searchr1_lab.stepsize.readings import (cell_table, small_sample_rows, unregistered_comparisons,
                                             warmup_steps)
-from searchr1_lab.stepsize.registration import STEPSIZE_FILE, cells
+from searchr1_lab.registered.registration import STEPSIZE_FILE, cells
 
 __all__ = ["FIGURES", "README_BEGIN", "README_END", "analyse", "main", "readme_block", "readme_markers", "render",
            "write_report"]
@@ -212,11 +212,12 @@ def movement_lines(s: Mapping[str, Any], reg: Mapping[str, Any]) -> list[str]:
              "A method that only takes smaller steps should collapse after as much movement as GRPO, only later; one "
              "that moves the cliff should travel further first. Each registered comparison re-read with the movement "
              "to collapse (to the horizon when censored) as the endpoint: treatment mean, control mean, and the "
-             "difference (treatment minus control) with its 95 % bootstrap interval over runs, under the primary "
-             "label; the last column counts where that interval lies under the registered labels of the sensitivity "
+             "difference (treatment minus control) with its 95 % bootstrap interval over runs, and the BCa interval "
+             "from the same replicates, under the primary label; the last column counts where the bootstrap interval "
+             "lies under the registered labels of the sensitivity "
              f"grid. {_when_chosen(reg, 'movement')}; three measures, because they do not always agree.", "",
-             "| comparison | measure | treatment | control | difference | over the labels |",
-             "|---|---|---|---|---|---|"]
+             "| comparison | measure | treatment | control | difference | BCa (not registered) | over the labels |",
+             "|---|---|---|---|---|---|---|"]
     sens = found["sensitivity"]
     for i, pair in enumerate(found["primary"]):
         name = (f"{pair['hypothesis']}: {pair['treatment']} ({pair['lr']:g}) vs {pair['control']} "
@@ -224,7 +225,7 @@ def movement_lines(s: Mapping[str, Any], reg: Mapping[str, Any]) -> list[str]:
         for measure, res in pair["measures"].items():
             lines.append(f"| {name} | {MEASURE_NAMES[measure]} | {_num(res['mean_treatment'], 2)} | "
                          f"{_num(res['mean_control'], 2)} | {signed_interval(res['difference'], 2)} | "
-                         f"{_sides(sens[measure][i]['labels'])} |")
+                         f"{signed_bca(res['difference'], 2)} | {_sides(sens[measure][i]['labels'])} |")
     lines += ["", "Per cell (mean, min-max over its runs; censored runs count to the horizon):", "",
               "| arm | lr | runs (censored) | " + " | ".join(MEASURE_NAMES[m] for m in MEASURES) + " |",
               "|---|---|---|" + "---|" * len(MEASURES)]

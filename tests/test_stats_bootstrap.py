@@ -1,5 +1,6 @@
-"""The subject-clustered paired bootstrap on hand-made outcomes: what it resamples, that clusters of identical outcomes
-widen the interval against the question-level bootstrap, that a difference is paired, and its errors."""
+"""The bootstrap of a mean or a difference of means, and the subject-clustered paired bootstrap on hand-made
+outcomes: what it resamples, that clusters of identical outcomes widen the interval against the question-level
+bootstrap, that a difference is paired, and its errors."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 
 from searchr1_lab.baselines import question_table, subject_of, subjects
-from searchr1_lab.intervals import clustered_bootstrap, excludes_zero, format_interval
+from searchr1_lab.stats.bootstrap import bootstrap_mean, clustered_bootstrap, excludes_zero, format_interval
 
 
 def _singletons(ids):
@@ -92,3 +93,22 @@ def test_rows_name_their_subject_through_one_accessor():
     assert subjects(table) == {"x": "Roxfapum Company"}
     with pytest.raises(KeyError, match="subject"):
         subject_of({"id": "y", "metadata": {"hops": 1}})
+
+
+def test_bootstrap_mean_of_a_difference_resamples_each_group_within_itself():
+    d = bootstrap_mean([1.0, 2.0, 3.0], other=[1.0, 1.0, 1.0])
+    # the control never varies, so every replicate is a resampled mean of 1, 2, 3 minus 1: within [0, 2]
+    assert d["estimate"] == pytest.approx(1.0) and 0.0 <= d["low"] < 1.0 < d["high"] <= 2.0
+    assert bootstrap_mean([1.0], other=[]) == {"estimate": None, "low": None, "high": None, "bca": None}
+    # a group of one value is held fixed; identical values leave every replicate at the point, and no BCa
+    assert bootstrap_mean([5.0, 5.0], other=[2.0]) == {"estimate": 3.0, "low": 3.0, "high": 3.0, "bca": None}
+    assert bootstrap_mean([2.0], other=[1.0]) == {"estimate": 1.0, "low": 1.0, "high": 1.0, "bca": None}
+
+
+def test_bca_beside_the_percentile_interval_follows_the_skew():
+    """Right-skewed values (one large): the resampled means pile up low with a long right tail; BCa's bias correction
+    and acceleration move its upper end right of the percentile one. Not reported above ten values a group."""
+    skewed = bootstrap_mean([1.0, 1.0, 1.0, 1.0, 1.0, 2.0, 20.0])
+    assert skewed["bca"]["low"] >= skewed["low"] and skewed["bca"]["high"] > skewed["high"] + 2  # 12.1 against 9.3
+    assert bootstrap_mean([float(i) for i in range(11)])["bca"] is None
+    assert bootstrap_mean([float(i) for i in range(10)])["bca"] is not None

@@ -1,45 +1,43 @@
-"""The small-sample statistics on values checked by hand: Student's t against table values and closed forms, Welch's
-interval computed by hand, an exact permutation p counted by hand, Holm's adjustment, equivalence, and the per-run
-restricted times against the Kaplan-Meier RMST."""
+"""The small-sample statistics on values checked by hand: Welch's interval and p against the t tables and closed
+forms and computed by hand, an exact permutation p counted by hand (two-sided as registered, not SciPy's), Holm's
+adjustment, equivalence, and the per-run restricted times against the Kaplan-Meier RMST."""
 
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 
-from searchr1_lab.stepsize.smallsample import (MAX_RELABELLINGS, equivalent, holm, permutation_test,
-                                               restricted_times, student_t_cdf, student_t_quantile,
-                                               welch_difference)
-from searchr1_lab.stepsize.survival import rmst
+from searchr1_lab.stats.smallsample import (MAX_RELABELLINGS, equivalent, holm, permutation_test,
+                                            restricted_times, welch_difference)
+from searchr1_lab.stats.survival import rmst
 
 
-@pytest.mark.parametrize("p, df, table", [(0.975, 4, 2.776445), (0.95, 9, 1.833113), (0.975, 30, 2.042272),
-                                          (0.975, 1, 12.706205), (0.995, 10, 3.169273), (0.975, 1e6, 1.959966),
-                                          (0.975, math.inf, 1.959964)])
-def test_t_quantiles_match_the_tables(p, df, table):
-    assert student_t_quantile(p, df) == pytest.approx(table, abs=1e-5)
-    assert student_t_quantile(1 - p, df) == pytest.approx(-table, abs=1e-5)
-    assert student_t_cdf(student_t_quantile(p, df), df) == pytest.approx(p, abs=1e-10)
+@pytest.mark.parametrize("n, table", [(2, 4.302653), (3, 2.776445), (10, 2.100922), (16, 2.042272)])
+def test_welch_interval_uses_the_t_quantile_of_the_tables(n, table):
+    """Two groups of n with equal variances: df = 2 (n - 1), and the 95 % interval is d -+ t_{0.975, df} se (the
+    tables' t for df 2, 4, 18 and 30)."""
+    a = [float(i * i) for i in range(n)]
+    b = [v - 1.0 for v in a]
+    out = welch_difference(a, b)
+    se = math.sqrt(2 * statistics.variance(a) / n)
+    assert out["df"] == pytest.approx(2 * (n - 1), rel=1e-12)
+    assert (out["low"], out["high"]) == (pytest.approx(1 - table * se, abs=1e-5 * se),
+                                         pytest.approx(1 + table * se, abs=1e-5 * se))
 
 
-@pytest.mark.parametrize("t", [-30.0, -2.5, -0.3, 0.0, 0.7, 1.0, 4.0, 100.0])
-def test_t_cdf_matches_the_closed_forms(t):
-    """df = 1 is the Cauchy distribution; df = 2 and df = 4 have closed forms too."""
-    assert student_t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-13)
-    assert student_t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-13)
-    u = 1 + t * t / 4
-    assert student_t_cdf(t, 4) == pytest.approx(0.5 + 3 / 8 * t / math.sqrt(u) * (1 - t * t / (12 * u)), abs=1e-13)
-
-
-def test_t_quantile_holds_for_fractional_df_and_far_tails():
-    for df in (0.7, 2.5, 3.53):
-        for p in (1e-9, 0.01, 0.3, 0.9, 0.999999):
-            assert student_t_cdf(student_t_quantile(p, df), df) == pytest.approx(p, rel=1e-9)
-    with pytest.raises(ValueError, match="0 < p < 1"):
-        student_t_quantile(1.0, 4)
-    with pytest.raises(ValueError, match="degrees of freedom"):
-        student_t_cdf(1.0, 0)
+def test_welch_p_matches_the_t_closed_forms():
+    """df = 1 is the Cauchy distribution and df = 2 has a closed form too. a = [0, 2] (var 2) against a constant
+    b = [0, 0, 0]: d = 1, se = 1, df = n_a - 1 = 1, t = 1: P(T >= 1) = 1/2 - atan(1) / pi = 1/4. a = [1, 3], b = [0, 2]:
+    d = 1, se^2 = 2/2 + 2/2, df = 2, t = 1 / sqrt 2: P(T >= t) = 1/2 - t / (2 sqrt(2 + t^2))."""
+    cauchy = welch_difference([0, 2], [0, 0, 0])
+    assert cauchy["df"] == pytest.approx(1.0) and cauchy["p_one_sided"] == pytest.approx(0.25, abs=1e-13)
+    assert cauchy["p_two_sided"] == pytest.approx(0.5, abs=1e-13)
+    two = welch_difference([1, 3], [0, 2])
+    t = 1 / math.sqrt(2)
+    assert two["df"] == pytest.approx(2.0)
+    assert two["p_one_sided"] == pytest.approx(0.5 - t / (2 * math.sqrt(2 + t * t)), abs=1e-13)
 
 
 def test_welch_by_hand():
@@ -69,9 +67,9 @@ def test_welch_unequal_variances_use_the_satterthwaite_df():
     assert out["estimate"] == pytest.approx(1.0)
     assert out["df"] == pytest.approx((11 / 6) ** 2 / ((4 / 3) ** 2 / 2 + 0.5 ** 2 / 4), rel=1e-12)
     assert out["df"] == pytest.approx(3.532847, abs=1e-6)
-    half = student_t_quantile(0.95, out["df"]) * math.sqrt(11 / 6)
-    assert (out["low"], out["high"]) == (pytest.approx(1 - half), pytest.approx(1 + half))
-    assert 2.132 < student_t_quantile(0.95, out["df"]) < 2.353  # between t_{0.95, 4} and t_{0.95, 3}
+    quantile = (out["high"] - 1) / math.sqrt(11 / 6)  # the interval is symmetric about the difference, 1
+    assert out["low"] == pytest.approx(1 - quantile * math.sqrt(11 / 6))
+    assert 2.132 < quantile < 2.353  # between the tables' t_{0.95, 4} and t_{0.95, 3}
 
 
 def test_welch_degenerate_cases():
@@ -102,6 +100,18 @@ def test_permutation_p_counted_by_hand():
     assert permutation_test([1, 2], [3, 4])["p_one_sided"] == 1.0
 
 
+def test_permutation_two_sided_p_counts_the_larger_differences_not_twice_the_smaller_tail():
+    """a = [10, 11], b = [0, 1, 2]: pooled total 24, so a relabelling whose group a sums to s has D = s / 2 - (24 - s)
+    / 3 = 5 s / 6 - 8. The ten pairs sum to 1, 2, 3, 10, 11, 11, 12, 12, 13, 21: D = -7.17, -6.33, -5.5, 0.33, 1.17,
+    1.17, 2, 2, 2.83, 9.5. The observed 9.5 is the largest: one-sided p = 1/10, and |D| >= 9.5 once: two-sided
+    p = 1/10, as registered (SciPy's two-sided p doubles the smaller tail: 2/10). For a = [0, 1] (D = -7.17),
+    |D| >= 7.17 twice: 2/10."""
+    out = permutation_test([10, 11], [0, 1, 2])
+    assert out["relabellings"] == 10 and out["estimate"] == 9.5
+    assert out["p_one_sided"] == pytest.approx(1 / 10) and out["p_two_sided"] == pytest.approx(1 / 10)
+    assert permutation_test([0, 1], [2, 10, 11])["p_two_sided"] == pytest.approx(2 / 10)
+
+
 def test_permutation_counts_ties_within_rounding():
     """a = [0.1, 0.7], b = [0.3, 0.5]: D = s - 0.8 for a relabelling whose group a sums to s. {0.1, 0.7} and
     {0.3, 0.5} both sum to 0.8 (D = 0, but 0.1 + 0.7 rounds to 0.7999999999999999), {0.7, 0.3} and {0.7, 0.5} give
@@ -125,8 +135,8 @@ def test_permutation_matches_enumeration_and_refuses_too_many():
     assert math.comb(24, 12) > MAX_RELABELLINGS
     with pytest.raises(ValueError, match="relabellings"):
         permutation_test(list(range(12)), list(range(12)))
-    with pytest.raises(ValueError, match="needs a value"):
-        permutation_test([], [1.0])
+    with pytest.raises(ValueError, match="needs 2 values"):
+        permutation_test([1.0], [1.0, 2.0])
 
 
 def test_holm_by_hand():

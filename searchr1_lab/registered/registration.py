@@ -1,5 +1,6 @@
-"""The step-size study's registration: which arms run at which learning rates with which seeds, fixed in one JSON
-file (``docs/lab/stepsize/registration.json``) before any of its grid runs, and read by the grid driver
+"""A registered study's registration: which arms run at which learning rates with which seeds, fixed in one JSON
+file (``docs/lab/stepsize/registration.json``, the default; the trust-region study's and the frontier's are built
+the same way) before any of its grid runs, and read by the grid driver
 (``python -m searchr1_lab grid --registration FILE``) and the analysis.
 
 An arm is a method preset (``algorithm.method``, config/methods.py) plus the overrides that make it a control (a

@@ -1,20 +1,45 @@
 """What the report command of a registered study does, whatever its analysis: read the registration, analyse the
 grid's compact results, write ``summary.json``, ``README.md`` and the figures into the report directory, and replace
-the study's block of a README (``stepsize-report``, ``frontier-report``)."""
+the study's block of a README (``stepsize-report``, ``frontier-report``).
+
+``summary.json`` records every float to :data:`SUMMARY_DIGITS` significant digits (:func:`summary_json`): the last
+bits of a statistic depend on the library versions and the machine (SciPy's special functions, a BLAS kernel's order
+of summation), and a committed report must regenerate byte for byte on any of them. The report and the figures are
+drawn from the full-precision summary (rounding twice would move a value that ends in 5 to the other side).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from searchr1_lab.comparison.claims import clean, replace_readme_block
 from searchr1_lab.methods import REPO_ROOT
-from searchr1_lab.stepsize.registration import load_registration
+from searchr1_lab.registered.registration import load_registration
 
 Summary = Mapping[str, Any]
+SUMMARY_DIGITS = 10  # significant digits of every float a registered study's summary.json records
+
+
+def rounded(x: Any, digits: int = SUMMARY_DIGITS) -> Any:
+    """``x`` with every finite float rounded to ``digits`` significant digits, recursively through dicts, lists and
+    tuples (a tuple becomes a list, as JSON writes it); anything else as it is."""
+    if isinstance(x, float):
+        return float(f"{x:.{digits}g}") if math.isfinite(x) else x
+    if isinstance(x, dict):
+        return {k: rounded(v, digits) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [rounded(v, digits) for v in x]
+    return x
+
+
+def summary_json(summary: Summary) -> str:
+    """The text of a registered study's ``summary.json``: ``summary`` with its floats :func:`rounded`, keys sorted."""
+    return json.dumps(rounded(summary), indent=1, sort_keys=True) + "\n"
 
 
 @dataclass(frozen=True)
@@ -31,14 +56,18 @@ class StudyReport:
     readme_block: Callable[[Summary, Mapping[str, Any]], str]
     readme_markers: Callable[[Mapping[str, Any]], tuple[str, str]]
 
+    def summary(self, reg: Mapping[str, Any], runs_dir: str | Path) -> dict[str, Any]:
+        """The analysis of the runs in ``runs_dir``, JSON-safe (full precision: :func:`summary_json` rounds)."""
+        return clean(self.analyse(reg, Path(runs_dir)))
+
     def write(self, registration: str | Path, runs_dir: str | Path, out_dir: str | Path,
               readme: str | Path | None = None) -> dict[str, Any]:
         """``summary.json``, ``README.md`` and the figures in ``out_dir``; with ``readme``, its block replaced."""
         reg = load_registration(registration)
-        summary = clean(self.analyse(reg, Path(runs_dir)))
+        summary = self.summary(reg, runs_dir)
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+        (out / "summary.json").write_text(summary_json(summary))
         (out / "README.md").write_text(self.render(summary, reg))
         self.write_figures(summary, reg, Path(runs_dir), out)
         if readme is not None:
