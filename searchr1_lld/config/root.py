@@ -44,5 +44,6 @@ def validate(cfg: Config) -> None:
         *validation.data_checks(cfg.data),
         *validation.retriever_checks(cfg.retriever),
         *validation.trainer_checks(cfg.trainer, cfg.rollout),
+        *validation.staleness_checks(cfg.trainer, cfg.algorithm),
         *validation.eval_checks(cfg.eval),
     ], cfg)
