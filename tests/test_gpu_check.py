@@ -280,3 +280,15 @@ def test_renderer_shows_the_launch_section():
                 "| vLLM: level-2 wake without a weight load refused | True |",
                 "| vLLM asleep: GPU memory kept, GiB | - |"):
         assert row in lines, row
+
+
+@pytest.mark.slow
+def test_smoke_staleness_section_measures_k0_against_k1(tmp_path):
+    """The staleness section on CPU: the test world's policy trained with the synchronous step and with one rollout
+    worker beside the update (trainer.staleness=1), tokens trained per second and idle shares of each."""
+    r = smoke_section("staleness", tmp_path, timeout_s=600)
+    assert set(gpu_check.expected_results(gpu_check.SMOKE)["staleness"]) <= set(r)
+    assert r["staleness_tokens_per_s_k0"] > 0 and r["staleness_tokens_per_s_k1"] > 0
+    assert r["staleness_speedup_k1_over_k0"] == pytest.approx(
+        r["staleness_tokens_per_s_k1"] / r["staleness_tokens_per_s_k0"])
+    assert all(0 <= r[f"staleness_{side}_idle_share_k{k}"] <= 1 for side in ("learner", "engine") for k in (0, 1))

@@ -32,17 +32,17 @@ def build_engine(cfg: Config, parameter_names: set[str]) -> tuple[Any, Any, Any]
     """(backend, tokenizer, retriever) of a worker: the ``rollout.backend`` kind's engine on its own copy of the
     policy (a kind that generates on a module: loaded from ``model.path``; else the engine loads it), the run's
     retriever (factories.make_retriever)."""
+    from searchr1_lld.distributed import explicit_device
     from searchr1_lld.learner import factories
     from searchr1_lld.rollout.backends import backend_kind
 
     kind = backend_kind(cfg.rollout)
+    device = explicit_device("cpu" if cfg.trainer.device == "cpu" else "auto")
     model, tokenizer = factories.load_policy_and_tokenizer(cfg)
-    if not kind.generates_on_learner_module:
-        model = None
+    model = model.to(device) if kind.generates_on_learner_module else None
     backend = kind.build(cfg.rollout, model=model, tokenizer=tokenizer, model_path=cfg.model.path, seed=None,
                          dtype=cfg.model.dtype, tokenizer_path=cfg.model.tokenizer_path or cfg.model.path,
-                         shares_learner_weights=False, device="cpu" if cfg.trainer.device == "cpu" else "auto",
-                         parameter_names=parameter_names)
+                         shares_learner_weights=False, device=str(device), parameter_names=parameter_names)
     return backend, tokenizer, factories.make_retriever(cfg)
 
 
