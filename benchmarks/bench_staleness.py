@@ -6,7 +6,7 @@ on the tiny config at the same total threads.
 The demo's learner (configs/tiny.yaml: 16 prompts x 8 responses a step, HF rollout backend, in-process retriever) on
 the synthetic world in ``--world-dir`` (default ``.cache/world``). k = 0 is the synchronous step on ``--threads``
 torch threads; k >= 1 splits the same threads between the learner and one rollout worker process
-(learner/pipeline/placement.thread_split) and adds the decoupled objective's behaviour weight
+(searchr1_lld/placement.thread_split) and adds the decoupled objective's behaviour weight
 (algorithm.rollout_correction.preset=decoupled_token_is). Every run trains ``--steps`` steps from the same initial
 weights; the first step of each (the worker's start, the first rollout that nothing overlaps) is not timed. Each
 timed step's wall time is what the loop waited for ``Trainer.train_step`` (the learner's wait for its batch

@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from searchr1_lld.config import ConfigError, load_config
-from searchr1_lld.learner.pipeline.placement import broadcast_weights, check_split_launch, rank_plan, thread_split
+from searchr1_lld.learner.pipeline.broadcast import broadcast_weights
+from searchr1_lld.placement import check_split_launch, rank_plan, thread_split
 from searchr1_lld.learner.pipeline.rollouts import RolloutPipeline
 from searchr1_lld.learner.pipeline.window import (RolloutRequest, RolloutResult, StalenessError, StalenessWindow,
                                                   check_bound, staleness_metrics)

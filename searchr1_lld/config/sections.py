@@ -349,9 +349,9 @@ class StepSizeConfig:
 
 @dataclass
 class PlacementConfig:
-    """Where the rollout runs relative to the learner (learner/pipeline/placement.py): on the learner's own engine,
-    handed the memory back and forth (colocated: sleep / wake), or on its own process(es) and devices beside it (split:
-    what trainer.staleness >= 1 needs)."""
+    """Where the rollout runs relative to the learner (searchr1_lld/placement.py, learner/pipeline): on the
+    learner's own engine, handed the memory back and forth (colocated: sleep / wake), or on its own process(es) and
+    devices beside it (split: what trainer.staleness >= 1 needs)."""
 
     kind: Literal["colocated", "split"] = opt(
         "colocated", "colocated = the rollout engine shares the learner's devices and sleeps during the update (every "

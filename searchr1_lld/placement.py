@@ -1,22 +1,18 @@
-"""Where the two sides of a split placement run (trainer.placement, trainer.staleness >= 1).
+"""Where the two sides of a split placement run (trainer.placement, trainer.staleness >= 1); the learner's pipeline
+(learner/pipeline) and the preflight's memory plan (preflight/run.py) both read it.
 
-CPU (what runs here): one rollout worker process (worker.py) beside the learner's, the machine's torch threads split
-between them (:func:`thread_split`); the learner's weights reach the worker through shared memory (weights.py).
+CPU: one rollout worker process beside the learner's, the machine's torch threads split between them
+(:func:`thread_split`).
 
-GPU (written for an 8-GPU launch, e.g. configs/accelerate/split_2rollout_6learner.yaml; not run on a GPU here): the
-launch's ranks split into learner ranks (DeepSpeed, the first ``world - rollout_gpus``) and rollout ranks (one vLLM
-engine each, the last ``rollout_gpus``), :func:`rank_plan`; the weights go from the first learner rank to every
-rollout rank over one process group that spans it and them (:func:`broadcast_weights`, fed by the training engine's
-own stream ``engine.named_weights``: ZeRO-3 gathers module by module); each rollout rank loads them through its
-engine's contract (``backend.load_weights``).
+GPU (written for an 8-GPU launch, configs/accelerate/split_2rollout_6learner.yaml): the launch's ranks split into
+learner ranks (DeepSpeed, the first ``world - rollout_gpus``) and rollout ranks (one vLLM engine each, the last
+``rollout_gpus``), :func:`rank_plan`; the weights go from the first learner rank to every rollout rank over one
+process group that spans it and them (learner/pipeline/broadcast.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
-
-import torch
 
 from searchr1_lld.config import Config, ConfigError
 
@@ -77,26 +73,3 @@ def check_split_launch(cfg: Config, world_size: int, on_gpu: bool) -> RankPlan |
                           f"learner ranks: trainer.train_batch_size ({tc.train_batch_size}) and "
                           f"trainer.ppo_mini_batch_size ({tc.ppo_mini_batch_size}) must divide over them")
     return plan
-
-
-def broadcast_weights(named: Iterable[tuple[str, torch.Tensor]], shapes: dict[str, tuple[torch.Size, torch.dtype]],
-                      *, group: Any, source: int, is_source: bool, device: torch.device | str,
-                      broadcast: Callable[..., Any] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """The weights' stream across a split launch, one parameter at a time in ``shapes``' order (every rank of
-    ``group`` knows the names, shapes and dtypes: the model's config). The source iterates ``named`` (the training
-    engine's stream) and sends each tensor; a rollout rank receives into a fresh buffer. Yields (name, tensor) on
-    every rank, for ``backend.load_weights`` on the rollout ranks (the source's items are its own tensors).
-    ``broadcast``: ``torch.distributed.broadcast`` unless given (a test's stand-in)."""
-    if broadcast is None:
-        broadcast = torch.distributed.broadcast
-    source_items = iter(named) if is_source else None
-    for name, (shape, dtype) in shapes.items():
-        if source_items is not None:
-            sent_name, tensor = next(source_items)
-            if sent_name != name:
-                raise ValueError(f"weight stream out of order: expected {name!r}, the engine sent {sent_name!r}")
-            buf = tensor.detach().to(device=device, dtype=dtype).contiguous()
-        else:
-            buf = torch.empty(shape, dtype=dtype, device=device)
-        broadcast(buf, src=source, group=group)
-        yield name, buf
