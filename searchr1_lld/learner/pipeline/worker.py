@@ -21,8 +21,14 @@ from typing import Any, Optional
 import torch
 
 from searchr1_lld.config import Config
+from searchr1_lld.distributed import explicit_device
+from searchr1_lld.learner import factories
 from searchr1_lld.learner.pipeline.weights import SharedWeights
 from searchr1_lld.learner.pipeline.window import RolloutRequest, RolloutResult
+from searchr1_lld.learner.step import seed_everything
+from searchr1_lld.rollout.agent_loop import run_agent_loop
+from searchr1_lld.rollout.backends import backend_kind
+from searchr1_lld.rollout.inference import evaluating
 
 POLL_S = 0.5  # how often a waiting worker checks that its learner lives
 CLOSE_S = 3.0  # how long close() waits for a worker to leave before it terminates it
@@ -32,10 +38,6 @@ def build_engine(cfg: Config, parameter_names: set[str]) -> tuple[Any, Any, Any]
     """(backend, tokenizer, retriever) of a worker: the ``rollout.backend`` kind's engine on its own copy of the
     policy (a kind that generates on a module: loaded from ``model.path``; else the engine loads it), the run's
     retriever (factories.make_retriever)."""
-    from searchr1_lld.distributed import explicit_device
-    from searchr1_lld.learner import factories
-    from searchr1_lld.rollout.backends import backend_kind
-
     kind = backend_kind(cfg.rollout)
     device = explicit_device("cpu" if cfg.trainer.device == "cpu" else "auto")
     model, tokenizer = factories.load_policy_and_tokenizer(cfg)
@@ -49,10 +51,6 @@ def build_engine(cfg: Config, parameter_names: set[str]) -> tuple[Any, Any, Any]
 def serve(cfg: Config, weights: SharedWeights, requests: Any, results: Any, threads: int, parent: int) -> None:
     """The worker process's main: build the engine, then serve requests until a None arrives, the learner
     (``parent``) is gone, or Ctrl-C."""
-    from searchr1_lld.learner.step import seed_everything
-    from searchr1_lld.rollout.agent_loop import run_agent_loop
-    from searchr1_lld.rollout.inference import evaluating
-
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         torch.set_num_threads(max(threads, 1))
