@@ -188,13 +188,14 @@ def test_the_rank_plan_of_a_split_gpu_launch():
     for bad in (0, 8):
         with pytest.raises(ConfigError, match="trainer.placement.rollout_gpus"):
             rank_plan(8, bad)
-    split = ["trainer.staleness=1", "trainer.placement.kind=split", "algorithm.rollout_correction.preset=decoupled_token_is",
-             "trainer.placement.rollout_gpus=2", "trainer.train_batch_size=12", "trainer.ppo_mini_batch_size=12"]
+    split = ["trainer.staleness=1", "trainer.placement.kind=split",
+             "algorithm.rollout_correction.preset=decoupled_token_is", "trainer.placement.rollout_gpus=2",
+             "trainer.train_batch_size=12", "trainer.ppo_mini_batch_size=12"]
     assert check_split_launch(load_config(None, split).validate(), 8, on_gpu=False) is None  # CPU: a worker process
     assert check_split_launch(load_config(None, split).validate(), 8, on_gpu=True).rollout_ranks == (6, 7)
     with pytest.raises(ConfigError, match="must divide over them"):  # 16 prompts over 6 learner ranks
-        check_split_launch(load_config(None, [*split, "trainer.train_batch_size=16", "trainer.ppo_mini_batch_size=16"]).validate(), 8,
-                           on_gpu=True)
+        sixteen = load_config(None, [*split, "trainer.train_batch_size=16", "trainer.ppo_mini_batch_size=16"])
+        check_split_launch(sixteen.validate(), 8, on_gpu=True)
 
 
 def test_the_weights_broadcast_stream_delivers_the_source_tensors_in_order():

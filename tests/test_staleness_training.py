@@ -12,7 +12,6 @@ import sys
 import time
 
 import psutil
-import pytest
 import torch
 
 from searchr1_lld.config import load_config
@@ -22,23 +21,10 @@ from searchr1_lld.learner.pipeline.rollouts import RolloutPipeline
 from searchr1_lld.learner.trainer import Trainer
 
 from conftest import REPO_ROOT, on_world, world_args
+from test_trainer import SMALL, shared_retriever  # noqa: F401  (a module fixture)
 
-SMALL = [
-    "trainer.train_batch_size=2", "trainer.ppo_mini_batch_size=2", "trainer.ppo_epochs=2", "rollout.n=2",
-    "rollout.max_turns=1", "rollout.max_tokens_per_turn=20", "rollout.max_obs_length=60",
-    "rollout.max_total_length=1024", "trainer.lr=1e-3", "trainer.warmup_ratio=0", "trainer.weight_decay=0",
-    "trainer.micro_batch_token_budget=400", "logging.progress_bar=false", "logging.plot_every=0",
-    "trainer.probe_every=1", "trainer.probe_size=2",
-]
 ONE_STEP_OFF = ["trainer.staleness=1", "trainer.placement.kind=split",
                 "algorithm.rollout_correction.preset=decoupled_token_is"]
-
-
-@pytest.fixture(scope="module")
-def shared_retriever(tiny_world):
-    from retriever.inprocess import InProcessRetriever
-
-    return InProcessRetriever(tiny_world / "index")
 
 
 def _cfg(tmp_path, *extra):
@@ -113,7 +99,13 @@ def test_one_step_off_policy_in_two_processes_checkpoints_resumes_and_survives_a
     common = [*ONE_STEP_OFF, "trainer.save_every=1", "trainer.keep_last_k=4", "trainer.resume=auto"]
     first = Trainer(on_world(_cfg(tmp_path, *common, "trainer.total_steps=2"), tiny_world), retriever=shared_retriever)
     initial = _params(first)
-    res = first.run(evaluate=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # split 1 + 1 while the worker runs, given back after
+    try:
+        res = first.run(evaluate=False)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
     assert any(not torch.equal(a, b) for a, b in zip(_params(first), initial))  # it trained
     assert first.pipeline is None  # closed at the end of the run
     assert [h["async/staleness_max"] for h in res.history] == [0.0, 1.0]  # step 2 trains version 1's rollout

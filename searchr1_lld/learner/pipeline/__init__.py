@@ -20,17 +20,17 @@ from searchr1_lld.learner.state import Learner
 def process_pipeline(learner: Learner, *, start: int, draw_rows: Callable[[], list[dict[str, Any]]],
                      sampler_state: Callable[[], dict[str, Any]], seed_of: Callable[[int], int]) -> RolloutPipeline:
     """The CPU split placement of ``learner``'s run, started at step ``start``: one worker process (spawned) with
-    its share of the torch threads (searchr1_lld.placement.thread_split; the learner keeps the rest from now on), the learner's
-    weights published to it as version ``start``, the first trainer.staleness steps requested."""
+    its share of the torch threads (searchr1_lld.placement.thread_split; the learner keeps the rest until the
+    pipeline closes), the learner's weights published to it as version ``start``, the first trainer.staleness steps
+    requested."""
     cfg = learner.cfg
     if learner.dist.world_size > 1:
         raise NotImplementedError("trainer.staleness >= 1 runs one learner process on CPU; the split GPU launch "
                                   "(searchr1_lld.placement.rank_plan) is not wired into the trainer yet")
     ctx = torch.multiprocessing.get_context("spawn")
-    learner_threads, rollout_threads = thread_split(torch.get_num_threads(), cfg.trainer.placement.rollout_threads)
-    torch.set_num_threads(learner_threads)
+    threads = thread_split(torch.get_num_threads(), cfg.trainer.placement.rollout_threads)
     weights = SharedWeights(learner.engine.named_weights(learner.module), ctx)
-    pipeline = RolloutPipeline(cfg.trainer.staleness, WorkerProcess(cfg, weights, ctx, rollout_threads), weights,
+    pipeline = RolloutPipeline(cfg.trainer.staleness, WorkerProcess(cfg, weights, ctx, threads), weights,
                                start=start, draw_rows=draw_rows, sampler_state=sampler_state, seed_of=seed_of,
                                max_restarts=cfg.trainer.placement.max_restarts)
     pipeline.start(learner.engine.named_weights(learner.module), version=start)

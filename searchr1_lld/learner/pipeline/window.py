@@ -62,8 +62,9 @@ def check_bound(result: RolloutResult, step: int, staleness: int) -> None:
     ``step`` (and none by weights newer than the step's)."""
     ages = [step - int(t.policy_version) for t in result.trajectories]
     if any(a > staleness or a < 0 for a in ages):
-        raise StalenessError(f"step {step} received trajectories of versions {sorted({t.policy_version for t in result.trajectories})}: "
-                             f"outside [{step - staleness}, {step}] (trainer.staleness={staleness})")
+        versions = sorted({t.policy_version for t in result.trajectories})
+        raise StalenessError(f"step {step} received trajectories of versions {versions}: outside "
+                             f"[{step - staleness}, {step}] (trainer.staleness={staleness})")
 
 
 class StalenessWindow:

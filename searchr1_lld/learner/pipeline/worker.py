@@ -90,8 +90,12 @@ def serve(cfg: Config, weights: SharedWeights, requests: Any, results: Any, thre
 class WorkerProcess:
     """The learner's handle on one rollout worker process (module docstring)."""
 
-    def __init__(self, cfg: Config, weights: SharedWeights, ctx: Any, threads: int) -> None:
-        self.cfg, self.weights, self.ctx, self.threads = cfg, weights, ctx, threads
+    def __init__(self, cfg: Config, weights: SharedWeights, ctx: Any, threads: tuple[int, int]) -> None:
+        """``threads``: (the learner's, the worker's) torch threads while the worker runs (placement.thread_split);
+        the learner's own setting comes back at :meth:`close`."""
+        self.cfg, self.weights, self.ctx = cfg, weights, ctx
+        self.learner_threads, self.threads = threads
+        self.threads_before: Optional[int] = None
         self.process: Any = None
         self.requests: Any = None
         self.results: Any = None
@@ -101,7 +105,10 @@ class WorkerProcess:
         return None if self.process is None else self.process.pid
 
     def start(self) -> None:
-        """A fresh worker with fresh queues."""
+        """A fresh worker with fresh queues; the learner keeps its share of the threads."""
+        if self.threads_before is None:
+            self.threads_before = torch.get_num_threads()
+            torch.set_num_threads(self.learner_threads)
         self.requests, self.results = self.ctx.Queue(), self.ctx.Queue()
         self.process = self.ctx.Process(target=serve, name="rollout-worker", daemon=True,
                                         args=(self.cfg, self.weights, self.requests, self.results, self.threads,
@@ -127,13 +134,17 @@ class WorkerProcess:
         self.start()
 
     def close(self) -> None:
-        """Ask the worker to leave, wait up to :data:`CLOSE_S`, then terminate it (and kill it if it stays)."""
+        """Ask the worker to leave, wait up to :data:`CLOSE_S`, then terminate it (and kill it if it stays); the
+        learner's threads as they were."""
         if self.process is not None and self.process.is_alive():
             try:
                 self.requests.put(None)
             except (OSError, ValueError):
                 pass
         self._stop(grace_s=CLOSE_S)
+        if self.threads_before is not None:
+            torch.set_num_threads(self.threads_before)
+            self.threads_before = None
 
     def _stop(self, grace_s: float) -> None:
         if self.process is None:
