@@ -16,8 +16,12 @@ Runs are paired: each repeat runs every k once, the order reversed on every othe
 ``RESULT tokens_per_s_k<k>`` (median over repeats), ``RESULT speedup_k<k>_over_k0`` (geometric mean of the per-repeat
 ratios), and the idle shares of the timed steps: ``RESULT learner_idle_share_k<k>`` (k = 0: the rollout's share of
 the step, when the learner waits; k >= 1: async/learner_wait_s over the wall) and ``RESULT engine_idle_share_k<k>``
-(k = 0: the rest of the step, when the engine waits; k >= 1: async/engine_wait_s over the wall). The machine may be
-shared: only ratios within one run mean anything, and a clean measurement needs a quiet machine.
+(k = 0: the rest of the step, when the engine waits; k >= 1: async/engine_wait_s over the wall);
+``--baseline-threads 1`` adds a synchronous run on one thread (``..._k0_threads1``). The machine may be shared: only
+ratios within one run mean anything, and a clean measurement needs a quiet machine. On a machine whose cores other
+processes keep busy, one process's threads contend for them (OpenMP's barriers wait for the slowest), which slows the
+synchronous baseline on all the threads far more than two processes on half as many each: compare with the
+``--baseline-threads`` run before reading a speed-up as the overlap's.
 """
 
 from __future__ import annotations
@@ -83,32 +87,35 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=5, help="steps per run (the first one untimed)")
     parser.add_argument("--pairs", type=int, default=1, help="repeats of every k")
     parser.add_argument("--threads", type=int, default=2, help="torch threads in all, both sides together")
+    parser.add_argument("--baseline-threads", default="", help="comma-separated thread counts of further k = 0 runs "
+                        "(e.g. 1: the synchronous step on one side's share, which separates the overlap from the "
+                        "cost of running one process's threads on a shared machine)")
     parser.add_argument("--world-dir", default=str(REPO / ".cache" / "world"))
     args = parser.parse_args(argv)
-    ks = [int(k) for k in args.staleness.split(",")]
-    if 0 not in ks:
-        ks = [0, *ks]
-    rows: dict[int, list[dict[str, float]]] = {k: [] for k in ks}
+    ks = sorted({0, *(int(k) for k in args.staleness.split(","))})
+    runs = [(f"k{k}", k, args.threads) for k in ks]
+    runs += [(f"k0_threads{n}", 0, int(n)) for n in args.baseline_threads.split(",") if n]
+    rows: dict[str, list[dict[str, float]]] = {label: [] for label, _, _ in runs}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.pairs):
-            for k in (ks if r % 2 == 0 else list(reversed(ks))):
-                rows[k].append(run(k, args.steps, args.threads, trainer_overrides(args.world_dir), Path(tmp)))
+            for label, k, threads in (runs if r % 2 == 0 else list(reversed(runs))):
+                rows[label].append(run(k, args.steps, threads, trainer_overrides(args.world_dir), Path(tmp)))
     for name, value in summary(rows).items():
         print(f"RESULT {name} {value:.3f}")
 
 
-def summary(rows: dict[int, list[dict[str, float]]]) -> dict[str, float]:
-    """The figures of paired runs ``rows`` (per k, one dict per repeat; k = 0 the baseline): ``tokens_per_s_k<k>``
-    and the idle shares (medians over repeats), ``speedup_k<k>_over_k0`` (geometric mean of the per-repeat
-    ratios)."""
+def summary(rows: dict[str, list[dict[str, float]]]) -> dict[str, float]:
+    """The figures of paired runs ``rows`` (per label, one dict per repeat; ``k0`` the baseline):
+    ``tokens_per_s_<label>`` and the idle shares (medians over repeats), and for every other label
+    ``speedup_<label>_over_k0`` (geometric mean of the per-repeat ratios)."""
     out: dict[str, float] = {}
-    for k, runs in rows.items():
-        out[f"tokens_per_s_k{k}"] = statistics.median(x["tokens_per_s"] for x in runs)
+    for label, runs in rows.items():
+        out[f"tokens_per_s_{label}"] = statistics.median(x["tokens_per_s"] for x in runs)
         for share in ("learner_idle_share", "engine_idle_share"):
-            out[f"{share}_k{k}"] = statistics.median(x[share] for x in runs)
-        if k:
-            ratios = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs, rows[0])]
-            out[f"speedup_k{k}_over_k0"] = math.exp(statistics.mean(math.log(x) for x in ratios))
+            out[f"{share}_{label}"] = statistics.median(x[share] for x in runs)
+        if label != "k0":
+            ratios = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs, rows["k0"])]
+            out[f"speedup_{label}_over_k0"] = math.exp(statistics.mean(math.log(x) for x in ratios))
     return out
 
 

@@ -50,11 +50,11 @@ def section_staleness(device: torch.device, shapes: dict, smoke: bool) -> dict[s
         overrides = [*trainer_overrides(world), f"model.path={policy}", f"trainer.device={device.type}",
                      "data.val_files=[]", "data.test_files=[]"]
         threads = torch.get_num_threads()
-        rows: dict[int, list[dict[str, float]]] = {0: [], 1: []}
+        rows: dict[str, list[dict[str, float]]] = {"k0": [], "k1": []}
 
         def measure() -> dict[str, Any]:
             for k in (0, 1):
-                rows[k].append(run(k, shapes["staleness_steps"], threads, overrides, root / "runs"))
+                rows[f"k{k}"].append(run(k, shapes["staleness_steps"], threads, overrides, root / "runs"))
             return {f"staleness_{name}": value for name, value in summary(rows).items()}
 
         guarded(out, "staleness", measure, device)
