@@ -141,8 +141,10 @@ def test_ctrl_c_stops_the_learner_and_the_rollout_worker_within_seconds(tmp_path
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     args = [sys.executable, "train.py", *world_args(tiny_world), *SMALL, *ONE_STEP_OFF, "trainer.total_steps=500",
             f"trainer.output_dir={tmp_path}", "trainer.run_name=run", "trainer.save_every=0", "--no-eval"]
+    # SIGINT at its default action, as a terminal starts it (a suite run in the background inherits it ignored), in a
+    # process group of its own (Ctrl-C reaches the terminal's foreground group: the learner and its worker)
     proc = subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     metrics = tmp_path / "run" / "metrics.jsonl"
     deadline = time.monotonic() + 300
     while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):  # the worker has served steps

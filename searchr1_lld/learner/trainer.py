@@ -27,9 +27,11 @@ Where the rest lives: the learner's state (policy, optimiser, reference, engines
 the factories of factories.py; the training engine (plain / DDP, DeepSpeed ZeRO-n: backward, the optimiser step, the
 weights handed to the rollout engine, the model's part of a checkpoint) in learner/engines/; batching in batching.py;
 the run directory and resume safety, checkpoint files and the best checkpoint in searchr1_lld/bookkeeping/; the LLD
-monitor and phase detector in searchr1_lld/instruments/. This module is the loop: it keeps the counters, evaluates on
-schedule, logs and saves. The step composes the pure functions of ``searchr1_lld.algo``; neither holds loss math of
-its own. Batch semantics and the multi-rank rules: docs/batch_semantics.md.
+monitor and phase detector in searchr1_lld/instruments/; the rollouts beside the update (trainer.staleness >= 1: a
+rollout worker, the staleness bound, the weights published after every update) in learner/pipeline/, not built at
+k = 0 (docs/staleness.md). This module is the loop: it keeps the counters, evaluates on schedule, logs and saves.
+The step composes the pure functions of ``searchr1_lld.algo``; neither holds loss math of its own. Batch semantics
+and the multi-rank rules: docs/batch_semantics.md.
 
 Determinism: every step re-seeds python / numpy / torch from (seed, step, rank), and every sampled rollout request
 carries a seed derived from that step seed, its trajectory and its turn (rollout/turn_rules.request_seed; the vLLM
@@ -47,7 +49,6 @@ Python API: :func:`train` ``(cfg) -> RunResult`` (run dir, final metrics, before
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import time
 import warnings
@@ -163,12 +164,10 @@ class Trainer:
         rollout correction weighs pi_proximal / pi_behaviour), then the weights published. Returns the step's result
         and the pipeline's async/* metrics."""
         if self.pipeline is None:
-            lr = self.learner
-            seed_of = functools.partial(step.step_seed, self.cfg.trainer.seed, rank=lr.dist.rank,
-                                        num_processes=lr.dist.world_size)
-            self.pipeline = pipeline.process_pipeline(lr, start=self.step, draw_rows=self.next_rows,
-                                                      sampler_state=self.sampler.state,
-                                                      seed_of=lambda s: seed_of(step=s))
+            seed, dist = self.cfg.trainer.seed, self.learner.dist
+            self.pipeline = pipeline.process_pipeline(
+                self.learner, start=self.step, draw_rows=self.next_rows, sampler_state=self.sampler.state,
+                seed_of=lambda s: step.step_seed(seed, s, dist.rank, dist.world_size))  # the synchronous step's
         rollout, pipeline_metrics = self.pipeline.batch(self.step)
         sampled = sampling.StepRollout(rollout.trajectories, rollout.trajectories,
                                        {"time/rollout_s": rollout.rollout_s})
