@@ -88,10 +88,12 @@ def test_a_rollout_handed_to_the_step_trains_as_the_steps_own_rollout(tmp_path, 
 def test_one_step_off_policy_in_two_processes_checkpoints_resumes_and_survives_a_killed_worker(
         tmp_path, tiny_world, shared_retriever, monkeypatch):
     trained_rows: list[list[str]] = []
+    responses: list[list[list[int]]] = []
     real_step = step.train_step
 
     def recorded(learner, rows, **kwargs):
         trained_rows.append([t.row["id"] for t in kwargs["sampled"].trajectories[:: learner.cfg.rollout.n]])
+        responses.append([t.response_ids for t in kwargs["sampled"].trajectories])
         _mixed_rewards(kwargs["sampled"].trajectories)
         return real_step(learner, rows, **kwargs)
 
@@ -109,6 +111,12 @@ def test_one_step_off_policy_in_two_processes_checkpoints_resumes_and_survives_a
     assert any(not torch.equal(a, b) for a, b in zip(_params(first), initial))  # it trained
     assert first.pipeline is None  # closed at the end of the run
     assert [h["async/staleness_max"] for h in res.history] == [0.0, 1.0]  # step 2 trains version 1's rollout
+    # the worker rolls out as the synchronous step does: step 0 (version 0, its seed) samples the same tokens
+    sync = Trainer(on_world(_cfg(tmp_path / "sync", "trainer.total_steps=1"), tiny_world), retriever=shared_retriever)
+    seed = step.step_seed(0, 0, 0, 1)
+    step.seed_everything(seed)
+    assert [t.response_ids for t in sampling.rollout_step(sync.learner, sync.next_rows(), seed=seed).trajectories] \
+        == responses[0]
     state = json.loads((first.run_dir / "checkpoints" / "step_000002" / "trainer_state.json").read_text())
     # step 3's rows (cursor 4 .. 5) were in flight at the checkpoint: it records the sampler before them
     assert state["data"] == {"epoch": 0, "cursor": 4}

@@ -61,7 +61,7 @@ from searchr1_lld.bookkeeping import checkpoint as ckpt
 from searchr1_lld.bookkeeping import resume
 from searchr1_lld.bookkeeping.best_checkpoint import BestCheckpoint, load_best, write_best
 from searchr1_lld.bookkeeping.tracking import Tracker
-from searchr1_lld.config import Config
+from searchr1_lld.config import Config, ConfigError
 from searchr1_lld.distributed import any_rank
 from searchr1_lld.instruments.monitor import PhaseDetector, ProbeSet
 from searchr1_lld.instruments.phases import PhaseReport
@@ -121,6 +121,10 @@ class Trainer:
             raise ValueError(
                 f"trainer.train_batch_size ({tc.train_batch_size}) and trainer.ppo_mini_batch_size "
                 f"({tc.ppo_mini_batch_size}) must be divisible by the number of processes ({ws})")
+        if tc.staleness and ws > 1:
+            raise ConfigError(f"trainer.staleness={tc.staleness} trains in one learner process with a rollout worker "
+                              f"process beside it; this launch has {ws} processes, and the split GPU launch's rollout "
+                              "ranks (searchr1_lld/placement.py) are not driven by the trainer yet")
         self.train_rows = factories.load_train_rows(cfg)
         factories.check_prompt_lengths(self.train_rows, self.learner.tokenizer, cfg)
         self.sampler = PromptSampler(self.train_rows, tc.train_batch_size, tc.seed, cfg.data.shuffle)

@@ -24,9 +24,6 @@ def process_pipeline(learner: Learner, *, start: int, draw_rows: Callable[[], li
     pipeline closes), the learner's weights published to it as version ``start``, the first trainer.staleness steps
     requested."""
     cfg = learner.cfg
-    if learner.dist.world_size > 1:
-        raise NotImplementedError("trainer.staleness >= 1 runs one learner process on CPU; the split GPU launch "
-                                  "(searchr1_lld.placement.rank_plan) is not wired into the trainer yet")
     ctx = torch.multiprocessing.get_context("spawn")
     threads = thread_split(torch.get_num_threads(), cfg.trainer.placement.rollout_threads)
     weights = SharedWeights(learner.engine.named_weights(learner.module), ctx)
