@@ -244,3 +244,30 @@ def test_a_split_run_with_the_decoupled_objective_is_accepted():
     cfg = load_config(None, ["trainer.staleness=2", "trainer.placement.kind=split",
                              "algorithm.rollout_correction.preset=decoupled_token_is"]).validate()
     assert cfg.trainer.staleness == 2 and load_config(None, []).validate().trainer.staleness == 0
+
+
+def test_published_weights_reach_an_engine_through_its_contract_once_per_version():
+    """SharedWeights: the learner publishes; a worker's engine receives every parameter through load_weights when a
+    newer version is there, and nothing when it holds that version already."""
+    from searchr1_lld.learner.pipeline.weights import SharedWeights
+
+    class RecordingEngine:
+        def __init__(self):
+            self.loads: list[dict[str, torch.Tensor]] = []
+
+        def load_weights(self, named):
+            self.loads.append({n: t.clone() for n, t in named})
+
+    model = torch.nn.Linear(2, 2)
+    weights = SharedWeights(model.named_parameters(), torch.multiprocessing.get_context("spawn"))
+    engine = RecordingEngine()
+    assert weights.load_into(engine, loaded=-1) == -1 and not engine.loads  # nothing published yet
+    weights.publish(model.named_parameters(), version=0)
+    assert weights.load_into(engine, loaded=-1) == 0 and len(engine.loads) == 1  # a fresh worker's first request
+    assert weights.load_into(engine, loaded=0) == 0 and len(engine.loads) == 1  # held already
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    weights.publish(model.named_parameters(), version=1)
+    assert weights.load_into(engine, loaded=0) == 1
+    loaded = engine.loads[-1]
+    assert set(loaded) == {"weight", "bias"} and torch.equal(loaded["weight"], model.weight.detach())
