@@ -271,3 +271,33 @@ def test_published_weights_reach_an_engine_through_its_contract_once_per_version
     assert weights.load_into(engine, loaded=0) == 1
     loaded = engine.loads[-1]
     assert set(loaded) == {"weight", "bias"} and torch.equal(loaded["weight"], model.weight.detach())
+
+
+def _broadcast_rank(rank: int, port: int, out: str) -> None:
+    """One rank of a two-rank gloo launch split into a learner rank and a rollout rank: the learner's weights
+    broadcast to the rollout rank over a group spanning both, saved by each rank."""
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        plan = rank_plan(2, 1)
+        group = torch.distributed.new_group(list(plan.broadcast_ranks))
+        torch.manual_seed(0 if plan.role(rank) == "learner" else 1)  # the rollout rank starts from other weights
+        model = torch.nn.Linear(3, 2)
+        shapes = {n: (p.shape, p.dtype) for n, p in model.named_parameters()}
+        source = rank == plan.source
+        got = dict(broadcast_weights(model.named_parameters() if source else [], shapes, group=group,
+                                     source=plan.source, is_source=source, device="cpu"))
+        torch.save({n: t.detach().clone() for n, t in got.items()}, f"{out}/rank{rank}.pt")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_the_weights_cross_a_process_group_spanning_a_learner_and_a_rollout_rank(tmp_path):
+    from conftest import free_port
+
+    torch.multiprocessing.spawn(_broadcast_rank, args=(free_port(), str(tmp_path)), nprocs=2)
+    learner, rollout = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    torch.manual_seed(0)
+    expected = dict(torch.nn.Linear(3, 2).named_parameters())
+    assert set(rollout) == {"weight", "bias"}
+    assert all(torch.equal(rollout[n], expected[n].detach()) and torch.equal(learner[n], expected[n].detach())
+               for n in expected)
