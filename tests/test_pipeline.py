@@ -18,8 +18,8 @@ from searchr1_lld.config import ConfigError, load_config
 from searchr1_lld.learner.pipeline.broadcast import broadcast_weights
 from searchr1_lld.placement import check_split_launch, rank_plan, thread_split
 from searchr1_lld.learner.pipeline.rollouts import RolloutPipeline
-from searchr1_lld.learner.pipeline.window import (RolloutRequest, RolloutResult, StalenessError, StalenessWindow,
-                                                  check_bound, staleness_metrics)
+from searchr1_lld.learner.pipeline.window import (RolloutFailure, RolloutRequest, RolloutResult, StalenessError,
+                                                  StalenessWindow, check_bound, staleness_metrics)
 from searchr1_lld.rollout.types import Trajectory
 
 
@@ -154,6 +154,17 @@ def test_a_worker_that_keeps_dying_fails_the_run_after_max_restarts():
     pipe.start([], version=0)
     with pytest.raises(RuntimeError, match="died 3 times"):
         pipe.batch(0)
+
+
+def test_a_worker_whose_rollout_raised_stops_the_run_with_its_error():
+    world = _ThreadWorld([0.0], deaths=set())
+    world._serve = lambda requests, results, dead: results.put(RolloutFailure("RuntimeError: retriever down"))
+    pipe = RolloutPipeline(1, world, world, start=0, draw_rows=lambda: [{"id": "r"}], sampler_state=dict,
+                           seed_of=lambda s: s, max_restarts=3, poll_s=0.002)
+    pipe.start([], version=0)
+    with pytest.raises(RuntimeError, match="the rollout worker failed: RuntimeError: retriever down"):
+        pipe.batch(0)
+    assert pipe.restarts == 0
 
 
 def test_one_step_off_policy_trains_step_t_plus_1_on_version_t():

@@ -1,6 +1,7 @@
 """The learner's side of a pipelined run (trainer.staleness = k >= 1): requests the steps' rollouts ahead through a
 transport (a worker process: worker.py; a test's threads), takes each step's batch, checks the staleness bound,
-publishes the weights after every update, and restarts a worker that died (its in-flight requests sent again).
+publishes the weights after every update, and restarts a worker that died (its in-flight requests sent again); a
+worker whose engine or rollout raised stops the run with that error.
 
     pipeline.start(weights, version=step)     # publish, start the worker, request steps step .. step + k - 1
     result, metrics = pipeline.batch(t)       # wait for step t's batch (async/learner_wait_s), request step t + k
@@ -18,8 +19,8 @@ from typing import Any, Callable, Iterable, Optional, Protocol
 
 import torch
 
-from searchr1_lld.learner.pipeline.window import (RolloutRequest, RolloutResult, StalenessWindow, check_bound,
-                                                  staleness_metrics)
+from searchr1_lld.learner.pipeline.window import (RolloutFailure, RolloutRequest, RolloutResult, StalenessWindow,
+                                                  check_bound, staleness_metrics)
 
 
 class Transport(Protocol):
@@ -29,7 +30,7 @@ class Transport(Protocol):
 
     def send(self, request: RolloutRequest) -> None: ...
 
-    def receive(self, timeout: float) -> Optional[RolloutResult]: ...
+    def receive(self, timeout: float) -> Optional[RolloutResult | RolloutFailure]: ...
 
     def alive(self) -> bool: ...
 
@@ -76,6 +77,8 @@ class RolloutPipeline:
                 if not self.transport.alive():
                     self._restart()
                 continue
+            if isinstance(result, RolloutFailure):
+                raise RuntimeError(f"the rollout worker failed: {result.error}")
             if self.window.take(result):  # a duplicate of an answered request is dropped: never trained twice
                 self.received[result.step] = result
         result = self.received.pop(step)

@@ -48,6 +48,14 @@ class RolloutResult:
     timings: dict[str, float] = field(default_factory=dict)  # the agent loop's (generate_s, retrieve_s, ...)
 
 
+@dataclass
+class RolloutFailure:
+    """What a worker returns instead of a result when its engine or its rollout raised: the error, as text (the run
+    stops with it; a restart would fail the same way)."""
+
+    error: str
+
+
 def staleness_metrics(result: RolloutResult, step: int) -> dict[str, float]:
     """The staleness of the batch that step ``step`` trains: per trajectory, ``step - policy_version`` (mean and
     max), and the version lag, ``published_at_end - version``: the versions the learner published while the worker

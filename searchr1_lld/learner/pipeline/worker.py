@@ -16,6 +16,7 @@ import os
 import queue
 import signal
 import time
+import traceback
 from typing import Any, Optional
 
 import torch
@@ -24,7 +25,7 @@ from searchr1_lld.config import Config
 from searchr1_lld.distributed import explicit_device
 from searchr1_lld.learner import factories
 from searchr1_lld.learner.pipeline.weights import SharedWeights
-from searchr1_lld.learner.pipeline.window import RolloutRequest, RolloutResult
+from searchr1_lld.learner.pipeline.window import RolloutFailure, RolloutRequest, RolloutResult
 from searchr1_lld.learner.step import seed_everything
 from searchr1_lld.rollout.agent_loop import run_agent_loop
 from searchr1_lld.rollout.backends import backend_kind
@@ -50,7 +51,7 @@ def build_engine(cfg: Config, parameter_names: set[str]) -> tuple[Any, Any, Any]
 
 def serve(cfg: Config, weights: SharedWeights, requests: Any, results: Any, threads: int, parent: int) -> None:
     """The worker process's main: build the engine, then serve requests until a None arrives, the learner
-    (``parent``) is gone, or Ctrl-C."""
+    (``parent``) is gone, or Ctrl-C; an error of the engine or the rollout goes back as a RolloutFailure."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         torch.set_num_threads(max(threads, 1))
@@ -85,6 +86,8 @@ def serve(cfg: Config, weights: SharedWeights, requests: Any, results: Any, thre
             idle_since = time.perf_counter()
     except KeyboardInterrupt:
         return
+    except Exception:  # the learner raises it: a restart would fail the same way
+        results.put(RolloutFailure(traceback.format_exc(limit=-8)))
 
 
 class WorkerProcess:
@@ -118,8 +121,8 @@ class WorkerProcess:
     def send(self, request: RolloutRequest) -> None:
         self.requests.put(request)
 
-    def receive(self, timeout: float) -> Optional[RolloutResult]:
-        """The next result, or None after ``timeout`` seconds without one."""
+    def receive(self, timeout: float) -> Optional[RolloutResult | RolloutFailure]:
+        """The next result (or the worker's failure), or None after ``timeout`` seconds without one."""
         try:
             return self.results.get(timeout=timeout)
         except queue.Empty:
