@@ -73,9 +73,11 @@ FULL = {
     "vocab": 151936, "logprob_hidden": 1536, "logprob_tokens": [4096, 8192, 16384], "tile_sweep_mib": [64, 1024],
     # a 1.5B DeepSpeed start (import, process group, ZeRO-2 partitions) takes up to a few minutes; the total keeps
     # the whole check within 9 minutes: the last section (zero2) gets what the others left of it, at most its own
-    "budget_s": {"rollout": 300, "learner": 190, "zero2": 240, "logprobs": 80, "e2e": 150, "launch": 150},
+    "budget_s": {"rollout": 300, "learner": 190, "zero2": 240, "logprobs": 80, "e2e": 150, "launch": 150,
+                 "staleness": 150},
     "total_budget_s": 540,
     "e2e_entry_timeout_s": 60,
+    "staleness_steps": 4,
 }
 SMOKE = {
     "rollout_batches": [4, 8], "agreement_batch": 8, "max_turns": 1, "max_tokens_per_turn": 4,
@@ -83,13 +85,15 @@ SMOKE = {
     "reference": {"qwen2.5-0.5b": True, "qwen2.5-1.5b": True, "qwen2.5-3b": False},
     "pairs": {"qwen2.5-0.5b": 1, "qwen2.5-1.5b": 1, "qwen2.5-3b": 1},
     "vocab": 4096, "logprob_hidden": 32, "logprob_tokens": [64, 128], "tile_sweep_mib": [1],
-    "budget_s": {"rollout": 120, "learner": 120, "zero2": 300, "logprobs": 120, "e2e": 400, "launch": 240},
+    "budget_s": {"rollout": 120, "learner": 120, "zero2": 300, "logprobs": 120, "e2e": 400, "launch": 240,
+                 "staleness": 400},
     "total_budget_s": 900,
     "e2e_entry_timeout_s": 180,
+    "staleness_steps": 2,
 }
 # the measured sections of the H200 run took logprobs 14 s, learner 103 s, zero2 31 s, rollout 139-300 s: the
 # rollout, whose figures need the most time and matter least for a first GPU contact, runs last on what is left
-SECTION_ORDER = ("logprobs", "learner", "zero2", "e2e", "launch", "rollout")
+SECTION_ORDER = ("logprobs", "learner", "zero2", "e2e", "launch", "staleness", "rollout")
 MIN_SECTION_S = 20  # a section is not started with less of the total budget left
 VERSIONED = ("torch", "transformers", "accelerate", "triton", "deepspeed", "tokenizers")
 
@@ -117,8 +121,11 @@ def expected_results(shapes: dict) -> dict[str, list[str]]:
            "e2e_thread_hits_equal"]
     launch = ["launch_llds_max_abs_displacement", "launch_llds_mean_abs_displacement", "launch_llds_tau_to_close_gate",
               "launch_llds_active_token_frac", "launch_llds_mean_penalty", "launch_llds_dtype"]
+    staleness = [f"staleness_{k}" for k in ("tokens_per_s_k0", "tokens_per_s_k1", "speedup_k1_over_k0",
+                                            "learner_idle_share_k0", "learner_idle_share_k1",
+                                            "engine_idle_share_k0", "engine_idle_share_k1")]
     return {"rollout": rollout, "learner": learner, "zero2": zero2, "logprobs": logprobs, "e2e": e2e,
-            "launch": launch}
+            "launch": launch, "staleness": staleness}
 
 
 def package_versions() -> dict[str, str | None]:
@@ -141,12 +148,14 @@ def run_child(section: str, smoke: bool, out_path: Path) -> None:
     import gpu_check_e2e
     import gpu_check_launch
     import gpu_check_parts as parts
+    import gpu_check_staleness
 
     device = torch.device("cuda" if torch.cuda.is_available() and not smoke else "cpu")
     environment_path(out_path).write_text(json.dumps(parts.device_facts(device)))
     parts.PARTIAL_RESULTS_PATH = partial_path(out_path)
     shapes = SMOKE if smoke else FULL
-    sections = {**parts.SECTIONS, "e2e": gpu_check_e2e.section_e2e, "launch": gpu_check_launch.section_launch}
+    sections = {**parts.SECTIONS, "e2e": gpu_check_e2e.section_e2e, "launch": gpu_check_launch.section_launch,
+                "staleness": gpu_check_staleness.section_staleness}
     results = sections[section](device, shapes, smoke)
     out_path.write_text(json.dumps(results, default=float))
 

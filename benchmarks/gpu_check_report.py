@@ -18,7 +18,8 @@ MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b")
 SECTIONS = ("learner", "zero2", "rollout", "logprobs", "e2e", "launch")
 # which section a result belongs to, by its name's prefix
 PREFIXES = {"rollout": ("rollout_", "logp_gap_", "agreement_"), "learner": ("learner_", "packing_"),
-            "zero2": ("zero2_",), "logprobs": ("logprob_",), "e2e": ("e2e_",), "launch": ("launch_",)}
+            "zero2": ("zero2_",), "logprobs": ("logprob_",), "e2e": ("e2e_",), "launch": ("launch_",),
+            "staleness": ("staleness_",)}
 BEGIN = "<!-- gpu-check:begin"
 END = "<!-- gpu-check:end -->"
 GIB = 2**30

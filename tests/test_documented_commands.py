@@ -248,6 +248,11 @@ ENTRIES: tuple[Entry, ...] = (
     Run("train_default_config", ("python train.py", "python train.py --config configs/tiny.yaml"),
         replace=((" --config configs/tiny.yaml", ""),),
         append="{world_overrides} " + TOY_RUN + " trainer.total_steps=1", expect=("steps: 1",)),
+    # one step off-policy: a rollout worker process beside the learner (docs/staleness.md)
+    Run("train_staleness", (
+        "python train.py --config configs/tiny.yaml trainer.staleness=1 trainer.placement.kind=split "
+        "algorithm.rollout_correction.preset=decoupled_token_is",),
+        append="{world_overrides} " + TOY_RUN + " trainer.total_steps=2", expect=("steps: 2",)),
     Run("train_resume", ("python train.py --resume RUN_DIR",), replace=(("RUN_DIR", "{train_tour.run_dir}"),),
         expect=("resumed from",)),
     Run("eval_compare",

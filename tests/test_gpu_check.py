@@ -308,3 +308,30 @@ def test_the_paper_cell_cost_is_the_arithmetic_its_docstring_states():
     assert e["sample_eval_steps"] == pytest.approx(4 * paper_cell_cost.SAMPLE / 80)
     assert paper_cell_cost.estimate({}, shapes, paper, 160) is None  # no learner figures, no estimate
     assert "| 3B: learner GPU-hours / cell | 1 | 2 |" in paper_cell_cost.table_lines(e)
+
+
+@pytest.mark.slow
+def test_smoke_staleness_section_measures_k0_against_k1(tmp_path):
+    """The staleness section on CPU: the test world's policy trained with the synchronous step and with one rollout
+    worker beside the update (trainer.staleness=1), tokens trained per second and idle shares of each."""
+    r = smoke_section("staleness", tmp_path, timeout_s=600)
+    assert set(gpu_check.expected_results(gpu_check.SMOKE)["staleness"]) <= set(r)
+    assert r["staleness_tokens_per_s_k0"] > 0 and r["staleness_tokens_per_s_k1"] > 0
+    assert r["staleness_speedup_k1_over_k0"] == pytest.approx(
+        r["staleness_tokens_per_s_k1"] / r["staleness_tokens_per_s_k0"])
+    assert all(0 <= r[f"staleness_{side}_idle_share_k{k}"] <= 1 for side in ("learner", "engine") for k in (0, 1))
+
+
+def test_the_staleness_benchmark_summarises_paired_runs_by_hand():
+    """benchmarks/bench_staleness.summary: medians per label, the speed-up as the geometric mean of the per-repeat
+    ratios against k0 (1.5 and 2.0: sqrt 3)."""
+    import bench_staleness
+
+    run = lambda tps, learner, engine: {"tokens_per_s": tps, "learner_idle_share": learner,  # noqa: E731
+                                        "engine_idle_share": engine}
+    out = bench_staleness.summary({"k0": [run(100.0, 0.4, 0.6), run(200.0, 0.2, 0.8)],
+                                   "k1": [run(150.0, 0.0, 0.1), run(400.0, 0.0, 0.3)]})
+    assert out["tokens_per_s_k0"] == 150.0 and out["tokens_per_s_k1"] == 275.0
+    assert out["learner_idle_share_k0"] == pytest.approx(0.3) and out["engine_idle_share_k1"] == pytest.approx(0.2)
+    assert out["speedup_k1_over_k0"] == pytest.approx(math.sqrt(3))
+    assert "speedup_k0_over_k0" not in out

@@ -221,3 +221,28 @@ def test_an_in_process_gpu_index_that_does_not_fit_names_the_service_per_node(ti
     serve = (f"`python -m retriever serve --index {tiny_world / 'index'} --gpu-index --port 8000` and "
              "retriever.mode=http")
     assert all(p.endswith(serve) and "(34.4 GB) on every rank's GPU" in p for p in plan), plan
+
+
+def test_a_split_launch_plans_a_learner_gpu_and_a_rollout_gpu_apart(tmp_path):
+    """trainer.placement.kind=split on 8 GPUs, 2 of them rollout: a learner GPU holds the learner's states over 6
+    ranks and no engine; a rollout GPU its vLLM engine awake through the update (it never sleeps) and no learner."""
+    launch = pre.read_launch(REPO_ROOT / "configs" / "accelerate" / "split_2rollout_6learner.yaml")
+    split = ["trainer.staleness=1", "trainer.placement.kind=split", "trainer.placement.rollout_gpus=2",
+             "algorithm.rollout_correction.preset=decoupled_token_is", "trainer.train_batch_size=48",
+             "trainer.ppo_mini_batch_size=48"]
+    common = [f"model.path={_qwen3b_dir(tmp_path)}", "rollout.backend=vllm", "rollout.vllm.gpu_memory_utilization=0.4",
+              f"trainer.output_dir={tmp_path / 'runs'}", "retriever.mode=http", "model.gradient_checkpointing=true"]
+    cfg = load_config(None, [*common, *split]).validate()
+    result = pre.run_preflight(cfg, launch=launch, device_gib=mp.H100_80GB / GiB)
+    lines = {line.split(":")[0]: line for line in result.plan}
+    shape = mp.shape_from_hf_config(QWEN25_3B)
+    six = mp.learner_bytes(shape, 2, 6, launch.buckets)
+    assert f"learner states {six / mp.GB:.1f} GB" in lines["learner GPU update"], lines
+    assert "vLLM" not in lines["learner GPU update"] and "vLLM" not in lines["learner GPU rollout"]
+    assert "learner states" not in lines["rollout GPU update"] and "vLLM asleep" in lines["rollout GPU update"]
+    awake = lines["rollout GPU rollout"].split("vLLM awake ")[1].split(" GB")[0]
+    assert lines["rollout GPU update"].split("vLLM asleep ")[1].split(" GB")[0] == awake  # never sleeps
+    assert not [x for x in result.problems if x.startswith("plan")], result.problems
+    bad = load_config(None, [*common, *split[:-2], "trainer.train_batch_size=16", "trainer.ppo_mini_batch_size=16"])
+    result = pre.run_preflight(bad.validate(), launch=launch, device_gib=mp.H100_80GB / GiB)
+    assert any("must divide over them" in x for x in result.problems), result.problems

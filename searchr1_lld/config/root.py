@@ -45,5 +45,6 @@ def validate(cfg: Config) -> None:
         *validation.retriever_checks(cfg.retriever),
         *validation.trainer_checks(cfg.trainer, cfg.rollout),
         *validation.selection_checks(cfg.trainer, cfg.data),
+        *validation.staleness_checks(cfg.trainer, cfg.algorithm),
         *validation.eval_checks(cfg.eval),
     ], cfg)

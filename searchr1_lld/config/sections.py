@@ -365,6 +365,25 @@ class StepSizeConfig:
 
 
 @dataclass
+class PlacementConfig:
+    """Where the rollout runs relative to the learner (searchr1_lld/placement.py, learner/pipeline): on the
+    learner's own engine, handed the memory back and forth (colocated: sleep / wake), or on its own process(es) and
+    devices beside it (split: what trainer.staleness >= 1 needs)."""
+
+    kind: Literal["colocated", "split"] = opt(
+        "colocated", "colocated = the rollout engine shares the learner's devices and sleeps during the update (every "
+        "step waits for its rollout; trainer.staleness must be 0); split = the rollout in its own process (CPU: a "
+        "worker process; GPU: trainer.placement.rollout_gpus ranks of vLLM beside the learner's ranks), the learner's "
+        "weights published to it after every update (needs trainer.staleness >= 1)")
+    rollout_threads: int = opt(0, "split on CPU: torch threads of the rollout worker; the learner keeps the rest of "
+                                  "torch.get_num_threads() (0 = half of them, at least 1 each)")
+    rollout_gpus: int = opt(0, "split on GPU: ranks (one GPU each) that run the vLLM rollout engines, the others "
+                               "train (DeepSpeed); e.g. 2 of 8 (configs/accelerate/split_2rollout_6learner.yaml)")
+    max_restarts: int = opt(3, "split: rollout workers restarted after one died (its in-flight requests generated "
+                               "again) before the run fails")
+
+
+@dataclass
 class TrainerConfig:
     total_steps: int = opt(200, "rollout steps")
     train_batch_size: int = opt(512, "prompts per rollout step")
@@ -419,6 +438,14 @@ class TrainerConfig:
                                      "fp32 budget on CUDA; algo/logprobs.tile_shape)")
     step_size: StepSizeConfig = section(StepSizeConfig, "a trust-region step size: the LR scaled per step so the "
                                         "measured step KL tracks a target (off by default)")
+    staleness: int = opt(0, "k: the most updates by which a trajectory's weights may trail the weights it trains "
+                            "(0 = the synchronous step: every step rolls out with the current weights and waits for "
+                            "it; 1 = one-step off-policy: step t+1's rollout runs beside step t's update; k >= 1 needs "
+                            "trainer.placement.kind=split and a rollout correction (the decoupled objective: engine "
+                            "behaviour log-probs, proximal log-probs recomputed by the learner, the clip around the "
+                            "proximal policy), and refuses dynamic sampling and greedy baselines)")
+    placement: PlacementConfig = section(PlacementConfig, "where the rollout runs: colocated with the learner (sleep "
+                                         "/ wake) or split from it (trainer.staleness >= 1)")
 
 
 @dataclass

@@ -241,6 +241,39 @@ def selection_checks(trainer: TrainerConfig, data: DataConfig) -> list[Check]:
     ]
 
 
+def staleness_checks(trainer: TrainerConfig, alg: AlgorithmConfig) -> list[Check]:
+    """trainer.staleness and trainer.placement.*: a rollout beside the update needs a split placement, the decoupled
+    objective (a rollout correction, not bypass), and one rollout per step (no dynamic-sampling rounds, no greedy
+    baselines drawn in the step); a split placement needs a staleness to use it."""
+    from searchr1_lld.algo.advantages import needs_baselines  # deferred: torch
+
+    pl, async_on = trainer.placement, trainer.staleness > 0
+    rc = alg.rollout_correction
+    return [
+        (trainer.staleness >= 0, "trainer.staleness", "must be >= 0 (0 = the synchronous step)"),
+        (not async_on or pl.kind == "split", "trainer.placement.kind",
+         f"must be split with trainer.staleness={trainer.staleness}: a colocated engine sleeps during the update and "
+         "wakes for the next rollout (sleep / wake), so no rollout can run beside the update"),
+        (async_on or pl.kind == "colocated", "trainer.staleness",
+         "must be >= 1 with trainer.placement.kind=split (0 = the synchronous step, which runs colocated)"),
+        (not async_on or not rc.bypass, "algorithm.rollout_correction.bypass",
+         "must be false with trainer.staleness >= 1: the decoupled objective clips around the proximal policy (the "
+         "learner's recompute before its update), bypass around the behaviour policy (the engine's)"),
+        (not async_on or rc.mode != "off" or rc.rejection != "off", "algorithm.rollout_correction.mode",
+         "must weight or reject with trainer.staleness >= 1: the decoupled objective weighs each token by "
+         "pi_proximal / pi_behaviour (e.g. algorithm.rollout_correction.preset=decoupled_token_is, AReaL's capped "
+         "behaviour weight)"),
+        (not async_on or not alg.dynamic_sampling.enabled, "algorithm.dynamic_sampling.enabled",
+         "must be false with trainer.staleness >= 1 (its further rounds would roll out inside the update's step)"),
+        (not async_on or not needs_baselines(alg.advantage),
+         "algorithm.advantage", "must not need greedy baselines with trainer.staleness >= 1 (they roll out inside "
+         "the update's step)"),
+        (pl.rollout_threads >= 0, "trainer.placement.rollout_threads", "must be >= 0 (0 = half of the threads)"),
+        (pl.rollout_gpus >= 0, "trainer.placement.rollout_gpus", "must be >= 0"),
+        (pl.max_restarts >= 0, "trainer.placement.max_restarts", "must be >= 0"),
+    ]
+
+
 def step_size_checks(sc: StepSizeConfig) -> list[Check]:
     """trainer.step_size.*: one target at most, a controller that can move, bounds around the scheduled LR."""
     return [

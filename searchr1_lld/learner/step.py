@@ -75,17 +75,21 @@ def llds_noop_warning(cfg: Config, updates_per_step: int) -> str | None:
 
 def train_step(learner: Learner, rows: list[dict[str, Any]], *, step: int, probe: ProbeSet,
                detector: PhaseDetector, history: Sequence[dict[str, Any]],
-               more_rows: Callable[[], list[dict[str, Any]]] | None = None) -> StepResult:
+               more_rows: Callable[[], list[dict[str, Any]]] | None = None,
+               sampled: sampling.StepRollout | None = None) -> StepResult:
     """Training step number ``step`` (0-based) on this rank's prompt ``rows``: rollout, advantages, ppo_epochs x
     mini-batches of updates, the LLD monitor (``probe`` re-measured every trainer.probe_every steps, ``detector``
     run on the earlier steps' ``history`` and this one's metrics), the new weights to the engine. ``more_rows``: the
-    next rows of the prompt stream, this rank's share of a batch per call (algorithm.dynamic_sampling asks for them)."""
+    next rows of the prompt stream, this rank's share of a batch per call (algorithm.dynamic_sampling asks for them).
+    ``sampled``: the rollout of ``rows`` made elsewhere (trainer.staleness >= 1: a rollout worker, possibly with older
+    weights; learner/pipeline), trained instead of rolling out here."""
     cfg, dist = learner.cfg, learner.dist
     seed_everything(seed := step_seed(cfg.trainer.seed, step, dist.rank, dist.world_size))
     t0 = time.time()
     # rollout (the engine's memory handed over after it) and advantages; logp_old under the current policy (or the
     # engine's, in the rollout correction's bypass mode), logp_ref under the frozen initial one; rollout correction
-    trajs, batch, advantages, metrics = rollout_to_batch(learner, rows, seed=seed, more_rows=more_rows)
+    trajs, batch, advantages, metrics = rollout_to_batch(learner, rows, seed=seed, more_rows=more_rows,
+                                                         sampled=sampled)
     rc = cfg.algorithm.rollout_correction
     logp_old = old_logprobs(learner, batch, bypass=rc.bypass)
     logp_ref = batch_logprobs(learner, learner.ref_model, batch) if learner.ref_model is not None else None
@@ -129,15 +133,18 @@ def train_step(learner: Learner, rows: list[dict[str, Any]], *, step: int, probe
 
 
 def rollout_to_batch(learner: Learner, rows: list[dict[str, Any]], *, seed: int,
-                     more_rows: Callable[[], list[dict[str, Any]]] | None
+                     more_rows: Callable[[], list[dict[str, Any]]] | None,
+                     sampled: sampling.StepRollout | None = None
                      ) -> tuple[list[Trajectory], TrajectoryBatch, torch.Tensor, dict[str, Any]]:
     """The step's rollout to its batch (trajectories, tensors), advantages [B] and metrics: n responses per prompt
-    (reward = EM; requests seeded from ``seed``; dynamic sampling: more rounds until the batch is full), for an
-    estimator that needs baselines (remax) one greedy response per prompt, the engine put to sleep (woken after the
-    step's weight stream), the rewards shaped (algorithm.reward_shaping) and the estimator registered as
-    algorithm.advantage run on them (learner/sampling.py)."""
+    (reward = EM; requests seeded from ``seed``; dynamic sampling: more rounds until the batch is full; ``sampled``:
+    a rollout made elsewhere, taken as it is), for an estimator that needs baselines (remax) one greedy response per
+    prompt, the engine put to sleep (woken after the step's weight stream), the rewards shaped
+    (algorithm.reward_shaping) and the estimator registered as algorithm.advantage run on them
+    (learner/sampling.py)."""
     cfg = learner.cfg
-    sampled = sampling.rollout_step(learner, rows, seed=seed, more_rows=more_rows)
+    if sampled is None:
+        sampled = sampling.rollout_step(learner, rows, seed=seed, more_rows=more_rows)
     trajs = sampled.trajectories
     baselines, baseline_metrics = (sampling.greedy_baselines(learner, trajs)
                                    if adv_fns.needs_baselines(cfg.algorithm.advantage) else (None, {}))

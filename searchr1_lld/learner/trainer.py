@@ -27,9 +27,11 @@ Where the rest lives: the learner's state (policy, optimiser, reference, engines
 the factories of factories.py; the training engine (plain / DDP, DeepSpeed ZeRO-n: backward, the optimiser step, the
 weights handed to the rollout engine, the model's part of a checkpoint) in learner/engines/; batching in batching.py;
 the run directory and resume safety, checkpoint files and the best checkpoint in searchr1_lld/bookkeeping/; the LLD
-monitor and phase detector in searchr1_lld/instruments/. This module is the loop: it keeps the counters, evaluates on
-schedule, logs and saves. The step composes the pure functions of ``searchr1_lld.algo``; neither holds loss math of
-its own. Batch semantics and the multi-rank rules: docs/batch_semantics.md.
+monitor and phase detector in searchr1_lld/instruments/; the rollouts beside the update (trainer.staleness >= 1: a
+rollout worker, the staleness bound, the weights published after every update) in learner/pipeline/, not built at
+k = 0 (docs/staleness.md). This module is the loop: it keeps the counters, evaluates on schedule, logs and saves.
+The step composes the pure functions of ``searchr1_lld.algo``; neither holds loss math of its own. Batch semantics
+and the multi-rank rules: docs/batch_semantics.md.
 
 Determinism: every step re-seeds python / numpy / torch from (seed, step, rank), and every sampled rollout request
 carries a seed derived from that step seed, its trajectory and its turn (rollout/turn_rules.request_seed; the vLLM
@@ -59,13 +61,14 @@ from searchr1_lld.bookkeeping import checkpoint as ckpt
 from searchr1_lld.bookkeeping import resume
 from searchr1_lld.bookkeeping.best_checkpoint import BestCheckpoint, load_best, write_best
 from searchr1_lld.bookkeeping.tracking import Tracker
-from searchr1_lld.config import Config
+from searchr1_lld.config import Config, ConfigError
 from searchr1_lld.data import splits
 from searchr1_lld.distributed import any_rank
 from searchr1_lld.instruments.monitor import PhaseDetector, ProbeSet
 from searchr1_lld.instruments.phases import PhaseReport
-from searchr1_lld.learner import factories, step
+from searchr1_lld.learner import factories, pipeline, sampling, step
 from searchr1_lld.learner.batching import PromptSampler
+from searchr1_lld.learner.pipeline.rollouts import RolloutPipeline
 from searchr1_lld.learner.state import Learner
 from searchr1_lld.protocols import Retriever
 from searchr1_lld.rollout.types import Trajectory
@@ -119,6 +122,10 @@ class Trainer:
             raise ValueError(
                 f"trainer.train_batch_size ({tc.train_batch_size}) and trainer.ppo_mini_batch_size "
                 f"({tc.ppo_mini_batch_size}) must be divisible by the number of processes ({ws})")
+        if tc.staleness and ws > 1:
+            raise ConfigError(f"trainer.staleness={tc.staleness} trains in one learner process with a rollout worker "
+                              f"process beside it; this launch has {ws} processes, and the split GPU launch's rollout "
+                              "ranks (searchr1_lld/placement.py) are not driven by the trainer yet")
         # the validation split (data.val_holdout: held out of the training rows here; or data.val_files)
         self.train_rows, self.val_rows = factories.load_train_and_val_rows(cfg)
         factories.check_prompt_lengths(self.train_rows, self.learner.tokenizer, cfg)
@@ -133,6 +140,7 @@ class Trainer:
         # pass's come back with its last checkpoint
         self.train_s = 0.0
         self.phase_report: PhaseReport | None = None  # the detector's report of the last step
+        self.pipeline: RolloutPipeline | None = None  # trainer.staleness >= 1: built at the first step
         self.llds_warning = step.llds_noop_warning(cfg, self.updates_per_step)
         self.test_selection_warning = selection_on_test_warning(cfg)
         for warning in (self.llds_warning, self.test_selection_warning):
@@ -142,15 +150,51 @@ class Trainer:
     # ---------------------------------------------------------------- the step and evaluation
     def train_step(self) -> dict[str, Any]:
         """One GRPO(+LLDS) step (:func:`searchr1_lld.learner.step.train_step`) on this rank's share of the next
-        prompts; advances the counters and returns the step's metrics."""
-        result = step.train_step(self.learner, self.next_rows(), step=self.step, probe=self.probe,
-                                 detector=self.detector, history=self.history, more_rows=self.next_rows)
+        prompts; advances the counters and returns the step's metrics. With trainer.staleness >= 1 the step trains
+        the batch a rollout worker generated beside the previous update (:meth:`pipelined_step`)."""
+        if self.cfg.trainer.staleness == 0:
+            result = step.train_step(self.learner, self.next_rows(), step=self.step, probe=self.probe,
+                                     detector=self.detector, history=self.history, more_rows=self.next_rows)
+            pipeline_metrics: dict[str, float] = {}
+        else:
+            result, pipeline_metrics = self.pipelined_step()
         self.step += 1
         self.skipped_updates += result.skipped_updates
         self.phase_report = result.phase_report
-        metrics = {**result.metrics, "actor/skipped_updates_total": float(self.skipped_updates)}
+        metrics = {**result.metrics, **pipeline_metrics, "actor/skipped_updates_total": float(self.skipped_updates)}
         self.history.append({"step": self.step, **metrics})
         return metrics
+
+    def pipelined_step(self) -> tuple[step.StepResult, dict[str, float]]:
+        """The step on the batch of the rollout pipeline (learner/pipeline; started at the first step, after any
+        resume): its rollout, generated by weights at most trainer.staleness versions old, trained as the synchronous
+        step trains its own (the decoupled objective: logp_old is the learner's recompute, the proximal policy; the
+        rollout correction weighs pi_proximal / pi_behaviour), then the weights published. Returns the step's result
+        and the pipeline's async/* metrics."""
+        if self.pipeline is None:
+            seed, dist = self.cfg.trainer.seed, self.learner.dist
+            self.pipeline = pipeline.process_pipeline(
+                self.learner, start=self.step, draw_rows=self.next_rows, sampler_state=self.sampler.state,
+                seed_of=lambda s: step.step_seed(seed, s, dist.rank, dist.world_size))  # the synchronous step's
+        rollout, pipeline_metrics = self.pipeline.batch(self.step)
+        sampled = sampling.StepRollout(rollout.trajectories, rollout.trajectories,
+                                       {"time/rollout_s": rollout.rollout_s})
+        result = step.train_step(self.learner, [t.row for t in rollout.trajectories[:: self.cfg.rollout.n]],
+                                 step=self.step, probe=self.probe, detector=self.detector, history=self.history,
+                                 sampled=sampled)
+        self.pipeline.publish(self.learner.engine.named_weights(self.learner.module), version=self.step + 1)
+        return result, pipeline_metrics
+
+    def close_pipeline(self) -> None:
+        """End the rollout pipeline's worker (trainer.staleness >= 1), if one runs."""
+        if self.pipeline is not None:
+            self.pipeline.close()
+            self.pipeline = None
+
+    def sampler_state(self) -> dict[str, int]:
+        """The prompt sampler's state a checkpoint records: with a pipeline, before the rows of its oldest request in
+        flight (they are drawn and generated again on resume, never trained twice)."""
+        return self.sampler.state() if self.pipeline is None else self.pipeline.sampler_state_to_save()
 
     def next_rows(self) -> list[dict]:
         """This rank's share of the sampler's next train_batch_size prompts (all ranks draw the same batch): the
@@ -191,7 +235,7 @@ class Trainer:
         if best_value is not None:
             keep.add(self.step)
         state = {
-            "data": self.sampler.state(),
+            "data": self.sampler_state(),
             "skipped_updates": self.skipped_updates,
             "train_s": self.train_s,
             "history": self.history,
@@ -258,16 +302,19 @@ class Trainer:
         tracker.start_bar()  # its clock counts training only
         last_metrics: dict[str, Any] = {}
         last_phase, last_drawdown = "healthy", None
-        while self.step < self.cfg.trainer.total_steps:
-            started = time.time()
-            last_metrics = metrics = self.train_step()
-            metrics.update(self._scheduled_evaluations(rows))
-            self.history[-1].update(metrics)
-            tracker.log(self.step, metrics)
-            last_phase, last_drawdown = self._log_phase(tracker, last_phase, last_drawdown)
-            self.train_s += time.time() - started
-            self._save_on_schedule(metrics)
-        self._save_last()
+        try:
+            while self.step < self.cfg.trainer.total_steps:
+                started = time.time()
+                last_metrics = metrics = self.train_step()
+                metrics.update(self._scheduled_evaluations(rows))
+                self.history[-1].update(metrics)
+                tracker.log(self.step, metrics)
+                last_phase, last_drawdown = self._log_phase(tracker, last_phase, last_drawdown)
+                self.train_s += time.time() - started
+                self._save_on_schedule(metrics)
+            self._save_last()
+        finally:
+            self.close_pipeline()  # Ctrl-C or an error included: the rollout worker ends within seconds
         em_after, table = self._final_evaluation(tracker, rows.test, em_before, last_metrics) if (
             evaluate and rows.test) else (None, "")
         self._close_run(tracker)

@@ -38,12 +38,14 @@ from retriever.client import RetrieverError
 from retriever.modes import IndexFacts, retriever_mode
 from searchr1_lld.rollout.backends.kinds import BackendKind, backend_kind
 from searchr1_lld.cli import looks_like_local_path
-from searchr1_lld.config import Config, DataConfig, read_yaml
+from searchr1_lld.config import Config, ConfigError, DataConfig, read_yaml
 from searchr1_lld.data import flashrag, splits
 from searchr1_lld.data.specs import dataset_name, parse_datasets
 from searchr1_lld.data.jsonl import read_rows
+from searchr1_lld.placement import RankPlan, check_split_launch
 from searchr1_lld.preflight import memory_plan as mp
 from searchr1_lld.preflight.eval_plan import EvalSets, plan_lines
+from searchr1_lld.preflight.split_plan import split_plans
 GiB = float(1 << 30)
 
 
@@ -331,16 +333,19 @@ def _retriever_gpu_bytes(pf: Preflight, cfg: Config, index: IndexFacts, ranks_pe
 
 
 def gpu_plan(pf: Preflight, cfg: Config, kind: BackendKind, shape: mp.ModelShape, launch: Launch, gpu_bytes: float,
-             index: IndexFacts, on_gpu: bool = True) -> mp.MemoryPlan | None:
+             index: IndexFacts, on_gpu: bool = True, ranks: RankPlan | None = None) -> mp.MemoryPlan | None:
     """The run's :class:`memory_plan.MemoryPlan` per GPU (None, with a note, for a ZeRO stage it does not cover);
-    ``kind``: the rollout engine's kind, resolved once by :func:`run_preflight`."""
+    ``kind``: the rollout engine's kind, resolved once by :func:`run_preflight`; ``ranks``: a split launch's rank
+    plan (the learner's states over its learner ranks, an engine's batch over its rollout ranks)."""
     r, stage = cfg.rollout, launch.zero_stage if launch.deepspeed else 0
     if stage not in (0, 2, 3):
         pf.notes.append(f"plan: DeepSpeed ZeRO-{stage} is not in the memory arithmetic (no DeepSpeed, ZeRO-2, ZeRO-3)")
         return None
-    engine = kind.engine_memory(cfg, launch.processes)
+    learners, engines = ((launch.processes, launch.processes) if ranks is None
+                         else (len(ranks.learner_ranks), len(ranks.rollout_ranks)))
+    engine = kind.engine_memory(cfg, engines)
     return mp.gpu_memory_plan(
-        shape, zero_stage=stage, data_parallel=launch.processes, gpu_bytes=gpu_bytes,
+        shape, zero_stage=stage, data_parallel=learners, gpu_bytes=gpu_bytes,
         vllm_gpu_memory_utilization=r.vllm.gpu_memory_utilization, reference=cfg.algorithm.kl_coef > 0,
         micro_batch_tokens=mp.pass_tokens(cfg.trainer.micro_batch_size, r.max_total_length,
                                           cfg.trainer.micro_batch_token_budget),
@@ -369,10 +374,11 @@ def _start_line(pf: Preflight, plan: mp.MemoryPlan, engine: str, hint: str) -> N
                            f"reference, contexts and retriever hold {_gb(held)} then{hint}")
 
 
-def _phase_lines(pf: Preflight, plan: mp.MemoryPlan, on_gpu: bool, engine: str, hint: str = "") -> None:
+def _phase_lines(pf: Preflight, plan: mp.MemoryPlan, on_gpu: bool, engine: str, hint: str = "",
+                 where: str = "") -> None:
     """The engine's start (a vLLM engine on a GPU), rollout and update lines with their parts and margins; a phase
     over the GPU is a problem (``hint`` appended: what would give memory back), one under memory_plan.MARGIN_FLOOR
-    a note."""
+    a note. ``where``: which GPUs of a split launch the plan is of (a prefix of its lines)."""
     if on_gpu and plan.engine_start_claim:
         _start_line(pf, plan, engine, hint)
     common = [("learner states", plan.learner), ("reference", plan.reference), ("CUDA contexts", plan.contexts),
@@ -387,9 +393,9 @@ def _phase_lines(pf: Preflight, plan: mp.MemoryPlan, on_gpu: bool, engine: str, 
             listing += f" (KV cache {_gb(plan.kv_cache)})"
         margin = plan.gpu - total
         free = f"; margin {_gb(margin)} ({100 * margin / plan.gpu:.1f} %)" if on_gpu else ""
-        pf.plan.append(f"{phase}: {_gb(total)} {unit} ({listing}){free}")
+        pf.plan.append(f"{where}{phase}: {_gb(total)} {unit} ({listing}){free}")
         if on_gpu and margin < 0:
-            pf.problems.append(f"plan: the {phase} needs {_gb(total)} per GPU, more than the GPU's {_gb(plan.gpu)} "
+            pf.problems.append(f"plan: the {where}{phase} needs {_gb(total)} per GPU, more than the GPU's {_gb(plan.gpu)} "
                                f"({listing}){hint}")
         elif on_gpu and margin < mp.MARGIN_FLOOR * plan.gpu:
             pf.notes.append(f"plan: the {phase} leaves under {mp.MARGIN_FLOOR:.0%} of the GPU free ({_gb(total)} of "
@@ -418,9 +424,16 @@ def _plan_lines(pf: Preflight, cfg: Config, kind: BackendKind, shape: mp.ModelSh
                    f"{', bf16' if launch.bf16 else ''}{', optimiser offloaded' if launch.offload_optimizer else ''} "
                    f"[{launch.source}]; model {_count(shape.params)} parameters"
                    + (f"; GPU {device_text}" if on_gpu else ""))
-    plan = gpu_plan(pf, cfg, kind, shape, launch, gpu_bytes, index, on_gpu)
-    if plan is not None:
-        _phase_lines(pf, plan, on_gpu, kind.label, _retriever_hint(cfg, plan))
+    try:
+        ranks = check_split_launch(cfg, launch.processes, on_gpu)
+    except ConfigError as err:
+        pf.problems.append(f"plan: {err}")
+        return
+    plan = gpu_plan(pf, cfg, kind, shape, launch, gpu_bytes, index, on_gpu, ranks)
+    plans = {"": plan} if ranks is None or plan is None else {f"{k} ": p for k, p in split_plans(plan).items()}
+    for where, one in plans.items():
+        if one is not None:
+            _phase_lines(pf, one, on_gpu, kind.label, _retriever_hint(cfg, one), where)
     pf.notes.extend(kind.plan_notes(cfg.rollout))
     r, per_node, reference = cfg.rollout, launch.ranks_per_node, cfg.algorithm.kl_coef > 0
     loading = mp.host_bytes_at_load(shape, ranks_per_node=per_node, reference=reference,

@@ -54,6 +54,9 @@ class Trajectory:
     length_stops: int = 0  # turns that hit max_tokens_per_turn without a stop string / eos
     empty_turns: int = 0  # turns that produced no token at all
     eos_stops: int = 0  # turns that ended on eos without a closed tag
+    # the version of the weights that generated it (the learner's count of rollout steps trained when the engine
+    # loaded them; learner/pipeline); None: the step's own engine, with the weights it trains (the synchronous step)
+    policy_version: Optional[int] = None
 
     @property
     def cut_by_length(self) -> bool:
