@@ -12,6 +12,7 @@ from searchr1_lab.prereg.report import main as prereg_main
 from searchr1_lab.stepsize.report import main as stepsize_main
 from searchr1_lab.stepsize.target import main as target_main
 from searchr1_lab.frontier.report import main as frontier_main
+from searchr1_lab.spiral.report import main as spiral_main
 from searchr1_lab.methods import FULL_CONFIG, METHODS, QUICK_CONFIG, parse_methods, parse_seeds
 from searchr1_lab.running import run_lab
 
@@ -34,6 +35,8 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
         return target_main(args_in[1:])
     if args_in and args_in[0] == "frontier-report":
         return frontier_main(args_in[1:])
+    if args_in and args_in[0] == "spiral-report":
+        return spiral_main(args_in[1:])
     return run_main(lambda a: _lab(a, description), argv, prog="python -m searchr1_lab")
 
 

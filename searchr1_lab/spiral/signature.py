@@ -139,8 +139,8 @@ def learning_phase(run: RunSeries, p: SignatureParams) -> tuple[Part, int, int]:
     r0, r1 = trailing_mean(ends, run.steps, run.reward, p.window, run.warmup_end)
     e0, e1 = trailing_mean(ends, run.held_out_steps, run.held_out, p.held_out_window, run.warmup_end)
     length, reward_gain, held_out_gain = peak - s, r1 - r0, e1 - e0
-    present = (length >= p.min_learning_steps and reward_gain >= p.reward_gain
-               and math.isfinite(held_out_gain) and held_out_gain >= p.held_out_gain)
+    present = bool(length >= p.min_learning_steps and reward_gain >= p.reward_gain
+                   and math.isfinite(held_out_gain) and held_out_gain >= p.held_out_gain)
     return Part(present, {"start": s, "peak": peak, "steps": length, "reward_start": _value(r0),
                           "reward_peak": _value(r1), "reward_gain": _value(reward_gain),
                           "held_out_start": _value(e0), "held_out_peak": _value(e1),
