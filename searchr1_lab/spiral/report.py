@@ -107,7 +107,8 @@ def render(rows: Sequence[Mapping[str, Any]], missing: Sequence[str], figures: S
         lines += ["", "Not run yet: " + ", ".join(f"`{m}`" for m in missing) + "."]
     lines += ["", "## One figure per setting", "",
               "Training reward and held-out EM, the probe set's log-likelihood per token, entropy and gradient norm "
-              "against step, one line per seed; dotted: the warm-up's end and the learning phase's bounds.", ""]
+              "against step, one line per seed; dotted: the warm-up's end and the learning phase's bounds; dashed: k times "
+              "the learning-phase level of entropy and gradient norm.", ""]
     lines += [f"![{f}]({f})" for f in figures]
     return "\n".join(lines) + "\n"
 
@@ -119,6 +120,7 @@ def write_report(calibration_dir: Path, out: Path) -> list[Path]:
     rows, missing = calibration_rows(calibration_dir)
     figures = []
     for name, plan in calibration.items():
+        params = load_params(REPO_ROOT / plan["registration"]["signature"])
         for arm, spec in plan["arms"].items():
             for lr in spec["lrs"]:
                 runs = [read_gz_json(p) for seed in plans.arm_seeds(plan, spec)
@@ -126,7 +128,8 @@ def write_report(calibration_dir: Path, out: Path) -> list[Path]:
                 if runs:
                     stem = f"{name}-{arm}-lr{lr_tag(lr)}.png"
                     mine = [r for r in rows if (r["plan"], r["setting"], r["lr"]) == (name, arm, lr)]
-                    setting_figure(runs, mine, f"{name}: {spec.get('label', arm)}, lr {lr_tag(lr)}", out / stem)
+                    setting_figure(runs, mine, f"{name}: {spec.get('label', arm)}, lr {lr_tag(lr)}", out / stem,
+                                   params.explosion_ratio)
                     figures.append(stem)
     (out / "summary.json").write_text(json.dumps({"rows": rows, "missing": missing}, indent=1, sort_keys=True)
                                       + "\n")
