@@ -3,8 +3,8 @@ showed, one table over every plan of the calibration, and one figure per setting
 
     python -m searchr1_lab spiral-report [--registration docs/lab/spiral/calibration/default/plan.json] [--out DIR]
 
-A plan (``docs/lab/spiral/calibration/<plan>/plan.json``) has the form of a registration (:mod:`..stepsize.registration`)
-with status ``exploratory``; its ``report_dir`` is the calibration's directory, whose every ``*/plan.json`` the report
+A plan (``docs/lab/spiral/calibration/<plan>/plan.json``) has the form of a registration
+(:mod:`..stepsize.registration`) with status ``exploratory``; its ``report_dir`` is the calibration's directory, whose every ``*/plan.json`` the report
 reads (``--registration``: any one of them, as the grid driver passes it; default: the calibration's). The signature's
 parameters are the plan's ``signature`` file. Written into ``--out`` (default: the calibration's directory):
 ``README.md`` (the table), ``summary.json`` (its rows) and ``<plan>-<setting>-lr<rate>.png`` (the figures). A run's
@@ -38,15 +38,17 @@ def part_cells(sig: Signature) -> dict[str, str]:
     """The table's cells of one run's signature: each part ``yes`` / ``no`` with the numbers that decided it."""
     a, b, c = sig.learning.evidence, sig.lld.evidence, sig.explosion.evidence
     yes = lambda part: "**yes**" if part.present else "no"  # noqa: E731
-    learning = (f"{yes(sig.learning)}: steps {a['start']}-{a['peak']} ({a['steps']}), reward {signed(a['reward_gain'], 2)}, "
-                f"held-out {signed(a['held_out_gain'], 2)}") if a.get("peak") is not None else "no: no step after warm-up"
+    learning = "no: no step after warm-up"
+    if a.get("peak") is not None:
+        learning = (f"{yes(sig.learning)}: steps {a['start']}-{a['peak']} ({a['steps']}), "
+                    f"reward {signed(a['reward_gain'], 2)}, held-out {signed(a['held_out_gain'], 2)}")
     lld = (f"{yes(sig.lld)}: {fmt(-b['drop'], 2)} nats/token, steps {b['from_step']}-{b['to_step']}"
            if b.get("drop") is not None else "no: no rising stretch")
-    if c.get("entropy_level") is None or c.get("grad_norm_level") is None or "reason" in c:
-        burst = f"no: {c.get('reason', 'no level')}"
+    if "reason" in c:
+        burst = f"no: {c['reason']}"
     else:
-        longest = f"{c['longest_steps']} steps" + (f" from {c['longest_from']}" if c["longest_from"] is not None else "")
-        burst = f"{yes(sig.explosion)}: longest {longest}"
+        since = f" from {c['longest_from']}" if c["longest_from"] is not None else ""
+        burst = f"{yes(sig.explosion)}: longest {c['longest_steps']} steps{since}"
     return {"learning": learning, "lld": lld, "explosion": burst, "signature": yes(sig)}
 
 
@@ -107,8 +109,8 @@ def render(rows: Sequence[Mapping[str, Any]], missing: Sequence[str], figures: S
         lines += ["", "Not run yet: " + ", ".join(f"`{m}`" for m in missing) + "."]
     lines += ["", "## One figure per setting", "",
               "Training reward and held-out EM, the probe set's log-likelihood per token, entropy and gradient norm "
-              "against step, one line per seed; dotted: the warm-up's end and the learning phase's bounds; dashed: k times "
-              "the learning-phase level of entropy and gradient norm.", ""]
+              "against step, one line per seed; dotted: the warm-up's end and the learning phase's bounds; "
+              "dashed: k times the learning-phase level of entropy and gradient norm.", ""]
     lines += [f"![{f}]({f})" for f in figures]
     return "\n".join(lines) + "\n"
 
