@@ -4,11 +4,11 @@ showed, one table over every plan of the calibration, and one figure per setting
     python -m searchr1_lab spiral-report [--registration docs/lab/spiral/calibration/default/plan.json] [--out DIR]
 
 A plan (``docs/lab/spiral/calibration/<plan>/plan.json``) has the form of a registration
-(:mod:`..stepsize.registration`) with status ``exploratory``; its ``report_dir`` is the calibration's directory, whose every ``*/plan.json`` the report
-reads (``--registration``: any one of them, as the grid driver passes it; default: the calibration's). The signature's
-parameters are the plan's ``signature`` file. Written into ``--out`` (default: the calibration's directory):
-``README.md`` (the table), ``summary.json`` (its rows) and ``<plan>-<setting>-lr<rate>.png`` (the figures). A run's
-test split is never read.
+(:mod:`..stepsize.registration`) with status ``exploratory``; its ``report_dir`` is the calibration's directory,
+whose every ``*/plan.json`` the report reads (``--registration``: any one of them, as the grid driver passes it;
+default: the calibration's). The signature's parameters are the plan's ``signature`` file. Written into ``--out``
+(default: the calibration's directory): ``README.md`` (the table), ``summary.json`` (its rows) and
+``<plan>-<setting>-lr<rate>.png`` (the figures). A run's test split is never read.
 """
 
 from __future__ import annotations
