@@ -6,8 +6,8 @@ An arm is a method preset (``algorithm.method``, config/methods.py) plus the ove
 larger ``algorithm.kl_coef``, another ``algorithm.llds.lam``); its learning rates are its own, so a control matched by
 learning rate runs at the rate the pilot chose. The file's keys (:func:`validate` checks them)::
 
-    {"registration": {"status": "draft" | "registered" | "exploratory", "title", "config", "runs_dir", "train_dir", "report_dir",
-                      "analysis_code": [...], "analysis_commit", "grid_command"},
+    {"registration": {"status": "draft" | "registered" | "exploratory", "title", "config", "runs_dir", "train_dir",
+                      "report_dir", "analysis_code": [...], "analysis_commit", "grid_command"},
      "world": {"config", "hash"},
      "seeds": [0, 1, ...],
      "arms": {NAME: {"method": PRESET, "label": TEXT, "overrides": ["key=value", ...], "lrs": [LR, ...],
