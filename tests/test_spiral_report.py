@@ -79,3 +79,11 @@ def test_every_committed_calibration_run_started_after_the_signature_was_fixed_f
                                              capture_output=True, text=True).stdout
             assert at(SIGNATURE_FILE) == signature_file, f"{run['method']} lr {run['lr']} ran another signature"
             assert at(plan_file) == (REPO_ROOT / plan_file).read_text(), f"{run['method']} ran another plan"
+
+
+def test_the_committed_report_is_what_the_committed_runs_compute(tmp_path):
+    calibration = REPO_ROOT / "docs/lab/spiral/calibration"
+    write_report(calibration, tmp_path)
+    for name in ("README.md", "summary.json"):
+        assert (tmp_path / name).read_text() == (calibration / name).read_text(), (
+            f"{name} is stale: python -m searchr1_lab spiral-report")
