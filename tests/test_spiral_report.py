@@ -48,8 +48,10 @@ def test_the_table_says_what_the_run_files_compute(tmp_path):
         assert row["signature"] == json.loads(json.dumps(signature(run_series(run["records"]), PARAMS).to_dict()))
     # by hand: the whole signature on grpo_a; on grpo_b a learning phase and LLD, a 5-step spike and no explosion
     a_line, b_line = (next(line for line in text.splitlines() if f"`{arm}`" in line) for arm in ("grpo_a", "grpo_b"))
-    assert a_line.count("**yes**") == 4 and "longest 91 steps from 110" in a_line
-    assert b_line.count("**yes**") == 2 and "no: longest 5 steps from 110" in b_line and b_line.endswith("| no |")
+    assert a_line.count("**yes**") == 4
+    assert "longest 91 steps from 110 (entropy alone 91, gradient norm alone 91)" in a_line
+    assert b_line.count("**yes**") == 2 and b_line.endswith("| no |")
+    assert "no: longest 5 steps from 110 (entropy alone 5, gradient norm alone 5)" in b_line
     assert "Runs finished: 2 of 3. (a) on 2, (b) on 2, (c) on 1; the whole signature on 1." in text
     assert "Not run yet: `toy/grpo_a-lr0.0003-seed0`." in text
     assert {p.name for p in written} == {"README.md", "summary.json", "toy-grpo_a-lr0.0001.png",

@@ -97,7 +97,17 @@ def test_a_transient_spike_is_not_a_sustained_explosion():
     assert sig.learning.present and sig.lld.present
     assert not sig.explosion.present
     assert sig.explosion.evidence["longest_steps"] == 5 and sig.explosion.evidence["longest_from"] == 110
+    assert sig.explosion.evidence["entropy_alone_steps"] == 5 and sig.explosion.evidence["grad_norm_alone_steps"] == 5
     assert not sig.present
+
+
+def test_entropy_high_while_the_gradient_vanishes_is_no_explosion():
+    """After the reward falls to zero no group has an advantage: entropy stays 3.5x up, the gradient norm near 0."""
+    grad = lambda t: 1.0 if t < 110 else 0.005  # noqa: E731
+    sig = signature(run_series(records(rise_then_fall, falling_probe, explosion_from(110, 0.3), grad)), PARAMS)
+    assert not sig.explosion.present and sig.explosion.evidence["longest_steps"] == 0
+    assert sig.explosion.evidence["entropy_alone_steps"] == STEPS - 110 + 1
+    assert sig.explosion.evidence["grad_norm_alone_steps"] == 0
 
 
 def test_learning_inside_the_warm_up_only():

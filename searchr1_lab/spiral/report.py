@@ -48,7 +48,8 @@ def part_cells(sig: Signature) -> dict[str, str]:
         burst = f"no: {c['reason']}"
     else:
         since = f" from {c['longest_from']}" if c["longest_from"] is not None else ""
-        burst = f"{yes(sig.explosion)}: longest {c['longest_steps']} steps{since}"
+        burst = (f"{yes(sig.explosion)}: longest {c['longest_steps']} steps{since} (entropy alone "
+                 f"{c['entropy_alone_steps']}, gradient norm alone {c['grad_norm_alone_steps']})")
     return {"learning": learning, "lld": lld, "explosion": burst, "signature": yes(sig)}
 
 

@@ -23,7 +23,7 @@ every few steps). ``s = w + window - 1``: the first step whose reward window lie
 (c) sustained explosion: entropy and gradient norm both at least ``k`` (``explosion_ratio``) times their
     learning-phase level (the median over steps ``[w, max(p, s)]``) on at least ``M`` (``explosion_steps``)
     consecutive logged steps after ``s``, raw, not smoothed (a smoothed spike would look sustained); a step missing
-    either value ends a stretch.
+    either value ends a stretch. The evidence also gives each series' longest stretch above its threshold alone.
 Signature: (a), (b) and a stretch of (c) that starts after the likelihood began to fall (``t1`` of (b)).
 """
 
@@ -193,14 +193,18 @@ def explosion(run: RunSeries, p: SignatureParams, start: int, peak: int) -> tupl
     if not all(math.isfinite(v) and v > 0 for v in levels.values()):
         return Part(False, {**evidence, "reason": "no positive learning-phase level"}), []
     with np.errstate(invalid="ignore"):
-        above = ((run.entropy >= p.explosion_ratio * levels["entropy"])
-                 & (run.grad_norm >= p.explosion_ratio * levels["grad_norm"]) & (run.steps > start))
-    runs = stretches(above)
+        alone = {name: (x >= p.explosion_ratio * levels[name]) & (run.steps > start)
+                 for name, x in (("entropy", run.entropy), ("grad_norm", run.grad_norm))}
+    runs = stretches(alone["entropy"] & alone["grad_norm"])
     qualifying = [int(run.steps[i]) for i, n in runs if n >= p.explosion_steps]
     longest = max(runs, key=lambda r: r[1], default=None)
     evidence.update({"longest_steps": longest[1] if longest else 0,
                      "longest_from": int(run.steps[longest[0]]) if longest else None,
-                     "first_from": qualifying[0] if qualifying else None})
+                     "first_from": qualifying[0] if qualifying else None,
+                     # each series alone: an explosion of one without the other (e.g. entropy high while the reward
+                     # is zero everywhere, so no advantage and no gradient) is not the paper's, but worth seeing
+                     **{f"{name}_alone_steps": max((n for _, n in stretches(mask)), default=0)
+                        for name, mask in alone.items()}})
     return Part(bool(qualifying), evidence), qualifying
 
 
