@@ -116,7 +116,7 @@ STUDIES = (
     Study("the death-spiral calibration on the harder task", ("docs/lab/spiral/calibration/hard/runs",),
           "configs/world/spiral-hard.yaml",
           "python -m searchr1_lld.world build --config configs/world/spiral-hard.yaml "
-          "--out .cache/lab-world-f7ccc89671c0", "docs/lab/spiral/calibration.md"),
+          "--out .cache/lab-world-5fb4c383877d", "docs/lab/spiral/calibration.md"),
     *(_card(name) for name in ("registered", "repeat-phase", "practice", "balanced", "balanced-seed1",
                                "balanced-seed2")),
 )
