@@ -118,7 +118,7 @@ STUDIES = (
           "python -m searchr1_lld.world build --config configs/world/spiral-hard.yaml "
           "--out .cache/lab-world-5fb4c383877d", "docs/lab/spiral/calibration.md"),
     *(_card(name) for name in ("registered", "repeat-phase", "practice", "balanced", "balanced-seed1",
-                               "balanced-seed2")),
+                               "balanced-seed2", "spiral-hard")),
 )
 
 

@@ -405,7 +405,9 @@ ENTRIES: tuple[Entry, ...] = (
         "--out .cache/lab-world-2eabc7e23c51",
         "python -m searchr1_lld.world build --config configs/world/spiral-hard.yaml --out .cache/world-spiral-hard",
         "python -m searchr1_lld.world build --config configs/world/spiral-hard.yaml "
-        "--out .cache/lab-world-5fb4c383877d"),
+        "--out .cache/lab-world-5fb4c383877d",
+        "python -m searchr1_lld.world build --config configs/world/spiral-hard.yaml "
+        "--out .cache/lab-world-5fb4c383877d --warm-start-from assets/warm-start-spiral-hard"),
         reason="builds a world for minutes on 2 cores (6.5 min the large one); the command runs as world_build and "
                "tests/test_configs.py loads every world config"),
     CannotRun("demo_other_world", (
