@@ -16,6 +16,9 @@ from searchr1_lab.spiral.report import main as spiral_main
 from searchr1_lab.methods import FULL_CONFIG, METHODS, QUICK_CONFIG, parse_methods, parse_seeds
 from searchr1_lab.running import run_lab
 
+# the subcommands that take the rest of the command line: name -> its main
+SUBCOMMANDS = {"report": report_main, "prereg-report": prereg_main, "stepsize-report": stepsize_main,
+               "step-kl-target": target_main, "frontier-report": frontier_main, "spiral-report": spiral_main}
 QUICK_TRAIN_EVAL = 16  # --quick's training questions evaluated per policy (quick.yaml scores 16 test questions)
 
 
@@ -25,18 +28,8 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
     if args_in and args_in[0] in ("grid", "task"):
         return grid_main(args_in)
-    if args_in and args_in[0] == "report":
-        return report_main(args_in[1:])
-    if args_in and args_in[0] == "prereg-report":
-        return prereg_main(args_in[1:])
-    if args_in and args_in[0] == "stepsize-report":
-        return stepsize_main(args_in[1:])
-    if args_in and args_in[0] == "step-kl-target":
-        return target_main(args_in[1:])
-    if args_in and args_in[0] == "frontier-report":
-        return frontier_main(args_in[1:])
-    if args_in and args_in[0] == "spiral-report":
-        return spiral_main(args_in[1:])
+    if args_in and args_in[0] in SUBCOMMANDS:
+        return SUBCOMMANDS[args_in[0]](args_in[1:])
     return run_main(lambda a: _lab(a, description), argv, prog="python -m searchr1_lab")
 
 
