@@ -16,6 +16,7 @@ from searchr1_lab.prereg.report import main as prereg_main
 from searchr1_lab.stepsize.report import main as stepsize_main
 from searchr1_lab.stepsize.target import main as target_main
 from searchr1_lab.frontier.report import main as frontier_main
+from searchr1_lab.spiral.report import main as spiral_main
 from searchr1_lab.methods import FULL_CONFIG, METHODS, QUICK_CONFIG, parse_methods, parse_seeds
 from searchr1_lab.running import run_lab
 
@@ -34,6 +35,8 @@ COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
     "stepsize-report": ("the step-size study's registered analysis and report", stepsize_main),
     "step-kl-target": ("the per-step KL target a matched control follows, from a reference arm's runs", target_main),
     "frontier-report": ("the frontier study's registered analysis and report", frontier_main),
+    "spiral-report": ("the death-spiral calibration's table and figures: which parts of the paper's signature each "
+                      "setting showed", spiral_main),
 }
 
 

@@ -188,7 +188,7 @@ def demo_tasks(lrs: Sequence[float], demo_dir: Path) -> list[LabTask]:
 
 # the report commands a registration of the step-size form may name as its analysis (each takes --registration, --out
 # and --readme)
-REGISTERED_REPORTS = ("stepsize-report", "frontier-report")
+REGISTERED_REPORTS = ("stepsize-report", "frontier-report", "spiral-report")
 
 
 def registered_report(reg: dict) -> str:

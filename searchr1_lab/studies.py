@@ -160,8 +160,16 @@ STUDIES = (
     Study("SmolLM2-135M-Instruct", ("docs/lab/smollm2/summary.json",), "configs/world/default.yaml",
           "PYTHONPATH=$PWD python -m data.build_world --config configs/world/default.yaml --out .cache/world",
           "docs/lab.md", commit=SMOLLM2_COMMIT, recorded_config=("world", "config")),
+    Study("the death-spiral calibration on the default world", ("docs/lab/spiral/calibration/default/runs",),
+          "configs/world/default.yaml",
+          "python -m searchr1_lld.world build --config configs/world/default.yaml --out .cache/world",
+          "docs/lab/spiral/calibration.md"),
+    Study("the death-spiral calibration on the harder task", ("docs/lab/spiral/calibration/hard/runs",),
+          "configs/world/spiral-hard.yaml",
+          "python -m searchr1_lld.world build --config configs/world/spiral-hard.yaml "
+          "--out .cache/lab-world-5fb4c383877d", "docs/lab/spiral/calibration.md"),
     *(_card(name) for name in ("registered", "repeat-phase", "practice", "balanced", "balanced-seed1",
-                               "balanced-seed2")),
+                               "balanced-seed2", "spiral-hard")),
 )
 
 

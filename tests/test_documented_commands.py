@@ -337,6 +337,11 @@ ENTRIES: tuple[Entry, ...] = (
                     "test_the_report_command_writes_summary_verdict_figures_and_readme_block",
               snippet='lab_main(["stepsize-report"',
               how="the same command with --registration and --readme on a hand-made registration and grid"),
+    RunByTest("spiral_report", ("python -m searchr1_lab spiral-report",),
+              where="tests/test_spiral_report.py::test_the_command_writes_the_report_of_the_plans_beside_the_one_it_"
+                    "is_given",
+              snippet='"spiral-report", "--registration"',
+              how="the same command with --registration and --readme on a hand-made plan and run files"),
     RunByTest("frontier_report", ("python -m searchr1_lab frontier-report --readme docs/lab/results.md",),
               where="tests/test_frontier.py::test_the_report_command_writes_the_report_figures_and_readme_block",
               snippet='lab_main(["frontier-report"',
@@ -414,7 +419,12 @@ ENTRIES: tuple[Entry, ...] = (
         "--out .cache/world-balanced-seed2",
         "python -m searchr1_lld.world build --config configs/world/registered.yaml --out .cache/lab-world-73b546bd45b1",
         "python -m searchr1_lld.world build --config configs/world/balanced-seed2.yaml "
-        "--out .cache/lab-world-2eabc7e23c51"),
+        "--out .cache/lab-world-2eabc7e23c51",
+        "python -m searchr1_lld.world build --config configs/world/spiral-hard.yaml --out .cache/world-spiral-hard",
+        "python -m searchr1_lld.world build --config configs/world/spiral-hard.yaml "
+        "--out .cache/lab-world-5fb4c383877d",
+        "python -m searchr1_lld.world build --config configs/world/spiral-hard.yaml "
+        "--out .cache/lab-world-5fb4c383877d --warm-start-from assets/warm-start-spiral-hard"),
         reason="builds a world for minutes on 2 cores (6.5 min the large one); the command runs as world_build and "
                "tests/test_configs.py loads every world config"),
     CannotRun("demo_other_world", (

@@ -74,6 +74,15 @@ def test_the_grid_of_a_draft_does_not_start(tmp_path, capsys):
     assert not (tmp_path / "compact").exists()  # no design written, nothing run
 
 
+def test_an_exploratory_plan_may_run_and_a_draft_may_not(tmp_path):
+    reg = draft(tmp_path)
+    with pytest.raises(ConfigError, match="status 'draft'"):
+        stepsize.check_registered(reg)
+    for status in ("exploratory", "registered"):
+        reg["registration"]["status"] = status
+        stepsize.check_registered(reg)
+
+
 def test_registered_tasks_name_each_arm_and_its_compact_file(tmp_path):
     reg = draft(tmp_path)
     path = write(tmp_path, reg)

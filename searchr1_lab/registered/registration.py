@@ -7,8 +7,8 @@ An arm is a method preset (``algorithm.method``, config/methods.py) plus the ove
 larger ``algorithm.kl_coef``, another ``algorithm.llds.lam``); its learning rates are its own, so a control matched by
 learning rate runs at the rate the pilot chose. The file's keys (:func:`validate` checks them)::
 
-    {"registration": {"status": "draft" | "registered", "title", "config", "runs_dir", "train_dir", "report_dir",
-                      "analysis_code": [...], "analysis_commit", "grid_command"},
+    {"registration": {"status": "draft" | "registered" | "exploratory", "title", "config", "runs_dir", "train_dir",
+                      "report_dir", "analysis_code": [...], "analysis_commit", "grid_command"},
      "world": {"config", "hash"},
      "seeds": [0, 1, ...],
      "arms": {NAME: {"method": PRESET, "label": TEXT, "overrides": ["key=value", ...], "lrs": [LR, ...],
@@ -27,6 +27,8 @@ from searchr1_lab.methods import ARMS, REPO_ROOT, Method, read_lab_config
 
 STEPSIZE_FILE = "docs/lab/stepsize/registration.json"
 REGISTERED = "registered"
+# an exploratory plan (a calibration: outside any confirmatory analysis), committed before its runs like a registration
+EXPLORATORY = "exploratory"
 
 
 def load_registration(path: str | Path = REPO_ROOT / STEPSIZE_FILE) -> dict[str, Any]:
@@ -94,9 +96,9 @@ def registration_of(compact_dir: str | Path, path: str | Path = REPO_ROOT / STEP
 
 
 def check_registered(reg: Mapping[str, Any], path: str | Path = STEPSIZE_FILE) -> None:
-    """Refuse (ConfigError) a grid of a registration whose status is not ``registered``: a run of a draft could not
-    count as registered."""
+    """Refuse (ConfigError) a grid of a registration whose status is neither ``registered`` nor ``exploratory``: a
+    run of a draft could not count as registered, nor as part of a committed exploratory plan."""
     status = reg["registration"].get("status")
-    if status != REGISTERED:
-        raise ConfigError(f"{path} has status {status!r}: register it (status {REGISTERED!r}, committed) before its "
-                          f"grid runs")
+    if status not in (REGISTERED, EXPLORATORY):
+        raise ConfigError(f"{path} has status {status!r}: register it (status {REGISTERED!r}, or {EXPLORATORY!r} for "
+                          f"an exploratory plan; committed) before its grid runs")
