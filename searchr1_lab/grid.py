@@ -10,7 +10,7 @@ demo's selection runs, as separate worker processes, ``jobs`` at a time (the dri
     python -m searchr1_lab task --config ... --lr 2e-3 --method grpo --arm grpo_kl0.01 \\
         --set algorithm.kl_coef=0.01 --seed 100 --runs-dir ... --compact ...
 
-A registration (:mod:`.stepsize.registration`) names the config, the arms (a method preset and the overrides that make
+A registration (:mod:`.registered.registration`) names the config, the arms (a method preset and the overrides that make
 it a control, each arm at its own learning rates), the seeds and both directories; its grid refuses to start before
 its status is ``registered``. Outside a registration, ``--arm NAME --set KEY=VALUE ...`` runs one such arm (a pilot).
 

@@ -4,7 +4,7 @@ showed, one table over every plan of the calibration, and one figure per setting
     python -m searchr1_lab spiral-report [--registration docs/lab/spiral/calibration/default/plan.json] [--out DIR]
 
 A plan (``docs/lab/spiral/calibration/<plan>/plan.json``) has the form of a registration
-(:mod:`..stepsize.registration`) with status ``exploratory``; its ``report_dir`` is the calibration's directory,
+(:mod:`..registered.registration`) with status ``exploratory``; its ``report_dir`` is the calibration's directory,
 whose every ``*/plan.json`` the report reads (``--registration``: any one of them, as the grid driver passes it;
 default: the calibration's). The signature's parameters are the plan's ``signature`` file. Written into ``--out``
 (default: the calibration's directory): ``README.md`` (the table), ``summary.json`` (its rows) and
@@ -23,7 +23,7 @@ from searchr1_lab.methods import REPO_ROOT
 from searchr1_lab.report import fmt, signed
 from searchr1_lab.spiral.figures import setting_figure
 from searchr1_lab.spiral.signature import Signature, load_params, run_series, signature
-from searchr1_lab.stepsize import registration as plans
+from searchr1_lab.registered import registration as plans
 
 CALIBRATION_DIR = "docs/lab/spiral/calibration"
 PLAN_FILE = "plan.json"
