@@ -12,7 +12,10 @@ process group that spans it and them (learner/pipeline/broadcast.py).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+
+import torch
 
 from searchr1_lld.config import Config, ConfigError
 
@@ -24,6 +27,20 @@ def thread_split(total: int, rollout_threads: int) -> tuple[int, int]:
     rollout = rollout_threads or total // 2
     rollout = min(max(rollout, 1), total - 1)
     return total - rollout, rollout
+
+
+def set_torch_threads(threads: int) -> int:
+    """``torch.set_num_threads(threads)``, then the number torch actually uses, with a warning where it is another:
+    vLLM's CPU worker, once built in a process, replaces ``torch.set_num_threads`` with a function that does nothing,
+    so a split asked for in that process would silently not happen."""
+    torch.set_num_threads(threads)
+    used = torch.get_num_threads()
+    if used != threads:
+        warnings.warn(f"asked torch for {threads} threads, it uses {used}: torch.set_num_threads is "
+                      f"{getattr(torch.set_num_threads, '__qualname__', torch.set_num_threads)!r} in this process "
+                      "(vLLM's CPU engine replaces it with a no-op once built in a process); the thread split "
+                      "does not apply here", RuntimeWarning, stacklevel=2)
+    return used
 
 
 @dataclass(frozen=True)

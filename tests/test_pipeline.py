@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from searchr1_lld.config import ConfigError, load_config
 from searchr1_lld.learner.pipeline.broadcast import broadcast_weights
-from searchr1_lld.placement import check_split_launch, rank_plan, thread_split
+from searchr1_lld.placement import check_split_launch, rank_plan, set_torch_threads, thread_split
 from searchr1_lld.learner.pipeline.rollouts import RolloutPipeline
 from searchr1_lld.learner.pipeline.window import (RolloutFailure, RolloutRequest, RolloutResult, StalenessError,
                                                   StalenessWindow, check_bound, staleness_metrics)
@@ -189,6 +189,21 @@ def test_thread_split():
     assert thread_split(16, 4) == (12, 4)
     assert thread_split(4, 9) == (1, 3)  # each side keeps one
     assert thread_split(1, 0) == (1, 1)  # a one-thread machine still runs both sides
+
+
+def test_a_thread_count_torch_did_not_take_is_a_warning(monkeypatch):
+    before = torch.get_num_threads()
+    try:
+        assert set_torch_threads(before + 1) == before + 1 == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+
+    def skip_set_num_threads(n: int) -> None:  # what vLLM's CPU worker puts in its place
+        pass
+
+    monkeypatch.setattr(torch, "set_num_threads", skip_set_num_threads)
+    with pytest.warns(RuntimeWarning, match=rf"asked torch for {before + 1} threads, it uses {before}.*skip_set_num"):
+        assert set_torch_threads(before + 1) == before
 
 
 def test_the_rank_plan_of_a_split_gpu_launch():

@@ -50,16 +50,20 @@ LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT
 @pytest.fixture(scope="module")
 def engine(vllm_world, tokenizer):
     """The project's VLLMBackend built by make_backend, as the trainer builds it (fp32 on a CPU); the only engine
-    of this process. Afterwards its process group is destroyed and the launcher variables it set are removed, so
-    later tests (and the processes they start) see the environment they would have seen without it."""
+    of this process. Afterwards its process group is destroyed, the launcher variables it set are removed and
+    torch.set_num_threads (which vLLM's CPU worker replaces with a no-op) is torch's again, so later tests (and the
+    processes they start) see the process they would have seen without it."""
     import gc
     import os
+
+    import torch
 
     from searchr1_lld.rollout.backends import make_backend
 
     import bm25s  # noqa: F401  numba's llvmlite loaded before the engine starts, as with the BM25 retriever in process
 
     saved = {k: os.environ.get(k) for k in LAUNCHER_VARS}
+    set_num_threads = torch.set_num_threads
     backend = make_backend(ENGINE_CFG, tokenizer=tokenizer, model_path=str(vllm_world / "model"), seed=0,
                            dtype="float32", tokenizer_path=str(vllm_world / "tokenizer"))
     yield backend
@@ -68,6 +72,7 @@ def engine(vllm_world, tokenizer):
     del backend.llm
     gc.collect()
     cleanup_dist_env_and_memory()
+    torch.set_num_threads = set_num_threads
     for key, value in saved.items():
         if value is None:
             os.environ.pop(key, None)

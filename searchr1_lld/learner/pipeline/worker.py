@@ -27,6 +27,7 @@ from searchr1_lld.learner import factories
 from searchr1_lld.learner.pipeline.weights import SharedWeights
 from searchr1_lld.learner.pipeline.window import RolloutFailure, RolloutRequest, RolloutResult
 from searchr1_lld.learner.step import seed_everything
+from searchr1_lld.placement import set_torch_threads
 from searchr1_lld.rollout.agent_loop import run_agent_loop
 from searchr1_lld.rollout.backends import backend_kind
 from searchr1_lld.rollout.inference import evaluating
@@ -54,7 +55,7 @@ def serve(cfg: Config, weights: SharedWeights, requests: Any, results: Any, thre
     (``parent``) is gone, or Ctrl-C; an error of the engine or the rollout goes back as a RolloutFailure."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        torch.set_num_threads(max(threads, 1))
+        set_torch_threads(max(threads, 1))
         backend, tokenizer, retriever = build_engine(cfg, set(weights.tensors))
         loaded = -1
         idle_since = time.perf_counter()
@@ -111,7 +112,7 @@ class WorkerProcess:
         """A fresh worker with fresh queues; the learner keeps its share of the threads."""
         if self.threads_before is None:
             self.threads_before = torch.get_num_threads()
-            torch.set_num_threads(self.learner_threads)
+            set_torch_threads(self.learner_threads)
         self.requests, self.results = self.ctx.Queue(), self.ctx.Queue()
         self.process = self.ctx.Process(target=serve, name="rollout-worker", daemon=True,
                                         args=(self.cfg, self.weights, self.requests, self.results, self.threads,
@@ -146,7 +147,7 @@ class WorkerProcess:
                 pass
         self._stop(grace_s=CLOSE_S)
         if self.threads_before is not None:
-            torch.set_num_threads(self.threads_before)
+            set_torch_threads(self.threads_before)
             self.threads_before = None
 
     def _stop(self, grace_s: float) -> None:
