@@ -78,6 +78,7 @@ FULL = {
     "total_budget_s": 540,
     "e2e_entry_timeout_s": 60,
     "staleness_steps": 4,
+    "staleness_overrides": [],  # configs/tiny.yaml's step: 16 prompts x 8 responses
 }
 SMOKE = {
     "rollout_batches": [4, 8], "agreement_batch": 8, "max_turns": 1, "max_tokens_per_turn": 4,
@@ -90,6 +91,7 @@ SMOKE = {
     "total_budget_s": 900,
     "e2e_entry_timeout_s": 180,
     "staleness_steps": 2,
+    "staleness_overrides": ["trainer.train_batch_size=4", "trainer.ppo_mini_batch_size=4", "rollout.n=4"],
 }
 # the measured sections of the H200 run took logprobs 14 s, learner 103 s, zero2 31 s, rollout 139-300 s: the
 # rollout, whose figures need the most time and matter least for a first GPU contact, runs last on what is left

@@ -248,11 +248,6 @@ ENTRIES: tuple[Entry, ...] = (
     Run("train_default_config", ("python train.py", "python train.py --config configs/tiny.yaml"),
         replace=((" --config configs/tiny.yaml", ""),),
         append="{world_overrides} " + TOY_RUN + " trainer.total_steps=1", expect=("steps: 1",)),
-    # one step off-policy: a rollout worker process beside the learner (docs/staleness.md)
-    Run("train_staleness", (
-        "python train.py --config configs/tiny.yaml trainer.staleness=1 trainer.placement.kind=split "
-        "algorithm.rollout_correction.preset=decoupled_token_is",),
-        append="{world_overrides} " + TOY_RUN + " trainer.total_steps=2", expect=("steps: 2",)),
     Run("train_resume", ("python train.py --resume RUN_DIR",), replace=(("RUN_DIR", "{train_tour.run_dir}"),),
         expect=("resumed from",)),
     Run("eval_compare",
@@ -322,6 +317,15 @@ ENTRIES: tuple[Entry, ...] = (
               ("accelerate launch --config_file configs/accelerate/cpu_2proc_{ddp,zero2,zero3}.yaml",),
               where="tests/test_trainer_multirank.py::_launch", snippet='"accelerate.commands.launch", "--config_file"',
               how="docs/batch_semantics.md names the launcher prefix of tests/multirank_run.py's launches"),
+    # one step off-policy: a rollout worker process beside the learner (docs/staleness.md)
+    RunByTest("train_staleness", (
+        "python train.py --config configs/tiny.yaml trainer.staleness=1 trainer.placement.kind=split "
+        "algorithm.rollout_correction.preset=decoupled_token_is",),
+              where="tests/test_staleness_training.py::"
+                    "test_ctrl_c_stops_the_learner_and_the_rollout_worker_within_seconds",
+              snippet='"train.py", *world_args(tiny_world), *SMALL, *ONE_STEP_OFF',
+              how="the same overrides (ONE_STEP_OFF) on configs/tiny.yaml, train.py's default config, on the test "
+                  "world with toy batch sizes; it trains steps in two processes, then stops both with Ctrl-C"),
     RunByTest("lab_quick", ("python -m searchr1_lab --quick --out runs/lab-quick/report",),
               where="tests/test_lab.py::test_quick_lab_report_is_consistent", snippet='lab.main(["--quick", "--out"',
               how="the same command with --runs-dir and --world-dir on the test world"),

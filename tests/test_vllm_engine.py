@@ -327,6 +327,36 @@ def test_two_ranks_each_with_its_own_engine_and_seed(vllm_world, tmp_path):
         assert res["stream_steps"] >= max(res["stream"].values())
 
 
+def test_one_step_off_policy_with_the_engine_in_its_own_worker_process(vllm_world, tmp_path):
+    """trainer.staleness=1 with rollout.backend=vllm on the CPU split placement (``train.py`` in a process of its own):
+    the rollout worker builds vLLM's CPU engine, loads each published version of the weights into it and rolls out
+    step t + 1 while the learner trains step t; the engine-versus-learner gap of what it generated is logged."""
+    import json
+    import math
+    import subprocess
+    import sys
+
+    from conftest import world_args
+    from searchr1_lld.bookkeeping.tracking import read_metrics
+    from test_staleness_training import ONE_STEP_OFF
+    from test_trainer import SMALL
+
+    overrides = [*SMALL, *ONE_STEP_OFF, *world_args(vllm_world), "rollout.backend=vllm",
+                 f"rollout.vllm.kv_cache_memory_bytes={64 << 20}", "rollout.vllm.enforce_eager=true",
+                 "trainer.total_steps=3", "trainer.save_every=0", f"trainer.output_dir={tmp_path}",
+                 "trainer.run_name=run"]
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), "--no-eval", *overrides], cwd=REPO_ROOT,
+                          env=_clean_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    history = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [h["async/staleness_max"] for h in history] == [0.0, 1.0, 1.0]
+    assert all(h["async/worker_restarts"] == 0 for h in history)
+    # the engine's log-probs of what it generated against the learner's: the same fp32 policy at step 1 (version 0
+    # on both sides; steps 2 and 3 are one update apart, whose size depends on the rewards drawn)
+    gaps = [h["rollout/engine_learner_kl_k1"] for h in history]
+    assert abs(gaps[0]) < 1e-3 and all(math.isfinite(g) for g in gaps), json.dumps(history[0])[:2000]
+
+
 def test_eval_cli_with_the_vllm_backend_equals_the_hf_backend(vllm_world, tmp_path):
     """``eval.py --backend vllm`` on the tiny world (its own process and engine) and ``--backend hf``: greedy, fp32,
     the same weights: the same trajectories and scores."""

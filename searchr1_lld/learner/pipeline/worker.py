@@ -32,6 +32,9 @@ from searchr1_lld.rollout.agent_loop import run_agent_loop
 from searchr1_lld.rollout.backends import backend_kind
 from searchr1_lld.rollout.inference import evaluating
 
+# the learner's launch (torchrun / accelerate, or the process group a single learner sets up for itself): a worker
+# is no rank of it, so an engine that reads these (vLLM's external launcher) sets up a group of its own
+LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
 POLL_S = 0.5  # how often a waiting worker checks that its learner lives
 CLOSE_S = 3.0  # how long close() waits for a worker to leave before it terminates it
 
@@ -51,9 +54,12 @@ def build_engine(cfg: Config, parameter_names: set[str]) -> tuple[Any, Any, Any]
 
 
 def serve(cfg: Config, weights: SharedWeights, requests: Any, results: Any, threads: int, parent: int) -> None:
-    """The worker process's main: build the engine, then serve requests until a None arrives, the learner
-    (``parent``) is gone, or Ctrl-C; an error of the engine or the rollout goes back as a RolloutFailure."""
+    """The worker process's main: build the engine (outside the learner's launch: :data:`LAUNCH_VARIABLES`), then
+    serve requests until a None arrives, the learner (``parent``) is gone, or Ctrl-C; an error of the engine or the
+    rollout goes back as a RolloutFailure."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    for name in LAUNCH_VARIABLES:
+        os.environ.pop(name, None)
     try:
         set_torch_threads(max(threads, 1))
         backend, tokenizer, retriever = build_engine(cfg, set(weights.tensors))
