@@ -3,7 +3,8 @@
 
 The test-sized synthetic world (gpu_check_e2e.world_config: its tokenizer, BM25 index and QA rows) with a policy of
 Qwen2.5-0.5B's shape (benchmarks/model_configs/qwen2.5-0.5b.json, random weights, the world's vocabulary; ``--smoke``:
-the world's own tiny policy), configs/tiny.yaml's step (16 prompts x 8 responses, HF backend; ``--smoke``: 4 x 4) on the device, paired
+the world's own tiny policy), configs/tiny.yaml's step (16 prompts x 8 responses, HF backend; ``--smoke``: 4 x 4)
+on the device, paired
 as benchmarks/bench_staleness.py runs them (one run per k, ``staleness_steps`` steps each, the first untimed).
 Results: ``staleness_tokens_per_s_k0`` / ``_k1``, ``staleness_speedup_k1_over_k0``, and the learner's and the
 engine's idle shares of each (bench_staleness.summary). Random weights never search or answer: every turn is an
