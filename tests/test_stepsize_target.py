@@ -25,7 +25,7 @@ def test_mean_curve_by_hand_and_a_step_no_run_logged():
 
 
 def test_the_command_writes_a_target_file_the_controller_reads(tmp_path):
-    from searchr1_lld.learner.step_size import read_target_file
+    from searchr1_lld.learner.step_size import read_curve_file
 
     for seed, kls in enumerate(([0.1, 0.2], [0.3, 0.4])):
         write_gz_json(tmp_path / f"llds_action-lr0.002-seed{seed}.json.gz",
@@ -35,7 +35,7 @@ def test_the_command_writes_a_target_file_the_controller_reads(tmp_path):
     assert lab_main(["step-kl-target", "--runs", str(tmp_path), "--arm", "llds_action", "--lr", "0.002", "--steps",
                      "2", "--out", str(out)]) == 0
     content = json.loads(out.read_text())
-    assert content["source"]["seeds"] == [0, 1] and read_target_file(out, 2) == pytest.approx([0.2, 0.3])
+    assert content["source"]["seeds"] == [0, 1] and read_curve_file(out, "target_file", 2) == pytest.approx([0.2, 0.3])
     assert lab_main(["step-kl-target", "--runs", str(tmp_path), "--arm", "nll_anchor", "--lr", "0.002", "--steps",
                      "2", "--out", str(out)]) == 2
 
