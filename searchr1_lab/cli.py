@@ -14,7 +14,7 @@ from searchr1_lab.comparison.report import main as report_main
 from searchr1_lab.grid import main as grid_main
 from searchr1_lab.prereg.report import main as prereg_main
 from searchr1_lab.stepsize.report import main as stepsize_main
-from searchr1_lab.stepsize.target import main as target_main
+from searchr1_lab.stepsize.target import main as curve_main
 from searchr1_lab.frontier.report import main as frontier_main
 from searchr1_lab.spiral.report import main as spiral_main
 from searchr1_lab.methods import FULL_CONFIG, METHODS, QUICK_CONFIG, parse_methods, parse_seeds
@@ -33,7 +33,10 @@ COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
     "report": ("the comparison's report and README block from its compact results", report_main),
     "prereg-report": ("the pre-registered comparison's registered analysis and report", prereg_main),
     "stepsize-report": ("the step-size study's registered analysis and report", stepsize_main),
-    "step-kl-target": ("the per-step KL target a matched control follows, from a reference arm's runs", target_main),
+    "step-kl-target": ("the per-step KL target a matched control follows, from a reference arm's runs",
+                       lambda rest: curve_main("step-kl-target", rest)),
+    "lr-curve": ("the per-step learning-rate multiplier an open-loop replay runs with, from a trust-region arm's runs",
+                 lambda rest: curve_main("lr-curve", rest)),
     "frontier-report": ("the frontier study's registered analysis and report", frontier_main),
     "spiral-report": ("the death-spiral calibration's table and figures: which parts of the paper's signature each "
                       "setting showed", spiral_main),

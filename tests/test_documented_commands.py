@@ -493,6 +493,19 @@ ENTRIES: tuple[Entry, ...] = (
         where="tests/test_stepsize_target.py::test_the_command_writes_a_target_file_the_controller_reads",
         snippet='lab_main(["step-kl-target", "--runs"',
         how="the same command on hand-made compact runs in a temporary directory"),
+    RunByTest("lr_curve", (
+        "python -m searchr1_lab lr-curve --runs docs/lab/trustregion/runs --arm grpo_trust_region --lr 0.002 "
+        "--steps 75 --out configs/lab/lr_curves/grpo_trust_region-lr0.002.json",),
+        where="tests/test_stepsize_target.py::test_lr_curve_writes_the_mean_multiplier_per_step_that_a_replay_reads",
+        snippet='lab_main(["lr-curve", "--runs"',
+        how="the same command on hand-made compact runs in a temporary directory"),
+    RunByTest("train_step_size_replay", (
+        "python train.py --config configs/tiny.yaml "
+        "trainer.step_size.multiplier_file=configs/lab/lr_curves/grpo_trust_region-lr0.002.json",),
+        where="tests/test_step_size.py::replayed_run",
+        snippet='"trainer.step_size.multiplier_file=',
+        how="an open-loop replay through the Trainer on the test world at toy sizes, with a hand-made 3-step curve "
+            "(its learning rates checked by hand and after a resume)"),
     RunByTest("train_step_size", (
         "python train.py --config configs/tiny.yaml "
         "trainer.step_size.target_file=configs/lab/targets/llds_action-lr0.002.json",),

@@ -15,7 +15,7 @@ def test_help_lists_every_command_and_the_default_commands_options(capsys):
         cli.main(["--help"])
     assert done.value.code == 0
     text = capsys.readouterr().out
-    for name in ("run", "grid", "task", "report", "prereg-report", "stepsize-report", "step-kl-target",
+    for name in ("run", "grid", "task", "report", "prereg-report", "stepsize-report", "step-kl-target", "lr-curve",
                  "frontier-report"):
         assert re.search(rf"^    {name}\b", text, re.M), name
     for flag in ("--quick", "--config", "--seeds", "--methods", "--runs-dir", "--report-only", "--extend-from"):

@@ -96,6 +96,12 @@ def test_the_inputs_fingerprint_follows_the_contents_of_local_inputs(tmp_path):
     rows.write_text('{"id": "1", "question": "q", "golden_answers": ["b"]}\n')
     assert inputs_fingerprint(cfg) != second
     assert inputs_fingerprint(_cfg("model.path=Qwen/Qwen2.5-3B")) != inputs_fingerprint(_cfg("model.path=Qwen/Qwen2.5-7B"))
+    curve = tmp_path / "multipliers.json"  # a replayed learning-rate curve is an input too
+    curve.write_text('{"lr_multiplier": [0.5, 0.5]}')
+    replay = _cfg(f"model.path={model}", f"trainer.step_size.multiplier_file={curve}")
+    third = inputs_fingerprint(replay)
+    curve.write_text('{"lr_multiplier": [0.5, 0.4]}')
+    assert inputs_fingerprint(replay) != third
 
 
 def _trainer(cfg, tiny_world, retriever):

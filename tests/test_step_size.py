@@ -1,5 +1,6 @@
-"""The trust-region step size: the pure rule by hand, the controller holding its target on a toy policy, the same rates
-after a resume, the target file's checks, and a training run on the tiny world that logs and checkpoints it."""
+"""The step size of a run: the trust-region rule by hand, the controller holding its target on a toy policy, the same
+rates after a resume, the curve files' checks, a training run on the tiny world that logs and checkpoints it, and the
+open-loop replay of a multiplier curve there (its rates by hand, the same after a resume)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from searchr1_lld.algo.step_size import trust_region_multiplier
 from searchr1_lld.config import ConfigError, StepSizeConfig, TrainerConfig, load_config
 from searchr1_lld.learner import optim
-from searchr1_lld.learner.step_size import StepSizeController, read_target_file
+from searchr1_lld.learner.step_size import StepSizeController, read_curve_file
 
 from test_trainer import _cfg, _trainer, shared_retriever  # noqa: F401  (the tiny world's learner and retriever)
 
@@ -123,19 +124,54 @@ def test_a_resumed_controller_gives_the_same_rates():
 
 def test_the_target_file_is_checked(tmp_path):
     path = tmp_path / "t.json"
-    with pytest.raises(ConfigError, match="no file"):
-        read_target_file(path, 3)
+    with pytest.raises(ConfigError, match="target_file: no file"):
+        read_curve_file(path, "target_file", 3)
     path.write_text(json.dumps({"step_kl": [0.1, 0.2]}))
-    with pytest.raises(ConfigError, match="holds 2 targets, the run has 3 steps"):
-        read_target_file(path, 3)
+    with pytest.raises(ConfigError, match="holds 2 values, the run has 3 steps"):
+        read_curve_file(path, "target_file", 3)
     path.write_text(json.dumps({"step_kl": [0.1, -0.2, 0.3]}))
     with pytest.raises(ConfigError, match=r"steps \[2\]"):
-        read_target_file(path, 3)
+        read_curve_file(path, "target_file", 3)
     path.write_text(json.dumps([0.1, 0.2, 0.3]))
     with pytest.raises(ConfigError, match="'step_kl' list"):
-        read_target_file(path, 3)
+        read_curve_file(path, "target_file", 3)
     path.write_text(json.dumps({"step_kl": [0.1, 0.2, 0.3, 0.4]}))
-    assert read_target_file(path, 3) == [0.1, 0.2, 0.3, 0.4]
+    assert read_curve_file(path, "target_file", 3) == [0.1, 0.2, 0.3, 0.4]
+
+
+@pytest.mark.parametrize("values, message", [
+    ([0.5, 0.7], "holds 2 values, the run has 3 steps"),
+    ([0.5, 0.0, 0.7], r"steps \[2\] are not finite positive"),
+    ([0.5, 0.7, -1.0], r"steps \[3\] are not finite positive"),
+    ([float("nan"), 0.7, 0.7], r"steps \[1\] are not finite positive"),
+    ([0.5, float("inf"), 0.7], r"steps \[2\] are not finite positive"),
+])
+def test_a_multiplier_file_with_too_few_or_bad_values_is_refused(tmp_path, values, message):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"lr_multiplier": values}))  # NaN and Infinity as Python's json writes them
+    with pytest.raises(ConfigError, match=r"trainer\.step_size\.multiplier_file: .*" + message):
+        StepSizeController.of(StepSizeConfig(multiplier_file=str(path)), 3)
+    path.write_text(json.dumps({"step_kl": [0.5, 0.7, 0.9]}))  # a target file is not a multiplier file
+    with pytest.raises(ConfigError, match="'lr_multiplier' list"):
+        StepSizeController.of(StepSizeConfig(multiplier_file=str(path)), 3)
+
+
+@pytest.mark.parametrize("target", ["trainer.step_size.target_kl=0.1", "trainer.step_size.target_file=t.json"])
+def test_a_multiplier_file_with_a_target_is_refused(target):
+    with pytest.raises(ConfigError, match="trainer.step_size.multiplier_file: replays its multipliers open-loop"):
+        load_config(None, ["trainer.step_size.multiplier_file=m.json", target])
+
+
+def test_the_replay_is_open_loop(tmp_path):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"lr_multiplier": [0.5, 2.0, 0.25]}))
+    # the measurement is not used: any step KL, none, or one far from any target gives the same multipliers
+    for measured in (1e-6, 10.0, float("nan")):
+        controller = StepSizeController.of(StepSizeConfig(multiplier_file=str(path)), 3)
+        assert controller.multiplier == 0.5  # in force from the first update on
+        logged = [controller.observe(s, measured) for s in (1, 2, 3)]
+        assert logged == [{"step_size/lr_multiplier": m} for m in (0.5, 2.0, 0.25)]
+        assert controller.multiplier == 0.25  # after the curve's end: its last value
 
 
 @pytest.mark.parametrize("override, message", [
@@ -181,3 +217,62 @@ def test_training_on_the_tiny_world_logs_checkpoints_and_resumes_the_controller(
     assert [h["actor/lr"] for h in hist_b] == [h["actor/lr"] for h in hist_a]
     for pa, pb in zip(a.learner.model.parameters(), b2.learner.model.parameters()):
         assert torch.equal(pa, pb)
+
+
+def lrs_per_update(trainer) -> list[float]:
+    """The learning rate of every optimiser step ``trainer`` takes from now on, recorded as it is taken."""
+    seen: list[float] = []
+    take_step = trainer.learner.optimizer_step
+
+    def recording():
+        seen.append(trainer.learner.optimizer.param_groups[0]["lr"])
+        return take_step()
+
+    trainer.learner.optimizer_step = recording
+    return seen
+
+
+# 2 prompts x 2 responses in mini-batches of 2, 2 epochs: 4 optimiser steps per rollout step, 12 in 3 steps; a
+# warm-up of half of them: W = 6 updates, factor (u + 1) / 6 for update u < 6, then 1
+REPLAY = ["trainer.total_steps=3", "trainer.save_every=1", "trainer.keep_last_k=3", "trainer.warmup_ratio=0.5"]
+REPLAYED = [0.5, 2.0, 0.25]
+
+
+@pytest.fixture(scope="module")
+def replayed_run(tmp_path_factory, tiny_world, shared_retriever):
+    """An unbroken 3-step run on the tiny world replaying :data:`REPLAYED`: its directory, history and the learning
+    rate of each of its updates."""
+    root = tmp_path_factory.mktemp("replay")
+    (root / "m.json").write_text(json.dumps({"lr_multiplier": REPLAYED}))
+    trainer = _trainer(_cfg(root / "a", *REPLAY, f"trainer.step_size.multiplier_file={root / 'm.json'}",
+                            "trainer.resume=never"), tiny_world, shared_retriever)
+    lrs = lrs_per_update(trainer)
+    history = trainer.run(evaluate=False).history
+    return root, history, lrs
+
+
+def test_a_replayed_multiplier_curve_sets_each_steps_learning_rate(replayed_run):
+    _, history, lrs = replayed_run
+    # base 1e-3 x warm-up (u + 1) / 6 x m_s:
+    #   step 1 (m 0.5):  1/12, 2/12, 3/12, 4/12 (x 1e-3)
+    #   step 2 (m 2.0):  5/6 x 2 = 10/6, then 2, 2, 2
+    #   step 3 (m 0.25): 0.25 each
+    expected = [1 / 12, 2 / 12, 3 / 12, 4 / 12, 10 / 6, 2.0, 2.0, 2.0, 0.25, 0.25, 0.25, 0.25]
+    assert lrs == pytest.approx([1e-3 * e for e in expected], rel=1e-9)
+    assert [h["step_size/lr_multiplier"] for h in history] == REPLAYED
+    assert not any("step_size/target_kl" in h for h in history)  # nothing is fed back
+
+
+def test_a_resumed_replay_gives_the_same_learning_rates(replayed_run, tiny_world, shared_retriever):
+    root, history, lrs = replayed_run
+    cfg = _cfg(root / "b", *REPLAY, f"trainer.step_size.multiplier_file={root / 'm.json'}", "trainer.resume=auto")
+    first = _trainer(cfg, tiny_world, shared_retriever)
+    lrs_first = lrs_per_update(first)
+    first.train_step()  # step 1, then interrupted
+    first.save()
+    del first
+    resumed = _trainer(cfg, tiny_world, shared_retriever)
+    lrs_resumed = lrs_per_update(resumed)
+    history_b = resumed.run(evaluate=False).history
+    assert len(lrs_first) == 4 and lrs_first + lrs_resumed == lrs
+    assert [h["step_size/lr_multiplier"] for h in history_b] == REPLAYED

@@ -21,7 +21,7 @@ def reg():
 
 def test_the_registration_is_valid_on_the_registered_world(reg):
     from searchr1_lab.methods import read_lab_config
-    from searchr1_lld.learner.step_size import read_target_file
+    from searchr1_lld.learner.step_size import read_curve_file
     from searchr1_lld.world import load_world_config
     from searchr1_lld.world.build import world_config_hash
 
@@ -33,7 +33,8 @@ def test_the_registration_is_valid_on_the_registered_world(reg):
         assert (REPO_ROOT / current_path(path)).is_file(), path
     assert len(stepsize.cells(reg)) == 25
     control = dict(item.split("=", 1) for item in reg["arms"]["grpo_trust_region"]["overrides"])
-    targets = read_target_file(REPO_ROOT / control["trainer.step_size.target_file"], values["trainer"]["total_steps"])
+    targets = read_curve_file(REPO_ROOT / control["trainer.step_size.target_file"], "target_file",
+                              values["trainer"]["total_steps"])
     assert len(targets) == reg["label"]["horizon"]
     # the step-size window starts after the warm-up: 10 % of 75 steps x 8 updates = 60 updates, steps 1-8
     from searchr1_lab.stepsize.readings import warmup_steps

@@ -38,14 +38,13 @@ def _matches(key: str, patterns: Sequence[str]) -> bool:
 def inputs_fingerprint(cfg: Config) -> str:
     """A short hash of what the run's local inputs hold: the JSON files (config, tokenizer, index manifest) of a
     local ``model.path``, ``model.tokenizer_path`` and ``retriever.index_dir``, and the contents of the rows files
-    (``data.train_files``, ``data.val_files``, ``data.test_files``) and of the step-size target file when one is set.
-    Hub ids and absent paths enter by name. A model or index rebuilt in place (same paths, other contents) changes
-    it."""
+    (``data.train_files``, ``data.val_files``, ``data.test_files``) and of the step-size target or multiplier file
+    when one is set. Hub ids and absent paths enter by name. A model or index rebuilt in place (same paths, other
+    contents) changes it."""
     h = hashlib.sha256()
     paths = [cfg.model.path, cfg.model.tokenizer_path, cfg.retriever.index_dir, *cfg.data.train_files,
              *cfg.data.val_files, *cfg.data.test_files]
-    if cfg.trainer.step_size.target_file:
-        paths.append(cfg.trainer.step_size.target_file)
+    paths += [f for f in (cfg.trainer.step_size.target_file, cfg.trainer.step_size.multiplier_file) if f]
     for path in paths:
         p = Path(path) if path else None
         h.update(str(path).encode())

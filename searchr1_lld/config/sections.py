@@ -349,13 +349,19 @@ class AlgorithmConfig:
 @dataclass
 class StepSizeConfig:
     """A trust-region step size (learner/step_size.py, algo/step_size.py): each rollout step's learning rate scaled
-    so that the policy's measured step size, ``lld/step_kl``, tracks a target. Off unless a target is given."""
+    so that the policy's measured step size, ``lld/step_kl``, tracks a target; or, open-loop, scaled by a given
+    multiplier per step (a replay of another run's curve). Off unless a target or a multiplier file is given."""
 
     target_kl: float = opt(0.0, "a constant target of lld/step_kl (the KL between the policy before and after a "
                                 "rollout step's updates, per generated token); 0 = none")
     target_file: str = opt("", "a JSON file with a target per step, {\"step_kl\": [t_1, t_2, ...]} (t_s: the target of "
                                "step s; at least trainer.total_steps values, each > 0), e.g. another run's measured "
                                "curve (python -m searchr1_lab step-kl-target); '' = none")
+    multiplier_file: str = opt("", "a JSON file with a learning-rate multiplier per step, {\"lr_multiplier\": [m_1, "
+                                   "m_2, ...]} (step s runs at the scheduled LR x m_s; at least trainer.total_steps "
+                                   "values, each > 0): an open-loop replay, nothing measured or fed back, e.g. a "
+                                   "trust-region arm's mean curve (python -m searchr1_lab lr-curve); not with a target; "
+                                   "'' = none")
     gain: float = opt(1.0, "share of the measured error corrected per step, in log space: the next step's LR is scaled "
                            "by (target / measured) ** (gain / 2) (KL grows with the square of the step); 1 corrects "
                            "it at once (in the lab's pilot 0.5 lagged a target that rises through the warm-up)")

@@ -275,11 +275,14 @@ def staleness_checks(trainer: TrainerConfig, alg: AlgorithmConfig) -> list[Check
 
 
 def step_size_checks(sc: StepSizeConfig) -> list[Check]:
-    """trainer.step_size.*: one target at most, a controller that can move, bounds around the scheduled LR."""
+    """trainer.step_size.*: one target or one multiplier file at most, a controller that can move, bounds around the
+    scheduled LR."""
     return [
         (sc.target_kl >= 0, "trainer.step_size.target_kl", "must be >= 0 (0 = none)"),
         (not (sc.target_kl > 0 and sc.target_file), "trainer.step_size.target_file",
          "give a constant target (trainer.step_size.target_kl) or a target file, not both"),
+        (not (sc.multiplier_file and (sc.target_kl > 0 or sc.target_file)), "trainer.step_size.multiplier_file",
+         "replays its multipliers open-loop: give it without a target (trainer.step_size.target_kl, target_file)"),
         (0 < sc.gain <= 2, "trainer.step_size.gain", "must be in (0, 2]"),
         (sc.max_change > 1, "trainer.step_size.max_change", "must be > 1 (a factor, either way)"),
         (0 < sc.min_multiplier <= 1, "trainer.step_size.min_multiplier", "must be in (0, 1]"),
