@@ -169,6 +169,14 @@ def test_inconclusive_when_neither_above_0_nor_inside_the_margin():
     assert res["verdict"] == "inconclusive" and not res["above_zero"] and not res["equivalent"]
 
 
+def test_a_control_that_gained_more_is_named_in_the_reason():
+    # the first case with the arms swapped: difference -.10, Holm-adjusted p 0.0015 (one member): below 0
+    res = hypotheses(cell("llds_action", LOW) + cell("grpo", HIGH), CONSTANT)["E"]
+    assert res["welch"]["estimate"] == pytest.approx(-0.1) and res["p_holm"] == pytest.approx(
+        p_two_sided(0.1 / SE, 6), rel=1e-6)
+    assert res["verdict"] == "inconclusive" and res["reason"].startswith("below 0 after Holm's adjustment")
+
+
 def test_inconclusive_when_the_step_kl_is_not_matched_over_the_stretch_up_to_the_endpoint():
     # the constant-rate gains of the first case (above 0) with GRPO taking 1.3x LLDS's step KL: not within 1.25x
     runs = cell("llds_action", HIGH, kl=0.2) + cell("grpo", LOW, kl=0.26)

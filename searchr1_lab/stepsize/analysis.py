@@ -31,7 +31,8 @@ treatment's step size: :func:`hypothesis_matched`), ``endpoint`` (``treatment`` 
 endpoint other than survival, e.g. whole-validation EM after a step: :mod:`.endpoint_comparison`). An ``lr`` is a
 name of ``lrs`` or a number. The treatment runs at ``lr``; a control runs at the same rate when its ``arms`` entry
 lists it, else at the one rate it ran at (:func:`control_lr`), so a control run at a single rate needs no naming. An
-arm absent from ``arms`` is taken at the rates its runs have. ``sensitivity``: the labels :func:`sensitivity_table` re-tests the comparisons under.
+arm absent from ``arms`` is taken at the rates its runs have. ``sensitivity``: the labels :func:`sensitivity_table`
+re-tests the comparisons under.
 
 A comparison is supported when the one-sided log-rank p (treatment survives longer) is below ``alpha`` AND the
 interval of ``RMST_treatment - RMST_control`` lies above 0. H2's verdict: ``mechanism`` when the treatment beats the

@@ -82,14 +82,16 @@ def endpoint_verdict(above_zero: bool, matched: bool, within_margin: bool) -> st
     return NO_ADDED_VALUE if within_margin else INCONCLUSIVE
 
 
-def inconclusive_reason(res: Mapping[str, Any]) -> str | None:
-    """Why an endpoint hypothesis is inconclusive (None when it is not)."""
+def inconclusive_reason(res: Mapping[str, Any], alpha: float) -> str | None:
+    """Why an endpoint hypothesis is inconclusive (None when it is not), its Holm adjustment in (``p_holm``)."""
     if res["verdict"] != INCONCLUSIVE:
         return None
     if res["welch"]["estimate"] is None or res["welch"]["low"] is None:
         return "too few finished runs for an interval"
     if res["above_zero"]:
         return "step KL not matched"
+    if res["p_holm"] < alpha:
+        return "below 0 after Holm's adjustment: the control gained more, which no registered verdict names"
     return "neither above 0 after Holm's adjustment nor inside the margin"
 
 
@@ -122,4 +124,4 @@ def adjust_endpoint_families(results: MutableMapping[str, Any], alpha: float) ->
             res.update({"p_holm": adjusted[name], "holm_level": level, "welch_holm": holm_interval,
                         "family_size": len(members), "above_zero": above,
                         "verdict": endpoint_verdict(above, res["step_size"]["matched"], res["equivalent"])})
-            res["reason"] = inconclusive_reason(res)
+            res["reason"] = inconclusive_reason(res, alpha)

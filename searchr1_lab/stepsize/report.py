@@ -254,14 +254,12 @@ def verdict_text(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
     matched = next((h for h in hyps.values() if "utility_ok" in h), None)
     mech = next((h for h in hyps.values() if "controls" in h), None)
     endpoints = {n: h for n, h in hyps.items() if "endpoint" in h}
-    if endpoints and matched is None and mech is None:
-        if not s["runs_finished"]:
-            return head + "No run has finished yet."
-        return head + endpoint_verdicts_text(endpoints) + account.sensitivity_sentence(s, reg)
-    if matched is None and mech is None:
+    if matched is None and mech is None and not endpoints:
         return head + "No mechanism hypothesis is registered."
     if not s["runs_finished"]:
         return head + "No run has finished yet."
+    if matched is None and mech is None:
+        return head + endpoint_verdicts_text(endpoints) + account.sensitivity_sentence(s, reg)
     if matched is not None:
         return head + matched_verdict_text(matched) + account.sensitivity_sentence(s, reg)
     if mechanism_verdict(mech) == "waiting for runs":
