@@ -101,6 +101,9 @@ def test_wrong_types_rejected(override, key):
         (["rollout.n=0"], "rollout.n"),
         (["trainer.warmup_ratio=1.0"], "trainer.warmup_ratio"),
         (["data.train_mix=nq+triviaqa"], "data.train_mix"),
+        (["trainer.total_steps=10", "trainer.val_subsample=6", "trainer.full_eval_steps=[11]"],
+         "trainer.full_eval_steps"),
+        (["trainer.total_steps=10", "trainer.full_eval_steps=[5]"], "trainer.full_eval_steps"),  # no subsample
     ],
 )
 def test_impossible_values_rejected(overrides, key):

@@ -50,6 +50,10 @@ def test_a_small_schedule_counted_by_hand():
     limited = ep.eval_schedule(load_config(None, ["trainer.total_steps=10", "trainer.eval_every=4",
                                                   "trainer.eval_limit=3"]), sets)
     assert (limited.per_evaluation, limited.once) == (3, 3 + 6)  # every set cut to 3 questions
+    # the whole split once more after step 5 (trainer.full_eval_steps; the last step's is counted already): 30 more
+    midpoint = ep.eval_schedule(load_config(None, ["trainer.total_steps=10", "trainer.eval_every=4",
+                                                   "trainer.val_subsample=10", "trainer.full_eval_steps=[5,10]"]), sets)
+    assert midpoint.once == 5 + 14 + 90
     off = ep.eval_schedule(load_config(None, ["trainer.eval_every=0"]), sets)
     assert (off.evaluations, off.trajectories) == (0, 14)  # before and after training only
 

@@ -280,6 +280,19 @@ def test_a_fixed_validation_subsample_every_step_and_the_whole_split_at_both_end
     assert tr.evaluate(val)["em"] == res.history[-1]["eval/val_em"] and tr.evaluate(val)["n"] == len(val)
 
 
+def test_the_whole_validation_split_at_a_chosen_midpoint(tmp_path, tiny_world, shared_retriever):
+    """trainer.full_eval_steps: eval/val_em on the whole split after the steps it names as well (here step 2, which
+    is not an eval_every step), beside the subsample's schedule; the last step's whole split as before."""
+    cfg = _cfg(tmp_path, "trainer.total_steps=4", "trainer.save_every=0", "trainer.resume=never",
+               "trainer.eval_every=3", "trainer.val_subsample=6", "trainer.full_eval_steps=[2]")
+    tr = _trainer(cfg, tiny_world, shared_retriever)
+    res = tr.run(evaluate=False)
+    assert ["eval/val_sub_em" in m for m in res.history] == [False, False, True, True]  # steps 3 and 4 (the last)
+    assert ["eval/val_em" in m for m in res.history] == [False, True, False, True]  # steps 2 and 4
+    val = [json.loads(x) for x in (tiny_world / "qa" / "val.jsonl").read_text().splitlines()]
+    assert tr.evaluate(val)["em"] == res.history[-1]["eval/val_em"]
+
+
 @pytest.mark.slow
 def test_train_py_end_to_end_over_http(tmp_path, tiny_world):
     """train.py through the real retriever service on loopback: 2 steps, before/after EM table written."""

@@ -1,6 +1,6 @@
-"""Intervals and tests that hold with a handful of runs per arm (n = 5-10): Welch's difference of means and the exact
-permutation test (both computed by ``scipy.stats``), Holm's adjustment, equivalence by an interval, and the per-run
-restricted survival time (pure: numbers in, numbers out).
+"""Intervals and tests that hold with a handful of runs per arm (n = 5-10): Student's interval of a mean, Welch's
+difference of means and the exact permutation test (all computed by ``scipy.stats``), Holm's adjustment, equivalence
+by an interval, and the per-run restricted survival time (pure: numbers in, numbers out).
 
 - Welch (``scipy.stats.ttest_ind(equal_var=False)`` and its ``confidence_interval``): ``d = mean(a) - mean(b)``,
   ``se^2 = s_a^2 / n_a + s_b^2 / n_b`` (sample variances, ddof 1), the Welch-Satterthwaite
@@ -81,6 +81,24 @@ def welch_difference(a: Sequence[float], b: Sequence[float], level: float = 0.95
     return {**out, "estimate": estimate, "low": float(interval.low), "high": float(interval.high),
             "df": float(test.df), "p_one_sided": float(stats.t.sf(test.statistic, test.df)),
             "p_two_sided": float(test.pvalue)}
+
+
+def mean_interval(values: Sequence[float], level: float = 0.95) -> dict[str, Any]:
+    """The mean of ``values`` ``[n]`` with Student's two-sided interval at ``level``
+    (``scipy.stats.ttest_1samp(values, 0).confidence_interval(level)``): ``mean -+ t_{(1 + level) / 2, n - 1} s /
+    sqrt(n)``, ``s`` the sample standard deviation (ddof 1). ``low`` and ``high`` are None with fewer than 2 values
+    (no spread to estimate), equal to the mean when every value is the same; ``estimate`` None without values."""
+    x = _sample(values, "values")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    out: dict[str, Any] = {"estimate": float(x.mean()) if len(x) else None, "low": None, "high": None,
+                           "level": level, "n": len(x)}
+    if len(x) < 2:
+        return out
+    if x.var(ddof=1) == 0.0:
+        return {**out, "low": out["estimate"], "high": out["estimate"]}
+    interval = stats.ttest_1samp(x, 0.0).confidence_interval(level)
+    return {**out, "low": float(interval.low), "high": float(interval.high)}
 
 
 def permutation_test(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:

@@ -99,6 +99,34 @@ def matched_text(res: Mapping[str, Any], spec: Mapping[str, Any]) -> str:
             f"{'no worse' if res['utility_ok'] else 'not shown no worse'})")
 
 
+def _percent(level: float) -> str:
+    """``97.5 %`` / ``95 %``: a level in percent, to the digits it needs (at most two decimals)."""
+    return f"{100 * level:.2f}".rstrip("0").rstrip(".") + " %"
+
+
+def endpoint_text(res: Mapping[str, Any], spec: Mapping[str, Any]) -> str:
+    """An endpoint hypothesis in one line: the difference of the gains over the warm start, its Holm-adjusted 95 %
+    Welch interval (at the level Holm tests it at) with the raw and adjusted p, the 90 % interval against the
+    equivalence margin, the step-KL ratio against its tolerance, the verdict, and each arm's gain."""
+    welch, a, b, match = res["welch"], res["a"], res["b"], res["step_size"]
+    head = (f"{res['treatment']} minus {res['control']} (lr {res['lr']:g}), gain of `{res['key']}` over the warm "
+            f"start (step 0) after step {res['step']}")
+    if welch["estimate"] is None:
+        return f"{head}: waiting for runs ({a['n']} and {b['n']} finished)"
+    holm, w90 = res["welch_holm"], res["welch90"]
+    factor = 1 + spec["match_tolerance"]
+    verdict = res["verdict"] + (f" ({res['reason']})" if res.get("reason") else "")
+    return (f"{head}: {signed(welch['estimate'], 3)}, Holm-adjusted 95 % [{signed(holm['low'], 3)}, "
+            f"{signed(holm['high'], 3)}] (Welch at {_percent(res['holm_level'])}; p {_num(welch['p_two_sided'], 4)}, "
+            f"Holm-adjusted {_num(res['p_holm'], 4)} over the {res['family_size']} of family {res['family']}); 90 % "
+            f"[{signed(w90['low'], 3)}, {signed(w90['high'], 3)}] ({'inside' if res['equivalent'] else 'not inside'} "
+            f"+-{spec['equivalence_margin']}); step KL {res['control']} / {res['treatment']} "
+            f"{_num(match['ratio'], 2)} over the {match['steps']} steps of {match['first']}-{match['last']} with runs "
+            f"alive ({'matched' if match['matched'] else 'not matched'} within {factor:g}x): **{verdict}**. Against "
+            f"the warm start: {res['treatment']} {signed_interval(a, 3)} ({a['n']} runs), {res['control']} "
+            f"{signed_interval(b, 3)} ({b['n']} runs)")
+
+
 def sensitivity_sentence(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
     """Per hypothesis, under how many of the other registered labels its verdict differs from the primary's."""
     rows = s["sensitivity"]

@@ -26,10 +26,13 @@ A hypothesis's kind is read from its keys, once (:data:`HYPOTHESIS_KINDS`): ``co
 ``controls`` (mechanism against the step-size-matched controls; ``baseline`` defaults to ``grpo``), ``alarms``
 (alarms at a matched false-alarm rate, :mod:`.alarms`; optional ``reference``, default ``reward_drop``; ``arms``, the
 arms whose runs are pooled, default every run at that rate; ``window``, the :class:`.alarms.ScoreWindow` fields
-``early_first``, ``early_last``, ``trailing``, default 1, 5, 3). An ``lr`` is a name of ``lrs`` or a number. The
-treatment runs at ``lr``; a control runs at the same rate when its ``arms`` entry lists it, else at the one rate it
-ran at (:func:`control_lr`), so a control run at a single rate needs no naming. An arm absent from ``arms`` is taken
-at the rates its runs have. ``sensitivity``: the labels :func:`sensitivity_table` re-tests the comparisons under.
+``early_first``, ``early_last``, ``trailing``, default 1, 5, 3), ``matched_control`` (against a control held to the
+treatment's step size: :func:`hypothesis_matched`), ``endpoint`` (``treatment`` against ``control`` on a registered
+endpoint other than survival, e.g. whole-validation EM after a step: :mod:`.endpoint_comparison`). An ``lr`` is a
+name of ``lrs`` or a number. The treatment runs at ``lr``; a control runs at the same rate when its ``arms`` entry
+lists it, else at the one rate it ran at (:func:`control_lr`), so a control run at a single rate needs no naming. An
+arm absent from ``arms`` is taken at the rates its runs have. ``sensitivity``: the labels :func:`sensitivity_table`
+re-tests the comparisons under.
 
 A comparison is supported when the one-sided log-rank p (treatment survives longer) is below ``alpha`` AND the
 interval of ``RMST_treatment - RMST_control`` lies above 0. H2's verdict: ``mechanism`` when the treatment beats the
@@ -48,6 +51,7 @@ from searchr1_lab.stepsize.alarms import HELD_OUT, LabelledRun, ScoreWindow, ala
 from searchr1_lab.stats.smallsample import (equivalent, holm, permutation_test, restricted_times,
                                                welch_difference)
 from searchr1_lab.stats.survival import kaplan_meier, logrank, rmst, rmst_difference
+from searchr1_lab.stepsize.endpoint_comparison import adjust_endpoint_families, arm_gains, endpoint_difference
 from searchr1_lab.stepsize.utility import run_utility
 
 Run = Mapping[str, Any]
@@ -322,6 +326,32 @@ def hypothesis_matched(runs: Sequence[Run], registration: Mapping[str, Any], spe
             "verdict": None}
 
 
+def hypothesis_endpoint(runs: Sequence[Run], registration: Mapping[str, Any], spec: Mapping[str, Any],
+                        label: Mapping[str, Any]) -> dict[str, Any]:
+    """``treatment`` against ``control`` (at :func:`control_lr`) on a registered endpoint (the registration's
+    ``endpoints[spec["endpoint"]]``: a key's gain over the run's step 0 after a named step;
+    :func:`.endpoint_comparison.endpoint_difference`, with ``equivalence_margin``), and the step sizes from the
+    registered window's first step to the endpoint's step where both had runs alive (:func:`step_size_match`, within
+    ``match_tolerance``). Its ``family`` (default: its endpoint's name) is Holm-adjusted and judged in
+    :func:`adjust_for_multiplicity`."""
+    name = spec["endpoint"]
+    endpoint = (registration.get("endpoints") or {}).get(name)
+    if endpoint is None:
+        raise ValueError(f"endpoint {name!r} is not one of the registration's endpoints "
+                         f"{sorted(registration.get('endpoints') or {})}")
+    lr = resolve_lr(registration, spec["lr"])
+    c_lr = control_lr(registration, runs, spec["control"], lr)
+    ta, tb = cell_runs(runs, spec["treatment"], lr), cell_runs(runs, spec["control"], c_lr)
+    match = step_size_match(ta, tb, label, int(registration["step_size"]["first"]), int(endpoint["step"]),
+                            spec["match_tolerance"])
+    return {"treatment": spec["treatment"], "control": spec["control"], "lr": lr, "control_lr": c_lr,
+            "endpoint": name, "key": endpoint["key"], "step": int(endpoint["step"]),
+            "family": spec.get("family", name),
+            **endpoint_difference(arm_gains(ta, endpoint), arm_gains(tb, endpoint), spec["equivalence_margin"],
+                                  registration["alpha"]),
+            "step_size": match, "verdict": None}
+
+
 def family(results: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     """The survival comparisons of the tested hypotheses, by name, each (treatment, control, rates) once: a
     one-comparison or matched-control hypothesis under its own name, a mechanism hypothesis's controls as
@@ -347,7 +377,8 @@ def adjust_for_multiplicity(results: dict[str, Any], registration: Mapping[str, 
     """Holm's adjustment of the one-sided log-rank p over the :func:`family` of ``results`` (``p_holm`` on each
     comparison); a registration with ``"multiplicity": "holm"`` then judges each comparison by
     :func:`supported_holm` (else the registered :func:`supported` stands); each matched-control hypothesis gets its
-    verdict. Returns ``results``."""
+    verdict; the endpoint hypotheses are Holm-adjusted within their own families and judged
+    (:func:`.endpoint_comparison.adjust_endpoint_families`). Returns ``results``."""
     members = family(results)
     adjusted = holm({n: c["comparison"]["logrank"]["p_one_sided"] for n, c in members.items()}) if members else {}
     for name, comp in members.items():
@@ -362,17 +393,19 @@ def adjust_for_multiplicity(results: dict[str, Any], registration: Mapping[str, 
                                              res["equivalent"])
         elif "controls" in res and holm_rule:  # a mechanism hypothesis, its comparisons judged anew
             res["verdict"] = h2_verdict(res["baseline"]["supported"], [c["supported"] for c in res["controls"].values()])
+    adjust_endpoint_families(results, registration["alpha"])
     return results
 
 
-# a hypothesis's kind, by the key that marks it
+# a hypothesis's kind, by the key that marks it (an endpoint hypothesis names its arms as a survival comparison
+# does, ``treatment`` and ``control``: its ``endpoint`` marks it)
 HYPOTHESIS_KINDS: dict[str, Callable[..., dict[str, Any]]] = {
     "control": hypothesis_beats, "controls": hypothesis_mechanism, "alarms": hypothesis_alarms,
-    "matched_control": hypothesis_matched}
+    "matched_control": hypothesis_matched, "endpoint": hypothesis_endpoint}
 
 
 def hypothesis_kind(name: str, spec: Mapping[str, Any]) -> Callable[..., dict[str, Any]]:
-    kinds = [k for k in HYPOTHESIS_KINDS if k in spec]
+    kinds = ["endpoint"] if "endpoint" in spec else [k for k in HYPOTHESIS_KINDS if k in spec]
     if len(kinds) != 1:
         raise ValueError(f"hypothesis {name!r} must hold exactly one of {sorted(HYPOTHESIS_KINDS)}, has {kinds}")
     return HYPOTHESIS_KINDS[kinds[0]]
@@ -415,7 +448,8 @@ def sensitivity_table(runs: Sequence[Run], registration: Mapping[str, Any]) -> l
     for ratio in registration["sensitivity"]["ratio"]:
         for persist in registration["sensitivity"]["persist"]:
             label = {"ratio": ratio, "persist": persist, "horizon": primary["horizon"]}
-            tested = hypotheses(runs, registration, label, kinds=("control", "controls", "matched_control"))
+            tested = hypotheses(runs, registration, label,
+                                kinds=("control", "controls", "matched_control", "endpoint"))
             verdicts = {h: res.get("verdict", res.get("supported")) for h, res in tested.items()}
             controls = {h: {c: comp["supported"] for c, comp in res["controls"].items()}
                         for h, res in tested.items() if "controls" in res}

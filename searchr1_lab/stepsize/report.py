@@ -149,7 +149,9 @@ def hypothesis_lines(hyps: Mapping[str, Any], reg: Mapping[str, Any]) -> list[st
     lines = []
     for name, spec in reg["hypotheses"].items():
         res, title = hyps[name], spec.get("title", name)
-        if "utility_ok" in res:
+        if "endpoint" in res:
+            lines.append(f"- **{name}** ({title}): {account.endpoint_text(res, spec)}.")
+        elif "utility_ok" in res:
             lines.append(f"- **{name}** ({title}): {account.matched_text(res, spec)}.")
         elif "comparison" in res:
             lines.append(f"- **{name}** ({title}): {_comparison_text(res)}.")
@@ -251,10 +253,13 @@ def verdict_text(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
                                      "final. ")
     matched = next((h for h in hyps.values() if "utility_ok" in h), None)
     mech = next((h for h in hyps.values() if "controls" in h), None)
-    if matched is None and mech is None:
+    endpoints = {n: h for n, h in hyps.items() if "endpoint" in h}
+    if matched is None and mech is None and not endpoints:
         return head + "No mechanism hypothesis is registered."
     if not s["runs_finished"]:
         return head + "No run has finished yet."
+    if matched is None and mech is None:
+        return head + endpoint_verdicts_text(endpoints) + account.sensitivity_sentence(s, reg)
     if matched is not None:
         return head + matched_verdict_text(matched) + account.sensitivity_sentence(s, reg)
     if mechanism_verdict(mech) == "waiting for runs":
@@ -268,6 +273,13 @@ def verdict_text(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
                             "not arise here."}[mech["verdict"]]
     return (head + f"Registered verdict: **{mech['verdict']}** (the registered rule). {said} What the data support "
             f"on mechanism: **{reading}**. " + " ".join(why) + account.sensitivity_sentence(s, reg))
+
+
+def endpoint_verdicts_text(endpoints: Mapping[str, Mapping[str, Any]]) -> str:
+    """The endpoint hypotheses' registered verdicts in a sentence, each with its comparison."""
+    said = [f"{name} ({h['treatment']} against {h['control']}, `{h['key']}` after step {h['step']}): "
+            f"**{h['verdict']}**" + (f" ({h['reason']})" if h.get("reason") else "") for name, h in endpoints.items()]
+    return "Registered verdicts: " + "; ".join(said) + "."
 
 
 def matched_verdict_text(res: Mapping[str, Any]) -> str:
@@ -380,19 +392,23 @@ def _short(c: Mapping[str, Any]) -> str:
 
 
 def readme_block(s: Mapping[str, Any], reg: Mapping[str, Any]) -> str:
-    """The README's block: runs finished and the verdict; the survival comparisons; the mechanism test (a mechanism
-    hypothesis's controls, or a matched-control hypothesis); the alarms (each hypothesis by name, in the
-    registration's order; a line only where the study has such hypotheses)."""
+    """The README's block: runs finished and the verdict; the endpoint comparisons; the survival comparisons; the
+    mechanism test (a mechanism hypothesis's controls, or a matched-control hypothesis); the alarms (each hypothesis
+    by name, in the registration's order; a line only where the study has such hypotheses)."""
     hyps, specs = s["hypotheses"], reg["hypotheses"]
     survival = [f"{n} {_short(hyps[n])}" for n in specs if "comparison" in hyps[n] and "utility_ok" not in hyps[n]]
     mechanism = [f"{n} **{mechanism_verdict(hyps[n])}** (registered): " + "; ".join(
         _short(hyps[n]["controls"][c]) for c in specs[n]["controls"]) for n in specs if "controls" in hyps[n]]
     mechanism += [f"{n} {account.matched_text(hyps[n], specs[n])}" for n in specs if "utility_ok" in hyps[n]]
     alarms = [f"{n} " + alarm_text(hyps[n], specs[n]) for n in specs if "alarms" in specs[n]]
-    lines = [f"{s['runs_finished']} of {s['runs_planned']} runs finished. {verdict_text(s, reg)}",
-             "- Survival (one-sided log-rank p, Holm-adjusted over the confirmatory family; RMST difference with its "
-             "95 % Welch interval on the runs' restricted survival times, and the registered bootstrap's): "
-             + "; ".join(survival) + "."]
+    endpoints = [f"{n} {account.endpoint_text(hyps[n], specs[n])}" for n in specs if "endpoint" in hyps[n]]
+    lines = [f"{s['runs_finished']} of {s['runs_planned']} runs finished. {verdict_text(s, reg)}"]
+    if endpoints:
+        lines.append("- Endpoints against the warm start: " + "; ".join(endpoints) + ".")
+    if survival:
+        lines.append("- Survival (one-sided log-rank p, Holm-adjusted over the confirmatory family; RMST difference "
+                     "with its 95 % Welch interval on the runs' restricted survival times, and the registered "
+                     "bootstrap's): " + "; ".join(survival) + ".")
     if mechanism:
         lines.append("- Mechanism, against the step-size-matched controls: " + "; ".join(mechanism) + ".")
     if alarms:

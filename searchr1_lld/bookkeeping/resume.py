@@ -23,7 +23,7 @@ RESUME_IGNORED_KEYS = ("trainer.resume", "trainer.run_name", "trainer.output_dir
 # Keys that may change when a run is resumed, but only when asked for (train.py --allow-change KEY); a trailing ".*"
 # covers a section. total_steps: the LR schedule is recomputed for the new length (warmup_ratio of the new total).
 RESUME_SAFE_KEYS = ("trainer.total_steps", "trainer.save_every", "trainer.keep_last_k", "trainer.keep_best",
-                    "trainer.keep_best_mode", "trainer.eval_every",
+                    "trainer.keep_best_mode", "trainer.eval_every", "trainer.full_eval_steps",
                     "trainer.eval_limit", "trainer.probe_every", "logging.*", "eval.*")
 INPUTS_FILE = "inputs_fingerprint.txt"  # what the run's local inputs held (resuming onto other contents is refused)
 # A run's own files: moved aside when a run starts over in a used directory.

@@ -436,6 +436,10 @@ class TrainerConfig:
                              "(eval/val_sub_em; the same questions for every run, seed and method, balanced over "
                              "their source and number of hops: data/splits.py fixed_subsample) and the whole split "
                              "before the first step and at the last (eval/val_em); 0 = the whole split every time")
+    full_eval_steps: list[int] = opt(None, "with trainer.val_subsample: also score the whole validation split "
+                                     "(eval/val_em) after these steps (e.g. [75], the midpoint of 150: an endpoint "
+                                     "on the whole split before the end); before the first step and at the last it "
+                                     "is scored anyway; [] = only there", factory=list)
     probe_every: int = opt(5, "re-measure the probe set every N steps (0 = never); it is also measured once before "
                                "any update of it (probe/initial_logp_per_token)")
     probe_size: int = opt(16, "correct responses kept in the probe set")

@@ -217,6 +217,11 @@ def trainer_checks(trainer: TrainerConfig, rollout: RolloutConfig) -> list[Check
         (not trainer.keep_best.startswith("eval/") or trainer.eval_every > 0, "trainer.keep_best",
          f"{trainer.keep_best} is logged only when trainer.eval_every > 0"),
         (trainer.logprob_chunk_size >= 0, "trainer.logprob_chunk_size", "must be >= 0 (0 = sized to the device)"),
+        (all(1 <= t <= trainer.total_steps for t in trainer.full_eval_steps), "trainer.full_eval_steps",
+         f"steps must lie in [1, trainer.total_steps = {trainer.total_steps}], got {trainer.full_eval_steps}"),
+        (not trainer.full_eval_steps or trainer.val_subsample > 0, "trainer.full_eval_steps",
+         "needs trainer.val_subsample > 0 (without a subsample the whole split is the curve: every "
+         "trainer.eval_every steps)"),
         *step_size_checks(trainer.step_size),
     ]
 

@@ -355,13 +355,18 @@ class Trainer:
                         benchmarks=evaluation.benchmark_rows(cfg) if tc.eval_every else {})
 
     def _scheduled_evaluations(self, rows: EvalRows) -> dict[str, float]:
-        """The evaluations due after this step: every trainer.eval_every steps and at the last step; the benchmarks
+        """The evaluations due after this step: every trainer.eval_every steps and at the last step; the whole
+        validation split beside a subsample at the last step and at trainer.full_eval_steps; the benchmarks
         (eval.datasets, test sets) at the last step only, unless trainer.select_on_test."""
         tc = self.cfg.trainer
         last = self.step == tc.total_steps
+        out = {}
+        if rows.full_val and self.step in tc.full_eval_steps and not last:
+            out.update(self.evaluate_by_source(rows.full_val, "eval/val_em"))
         if not tc.eval_every or not (self.step % tc.eval_every == 0 or last):
-            return {}
-        out = self.evaluate_by_source(rows.curve, rows.curve_key) if rows.curve else {}
+            return out
+        if rows.curve:
+            out.update(self.evaluate_by_source(rows.curve, rows.curve_key))
         if rows.full_val and last:
             out.update(self.evaluate_by_source(rows.full_val, "eval/val_em"))
         if rows.benchmarks and (last or tc.select_on_test):

@@ -5,7 +5,8 @@ the paper configs' schedule with the authors' (``python -m searchr1_lld.prefligh
 
     evaluations   E = ceil(total_steps / eval_every)       (every eval_every steps and at the last one; 0 when off)
     curve         V questions at each: the validation split (data.val_holdout or data.val_files; trainer.val_subsample
-                  of them, the whole split again before the first step and at the last), else the data.test_files rows
+                  of them, the whole split again before the first step, at the last and at trainer.full_eval_steps),
+                  else the data.test_files rows
     benchmarks    B questions (eval.datasets): once, at the last step; at each of the E with trainer.select_on_test
     test rows     T (data.test_files): before and after training (after: the last evaluation's, when they are the curve)
     trajectories  = E x (V + B if select_on_test) + (B unless select_on_test) + the test rows' and whole splits' passes
@@ -84,7 +85,8 @@ def eval_schedule(cfg: Config, sets: EvalSets) -> EvalSchedule:
     val, test, bench = cut(sets.validation), cut(sets.test_rows), sum(cut(n) for n in sets.benchmarks.values())
     evaluations = math.ceil(tc.total_steps / tc.eval_every) if tc.eval_every else 0
     curve = (min(tc.val_subsample, val) if tc.val_subsample else val) if val else test
-    whole_splits = 2 * val if evaluations and val and tc.val_subsample else 0
+    whole = 2 + len(set(tc.full_eval_steps) - {tc.total_steps})  # before, at the last step, at trainer.full_eval_steps
+    whole_splits = whole * val if evaluations and val and tc.val_subsample else 0
     per_evaluation = curve + (bench if tc.select_on_test else 0)
     benchmarks_once = bench if evaluations and not tc.select_on_test else 0
     test_passes = test * (1 if evaluations and not val else 2)  # before; after, unless the last evaluation scored them
