@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -48,6 +49,20 @@ def world_config() -> Any:
                        warmstart_measure=False, retriever="bm25")
 
 
+WORLD_VARIABLE = "GPU_CHECK_WORLD"
+
+
+def built_world(scratch: Path) -> Path:
+    """The check's world (:func:`world_config`), built under ``scratch`` (a device machine keeps nothing between
+    calls), or in the directory the GPU_CHECK_WORLD environment variable names, once for every later section and
+    run (the CPU smoke tests name the test suite's cached world, of the same config; a directory holding another
+    config's world is refused, never built over)."""
+    from searchr1_lld.world.build import ensure_world
+
+    named = os.environ.get(WORLD_VARIABLE)
+    return ensure_world(Path(named) if named else scratch / "world", world_config(), progress=False)
+
+
 def random_encoder(tokenizer_dir: Path, out: Path) -> Path:
     """A random-initialised 2-layer BERT with the world's tokenizer, saved as a local encoder directory."""
     from transformers import AutoTokenizer, BertConfig, BertModel
@@ -64,9 +79,8 @@ def random_encoder(tokenizer_dir: Path, out: Path) -> Path:
 def build(root: Path, device: torch.device) -> dict[str, Any]:
     """The world and its dense index (module docstring)."""
     from retriever.build import build_index
-    from searchr1_lld.world.build import ensure_world
 
-    world = ensure_world(root / "world", world_config(), progress=False)
+    world = built_world(root)
     encoder = random_encoder(world / "tokenizer", root / "encoder")
     devices = f"cuda:{device.index or 0}" if device.type == "cuda" else "cpu"
     index = build_index(world / "corpus.jsonl", root / "dense", retriever="e5", encoder=str(encoder),

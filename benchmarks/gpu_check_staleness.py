@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from bench_staleness import run, summary
-from gpu_check_e2e import world_config
+from gpu_check_e2e import built_world
 from gpu_check_parts import guarded
 
 HERE = Path(__file__).resolve().parent
@@ -41,12 +41,12 @@ def random_policy(world: Path, out: Path) -> Path:
 
 def section_staleness(device: torch.device, shapes: dict, smoke: bool) -> dict[str, Any]:
     """k = 0 and k = 1 on the device (module docstring)."""
-    from searchr1_lld.world.build import ensure_world, trainer_overrides
+    from searchr1_lld.world.build import trainer_overrides
 
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        world = ensure_world(root / "world", world_config(), progress=False)
+        world = built_world(root)
         policy = world / "model" if smoke else random_policy(world, root / "policy")
         overrides = [*trainer_overrides(world), f"model.path={policy}", f"trainer.device={device.type}",
                      "data.val_files=[]", "data.test_files=[]", *shapes["staleness_overrides"]]

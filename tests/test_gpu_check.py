@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import test_world_dir
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -103,10 +105,12 @@ def test_unknown_section_is_one_line_exit_2():
 
 def smoke_section(section: str, tmp_path: Path, timeout_s: float) -> dict:
     """``gpu_check.py --smoke --sections <section>`` in its own process: the results of the section, which must be ok
-    (DeepSpeed's CPU communication extension is built once, cached in the repository)."""
+    (DeepSpeed's CPU communication extension is built once, cached in the repository; the check's world is the
+    suite's cached test world)."""
     out = tmp_path / "gpu_check.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
-           "TORCH_EXTENSIONS_DIR": str(REPO / ".cache" / "torch_extensions")}
+           "TORCH_EXTENSIONS_DIR": str(REPO / ".cache" / "torch_extensions"),
+           "GPU_CHECK_WORLD": str(test_world_dir())}
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--smoke", "--sections", section,
                            "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
     assert proc.returncode == 0, proc.stderr[-3000:]
