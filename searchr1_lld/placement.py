@@ -12,12 +12,13 @@ process group that spans it and them (learner/pipeline/broadcast.py).
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
 
 import torch
 
-from searchr1_lld.config import Config, ConfigError
+from searchr1_lld.config import Config, ConfigError, RolloutConfig
 
 
 def thread_split(total: int, rollout_threads: int) -> tuple[int, int]:
@@ -27,6 +28,16 @@ def thread_split(total: int, rollout_threads: int) -> tuple[int, int]:
     rollout = rollout_threads or total // 2
     rollout = min(max(rollout, 1), total - 1)
     return total - rollout, rollout
+
+
+def learner_engine_config(cfg: Config) -> RolloutConfig:
+    """The rollout settings of the learner's own engine. Synchronous (trainer.staleness = 0): the run's. Split
+    (staleness >= 1): the rollout worker generates every training batch, so the learner's engine serves only its
+    evaluations and the probe set: the transformers backend on the learner's own module, turn by turn (no second copy
+    of the policy, and with rollout.backend=vllm no second vLLM engine beside the worker's)."""
+    if cfg.trainer.staleness == 0:
+        return cfg.rollout
+    return dataclasses.replace(cfg.rollout, backend="hf", scheduler="turns")
 
 
 def set_torch_threads(threads: int) -> int:

@@ -168,3 +168,27 @@ def test_ctrl_c_stops_the_learner_and_the_rollout_worker_within_seconds(tmp_path
     gone, alive = psutil.wait_procs(workers, timeout=10)
     assert proc.returncode == 130 and "interrupted" in err, err[-3000:]
     assert not alive and stopped < 15, (stopped, alive)
+
+
+def test_with_a_rollout_worker_the_learner_evaluates_on_its_own_module_and_builds_no_second_engine(
+        tmp_path, tiny_world, shared_retriever, monkeypatch):
+    """rollout.backend=vllm with trainer.staleness=1: the worker builds the vLLM engine; the learner's own engine (its
+    evaluations, the probe set) is the transformers backend on its module, turn by turn."""
+    from searchr1_lld.learner.state import Learner
+    from searchr1_lld.rollout.backends.hf import HFBackend
+    from searchr1_lld.rollout.backends.kinds import VLLMKind
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the learner built a vLLM engine beside its rollout worker's")
+
+    monkeypatch.setattr(VLLMKind, "build", refuse)
+    cfg = on_world(_cfg(tmp_path, *ONE_STEP_OFF, "rollout.backend=vllm"), tiny_world)
+    learner = Learner.build(cfg, total_updates=2, retriever=shared_retriever)
+    assert isinstance(learner.backend, HFBackend) and learner.backend.model is learner.module
+    assert (learner.rollout_cfg.backend, learner.rollout_cfg.scheduler) == ("hf", "turns")
+    assert cfg.rollout.backend == "vllm"  # the worker's engine, as configured
+    rows = [{"id": "q", "question": "Who founded Brelm?", "golden_answers": ["x"], "data_source": "synthetic"}]
+    assert learner.evaluate(rows)["n"] == 1.0
+    # synchronous: the learner's engine is the run's own
+    sync = on_world(_cfg(tmp_path / "sync"), tiny_world)
+    assert Learner.build(sync, total_updates=2, retriever=shared_retriever).rollout_cfg is sync.rollout

@@ -14,6 +14,7 @@ Code that swaps the engine sets ``learner.backend``, the one place it lives.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -26,6 +27,7 @@ from searchr1_lld.rollout.inference import evaluating
 from searchr1_lld.learner import factories, optim
 from searchr1_lld.learner.step_size import StepSizeController
 from searchr1_lld.learner.engines import TrainingEngine, training_engine
+from searchr1_lld.placement import learner_engine_config
 from searchr1_lld.preflight.startup import check_at_start
 from searchr1_lld.protocols import Accelerator, Retriever, Tokenizer
 from searchr1_lld.rollout.agent_loop import run_agent_loop
@@ -57,7 +59,8 @@ class Learner:
         """Policy, reference, optimiser (warm-up over ``total_updates`` optimiser steps), engine and retriever of
         ``cfg``; the engine receives the learner's weights when it holds a copy of its own. ``preflight``: on a GPU,
         the start-up preflight (preflight/startup.py) runs first, before the policy loads and any engine exists."""
-        kind = backend_kind(cfg.rollout)  # the engine's kind, read once
+        own = learner_engine_config(cfg)
+        kind = backend_kind(own)  # the engine's kind, read once
         accelerator = factories.make_accelerator(cfg)
         dist = DistributedFacts.of(accelerator)
         engine = training_engine(accelerator)  # the training engine's kind, resolved once
@@ -75,13 +78,20 @@ class Learner:
         if retriever is None:
             retriever = factories.make_retriever(cfg, engine)
         engine_module = factories.engine_copy(cfg, kind, module, accelerator, engine)
-        backend = kind.for_learner(cfg, module, tokenizer, cfg.model.path, engine_module)
+        backend = kind.for_learner(dataclasses.replace(cfg, rollout=own), module, tokenizer, cfg.model.path,
+                                   engine_module)
         learner = cls(cfg=cfg, accelerator=accelerator, dist=dist, engine=engine, model=model, optimizer=optimizer,
                       scheduler=scheduler, ref_model=ref_model, tokenizer=tokenizer, backend=backend,
                       retriever=retriever, step_size=step_size)
         if engine_module is not None:  # its own weights: the learner's, through the stream every step uses
             learner.sync_engine()
         return learner
+
+    @property
+    def rollout_cfg(self) -> RolloutConfig:
+        """The rollout settings of :attr:`backend` (placement.learner_engine_config: the run's, or with a rollout
+        worker beside the update the transformers backend's)."""
+        return learner_engine_config(self.cfg)
 
     @property
     def module(self) -> torch.nn.Module:
@@ -103,7 +113,7 @@ class Learner:
         with self.generating():
             return run_agent_loop(
                 rows, backend=self.backend, tokenizer=self.tokenizer, retriever=self.retriever,
-                cfg=rollout_cfg or cfg.rollout, n=cfg.rollout.n if n is None else n, greedy=greedy,
+                cfg=rollout_cfg or self.rollout_cfg, n=cfg.rollout.n if n is None else n, greedy=greedy,
                 template=cfg.data.prompt_template, chat_template=cfg.data.chat_template, progress=False, seed=seed,
             )
 
@@ -117,7 +127,7 @@ class Learner:
         with self.generating():
             res = evaluation.evaluate(
                 {desc: rows}, backend=self.backend, tokenizer=self.tokenizer, retriever=self.retriever,
-                rollout_cfg=evaluation.eval_rollout_config(cfg.rollout, max_turns=e.max_turns, topk=e.topk),
+                rollout_cfg=evaluation.eval_rollout_config(self.rollout_cfg, max_turns=e.max_turns, topk=e.topk),
                 batch_size=e.batch_size, template=cfg.data.prompt_template, chat_template=cfg.data.chat_template,
                 progress=progress and self.dist.is_main, shard=(self.dist.rank, ws) if ws > 1 else None)
         mine = res["datasets"].get(desc, {"em": 0.0, "n": 0})  # a rank may get no rows
