@@ -164,7 +164,8 @@ STUDIES = (
           "configs/world/default.yaml",
           "python -m searchr1_lld.world build --config configs/world/default.yaml --out .cache/world",
           "docs/lab/spiral/calibration.md"),
-    Study("the death-spiral calibration on the harder task", ("docs/lab/spiral/calibration/hard/runs",),
+    Study("the death-spiral calibration on the harder task",
+          ("docs/lab/spiral/calibration/hard/runs", "docs/lab/spiral/calibration/hard-more/runs"),
           "configs/world/spiral-hard.yaml",
           "python -m searchr1_lld.world build --config configs/world/spiral-hard.yaml "
           "--out .cache/lab-world-5fb4c383877d", "docs/lab/spiral/calibration.md"),
