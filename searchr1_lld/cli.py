@@ -18,7 +18,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
@@ -123,9 +125,31 @@ def debug_requested(argv: Sequence[str] | None) -> bool:
     return "--debug" in args or os.environ.get("SEARCHR1_LLD_DEBUG", "") not in ("", "0")
 
 
+# Set by Ctrl-C under run_main. Python drops a KeyboardInterrupt raised while it runs a callback of its own (an import
+# lock's, a finaliser's: "Exception ignored in ..."), so long work also asks at its safe points (raise_if_interrupted).
+INTERRUPTED = threading.Event()
+
+
+def _on_interrupt(signum: int, frame: Any) -> None:
+    INTERRUPTED.set()
+    raise KeyboardInterrupt
+
+
+def raise_if_interrupted() -> None:
+    """KeyboardInterrupt when Ctrl-C came (under :func:`run_main`) and its first KeyboardInterrupt was lost."""
+    if INTERRUPTED.is_set():
+        raise KeyboardInterrupt
+
+
 def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None, prog: str = "") -> int:
-    """Run ``main(argv)``; user errors -> ``prog: error: ...`` (one line, exit 2) unless --debug; bugs re-raise."""
+    """Run ``main(argv)``; user errors -> ``prog: error: ...`` (one line, exit 2) unless --debug; bugs re-raise;
+    Ctrl-C -> ``prog: interrupted`` (exit 130), also recorded in :data:`INTERRUPTED` while ``main`` runs."""
     prog = prog or Path(sys.argv[0]).name
+    ours = (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    if ours:
+        INTERRUPTED.clear()
+        signal.signal(signal.SIGINT, _on_interrupt)
     try:
         return main(argv)
     except KeyboardInterrupt:
@@ -137,3 +161,6 @@ def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = N
             raise
         print(f"{prog}: error: {message} (--debug shows the traceback)", file=sys.stderr)
         return 2
+    finally:
+        if ours:
+            signal.signal(signal.SIGINT, signal.default_int_handler)

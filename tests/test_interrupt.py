@@ -71,3 +71,29 @@ def test_ctrl_c_during_a_world_build_is_one_line_and_leaves_no_half_built_world(
     assert all(line.startswith("build world:") for line in err[:-1]), err  # its progress bar, if any
     assert not world.exists() or not any(world.iterdir())
     assert not (tmp_path / "runs").exists() and not (tmp_path / "report").exists()
+
+
+def test_a_ctrl_c_whose_interrupt_python_dropped_stops_the_world_build_at_its_next_stage(capsys):
+    """Python drops a KeyboardInterrupt raised inside a callback of its own (an import lock's): run_main records the
+    Ctrl-C, and the world build's next stage boundary raises it again."""
+    from tqdm import tqdm
+
+    from searchr1_lld import cli
+    from searchr1_lld.world.build import _Stages
+
+    entered = []
+
+    def main(argv):
+        try:
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C ...
+        except KeyboardInterrupt:
+            pass  # ... whose KeyboardInterrupt is lost, as in an import lock's callback
+        stages = _Stages(tqdm(total=2, disable=True))
+        with stages.stage("world", "world"):
+            entered.append("world")
+        return 0
+
+    assert cli.run_main(main, [], prog="build") == 130
+    assert entered == [] and capsys.readouterr().err == "build: interrupted\n"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
+    assert cli.run_main(lambda argv: 0, [], prog="build") == 0  # a later run starts without the old Ctrl-C

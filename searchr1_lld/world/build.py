@@ -39,6 +39,7 @@ from retriever.build import build_index
 from retriever.inprocess import InProcessRetriever
 from searchr1_lld.bookkeeping.files import write_json_atomic
 from searchr1_lld.bookkeeping.tracking import quiet_library_output, ticking
+from searchr1_lld.cli import raise_if_interrupted
 from searchr1_lld.config import ConfigError
 from searchr1_lld.world.config import HASH_OMITTED_WHEN_OFF, RECIPE_VERSION, WorldConfig, load_world_config
 from searchr1_lld.world.generate import generate_world, write_world_files
@@ -145,11 +146,14 @@ class _Stages:
 
     @contextlib.contextmanager
     def stage(self, key: str, label: str) -> Iterator[None]:
+        """One stage; a Ctrl-C whose KeyboardInterrupt Python dropped stops the build at the stage's start or end."""
+        raise_if_interrupted()
         t0 = time.time()
         self.bar.set_postfix(stage=label)
         yield
         self.timings[f"{key}_s"] = time.time() - t0
         self.bar.update(1)
+        raise_if_interrupted()
 
 
 def _build_artefacts(out_dir: Path, cfg: WorldConfig, stages: _Stages, measure: bool,
